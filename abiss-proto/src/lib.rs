@@ -1,0 +1,289 @@
+//! The protocol between `abissd` and its clients (`abissctl`, the client libraries).
+//!
+//! Messages are JSON objects, one per line, on the daemon's Unix stream socket. Every request
+//! carries the protocol version; the daemon answers a request of another version with an
+//! [`ErrorKind::VersionMismatch`] error and nothing else. The CLI never links the kernel side:
+//! everything it knows about the daemon is in this crate.
+#![deny(missing_docs)]
+
+mod histogram;
+mod units;
+
+pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
+pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this protocol. Bump on any incompatible change of [`Request`] or [`Response`].
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Where `abissd` listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/abiss/abiss.sock";
+
+/// Environment variable that overrides [`DEFAULT_SOCKET`] for the daemon and its clients.
+pub const SOCKET_ENV: &str = "ABISS_SOCKET";
+
+/// Longest accepted message line, in bytes; longer lines are refused unread.
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+
+/// A request with its protocol version, as sent on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// The client's [`PROTOCOL_VERSION`].
+    pub version: u32,
+    /// What is asked.
+    pub request: Request,
+}
+
+impl Envelope {
+    /// Wraps a request in the current protocol version.
+    #[must_use]
+    pub fn new(request: Request) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            request,
+        }
+    }
+}
+
+/// What a client can ask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Request {
+    /// Who is there: answered with [`Response::Hello`].
+    Hello,
+    /// The cumulative latency histograms of every (device, operation, priority) seen since the
+    /// daemon started; clients compute per-interval figures as differences.
+    Latency,
+    /// Stream one [`Response::Event`] per completed block request until the client hangs up.
+    /// Unprivileged clients only see requests submitted by their own user.
+    Events,
+    /// eBPF program cost and daemon resource use, measured over `window_ms`. Kernel BPF run-time
+    /// statistics are switched on only for that window.
+    Stats {
+        /// Length of the measurement window, in milliseconds (1 ms to 60 s).
+        window_ms: u64,
+    },
+}
+
+/// What the daemon answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    /// Answer to [`Request::Hello`].
+    Hello {
+        /// The daemon's [`PROTOCOL_VERSION`].
+        version: u32,
+        /// The daemon's process id.
+        pid: u32,
+        /// The running kernel's release.
+        kernel: String,
+    },
+    /// Answer to [`Request::Latency`].
+    Latency {
+        /// Monotonic time of the snapshot, in ns.
+        taken_ns: u64,
+        /// One group per (device, operation, priority) seen so far.
+        groups: Vec<LatencyGroup>,
+    },
+    /// One completed block request (a stream of these answers [`Request::Events`]).
+    Event(RequestRecord),
+    /// Answer to [`Request::Stats`].
+    Stats(StatsReport),
+    /// The request failed; nothing was changed.
+    Error {
+        /// What kind of failure, for the client's exit code.
+        error: ErrorKind,
+        /// One sentence for a person: what is wrong and what to do.
+        message: String,
+    },
+}
+
+/// Failure classes a client can act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The request could not be parsed or has invalid arguments.
+    BadRequest,
+    /// The client speaks another protocol version.
+    VersionMismatch,
+    /// The peer may not do this.
+    PermissionDenied,
+    /// Something failed inside the daemon.
+    Internal,
+}
+
+/// Cumulative latency figures of one (device, operation, priority).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencyGroup {
+    /// The disk.
+    pub device: DeviceNumber,
+    /// The block operation.
+    pub operation: Operation,
+    /// The I/O priority the requests carried.
+    pub priority: IoPriority,
+    /// Completed requests.
+    pub requests: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Queue time: elevator insert (or bio submission when the request skipped the elevator)
+    /// to dispatch to the driver.
+    pub queue: Log2Histogram,
+    /// Service time: dispatch to completion.
+    pub service: Log2Histogram,
+}
+
+impl LatencyGroup {
+    /// The figures accumulated since `earlier`, a snapshot of the same group.
+    #[must_use]
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            device: self.device,
+            operation: self.operation,
+            priority: self.priority,
+            requests: self.requests.saturating_sub(earlier.requests),
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            queue: self.queue.since(&earlier.queue),
+            service: self.service.since(&earlier.service),
+        }
+    }
+
+    /// The key that identifies this group across snapshots.
+    #[must_use]
+    pub fn key(&self) -> (DeviceNumber, Operation, IoPriority) {
+        (self.device, self.operation, self.priority)
+    }
+}
+
+/// One completed block request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Completion time, CLOCK_MONOTONIC ns.
+    pub completed_ns: u64,
+    /// The disk.
+    pub device: DeviceNumber,
+    /// The block operation.
+    pub operation: Operation,
+    /// The request's I/O priority.
+    pub priority: IoPriority,
+    /// First sector (512 bytes).
+    pub sector: u64,
+    /// Size in bytes.
+    pub bytes: u32,
+    /// Process that submitted the request's first bio.
+    pub tgid: u32,
+    /// Thread that submitted it.
+    pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
+    /// Its command name.
+    pub comm: String,
+    /// Inode of the page-cache pages carried, if the request carries file pages.
+    pub inode: Option<u64>,
+    /// Filesystem device of that inode.
+    pub inode_device: Option<DeviceNumber>,
+    /// Queue time in ns.
+    pub queue_ns: u64,
+    /// Service time in ns.
+    pub service_ns: u64,
+    /// Kernel `blk_status_t`, zero on success.
+    pub error: u32,
+}
+
+/// Cost of the eBPF programs and of the daemon itself over a window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// Length of the window, ns.
+    pub window_ns: u64,
+    /// One entry per loaded program.
+    pub programs: Vec<ProgramCost>,
+    /// Daemon CPU time (user + system) over the window, ns.
+    pub daemon_cpu_ns: u64,
+    /// Daemon CPU time since it started, ns.
+    pub daemon_cpu_total_ns: u64,
+    /// Daemon resident set size at the end of the window, bytes.
+    pub daemon_rss_bytes: u64,
+    /// Block requests tracked in flight at the end of the window (bounded by an LRU map; a
+    /// number that grows while the disks are idle would be a leak).
+    pub tracked_requests: u64,
+}
+
+/// Run count and time of one eBPF program over a window (kernel BPF statistics).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProgramCost {
+    /// Program name.
+    pub name: String,
+    /// Kernel program id.
+    pub id: u32,
+    /// Runs within the window.
+    pub run_count: u64,
+    /// Total run time within the window, ns.
+    pub run_time_ns: u64,
+    /// Mean run time per run, ns (zero when it did not run).
+    pub avg_ns: f64,
+}
+
+/// Errors of reading or writing a protocol line.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The line is not a valid message.
+    #[error("malformed message: {source}")]
+    Malformed {
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The line is longer than [`MAX_LINE_BYTES`].
+    #[error("message longer than {MAX_LINE_BYTES} bytes")]
+    TooLong,
+}
+
+/// Encodes a message as one line (with the trailing newline).
+pub fn encode_line<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
+    let mut line =
+        serde_json::to_vec(message).map_err(|source| WireError::Malformed { source })?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// Decodes one line (with or without its newline).
+pub fn decode_line<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, WireError> {
+    if line.len() > MAX_LINE_BYTES {
+        return Err(WireError::TooLong);
+    }
+    serde_json::from_slice(line.trim_ascii_end()).map_err(|source| WireError::Malformed { source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_through_a_line() {
+        for request in [
+            Request::Hello,
+            Request::Latency,
+            Request::Events,
+            Request::Stats { window_ms: 1000 },
+        ] {
+            let line = encode_line(&Envelope::new(request.clone())).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let back: Envelope = decode_line(&line).unwrap();
+            assert_eq!(back.request, request);
+            assert_eq!(back.version, PROTOCOL_VERSION);
+        }
+    }
+
+    #[test]
+    fn garbage_and_oversized_lines_are_refused() {
+        assert!(matches!(
+            decode_line::<Envelope>(b"{not json"),
+            Err(WireError::Malformed { .. })
+        ));
+        let long = vec![b' '; MAX_LINE_BYTES + 1];
+        assert!(matches!(
+            decode_line::<Envelope>(&long),
+            Err(WireError::TooLong)
+        ));
+    }
+}

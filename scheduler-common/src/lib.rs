@@ -1,0 +1,346 @@
+//! The kernel–user ABI of abiss.
+//!
+//! Every type that crosses between the eBPF programs (`scheduler-ebpf`) and the daemon (`abissd`)
+//! is defined here once, as `#[repr(C)]` plain data. The eBPF side uses the types directly; the
+//! user side enables the `user` feature, which implements `aya::Pod` for them.
+//!
+//! Requires Linux 6.1 or newer with BTF (`/sys/kernel/btf/vmlinux`); verified on 6.18.
+#![no_std]
+#![deny(missing_docs)]
+
+/// Number of log2 buckets in a latency histogram. Bucket `i` counts latencies in
+/// `[2^(i-1), 2^i)` microseconds (bucket 0 holds latencies under 1 µs); the last bucket also
+/// holds everything longer. 27 buckets reach about 67 s, as bcc's biolatency does.
+pub const LATENCY_SLOTS: usize = 27;
+
+/// Length of a task's command name, as in the kernel's `TASK_COMM_LEN`.
+pub const COMM_LEN: usize = 16;
+
+/// Most requests tracked in flight at once. The map is an LRU map, so requests that vanish
+/// without a completion event (merged, requeued, failed) can never fill it.
+pub const MAX_INFLIGHT: u32 = 16_384;
+
+/// Bios whose submitting task is remembered until their request is first seen (LRU).
+pub const MAX_BIO_ORIGINS: u32 = 16_384;
+
+/// Distinct (device, operation, priority) histogram keys kept.
+pub const MAX_HISTOGRAM_KEYS: u32 = 4_096;
+
+/// Size of the ring buffer that carries per-request events to user space, in bytes.
+pub const EVENT_RING_BYTES: u32 = 1 << 20;
+
+/// Offsets of the kernel structure fields the programs read, in bytes.
+///
+/// The eBPF programs cannot rely on compile-time struct layouts (Rust eBPF has no CO-RE field
+/// relocations), so `abissd` resolves these offsets from the running kernel's BTF and writes them
+/// into the programs' read-only data before loading them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelLayout {
+    /// Non-zero once filled in; the programs do nothing while it is zero.
+    pub valid: u32,
+    /// `struct request.q`
+    pub request_q: u32,
+    /// `struct request.cmd_flags`
+    pub request_cmd_flags: u32,
+    /// `struct request.__data_len`
+    pub request_data_len: u32,
+    /// `struct request.__sector`
+    pub request_sector: u32,
+    /// `struct request.bio`
+    pub request_bio: u32,
+    /// `struct request_queue.disk`
+    pub queue_disk: u32,
+    /// `struct gendisk.major`
+    pub gendisk_major: u32,
+    /// `struct gendisk.first_minor`
+    pub gendisk_first_minor: u32,
+    /// `struct bio.bi_ioprio`
+    pub bio_ioprio: u32,
+    /// `struct bio.bi_io_vec`
+    pub bio_io_vec: u32,
+    /// `struct bio.bi_vcnt`
+    pub bio_vcnt: u32,
+    /// `struct bio_vec.bv_page`
+    pub bvec_page: u32,
+    /// `struct page.compound_head` (bit 0 set on tail pages of a large folio)
+    pub page_compound_head: u32,
+    /// `struct page.mapping`
+    pub page_mapping: u32,
+    /// `struct address_space.host`
+    pub mapping_host: u32,
+    /// `struct inode.i_ino`
+    pub inode_ino: u32,
+    /// `struct inode.i_sb`
+    pub inode_sb: u32,
+    /// `struct super_block.s_dev`
+    pub sb_dev: u32,
+}
+
+impl KernelLayout {
+    /// The layout before `abissd` fills it in: all zero, `valid` unset.
+    pub const UNSET: Self = Self {
+        valid: 0,
+        request_q: 0,
+        request_cmd_flags: 0,
+        request_data_len: 0,
+        request_sector: 0,
+        request_bio: 0,
+        queue_disk: 0,
+        gendisk_major: 0,
+        gendisk_first_minor: 0,
+        bio_ioprio: 0,
+        bio_io_vec: 0,
+        bio_vcnt: 0,
+        bvec_page: 0,
+        page_compound_head: 0,
+        page_mapping: 0,
+        mapping_host: 0,
+        inode_ino: 0,
+        inode_sb: 0,
+        sb_dev: 0,
+    };
+}
+
+/// Runtime switches the daemon flips while the programs run (index 0 of the `CONTROL` array).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Control {
+    /// Non-zero while at least one client streams per-request events; the programs skip the
+    /// ring buffer otherwise, so tracing costs nothing extra when nobody watches.
+    pub emit_events: u32,
+    /// Thread-group id of the daemon itself, so its own I/O can be told apart.
+    pub daemon_tgid: u32,
+}
+
+/// Kernel block operation (`REQ_OP_*`, the low 8 bits of `cmd_flags`).
+pub mod op {
+    /// `REQ_OP_READ`
+    pub const READ: u8 = 0;
+    /// `REQ_OP_WRITE`
+    pub const WRITE: u8 = 1;
+    /// `REQ_OP_FLUSH`
+    pub const FLUSH: u8 = 2;
+    /// `REQ_OP_DISCARD`
+    pub const DISCARD: u8 = 3;
+    /// `REQ_OP_WRITE_ZEROES`
+    pub const WRITE_ZEROES: u8 = 9;
+    /// Mask of the operation in `cmd_flags` / `bi_opf`.
+    pub const MASK: u32 = 0xff;
+}
+
+/// Kernel I/O priority encoding (`include/uapi/linux/ioprio.h`).
+pub mod ioprio {
+    /// No class set: the kernel derives best effort from the task's nice value.
+    pub const CLASS_NONE: u8 = 0;
+    /// Real time.
+    pub const CLASS_RT: u8 = 1;
+    /// Best effort.
+    pub const CLASS_BE: u8 = 2;
+    /// Idle.
+    pub const CLASS_IDLE: u8 = 3;
+    /// Bits the class is shifted by.
+    pub const CLASS_SHIFT: u16 = 13;
+    /// Mask of the level within a class.
+    pub const LEVEL_MASK: u16 = 0x7;
+
+    /// Splits an encoded ioprio into (class, level).
+    #[must_use]
+    pub const fn split(ioprio: u16) -> (u8, u8) {
+        // Both fit in a u8 by construction: the class is 3 bits, the level 3 bits.
+        #[allow(clippy::cast_possible_truncation)]
+        (
+            ((ioprio >> CLASS_SHIFT) & 0x7) as u8,
+            (ioprio & LEVEL_MASK) as u8,
+        )
+    }
+
+    /// Encodes (class, level) as the kernel's ioprio value.
+    #[must_use]
+    pub const fn encode(class: u8, level: u8) -> u16 {
+        ((class as u16) << CLASS_SHIFT) | (level as u16 & LEVEL_MASK)
+    }
+}
+
+/// Key of the latency histograms: one per device, operation and I/O priority.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HistogramKey {
+    /// Device number of the disk, in the kernel's `dev_t` encoding (major << 20 | minor).
+    pub dev: u32,
+    /// Block operation, see [`op`].
+    pub op: u8,
+    /// I/O priority class of the request, see [`ioprio`].
+    pub class: u8,
+    /// I/O priority level within the class.
+    pub level: u8,
+    /// Padding; always zero so keys compare bytewise.
+    pub pad: u8,
+}
+
+/// Per-CPU latency histogram of one [`HistogramKey`]. Counters are cumulative since load.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyCounters {
+    /// Completed requests.
+    pub requests: u64,
+    /// Bytes of the completed requests.
+    pub bytes: u64,
+    /// Longest queue time seen, in ns.
+    pub queue_max_ns: u64,
+    /// Longest service time seen, in ns.
+    pub service_max_ns: u64,
+    /// Queue time (insert → issue) in log2 µs buckets.
+    pub queue_slots: [u64; LATENCY_SLOTS],
+    /// Service time (issue → complete) in log2 µs buckets.
+    pub service_slots: [u64; LATENCY_SLOTS],
+}
+
+impl LatencyCounters {
+    /// An all-zero histogram.
+    pub const ZERO: Self = Self {
+        requests: 0,
+        bytes: 0,
+        queue_max_ns: 0,
+        service_max_ns: 0,
+        queue_slots: [0; LATENCY_SLOTS],
+        service_slots: [0; LATENCY_SLOTS],
+    };
+}
+
+impl Default for LatencyCounters {
+    fn default() -> Self {
+        Self::ZERO
+    }
+}
+
+/// The task that submitted a bio, remembered between `block_bio_queue` and the first sight of
+/// the request the bio ends up in (requests are often built and issued by another context).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskOrigin {
+    /// When the bio was queued (`bpf_ktime_get_ns`).
+    pub queued_ns: u64,
+    /// Process id (thread group id).
+    pub tgid: u32,
+    /// Thread id.
+    pub pid: u32,
+    /// Real user id of the task.
+    pub uid: u32,
+    /// Padding.
+    pub pad: u32,
+    /// Command name.
+    pub comm: [u8; COMM_LEN],
+}
+
+/// A request between its first sight (insert or issue) and its completion.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InflightRequest {
+    /// Start of the queue time: `block_rq_insert`, or for requests that skip the elevator the
+    /// `block_bio_queue` of their first bio (else the issue time).
+    pub queued_ns: u64,
+    /// `block_rq_issue` time, zero until issued.
+    pub issued_ns: u64,
+    /// First sector.
+    pub sector: u64,
+    /// Inode number of the page-cache pages the request carries, zero if none.
+    pub ino: u64,
+    /// Device of the filesystem holding that inode (`dev_t` encoding).
+    pub ino_dev: u32,
+    /// Disk (`dev_t` encoding).
+    pub dev: u32,
+    /// Bytes.
+    pub bytes: u32,
+    /// Block operation.
+    pub op: u8,
+    /// I/O priority class.
+    pub class: u8,
+    /// I/O priority level.
+    pub level: u8,
+    /// Padding.
+    pub pad: u8,
+    /// The submitting task.
+    pub origin: TaskOrigin,
+}
+
+/// One completed request, sent over the ring buffer while a client streams events.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestEvent {
+    /// Completion time (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    pub completed_ns: u64,
+    /// Queue time in ns.
+    pub queue_ns: u64,
+    /// Service time in ns.
+    pub service_ns: u64,
+    /// The request as it was tracked.
+    pub request: InflightRequest,
+    /// Completion status (`blk_status_t`), zero on success.
+    pub error: u32,
+    /// Padding.
+    pub pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type below is #[repr(C)], Copy, has no padding the kernel leaves
+    // uninitialised that user space interprets (explicit pad fields), and any bit pattern is valid.
+    unsafe impl aya::Pod for super::KernelLayout {}
+    unsafe impl aya::Pod for super::Control {}
+    unsafe impl aya::Pod for super::HistogramKey {}
+    unsafe impl aya::Pod for super::LatencyCounters {}
+    unsafe impl aya::Pod for super::TaskOrigin {}
+    unsafe impl aya::Pod for super::InflightRequest {}
+    unsafe impl aya::Pod for super::RequestEvent {}
+}
+
+// The layouts are part of the ABI: a change here must be a deliberate change on both sides.
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
+const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 32 + 2 * 8 * LATENCY_SLOTS);
+const _: () = assert!(core::mem::size_of::<TaskOrigin>() == 40);
+const _: () = assert!(core::mem::size_of::<InflightRequest>() == 88);
+const _: () = assert!(core::mem::size_of::<RequestEvent>() == 120);
+
+/// Index of the log2 µs bucket for a latency in ns.
+#[must_use]
+#[inline(always)]
+pub fn latency_slot(ns: u64) -> usize {
+    let us = ns / 1000;
+    // Bit length of `us`: 0 → 0, 1 → 1, 2..3 → 2, ...
+    let bits = (64 - us.leading_zeros()) as usize;
+    if bits >= LATENCY_SLOTS {
+        LATENCY_SLOTS - 1
+    } else {
+        bits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_log2_microseconds() {
+        assert_eq!(latency_slot(0), 0);
+        assert_eq!(latency_slot(999), 0);
+        assert_eq!(latency_slot(1_000), 1);
+        assert_eq!(latency_slot(1_999), 1);
+        assert_eq!(latency_slot(2_000), 2);
+        assert_eq!(latency_slot(3_999), 2);
+        assert_eq!(latency_slot(4_000), 3);
+        assert_eq!(latency_slot(u64::MAX), LATENCY_SLOTS - 1);
+    }
+
+    #[test]
+    fn ioprio_round_trips() {
+        for class in 0..4 {
+            for level in 0..8 {
+                assert_eq!(ioprio::split(ioprio::encode(class, level)), (class, level));
+            }
+        }
+        // A hint in bits 3..13 must not leak into class or level.
+        assert_eq!(ioprio::split(ioprio::encode(1, 3) | (5 << 3)), (1, 3));
+    }
+}

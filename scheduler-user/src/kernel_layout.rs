@@ -1,0 +1,180 @@
+//! Resolves the kernel struct offsets the eBPF programs need from the running kernel's BTF.
+//!
+//! Rust eBPF has no CO-RE field relocations, so instead of compiling offsets in, the daemon looks
+//! them up here and writes them into the programs' read-only data before loading. A kernel whose
+//! structs lack a field fails here, by name, rather than in the verifier or at run time.
+
+use std::path::{Path, PathBuf};
+
+use btf_rs::{Btf, Type};
+use scheduler_common::KernelLayout;
+
+/// Where the kernel publishes its own BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Failures to resolve the kernel layout.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// The BTF file does not exist: the kernel was built without BTF.
+    #[error("this kernel has no BTF ({path} is missing); abissd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
+    NoBtf {
+        /// The path looked at.
+        path: PathBuf,
+    },
+    /// The BTF could not be parsed.
+    #[error("cannot read the kernel BTF at {path}: {message}")]
+    Unreadable {
+        /// The path read.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A struct or field the programs need is not in this kernel.
+    #[error("this kernel's BTF has no {what}; abiss supports Linux 6.1 and newer")]
+    Missing {
+        /// `struct.field` that was looked for.
+        what: String,
+    },
+}
+
+/// Reads the offsets the programs need from the BTF at `path`.
+pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
+    if !path.exists() {
+        return Err(LayoutError::NoBtf {
+            path: path.to_path_buf(),
+        });
+    }
+    let btf = Btf::from_file(path).map_err(|error| LayoutError::Unreadable {
+        path: path.to_path_buf(),
+        message: error.to_string(),
+    })?;
+    let finder = FieldFinder { btf: &btf };
+    Ok(KernelLayout {
+        valid: 1,
+        request_q: finder.offset("request", "q")?,
+        request_cmd_flags: finder.offset("request", "cmd_flags")?,
+        request_data_len: finder.offset("request", "__data_len")?,
+        request_sector: finder.offset("request", "__sector")?,
+        request_bio: finder.offset("request", "bio")?,
+        queue_disk: finder.offset("request_queue", "disk")?,
+        gendisk_major: finder.offset("gendisk", "major")?,
+        gendisk_first_minor: finder.offset("gendisk", "first_minor")?,
+        bio_ioprio: finder.offset("bio", "bi_ioprio")?,
+        bio_io_vec: finder.offset("bio", "bi_io_vec")?,
+        bio_vcnt: finder.offset("bio", "bi_vcnt")?,
+        bvec_page: finder.offset("bio_vec", "bv_page")?,
+        page_compound_head: finder.offset("page", "compound_head")?,
+        page_mapping: finder.offset("page", "mapping")?,
+        mapping_host: finder.offset("address_space", "host")?,
+        inode_ino: finder.offset("inode", "i_ino")?,
+        inode_sb: finder.offset("inode", "i_sb")?,
+        sb_dev: finder.offset("super_block", "s_dev")?,
+    })
+}
+
+struct FieldFinder<'a> {
+    btf: &'a Btf,
+}
+
+impl FieldFinder<'_> {
+    /// Byte offset of `field` in `struct name`, looking through anonymous structs and unions.
+    fn offset(&self, name: &str, field: &str) -> Result<u32, LayoutError> {
+        let missing = || LayoutError::Missing {
+            what: format!("struct {name}.{field}"),
+        };
+        let types = self.btf.resolve_types_by_name(name).map_err(|_| missing())?;
+        let layout = types
+            .iter()
+            .find_map(|t| match t {
+                Type::Struct(s) if !s.members.is_empty() => Some(s),
+                _ => None,
+            })
+            .ok_or_else(missing)?;
+        let bits = self.find(layout, field, 0).ok_or_else(missing)?;
+        if bits % 8 != 0 {
+            return Err(missing());
+        }
+        Ok(bits / 8)
+    }
+
+    fn find(&self, layout: &btf_rs::Struct, field: &str, base_bits: u32) -> Option<u32> {
+        for member in &layout.members {
+            let name = self.btf.resolve_name(member).unwrap_or_default();
+            let bits = base_bits + member.bit_offset();
+            if name == field {
+                return Some(bits);
+            }
+            if name.is_empty() {
+                if let Some(inner) = self.anonymous_aggregate(member) {
+                    if let Some(found) = self.find(&inner, field, bits) {
+                        return Some(found);
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    fn anonymous_aggregate(&self, member: &btf_rs::Member) -> Option<btf_rs::Struct> {
+        let mut current = self.btf.resolve_chained_type(member).ok()?;
+        // Skip qualifiers and typedefs down to the aggregate.
+        for _ in 0..8 {
+            match current {
+                Type::Struct(s) | Type::Union(s) => return Some(s),
+                Type::Typedef(ref t) => current = self.btf.resolve_chained_type(t).ok()?,
+                Type::Const(ref t) | Type::Volatile(ref t) => {
+                    current = self.btf.resolve_chained_type(t).ok()?;
+                }
+                _ => return None,
+            }
+        }
+        None
+    }
+}
+
+/// The running kernel's release (`uname -r`).
+#[must_use]
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs against this machine's kernel: the fields the programs read must all resolve, and
+    /// to offsets that agree with the layout every 64-bit kernel has had for years.
+    #[test]
+    fn resolves_the_running_kernel() {
+        if !Path::new(KERNEL_BTF).exists() {
+            eprintln!("skipped: {KERNEL_BTF} missing (kernel without BTF)");
+            return;
+        }
+        let layout = resolve(Path::new(KERNEL_BTF)).expect("layout resolves");
+        assert_eq!(layout.valid, 1);
+        assert_eq!(layout.request_q, 0, "struct request starts with its queue");
+        assert_eq!(layout.bvec_page, 0, "struct bio_vec starts with its page");
+        assert!(layout.page_mapping > layout.page_compound_head.saturating_sub(8));
+        assert!(layout.gendisk_first_minor == layout.gendisk_major + 4);
+    }
+
+    #[test]
+    fn a_missing_btf_file_is_named() {
+        let error = resolve(Path::new("/nonexistent/vmlinux")).unwrap_err();
+        assert!(matches!(error, LayoutError::NoBtf { .. }));
+        assert!(error.to_string().contains("CONFIG_DEBUG_INFO_BTF"));
+    }
+
+    #[test]
+    fn a_corrupt_btf_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("abiss-btf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("vmlinux");
+        std::fs::write(&file, b"not btf at all").unwrap();
+        let error = resolve(&file).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(error, LayoutError::Unreadable { .. }));
+    }
+}

@@ -1,0 +1,17 @@
+//! `abissd`, the ABISS controller daemon.
+//!
+//! It loads and attaches the eBPF programs of `scheduler-ebpf`, owns their maps, and serves the
+//! versioned protocol of `abiss-proto` on a Unix socket. Only the daemon's main loop touches the
+//! maps; connections ask it over a channel.
+//!
+//! Requires Linux 6.1 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`).
+#![deny(missing_docs)]
+
+pub mod daemon;
+pub mod kernel_layout;
+pub mod preflight;
+pub mod socket;
+pub mod stats;
+pub mod tracer;
+
+pub use daemon::{run, DaemonConfig, DaemonError};

@@ -1,0 +1,228 @@
+//! Loads, attaches and reads the block-layer tracing programs.
+
+use std::path::Path;
+
+use abiss_proto::{
+    DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation, RequestRecord,
+};
+use aya::{
+    maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, RingBuf},
+    programs::{BtfTracePoint, ProgramError},
+    Btf, Ebpf, EbpfError, EbpfLoader,
+};
+use scheduler_common::{
+    Control, HistogramKey, InflightRequest, KernelLayout, LatencyCounters, RequestEvent,
+};
+
+/// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
+
+/// The programs and the kernel tracepoints they attach to.
+const PROGRAMS: [(&str, &str); 6] = [
+    ("abiss_bio_queue", "block_bio_queue"),
+    ("abiss_insert", "block_rq_insert"),
+    ("abiss_issue", "block_rq_issue"),
+    ("abiss_complete", "block_rq_complete"),
+    ("abiss_merge", "block_rq_merge"),
+    ("abiss_requeue", "block_rq_requeue"),
+];
+
+/// Failures to load, attach or read the programs.
+#[derive(Debug, thiserror::Error)]
+pub enum TracerError {
+    /// The kernel BTF could not be read by the loader.
+    #[error("cannot read the kernel BTF: {source}")]
+    Btf {
+        /// Loader error.
+        #[source]
+        source: aya::BtfError,
+    },
+    /// The object could not be loaded (verifier, missing kernel support).
+    #[error("the kernel refused the eBPF object: {source}")]
+    Load {
+        /// Loader error.
+        #[source]
+        source: EbpfError,
+    },
+    /// A program could not be loaded or attached.
+    #[error("cannot attach {program} to {tracepoint}: {source}")]
+    Attach {
+        /// Program name.
+        program: &'static str,
+        /// Tracepoint name.
+        tracepoint: &'static str,
+        /// Kernel error.
+        #[source]
+        source: ProgramError,
+    },
+    /// A map is missing from the object or has another type.
+    #[error("eBPF map {name} is missing or malformed")]
+    MissingMap {
+        /// Map name.
+        name: &'static str,
+    },
+    /// A map operation failed.
+    #[error("eBPF map {name}: {source}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// Kernel error.
+        #[source]
+        source: MapError,
+    },
+}
+
+/// The loaded and attached block tracer. Dropping it detaches and unloads everything.
+#[derive(Debug)]
+pub struct BlockTracer {
+    ebpf: Ebpf,
+    program_ids: Vec<(String, u32)>,
+}
+
+impl BlockTracer {
+    /// Loads the programs with `layout` written into their read-only data, and attaches them.
+    pub fn load(layout: &KernelLayout, btf_path: &Path) -> Result<Self, TracerError> {
+        let btf = Btf::parse_file(btf_path, aya::Endianness::default())
+            .map_err(|source| TracerError::Btf { source })?;
+        let mut ebpf = EbpfLoader::new()
+            .btf(Some(&btf))
+            .override_global("KERNEL_LAYOUT", layout, true)
+            .load(EBPF_OBJECT)
+            .map_err(|source| TracerError::Load { source })?;
+        let mut program_ids = Vec::new();
+        for (program, tracepoint) in PROGRAMS {
+            let attach_error = |source| TracerError::Attach {
+                program,
+                tracepoint,
+                source,
+            };
+            let prog: &mut BtfTracePoint = ebpf
+                .program_mut(program)
+                .ok_or(TracerError::MissingMap { name: program })?
+                .try_into()
+                .map_err(attach_error)?;
+            prog.load(tracepoint, &btf).map_err(attach_error)?;
+            prog.attach().map_err(attach_error)?;
+            let id = prog.info().map_err(attach_error)?.id();
+            program_ids.push((program.to_owned(), id));
+        }
+        let mut tracer = Self { ebpf, program_ids };
+        tracer.set_control(Control {
+            emit_events: 0,
+            daemon_tgid: std::process::id(),
+        })?;
+        Ok(tracer)
+    }
+
+    /// Names and kernel ids of the attached programs.
+    #[must_use]
+    pub fn program_ids(&self) -> &[(String, u32)] {
+        &self.program_ids
+    }
+
+    fn set_control(&mut self, control: Control) -> Result<(), TracerError> {
+        let name = "CONTROL";
+        let map = self.ebpf.map_mut(name).ok_or(TracerError::MissingMap { name })?;
+        let mut array: Array<&mut MapData, Control> =
+            Array::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        array
+            .set(0, control, 0)
+            .map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// Switches per-request events on or off.
+    pub fn set_emit_events(&mut self, emit: bool) -> Result<(), TracerError> {
+        self.set_control(Control {
+            emit_events: u32::from(emit),
+            daemon_tgid: std::process::id(),
+        })
+    }
+
+    /// Takes the ring buffer that carries per-request events (once).
+    pub fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
+        let name = "EVENTS";
+        let map = self.ebpf.take_map(name).ok_or(TracerError::MissingMap { name })?;
+        RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// The cumulative latency histograms, summed over CPUs.
+    pub fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
+        let name = "LATENCY";
+        let map = self.ebpf.map(name).ok_or(TracerError::MissingMap { name })?;
+        let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
+            PerCpuHashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let mut groups = Vec::new();
+        for entry in histograms.iter() {
+            let (key, per_cpu) = entry.map_err(|source| TracerError::Map { name, source })?;
+            let mut total = LatencyCounters::ZERO;
+            for counters in per_cpu.iter() {
+                total.requests += counters.requests;
+                total.bytes += counters.bytes;
+                total.queue_max_ns = total.queue_max_ns.max(counters.queue_max_ns);
+                total.service_max_ns = total.service_max_ns.max(counters.service_max_ns);
+                for (sum, slot) in total.queue_slots.iter_mut().zip(counters.queue_slots) {
+                    *sum += slot;
+                }
+                for (sum, slot) in total.service_slots.iter_mut().zip(counters.service_slots) {
+                    *sum += slot;
+                }
+            }
+            groups.push(LatencyGroup {
+                device: DeviceNumber::from_kernel(key.dev),
+                operation: Operation::from_kernel(key.op),
+                priority: IoPriority {
+                    class: IoClass::from_kernel(key.class),
+                    level: key.level,
+                },
+                requests: total.requests,
+                bytes: total.bytes,
+                queue: Log2Histogram::from_slots(&total.queue_slots, total.queue_max_ns),
+                service: Log2Histogram::from_slots(&total.service_slots, total.service_max_ns),
+            });
+        }
+        groups.sort_by_key(LatencyGroup::key);
+        Ok(groups)
+    }
+
+    /// Requests currently tracked between first sight and completion.
+    pub fn tracked_requests(&self) -> Result<u64, TracerError> {
+        let name = "INFLIGHT";
+        let map = self.ebpf.map(name).ok_or(TracerError::MissingMap { name })?;
+        let inflight: HashMap<&MapData, u64, InflightRequest> =
+            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        Ok(inflight.keys().filter(Result::is_ok).count() as u64)
+    }
+}
+
+/// Decodes one ring-buffer event into its protocol form.
+#[must_use]
+pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
+    if bytes.len() < size_of::<RequestEvent>() {
+        return None;
+    }
+    // SAFETY: the buffer holds at least one RequestEvent written by the eBPF side; any bit
+    // pattern is a valid RequestEvent, and read_unaligned copes with the ring's alignment.
+    let event: RequestEvent = unsafe { bytes.as_ptr().cast::<RequestEvent>().read_unaligned() };
+    let request = event.request;
+    let comm_len = request.origin.comm.iter().position(|&b| b == 0).unwrap_or(request.origin.comm.len());
+    Some(RequestRecord {
+        completed_ns: event.completed_ns,
+        device: DeviceNumber::from_kernel(request.dev),
+        operation: Operation::from_kernel(request.op),
+        priority: IoPriority {
+            class: IoClass::from_kernel(request.class),
+            level: request.level,
+        },
+        sector: request.sector,
+        bytes: request.bytes,
+        tgid: request.origin.tgid,
+        pid: request.origin.pid,
+        uid: request.origin.uid,
+        comm: String::from_utf8_lossy(&request.origin.comm[..comm_len]).into_owned(),
+        inode: (request.ino != 0).then_some(request.ino),
+        inode_device: (request.ino != 0).then_some(DeviceNumber::from_kernel(request.ino_dev)),
+        queue_ns: event.queue_ns,
+        service_ns: event.service_ns,
+        error: event.error,
+    })
+}
