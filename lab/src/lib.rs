@@ -1,0 +1,23 @@
+//! The lab: emulated slow disks as real block devices.
+//!
+//! A FUSE filesystem exposes one file, the disk image, whose reads and writes take as long as
+//! a device model says (a zoned, seeking, rotating disk, or a throttled cloud volume). A loop
+//! device with direct I/O sits on that file, so the kernel's page cache, readahead, elevators
+//! and eBPF probes see real requests on `/dev/loopN`; only the medium is emulated.
+//!
+//! Other crates bring a lab up and down with [`Lab::up`] and [`Lab::down`] and read the
+//! per-request statistics with [`Lab::stats_cursor`]. Needs root, `/dev/fuse` and Linux 6.x
+//! (tested on 6.18).
+
+#![deny(missing_docs)]
+
+pub mod emulator;
+pub mod error;
+pub mod model;
+pub mod queue;
+pub mod stats;
+pub mod timing;
+
+pub use error::{LabError, ModelError};
+pub use model::{ModelFile, ModelKind, ModelSpec, Op, ServiceOrder};
+pub use stats::{RequestRecord, StatsCursor, StatsSummary};

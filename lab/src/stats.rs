@@ -1,0 +1,217 @@
+//! Per-request statistics: one JSON object per line in the lab's stats file, and a summary
+//! file rewritten every second.
+//!
+//! Benchmarks read the requests of a run with a [`StatsCursor`], which returns only the lines
+//! appended since it last looked.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::LabError;
+use crate::model::Op;
+
+/// One request as the emulated device served it. Times are nanoseconds since the emulator
+/// started (a monotonic clock).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Sequence number in arrival order.
+    pub seq: u64,
+    /// Read or write.
+    pub op: Op,
+    /// Byte offset on the device.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// When the request reached the emulator.
+    pub arrival_ns: u64,
+    /// When the actuator started on it (virtual clock: the later of arrival and the end of the
+    /// previous request's occupancy).
+    pub start_ns: u64,
+    /// When the model says it completes (its deadline).
+    pub end_ns: u64,
+    /// When the reply was actually sent; `replied_ns - end_ns` is the timing error.
+    pub replied_ns: u64,
+    /// Seek component.
+    pub seek_ns: u64,
+    /// Rotational latency component.
+    pub rotation_ns: u64,
+    /// Transfer component (cloud: time in the throttle).
+    pub transfer_ns: u64,
+    /// Fixed latency component (cloud).
+    pub latency_ns: u64,
+    /// How long the request kept the actuator busy.
+    pub occupancy_ns: u64,
+    /// Requests in the emulator (queued or in service) when this one arrived, itself included.
+    pub outstanding: u32,
+    /// Whether the backing file I/O failed (the request was answered with an error).
+    pub failed: bool,
+}
+
+impl RequestRecord {
+    /// Latency seen by the kernel, from arrival to reply.
+    #[must_use]
+    pub fn latency_ns(&self) -> u64 {
+        self.replied_ns.saturating_sub(self.arrival_ns)
+    }
+
+    /// Timing error: how late the reply went out compared with the model's deadline.
+    #[must_use]
+    pub fn late_ns(&self) -> i64 {
+        let replied = i128::from(self.replied_ns);
+        let end = i128::from(self.end_ns);
+        i64::try_from(replied - end).unwrap_or(i64::MAX)
+    }
+}
+
+/// Running totals of the emulator, rewritten to the summary file every second.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatsSummary {
+    /// Requests completed.
+    pub requests: u64,
+    /// Bytes transferred.
+    pub bytes: u64,
+    /// Time since the emulator started.
+    pub elapsed_ns: u64,
+    /// Sum of the actuator occupancy of all requests.
+    pub busy_ns: u64,
+    /// `busy_ns / elapsed_ns`: the device busy fraction.
+    pub busy_fraction: f64,
+    /// Mean timing error (reply time minus deadline).
+    pub late_mean_ns: f64,
+    /// Largest timing error.
+    pub late_max_ns: i64,
+    /// 99th percentile of the timing error over the last 10 000 requests.
+    pub late_p99_ns: i64,
+    /// Most requests ever outstanding in the emulator at once.
+    pub max_outstanding: u32,
+}
+
+/// Reads the stats lines appended to a stats file since the last call.
+#[derive(Debug)]
+pub struct StatsCursor {
+    path: PathBuf,
+    offset: u64,
+}
+
+impl StatsCursor {
+    /// A cursor at the current end of `path`: the next read returns only new requests.
+    pub fn at_end(path: &Path) -> Result<Self, LabError> {
+        let offset = std::fs::metadata(path)
+            .map_err(LabError::io(path))?
+            .len();
+        Ok(Self {
+            path: path.to_owned(),
+            offset,
+        })
+    }
+
+    /// A cursor at the start of `path`: the next read returns every request.
+    #[must_use]
+    pub fn at_start(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            offset: 0,
+        }
+    }
+
+    /// The complete lines appended since the last call. The emulator flushes its stats
+    /// whenever it goes idle and at least every 100 ms.
+    pub fn read_new(&mut self) -> Result<Vec<RequestRecord>, LabError> {
+        let mut file = File::open(&self.path).map_err(LabError::io(&self.path))?;
+        file.seek(SeekFrom::Start(self.offset))
+            .map_err(LabError::io(&self.path))?;
+        let mut reader = BufReader::new(file);
+        let mut records = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader
+                .read_line(&mut line)
+                .map_err(LabError::io(&self.path))?;
+            if n == 0 || !line.ends_with('\n') {
+                break; // end, or a line still being written
+            }
+            self.offset += n as u64;
+            let record = serde_json::from_str(&line).map_err(|e| LabError::Io {
+                path: self.path.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?;
+            records.push(record);
+        }
+        Ok(records)
+    }
+}
+
+/// Reads a summary file.
+pub fn read_summary(path: &Path) -> Result<StatsSummary, LabError> {
+    let text = std::fs::read_to_string(path).map_err(LabError::io(path))?;
+    serde_json::from_str(&text).map_err(|e| LabError::Io {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })
+}
+
+/// Nearest-rank percentile of a sorted slice (`p` in 0..=100); `None` if empty.
+#[must_use]
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    if sorted.is_empty() {
+        return None;
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a rank within the slice"
+    )]
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u32> = (1..=100).collect();
+        assert_eq!(percentile(&v, 99.0), Some(99));
+        assert_eq!(percentile(&v, 100.0), Some(100));
+        assert_eq!(percentile(&v, 0.0), Some(1));
+        assert_eq!(percentile::<u32>(&[], 50.0), None);
+    }
+
+    #[test]
+    fn cursor_returns_only_complete_new_lines() {
+        let dir = std::env::temp_dir().join(format!("abiss-lab-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stats.jsonl");
+        let record = RequestRecord {
+            seq: 0,
+            op: Op::Read,
+            offset: 0,
+            len: 4096,
+            arrival_ns: 1,
+            start_ns: 2,
+            end_ns: 3,
+            replied_ns: 4,
+            seek_ns: 0,
+            rotation_ns: 0,
+            transfer_ns: 1,
+            latency_ns: 0,
+            occupancy_ns: 1,
+            outstanding: 1,
+            failed: false,
+        };
+        let line = serde_json::to_string(&record).unwrap();
+        std::fs::write(&path, format!("{line}\n")).unwrap();
+        let mut cursor = StatsCursor::at_end(&path).unwrap();
+        assert!(cursor.read_new().unwrap().is_empty());
+        std::fs::write(&path, format!("{line}\n{line}\n{{\"seq\"")).unwrap();
+        assert_eq!(cursor.read_new().unwrap(), vec![record]);
+        assert_eq!(StatsCursor::at_start(&path).read_new().unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
