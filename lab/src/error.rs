@@ -121,7 +121,8 @@ impl LabError {
         move |source| Self::Io { path, source }
     }
 
-    pub(crate) fn system(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+    /// A failed system command or call.
+    pub fn system(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
         Self::System {
             what: what.into(),
             reason: reason.to_string(),

@@ -21,3 +21,9 @@ pub mod timing;
 pub use error::{LabError, ModelError};
 pub use model::{ModelFile, ModelKind, ModelSpec, Op, ServiceOrder};
 pub use stats::{RequestRecord, StatsCursor, StatsSummary};
+pub mod lab;
+pub mod system;
+pub mod validate;
+
+pub use lab::{FilesystemKind, Lab, LabOptions, LabState};
+pub use validate::{validate, ValidationReport};

@@ -1,0 +1,172 @@
+//! Thin wrappers over the system: commands, sysfs, mounts and processes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::LabError;
+
+/// Runs a command and returns its standard output; the error carries its standard error.
+pub fn run(program: &str, args: &[&str]) -> Result<String, LabError> {
+    let what = format!("{program} {}", args.join(" "));
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| LabError::system(&what, e))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        Err(LabError::system(
+            &what,
+            format!("{} ({})", stderr.trim(), output.status),
+        ))
+    }
+}
+
+/// Mount points and sources from `/proc/self/mountinfo`, octal escapes decoded.
+#[must_use]
+pub fn mounts() -> Vec<(PathBuf, String)> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let mount_point = fields.get(4)?;
+            let dash = fields.iter().position(|f| *f == "-")?;
+            let source = fields.get(dash + 2)?;
+            Some((PathBuf::from(unescape(mount_point)), unescape(source)))
+        })
+        .collect()
+}
+
+/// Whether `path` is a mount point.
+#[must_use]
+pub fn is_mounted(path: &Path) -> bool {
+    mounts().iter().any(|(mp, _)| mp == path)
+}
+
+fn unescape(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            if let Ok(code) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
+                out.push(char::from(code));
+                i += 4;
+                continue;
+            }
+        }
+        out.push(char::from(bytes[i]));
+        i += 1;
+    }
+    out
+}
+
+/// Loop devices (`/dev/loopN`) and their backing files.
+#[must_use]
+pub fn loop_devices() -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("loop") {
+                return None;
+            }
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            Some((
+                PathBuf::from("/dev").join(name),
+                PathBuf::from(backing.trim().trim_end_matches(" (deleted)")),
+            ))
+        })
+        .collect()
+}
+
+/// The sysfs directory of a block device such as `/dev/loop3`.
+#[must_use]
+pub fn sysfs_block(device: &Path) -> PathBuf {
+    let name = device.file_name().unwrap_or_default();
+    Path::new("/sys/block").join(name)
+}
+
+/// Writes a sysfs attribute.
+pub fn write_attr(path: &Path, value: &str) -> Result<(), LabError> {
+    std::fs::write(path, value).map_err(|e| {
+        LabError::system(format!("writing {value:?} to {}", path.display()), e)
+    })
+}
+
+/// Reads a sysfs attribute, trimmed.
+pub fn read_attr(path: &Path) -> Result<String, LabError> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .map_err(LabError::io(path))
+}
+
+/// A process's start time (clock ticks since boot), or `None` if it is gone or a zombie.
+#[must_use]
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    if matches!(fields.first(), Some(&"Z" | &"X")) {
+        return None;
+    }
+    // Field 22 of stat is the start time; `rest` begins at field 3.
+    fields.get(19)?.parse().ok()
+}
+
+/// Whether the process `pid` that started at `start_time` is still running.
+#[must_use]
+pub fn process_alive(pid: i32, start_time: u64) -> bool {
+    process_start_time(pid) == Some(start_time)
+}
+
+/// Processes whose command line contains all of `needles`, as (pid, start time).
+#[must_use]
+pub fn find_processes(needles: &[&str]) -> Vec<(i32, u64)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let all = needles.iter().all(|n| args.iter().any(|a| a == n));
+            if all {
+                Some((pid, process_start_time(pid)?))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape("/plain"), "/plain");
+    }
+
+    #[test]
+    fn own_process_is_alive() {
+        let pid = i32::try_from(std::process::id()).unwrap();
+        let start = process_start_time(pid).unwrap();
+        assert!(process_alive(pid, start));
+        assert!(!process_alive(pid, start + 1));
+    }
+}

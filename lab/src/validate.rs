@@ -1,0 +1,262 @@
+//! Measuring a lab's device through the kernel and comparing it with its model.
+//!
+//! The measurements follow Johnson & Miller ("Performance Measurements of Tertiary Storage
+//! Devices"): transfer rate at several positions, and access time against seek distance. All
+//! reads use `O_DIRECT` on the loop device, one at a time, so each is one request to the model.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::LabError;
+use crate::lab::Lab;
+use crate::model::{HddModel, ModelKind, Op};
+
+const MIB: u64 = 1 << 20;
+const SEQ_REQUEST: u64 = MIB;
+const SEQ_REQUESTS: u64 = 12;
+const RANDOM_REQUEST: u64 = 4096;
+const RANDOM_PAIRS: usize = 40;
+
+/// One comparison of a measurement with the model's expectation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    /// What was measured.
+    pub name: String,
+    /// The measured value.
+    pub measured: f64,
+    /// The model's value.
+    pub expected: f64,
+    /// Unit of both values.
+    pub unit: &'static str,
+}
+
+impl Check {
+    /// Relative error in percent.
+    #[must_use]
+    pub fn error_percent(&self) -> f64 {
+        (self.measured - self.expected) / self.expected * 100.0
+    }
+
+    /// Whether the measurement is within `tolerance_percent` of the expectation.
+    #[must_use]
+    pub fn passes(&self, tolerance_percent: f64) -> bool {
+        self.error_percent().abs() <= tolerance_percent
+    }
+}
+
+/// The result of a validation run.
+#[derive(Clone, Debug)]
+pub struct ValidationReport {
+    /// All comparisons.
+    pub checks: Vec<Check>,
+    /// Allowed relative error.
+    pub tolerance_percent: f64,
+}
+
+impl ValidationReport {
+    /// Checks outside the tolerance.
+    #[must_use]
+    pub fn failed(&self) -> usize {
+        self.checks
+            .iter()
+            .filter(|c| !c.passes(self.tolerance_percent))
+            .count()
+    }
+
+    /// `Ok` if every check passes.
+    pub fn into_result(self) -> Result<Self, LabError> {
+        match self.failed() {
+            0 => Ok(self),
+            failed => Err(LabError::ValidationFailed {
+                failed,
+                total: self.checks.len(),
+                tolerance_percent: self.tolerance_percent,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for ValidationReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "{:<44} {:>12} {:>12} {:>8}  result",
+            "check", "measured", "model", "error"
+        )?;
+        for c in &self.checks {
+            writeln!(
+                f,
+                "{:<44} {:>9.3} {:<2} {:>9.3} {:<2} {:>+7.1}%  {}",
+                c.name,
+                c.measured,
+                c.unit,
+                c.expected,
+                c.unit,
+                c.error_percent(),
+                if c.passes(self.tolerance_percent) { "ok" } else { "FAIL" }
+            )?;
+        }
+        write!(
+            f,
+            "{} of {} checks within ±{}%",
+            self.checks.len() - self.failed(),
+            self.checks.len(),
+            self.tolerance_percent
+        )
+    }
+}
+
+/// A buffer aligned for `O_DIRECT`.
+struct AlignedBuffer {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuffer {
+    fn new(len: usize) -> Self {
+        let storage = vec![0u8; len + 4096];
+        let start = storage.as_ptr().align_offset(4096);
+        Self {
+            storage,
+            start,
+            len,
+        }
+    }
+
+    fn slice(&mut self, len: usize) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + len.min(self.len)]
+    }
+}
+
+fn timed_read(device: &File, buf: &mut AlignedBuffer, offset: u64, len: u64) -> Result<Duration, LabError> {
+    let slice = buf.slice(usize::try_from(len).unwrap_or(0));
+    let started = Instant::now();
+    device
+        .read_exact_at(slice, offset)
+        .map_err(|e| LabError::system(format!("O_DIRECT read at {offset}"), e))?;
+    Ok(started.elapsed())
+}
+
+fn open_direct(device: &Path) -> Result<File, LabError> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(device)
+        .map_err(LabError::io(device))
+}
+
+fn align_down(value: u64, alignment: u64) -> u64 {
+    value / alignment * alignment
+}
+
+/// Measures the lab's device and compares it with the model.
+pub fn validate(lab: &Lab, tolerance_percent: f64) -> Result<ValidationReport, LabError> {
+    let device = open_direct(lab.device())?;
+    let state = lab.state();
+    let size = state.size_bytes;
+    let mut buf = AlignedBuffer::new(usize::try_from(SEQ_REQUEST).unwrap_or(1 << 20));
+    let mut checks = Vec::new();
+    // The model as a predictor: the same parameters, its own head position; the rotational
+    // latency is taken at its mean, half a revolution.
+    let mut predictor = HddModel::new(state.model.hdd.clone(), size);
+    let mut rng = ChaCha8Rng::seed_from_u64(state.model.seed ^ 0x5eed);
+
+    let positions: &[f64] = match state.model.kind {
+        ModelKind::Hdd => &[0.0, 0.25, 0.5, 0.75, 0.97],
+        ModelKind::Cloud => &[0.0, 0.5],
+    };
+    for &fraction in positions {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a position within the device"
+        )]
+        let start = align_down(
+            ((size - SEQ_REQUESTS * SEQ_REQUEST) as f64 * fraction) as u64,
+            MIB,
+        );
+        // The first request positions the head; the rest stream.
+        timed_read(&device, &mut buf, start, SEQ_REQUEST)?;
+        let mut measured = Duration::ZERO;
+        let mut expected = Duration::ZERO;
+        for i in 1..SEQ_REQUESTS {
+            let offset = start + i * SEQ_REQUEST;
+            measured += timed_read(&device, &mut buf, offset, SEQ_REQUEST)?;
+            expected += match state.model.kind {
+                ModelKind::Hdd => predictor.transfer_time(Op::Read, offset, SEQ_REQUEST),
+                ModelKind::Cloud => state.model.cloud.expected_service(SEQ_REQUEST),
+            };
+        }
+        #[expect(clippy::cast_precision_loss, reason = "a byte count")]
+        let bytes = ((SEQ_REQUESTS - 1) * SEQ_REQUEST) as f64;
+        checks.push(Check {
+            name: format!("sequential 1 MiB reads at {:>3.0}%", fraction * 100.0),
+            measured: bytes / measured.as_secs_f64() / 1e6,
+            expected: bytes / expected.as_secs_f64() / 1e6,
+            unit: "MB/s",
+        });
+    }
+
+    let distances: &[f64] = match state.model.kind {
+        ModelKind::Hdd => &[0.01, 0.2, 0.8],
+        ModelKind::Cloud => &[0.5],
+    };
+    // The head is wherever the sequential part left it.
+    let _ = predictor.plan(Op::Read, size - SEQ_REQUEST, SEQ_REQUEST, &mut rng);
+    let mut random = (Duration::ZERO, Duration::ZERO);
+    for &distance in distances {
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a distance within the device"
+        )]
+        let gap = align_down((size as f64 * distance) as u64, 4096);
+        let mut at_distance = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..RANDOM_PAIRS {
+            // A random position, then one `gap` further: the second read measures access time
+            // at that distance, the first at a random one.
+            let first = align_down(rng.gen_range(0..size - gap - RANDOM_REQUEST), 4096);
+            for (offset, sum) in [(first, &mut random), (first + gap, &mut at_distance)] {
+                let expected = match state.model.kind {
+                    ModelKind::Hdd => predictor.expected_service(Op::Read, offset, RANDOM_REQUEST),
+                    ModelKind::Cloud => state.model.cloud.expected_service(RANDOM_REQUEST),
+                };
+                let _ = predictor.plan(Op::Read, offset, RANDOM_REQUEST, &mut rng);
+                sum.0 += timed_read(&device, &mut buf, offset, RANDOM_REQUEST)?;
+                sum.1 += expected;
+            }
+        }
+        checks.push(mean_latency_check(
+            format!("4 KiB read latency at distance {:>3.0}%", distance * 100.0),
+            at_distance,
+            RANDOM_PAIRS,
+        ));
+    }
+    checks.push(mean_latency_check(
+        "4 KiB read latency at random positions".into(),
+        random,
+        RANDOM_PAIRS * distances.len(),
+    ));
+    Ok(ValidationReport {
+        checks,
+        tolerance_percent,
+    })
+}
+
+fn mean_latency_check(name: String, (measured, expected): (Duration, Duration), n: usize) -> Check {
+    let n = u32::try_from(n).unwrap_or(u32::MAX);
+    Check {
+        name,
+        measured: (measured / n).as_secs_f64() * 1e3,
+        expected: (expected / n).as_secs_f64() * 1e3,
+        unit: "ms",
+    }
+}
