@@ -13,11 +13,19 @@ const BPF_TARGET: &str = "bpfel-unknown-none";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let root = manifest_dir.parent().expect("crate lives in the workspace").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .expect("crate lives in the workspace")
+        .to_path_buf();
     let ebpf_dir = root.join("scheduler-ebpf");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("set by cargo"));
 
-    for watched in ["scheduler-ebpf/src", "scheduler-ebpf/Cargo.toml", "scheduler-ebpf/Cargo.lock", "scheduler-common/src"] {
+    for watched in [
+        "scheduler-ebpf/src",
+        "scheduler-ebpf/Cargo.toml",
+        "scheduler-ebpf/Cargo.lock",
+        "scheduler-common/src",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=ABISS_EBPF_OBJECT");
@@ -46,7 +54,11 @@ fn build_ebpf(root: &Path, ebpf_dir: &Path) -> PathBuf {
     // eBPF build, which has its own compiler and target.
     for (key, _) in env::vars_os() {
         let key = key.to_string_lossy().into_owned();
-        if key.starts_with("CARGO_") || key.starts_with("RUSTC") || key == "RUSTFLAGS" || key == "RUSTDOCFLAGS" {
+        if key.starts_with("CARGO_")
+            || key.starts_with("RUSTC")
+            || key == "RUSTFLAGS"
+            || key == "RUSTDOCFLAGS"
+        {
             command.env_remove(&key);
         }
     }
@@ -59,9 +71,21 @@ fn build_ebpf(root: &Path, ebpf_dir: &Path) -> PathBuf {
         .env("RUSTC_BOOTSTRAP", "1")
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            ["--cfg=bpf_target_arch=\"x86_64\"", "-Cdebuginfo=2", "-Clink-arg=--btf"].join("\u{1f}"),
+            [
+                "--cfg=bpf_target_arch=\"x86_64\"",
+                "-Cdebuginfo=2",
+                "-Clink-arg=--btf",
+            ]
+            .join("\u{1f}"),
         )
-        .args(["build", "--release", "--locked", "--target", BPF_TARGET, "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            BPF_TARGET,
+            "--target-dir",
+        ])
         .arg(&target_dir);
     let status = command
         .status()

@@ -240,8 +240,7 @@ pub enum WireError {
 
 /// Encodes a message as one line (with the trailing newline).
 pub fn encode_line<T: Serialize>(message: &T) -> Result<Vec<u8>, WireError> {
-    let mut line =
-        serde_json::to_vec(message).map_err(|source| WireError::Malformed { source })?;
+    let mut line = serde_json::to_vec(message).map_err(|source| WireError::Malformed { source })?;
     line.push(b'\n');
     Ok(line)
 }

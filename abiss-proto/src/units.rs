@@ -179,16 +179,25 @@ mod tests {
 
     #[test]
     fn device_numbers_round_trip() {
-        let dev = DeviceNumber { major: 259, minor: 1_048_575 };
+        let dev = DeviceNumber {
+            major: 259,
+            minor: 1_048_575,
+        };
         assert_eq!(DeviceNumber::from_kernel(dev.to_kernel()), dev);
-        assert_eq!("7:3".parse::<DeviceNumber>(), Ok(DeviceNumber { major: 7, minor: 3 }));
+        assert_eq!(
+            "7:3".parse::<DeviceNumber>(),
+            Ok(DeviceNumber { major: 7, minor: 3 })
+        );
         assert!("loop0".parse::<DeviceNumber>().is_err());
         assert!("7:x".parse::<DeviceNumber>().is_err());
     }
 
     #[test]
     fn priorities_print_as_class_and_level() {
-        let p = IoPriority { class: IoClass::from_kernel(1), level: 0 };
+        let p = IoPriority {
+            class: IoClass::from_kernel(1),
+            level: 0,
+        };
         assert_eq!(p.to_string(), "rt/0");
         assert_eq!(Operation::from_kernel(1).to_string(), "write");
     }

@@ -1,1 +1,22 @@
-fn main() {}
+//! `abissctl`: the ABISS command line.
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+mod client;
+mod devices;
+mod error;
+mod stats;
+mod trace;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("abissctl: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}

@@ -16,12 +16,13 @@ pub const LATENCY_SLOTS: usize = 27;
 /// Length of a task's command name, as in the kernel's `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;
 
-/// Most requests tracked in flight at once. The map is an LRU map, so requests that vanish
-/// without a completion event (merged, requeued, failed) can never fill it.
+/// Most requests tracked in flight at once. Completion and merge remove entries in the kernel;
+/// abissd sweeps entries older than [`STALE_REQUEST_NS`], so the map cannot fill up with
+/// requests that vanished some other way.
 pub const MAX_INFLIGHT: u32 = 16_384;
 
-/// Bios whose submitting task is remembered until their request is first seen (LRU).
-pub const MAX_BIO_ORIGINS: u32 = 16_384;
+/// Age after which a tracked request that never completed is dropped by abissd's sweep.
+pub const STALE_REQUEST_NS: u64 = 60_000_000_000;
 
 /// Distinct (device, operation, priority) histogram keys kept.
 pub const MAX_HISTOGRAM_KEYS: u32 = 4_096;
@@ -51,6 +52,8 @@ pub struct KernelLayout {
     pub request_bio: u32,
     /// `struct request_queue.disk`
     pub queue_disk: u32,
+    /// `struct request_queue.elevator`
+    pub queue_elevator: u32,
     /// `struct gendisk.major`
     pub gendisk_major: u32,
     /// `struct gendisk.first_minor`
@@ -87,6 +90,7 @@ impl KernelLayout {
         request_sector: 0,
         request_bio: 0,
         queue_disk: 0,
+        queue_elevator: 0,
         gendisk_major: 0,
         gendisk_first_minor: 0,
         bio_ioprio: 0,
@@ -214,22 +218,23 @@ impl Default for LatencyCounters {
     }
 }
 
-/// The task that submitted a bio, remembered between `block_bio_queue` and the first sight of
-/// the request the bio ends up in (requests are often built and issued by another context).
+/// Who a request is for: the submitting task and the file whose pages it carries. Gathered at
+/// the request's first sight only while someone reads per-request events, because it costs
+/// several helper calls and probe reads per request.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct TaskOrigin {
-    /// When the bio was queued (`bpf_ktime_get_ns`).
-    pub queued_ns: u64,
-    /// Process id (thread group id).
+pub struct RequestOrigin {
+    /// Inode number of the page-cache pages the request carries, zero if none.
+    pub ino: u64,
+    /// Device of the filesystem holding that inode (`dev_t` encoding).
+    pub ino_dev: u32,
+    /// Process id (thread group id) of the submitter.
     pub tgid: u32,
-    /// Thread id.
+    /// Thread id of the submitter.
     pub pid: u32,
-    /// Real user id of the task.
+    /// Real user id of the submitter.
     pub uid: u32,
-    /// Padding.
-    pub pad: u32,
-    /// Command name.
+    /// Command name of the submitter.
     pub comm: [u8; COMM_LEN],
 }
 
@@ -237,17 +242,13 @@ pub struct TaskOrigin {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InflightRequest {
-    /// Start of the queue time: `block_rq_insert`, or for requests that skip the elevator the
-    /// `block_bio_queue` of their first bio (else the issue time).
+    /// Start of the queue time: `block_rq_insert`, or the issue time for requests that skip
+    /// the elevator (their queue time is zero, as in biolatency).
     pub queued_ns: u64,
     /// `block_rq_issue` time, zero until issued.
     pub issued_ns: u64,
     /// First sector.
     pub sector: u64,
-    /// Inode number of the page-cache pages the request carries, zero if none.
-    pub ino: u64,
-    /// Device of the filesystem holding that inode (`dev_t` encoding).
-    pub ino_dev: u32,
     /// Disk (`dev_t` encoding).
     pub dev: u32,
     /// Bytes.
@@ -258,10 +259,10 @@ pub struct InflightRequest {
     pub class: u8,
     /// I/O priority level.
     pub level: u8,
+    /// Non-zero when a [`RequestOrigin`] was recorded for this request.
+    pub attributed: u8,
     /// Padding.
-    pub pad: u8,
-    /// The submitting task.
-    pub origin: TaskOrigin,
+    pub pad: u32,
 }
 
 /// One completed request, sent over the ring buffer while a client streams events.
@@ -276,6 +277,8 @@ pub struct RequestEvent {
     pub service_ns: u64,
     /// The request as it was tracked.
     pub request: InflightRequest,
+    /// Its submitter and file (zero if it was first seen before events were switched on).
+    pub origin: RequestOrigin,
     /// Completion status (`blk_status_t`), zero on success.
     pub error: u32,
     /// Padding.
@@ -290,18 +293,18 @@ mod pod {
     unsafe impl aya::Pod for super::Control {}
     unsafe impl aya::Pod for super::HistogramKey {}
     unsafe impl aya::Pod for super::LatencyCounters {}
-    unsafe impl aya::Pod for super::TaskOrigin {}
+    unsafe impl aya::Pod for super::RequestOrigin {}
     unsafe impl aya::Pod for super::InflightRequest {}
     unsafe impl aya::Pod for super::RequestEvent {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 20 * 4);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
 const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 32 + 2 * 8 * LATENCY_SLOTS);
-const _: () = assert!(core::mem::size_of::<TaskOrigin>() == 40);
-const _: () = assert!(core::mem::size_of::<InflightRequest>() == 88);
-const _: () = assert!(core::mem::size_of::<RequestEvent>() == 120);
+const _: () = assert!(core::mem::size_of::<RequestOrigin>() == 40);
+const _: () = assert!(core::mem::size_of::<InflightRequest>() == 40);
+const _: () = assert!(core::mem::size_of::<RequestEvent>() == 112);
 
 /// Index of the log2 µs bucket for a latency in ns.
 #[must_use]

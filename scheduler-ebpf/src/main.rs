@@ -17,13 +17,13 @@ use aya_ebpf::{
         bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, LruHashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, PerCpuHashMap, RingBuf},
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
     ioprio, latency_slot, op, Control, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RequestEvent, TaskOrigin, EVENT_RING_BYTES, MAX_BIO_ORIGINS,
-    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,
+    LatencyCounters, RequestEvent, RequestOrigin, EVENT_RING_BYTES, MAX_HISTOGRAM_KEYS,
+    MAX_INFLIGHT,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -33,11 +33,15 @@ static KERNEL_LAYOUT: KernelLayout = KernelLayout::UNSET;
 #[map]
 static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
 
+/// Requests between first sight and completion. A plain (preallocated) hash: an LRU map costs
+/// several hundred ns more per update. Entries leave on completion or merge; anything that
+/// vanishes otherwise is swept by abissd after `STALE_REQUEST_NS`.
 #[map]
-static INFLIGHT: LruHashMap<u64, InflightRequest> = LruHashMap::with_max_entries(MAX_INFLIGHT, 0);
+static INFLIGHT: HashMap<u64, InflightRequest> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
+/// Submitter and file of each tracked request, while events are wanted.
 #[map]
-static BIO_ORIGINS: LruHashMap<u64, TaskOrigin> = LruHashMap::with_max_entries(MAX_BIO_ORIGINS, 0);
+static ORIGINS: HashMap<u64, RequestOrigin> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
 #[map]
 static LATENCY: PerCpuHashMap<HistogramKey, LatencyCounters> =
@@ -58,7 +62,18 @@ macro_rules! layout {
     };
 }
 
-/// Reads a `T` at `base + offset` in kernel memory.
+/// Loads a field of a BTF-typed kernel pointer (a tracepoint argument, or a pointer loaded from
+/// one). The offsets live in frozen read-only data, so the verifier knows them as constants and
+/// checks each access against the kernel's BTF; the load is a plain instruction with fault
+/// handling, several times cheaper than a `bpf_probe_read_kernel` call.
+#[inline(always)]
+fn field<T: Copy>(base: u64, offset: u32) -> T {
+    // SAFETY: verified by the kernel against BTF; faults read as zero.
+    unsafe { core::ptr::read_volatile((base + u64::from(offset)) as *const T) }
+}
+
+/// Reads a `T` at `base + offset` where `base` was computed (not loaded from a typed field), so
+/// the verifier cannot type it.
 #[inline(always)]
 fn read<T>(base: u64, offset: u32) -> Option<T> {
     if base == 0 {
@@ -74,40 +89,33 @@ fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-#[inline(always)]
-fn current_origin(queued_ns: u64) -> TaskOrigin {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
-    TaskOrigin {
-        queued_ns,
-        tgid: (pid_tgid >> 32) as u32,
-        pid: pid_tgid as u32,
-        uid: bpf_get_current_uid_gid() as u32,
-        pad: 0,
-        comm: bpf_get_current_comm().unwrap_or_default(),
-    }
-}
-
 /// Inode number and filesystem device of the page-cache page a bio starts with, if any.
 #[inline(always)]
 fn bio_inode(bio: u64) -> (u64, u32) {
-    let Some(vec) = read::<u64>(bio, layout!(bio_io_vec)) else {
+    if bio == 0 {
         return (0, 0);
-    };
-    let Some(mut page) = read::<u64>(vec, layout!(bvec_page)) else {
-        return (0, 0);
-    };
-    // A tail page of a large folio points to its head with bit 0 set; the head has the mapping.
-    if let Some(head) = read::<u64>(page, layout!(page_compound_head)) {
-        if head & 1 == 1 {
-            page = head - 1;
-        }
     }
+    let vec: u64 = field(bio, layout!(bio_io_vec));
+    if vec == 0 {
+        return (0, 0);
+    }
+    let mut page: u64 = field(vec, layout!(bvec_page));
+    if page == 0 {
+        return (0, 0);
+    }
+    // A tail page of a large folio points to its head with bit 0 set; the head has the mapping.
+    // Read as a number: the verifier types this union slot as `lru.next`, a pointer.
+    let head = read::<u64>(page, layout!(page_compound_head)).unwrap_or(0);
+    if head & 1 == 1 {
+        page = head - 1;
+    }
+    // From here on the pointers are read as plain numbers: the mapping's low bits must be
+    // tested, which the verifier forbids on typed pointers.
     let Some(mapping) = read::<u64>(page, layout!(page_mapping)) else {
         return (0, 0);
     };
     // Anonymous and KSM pages (direct I/O into user memory) tag the low bits: no file.
-    if mapping & 3 != 0 {
+    if mapping == 0 || mapping & 3 != 0 {
         return (0, 0);
     }
     let Some(inode) = read::<u64>(mapping, layout!(mapping_host)) else {
@@ -120,56 +128,73 @@ fn bio_inode(bio: u64) -> (u64, u32) {
     (ino, dev)
 }
 
-/// Builds the tracking record of a request seen for the first time.
+/// Whether per-request attribution is wanted (someone streams events).
 #[inline(always)]
-fn first_sight(rq: u64, now: u64, inserted: bool) -> Option<InflightRequest> {
-    let disk = read::<u64>(rq, layout!(request_q)).and_then(|q| read::<u64>(q, layout!(queue_disk)))?;
-    let major = read::<u32>(disk, layout!(gendisk_major))?;
-    let minor = read::<u32>(disk, layout!(gendisk_first_minor))?;
-    let cmd_flags = read::<u32>(rq, layout!(request_cmd_flags)).unwrap_or(0);
-    let bio = read::<u64>(rq, layout!(request_bio)).unwrap_or(0);
-    // Since Linux 6.x a request's priority is its first bio's (req_get_ioprio).
-    let prio = read::<u16>(bio, layout!(bio_ioprio)).unwrap_or(0);
-    let (class, level) = ioprio::split(prio);
+fn attributing() -> bool {
+    CONTROL
+        .get(0)
+        .is_some_and(|control| control.emit_events != 0)
+}
+
+/// Records the submitter and file of a request seen for the first time. The current task is
+/// the submitter: requests are inserted (or, without an elevator, issued) from the submitting
+/// task's plug, and requeues keep their record.
+#[inline(always)]
+fn record_origin(rq: u64, bio: u64) -> bool {
+    let pid_tgid = bpf_get_current_pid_tgid();
     let (ino, ino_dev) = bio_inode(bio);
-    let origin = match BIO_ORIGINS.get_ptr(bio) {
-        // SAFETY: pointer to a live map value, read once.
-        Some(found) => unsafe { *found },
-        None => current_origin(now),
-    };
-    if bio != 0 {
-        let _ = BIO_ORIGINS.remove(bio);
-    }
-    #[expect(clippy::cast_possible_truncation, reason = "REQ_OP_* fits in the low 8 bits")]
-    let operation = (cmd_flags & op::MASK) as u8;
-    Some(InflightRequest {
-        queued_ns: if inserted || origin.queued_ns == 0 {
-            now
-        } else {
-            origin.queued_ns
-        },
-        issued_ns: 0,
-        sector: read::<u64>(rq, layout!(request_sector)).unwrap_or(0),
+    #[expect(clippy::cast_possible_truncation, reason = "the helpers pack two u32s")]
+    let origin = RequestOrigin {
         ino,
         ino_dev,
+        tgid: (pid_tgid >> 32) as u32,
+        pid: pid_tgid as u32,
+        uid: bpf_get_current_uid_gid() as u32,
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    ORIGINS.insert(rq, origin, 0).is_ok()
+}
+
+/// Builds the tracking record of a request seen for the first time.
+#[inline(always)]
+fn first_sight(rq: u64, now: u64) -> Option<InflightRequest> {
+    let queue: u64 = field(rq, layout!(request_q));
+    if queue == 0 {
+        return None;
+    }
+    let disk: u64 = field(queue, layout!(queue_disk));
+    if disk == 0 {
+        return None;
+    }
+    let major: u32 = field(disk, layout!(gendisk_major));
+    let minor: u32 = field(disk, layout!(gendisk_first_minor));
+    let cmd_flags: u32 = field(rq, layout!(request_cmd_flags));
+    let bio: u64 = field(rq, layout!(request_bio));
+    // Since Linux 6.x a request's priority is its first bio's (req_get_ioprio).
+    let prio: u16 = if bio == 0 {
+        0
+    } else {
+        field(bio, layout!(bio_ioprio))
+    };
+    let (class, level) = ioprio::split(prio);
+    let attributed = attributing() && record_origin(rq, bio);
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "REQ_OP_* fits in the low 8 bits"
+    )]
+    let operation = (cmd_flags & op::MASK) as u8;
+    Some(InflightRequest {
+        queued_ns: now,
+        issued_ns: 0,
+        sector: field(rq, layout!(request_sector)),
         dev: (major << 20) | minor,
-        bytes: read::<u32>(rq, layout!(request_data_len)).unwrap_or(0),
+        bytes: field(rq, layout!(request_data_len)),
         op: operation,
         class,
         level,
+        attributed: u8::from(attributed),
         pad: 0,
-        origin,
     })
-}
-
-#[btf_tracepoint(function = "block_bio_queue")]
-pub fn abiss_bio_queue(ctx: BtfTracePointContext) -> i32 {
-    if layout!(valid) == 0 {
-        return 0;
-    }
-    let bio: u64 = ctx.arg(0);
-    let _ = BIO_ORIGINS.insert(bio, current_origin(now_ns()), 0);
-    0
 }
 
 #[btf_tracepoint(function = "block_rq_insert")]
@@ -178,10 +203,9 @@ pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let rq: u64 = ctx.arg(0);
-    if INFLIGHT.get_ptr(rq).is_none() {
-        if let Some(tracked) = first_sight(rq, now_ns(), true) {
-            let _ = INFLIGHT.insert(rq, tracked, 0);
-        }
+    if let Some(tracked) = first_sight(rq, now_ns()) {
+        // A request inserted twice (requeued) keeps its first record.
+        let _ = INFLIGHT.insert(rq, tracked, u64::from(BPF_NOEXIST));
     }
     0
 }
@@ -193,14 +217,28 @@ pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
     }
     let rq: u64 = ctx.arg(0);
     let now = now_ns();
-    if let Some(tracked) = INFLIGHT.get_ptr_mut(rq) {
-        // SAFETY: pointer to a live map value of this type.
-        unsafe {
-            (*tracked).issued_ns = now;
-            // Merges after insert grow the request; issue is when its size is final.
-            (*tracked).bytes = read::<u32>(rq, layout!(request_data_len)).unwrap_or((*tracked).bytes);
+    // Requests of a queue with an elevator were seen at insert; the others (no elevator, or
+    // flushes that bypass it) are first seen here. Checking saves a hash lookup per request
+    // on elevator-less queues.
+    let queue: u64 = field(rq, layout!(request_q));
+    let elevator: u64 = if queue == 0 {
+        0
+    } else {
+        field(queue, layout!(queue_elevator))
+    };
+    if elevator != 0 {
+        if let Some(tracked) = INFLIGHT.get_ptr_mut(rq) {
+            let bytes: u32 = field(rq, layout!(request_data_len));
+            // SAFETY: pointer to a live map value of this type.
+            unsafe {
+                (*tracked).issued_ns = now;
+                // Merges after insert grow the request; issue is when its size is final.
+                (*tracked).bytes = bytes;
+            }
+            return 0;
         }
-    } else if let Some(mut tracked) = first_sight(rq, now, false) {
+    }
+    if let Some(mut tracked) = first_sight(rq, now) {
         tracked.issued_ns = now;
         let _ = INFLIGHT.insert(rq, tracked, 0);
     }
@@ -217,6 +255,14 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
     // SAFETY: pointer to a live map value, copied before the entry is removed.
     let tracked = unsafe { *tracked };
     let _ = INFLIGHT.remove(rq);
+    let origin = if tracked.attributed == 0 {
+        None
+    } else {
+        // SAFETY: pointer to a live map value, copied before the entry is removed.
+        let origin = ORIGINS.get_ptr(rq).map(|found| unsafe { *found });
+        let _ = ORIGINS.remove(rq);
+        origin
+    };
     if tracked.issued_ns == 0 {
         return 0;
     }
@@ -224,7 +270,16 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
     let queue_ns = tracked.issued_ns.saturating_sub(tracked.queued_ns);
     let service_ns = now.saturating_sub(tracked.issued_ns);
     account(&tracked, queue_ns, service_ns);
-    emit(&tracked, now, queue_ns, service_ns, error);
+    if attributing() {
+        emit(
+            &tracked,
+            origin.unwrap_or_default(),
+            now,
+            queue_ns,
+            service_ns,
+            error,
+        );
+    }
     0
 }
 
@@ -232,7 +287,14 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_merge")]
 pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
-    let _ = INFLIGHT.remove(rq);
+    if let Some(tracked) = INFLIGHT.get_ptr(rq) {
+        // SAFETY: pointer to a live map value of this type.
+        let attributed = unsafe { (*tracked).attributed } != 0;
+        let _ = INFLIGHT.remove(rq);
+        if attributed {
+            let _ = ORIGINS.remove(rq);
+        }
+    }
     0
 }
 
@@ -293,17 +355,21 @@ fn account(tracked: &InflightRequest, queue_ns: u64, service_ns: u64) {
 }
 
 #[inline(always)]
-fn emit(tracked: &InflightRequest, now: u64, queue_ns: u64, service_ns: u64, error: u32) {
-    let wanted = CONTROL.get(0).is_some_and(|control| control.emit_events != 0);
-    if !wanted {
-        return;
-    }
+fn emit(
+    tracked: &InflightRequest,
+    origin: RequestOrigin,
+    now: u64,
+    queue_ns: u64,
+    service_ns: u64,
+    error: u32,
+) {
     if let Some(mut entry) = EVENTS.reserve::<RequestEvent>(0) {
         entry.write(RequestEvent {
             completed_ns: now,
             queue_ns,
             service_ns,
             request: *tracked,
+            origin,
             error,
             pad: 0,
         });

@@ -34,7 +34,9 @@ pub struct DaemonConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// Not root and without the capabilities to load tracing programs.
-    #[error("abissd needs root (or CAP_BPF and CAP_PERFMON) to load its eBPF programs; run it as root")]
+    #[error(
+        "abissd needs root (or CAP_BPF and CAP_PERFMON) to load its eBPF programs; run it as root"
+    )]
     NotPrivileged,
     /// The kernel lacks what the programs need.
     #[error(transparent)]
@@ -106,6 +108,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut subscribers: i32 = 0;
+    let mut sweep = tokio::time::interval(Duration::from_secs(10));
     info!(
         "abissd {} listening on {} (programs: {})",
         env!("CARGO_PKG_VERSION"),
@@ -136,6 +139,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                     }
                 }
             },
+            _ = sweep.tick() => match tracer.sweep_stale(monotonic_ns()) {
+                Ok(0) => {}
+                Ok(dropped) => info!("dropped {dropped} tracked requests that never completed"),
+                Err(error) => warn!("cannot sweep tracked requests: {error}"),
+            },
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
@@ -150,7 +158,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
 /// Moves per-request events from the ring buffer to every subscribed connection.
 async fn pump_events(ring: RingBuf<MapData>, events: broadcast::Sender<RequestRecord>) {
     // SAFETY: the ring buffer owns its map descriptor for as long as the AsyncFd owns the ring.
-    let Ok(mut ring) = (unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }) else {
+    let Ok(mut ring) = (unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) })
+    else {
         warn!("cannot poll the event ring buffer");
         return;
     };
@@ -204,7 +213,11 @@ async fn serve_connection(stream: UnixStream, context: Context) {
         let envelope: Envelope = match decode_line(&line) {
             Ok(envelope) => envelope,
             Err(error) => {
-                let _ = send(&mut write_half, &error_response(ErrorKind::BadRequest, error.to_string())).await;
+                let _ = send(
+                    &mut write_half,
+                    &error_response(ErrorKind::BadRequest, error.to_string()),
+                )
+                .await;
                 return;
             }
         };
@@ -213,7 +226,11 @@ async fn serve_connection(stream: UnixStream, context: Context) {
                 "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
                 envelope.version
             );
-            let _ = send(&mut write_half, &error_response(ErrorKind::VersionMismatch, message)).await;
+            let _ = send(
+                &mut write_half,
+                &error_response(ErrorKind::VersionMismatch, message),
+            )
+            .await;
             return;
         }
         let response = match envelope.request {
@@ -237,7 +254,12 @@ async fn serve_connection(stream: UnixStream, context: Context) {
 
 async fn latency(context: &Context) -> Response {
     let (reply, answer) = oneshot::channel();
-    if context.commands.send(Command::Latency(reply)).await.is_err() {
+    if context
+        .commands
+        .send(Command::Latency(reply))
+        .await
+        .is_err()
+    {
         return error_response(ErrorKind::Internal, "abissd is shutting down");
     }
     match answer.await {
@@ -257,12 +279,23 @@ async fn stats_response(context: &Context, window_ms: u64) -> Response {
             format!("a stats window of {window_ms} ms is outside 1 ms to 60 s"),
         );
     }
-    let mut report = match stats::measure(&context.program_ids, Duration::from_millis(window_ms)).await {
-        Ok(report) => report,
-        Err(error) => return error_response(ErrorKind::Internal, format!("cannot switch on BPF statistics: {error}")),
-    };
+    let mut report =
+        match stats::measure(&context.program_ids, Duration::from_millis(window_ms)).await {
+            Ok(report) => report,
+            Err(error) => {
+                return error_response(
+                    ErrorKind::Internal,
+                    format!("cannot switch on BPF statistics: {error}"),
+                )
+            }
+        };
     let (reply, answer) = oneshot::channel();
-    if context.commands.send(Command::TrackedRequests(reply)).await.is_ok() {
+    if context
+        .commands
+        .send(Command::TrackedRequests(reply))
+        .await
+        .is_ok()
+    {
         report.tracked_requests = answer.await.unwrap_or(0);
     }
     Response::Stats(report)
@@ -274,7 +307,12 @@ async fn stream_events(
     peer_uid: u32,
 ) {
     let mut receiver = context.events.subscribe();
-    if context.commands.send(Command::EventSubscribers(1)).await.is_err() {
+    if context
+        .commands
+        .send(Command::EventSubscribers(1))
+        .await
+        .is_err()
+    {
         return;
     }
     loop {
@@ -299,6 +337,9 @@ async fn stream_events(
 
 fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec()).unwrap_or(0))
+        .map(|t| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_nsec()).unwrap_or(0)
+        })
         .unwrap_or(0)
 }

@@ -57,6 +57,7 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         request_sector: finder.offset("request", "__sector")?,
         request_bio: finder.offset("request", "bio")?,
         queue_disk: finder.offset("request_queue", "disk")?,
+        queue_elevator: finder.offset("request_queue", "elevator")?,
         gendisk_major: finder.offset("gendisk", "major")?,
         gendisk_first_minor: finder.offset("gendisk", "first_minor")?,
         bio_ioprio: finder.offset("bio", "bi_ioprio")?,
@@ -82,7 +83,10 @@ impl FieldFinder<'_> {
         let missing = || LayoutError::Missing {
             what: format!("struct {name}.{field}"),
         };
-        let types = self.btf.resolve_types_by_name(name).map_err(|_| missing())?;
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .map_err(|_| missing())?;
         let layout = types
             .iter()
             .find_map(|t| match t {

@@ -12,14 +12,14 @@ use aya::{
 };
 use scheduler_common::{
     Control, HistogramKey, InflightRequest, KernelLayout, LatencyCounters, RequestEvent,
+    RequestOrigin, STALE_REQUEST_NS,
 };
 
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
 
 /// The programs and the kernel tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 6] = [
-    ("abiss_bio_queue", "block_bio_queue"),
+const PROGRAMS: [(&str, &str); 5] = [
     ("abiss_insert", "block_rq_insert"),
     ("abiss_issue", "block_rq_issue"),
     ("abiss_complete", "block_rq_complete"),
@@ -122,7 +122,10 @@ impl BlockTracer {
 
     fn set_control(&mut self, control: Control) -> Result<(), TracerError> {
         let name = "CONTROL";
-        let map = self.ebpf.map_mut(name).ok_or(TracerError::MissingMap { name })?;
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
         let mut array: Array<&mut MapData, Control> =
             Array::try_from(map).map_err(|source| TracerError::Map { name, source })?;
         array
@@ -141,14 +144,20 @@ impl BlockTracer {
     /// Takes the ring buffer that carries per-request events (once).
     pub fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
         let name = "EVENTS";
-        let map = self.ebpf.take_map(name).ok_or(TracerError::MissingMap { name })?;
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(TracerError::MissingMap { name })?;
         RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
     }
 
     /// The cumulative latency histograms, summed over CPUs.
     pub fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
         let name = "LATENCY";
-        let map = self.ebpf.map(name).ok_or(TracerError::MissingMap { name })?;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(TracerError::MissingMap { name })?;
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
             PerCpuHashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
         let mut groups = Vec::new();
@@ -187,10 +196,47 @@ impl BlockTracer {
     /// Requests currently tracked between first sight and completion.
     pub fn tracked_requests(&self) -> Result<u64, TracerError> {
         let name = "INFLIGHT";
-        let map = self.ebpf.map(name).ok_or(TracerError::MissingMap { name })?;
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(TracerError::MissingMap { name })?;
         let inflight: HashMap<&MapData, u64, InflightRequest> =
             HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
         Ok(inflight.keys().filter(Result::is_ok).count() as u64)
+    }
+
+    /// Drops tracked requests first seen before `now_ns - STALE_REQUEST_NS`: requests that
+    /// vanished without completing or merging (a driver error path, a device that went away).
+    /// Returns how many were dropped.
+    pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
+        let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
+        let name = "INFLIGHT";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        let mut inflight: HashMap<&mut MapData, u64, InflightRequest> =
+            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let stale: Vec<u64> = inflight
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, tracked)| tracked.queued_ns < cutoff)
+            .map(|(rq, _)| rq)
+            .collect();
+        for rq in &stale {
+            let _ = inflight.remove(rq);
+        }
+        let name = "ORIGINS";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        let mut origins: HashMap<&mut MapData, u64, RequestOrigin> =
+            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        for rq in &stale {
+            let _ = origins.remove(rq);
+        }
+        Ok(stale.len())
     }
 }
 
@@ -204,7 +250,12 @@ pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
     // pattern is a valid RequestEvent, and read_unaligned copes with the ring's alignment.
     let event: RequestEvent = unsafe { bytes.as_ptr().cast::<RequestEvent>().read_unaligned() };
     let request = event.request;
-    let comm_len = request.origin.comm.iter().position(|&b| b == 0).unwrap_or(request.origin.comm.len());
+    let origin = event.origin;
+    let comm_len = origin
+        .comm
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(origin.comm.len());
     Some(RequestRecord {
         completed_ns: event.completed_ns,
         device: DeviceNumber::from_kernel(request.dev),
@@ -215,12 +266,12 @@ pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
         },
         sector: request.sector,
         bytes: request.bytes,
-        tgid: request.origin.tgid,
-        pid: request.origin.pid,
-        uid: request.origin.uid,
-        comm: String::from_utf8_lossy(&request.origin.comm[..comm_len]).into_owned(),
-        inode: (request.ino != 0).then_some(request.ino),
-        inode_device: (request.ino != 0).then_some(DeviceNumber::from_kernel(request.ino_dev)),
+        tgid: origin.tgid,
+        pid: origin.pid,
+        uid: origin.uid,
+        comm: String::from_utf8_lossy(&origin.comm[..comm_len]).into_owned(),
+        inode: (origin.ino != 0).then_some(origin.ino),
+        inode_device: (origin.ino != 0).then_some(DeviceNumber::from_kernel(origin.ino_dev)),
         queue_ns: event.queue_ns,
         service_ns: event.service_ns,
         error: event.error,

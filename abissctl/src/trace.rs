@@ -1,0 +1,344 @@
+//! `abissctl trace`: live disk latency by device, operation and I/O priority.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, Request, RequestRecord, Response};
+use serde::Serialize;
+
+use crate::client::{unexpected, DaemonClient};
+use crate::devices::DeviceNames;
+use crate::error::CliError;
+
+/// What to trace and how to print it.
+#[derive(Debug)]
+pub struct TraceOptions {
+    /// Only this device.
+    pub device: Option<DeviceNumber>,
+    /// Also print the queue-time histogram.
+    pub queued: bool,
+    /// Seconds between reports.
+    pub interval: Duration,
+    /// Reports (or events) before stopping; `None` runs until interrupted.
+    pub count: Option<u64>,
+    /// One JSON object per report (or event).
+    pub json: bool,
+}
+
+/// Prints per-interval histograms until `count` reports are out.
+pub fn histograms(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), CliError> {
+    let mut names = DeviceNames::load();
+    let mut previous = snapshot(client, options)?;
+    let mut out = std::io::stdout().lock();
+    if !options.json {
+        let _ = writeln!(
+            out,
+            "Tracing block I/O latency by device, operation and I/O priority every {:.1} s... Hit Ctrl-C to end.",
+            options.interval.as_secs_f64()
+        );
+    }
+    let mut reports = 0;
+    let mut last = Instant::now();
+    while options.count.is_none_or(|count| reports < count) {
+        std::thread::sleep(options.interval.saturating_sub(last.elapsed()));
+        let current = snapshot(client, options)?;
+        let elapsed = last.elapsed();
+        last = Instant::now();
+        let deltas: Vec<LatencyGroup> = current
+            .values()
+            .filter_map(|group| {
+                let delta = previous
+                    .get(&group.key())
+                    .map_or_else(|| group.clone(), |before| group.since(before));
+                (delta.requests > 0).then_some(delta)
+            })
+            .collect();
+        let written = if options.json {
+            write_json(&mut out, &deltas, elapsed, &mut names)
+        } else {
+            write_text(&mut out, &deltas, options.queued, &mut names)
+        };
+        if written.is_err() {
+            // stdout closed (e.g. piped into `head`): stop quietly.
+            return Ok(());
+        }
+        previous = current;
+        reports += 1;
+    }
+    Ok(())
+}
+
+type Snapshot = BTreeMap<
+    (
+        DeviceNumber,
+        abiss_proto::Operation,
+        abiss_proto::IoPriority,
+    ),
+    LatencyGroup,
+>;
+
+fn snapshot(client: &mut DaemonClient, options: &TraceOptions) -> Result<Snapshot, CliError> {
+    match client.call(Request::Latency)? {
+        Response::Latency { groups, .. } => Ok(groups
+            .into_iter()
+            .filter(|group| options.device.is_none_or(|device| device == group.device))
+            .map(|group| (group.key(), group))
+            .collect()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn wall_clock() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    format!(
+        "{:02}:{:02}:{:02}",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+fn write_text(
+    out: &mut impl Write,
+    deltas: &[LatencyGroup],
+    queued: bool,
+    names: &mut DeviceNames,
+) -> std::io::Result<()> {
+    writeln!(out, "\n{} UTC", wall_clock())?;
+    if deltas.is_empty() {
+        writeln!(out, "(no completed requests)")?;
+    }
+    for group in deltas {
+        writeln!(
+            out,
+            "\ndisk = {} ({})  op = {}  prio = {}  requests = {}  bytes = {}",
+            names.name(group.device),
+            group.device,
+            group.operation,
+            group.priority,
+            group.requests,
+            group.bytes
+        )?;
+        if queued {
+            write_histogram(out, "queue usecs", &group.queue)?;
+        }
+        write_histogram(out, "service usecs", &group.service)?;
+    }
+    out.flush()
+}
+
+/// A biolatency-style histogram: one row per bucket from the first to the last non-empty one.
+fn write_histogram(
+    out: &mut impl Write,
+    title: &str,
+    histogram: &Log2Histogram,
+) -> std::io::Result<()> {
+    const WIDTH: u64 = 40;
+    let first = histogram.slots.iter().position(|&c| c > 0);
+    let last = histogram.slots.iter().rposition(|&c| c > 0);
+    let (Some(first), Some(last)) = (first, last) else {
+        return Ok(());
+    };
+    let peak = histogram.slots.iter().copied().max().unwrap_or(1).max(1);
+    writeln!(out, "{title:>24}: count    distribution")?;
+    for index in first..=last {
+        let count = histogram.slots[index];
+        let (low, high) = Log2Histogram::bucket_bounds_us(index);
+        let stars = usize::try_from(count * WIDTH / peak).unwrap_or(0);
+        writeln!(
+            out,
+            "{low:>10} -> {:<10}: {count:<8} |{:<40}|",
+            high - 1,
+            "*".repeat(stars)
+        )?;
+    }
+    let quantile = |q| {
+        histogram
+            .quantile_us(q)
+            .map_or_else(|| "-".to_owned(), |v| v.to_string())
+    };
+    writeln!(
+        out,
+        "{:>24}  p50 <= {} us  p99 <= {} us  max {}{} us",
+        "",
+        quantile(0.5),
+        quantile(0.99),
+        if histogram.max_exact { "" } else { "<= " },
+        histogram.max_ns.div_ceil(1000)
+    )
+}
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    time: String,
+    interval_s: f64,
+    groups: Vec<JsonGroup<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonGroup<'a> {
+    device: String,
+    dev: String,
+    operation: String,
+    class: String,
+    level: u8,
+    requests: u64,
+    bytes: u64,
+    queue: JsonHistogram<'a>,
+    service: JsonHistogram<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonBucket {
+    low_us: u64,
+    high_us: u64,
+    count: u64,
+}
+
+#[derive(Serialize)]
+struct JsonHistogram<'a> {
+    /// All log2 buckets, bucket i covering [2^(i-1), 2^i) µs (bucket 0: under 1 µs).
+    slots: &'a [u64],
+    /// The non-empty buckets with their bounds.
+    buckets: Vec<JsonBucket>,
+    p50_us: Option<u64>,
+    p99_us: Option<u64>,
+    max_us: f64,
+    max_exact: bool,
+}
+
+impl<'a> JsonHistogram<'a> {
+    fn new(histogram: &'a Log2Histogram) -> Self {
+        let buckets = histogram
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, &count)| count > 0)
+            .map(|(index, &count)| {
+                let (low_us, high_us) = Log2Histogram::bucket_bounds_us(index);
+                JsonBucket {
+                    low_us,
+                    high_us,
+                    count,
+                }
+            })
+            .collect();
+        #[expect(clippy::cast_precision_loss, reason = "microseconds for display")]
+        let max_us = histogram.max_ns as f64 / 1000.0;
+        Self {
+            slots: &histogram.slots,
+            buckets,
+            p50_us: histogram.quantile_us(0.5),
+            p99_us: histogram.quantile_us(0.99),
+            max_us,
+            max_exact: histogram.max_exact,
+        }
+    }
+}
+
+fn write_json(
+    out: &mut impl Write,
+    deltas: &[LatencyGroup],
+    elapsed: Duration,
+    names: &mut DeviceNames,
+) -> std::io::Result<()> {
+    let report = JsonReport {
+        time: wall_clock(),
+        interval_s: elapsed.as_secs_f64(),
+        groups: deltas
+            .iter()
+            .map(|group| JsonGroup {
+                device: names.name(group.device),
+                dev: group.device.to_string(),
+                operation: group.operation.to_string(),
+                class: group.priority.class.to_string(),
+                level: group.priority.level,
+                requests: group.requests,
+                bytes: group.bytes,
+                queue: JsonHistogram::new(&group.queue),
+                service: JsonHistogram::new(&group.service),
+            })
+            .collect(),
+    };
+    serde_json::to_writer(&mut *out, &report)?;
+    writeln!(out)?;
+    out.flush()
+}
+
+/// Streams one line per completed request, like biosnoop.
+pub fn events(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), CliError> {
+    let mut names = DeviceNames::load();
+    client.send(Request::Events)?;
+    let mut out = std::io::stdout().lock();
+    if !options.json {
+        let _ = writeln!(
+            out,
+            "{:<11} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:>8} {:>8}",
+            "TIME(s)",
+            "COMM",
+            "PID",
+            "DISK",
+            "T",
+            "SECTOR",
+            "BYTES",
+            "PRIO",
+            "INODE",
+            "QUE(ms)",
+            "LAT(ms)"
+        );
+    }
+    let mut first_ns = None;
+    let mut shown = 0;
+    while options.count.is_none_or(|count| shown < count) {
+        let record = match client.receive()? {
+            Response::Event(record) => record,
+            other => return Err(unexpected(&other)),
+        };
+        if options.device.is_some_and(|device| device != record.device) {
+            continue;
+        }
+        let start = *first_ns.get_or_insert(record.completed_ns);
+        let written = if options.json {
+            serde_json::to_writer(&mut out, &record)
+                .map_err(std::io::Error::other)
+                .and_then(|()| writeln!(out))
+        } else {
+            write_event(&mut out, &record, start, &mut names)
+        };
+        if written.and_then(|()| out.flush()).is_err() {
+            return Ok(());
+        }
+        shown += 1;
+    }
+    Ok(())
+}
+
+#[expect(clippy::cast_precision_loss, reason = "times for display")]
+fn write_event(
+    out: &mut impl Write,
+    record: &RequestRecord,
+    start_ns: u64,
+    names: &mut DeviceNames,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<11.6} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:>8.3} {:>8.3}",
+        record.completed_ns.saturating_sub(start_ns) as f64 / 1e9,
+        record.comm,
+        record.tgid,
+        names.name(record.device),
+        record.operation.letter(),
+        record.sector,
+        record.bytes,
+        record.priority.to_string(),
+        record
+            .inode
+            .map_or_else(|| "-".to_owned(), |ino| ino.to_string()),
+        record.queue_ns as f64 / 1e6,
+        record.service_ns as f64 / 1e6,
+    )
+}

@@ -1,0 +1,182 @@
+//! `cargo xtask demo`: abissd on a scratch disk, two readers at different I/O priorities, live
+//! latency per priority, and a teardown that leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::shell;
+
+/// Everything the demo made; dropping it removes all of it, also when the demo fails halfway.
+struct DemoSetup {
+    dir: PathBuf,
+    image: PathBuf,
+    device: Option<String>,
+    daemon: Option<Child>,
+    workload: Vec<Child>,
+}
+
+impl DemoSetup {
+    fn stop_daemon(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            if let Ok(pid) = i32::try_from(daemon.id()) {
+                // SIGTERM is abissd's clean shutdown: it detaches its programs.
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+            let _ = daemon.wait();
+        }
+    }
+}
+
+impl Drop for DemoSetup {
+    fn drop(&mut self) {
+        for mut child in self.workload.drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.stop_daemon();
+        if let Some(device) = self.device.take() {
+            let _ = Command::new("losetup").args(["-d", &device]).status();
+        }
+        let _ = std::fs::remove_file(&self.image);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn binary(root: &Path, name: &str) -> PathBuf {
+    root.join("target").join("debug").join(name)
+}
+
+pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
+    let dir = root.join("target").join("demo");
+    std::fs::create_dir_all(&dir).context("cannot create target/demo")?;
+    let socket = dir.join("abiss.sock");
+    let mut setup = DemoSetup {
+        image: dir.join("disk.img"),
+        dir,
+        device: None,
+        daemon: None,
+        workload: Vec::new(),
+    };
+
+    println!("==> creating a 512 MiB scratch disk as a loop device");
+    let image = std::fs::File::create(&setup.image).context("cannot create the disk image")?;
+    image
+        .set_len(512 << 20)
+        .context("cannot size the disk image")?;
+    drop(image);
+    let device = shell::output(
+        Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&setup.image),
+    )?
+    .trim()
+    .to_owned();
+    setup.device = Some(device.clone());
+    println!("    {device}");
+
+    println!("==> starting abissd on {}", socket.display());
+    let daemon = Command::new(binary(root, "abissd"))
+        .arg("--socket")
+        .arg(&socket)
+        .spawn()
+        .context("cannot start abissd")?;
+    setup.daemon = Some(daemon);
+    wait_for_socket(&socket, setup.daemon.as_mut())?;
+
+    println!("==> workload for {secs} s: an `ionice -c1` (real-time) reader and an `ionice -c2 -n7` (best-effort) reader on {device}");
+    let reader = |class: &str, level: &str, block: &str| {
+        Command::new("timeout")
+            .arg(format!("{}", secs + 2))
+            .args(["ionice", "-c", class, "-n", level, "dd"])
+            .arg(format!("if={device}"))
+            .args(["of=/dev/null", "iflag=direct", &format!("bs={block}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    setup
+        .workload
+        .push(reader("1", "0", "64k").context("cannot start the RT reader")?);
+    setup
+        .workload
+        .push(reader("2", "7", "128k").context("cannot start the BE reader")?);
+
+    let ctl = |args: &[&str]| {
+        let mut command = Command::new(binary(root, "abissctl"));
+        command.arg("--socket").arg(&socket).args(args);
+        command
+    };
+    let reports = (secs / 2).max(1).to_string();
+    shell::run(&mut ctl(&[
+        "trace",
+        "--device",
+        &device,
+        "--queued",
+        "--interval",
+        "2",
+        "--count",
+        &reports,
+    ]))?;
+    println!("\n==> what tracing cost (kernel BPF statistics over 1 s)");
+    shell::run(&mut ctl(&["stats", "--interval", "1"]))?;
+
+    println!("\n==> tearing down");
+    for mut child in setup.workload.drain(..) {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    setup.stop_daemon();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Programs are freed by the kernel shortly after their last reference goes.
+    while loaded_abiss_programs() > 0 {
+        if Instant::now() > deadline {
+            bail!("abissd's eBPF programs are still loaded after it stopped");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(setup);
+    let leftover =
+        shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))?;
+    if leftover.contains("target/demo/disk.img") {
+        bail!("the demo's loop device is still attached");
+    }
+    println!("    no abissd process, eBPF program, loop device or file left behind");
+    Ok(())
+}
+
+fn loaded_abiss_programs() -> usize {
+    Command::new("bpftool")
+        .args(["prog", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.contains("name abiss_"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn wait_for_socket(socket: &Path, daemon: Option<&mut Child>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let Some(daemon) = daemon else {
+        bail!("abissd was not started");
+    };
+    loop {
+        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+            return Ok(());
+        }
+        if let Some(status) = daemon.try_wait()? {
+            bail!("abissd exited with {status} before serving its socket");
+        }
+        if Instant::now() > deadline {
+            bail!("abissd did not open {} within 20 s", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

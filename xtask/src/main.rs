@@ -1,0 +1,124 @@
+//! Project automation: `cargo xtask setup | build | test | demo`.
+//!
+//! Every command first makes sure the machine has what the build needs (Debian packages,
+//! bpf-linker), so a fresh clone needs nothing but `cargo xtask demo` or `cargo xtask test`.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod setup;
+mod shell;
+
+/// abiss build, test and demo automation.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Install (idempotently) the Debian packages and bpf-linker the build needs.
+    Setup,
+    /// Build the eBPF object and the user-space binaries (the object is embedded in abissd).
+    Build {
+        /// Build with optimisations.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run the unit tests, then the privileged integration tests one at a time.
+    Test {
+        /// Only the unit tests.
+        #[arg(long)]
+        unit: bool,
+        /// Passed to the test binaries as a name filter.
+        filter: Option<String>,
+    },
+    /// The main job: start abissd on a scratch disk, run a mixed-priority workload and show
+    /// live latency per priority, then tear everything down.
+    Demo {
+        /// Seconds of workload.
+        #[arg(long, default_value_t = 6)]
+        secs: u64,
+    },
+}
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let root = workspace_root();
+    let result = setup::ensure(&root).and_then(|()| match args.command {
+        Command::Setup => Ok(()),
+        Command::Build { release } => build(&root, release),
+        Command::Test { unit, filter } => test(&root, unit, filter.as_deref()),
+        Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn build(root: &std::path::Path, release: bool) -> anyhow::Result<()> {
+    let mut args = vec!["build", "--workspace", "--bins"];
+    if release {
+        args.push("--release");
+    }
+    shell::cargo(root, &args)
+}
+
+fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow::Result<()> {
+    build(root, false)?;
+    let mut unit = vec!["test", "--workspace", "--lib", "--bins"];
+    if let Some(filter) = filter {
+        unit.extend(["--", filter]);
+    }
+    shell::cargo(root, &unit)?;
+    if unit_only {
+        return Ok(());
+    }
+    if !nix_is_root() {
+        anyhow::bail!("the integration tests load eBPF programs and create loop devices: run `cargo xtask test` as root");
+    }
+    // Integration tests share kernel state (loop devices, loaded programs, page cache), so every
+    // test binary runs alone and each runs its tests one at a time.
+    let mut integration = vec![
+        "test",
+        "--workspace",
+        "--test",
+        "*",
+        "--",
+        "--test-threads=1",
+    ];
+    if let Some(filter) = filter {
+        integration.push(filter);
+    }
+    let bin_dir = root.join("target").join("debug");
+    shell::cargo_with_env(
+        root,
+        &integration,
+        &[("ABISS_BIN_DIR", bin_dir.as_os_str())],
+    )
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
