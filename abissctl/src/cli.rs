@@ -34,7 +34,7 @@ enum Command {
         #[arg(long, short = 'Q')]
         queued: bool,
         /// Seconds between reports.
-        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds)]
+        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
         interval: Duration,
         /// Stop after this many reports (or events with --events).
         #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
@@ -50,7 +50,7 @@ enum Command {
     /// measured over an interval with kernel BPF statistics switched on only meanwhile.
     Stats {
         /// Seconds to measure.
-        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds)]
+        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
         interval: Duration,
         /// Print JSON.
         #[arg(long, short = 'j')]

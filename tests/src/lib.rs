@@ -1,1 +1,393 @@
-//! Shared fixtures of the integration tests.
+//! Fixtures of the integration tests: a real `abissd`, real loop devices, real files.
+//!
+//! The tests run as root on the real kernel, one at a time (`cargo xtask test` passes
+//! `--test-threads=1`), because they share kernel state. Every fixture undoes what it made in
+//! `Drop`, so a failing test leaves no loop device, mount or daemon behind. Fixtures panic
+//! rather than return errors, for backtraces.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
+
+/// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).
+#[must_use]
+pub fn binary(name: &str) -> PathBuf {
+    let dir = std::env::var_os("ABISS_BIN_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug"),
+        PathBuf::from,
+    );
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build with `cargo xtask build` (or run `cargo xtask test`)",
+        path.display()
+    );
+    path
+}
+
+/// Whether this process runs as root; tests that need it print why they skip otherwise.
+#[must_use]
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skips the calling test (returns) with a printed reason unless running as root.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::is_root() {
+            eprintln!("skipped: needs root (loads eBPF programs, creates loop devices)");
+            return;
+        }
+    };
+}
+
+/// A scratch directory removed on drop.
+#[derive(Debug)]
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    /// A new directory under `base` (e.g. /tmp, or /dev/shm for memory-backed images).
+    #[must_use]
+    pub fn new_in(base: &str, tag: &str) -> Self {
+        let path = Path::new(base).join(format!("abiss-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create scratch dir");
+        Self { path }
+    }
+
+    /// The directory.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A running abissd on its own socket; stopped with SIGTERM on drop.
+#[derive(Debug)]
+pub struct Daemon {
+    child: Option<Child>,
+    socket: PathBuf,
+    _dir: Scratch,
+}
+
+impl Daemon {
+    /// Starts abissd and waits until it answers.
+    #[must_use]
+    pub fn start() -> Self {
+        let dir = Scratch::new_in("/tmp", "daemon");
+        let socket = dir.path().join("abiss.sock");
+        let child = Command::new(binary("abissd"))
+            .arg("--socket")
+            .arg(&socket)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .expect("start abissd");
+        let mut daemon = Self {
+            child: Some(child),
+            socket,
+            _dir: dir,
+        };
+        daemon.wait_ready();
+        daemon
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&self.socket).is_err() {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait().expect("poll abissd") {
+                    panic!("abissd exited with {status} before serving");
+                }
+            }
+            assert!(Instant::now() < deadline, "abissd did not start within 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The control socket.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A protocol connection.
+    #[must_use]
+    pub fn connect(&self) -> Connection {
+        Connection::open(&self.socket)
+    }
+
+    /// Runs abissctl against this daemon.
+    pub fn ctl<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        Command::new(binary("abissctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("run abissctl")
+    }
+
+    /// Stops the daemon with SIGTERM and returns its exit status code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One protocol connection to abissd.
+#[derive(Debug)]
+pub struct Connection {
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Connection {
+    /// Connects to `socket`.
+    #[must_use]
+    pub fn open(socket: &Path) -> Self {
+        let writer = UnixStream::connect(socket).expect("connect to abissd");
+        let reader = BufReader::new(writer.try_clone().expect("clone stream"));
+        Self { writer, reader }
+    }
+
+    /// Sends a raw line (for malformed-input tests).
+    pub fn send_raw(&mut self, line: &[u8]) {
+        self.writer.write_all(line).expect("send");
+    }
+
+    /// Sends a request.
+    pub fn send(&mut self, request: Request) {
+        let line = encode_line(&Envelope::new(request)).expect("encode");
+        self.send_raw(&line);
+    }
+
+    /// Reads one response.
+    pub fn receive(&mut self) -> Response {
+        let mut line = Vec::new();
+        self.reader.read_until(b'\n', &mut line).expect("receive");
+        assert!(!line.is_empty(), "abissd closed the connection");
+        decode_line(&line).expect("decode response")
+    }
+
+    /// Sets how long `receive` may block.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.reader.get_ref().set_read_timeout(Some(timeout)).expect("set timeout");
+    }
+
+    /// Sends a request and reads its answer.
+    pub fn call(&mut self, request: Request) -> Response {
+        self.send(request);
+        self.receive()
+    }
+
+    /// The cumulative latency groups.
+    pub fn latency(&mut self) -> Vec<abiss_proto::LatencyGroup> {
+        match self.call(Request::Latency) {
+            Response::Latency { groups, .. } => groups,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+}
+
+/// A loop device over a sparse image file; detached on drop.
+#[derive(Debug)]
+pub struct LoopDevice {
+    path: PathBuf,
+    number: DeviceNumber,
+    _dir: Scratch,
+}
+
+impl LoopDevice {
+    /// A `size_mib` loop device with direct I/O to its image, which lives under `base`.
+    #[must_use]
+    pub fn new_in(base: &str, size_mib: u64) -> Self {
+        let dir = Scratch::new_in(base, "loop");
+        let image = dir.path().join("disk.img");
+        File::create(&image)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .expect("create image");
+        let output = Command::new("losetup")
+            .args(["--find", "--show", "--direct-io=on"])
+            .arg(&image)
+            .output()
+            .expect("run losetup");
+        assert!(output.status.success(), "losetup failed: {}", String::from_utf8_lossy(&output.stderr));
+        let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        let name = path.file_name().expect("device name").to_string_lossy().into_owned();
+        let number = std::fs::read_to_string(format!("/sys/class/block/{name}/dev"))
+            .expect("read dev")
+            .trim()
+            .parse()
+            .expect("parse dev");
+        // udev probes new devices; let that finish so it does not count as test I/O.
+        let _ = Command::new("udevadm").arg("settle").status();
+        Self {
+            path,
+            number,
+            _dir: dir,
+        }
+    }
+
+    /// `/dev/loopN`.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `loopN`.
+    #[must_use]
+    pub fn name(&self) -> String {
+        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
+    /// Its device number.
+    #[must_use]
+    pub fn number(&self) -> DeviceNumber {
+        self.number
+    }
+
+    /// Selects an I/O scheduler (none, mq-deadline, kyber, bfq).
+    pub fn set_scheduler(&self, scheduler: &str) {
+        std::fs::write(format!("/sys/block/{}/queue/scheduler", self.name()), scheduler)
+            .expect("set scheduler");
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
+    }
+}
+
+/// An ext4 filesystem on a loop device, mounted; unmounted on drop.
+#[derive(Debug)]
+pub struct Ext4Mount {
+    mount: Scratch,
+    // Field order: unmount before the device is detached.
+    device: LoopDevice,
+}
+
+impl Ext4Mount {
+    /// Formats `device` and mounts it.
+    #[must_use]
+    pub fn new(device: LoopDevice) -> Self {
+        let status = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(device.path())
+            .status()
+            .expect("run mkfs.ext4");
+        assert!(status.success(), "mkfs.ext4 failed");
+        let mount = Scratch::new_in("/tmp", "mnt");
+        let status = Command::new("mount")
+            .arg(device.path())
+            .arg(mount.path())
+            .status()
+            .expect("run mount");
+        assert!(status.success(), "mount failed");
+        Self { mount, device }
+    }
+
+    /// The mount point.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        self.mount.path()
+    }
+
+    /// The device.
+    #[must_use]
+    pub fn device(&self) -> &LoopDevice {
+        &self.device
+    }
+}
+
+impl Drop for Ext4Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.mount.path()).status();
+    }
+}
+
+/// Sets the calling thread's I/O priority (class, level).
+pub fn set_thread_ioprio(class: u8, level: u8) {
+    let value = libc::c_long::from(scheduler_ioprio(class, level));
+    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, value) has no memory arguments.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, 0, value) };
+    assert_eq!(rc, 0, "ioprio_set failed: {}", std::io::Error::last_os_error());
+}
+
+fn scheduler_ioprio(class: u8, level: u8) -> u16 {
+    (u16::from(class) << 13) | u16::from(level & 7)
+}
+
+/// Reads `count` blocks of `block` bytes with O_DIRECT from `device`, starting at `first_block`.
+pub fn direct_reads(device: &Path, block: usize, first_block: u64, count: u64) {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(device)
+        .expect("open device O_DIRECT");
+    let layout = std::alloc::Layout::from_size_align(block, 4096).expect("layout");
+    // O_DIRECT needs an aligned buffer.
+    // SAFETY: the layout has a non-zero size; the buffer is freed below.
+    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
+    assert!(!buffer.is_null());
+    // SAFETY: `buffer` points to `block` bytes we own.
+    let slice = unsafe { std::slice::from_raw_parts_mut(buffer, block) };
+    for i in 0..count {
+        let offset = (first_block + i) * block as u64;
+        file.read_exact_at(slice, offset).expect("direct read");
+    }
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buffer, layout) };
+}
+
+/// Waits until `condition` holds, up to `timeout`.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a BPF program with kernel id `id` is loaded.
+#[must_use]
+pub fn program_loaded(id: u32) -> bool {
+    Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}

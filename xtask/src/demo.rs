@@ -89,22 +89,19 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     wait_for_socket(&socket, setup.daemon.as_mut())?;
 
     println!("==> workload for {secs} s: an `ionice -c1` (real-time) reader and an `ionice -c2 -n7` (best-effort) reader on {device}");
-    let reader = |class: &str, level: &str, block: &str| {
-        Command::new("timeout")
-            .arg(format!("{}", secs + 2))
-            .args(["ionice", "-c", class, "-n", level, "dd"])
-            .arg(format!("if={device}"))
-            .args(["of=/dev/null", "iflag=direct", &format!("bs={block}")])
+    let reader = |name: &str, class: &str, level: &str, block: &str| {
+        Command::new("ionice")
+            .args(["-c", class, "-n", level, "fio", "--name", name])
+            .arg(format!("--filename={device}"))
+            .args(["--rw=randread", "--direct=1", "--ioengine=psync", "--time_based"])
+            .arg(format!("--bs={block}"))
+            .arg(format!("--runtime={}", secs + 2))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
     };
-    setup
-        .workload
-        .push(reader("1", "0", "64k").context("cannot start the RT reader")?);
-    setup
-        .workload
-        .push(reader("2", "7", "128k").context("cannot start the BE reader")?);
+    setup.workload.push(reader("rt-reader", "1", "0", "64k").context("cannot start the RT reader (fio)")?);
+    setup.workload.push(reader("be-reader", "2", "7", "128k").context("cannot start the BE reader (fio)")?);
 
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
