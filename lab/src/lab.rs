@@ -556,8 +556,8 @@ fn take_down(state_dir: &Path) -> Result<Vec<String>, LabError> {
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
+            removed.push(format!("emulator process {pid} (killed)"));
         }
-        removed.push(format!("emulator process {pid} (killed)"));
     }
     if emulator_was_running && !removed.iter().any(|r| r.starts_with("emulator")) {
         removed.push("emulator process (exited when FUSE was unmounted)".into());

@@ -1,0 +1,27 @@
+//! `validate` passes on both models: the devices behave like their models through the kernel.
+
+mod common;
+
+use abiss_lab::ModelKind;
+
+fn validate_model(name: &str, kind: ModelKind) {
+    if !common::lab_possible() {
+        return;
+    }
+    let options = common::options(name, kind, 1 << 30);
+    let lab = common::up(&options);
+    let dir = lab.state_dir.to_string_lossy().into_owned();
+    let (code, stdout, stderr) = common::run_cli(&["validate", "--state-dir", &dir]);
+    println!("{stdout}{stderr}");
+    assert_eq!(code, 0, "validate failed for {kind}");
+}
+
+#[test]
+fn validate_passes_on_hdd() {
+    validate_model("validate-hdd", ModelKind::Hdd);
+}
+
+#[test]
+fn validate_passes_on_cloud() {
+    validate_model("validate-cloud", ModelKind::Cloud);
+}
