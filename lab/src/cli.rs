@@ -24,7 +24,7 @@ enum Command {
     Down(StateArgs),
     /// Print the lab's state and the emulator's running totals as JSON.
     Status(StateArgs),
-    /// Measure the device through the kernel with O_DIRECT and compare with the model;
+    /// Measure the device through the kernel with `O_DIRECT` and compare with the model;
     /// exits non-zero if a measurement is off by more than the tolerance.
     Validate {
         #[command(flatten)]

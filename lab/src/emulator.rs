@@ -113,11 +113,12 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
     if !timing::make_current_thread_realtime(FUSE_PRIORITY) {
         eprintln!("abiss-lab: warning: no real-time priority; timing may suffer under load");
     }
-    let mut session = fuser::Session::new(filesystem, &config.mountpoint, &options).map_err(|e| {
-        LabError::FuseUnavailable {
-            reason: format!("cannot mount {}: {e}", config.mountpoint.display()),
-        }
-    })?;
+    let mut session =
+        fuser::Session::new(filesystem, &config.mountpoint, &options).map_err(|e| {
+            LabError::FuseUnavailable {
+                reason: format!("cannot mount {}: {e}", config.mountpoint.display()),
+            }
+        })?;
     // Tell the parent we are serving: the image is visible from now on.
     eprintln!("abiss-lab: serving {}", config.mountpoint.display());
     let result = session.run();
@@ -391,10 +392,7 @@ impl ServiceThread {
                 }
             }
             let now = Instant::now();
-            while in_flight
-                .peek()
-                .is_some_and(|Reverse(f)| f.deadline <= now)
-            {
+            while in_flight.peek().is_some_and(|Reverse(f)| f.deadline <= now) {
                 if let Some(Reverse(done)) = in_flight.pop() {
                     self.complete(done);
                 }
@@ -588,7 +586,10 @@ impl StatsWriter {
         s.busy_ns += record.occupancy_ns;
         s.max_outstanding = s.max_outstanding.max(record.outstanding);
         s.late_max_ns = s.late_max_ns.max(late);
-        #[expect(clippy::cast_precision_loss, reason = "nanoseconds of lateness are small")]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "nanoseconds of lateness are small"
+        )]
         let late_f = late as f64;
         self.late_sum_ns += late_f;
         if self.recent_late_ns.len() < RECENT_LATE_SAMPLES {

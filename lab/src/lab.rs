@@ -266,7 +266,7 @@ fn check_size(size_bytes: u64) -> Result<(), LabError> {
             reason: format!("the minimum is {} MiB", MIN_SIZE_BYTES >> 20),
         });
     }
-    if size_bytes % 4096 != 0 {
+    if !size_bytes.is_multiple_of(4096) {
         return Err(LabError::Size {
             size_bytes,
             reason: "it must be a multiple of 4096 bytes".into(),
@@ -393,7 +393,12 @@ fn start_emulator(state: &LabState, exe: &Path) -> Result<ProcessId, LabError> {
         let emulator = std::fs::read_to_string(&pid_path)
             .ok()
             .and_then(|t| t.trim().parse::<i32>().ok())
-            .and_then(|pid| Some(ProcessId { pid, start_time: system::process_start_time(pid)? }));
+            .and_then(|pid| {
+                Some(ProcessId {
+                    pid,
+                    start_time: system::process_start_time(pid)?,
+                })
+            });
         let serving = system::is_mounted(&state.fuse_mountpoint)
             && std::fs::metadata(&state.image_path).is_ok_and(|m| m.len() == state.size_bytes);
         match emulator {
@@ -417,8 +422,8 @@ fn start_emulator(state: &LabState, exe: &Path) -> Result<ProcessId, LabError> {
 
 /// The error the emulator reported: `emulator.failed` holds its exit code and message.
 fn emulator_failure(state: &LabState) -> LabError {
-    let text = std::fs::read_to_string(state.state_dir.join(EMULATOR_FAILURE_FILE))
-        .unwrap_or_default();
+    let text =
+        std::fs::read_to_string(state.state_dir.join(EMULATOR_FAILURE_FILE)).unwrap_or_default();
     let (code, message) = text.split_once(' ').unwrap_or(("", text.as_str()));
     let message = message.trim().to_owned();
     if code == "6" {
@@ -474,7 +479,10 @@ pub fn configure_queue(
     system::write_attr(&queue.join("scheduler"), "none")?;
     let depth = depth.max(MIN_DISPATCH_DEPTH);
     system::write_attr(&queue.join("nr_requests"), &depth.to_string())?;
-    system::write_attr(&queue.join("rotational"), if rotational { "1" } else { "0" })?;
+    system::write_attr(
+        &queue.join("rotational"),
+        if rotational { "1" } else { "0" },
+    )?;
     if let Some(scheduler) = scheduler {
         system::write_attr(&queue.join("scheduler"), scheduler)?;
     }
@@ -547,8 +555,7 @@ fn take_down(state_dir: &Path) -> Result<Vec<String>, LabError> {
     }
     for (pid, start_time) in processes {
         let started = Instant::now();
-        while system::process_alive(pid, start_time) && started.elapsed() < Duration::from_secs(3)
-        {
+        while system::process_alive(pid, start_time) && started.elapsed() < Duration::from_secs(3) {
             std::thread::sleep(Duration::from_millis(20));
         }
         if system::process_alive(pid, start_time) {

@@ -99,9 +99,7 @@ pub struct StatsCursor {
 impl StatsCursor {
     /// A cursor at the current end of `path`: the next read returns only new requests.
     pub fn at_end(path: &Path) -> Result<Self, LabError> {
-        let offset = std::fs::metadata(path)
-            .map_err(LabError::io(path))?
-            .len();
+        let offset = std::fs::metadata(path).map_err(LabError::io(path))?.len();
         Ok(Self {
             path: path.to_owned(),
             offset,

@@ -95,9 +95,8 @@ pub fn sysfs_block(device: &Path) -> PathBuf {
 
 /// Writes a sysfs attribute.
 pub fn write_attr(path: &Path, value: &str) -> Result<(), LabError> {
-    std::fs::write(path, value).map_err(|e| {
-        LabError::system(format!("writing {value:?} to {}", path.display()), e)
-    })
+    std::fs::write(path, value)
+        .map_err(|e| LabError::system(format!("writing {value:?} to {}", path.display()), e))
 }
 
 /// Reads a sysfs attribute, trimmed.

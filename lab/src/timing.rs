@@ -10,26 +10,23 @@ use std::time::{Duration, Instant};
 /// How long before a deadline the sleeping stops and spinning starts.
 pub const SPIN_MARGIN: Duration = Duration::from_micros(150);
 
-/// Blocks until `deadline`, returning the time actually reached.
-pub fn wait_until(deadline: Instant) -> Instant {
-    let now = Instant::now();
-    if deadline > now + SPIN_MARGIN {
-        std::thread::sleep(deadline - now - SPIN_MARGIN);
+/// Blocks until `deadline`.
+pub fn wait_until(deadline: Instant) {
+    let sleep = deadline.saturating_duration_since(Instant::now());
+    if sleep > SPIN_MARGIN {
+        std::thread::sleep(sleep.saturating_sub(SPIN_MARGIN));
     }
-    spin_until(deadline)
+    spin_until(deadline);
 }
 
 /// Spins (yielding the CPU to equal-priority threads) until `deadline`.
-pub fn spin_until(deadline: Instant) -> Instant {
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return now;
-        }
+pub fn spin_until(deadline: Instant) {
+    while Instant::now() < deadline {
         std::thread::yield_now();
     }
 }
 
+#[must_use]
 /// Gives the calling thread the real-time policy `SCHED_FIFO` at `priority`, so that it wakes
 /// on time on a loaded machine. Returns whether it worked (it needs `CAP_SYS_NICE`).
 pub fn make_current_thread_realtime(priority: i32) -> bool {

@@ -103,7 +103,11 @@ impl std::fmt::Display for ValidationReport {
                 c.expected,
                 c.unit,
                 c.error_percent(),
-                if c.passes(self.tolerance_percent) { "ok" } else { "FAIL" }
+                if c.passes(self.tolerance_percent) {
+                    "ok"
+                } else {
+                    "FAIL"
+                }
             )?;
         }
         write!(
@@ -139,7 +143,12 @@ impl AlignedBuffer {
     }
 }
 
-fn timed_read(device: &File, buf: &mut AlignedBuffer, offset: u64, len: u64) -> Result<Duration, LabError> {
+fn timed_read(
+    device: &File,
+    buf: &mut AlignedBuffer,
+    offset: u64,
+    len: u64,
+) -> Result<Duration, LabError> {
     let slice = buf.slice(usize::try_from(len).unwrap_or(0));
     let started = Instant::now();
     device

@@ -26,7 +26,11 @@ fn check(name: &str, extra: &[&str], expected_code: i32, expected_text: &str) {
     println!("exit {code}: {stderr}");
     assert_eq!(code, expected_code, "{stderr}");
     assert!(stderr.contains(expected_text), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "not one sentence: {stderr}");
+    assert_eq!(
+        stderr.trim().lines().count(),
+        1,
+        "not one sentence: {stderr}"
+    );
     common::assert_nothing_left(&state_dir, None);
 }
 
@@ -83,9 +87,11 @@ fn leftover_lab_is_detected_and_down_cleans_it() {
     let state_dir = common::state_dir("leftover");
     let dir = state_dir.to_string_lossy().into_owned();
     let _ = Lab::down(&state_dir);
-    let (code, _, stderr) = common::run_cli(&up_args(&dir, &["--model", "cloud", "--size", "256M"]));
+    let (code, _, stderr) =
+        common::run_cli(&up_args(&dir, &["--model", "cloud", "--size", "256M"]));
     assert_eq!(code, 0, "{stderr}");
-    let (code, _, stderr) = common::run_cli(&up_args(&dir, &["--model", "cloud", "--size", "256M"]));
+    let (code, _, stderr) =
+        common::run_cli(&up_args(&dir, &["--model", "cloud", "--size", "256M"]));
     println!("exit {code}: {stderr}");
     assert_eq!(code, 5, "{stderr}");
     assert!(stderr.contains("abiss-lab down"), "{stderr}");

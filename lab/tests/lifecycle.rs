@@ -22,7 +22,10 @@ fn up_then_down_leaves_nothing() {
     let removed = Lab::down(&lab.state_dir).unwrap();
     println!("{removed:#?}");
     common::assert_nothing_left(&options.state_dir, Some(&mount_dir));
-    assert!(!mount_dir.exists(), "mount directory created by up was not removed");
+    assert!(
+        !mount_dir.exists(),
+        "mount directory created by up was not removed"
+    );
     std::mem::forget(lab); // already down
 }
 

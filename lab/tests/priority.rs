@@ -59,11 +59,11 @@ fn probe_p99_ms(device: &Path, class: u32) -> f64 {
     assert!(probe.status.success(), "probe fio failed");
     let json: serde_json::Value = serde_json::from_slice(&probe.stdout).expect("fio JSON");
     let read = &json["jobs"][0]["read"];
-    let p99_ns = read["clat_ns"]["percentile"]["99.000000"]
+    let p99_nanos = read["clat_ns"]["percentile"]["99.000000"]
         .as_f64()
         .expect("p99 in fio output");
     let ios = read["total_ios"].as_u64().unwrap_or(0);
-    let p99_ms = p99_ns / 1e6;
+    let p99_ms = p99_nanos / 1e6;
     println!("ionice -c{class}: probe p99 {p99_ms:.1} ms over {ios} reads");
     p99_ms
 }

@@ -50,7 +50,10 @@ fn dispatch_depth_matches_the_model_under_bfq() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let records = cursor.read_new().unwrap();
     let most = records.iter().map(|r| r.outstanding).max().unwrap_or(0);
-    println!("{} requests, at most {most} outstanding in the emulator", records.len());
+    println!(
+        "{} requests, at most {most} outstanding in the emulator",
+        records.len()
+    );
     assert!(records.len() > 100, "too few requests: {}", records.len());
     assert_eq!(most, 6, "the emulator saw {most} requests at once");
 }

@@ -44,7 +44,10 @@ impl Default for CloudParams {
 impl CloudParams {
     /// Checks the parameters; the error names the offending field.
     pub fn validate(&self) -> Result<(), ModelError> {
-        for (field, value) in [("cloud.rate_mb_s", self.rate_mb_s), ("cloud.iops", self.iops)] {
+        for (field, value) in [
+            ("cloud.rate_mb_s", self.rate_mb_s),
+            ("cloud.iops", self.iops),
+        ] {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ModelError::Invalid {
                     field,
@@ -101,7 +104,7 @@ mod tests {
         let p = CloudParams::default();
         p.validate().unwrap();
         assert!((p.occupancy(4096).as_secs_f64() - 1.0 / 3000.0).abs() < 1e-9);
-        assert!((p.occupancy(1 << 20).as_secs_f64() - (1u64 << 20) as f64 / 125e6).abs() < 1e-9);
+        assert!((p.occupancy(1 << 20).as_secs_f64() - f64::from(1u32 << 20) / 125e6).abs() < 1e-9);
     }
 
     #[test]

@@ -257,7 +257,10 @@ impl HddModel {
     /// Seek distance from the head to `offset` as a fraction of the capacity.
     #[must_use]
     pub fn seek_fraction(&self, offset: u64) -> f64 {
-        #[expect(clippy::cast_precision_loss, reason = "a fraction needs no exact bytes")]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a fraction needs no exact bytes"
+        )]
         let fraction = self.head.abs_diff(offset) as f64 / self.capacity_bytes as f64;
         fraction
     }
@@ -315,7 +318,10 @@ mod tests {
         p.validate().unwrap();
         let access = p.mean_random_seek() + p.revolution() / 2;
         let access_ms = access.as_secs_f64() * 1e3;
-        assert!((11.5..12.5).contains(&access_ms), "mean access {access_ms} ms");
+        assert!(
+            (11.5..12.5).contains(&access_ms),
+            "mean access {access_ms} ms"
+        );
         assert!((p.zone_rate_bps(0) - 60e6).abs() < 1.0);
         assert!((p.zone_rate_bps(p.zones - 1) - 35e6).abs() < 1.0);
     }
@@ -344,7 +350,7 @@ mod tests {
         let second = model.plan(Op::Read, 1 << 20, 1 << 20, &mut rng);
         assert_eq!(second.seek + second.rotation, Duration::ZERO);
         // 1 MiB at 60 MB/s.
-        let expected = (1u64 << 20) as f64 / 60e6;
+        let expected = f64::from(1u32 << 20) / 60e6;
         assert!((second.transfer.as_secs_f64() - expected).abs() < 1e-9);
         let random = model.plan(Op::Read, 2 * GIB, 4096, &mut rng);
         assert!(random.seek > Duration::from_millis(5));
@@ -363,8 +369,8 @@ mod tests {
         let model = HddModel::new(HddParams::default(), 16 * GIB);
         // Zone 0 is [0, 1 GiB); half a MiB on each side of the boundary.
         let t = model.transfer_time(Op::Read, GIB - (1 << 19), 1 << 20);
-        let expected = (1u64 << 19) as f64 / model.params().zone_rate_bps(0)
-            + (1u64 << 19) as f64 / model.params().zone_rate_bps(1);
+        let expected = f64::from(1u32 << 19) / model.params().zone_rate_bps(0)
+            + f64::from(1u32 << 19) / model.params().zone_rate_bps(1);
         assert!((t.as_secs_f64() - expected).abs() < 1e-9);
     }
 

@@ -264,19 +264,25 @@ mod tests {
 
     #[test]
     fn type_error_names_the_field() {
-        let err = ModelFile::parse("[hdd]\nrpm = \"fast\"\n").unwrap_err().to_string();
+        let err = ModelFile::parse("[hdd]\nrpm = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("hdd.rpm"), "{err}");
     }
 
     #[test]
     fn unknown_field_is_named() {
-        let err = ModelFile::parse("[hdd]\nrpmm = 7200\n").unwrap_err().to_string();
+        let err = ModelFile::parse("[hdd]\nrpmm = 7200\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("rpmm"), "{err}");
     }
 
     #[test]
     fn bad_value_names_the_field() {
-        let err = ModelFile::parse("[cloud]\nqueue_depth = 0\n").unwrap_err().to_string();
+        let err = ModelFile::parse("[cloud]\nqueue_depth = 0\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cloud.queue_depth"), "{err}");
     }
 }

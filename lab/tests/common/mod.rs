@@ -81,13 +81,19 @@ pub fn assert_nothing_left(state_dir: &Path, mount_dir: Option<&Path>) {
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     let dir = state_dir.to_string_lossy();
     let processes = system::find_processes(&["serve", "--state-dir", &dir]);
-    assert!(processes.is_empty(), "emulator processes left: {processes:?}");
+    assert!(
+        processes.is_empty(),
+        "emulator processes left: {processes:?}"
+    );
     assert!(!state_dir.exists(), "state directory left");
 }
 
 /// Runs the binary; returns exit code, stdout and stderr.
 pub fn run_cli(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(BIN).args(args).output().expect("running abiss-lab");
+    let output = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("running abiss-lab");
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -120,7 +126,9 @@ impl DirectReader {
         use std::os::unix::fs::FileExt;
         let slice = &mut self.buf[self.start..self.start + len];
         let started = std::time::Instant::now();
-        self.file.read_exact_at(slice, offset).expect("O_DIRECT read");
+        self.file
+            .read_exact_at(slice, offset)
+            .expect("O_DIRECT read");
         started.elapsed()
     }
 }
