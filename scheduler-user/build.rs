@@ -41,12 +41,11 @@ fn main() {
 }
 
 fn build_ebpf(root: &Path, ebpf_dir: &Path) -> PathBuf {
-    if !Path::new(BPF_RUSTC).exists() {
-        panic!(
-            "{BPF_RUSTC} (Debian's rustc-web) is missing, so the eBPF programs cannot be built: \
-             run `cargo xtask setup` first"
-        );
-    }
+    assert!(
+        Path::new(BPF_RUSTC).exists(),
+        "{BPF_RUSTC} (Debian's rustc-web) is missing, so the eBPF programs cannot be built: \
+         run `cargo xtask setup` first"
+    );
     let target_dir = root.join("target").join("ebpf");
     let cargo = env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);

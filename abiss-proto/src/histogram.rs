@@ -107,7 +107,7 @@ impl Log2Histogram {
             seen += count;
             if seen >= rank {
                 let high = Self::bucket_bounds_us(index).1;
-                return Some(high.min(self.max_ns.div_ceil(1000).max(1)));
+                return Some(high.min(self.max_ns.div_ceil(1000)));
             }
         }
         None

@@ -158,7 +158,7 @@ impl LatencyGroup {
 /// One completed block request.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRecord {
-    /// Completion time, CLOCK_MONOTONIC ns.
+    /// Completion time, `CLOCK_MONOTONIC` ns.
     pub completed_ns: u64,
     /// The disk.
     pub device: DeviceNumber,

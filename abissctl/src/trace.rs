@@ -277,12 +277,11 @@ pub fn events(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), C
     if !options.json {
         let _ = writeln!(
             out,
-            "{:<11} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:>8} {:>8}",
+            "{:<11} {:<16} {:<7} {:<9} T {:<12} {:<7} {:<7} {:<10} {:>8} {:>8}",
             "TIME(s)",
             "COMM",
             "PID",
             "DISK",
-            "T",
             "SECTOR",
             "BYTES",
             "PRIO",

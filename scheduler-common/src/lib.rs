@@ -269,7 +269,7 @@ pub struct InflightRequest {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RequestEvent {
-    /// Completion time (`bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+    /// Completion time (`bpf_ktime_get_ns`, `CLOCK_MONOTONIC`).
     pub completed_ns: u64,
     /// Queue time in ns.
     pub queue_ns: u64,
@@ -308,6 +308,10 @@ const _: () = assert!(core::mem::size_of::<RequestEvent>() == 112);
 
 /// Index of the log2 µs bucket for a latency in ns.
 #[must_use]
+#[expect(
+    clippy::inline_always,
+    reason = "called from eBPF programs, where every call that is not inlined costs a BPF-to-BPF call frame"
+)]
 #[inline(always)]
 pub fn latency_slot(ns: u64) -> usize {
     let us = ns / 1000;

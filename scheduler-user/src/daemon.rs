@@ -336,10 +336,8 @@ async fn stream_events(
 }
 
 fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| {
-            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
-                + u64::try_from(t.tv_nsec()).unwrap_or(0)
-        })
-        .unwrap_or(0)
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(t.tv_nsec()).unwrap_or(0)
+    })
 }

@@ -161,7 +161,7 @@ impl BlockTracer {
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
             PerCpuHashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
         let mut groups = Vec::new();
-        for entry in histograms.iter() {
+        for entry in &histograms {
             let (key, per_cpu) = entry.map_err(|source| TracerError::Map { name, source })?;
             let mut total = LatencyCounters::ZERO;
             for counters in per_cpu.iter() {
@@ -202,7 +202,7 @@ impl BlockTracer {
             .ok_or(TracerError::MissingMap { name })?;
         let inflight: HashMap<&MapData, u64, InflightRequest> =
             HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
-        Ok(inflight.keys().filter(Result::is_ok).count() as u64)
+        Ok(inflight.keys().flatten().count() as u64)
     }
 
     /// Drops tracked requests first seen before `now_ns - STALE_REQUEST_NS`: requests that

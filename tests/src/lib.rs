@@ -114,7 +114,10 @@ impl Daemon {
                     panic!("abissd exited with {status} before serving");
                 }
             }
-            assert!(Instant::now() < deadline, "abissd did not start within 20 s");
+            assert!(
+                Instant::now() < deadline,
+                "abissd did not start within 20 s"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -197,7 +200,10 @@ impl Connection {
 
     /// Sets how long `receive` may block.
     pub fn set_timeout(&mut self, timeout: Duration) {
-        self.reader.get_ref().set_read_timeout(Some(timeout)).expect("set timeout");
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(timeout))
+            .expect("set timeout");
     }
 
     /// Sends a request and reads its answer.
@@ -237,9 +243,17 @@ impl LoopDevice {
             .arg(&image)
             .output()
             .expect("run losetup");
-        assert!(output.status.success(), "losetup failed: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "losetup failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-        let name = path.file_name().expect("device name").to_string_lossy().into_owned();
+        let name = path
+            .file_name()
+            .expect("device name")
+            .to_string_lossy()
+            .into_owned();
         let number = std::fs::read_to_string(format!("/sys/class/block/{name}/dev"))
             .expect("read dev")
             .trim()
@@ -263,7 +277,10 @@ impl LoopDevice {
     /// `loopN`.
     #[must_use]
     pub fn name(&self) -> String {
-        self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        self.path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     /// Its device number.
@@ -274,8 +291,11 @@ impl LoopDevice {
 
     /// Selects an I/O scheduler (none, mq-deadline, kyber, bfq).
     pub fn set_scheduler(&self, scheduler: &str) {
-        std::fs::write(format!("/sys/block/{}/queue/scheduler", self.name()), scheduler)
-            .expect("set scheduler");
+        std::fs::write(
+            format!("/sys/block/{}/queue/scheduler", self.name()),
+            scheduler,
+        )
+        .expect("set scheduler");
     }
 }
 
@@ -337,14 +357,19 @@ pub fn set_thread_ioprio(class: u8, level: u8) {
     let value = libc::c_long::from(scheduler_ioprio(class, level));
     // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, value) has no memory arguments.
     let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, 0, value) };
-    assert_eq!(rc, 0, "ioprio_set failed: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "ioprio_set failed: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 fn scheduler_ioprio(class: u8, level: u8) -> u16 {
     (u16::from(class) << 13) | u16::from(level & 7)
 }
 
-/// Reads `count` blocks of `block` bytes with O_DIRECT from `device`, starting at `first_block`.
+/// Reads `count` blocks of `block` bytes with `O_DIRECT` from `device`, starting at `first_block`.
 pub fn direct_reads(device: &Path, block: usize, first_block: u64, count: u64) {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()

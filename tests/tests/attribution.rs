@@ -50,8 +50,16 @@ fn a_buffered_read_is_attributed_to_its_inode_and_reader() {
     let device = fs.device().number();
     for record in &seen {
         assert_eq!(record.device, device, "on the filesystem's disk");
-        assert_eq!(record.tgid, std::process::id(), "submitted by this process: {record:?}");
-        assert_eq!(record.pid, u32::try_from(reader_tid).unwrap(), "by the reading thread");
+        assert_eq!(
+            record.tgid,
+            std::process::id(),
+            "submitted by this process: {record:?}"
+        );
+        assert_eq!(
+            record.pid,
+            u32::try_from(reader_tid).unwrap(),
+            "by the reading thread"
+        );
         let inode_dev = record.inode_device.expect("inode device");
         assert_eq!(u64::from(inode_dev.major), u64::from(libc::major(fs_dev)));
         assert_eq!(u64::from(inode_dev.minor), u64::from(libc::minor(fs_dev)));

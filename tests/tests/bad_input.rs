@@ -11,17 +11,29 @@ fn stderr(output: &Output) -> String {
 }
 
 fn abissd(args: &[&str]) -> Output {
-    Command::new(binary("abissd")).args(args).env("RUST_LOG", "warn").output().expect("run abissd")
+    Command::new(binary("abissd"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run abissd")
 }
 
 fn abissctl(socket: &std::path::Path, args: &[&str]) -> Output {
-    Command::new(binary("abissctl")).arg("--socket").arg(socket).args(args).output().expect("run abissctl")
+    Command::new(binary("abissctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run abissctl")
 }
 
 fn assert_fails(output: &Output, code: i32, needle: &str) {
     let message = stderr(output);
     assert_eq!(output.status.code(), Some(code), "exit code for: {message}");
-    assert!(message.contains(needle), "message '{message}' should mention '{needle}'");
+    assert!(
+        message.contains(needle),
+        "message '{message}' should mention '{needle}'"
+    );
     assert!(!message.contains("panicked"), "no panic: {message}");
     assert_eq!(message.trim().lines().count(), 1, "one sentence: {message}");
 }
@@ -32,7 +44,13 @@ fn daemon_refuses_an_unprivileged_user() {
     let dir = Scratch::new_in("/tmp", "unpriv");
     let socket = dir.path().join("s.sock");
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(binary("abissd"))
         .arg("--socket")
         .arg(&socket)
@@ -61,7 +79,10 @@ fn a_second_daemon_on_the_same_socket_refuses() {
     let output = abissd(&["--socket", &socket]);
     assert_fails(&output, 12, "already serving");
     // The first one still serves.
-    assert!(matches!(daemon.connect().call(abiss_proto::Request::Hello), Response::Hello { .. }));
+    assert!(matches!(
+        daemon.connect().call(abiss_proto::Request::Hello),
+        Response::Hello { .. }
+    ));
 }
 
 #[test]
@@ -73,14 +94,22 @@ fn a_socket_path_that_is_not_a_socket_is_refused_by_both_sides() {
     let path = file.to_string_lossy().into_owned();
     assert_fails(&abissd(&["--socket", &path]), 13, "not a socket");
     assert_fails(&abissctl(&file, &["stats"]), 4, "not a socket");
-    assert_eq!(std::fs::read(&file).unwrap(), b"keep me", "the file is untouched");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"keep me",
+        "the file is untouched"
+    );
 }
 
 #[test]
 fn clients_say_when_no_daemon_runs() {
     let dir = Scratch::new_in("/tmp", "nodaemon");
     let missing = dir.path().join("absent.sock");
-    assert_fails(&abissctl(&missing, &["trace", "--count", "1"]), 3, "not running");
+    assert_fails(
+        &abissctl(&missing, &["trace", "--count", "1"]),
+        3,
+        "not running",
+    );
     // A socket file left by a dead daemon: nobody answers.
     let stale = dir.path().join("stale.sock");
     drop(UnixListener::bind(&stale).unwrap());
@@ -92,11 +121,19 @@ fn unknown_devices_and_bad_intervals_are_refused_before_anything_runs() {
     let dir = Scratch::new_in("/tmp", "badargs");
     let socket = dir.path().join("absent.sock");
     for device in ["nosuchdisk", "250:250", "/dev/null", "/nonexistent"] {
-        assert_fails(&abissctl(&socket, &["trace", "--device", device]), 5, "no block device");
+        assert_fails(
+            &abissctl(&socket, &["trace", "--device", device]),
+            5,
+            "no block device",
+        );
     }
     for interval in ["0", "-1", "abc", "nan"] {
         let output = abissctl(&socket, &["trace", "--interval", interval]);
-        assert_eq!(output.status.code(), Some(2), "usage error for --interval {interval}");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "usage error for --interval {interval}"
+        );
         assert!(stderr(&output).contains("interval"), "{}", stderr(&output));
     }
     let output = abissctl(&socket, &["trace", "--count", "0"]);
@@ -118,12 +155,27 @@ fn the_daemon_refuses_other_protocol_versions_and_garbage() {
     }
     let mut connection = daemon.connect();
     connection.send_raw(b"this is not json\n");
-    assert!(matches!(connection.receive(), Response::Error { error: ErrorKind::BadRequest, .. }));
+    assert!(matches!(
+        connection.receive(),
+        Response::Error {
+            error: ErrorKind::BadRequest,
+            ..
+        }
+    ));
     let mut connection = daemon.connect();
     connection.send(abiss_proto::Request::Stats { window_ms: 0 });
-    assert!(matches!(connection.receive(), Response::Error { error: ErrorKind::BadRequest, .. }));
+    assert!(matches!(
+        connection.receive(),
+        Response::Error {
+            error: ErrorKind::BadRequest,
+            ..
+        }
+    ));
     // The daemon is still healthy.
-    assert!(matches!(daemon.connect().call(abiss_proto::Request::Hello), Response::Hello { .. }));
+    assert!(matches!(
+        daemon.connect().call(abiss_proto::Request::Hello),
+        Response::Hello { .. }
+    ));
 }
 
 #[test]
@@ -134,7 +186,9 @@ fn unprivileged_clients_only_see_their_own_requests() {
     let watch = |as_nobody: bool| {
         let mut command = if as_nobody {
             let mut setpriv = Command::new("setpriv");
-            setpriv.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(binary("abissctl"));
+            setpriv
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(binary("abissctl"));
             setpriv
         } else {
             Command::new(binary("abissctl"))
@@ -160,6 +214,8 @@ fn unprivileged_clients_only_see_their_own_requests() {
     let seen_by_root = root.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&seen_by_nobody.stdout);
     assert!(text.trim().is_empty(), "nobody saw root's requests: {text}");
-    let lines = String::from_utf8_lossy(&seen_by_root.stdout).lines().count();
+    let lines = String::from_utf8_lossy(&seen_by_root.stdout)
+        .lines()
+        .count();
     assert!(lines >= 20, "root saw its {lines} requests");
 }

@@ -4,7 +4,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use abiss_proto::{Request, Response};
-use abiss_tests::{direct_reads, program_loaded, require_root, wait_until, Daemon, Ext4Mount, LoopDevice};
+use abiss_tests::{
+    direct_reads, program_loaded, require_root, wait_until, Daemon, Ext4Mount, LoopDevice,
+};
 
 fn stats(daemon: &Daemon) -> abiss_proto::StatsReport {
     match daemon.connect().call(Request::Stats { window_ms: 200 }) {
@@ -35,9 +37,9 @@ fn no_tracked_request_leaks_and_no_program_survives_the_daemon() {
     let before = on_device(&mut connection);
     direct_reads(fs.device().path(), 4096, 0, 10_000);
     let mut file = std::fs::File::create(fs.path().join("merge-me")).expect("create");
-    for round in 0..20 {
+    for round in 0u8..20 {
         for _ in 0..256 {
-            file.write_all(&[round as u8; 4096]).expect("write");
+            file.write_all(&[round; 4096]).expect("write");
         }
         file.sync_all().expect("fsync");
     }
@@ -45,13 +47,17 @@ fn no_tracked_request_leaks_and_no_program_survives_the_daemon() {
     let _ = std::process::Command::new("sync").status();
 
     let completed = on_device(&mut connection) - before;
-    assert!(completed >= 10_000, "only {completed} requests completed on the device");
+    assert!(
+        completed >= 10_000,
+        "only {completed} requests completed on the device"
+    );
 
     let report = stats(&daemon);
     // Idle disks: whatever is still tracked must drain to (almost) nothing; the root disk may
     // have a request or two in flight at any moment.
     assert!(
-        wait_until(Duration::from_secs(5), || stats(&daemon).tracked_requests <= 4),
+        wait_until(Duration::from_secs(5), || stats(&daemon).tracked_requests
+            <= 4),
         "tracked requests did not drain: {}",
         stats(&daemon).tracked_requests
     );
@@ -61,7 +67,9 @@ fn no_tracked_request_leaks_and_no_program_survives_the_daemon() {
     assert!(ids.iter().all(|&id| program_loaded(id)));
     assert_eq!(daemon.stop(), Some(0), "clean exit on SIGTERM");
     assert!(
-        wait_until(Duration::from_secs(5), || ids.iter().all(|&id| !program_loaded(id))),
+        wait_until(Duration::from_secs(5), || ids
+            .iter()
+            .all(|&id| !program_loaded(id))),
         "programs still loaded after abissd stopped"
     );
     assert!(!daemon.socket().exists(), "socket removed on exit");

@@ -8,18 +8,27 @@ use abiss_tests::{direct_reads, require_root, set_thread_ioprio, Daemon, LoopDev
 const READS: u64 = 200;
 const BLOCK: usize = 64 * 1024;
 
-type Key = (abiss_proto::DeviceNumber, Operation, abiss_proto::IoPriority);
+type Key = (
+    abiss_proto::DeviceNumber,
+    Operation,
+    abiss_proto::IoPriority,
+);
 
 fn by_key(groups: Vec<LatencyGroup>) -> BTreeMap<Key, LatencyGroup> {
     groups.into_iter().map(|g| (g.key(), g)).collect()
 }
 
 /// Requests per (device, class, level) added between two snapshots.
-fn added(before: &BTreeMap<Key, LatencyGroup>, after: &BTreeMap<Key, LatencyGroup>) -> Vec<(Key, u64, u64)> {
+fn added(
+    before: &BTreeMap<Key, LatencyGroup>,
+    after: &BTreeMap<Key, LatencyGroup>,
+) -> Vec<(Key, u64, u64)> {
     after
         .iter()
         .filter_map(|(key, group)| {
-            let delta = before.get(key).map_or_else(|| group.clone(), |b| group.since(b));
+            let delta = before
+                .get(key)
+                .map_or_else(|| group.clone(), |b| group.since(b));
             (delta.requests > 0).then_some((*key, delta.requests, delta.service.count()))
         })
         .collect()
@@ -46,28 +55,56 @@ fn rt_and_be_direct_reads_are_counted_exactly_on_their_device() {
 
     let after = by_key(connection.latency());
     let changes = added(&before, &after);
-    let on_device: Vec<_> = changes.iter().filter(|(key, _, _)| key.0 == device.number()).collect();
+    let on_device: Vec<_> = changes
+        .iter()
+        .filter(|(key, _, _)| key.0 == device.number())
+        .collect();
     let count = |class: IoClass, level: u8| {
         on_device
             .iter()
-            .filter(|(key, _, _)| key.1 == Operation::Read && key.2.class == class && key.2.level == level)
+            .filter(|(key, _, _)| {
+                key.1 == Operation::Read && key.2.class == class && key.2.level == level
+            })
             .map(|(_, requests, _)| *requests)
             .sum::<u64>()
     };
-    assert_eq!(count(IoClass::Rt, 0), READS, "RT/0 reads on {}: {on_device:?}", device.name());
-    assert_eq!(count(IoClass::Be, 7), READS, "BE/7 reads on {}: {on_device:?}", device.name());
+    assert_eq!(
+        count(IoClass::Rt, 0),
+        READS,
+        "RT/0 reads on {}: {on_device:?}",
+        device.name()
+    );
+    assert_eq!(
+        count(IoClass::Be, 7),
+        READS,
+        "BE/7 reads on {}: {on_device:?}",
+        device.name()
+    );
     let total: u64 = on_device.iter().map(|(_, requests, _)| requests).sum();
-    assert_eq!(total, 2 * READS, "unexpected extra requests on the device: {on_device:?}");
+    assert_eq!(
+        total,
+        2 * READS,
+        "unexpected extra requests on the device: {on_device:?}"
+    );
     for (_, requests, in_histogram) in &on_device {
-        assert_eq!(requests, in_histogram, "every request lands in the service histogram");
+        assert_eq!(
+            requests, in_histogram,
+            "every request lands in the service histogram"
+        );
     }
     // Nothing of this test on any other device: no other device saw RT/0 or BE/7 reads.
     let elsewhere: Vec<_> = changes
         .iter()
         .filter(|(key, _, _)| key.0 != device.number())
-        .filter(|(key, _, _)| (key.2.class == IoClass::Rt && key.2.level == 0) || (key.2.class == IoClass::Be && key.2.level == 7))
+        .filter(|(key, _, _)| {
+            (key.2.class == IoClass::Rt && key.2.level == 0)
+                || (key.2.class == IoClass::Be && key.2.level == 7)
+        })
         .collect();
-    assert!(elsewhere.is_empty(), "test reads showed up on other devices: {elsewhere:?}");
+    assert!(
+        elsewhere.is_empty(),
+        "test reads showed up on other devices: {elsewhere:?}"
+    );
 }
 
 #[test]
@@ -78,7 +115,15 @@ fn abissctl_trace_json_reports_the_interval() {
     let trace = std::process::Command::new(abiss_tests::binary("abissctl"))
         .arg("--socket")
         .arg(daemon.socket())
-        .args(["trace", "--json", "--interval", "2", "--count", "1", "--device"])
+        .args([
+            "trace",
+            "--json",
+            "--interval",
+            "2",
+            "--count",
+            "1",
+            "--device",
+        ])
         .arg(device.path())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -107,7 +152,12 @@ fn abissctl_trace_json_reports_the_interval() {
     assert_eq!(group["device"], device.name());
     assert_eq!(group["dev"], device.number().to_string());
     let service = &group["service"];
-    let bucket_total: u64 = service["buckets"].as_array().unwrap().iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    let bucket_total: u64 = service["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
     assert_eq!(bucket_total, 50);
     assert!(service["p50_us"].as_u64().unwrap() <= service["p99_us"].as_u64().unwrap());
     assert!(service["max_us"].as_f64().unwrap() > 0.0);

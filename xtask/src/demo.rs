@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: abissd on a scratch disk, two readers at different I/O priorities, live
 //! latency per priority, and a teardown that leaves nothing behind.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,11 +33,27 @@ impl DemoSetup {
     }
 }
 
+/// Kills a workload process and everything it forked (fio runs its jobs in child processes),
+/// and waits until the whole group is gone, so that nothing holds the device open.
+fn kill_group(child: &mut Child) {
+    let Ok(group) = libc::pid_t::try_from(child.id()) else {
+        return;
+    };
+    // SAFETY: kill(2) on our own child's process group; no memory is passed.
+    unsafe { libc::kill(-group, libc::SIGKILL) };
+    let _ = child.wait();
+    // Orphaned members may linger as zombies until init reaps them; they hold no descriptors.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    // SAFETY: signal 0 only checks whether any member of the group still exists.
+    while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 impl Drop for DemoSetup {
     fn drop(&mut self) {
         for mut child in self.workload.drain(..) {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
         }
         self.stop_daemon();
         if let Some(device) = self.device.take() {
@@ -93,15 +110,25 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         Command::new("ionice")
             .args(["-c", class, "-n", level, "fio", "--name", name])
             .arg(format!("--filename={device}"))
-            .args(["--rw=randread", "--direct=1", "--ioengine=psync", "--time_based"])
+            .args([
+                "--rw=randread",
+                "--direct=1",
+                "--ioengine=psync",
+                "--time_based",
+            ])
             .arg(format!("--bs={block}"))
             .arg(format!("--runtime={}", secs + 2))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
     };
-    setup.workload.push(reader("rt-reader", "1", "0", "64k").context("cannot start the RT reader (fio)")?);
-    setup.workload.push(reader("be-reader", "2", "7", "128k").context("cannot start the BE reader (fio)")?);
+    setup
+        .workload
+        .push(reader("rt-reader", "1", "0", "64k").context("cannot start the RT reader (fio)")?);
+    setup
+        .workload
+        .push(reader("be-reader", "2", "7", "128k").context("cannot start the BE reader (fio)")?);
 
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
@@ -124,8 +151,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
 
     println!("\n==> tearing down");
     for mut child in setup.workload.drain(..) {
-        let _ = child.kill();
-        let _ = child.wait();
+        kill_group(&mut child);
     }
     setup.stop_daemon();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -137,10 +163,18 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     drop(setup);
-    let leftover =
-        shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))?;
-    if leftover.contains("target/demo/disk.img") {
-        bail!("the demo's loop device is still attached");
+    let attached = || {
+        shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))
+            .is_ok_and(|list| list.contains("target/demo/disk.img"))
+    };
+    // A killed reader finishes its in-flight I/O before it closes the device, and the kernel
+    // detaches a device that is still open once it is closed.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while attached() {
+        if Instant::now() > deadline {
+            bail!("the demo's loop device is still attached");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     println!("    no abissd process, eBPF program, loop device or file left behind");
     Ok(())
@@ -150,13 +184,12 @@ fn loaded_abiss_programs() -> usize {
     Command::new("bpftool")
         .args(["prog", "show"])
         .output()
-        .map(|o| {
+        .map_or(0, |o| {
             String::from_utf8_lossy(&o.stdout)
                 .lines()
                 .filter(|l| l.contains("name abiss_"))
                 .count()
         })
-        .unwrap_or(0)
 }
 
 fn wait_for_socket(socket: &Path, daemon: Option<&mut Child>) -> anyhow::Result<()> {
