@@ -203,9 +203,11 @@ pub struct StatsReport {
     pub daemon_cpu_total_ns: u64,
     /// Daemon resident set size at the end of the window, bytes.
     pub daemon_rss_bytes: u64,
-    /// Block requests tracked in flight at the end of the window (bounded by an LRU map; a
-    /// number that grows while the disks are idle would be a leak).
+    /// Block requests in flight at the end of the window.
     pub tracked_requests: u64,
+    /// Request records kept (one per kernel request struct recently used; bounded by the
+    /// request pools of the active devices, not by how many requests were made).
+    pub request_records: u64,
 }
 
 /// Run count and time of one eBPF program over a window (kernel BPF statistics).

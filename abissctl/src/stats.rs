@@ -67,12 +67,13 @@ fn write_text(out: &mut impl Write, report: &StatsReport) -> std::io::Result<()>
     )?;
     writeln!(
         out,
-        "daemon: cpu {:.3} ms in {:.2} s ({:.3}%), {:.1} s in all; rss {:.1} MiB; {} requests in flight",
+        "daemon: cpu {:.3} ms in {:.2} s ({:.3}%), {:.1} s in all; rss {:.1} MiB; {} requests in flight, {} request records",
         report.daemon_cpu_ns as f64 / 1e6,
         window_s,
         report.daemon_cpu_ns as f64 / report.window_ns as f64 * 100.0,
         report.daemon_cpu_total_ns as f64 / 1e9,
         report.daemon_rss_bytes as f64 / (1024.0 * 1024.0),
-        report.tracked_requests
+        report.tracked_requests,
+        report.request_records
     )
 }

@@ -16,13 +16,26 @@ pub const LATENCY_SLOTS: usize = 27;
 /// Length of a task's command name, as in the kernel's `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;
 
-/// Most requests tracked in flight at once. Completion and merge remove entries in the kernel;
-/// abissd sweeps entries older than [`STALE_REQUEST_NS`], so the map cannot fill up with
-/// requests that vanished some other way.
+/// Request records kept at once. Records are keyed by the address of the kernel's `struct
+/// request`, and blk-mq recycles a fixed pool of those per device (its tags), so a record is
+/// reused in place for each new request in the same slot instead of being inserted and deleted
+/// (map updates and deletes are the expensive part of tracing). abissd deletes records idle for
+/// [`STALE_REQUEST_NS`], so the map holds only the pools of recently active devices.
 pub const MAX_INFLIGHT: u32 = 16_384;
 
-/// Age after which a tracked request that never completed is dropped by abissd's sweep.
+/// Age after which abissd drops a request record: an idle slot, or a request that vanished
+/// without completing.
 pub const STALE_REQUEST_NS: u64 = 60_000_000_000;
+
+/// Life cycle of a request record ([`InflightRequest::state`]).
+pub mod request_state {
+    /// The slot's last request completed or was merged away; the record is free for reuse.
+    pub const DONE: u32 = 0;
+    /// Inserted into the elevator, not yet dispatched.
+    pub const QUEUED: u32 = 1;
+    /// Dispatched to the driver.
+    pub const ISSUED: u32 = 2;
+}
 
 /// Distinct (device, operation, priority) histogram keys kept.
 pub const MAX_HISTOGRAM_KEYS: u32 = 4_096;
@@ -52,8 +65,6 @@ pub struct KernelLayout {
     pub request_bio: u32,
     /// `struct request_queue.disk`
     pub queue_disk: u32,
-    /// `struct request_queue.elevator`
-    pub queue_elevator: u32,
     /// `struct gendisk.major`
     pub gendisk_major: u32,
     /// `struct gendisk.first_minor`
@@ -90,7 +101,6 @@ impl KernelLayout {
         request_sector: 0,
         request_bio: 0,
         queue_disk: 0,
-        queue_elevator: 0,
         gendisk_major: 0,
         gendisk_first_minor: 0,
         bio_ioprio: 0,
@@ -261,8 +271,8 @@ pub struct InflightRequest {
     pub level: u8,
     /// Non-zero when a [`RequestOrigin`] was recorded for this request.
     pub attributed: u8,
-    /// Padding.
-    pub pad: u32,
+    /// See [`request_state`].
+    pub state: u32,
 }
 
 /// One completed request, sent over the ring buffer while a client streams events.
@@ -299,7 +309,7 @@ mod pod {
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 20 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 19 * 4);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
 const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 32 + 2 * 8 * LATENCY_SLOTS);
 const _: () = assert!(core::mem::size_of::<RequestOrigin>() == 40);

@@ -21,7 +21,7 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
-    ioprio, latency_slot, op, Control, HistogramKey, InflightRequest, KernelLayout,
+    ioprio, latency_slot, op, request_state, Control, HistogramKey, InflightRequest, KernelLayout,
     LatencyCounters, RequestEvent, RequestOrigin, EVENT_RING_BYTES, MAX_HISTOGRAM_KEYS,
     MAX_INFLIGHT,
 };
@@ -33,13 +33,12 @@ static KERNEL_LAYOUT: KernelLayout = KernelLayout::UNSET;
 #[map]
 static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
 
-/// Requests between first sight and completion. A plain (preallocated) hash: an LRU map costs
-/// several hundred ns more per update. Entries leave on completion or merge; anything that
-/// vanishes otherwise is swept by abissd after `STALE_REQUEST_NS`.
+/// One record per `struct request` seen (see `MAX_INFLIGHT`): reused in place by the next
+/// request in the same slot, so the hot path does lookups and stores, not map updates.
 #[map]
 static INFLIGHT: HashMap<u64, InflightRequest> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
-/// Submitter and file of each tracked request, while events are wanted.
+/// Submitter and file of each tracked request, while events are wanted (reused like INFLIGHT).
 #[map]
 static ORIGINS: HashMap<u64, RequestOrigin> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
@@ -152,19 +151,27 @@ fn record_origin(rq: u64, bio: u64) -> bool {
         uid: bpf_get_current_uid_gid() as u32,
         comm: bpf_get_current_comm().unwrap_or_default(),
     };
-    ORIGINS.insert(rq, origin, 0).is_ok()
+    match ORIGINS.get_ptr_mut(rq) {
+        Some(slot) => {
+            // SAFETY: pointer to a live map value of this type.
+            unsafe { *slot = origin };
+            true
+        }
+        None => ORIGINS.insert(rq, origin, 0).is_ok(),
+    }
 }
 
-/// Builds the tracking record of a request seen for the first time.
+/// Starts a new request's record: in place in the slot's existing record when the request's
+/// struct was seen before (the common case, since blk-mq recycles them), else inserted.
 #[inline(always)]
-fn first_sight(rq: u64, now: u64) -> Option<InflightRequest> {
+fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u32) {
     let queue: u64 = field(rq, layout!(request_q));
     if queue == 0 {
-        return None;
+        return;
     }
     let disk: u64 = field(queue, layout!(queue_disk));
     if disk == 0 {
-        return None;
+        return;
     }
     let major: u32 = field(disk, layout!(gendisk_major));
     let minor: u32 = field(disk, layout!(gendisk_first_minor));
@@ -183,9 +190,13 @@ fn first_sight(rq: u64, now: u64) -> Option<InflightRequest> {
         reason = "REQ_OP_* fits in the low 8 bits"
     )]
     let operation = (cmd_flags & op::MASK) as u8;
-    Some(InflightRequest {
+    let record = InflightRequest {
         queued_ns: now,
-        issued_ns: 0,
+        issued_ns: if state == request_state::ISSUED {
+            now
+        } else {
+            0
+        },
         sector: field(rq, layout!(request_sector)),
         dev: (major << 20) | minor,
         bytes: field(rq, layout!(request_data_len)),
@@ -193,8 +204,15 @@ fn first_sight(rq: u64, now: u64) -> Option<InflightRequest> {
         class,
         level,
         attributed: u8::from(attributed),
-        pad: 0,
-    })
+        state,
+    };
+    match slot {
+        // SAFETY: pointer to a live map value of this type.
+        Some(slot) => unsafe { *slot = record },
+        None => {
+            let _ = INFLIGHT.insert(rq, record, 0);
+        }
+    }
 }
 
 #[btf_tracepoint(function = "block_rq_insert")]
@@ -203,10 +221,15 @@ pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let rq: u64 = ctx.arg(0);
-    if let Some(tracked) = first_sight(rq, now_ns()) {
-        // A request inserted twice (requeued) keeps its first record.
-        let _ = INFLIGHT.insert(rq, tracked, u64::from(BPF_NOEXIST));
+    let slot = INFLIGHT.get_ptr_mut(rq);
+    // SAFETY: pointer to a live map value of this type.
+    if let Some(existing) = slot.map(|s| unsafe { (*s).state }) {
+        if existing != request_state::DONE {
+            // Re-inserted after a requeue: it keeps its record and queue start.
+            return 0;
+        }
     }
+    start_record(rq, slot, now_ns(), request_state::QUEUED);
     0
 }
 
@@ -217,31 +240,21 @@ pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
     }
     let rq: u64 = ctx.arg(0);
     let now = now_ns();
-    // Requests of a queue with an elevator were seen at insert; the others (no elevator, or
-    // flushes that bypass it) are first seen here. Checking saves a hash lookup per request
-    // on elevator-less queues.
-    let queue: u64 = field(rq, layout!(request_q));
-    let elevator: u64 = if queue == 0 {
-        0
-    } else {
-        field(queue, layout!(queue_elevator))
-    };
-    if elevator != 0 {
-        if let Some(tracked) = INFLIGHT.get_ptr_mut(rq) {
-            let bytes: u32 = field(rq, layout!(request_data_len));
-            // SAFETY: pointer to a live map value of this type.
-            unsafe {
-                (*tracked).issued_ns = now;
+    let slot = INFLIGHT.get_ptr_mut(rq);
+    if let Some(record) = slot {
+        // SAFETY: pointer to a live map value of this type.
+        unsafe {
+            if (*record).state == request_state::QUEUED {
+                (*record).issued_ns = now;
+                (*record).state = request_state::ISSUED;
                 // Merges after insert grow the request; issue is when its size is final.
-                (*tracked).bytes = bytes;
+                (*record).bytes = field(rq, layout!(request_data_len));
+                return 0;
             }
-            return 0;
         }
     }
-    if let Some(mut tracked) = first_sight(rq, now) {
-        tracked.issued_ns = now;
-        let _ = INFLIGHT.insert(rq, tracked, 0);
-    }
+    // No elevator (or a flush that bypasses it): the request is first seen here.
+    start_record(rq, slot, now, request_state::ISSUED);
     0
 }
 
@@ -249,30 +262,31 @@ pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
 pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
     let error: u32 = ctx.arg(1);
-    let Some(tracked) = INFLIGHT.get_ptr(rq) else {
+    let Some(slot) = INFLIGHT.get_ptr_mut(rq) else {
         return 0;
     };
-    // SAFETY: pointer to a live map value, copied before the entry is removed.
-    let tracked = unsafe { *tracked };
-    let _ = INFLIGHT.remove(rq);
-    let origin = if tracked.attributed == 0 {
-        None
-    } else {
-        // SAFETY: pointer to a live map value, copied before the entry is removed.
-        let origin = ORIGINS.get_ptr(rq).map(|found| unsafe { *found });
-        let _ = ORIGINS.remove(rq);
-        origin
+    // SAFETY: pointer to a live map value, copied, then marked free for the slot's next request.
+    let record = unsafe {
+        let record = *slot;
+        (*slot).state = request_state::DONE;
+        record
     };
-    if tracked.issued_ns == 0 {
+    if record.state != request_state::ISSUED {
         return 0;
     }
     let now = now_ns();
-    let queue_ns = tracked.issued_ns.saturating_sub(tracked.queued_ns);
-    let service_ns = now.saturating_sub(tracked.issued_ns);
-    account(&tracked, queue_ns, service_ns);
+    let queue_ns = record.issued_ns.saturating_sub(record.queued_ns);
+    let service_ns = now.saturating_sub(record.issued_ns);
+    account(&record, queue_ns, service_ns);
     if attributing() {
+        let origin = if record.attributed == 0 {
+            None
+        } else {
+            // SAFETY: pointer to a live map value of this type, copied.
+            ORIGINS.get_ptr(rq).map(|found| unsafe { *found })
+        };
         emit(
-            &tracked,
+            &record,
             origin.unwrap_or_default(),
             now,
             queue_ns,
@@ -287,13 +301,9 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_merge")]
 pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
-    if let Some(tracked) = INFLIGHT.get_ptr(rq) {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
         // SAFETY: pointer to a live map value of this type.
-        let attributed = unsafe { (*tracked).attributed } != 0;
-        let _ = INFLIGHT.remove(rq);
-        if attributed {
-            let _ = ORIGINS.remove(rq);
-        }
+        unsafe { (*slot).state = request_state::DONE };
     }
     0
 }
@@ -303,9 +313,14 @@ pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_requeue")]
 pub fn abiss_requeue(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
-    if let Some(tracked) = INFLIGHT.get_ptr_mut(rq) {
+    if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
         // SAFETY: pointer to a live map value of this type.
-        unsafe { (*tracked).issued_ns = 0 };
+        unsafe {
+            if (*slot).state != request_state::DONE {
+                (*slot).issued_ns = 0;
+                (*slot).state = request_state::QUEUED;
+            }
+        }
     }
     0
 }

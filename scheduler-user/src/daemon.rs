@@ -71,7 +71,7 @@ impl DaemonError {
 /// What connections ask of the main loop, the only place that touches the maps.
 enum Command {
     Latency(oneshot::Sender<Result<Vec<LatencyGroup>, String>>),
-    TrackedRequests(oneshot::Sender<u64>),
+    RequestRecords(oneshot::Sender<(u64, u64)>),
     /// A client started (+1) or stopped (-1) streaming events.
     EventSubscribers(i32),
 }
@@ -126,8 +126,8 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 Command::Latency(reply) => {
                     let _ = reply.send(tracer.latency().map_err(|e| e.to_string()));
                 }
-                Command::TrackedRequests(reply) => {
-                    let _ = reply.send(tracer.tracked_requests().unwrap_or(0));
+                Command::RequestRecords(reply) => {
+                    let _ = reply.send(tracer.request_records().unwrap_or((0, 0)));
                 }
                 Command::EventSubscribers(change) => {
                     let before = subscribers;
@@ -292,11 +292,11 @@ async fn stats_response(context: &Context, window_ms: u64) -> Response {
     let (reply, answer) = oneshot::channel();
     if context
         .commands
-        .send(Command::TrackedRequests(reply))
+        .send(Command::RequestRecords(reply))
         .await
         .is_ok()
     {
-        report.tracked_requests = answer.await.unwrap_or(0);
+        (report.tracked_requests, report.request_records) = answer.await.unwrap_or((0, 0));
     }
     Response::Stats(report)
 }

@@ -57,7 +57,6 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         request_sector: finder.offset("request", "__sector")?,
         request_bio: finder.offset("request", "bio")?,
         queue_disk: finder.offset("request_queue", "disk")?,
-        queue_elevator: finder.offset("request_queue", "elevator")?,
         gendisk_major: finder.offset("gendisk", "major")?,
         gendisk_first_minor: finder.offset("gendisk", "first_minor")?,
         bio_ioprio: finder.offset("bio", "bi_ioprio")?,

@@ -79,5 +79,6 @@ pub async fn measure(ids: &[(String, u32)], window: Duration) -> std::io::Result
         daemon_cpu_total_ns: as_ns(cpu_after),
         daemon_rss_bytes: rss_bytes(),
         tracked_requests: 0,
+        request_records: 0,
     })
 }

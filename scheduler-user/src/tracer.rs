@@ -11,8 +11,8 @@ use aya::{
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use scheduler_common::{
-    Control, HistogramKey, InflightRequest, KernelLayout, LatencyCounters, RequestEvent,
-    RequestOrigin, STALE_REQUEST_NS,
+    request_state, Control, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
+    RequestEvent, RequestOrigin, STALE_REQUEST_NS,
 };
 
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
@@ -193,20 +193,27 @@ impl BlockTracer {
         Ok(groups)
     }
 
-    /// Requests currently tracked between first sight and completion.
-    pub fn tracked_requests(&self) -> Result<u64, TracerError> {
+    /// Request records: (in flight now, records kept in all).
+    pub fn request_records(&self) -> Result<(u64, u64), TracerError> {
         let name = "INFLIGHT";
         let map = self
             .ebpf
             .map(name)
             .ok_or(TracerError::MissingMap { name })?;
-        let inflight: HashMap<&MapData, u64, InflightRequest> =
+        let records: HashMap<&MapData, u64, InflightRequest> =
             HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
-        Ok(inflight.keys().flatten().count() as u64)
+        let (mut in_flight, mut kept) = (0, 0);
+        for (_, record) in records.iter().flatten() {
+            kept += 1;
+            if record.state != request_state::DONE {
+                in_flight += 1;
+            }
+        }
+        Ok((in_flight, kept))
     }
 
-    /// Drops tracked requests first seen before `now_ns - STALE_REQUEST_NS`: requests that
-    /// vanished without completing or merging (a driver error path, a device that went away).
+    /// Drops request records last used before `now_ns - STALE_REQUEST_NS`: slots of devices
+    /// that went idle or away, and requests that vanished without completing or merging.
     /// Returns how many were dropped.
     pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
@@ -215,16 +222,16 @@ impl BlockTracer {
             .ebpf
             .map_mut(name)
             .ok_or(TracerError::MissingMap { name })?;
-        let mut inflight: HashMap<&mut MapData, u64, InflightRequest> =
+        let mut records: HashMap<&mut MapData, u64, InflightRequest> =
             HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
-        let stale: Vec<u64> = inflight
+        let stale: Vec<u64> = records
             .iter()
             .filter_map(Result::ok)
-            .filter(|(_, tracked)| tracked.queued_ns < cutoff)
+            .filter(|(_, record)| record.queued_ns < cutoff)
             .map(|(rq, _)| rq)
             .collect();
         for rq in &stale {
-            let _ = inflight.remove(rq);
+            let _ = records.remove(rq);
         }
         let name = "ORIGINS";
         let map = self
