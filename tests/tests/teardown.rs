@@ -69,8 +69,7 @@ fn no_tracked_request_leaks_and_no_program_survives_the_daemon() {
     let name = fs.device().name();
     let read_number = |file: &str| -> u64 {
         std::fs::read_to_string(format!("/sys/block/{name}/{file}"))
-            .map(|text| text.trim().parse().unwrap_or(0))
-            .unwrap_or(0)
+            .map_or(0, |text| text.trim().parse().unwrap_or(0))
     };
     let pool = read_number("queue/nr_requests") + read_number("mq/0/nr_tags") + 1;
     let grown = report.request_records.saturating_sub(records_before);
