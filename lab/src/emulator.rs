@@ -2,10 +2,12 @@
 //! writes are served by the device model.
 //!
 //! The FUSE session thread only timestamps each request and hands it, with its reply object,
-//! to the service thread over a channel; it never blocks, so many requests can be outstanding.
-//! The service thread alone decides the order (through a [`DeviceQueue`]), keeps the device's
-//! virtual clock, moves the data to or from the sparse backing file, and sends each reply at
-//! the instant the model says the request completes. A third thread writes the statistics.
+//! on over a channel; it never blocks, so many requests can be outstanding. A data thread
+//! moves the data to or from the sparse backing file in arrival order (so reads see earlier
+//! writes), ahead of the modelled time: the backing file system can stall for milliseconds,
+//! and that must not delay replies. The service thread alone decides the order (through a
+//! [`DeviceQueue`]), keeps the device's virtual clock and sends each reply at the instant the
+//! model says the request completes. A fourth thread writes the statistics.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -43,6 +45,7 @@ const MAX_REQUEST_BYTES: u32 = 1 << 20;
 /// that replies leave on time on a loaded machine.
 const SERVICE_PRIORITY: i32 = 20;
 const FUSE_PRIORITY: i32 = 10;
+const DATA_PRIORITY: i32 = 15;
 
 const ROOT_INO: u64 = fuser::FUSE_ROOT_ID;
 const IMAGE_INO: u64 = 2;
@@ -83,18 +86,23 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
         .map_err(|e| LabError::system("starting the stats thread", e))?;
 
     let (io_tx, io_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let mover = DataMover { backing };
+    let mover_thread = std::thread::Builder::new()
+        .name("data".into())
+        .spawn(move || mover.run(&io_rx, &ready_tx))
+        .map_err(|e| LabError::system("starting the data thread", e))?;
     let service = ServiceThread {
         model: config.model.instantiate(config.size_bytes),
         queue: DeviceQueue::new(config.model.queue_depth() as usize, config.model.order()),
         rng: ChaCha8Rng::seed_from_u64(config.model.seed),
-        backing,
         epoch,
         outstanding: Arc::clone(&outstanding),
         records: record_tx,
     };
     let service_thread = std::thread::Builder::new()
         .name("service".into())
-        .spawn(move || service.run(&io_rx))
+        .spawn(move || service.run(&ready_rx))
         .map_err(|e| LabError::system("starting the service thread", e))?;
 
     let filesystem = DiskImageFs {
@@ -125,6 +133,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
     // Dropping the session drops the filesystem and with it the request channel: the service
     // thread finishes what is in flight and ends, and then the stats thread.
     drop(session);
+    let _ = mover_thread.join();
     let _ = service_thread.join();
     let _ = stats_thread.join();
     result.map_err(|e| LabError::system("serving FUSE requests", e))
@@ -156,12 +165,75 @@ impl PendingIo {
     }
 }
 
-impl Queued for PendingIo {
+/// A request whose data has moved, waiting for the actuator.
+#[derive(Debug)]
+struct ReadyIo {
+    seq: u64,
+    op: Op,
+    offset: u64,
+    len: u64,
+    arrival: Instant,
+    outstanding: u32,
+    backing_ns: u64,
+    completion: Completion,
+}
+
+impl Queued for ReadyIo {
     fn offset(&self) -> u64 {
         self.offset
     }
     fn arrival(&self) -> Instant {
         self.arrival
+    }
+}
+
+/// Moves data between requests and the backing file, in arrival order.
+struct DataMover {
+    backing: File,
+}
+
+impl DataMover {
+    fn run(self, requests: &Receiver<PendingIo>, ready: &Sender<ReadyIo>) {
+        if !timing::make_current_thread_realtime(DATA_PRIORITY) {
+            eprintln!("abiss-lab: warning: data thread has no real-time priority");
+        }
+        while let Ok(io) = requests.recv() {
+            let op = io.op();
+            let moving = Instant::now();
+            let completion = match io.payload {
+                Payload::Read(reply) => {
+                    let mut buf = vec![0; usize::try_from(io.len).unwrap_or(0)];
+                    let result = self
+                        .backing
+                        .read_exact_at(&mut buf, io.offset)
+                        .map(|()| buf)
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                    Completion::Read(reply, result)
+                }
+                Payload::Write(data, reply) => {
+                    let len = usize::try_from(io.len).unwrap_or(0).min(data.len());
+                    let result = self
+                        .backing
+                        .write_all_at(&data[..len], io.offset)
+                        .map(|()| u32::try_from(data.len()).unwrap_or(u32::MAX))
+                        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
+                    Completion::Write(reply, result)
+                }
+            };
+            let io = ReadyIo {
+                seq: io.seq,
+                op,
+                offset: io.offset,
+                len: io.len,
+                arrival: io.arrival,
+                outstanding: io.outstanding,
+                backing_ns: nanos(moving.elapsed()),
+                completion,
+            };
+            if ready.send(io).is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -365,16 +437,15 @@ impl Ord for InFlight {
 /// The one thread that serves the device: order, virtual clock, data and replies.
 struct ServiceThread {
     model: DeviceModel,
-    queue: DeviceQueue<PendingIo>,
+    queue: DeviceQueue<ReadyIo>,
     rng: ChaCha8Rng,
-    backing: File,
     epoch: Instant,
     outstanding: Arc<AtomicU32>,
     records: Sender<RequestRecord>,
 }
 
 impl ServiceThread {
-    fn run(mut self, requests: &Receiver<PendingIo>) {
+    fn run(mut self, requests: &Receiver<ReadyIo>) {
         if !timing::make_current_thread_realtime(SERVICE_PRIORITY) {
             eprintln!("abiss-lab: warning: service thread has no real-time priority");
         }
@@ -444,37 +515,15 @@ impl ServiceThread {
         nanos(t.saturating_duration_since(self.epoch))
     }
 
-    /// Starts `io` on the actuator that became free at `free_at`: plans it, moves its data and
-    /// schedules its completion.
-    fn start(&mut self, io: PendingIo, free_at: Instant) -> Started {
+    /// Starts `io` on the actuator that became free at `free_at`: plans it and schedules its
+    /// completion.
+    fn start(&mut self, io: ReadyIo, free_at: Instant) -> Started {
         let start = free_at.max(io.arrival);
-        let op = io.op();
-        let plan: ServicePlan = self.model.plan(op, io.offset, io.len, &mut self.rng);
+        let plan: ServicePlan = self.model.plan(io.op, io.offset, io.len, &mut self.rng);
         let deadline = start + plan.completion;
-        // The data moves now, while the modelled time runs; the reply waits for the deadline.
-        let completion = match io.payload {
-            Payload::Read(reply) => {
-                let mut buf = vec![0; usize::try_from(io.len).unwrap_or(0)];
-                let result = self
-                    .backing
-                    .read_exact_at(&mut buf, io.offset)
-                    .map(|()| buf)
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
-                Completion::Read(reply, result)
-            }
-            Payload::Write(data, reply) => {
-                let len = usize::try_from(io.len).unwrap_or(0).min(data.len());
-                let result = self
-                    .backing
-                    .write_all_at(&data[..len], io.offset)
-                    .map(|()| u32::try_from(data.len()).unwrap_or(u32::MAX))
-                    .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO));
-                Completion::Write(reply, result)
-            }
-        };
         let record = RequestRecord {
             seq: io.seq,
-            op,
+            op: io.op,
             offset: io.offset,
             len: io.len,
             arrival_ns: self.since_epoch(io.arrival),
@@ -487,6 +536,7 @@ impl ServiceThread {
             latency_ns: nanos(plan.latency),
             occupancy_ns: nanos(plan.occupancy),
             outstanding: io.outstanding,
+            backing_ns: io.backing_ns,
             failed: false,
         };
         Started {
@@ -496,7 +546,7 @@ impl ServiceThread {
                 deadline,
                 seq: io.seq,
                 record,
-                completion,
+                completion: io.completion,
             },
         }
     }

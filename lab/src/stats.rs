@@ -46,6 +46,10 @@ pub struct RequestRecord {
     pub occupancy_ns: u64,
     /// Requests in the emulator (queued or in service) when this one arrived, itself included.
     pub outstanding: u32,
+    /// How long moving the data to or from the backing file took (inside the modelled time;
+    /// if it exceeds the service time the reply is late).
+    #[serde(default)]
+    pub backing_ns: u64,
     /// Whether the backing file I/O failed (the request was answered with an error).
     pub failed: bool,
 }
@@ -201,6 +205,7 @@ mod tests {
             latency_ns: 0,
             occupancy_ns: 1,
             outstanding: 1,
+            backing_ns: 0,
             failed: false,
         };
         let line = serde_json::to_string(&record).unwrap();
