@@ -106,29 +106,14 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     wait_for_socket(&socket, setup.daemon.as_mut())?;
 
     println!("==> workload for {secs} s: an `ionice -c1` (real-time) reader and an `ionice -c2 -n7` (best-effort) reader on {device}");
-    let reader = |name: &str, class: &str, level: &str, block: &str| {
-        Command::new("ionice")
-            .args(["-c", class, "-n", level, "fio", "--name", name])
-            .arg(format!("--filename={device}"))
-            .args([
-                "--rw=randread",
-                "--direct=1",
-                "--ioengine=psync",
-                "--time_based",
-            ])
-            .arg(format!("--bs={block}"))
-            .arg(format!("--runtime={}", secs + 2))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-    };
-    setup
-        .workload
-        .push(reader("rt-reader", "1", "0", "64k").context("cannot start the RT reader (fio)")?);
-    setup
-        .workload
-        .push(reader("be-reader", "2", "7", "128k").context("cannot start the BE reader (fio)")?);
+    setup.workload.push(
+        fio_reader(&device, "rt-reader", "1", "0", "64k", secs + 2)
+            .context("cannot start the RT reader (fio)")?,
+    );
+    setup.workload.push(
+        fio_reader(&device, "be-reader", "2", "7", "128k", secs + 2)
+            .context("cannot start the BE reader (fio)")?,
+    );
 
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
@@ -178,6 +163,32 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     }
     println!("    no abissd process, eBPF program, loop device or file left behind");
     Ok(())
+}
+
+/// A random reader of `device` at I/O priority class/level, in its own process group.
+fn fio_reader(
+    device: &str,
+    name: &str,
+    class: &str,
+    level: &str,
+    block: &str,
+    secs: u64,
+) -> std::io::Result<Child> {
+    Command::new("ionice")
+        .args(["-c", class, "-n", level, "fio", "--name", name])
+        .arg(format!("--filename={device}"))
+        .args([
+            "--rw=randread",
+            "--direct=1",
+            "--ioengine=psync",
+            "--time_based",
+        ])
+        .arg(format!("--bs={block}"))
+        .arg(format!("--runtime={secs}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
 }
 
 fn loaded_abiss_programs() -> usize {

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod setup;
 mod shell;
@@ -36,11 +37,26 @@ enum Command {
         /// Passed to the test binaries as a name filter.
         filter: Option<String>,
     },
+    /// Benchmarks (not tests): results go to bench/results/ as JSON and Markdown.
+    Bench {
+        #[command(subcommand)]
+        which: Benchmark,
+    },
     /// The main job: start abissd on a scratch disk, run a mixed-priority workload and show
     /// live latency per priority, then tear everything down.
     Demo {
         /// Seconds of workload.
         #[arg(long, default_value_t = 6)]
+        secs: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Benchmark {
+    /// eBPF cost per event under a 4 KiB random-read load (fio, iodepth 32), per elevator.
+    Overhead {
+        /// Seconds of load per elevator.
+        #[arg(long, default_value_t = 12)]
         secs: u64,
     },
 }
@@ -58,6 +74,9 @@ fn main() -> ExitCode {
         Command::Setup => Ok(()),
         Command::Build { release } => build(&root, release),
         Command::Test { unit, filter } => test(&root, unit, filter.as_deref()),
+        Command::Bench { which } => build(&root, false).and_then(|()| match which {
+            Benchmark::Overhead { secs } => bench::overhead(&root, secs),
+        }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
     });
     match result {
