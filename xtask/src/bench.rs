@@ -251,3 +251,19 @@ pub fn overhead(root: &Path, secs: u64) -> anyhow::Result<()> {
     });
     write_results(root, "overhead", &report, &markdown)
 }
+
+/// Runs a benchmark of the `abiss-bench` crate (optimised: its readers time themselves).
+pub fn run_bench_binary(root: &Path, which: &str, args: &[String]) -> anyhow::Result<()> {
+    shell::cargo(
+        root,
+        &["build", "--release", "-p", "abiss-bench", "-p", "abiss-lab"],
+    )?;
+    let mut command = Command::new(root.join("target/release/abiss-bench"));
+    command
+        .current_dir(root)
+        .arg(which)
+        .args(args)
+        .env("ABISS_LAB_BIN", root.join("target/release/abiss-lab"))
+        .env("ABISS_BIN_DIR", root.join("target/debug"));
+    shell::run(&mut command)
+}

@@ -53,6 +53,18 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum Benchmark {
+    /// The ABISS reference measurement on the lab hdd (see `abiss-bench reference --help`).
+    Reference {
+        /// Passed to `abiss-bench reference`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The saturation sweep on the lab hdd (see `abiss-bench sweep --help`).
+    Sweep {
+        /// Passed to `abiss-bench sweep`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// eBPF cost per event under a 4 KiB random-read load (fio, iodepth 32), per elevator.
     Overhead {
         /// Seconds of load per elevator.
@@ -76,6 +88,8 @@ fn main() -> ExitCode {
         Command::Test { unit, filter } => test(&root, unit, filter.as_deref()),
         Command::Bench { which } => build(&root, false).and_then(|()| match which {
             Benchmark::Overhead { secs } => bench::overhead(&root, secs),
+            Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
+            Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
     });
