@@ -8,6 +8,7 @@
 #![deny(missing_docs)]
 
 pub mod daemon;
+pub mod device;
 pub mod kernel_layout;
 pub mod preflight;
 pub mod socket;

@@ -1,0 +1,1 @@
+//! Managed block devices: elevator and dispatch depth while streams are active, restored on exit.
