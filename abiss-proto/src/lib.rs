@@ -7,15 +7,26 @@
 #![deny(missing_docs)]
 
 mod histogram;
+mod quantity;
 mod units;
 
 pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
+pub use quantity::{ByteRate, ByteSize, QuantityError};
 pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. Bump on any incompatible change of [`Request`] or [`Response`].
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// ABISS priority levels: 0 is the highest (real time only), 7 the default best effort.
+pub const ABISS_LEVELS: u8 = 8;
+
+/// Default ABISS level of a stream: real time.
+pub const DEFAULT_LEVEL: u8 = 0;
+
+/// Page size the playout window is managed in.
+pub const PAGE_BYTES: u64 = 4096;
 
 /// Where `abissd` listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/abiss/abiss.sock";
@@ -64,6 +75,141 @@ pub enum Request {
         /// Length of the measurement window, in milliseconds (1 ms to 60 s).
         window_ms: u64,
     },
+    /// Attach the file whose descriptor travels with this message (`SCM_RIGHTS`) as a stream.
+    /// The daemon never opens a path for a client: the descriptor proves the client may read
+    /// the file. Answered with [`Response::Attached`].
+    Attach(AttachRequest),
+    /// End a stream. Only its owner or root may. Answered with [`Response::Detached`].
+    Detach {
+        /// Which stream.
+        target: StreamTarget,
+    },
+    /// The application's playout point moved to `offset` (ABISS's "position" message). A
+    /// notification: the daemon does not answer it, so readers never wait for the daemon.
+    Position {
+        /// The stream.
+        stream: u64,
+        /// Byte offset the application has consumed up to.
+        offset: u64,
+    },
+    /// The streams (all for root, the caller's own otherwise). Answered with
+    /// [`Response::Streams`].
+    List,
+    /// The managed devices and their budgets. Answered with [`Response::Devices`].
+    Status,
+}
+
+/// Parameters of a new stream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttachRequest {
+    /// Guaranteed byterate.
+    pub rate: ByteRate,
+    /// Playout buffer: how far ahead of the application's playout point data is kept loaded.
+    pub buffer: ByteSize,
+    /// Pages loaded per credit step.
+    pub batch_pages: u32,
+    /// ABISS priority level, 0 (highest, real time) to 7 (best effort).
+    pub priority: u8,
+    /// Whether the stream outlives the connection (until an explicit detach). Otherwise it ends
+    /// when the client's connection closes.
+    pub persistent: bool,
+}
+
+/// A stream named by id, or by the file it streams.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamTarget {
+    /// By stream id.
+    Id(u64),
+    /// By file identity.
+    File {
+        /// Filesystem device.
+        device: DeviceNumber,
+        /// Inode number.
+        inode: u64,
+    },
+}
+
+/// A stream as `abissctl list` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Stream id.
+    pub id: u64,
+    /// User that attached it.
+    pub owner_uid: u32,
+    /// The file's path, as the kernel names the attached descriptor.
+    pub path: String,
+    /// The filesystem device of the file.
+    pub file_device: DeviceNumber,
+    /// The disk that serves it.
+    pub disk: DeviceNumber,
+    /// Inode number.
+    pub inode: u64,
+    /// File size in bytes.
+    pub file_bytes: u64,
+    /// Granted rate.
+    pub rate: ByteRate,
+    /// Playout buffer.
+    pub buffer: ByteSize,
+    /// Pages per credit step.
+    pub batch_pages: u32,
+    /// ABISS level.
+    pub priority: u8,
+    /// Outlives its connection.
+    pub persistent: bool,
+    /// Where the application is (bytes).
+    pub playout_point: u64,
+    /// Start of the loaded window (the kernel playout point), bytes.
+    pub window_start: u64,
+    /// End of what is loaded or being loaded, bytes.
+    pub loaded_end: u64,
+    /// Bytes of the window in memory (loaded).
+    pub resident_bytes: u64,
+    /// Bytes locked in memory.
+    pub locked_bytes: u64,
+    /// Credit in bytes (negative after a refill charged ahead).
+    pub credit_bytes: i64,
+    /// Tasks seen reading the file recently.
+    pub readers: Vec<ReaderInfo>,
+    /// Reads that had to wait for the disk.
+    pub misses: u64,
+    /// Bytes loaded by the stream's prefetch.
+    pub prefetched_bytes: u64,
+}
+
+/// A task that reads a stream's file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaderInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Command name.
+    pub comm: String,
+}
+
+/// A managed device and its real-time budget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    /// Kernel name (`sda`).
+    pub name: String,
+    /// Its number.
+    pub device: DeviceNumber,
+    /// Elevator now in use.
+    pub elevator: String,
+    /// Driver dispatch depth now in use.
+    pub dispatch_depth: u32,
+    /// Capacity the admission works with.
+    pub capacity: ByteRate,
+    /// Where the capacity figure comes from (configured, or a measured model).
+    pub capacity_source: String,
+    /// Share of the capacity that real-time streams may take, in percent; the rest is kept
+    /// for best-effort traffic.
+    pub realtime_share_percent: u32,
+    /// Sum of the admitted streams' rates.
+    pub reserved: ByteRate,
+    /// What is left for new streams.
+    pub free: ByteRate,
+    /// Streams on the device.
+    pub streams: u32,
 }
 
 /// What the daemon answers.
@@ -90,6 +236,23 @@ pub enum Response {
     Event(RequestRecord),
     /// Answer to [`Request::Stats`].
     Stats(StatsReport),
+    /// Answer to [`Request::Attach`].
+    Attached(StreamInfo),
+    /// Answer to [`Request::Detach`].
+    Detached {
+        /// The stream that ended.
+        stream: u64,
+    },
+    /// Answer to [`Request::List`].
+    Streams {
+        /// The streams.
+        streams: Vec<StreamInfo>,
+    },
+    /// Answer to [`Request::Status`].
+    Devices {
+        /// The managed devices.
+        devices: Vec<DeviceStatus>,
+    },
     /// The request failed; nothing was changed.
     Error {
         /// What kind of failure, for the client's exit code.
@@ -111,6 +274,10 @@ pub enum ErrorKind {
     PermissionDenied,
     /// Something failed inside the daemon.
     Internal,
+    /// Admission control refused: the rate does not fit, or too many streams.
+    Refused,
+    /// No such stream.
+    NotFound,
 }
 
 /// Cumulative latency figures of one (device, operation, priority).

@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::client::DaemonClient;
 use crate::devices;
 use crate::error::CliError;
 use crate::stats;
 use crate::trace::{self, TraceOptions};
+use abiss_client::Client;
 
 /// Guaranteed-rate file streaming and block I/O tracing by priority (ABISS).
 #[derive(Debug, Parser)]
@@ -89,7 +89,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 count,
                 json,
             };
-            let mut client = DaemonClient::connect(&cli.socket)?;
+            let mut client = Client::connect(&cli.socket)?;
             if events {
                 trace::events(&mut client, &options)
             } else {
@@ -97,7 +97,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Stats { interval, json } => {
-            let mut client = DaemonClient::connect(&cli.socket)?;
+            let mut client = Client::connect(&cli.socket)?;
             stats::show(&mut client, interval, json)
         }
     }

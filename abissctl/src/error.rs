@@ -1,39 +1,22 @@
 //! Errors of abissctl, each with its own exit code (the README lists them).
 
-use std::path::PathBuf;
+use abiss_client::ClientError;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// No daemon answers on the socket.
-    #[error("abissd is not running ({reason} at {path}); start it as root with `abissd`, or point ABISS_SOCKET/--socket at its socket")]
-    DaemonNotRunning {
-        /// The socket path tried.
-        path: PathBuf,
-        /// What was found there.
-        reason: &'static str,
-    },
-    /// The socket path is something else.
-    #[error("{path} is not a socket; point ABISS_SOCKET/--socket at abissd's socket")]
-    NotASocket {
-        /// The path.
-        path: PathBuf,
-    },
+    /// Talking to the daemon failed, or the daemon refused.
+    #[error(transparent)]
+    Client(#[from] ClientError),
     /// No such block device.
     #[error("{0}")]
     UnknownDevice(String),
-    /// The daemon or the socket refused this user.
+    /// A file that cannot be streamed, or cannot be opened.
     #[error("{0}")]
-    PermissionDenied(String),
-    /// Client and daemon speak different protocol versions.
+    BadFile(String),
+    /// A command run under `abissctl run` could not be started.
     #[error("{0}")]
-    VersionMismatch(String),
-    /// The daemon refused the request as invalid.
-    #[error("{0}")]
-    Refused(String),
-    /// Anything else (a broken connection, an internal daemon error).
-    #[error("{0}")]
-    Other(String),
+    Command(String),
 }
 
 impl CliError {
@@ -41,13 +24,19 @@ impl CliError {
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Other(_) => 1,
-            Self::DaemonNotRunning { .. } => 3,
-            Self::NotASocket { .. } => 4,
+            Self::Client(error) => match error {
+                ClientError::Broken { .. } | ClientError::Daemon { .. } => 1,
+                ClientError::NotRunning { .. } => 3,
+                ClientError::NotASocket { .. } => 4,
+                ClientError::PermissionDenied { .. } => 6,
+                ClientError::VersionMismatch { .. } => 7,
+                ClientError::BadRequest { .. } => 8,
+                ClientError::Refused { .. } => 9,
+                ClientError::NotFound { .. } => 10,
+            },
             Self::UnknownDevice(_) => 5,
-            Self::PermissionDenied(_) => 6,
-            Self::VersionMismatch(_) => 7,
-            Self::Refused(_) => 8,
+            Self::BadFile(_) => 11,
+            Self::Command(_) => 12,
         }
     }
 }

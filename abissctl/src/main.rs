@@ -4,7 +4,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
-mod client;
 mod devices;
 mod error;
 mod stats;

@@ -3,18 +3,15 @@
 use std::io::Write;
 use std::time::Duration;
 
-use abiss_proto::{Request, Response, StatsReport};
+use abiss_proto::StatsReport;
 
-use crate::client::{unexpected, DaemonClient};
 use crate::error::CliError;
+use abiss_client::Client;
 
 /// Asks the daemon to measure over `window` and prints the report.
-pub fn show(client: &mut DaemonClient, window: Duration, json: bool) -> Result<(), CliError> {
+pub fn show(client: &mut Client, window: Duration, json: bool) -> Result<(), CliError> {
     let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX).max(1);
-    let report = match client.call(Request::Stats { window_ms })? {
-        Response::Stats(report) => report,
-        other => return Err(unexpected(&other)),
-    };
+    let report = client.stats(window_ms)?;
     let mut out = std::io::stdout().lock();
     let written = if json {
         serde_json::to_writer_pretty(&mut out, &report)

@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, Request, RequestRecord, Response};
+use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, RequestRecord};
 use serde::Serialize;
 
-use crate::client::{unexpected, DaemonClient};
 use crate::devices::DeviceNames;
 use crate::error::CliError;
+use abiss_client::Client;
 
 /// What to trace and how to print it.
 #[derive(Debug)]
@@ -27,7 +27,7 @@ pub struct TraceOptions {
 }
 
 /// Prints per-interval histograms until `count` reports are out.
-pub fn histograms(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), CliError> {
+pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
     let mut names = DeviceNames::load();
     let mut previous = snapshot(client, options)?;
     let mut out = std::io::stdout().lock();
@@ -78,15 +78,13 @@ type Snapshot = BTreeMap<
     LatencyGroup,
 >;
 
-fn snapshot(client: &mut DaemonClient, options: &TraceOptions) -> Result<Snapshot, CliError> {
-    match client.call(Request::Latency)? {
-        Response::Latency { groups, .. } => Ok(groups
-            .into_iter()
-            .filter(|group| options.device.is_none_or(|device| device == group.device))
-            .map(|group| (group.key(), group))
-            .collect()),
-        other => Err(unexpected(&other)),
-    }
+fn snapshot(client: &mut Client, options: &TraceOptions) -> Result<Snapshot, CliError> {
+    let (_, groups) = client.latency()?;
+    Ok(groups
+        .into_iter()
+        .filter(|group| options.device.is_none_or(|device| device == group.device))
+        .map(|group| (group.key(), group))
+        .collect())
 }
 
 fn wall_clock() -> String {
@@ -270,9 +268,9 @@ fn write_json(
 }
 
 /// Streams one line per completed request, like biosnoop.
-pub fn events(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), CliError> {
+pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
     let mut names = DeviceNames::load();
-    client.send(Request::Events)?;
+    client.subscribe_events()?;
     let mut out = std::io::stdout().lock();
     if !options.json {
         let _ = writeln!(
@@ -293,10 +291,7 @@ pub fn events(client: &mut DaemonClient, options: &TraceOptions) -> Result<(), C
     let mut first_ns = None;
     let mut shown = 0;
     while options.count.is_none_or(|count| shown < count) {
-        let record = match client.receive()? {
-            Response::Event(record) => record,
-            other => return Err(unexpected(&other)),
-        };
+        let record = client.next_event()?;
         if options.device.is_some_and(|device| device != record.device) {
             continue;
         }

@@ -245,6 +245,7 @@ async fn serve_connection(stream: UnixStream, context: Context) {
                 stream_events(&mut write_half, &context, peer_uid).await;
                 return;
             }
+            _ => error_response(ErrorKind::BadRequest, "streams are not served yet"),
         };
         if !send(&mut write_half, &response).await {
             return;

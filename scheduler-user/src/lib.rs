@@ -10,6 +10,7 @@
 pub mod daemon;
 pub mod device;
 pub mod kernel_layout;
+pub mod policy;
 pub mod preflight;
 pub mod socket;
 pub mod stats;

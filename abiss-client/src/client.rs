@@ -1,0 +1,291 @@
+//! A blocking connection to abissd.
+
+use std::io::{BufRead, BufReader, ErrorKind as IoErrorKind, IoSlice, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::FileTypeExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use abiss_proto::{
+    decode_line, encode_line, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
+    Request, RequestRecord, Response, StatsReport, StreamInfo, StreamTarget, DEFAULT_SOCKET,
+    SOCKET_ENV,
+};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+
+/// Failures talking to the daemon. Each is one sentence that says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No daemon answers on the socket.
+    #[error("abissd is not running ({reason} at {}); start it as root with `abissd`, or point ABISS_SOCKET/--socket at its socket", path.display())]
+    NotRunning {
+        /// The socket path tried.
+        path: PathBuf,
+        /// What was found there.
+        reason: &'static str,
+    },
+    /// The socket path is something else.
+    #[error("{} is not a socket; point ABISS_SOCKET/--socket at abissd's socket", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The socket or the daemon refused this user.
+    #[error("{message}")]
+    PermissionDenied {
+        /// The daemon's or the system's sentence.
+        message: String,
+    },
+    /// The daemon refused the request as invalid.
+    #[error("{message}")]
+    BadRequest {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// Admission control refused.
+    #[error("{message}")]
+    Refused {
+        /// The daemon's sentence, with the figures.
+        message: String,
+    },
+    /// No such stream.
+    #[error("{message}")]
+    NotFound {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// Client and daemon speak different protocol versions.
+    #[error("{message}")]
+    VersionMismatch {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// The daemon failed internally.
+    #[error("abissd failed: {message}")]
+    Daemon {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// The connection broke or the daemon answered nonsense.
+    #[error("the connection to abissd on {} broke: {message}", path.display())]
+    Broken {
+        /// The socket path.
+        path: PathBuf,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// One connection to the daemon. Requests are answered in order.
+#[derive(Debug)]
+pub struct Client {
+    path: PathBuf,
+    writer: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Client {
+    /// The socket from `ABISS_SOCKET`, else the default path.
+    #[must_use]
+    pub fn default_socket() -> PathBuf {
+        std::env::var_os(SOCKET_ENV).map_or_else(|| PathBuf::from(DEFAULT_SOCKET), PathBuf::from)
+    }
+
+    /// Connects to the daemon at [`Client::default_socket`].
+    pub fn connect_default() -> Result<Self, ClientError> {
+        Self::connect(&Self::default_socket())
+    }
+
+    /// Connects to the daemon's socket at `path`.
+    pub fn connect(path: &Path) -> Result<Self, ClientError> {
+        match std::fs::metadata(path) {
+            Err(error) if error.kind() == IoErrorKind::NotFound => {
+                return Err(ClientError::NotRunning {
+                    path: path.to_path_buf(),
+                    reason: "no socket",
+                })
+            }
+            Ok(meta) if !meta.file_type().is_socket() => {
+                return Err(ClientError::NotASocket {
+                    path: path.to_path_buf(),
+                })
+            }
+            _ => {}
+        }
+        let stream = UnixStream::connect(path).map_err(|error| match error.kind() {
+            IoErrorKind::ConnectionRefused | IoErrorKind::NotFound => ClientError::NotRunning {
+                path: path.to_path_buf(),
+                reason: "nobody answers",
+            },
+            IoErrorKind::PermissionDenied => ClientError::PermissionDenied {
+                message: format!(
+                    "this user may not connect to {}; ask an administrator for access",
+                    path.display()
+                ),
+            },
+            _ => ClientError::Broken {
+                path: path.to_path_buf(),
+                message: error.to_string(),
+            },
+        })?;
+        let reader = BufReader::new(stream.try_clone().map_err(|error| ClientError::Broken {
+            path: path.to_path_buf(),
+            message: error.to_string(),
+        })?);
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer: stream,
+            reader,
+        })
+    }
+
+    fn broken(&self, message: impl Into<String>) -> ClientError {
+        ClientError::Broken {
+            path: self.path.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn line(&self, request: Request) -> Result<Vec<u8>, ClientError> {
+        encode_line(&Envelope::new(request)).map_err(|error| self.broken(error.to_string()))
+    }
+
+    /// Sends a request without waiting for an answer.
+    pub fn send(&mut self, request: Request) -> Result<(), ClientError> {
+        let line = self.line(request)?;
+        self.writer
+            .write_all(&line)
+            .map_err(|error| self.broken(error.to_string()))
+    }
+
+    /// Sends a request with a file descriptor attached (`SCM_RIGHTS`), in one message so the
+    /// daemon receives the descriptor with the request's first byte.
+    pub fn send_with_fd(&mut self, request: Request, fd: impl AsFd) -> Result<(), ClientError> {
+        let line = self.line(request)?;
+        let fds = [fd.as_fd().as_raw_fd()];
+        let control = [ControlMessage::ScmRights(&fds)];
+        let mut sent = sendmsg::<UnixAddr>(
+            self.writer.as_raw_fd(),
+            &[IoSlice::new(&line)],
+            &control,
+            MsgFlags::empty(),
+            None,
+        )
+        .map_err(|error| self.broken(error.to_string()))?;
+        if sent < line.len() {
+            // The descriptor went with the first part; the rest is plain bytes.
+            self.writer
+                .write_all(&line[sent..])
+                .map_err(|error| self.broken(error.to_string()))?;
+            sent = line.len();
+        }
+        debug_assert_eq!(sent, line.len());
+        Ok(())
+    }
+
+    /// Reads the next answer; daemon errors become [`ClientError`]s.
+    pub fn receive(&mut self) -> Result<Response, ClientError> {
+        let mut line = Vec::new();
+        let read = self
+            .reader
+            .read_until(b'\n', &mut line)
+            .map_err(|error| self.broken(error.to_string()))?;
+        if read == 0 {
+            return Err(self.broken("abissd closed the connection (did it stop?)"));
+        }
+        let response: Response =
+            decode_line(&line).map_err(|error| self.broken(format!("abissd sent {error}")))?;
+        match response {
+            Response::Error { error, message } => Err(match error {
+                ErrorKind::BadRequest => ClientError::BadRequest { message },
+                ErrorKind::VersionMismatch => ClientError::VersionMismatch { message },
+                ErrorKind::PermissionDenied => ClientError::PermissionDenied { message },
+                ErrorKind::Refused => ClientError::Refused { message },
+                ErrorKind::NotFound => ClientError::NotFound { message },
+                ErrorKind::Internal => ClientError::Daemon { message },
+            }),
+            other => Ok(other),
+        }
+    }
+
+    /// Sends a request and waits for its answer.
+    pub fn call(&mut self, request: Request) -> Result<Response, ClientError> {
+        self.send(request)?;
+        self.receive()
+    }
+
+    fn unexpected(&self, response: &Response) -> ClientError {
+        self.broken(format!("unexpected answer {response:?}"))
+    }
+
+    /// Attaches the open file `file` as a stream.
+    pub fn attach(
+        &mut self,
+        file: impl AsFd,
+        request: AttachRequest,
+    ) -> Result<StreamInfo, ClientError> {
+        self.send_with_fd(Request::Attach(request), file)?;
+        match self.receive()? {
+            Response::Attached(info) => Ok(info),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Ends a stream.
+    pub fn detach(&mut self, target: StreamTarget) -> Result<u64, ClientError> {
+        match self.call(Request::Detach { target })? {
+            Response::Detached { stream } => Ok(stream),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Tells the daemon the application's playout point (no answer is awaited).
+    pub fn position(&mut self, stream: u64, offset: u64) -> Result<(), ClientError> {
+        self.send(Request::Position { stream, offset })
+    }
+
+    /// The streams this user may see.
+    pub fn list(&mut self) -> Result<Vec<StreamInfo>, ClientError> {
+        match self.call(Request::List)? {
+            Response::Streams { streams } => Ok(streams),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// The cumulative latency histograms: (monotonic time of the snapshot in ns, groups).
+    pub fn latency(&mut self) -> Result<(u64, Vec<LatencyGroup>), ClientError> {
+        match self.call(Request::Latency)? {
+            Response::Latency { taken_ns, groups } => Ok((taken_ns, groups)),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// eBPF and daemon cost measured over `window_ms`.
+    pub fn stats(&mut self, window_ms: u64) -> Result<StatsReport, ClientError> {
+        match self.call(Request::Stats { window_ms })? {
+            Response::Stats(report) => Ok(report),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Starts streaming per-request events; read them with [`Client::next_event`].
+    pub fn subscribe_events(&mut self) -> Result<(), ClientError> {
+        self.send(Request::Events)
+    }
+
+    /// The next per-request event after [`Client::subscribe_events`].
+    pub fn next_event(&mut self) -> Result<RequestRecord, ClientError> {
+        match self.receive()? {
+            Response::Event(record) => Ok(record),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// The managed devices.
+    pub fn status(&mut self) -> Result<Vec<DeviceStatus>, ClientError> {
+        match self.call(Request::Status)? {
+            Response::Devices { devices } => Ok(devices),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+}

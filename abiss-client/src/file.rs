@@ -1,0 +1,144 @@
+//! A file read at a guaranteed byterate.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::Path;
+
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_LEVEL};
+
+use crate::client::{Client, ClientError};
+
+/// How a file is streamed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Guaranteed byterate.
+    pub rate: ByteRate,
+    /// Playout buffer (the application's buffer in the ABISS slides, `app_buffer`).
+    pub buffer: ByteSize,
+    /// Pages per credit step.
+    pub batch_pages: u32,
+    /// ABISS level, 0 (real time) to 7.
+    pub priority: u8,
+}
+
+impl StreamOptions {
+    /// A real-time stream at `rate` with a `buffer` playout buffer and 20-page batches.
+    #[must_use]
+    pub fn new(rate: ByteRate, buffer: ByteSize) -> Self {
+        Self {
+            rate,
+            buffer,
+            batch_pages: 20,
+            priority: DEFAULT_LEVEL,
+        }
+    }
+}
+
+/// A file attached to abissd for the lifetime of this value. Reads come from the page cache,
+/// where the daemon keeps the playout buffer loaded ahead of the position; every read and seek
+/// tells the daemon the new playout point. Dropping it detaches the stream.
+#[derive(Debug)]
+pub struct AbissFile {
+    file: File,
+    client: Client,
+    stream: StreamInfo,
+    position: u64,
+}
+
+impl AbissFile {
+    /// Opens `path` for reading and attaches it through the daemon at the default socket.
+    pub fn open(path: impl AsRef<Path>, options: &StreamOptions) -> Result<Self, ClientError> {
+        Self::open_with(Client::connect_default()?, path, options)
+    }
+
+    /// Opens `path` for reading and attaches it through `client`.
+    pub fn open_with(
+        mut client: Client,
+        path: impl AsRef<Path>,
+        options: &StreamOptions,
+    ) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        let file = File::open(path).map_err(|error| ClientError::BadRequest {
+            message: format!("cannot open {}: {error}", path.display()),
+        })?;
+        let stream = client.attach(
+            &file,
+            AttachRequest {
+                rate: options.rate,
+                buffer: options.buffer,
+                batch_pages: options.batch_pages,
+                priority: options.priority,
+                persistent: false,
+            },
+        )?;
+        Ok(Self {
+            file,
+            client,
+            stream,
+            position: 0,
+        })
+    }
+
+    /// The stream as the daemon granted it.
+    #[must_use]
+    pub fn stream(&self) -> &StreamInfo {
+        &self.stream
+    }
+
+    /// The stream's id.
+    #[must_use]
+    pub fn stream_id(&self) -> u64 {
+        self.stream.id
+    }
+
+    /// Tells the daemon the playout point explicitly (the slides' "position" message); reads
+    /// and seeks do this on their own.
+    pub fn set_playout_point(&mut self, offset: u64) -> io::Result<()> {
+        self.client
+            .position(self.stream.id, offset)
+            .map_err(io::Error::other)
+    }
+
+    /// Ends the stream now and returns the file.
+    pub fn detach(mut self) -> Result<File, ClientError> {
+        self.client.detach(StreamTarget::Id(self.stream.id))?;
+        // The stream is gone: Drop must not detach again.
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|error| ClientError::BadRequest {
+                message: format!("cannot keep the file: {error}"),
+            })?;
+        self.stream.id = 0;
+        Ok(file)
+    }
+}
+
+impl Read for AbissFile {
+    fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
+        let read = self.file.read(buffer)?;
+        self.position += read as u64;
+        if read > 0 {
+            self.set_playout_point(self.position)?;
+        }
+        Ok(read)
+    }
+}
+
+impl Seek for AbissFile {
+    fn seek(&mut self, target: SeekFrom) -> io::Result<u64> {
+        self.position = self.file.seek(target)?;
+        self.set_playout_point(self.position)?;
+        Ok(self.position)
+    }
+}
+
+impl Drop for AbissFile {
+    fn drop(&mut self) {
+        if self.stream.id != 0 {
+            // The daemon also ends a non-persistent stream when the connection closes; an
+            // explicit detach makes it immediate.
+            let _ = self.client.detach(StreamTarget::Id(self.stream.id));
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Client library of abiss.
+//!
+//! [`Client`] is a blocking connection to `abissd`. [`AbissFile`] is the application API after
+//! the ABISS slides' `abiss_fopen`/`abiss_fread`: it opens a file, attaches it with a byterate
+//! and a playout buffer, and implements [`Read`] and [`Seek`], telling the daemon its playout
+//! point as it goes so the daemon keeps the next buffer's worth of data in memory.
+//!
+//! The file is opened by the caller's process and its descriptor is passed to the daemon
+//! (`SCM_RIGHTS`): the daemon never opens a path on a client's behalf.
+#![deny(missing_docs)]
+
+mod client;
+mod file;
+
+pub use client::{Client, ClientError};
+pub use file::{AbissFile, StreamOptions};

@@ -1,0 +1,111 @@
+//! The credit timer: a token bucket that meters a stream's window movement at its granted rate.
+//!
+//! After the ABISS slides ("Rate control"): credit accrues at rate R up to a credit limit, and
+//! every byte the stream loads costs a byte of credit: window movement, the initial fill and the
+//! refill after a seek alike. So whatever the reader does, a stream loads at most
+//! `limit + R × t` bytes in `t` seconds. The bucket starts full, so the first fill is immediate.
+
+/// Nanoseconds per second.
+const NS: i128 = 1_000_000_000;
+
+/// A token bucket in bytes, exact to the nanosecond (credit is kept in byte-nanoseconds, so
+/// no rounding accumulates however often it is read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreditTimer {
+    rate_bps: u64,
+    /// Credit in bytes × 10⁹.
+    scaled: i128,
+    limit_scaled: i128,
+    last_ns: u64,
+}
+
+impl CreditTimer {
+    /// A full timer at `rate_bps` that holds at most `limit_bytes` of credit.
+    #[must_use]
+    pub fn new(rate_bps: u64, limit_bytes: u64, now_ns: u64) -> Self {
+        let limit_scaled = i128::from(limit_bytes) * NS;
+        Self {
+            rate_bps,
+            scaled: limit_scaled,
+            limit_scaled,
+            last_ns: now_ns,
+        }
+    }
+
+    /// Adds the credit earned since the last call.
+    pub fn accrue(&mut self, now_ns: u64) {
+        let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));
+        self.last_ns = self.last_ns.max(now_ns);
+        self.scaled = (self.scaled + elapsed * i128::from(self.rate_bps)).min(self.limit_scaled);
+    }
+
+    /// Whole bytes of credit now.
+    #[must_use]
+    pub fn credit_bytes(&self) -> u64 {
+        u64::try_from(self.scaled / NS).unwrap_or(0)
+    }
+
+    /// Spends `bytes` if the credit covers them.
+    pub fn try_spend(&mut self, bytes: u64) -> bool {
+        let cost = i128::from(bytes) * NS;
+        if self.scaled >= cost {
+            self.scaled -= cost;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Nanoseconds from the last accrual until the credit covers `bytes` (0 if it does).
+    #[must_use]
+    pub fn ns_until(&self, bytes: u64) -> u64 {
+        let missing = i128::from(bytes) * NS - self.scaled;
+        if missing <= 0 || self.rate_bps == 0 {
+            return 0;
+        }
+        let rate = i128::from(self.rate_bps);
+        u64::try_from((missing + rate - 1) / rate).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn credit_accrues_at_the_rate_up_to_the_limit() {
+        let mut timer = CreditTimer::new(1_000_000, 200_000, 0);
+        assert_eq!(timer.credit_bytes(), 200_000, "starts full");
+        assert!(timer.try_spend(200_000));
+        timer.accrue(100_000_000); // 0.1 s
+        assert_eq!(timer.credit_bytes(), 100_000);
+        timer.accrue(10_000_000_000);
+        assert_eq!(timer.credit_bytes(), 200_000, "capped at the limit");
+        assert!(timer.try_spend(150_000));
+        assert!(!timer.try_spend(150_000));
+        assert_eq!(timer.ns_until(150_000), 100_000_000);
+    }
+
+    proptest! {
+        /// Whatever the pattern of accruals, spending never exceeds rate × time + limit.
+        #[test]
+        fn spending_is_bounded_by_rate_and_limit(
+            rate in 1u64..10_000_000,
+            limit in 0u64..1_000_000,
+            steps in proptest::collection::vec((0u64..50_000_000, 1u64..200_000), 1..200),
+        ) {
+            let mut timer = CreditTimer::new(rate, limit, 0);
+            let (mut now, mut spent) = (0u64, 0u128);
+            for (dt, want) in steps {
+                now += dt;
+                timer.accrue(now);
+                if timer.try_spend(want) {
+                    spent += u128::from(want);
+                }
+            }
+            let allowed = u128::from(rate) * u128::from(now) / 1_000_000_000 + u128::from(limit);
+            prop_assert!(spent <= allowed, "spent {} > allowed {}", spent, allowed);
+        }
+    }
+}

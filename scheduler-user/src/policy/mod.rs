@@ -1,0 +1,7 @@
+//! Policy: pure decisions with no I/O. Fed events and time, they answer what to load, lock,
+//! release and admit; the daemon carries the decisions out. Unit and property tests pin them.
+
+pub mod admission;
+pub mod credit;
+pub mod playout;
+pub mod priority;

@@ -1,0 +1,518 @@
+//! The playout buffer of one stream: which byte ranges to load, keep locked and release.
+//!
+//! After the ABISS slides ("Playout buffer", "Credit & moving playout point"): the application
+//! playout point is where the reader is; the window `[window_start, window_start + B)` ahead of
+//! it is kept loaded and locked. The window follows the reader in batch steps and releases what
+//! falls behind; loading what enters it costs credit from the stream's [`CreditTimer`], so the
+//! loads follow no faster than the granted rate ("delayed movement"). A jump of the playout
+//! point out of the window is a seek: pending loads are cancelled, the old window is released
+//! and the new one is filled from the new point.
+//!
+//! Locked memory never exceeds B plus one batch: at most B is requested ahead of the window
+//! start, and the window only moves forward a batch at a time.
+
+use std::ops::Range;
+
+use super::credit::CreditTimer;
+
+/// Bytes per page: the unit of loading and locking.
+pub const PAGE: u64 = 4096;
+
+fn page_floor(offset: u64) -> u64 {
+    offset / PAGE * PAGE
+}
+
+fn page_ceil(offset: u64) -> u64 {
+    offset.div_ceil(PAGE) * PAGE
+}
+
+/// Shape of a stream's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlayoutShape {
+    /// File size in bytes.
+    pub file_bytes: u64,
+    /// Playout buffer B in bytes (rounded up to pages).
+    pub buffer_bytes: u64,
+    /// Batch in bytes (pages × page size).
+    pub batch_bytes: u64,
+    /// Granted rate.
+    pub rate_bps: u64,
+    /// Credit limit in bytes.
+    pub credit_limit_bytes: u64,
+}
+
+/// What the daemon has to do for a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WindowAction {
+    /// Read these bytes into the page cache at the stream's priority, then lock them.
+    Load {
+        /// Page-aligned byte range.
+        range: Range<u64>,
+        /// Seek generation the load belongs to.
+        generation: u32,
+    },
+    /// Unlock these bytes: they fell behind the playout point or out of the window.
+    Release {
+        /// Page-aligned byte range.
+        range: Range<u64>,
+    },
+    /// Cancel every load of this generation still in flight: a seek made them stale.
+    CancelGeneration(u32),
+}
+
+/// The window state machine of one stream.
+#[derive(Clone, Debug)]
+pub struct PlayoutBuffer {
+    shape: PlayoutShape,
+    credit: CreditTimer,
+    app_point: u64,
+    window_start: u64,
+    /// Loads have been issued for `[window_start, requested_end)`.
+    requested_end: u64,
+    /// Completed loads of this generation that are locked, sorted and disjoint.
+    locked: Vec<Range<u64>>,
+    generation: u32,
+    prefetched_bytes: u64,
+    seeks: u64,
+}
+
+impl PlayoutBuffer {
+    /// A stream at the start of its file; returns the initial fill.
+    #[must_use]
+    pub fn new(shape: PlayoutShape, now_ns: u64) -> (Self, Vec<WindowAction>) {
+        let shape = PlayoutShape {
+            buffer_bytes: page_ceil(shape.buffer_bytes.max(PAGE)),
+            batch_bytes: page_ceil(shape.batch_bytes.max(PAGE)),
+            ..shape
+        };
+        let mut buffer = Self {
+            shape,
+            credit: CreditTimer::new(shape.rate_bps, shape.credit_limit_bytes, now_ns),
+            app_point: 0,
+            window_start: 0,
+            requested_end: 0,
+            locked: Vec::new(),
+            generation: 0,
+            prefetched_bytes: 0,
+            seeks: 0,
+        };
+        let mut actions = Vec::new();
+        buffer.fill(now_ns, &mut actions);
+        (buffer, actions)
+    }
+
+    fn file_end(&self) -> u64 {
+        page_ceil(self.shape.file_bytes)
+    }
+
+    fn target_end(&self) -> u64 {
+        (self.window_start + self.shape.buffer_bytes).min(self.file_end())
+    }
+
+    /// Issues loads for what the window lacks, as far as the credit allows.
+    fn fill(&mut self, now_ns: u64, actions: &mut Vec<WindowAction>) {
+        self.credit.accrue(now_ns);
+        self.requested_end = self.requested_end.max(self.window_start);
+        while self.requested_end < self.target_end() {
+            let chunk = self
+                .shape
+                .batch_bytes
+                .min(self.target_end() - self.requested_end);
+            if !self.credit.try_spend(chunk) {
+                break;
+            }
+            actions.push(WindowAction::Load {
+                range: self.requested_end..self.requested_end + chunk,
+                generation: self.generation,
+            });
+            self.requested_end += chunk;
+            self.prefetched_bytes += chunk;
+        }
+    }
+
+    /// Releases locked pages below `limit`.
+    fn release_below(&mut self, limit: u64, actions: &mut Vec<WindowAction>) {
+        let mut kept = Vec::with_capacity(self.locked.len());
+        for range in self.locked.drain(..) {
+            if range.end <= limit {
+                actions.push(WindowAction::Release { range });
+            } else if range.start < limit {
+                actions.push(WindowAction::Release {
+                    range: range.start..limit,
+                });
+                kept.push(limit..range.end);
+            } else {
+                kept.push(range);
+            }
+        }
+        self.locked = kept;
+    }
+
+    /// Whether `offset` is outside what continuous reading can reach from the window.
+    fn is_jump(&self, offset: u64) -> bool {
+        offset < self.window_start
+            || offset >= self.window_start + self.shape.buffer_bytes + self.shape.batch_bytes
+    }
+
+    /// Moves the window to a new point: cancel, release, refill.
+    fn seek(&mut self, offset: u64, now_ns: u64, actions: &mut Vec<WindowAction>) {
+        actions.push(WindowAction::CancelGeneration(self.generation));
+        self.release_below(u64::MAX, actions);
+        self.generation = self.generation.wrapping_add(1);
+        self.window_start = page_floor(offset.min(self.file_end()));
+        self.requested_end = self.window_start;
+        self.app_point = offset;
+        self.seeks += 1;
+        self.fill(now_ns, actions);
+    }
+
+    /// Moves the window behind the reader in batch steps, releasing what it leaves.
+    fn follow(&mut self, actions: &mut Vec<WindowAction>) {
+        let before = self.window_start;
+        while self.app_point >= self.window_start + self.shape.batch_bytes
+            && self.window_start + self.shape.batch_bytes <= self.file_end()
+        {
+            self.window_start += self.shape.batch_bytes;
+        }
+        if self.window_start > before {
+            self.release_below(self.window_start, actions);
+        }
+    }
+
+    /// The application is at `offset` (an explicit position message).
+    pub fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        if self.is_jump(offset) {
+            self.seek(offset, now_ns, &mut actions);
+        } else {
+            self.app_point = offset;
+            self.follow(&mut actions);
+            self.fill(now_ns, &mut actions);
+        }
+        actions
+    }
+
+    /// The application read `range` (inferred from the page cache): a read that starts out of
+    /// the window is a seek; otherwise the playout point becomes the end of the read.
+    pub fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        if self.is_jump(range.start) {
+            self.seek(range.start, now_ns, &mut actions);
+        }
+        let end = range.end.min(self.shape.file_bytes);
+        if end > self.app_point {
+            self.app_point = end;
+            self.follow(&mut actions);
+        }
+        self.fill(now_ns, &mut actions);
+        actions
+    }
+
+    /// Time passed: credit accrued, so more of the window may be loaded.
+    pub fn on_tick(&mut self, now_ns: u64) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        self.fill(now_ns, &mut actions);
+        actions
+    }
+
+    /// A load finished and its pages are locked. Pages that are no longer in the window (the
+    /// reader moved on, or a seek made the load stale) are released at once.
+    pub fn on_loaded(&mut self, range: Range<u64>, generation: u32) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        if generation != self.generation {
+            actions.push(WindowAction::Release { range });
+            return actions;
+        }
+        let keep = range.start.max(self.window_start)..range.end.min(self.requested_end);
+        if keep.start >= keep.end {
+            actions.push(WindowAction::Release { range });
+            return actions;
+        }
+        if range.start < keep.start {
+            actions.push(WindowAction::Release {
+                range: range.start..keep.start,
+            });
+        }
+        if keep.end < range.end {
+            actions.push(WindowAction::Release {
+                range: keep.end..range.end,
+            });
+        }
+        self.insert_locked(keep);
+        actions
+    }
+
+    /// A load failed: its part of the window will be asked for again on the next fill.
+    pub fn on_failed(&mut self, range: &Range<u64>, generation: u32) {
+        if generation == self.generation
+            && range.start < self.requested_end
+            && range.start >= self.window_start
+        {
+            // Re-request from the failed range on; later loads stay issued and will complete.
+            self.requested_end = range.start;
+        }
+    }
+
+    fn insert_locked(&mut self, range: Range<u64>) {
+        let at = self.locked.partition_point(|r| r.start < range.start);
+        self.locked.insert(at, range);
+        // Merge neighbours so the list stays short (one entry for a contiguous window).
+        let mut merged: Vec<Range<u64>> = Vec::with_capacity(self.locked.len());
+        for range in self.locked.drain(..) {
+            match merged.last_mut() {
+                Some(last) if last.end >= range.start => last.end = last.end.max(range.end),
+                _ => merged.push(range),
+            }
+        }
+        self.locked = merged;
+    }
+
+    /// Bytes loaded and locked now.
+    #[must_use]
+    pub fn locked_bytes(&self) -> u64 {
+        self.locked.iter().map(|r| r.end - r.start).sum()
+    }
+
+    /// The application's playout point.
+    #[must_use]
+    pub fn app_point(&self) -> u64 {
+        self.app_point
+    }
+
+    /// The window's start (the kernel playout point).
+    #[must_use]
+    pub fn window_start(&self) -> u64 {
+        self.window_start
+    }
+
+    /// End of what is loaded or being loaded.
+    #[must_use]
+    pub fn requested_end(&self) -> u64 {
+        self.requested_end
+    }
+
+    /// Current credit in bytes.
+    #[must_use]
+    pub fn credit_bytes(&self) -> u64 {
+        self.credit.credit_bytes()
+    }
+
+    /// Bytes requested by this stream's prefetch so far.
+    #[must_use]
+    pub fn prefetched_bytes(&self) -> u64 {
+        self.prefetched_bytes
+    }
+
+    /// Seeks seen so far.
+    #[must_use]
+    pub fn seeks(&self) -> u64 {
+        self.seeks
+    }
+
+    /// The current seek generation.
+    #[must_use]
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Whether `offset` is loaded and locked.
+    #[must_use]
+    pub fn is_resident(&self, offset: u64) -> bool {
+        self.locked.iter().any(|r| r.contains(&offset))
+    }
+
+    /// Nanoseconds until the credit allows the next load the window lacks, if it lacks any.
+    #[must_use]
+    pub fn ns_until_next_load(&self) -> Option<u64> {
+        let lacking = self
+            .target_end()
+            .saturating_sub(self.requested_end.max(self.window_start));
+        (lacking > 0).then(|| self.credit.ns_until(self.shape.batch_bytes.min(lacking)))
+    }
+
+    /// Every range still locked (to release when the stream ends).
+    #[must_use]
+    pub fn locked_ranges(&self) -> &[Range<u64>] {
+        &self.locked
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MB: u64 = 1_000_000;
+    const B: u64 = 564 * 1024;
+    const BATCH: u64 = 20 * PAGE;
+
+    fn shape(file_bytes: u64) -> PlayoutShape {
+        PlayoutShape {
+            file_bytes,
+            buffer_bytes: B,
+            batch_bytes: BATCH,
+            rate_bps: MB,
+            credit_limit_bytes: 2 * B,
+        }
+    }
+
+    /// Completes every load at once, as an infinitely fast disk would.
+    fn complete(buffer: &mut PlayoutBuffer, actions: &[WindowAction]) -> Vec<WindowAction> {
+        let mut follow_up = Vec::new();
+        for action in actions {
+            if let WindowAction::Load { range, generation } = action {
+                follow_up.extend(buffer.on_loaded(range.clone(), *generation));
+            }
+        }
+        follow_up
+    }
+
+    fn loaded(actions: &[WindowAction]) -> u64 {
+        actions
+            .iter()
+            .map(|a| match a {
+                WindowAction::Load { range, .. } => range.end - range.start,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn the_initial_fill_loads_the_whole_buffer_in_batches() {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        assert_eq!(loaded(&actions), B);
+        assert!(actions.iter().all(
+            |a| matches!(a, WindowAction::Load { range, .. } if range.end - range.start <= BATCH)
+        ));
+        complete(&mut buffer, &actions);
+        assert_eq!(buffer.locked_bytes(), B);
+        assert!(buffer.is_resident(0) && buffer.is_resident(B - 1) && !buffer.is_resident(B));
+    }
+
+    #[test]
+    fn a_reader_at_the_rate_always_finds_the_next_buffer_loaded() {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        complete(&mut buffer, &actions);
+        let read = 64 * 1024;
+        let period_ns = read * 1_000_000_000 / MB;
+        for i in 1..1000u64 {
+            let now = i * period_ns;
+            let actions = buffer.on_tick(now);
+            complete(&mut buffer, &actions);
+            // Everything up to the end of the next read is resident before the read is made.
+            assert!(
+                buffer.is_resident(i * read + read - 1),
+                "read {i} would miss"
+            );
+            let actions = buffer.on_position(i * read + read, now);
+            complete(&mut buffer, &actions);
+            assert!(buffer.locked_bytes() <= B + BATCH);
+        }
+    }
+
+    #[test]
+    fn a_reader_at_four_times_the_rate_gets_no_more_than_the_rate() {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        complete(&mut buffer, &actions);
+        let read = 64 * 1024;
+        let period_ns = read * 1_000_000_000 / (4 * MB);
+        let mut now = 0;
+        for i in 1..400u64 {
+            now = i * period_ns;
+            let actions = buffer.on_position(i * read, now);
+            complete(&mut buffer, &actions);
+        }
+        let allowed = 2 * B + MB * now / 1_000_000_000 + BATCH;
+        assert!(
+            buffer.prefetched_bytes() <= allowed,
+            "{} > {allowed}",
+            buffer.prefetched_bytes()
+        );
+        assert_eq!(buffer.seeks(), 0, "reading ahead is not seeking");
+    }
+
+    #[test]
+    fn a_seek_cancels_releases_and_refills_from_the_new_point() {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        complete(&mut buffer, &actions);
+        let target = 50 * MB + 123;
+        let actions = buffer.on_position(target, 1_000_000_000);
+        assert_eq!(actions.first(), Some(&WindowAction::CancelGeneration(0)));
+        assert!(actions.contains(&WindowAction::Release { range: 0..B }));
+        assert_eq!(buffer.window_start(), page_floor(target));
+        // A completion of the old generation arriving late is released, not kept.
+        assert_eq!(
+            buffer.on_loaded(0..BATCH, 0),
+            vec![WindowAction::Release { range: 0..BATCH }]
+        );
+        complete(&mut buffer, &actions);
+        assert!(buffer.is_resident(target) && buffer.is_resident(page_floor(target) + B - 1));
+        assert_eq!(buffer.seeks(), 1);
+    }
+
+    #[test]
+    fn nothing_is_loaded_past_the_end_of_the_file() {
+        let file = 300 * 1024 + 17;
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+        assert_eq!(loaded(&actions), page_ceil(file));
+        complete(&mut buffer, &actions);
+        let actions = buffer.on_position(file, 10_000_000_000);
+        assert_eq!(loaded(&actions), 0);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Tick(u64),
+        Read(u64),
+        Seek(u64),
+        CompleteOldest,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (1u64..200_000_000).prop_map(Event::Tick),
+            (1u64..300_000).prop_map(Event::Read),
+            (0u64..105 * MB).prop_map(Event::Seek),
+            Just(Event::CompleteOldest),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the reader and the disk do: locked memory stays within B plus a batch, the
+        /// prefetch stays within the credit limit plus rate × time, and everything locked is
+        /// in the window.
+        #[test]
+        fn invariants_hold_for_any_event_sequence(events in proptest::collection::vec(event(), 1..300)) {
+            let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+            let mut pending: std::collections::VecDeque<(Range<u64>, u32)> = actions
+                .iter()
+                .filter_map(|a| match a { WindowAction::Load { range, generation } => Some((range.clone(), *generation)), _ => None })
+                .collect();
+            let mut now = 0;
+            let mut position = 0u64;
+            for event in events {
+                let actions = match event {
+                    Event::Tick(dt) => { now += dt; buffer.on_tick(now) }
+                    Event::Read(len) => { position += len; buffer.on_read(position - len..position, now) }
+                    Event::Seek(to) => { position = to; buffer.on_position(to, now) }
+                    Event::CompleteOldest => match pending.pop_front() {
+                        Some((range, generation)) => buffer.on_loaded(range, generation),
+                        None => Vec::new(),
+                    },
+                };
+                for action in actions {
+                    if let WindowAction::Load { range, generation } = action {
+                        pending.push_back((range, generation));
+                    }
+                }
+                prop_assert!(buffer.locked_bytes() <= B + BATCH);
+                for range in buffer.locked_ranges() {
+                    prop_assert!(range.start >= buffer.window_start());
+                    prop_assert!(range.end <= buffer.requested_end());
+                }
+                let allowed = 2 * B + u128::from(MB) as u64 * now / 1_000_000_000;
+                prop_assert!(buffer.prefetched_bytes() <= allowed);
+            }
+        }
+    }
+}
