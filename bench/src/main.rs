@@ -1,5 +1,27 @@
-//! `abiss-bench`: benchmarks on the lab's emulated disks (run through `cargo xtask bench`).
-fn main() {
-    eprintln!("abiss-bench: not written yet");
-    std::process::exit(1);
+//! `abiss-bench`: benchmarks on the lab's emulated disks, run through `cargo xtask bench
+//! reference|sweep` (which builds this and abiss-lab in release mode and sets
+//! `ABISS_LAB_BIN`). Needs root.
+
+use abiss_bench::{interrupt, reference, sweep};
+use clap::Parser;
+
+/// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
+#[derive(Debug, Parser)]
+#[command(version)]
+enum Command {
+    /// The ABISS slides' reference measurement: 4 readers at 1 MB/s against a copy loop,
+    /// per configuration (reference.json, .md, .svg).
+    Reference(reference::ReferenceArgs),
+    /// Saturation sweep: more 1 MB/s readers under the same copy load until deadlines are
+    /// missed, per configuration (sweep.json, .md, .svg).
+    Sweep(sweep::SweepArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let command = Command::parse();
+    interrupt::install()?;
+    match command {
+        Command::Reference(args) => reference::run(&args),
+        Command::Sweep(args) => sweep::run(&args),
+    }
 }

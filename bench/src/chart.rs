@@ -1,0 +1,244 @@
+//! SVG charts of the results (plotters): latency percentile curves per configuration, and
+//! deadline misses against the number of streams.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::latency::PercentilePoint;
+
+const SIZE: (u32, u32) = (960, 600);
+
+/// One configuration's percentile curve.
+#[derive(Debug)]
+pub struct LatencySeries<'a> {
+    /// The configuration's name.
+    pub name: &'a str,
+    /// Its curve.
+    pub curve: &'a [PercentilePoint],
+}
+
+/// The label of a position on the "nines" axis: 0 %, 90 %, 99 %, 99.9 %, …; nothing between.
+#[must_use]
+pub fn nines_label(nines: f64) -> String {
+    let rounded = nines.round();
+    if (nines - rounded).abs() > 1e-6 || rounded < 0.0 {
+        return String::new();
+    }
+    if rounded == 0.0 {
+        return "0%".to_owned();
+    }
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a small whole number of nines"
+    )]
+    let decimals = (rounded as usize).saturating_sub(2);
+    format!("{:.*}%", decimals, 100.0 * (1.0 - 10f64.powf(-rounded)))
+}
+
+/// Enough labels on a nines axis reaching `max_nines` for every whole position to get one.
+fn axis_labels(max_nines: f64) -> usize {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a small whole number of nines"
+    )]
+    let whole = max_nines.max(0.0) as usize;
+    (whole + 1) * 2
+}
+
+/// Latency (log scale) against percentile (on a "nines" axis, so the tail gets as much room
+/// as the body), one line per configuration, with the deadline slack B/R as a reference
+/// line: a read issued on time that takes longer misses.
+pub fn latency_percentiles(
+    path: &Path,
+    title: &str,
+    series: &[LatencySeries<'_>],
+    slack_ms: f64,
+) -> anyhow::Result<()> {
+    let points = || series.iter().flat_map(|s| s.curve.iter());
+    let max_nines = points()
+        .filter_map(PercentilePoint::nines)
+        .fold(1.0, f64::max)
+        .ceil();
+    let (low, high) = points()
+        .map(|p| p.latency_ms)
+        .filter(|ms| *ms > 0.0)
+        .fold((slack_ms, slack_ms), |(lo, hi), ms| {
+            (lo.min(ms), hi.max(ms))
+        });
+    let low = 10f64.powf(low.log10().floor());
+    let high = 10f64.powf(high.log10().ceil());
+
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..max_nines, (low..high).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("percentile of reads")
+        .y_desc("read(2) latency (ms)")
+        .x_labels(axis_labels(max_nines))
+        .x_label_formatter(&|x| nines_label(*x))
+        .y_label_formatter(&|y| format!("{y}"))
+        .draw()?;
+    for (index, one) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let line = one
+            .curve
+            .iter()
+            .filter_map(|p| p.nines().map(|x| (x, p.latency_ms.max(low))));
+        chart
+            .draw_series(LineSeries::new(line, color.stroke_width(2)))?
+            .label(one.name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, slack_ms), (max_nines, slack_ms)],
+            BLACK.stroke_width(1),
+        ))?
+        .label(format!("deadline slack B/R = {slack_ms:.0} ms"))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// One configuration's misses per step of the sweep.
+#[derive(Debug)]
+pub struct MissSeries<'a> {
+    /// The configuration's name.
+    pub name: &'a str,
+    /// (streams, fraction of reads that missed) per step.
+    pub steps: Vec<(usize, f64)>,
+}
+
+/// Fraction of reads that missed their deadline against the number of streams.
+pub fn misses_by_streams(
+    path: &Path,
+    title: &str,
+    series: &[MissSeries<'_>],
+) -> anyhow::Result<()> {
+    let max_streams = series
+        .iter()
+        .flat_map(|s| s.steps.iter().map(|(n, _)| *n))
+        .max()
+        .unwrap_or(1);
+    let max_percent = series
+        .iter()
+        .flat_map(|s| s.steps.iter().map(|(_, f)| f * 100.0))
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0..max_streams + 1, 0f64..max_percent * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_desc("real-time streams at 1 MB/s")
+        .y_desc("reads that missed their deadline (%)")
+        .draw()?;
+    for (index, one) in series.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let points: Vec<(usize, f64)> = one.steps.iter().map(|(n, f)| (*n, f * 100.0)).collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(one.name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(move |p| Circle::new(p, 3, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nines_are_labelled_at_whole_positions_only() {
+        assert_eq!(nines_label(0.0), "0%");
+        assert_eq!(nines_label(1.0), "90%");
+        assert_eq!(nines_label(2.0), "99%");
+        assert_eq!(nines_label(3.0), "99.9%");
+        assert_eq!(nines_label(4.0), "99.99%");
+        assert_eq!(nines_label(1.5), "");
+    }
+
+    #[test]
+    fn charts_are_written_as_svg() {
+        let dir = std::env::temp_dir().join(format!("abiss-bench-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let curve = [
+            PercentilePoint {
+                percentile: 0.0,
+                latency_ms: 0.01,
+            },
+            PercentilePoint {
+                percentile: 90.0,
+                latency_ms: 5.0,
+            },
+            PercentilePoint {
+                percentile: 99.0,
+                latency_ms: 80.0,
+            },
+            PercentilePoint {
+                percentile: 100.0,
+                latency_ms: 300.0,
+            },
+        ];
+        let latency = dir.join("latency.svg");
+        latency_percentiles(
+            &latency,
+            "test",
+            &[LatencySeries {
+                name: "bfq",
+                curve: &curve,
+            }],
+            577.5,
+        )
+        .unwrap();
+        let text = std::fs::read_to_string(&latency).unwrap();
+        assert!(text.starts_with("<svg") && text.contains("bfq") && text.contains("99%"));
+        let misses = dir.join("misses.svg");
+        misses_by_streams(
+            &misses,
+            "test",
+            &[MissSeries {
+                name: "none",
+                steps: vec![(1, 0.0), (2, 0.01)],
+            }],
+        )
+        .unwrap();
+        assert!(std::fs::read_to_string(&misses).unwrap().contains("none"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

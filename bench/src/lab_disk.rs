@@ -1,0 +1,160 @@
+//! The emulated disk a benchmark runs on: a private lab with ext4, taken down on drop
+//! (including on errors and Ctrl-C), so no loop device, mount or emulator outlives the run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind, RequestRecord};
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::interrupt;
+
+/// A lab hdd with ext4 mounted, private to this process.
+#[derive(Debug)]
+pub struct LabDisk {
+    lab: Lab,
+    state_dir: PathBuf,
+}
+
+/// The block queue settings a run had, for the reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueSettings {
+    /// The device, e.g. `/dev/loop3`.
+    pub device: String,
+    /// Readahead window of the device (`queue/read_ahead_kb`).
+    pub read_ahead_kb: String,
+    /// Requests the scheduler holds (`queue/nr_requests`).
+    pub nr_requests: String,
+    /// Requests the emulated disk gets at once (driver tags, from debugfs).
+    pub dispatch_depth: Option<u32>,
+    /// Whether the device says it is rotational.
+    pub rotational: bool,
+}
+
+impl LabDisk {
+    /// Brings up the default hdd model (a 5400 rpm laptop disk) with `size_bytes`, makes ext4
+    /// on it and mounts it, in directories named after `benchmark` and this process.
+    pub fn up(benchmark: &str, size_bytes: u64) -> anyhow::Result<Self> {
+        let name = format!("abiss-bench-{benchmark}-{}", std::process::id());
+        let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
+            .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
+        options.size_bytes = size_bytes;
+        options.mkfs = Some(FilesystemKind::Ext4);
+        options.state_dir = PathBuf::from(format!("/tmp/{name}"));
+        options.backing_dir = PathBuf::from("/var/tmp/abiss-bench");
+        options.mount_dir = Some(PathBuf::from(format!("/tmp/{name}.mnt")));
+        options.scheduler = Some("none".into());
+        let lab = Lab::up(&options).context("cannot bring the lab up")?;
+        let disk = Self {
+            lab,
+            state_dir: options.state_dir,
+        };
+        // mkfs leaves inode tables to be zeroed lazily by a kernel thread after mounting;
+        // that background writing would land in the first runs.
+        let mount = disk.mount_dir().to_string_lossy().into_owned();
+        let status = std::process::Command::new("mount")
+            .args(["-o", "remount,noinit_itable", &mount])
+            .status()
+            .context("cannot run mount")?;
+        anyhow::ensure!(
+            status.success(),
+            "remount of {mount} with noinit_itable failed"
+        );
+        Ok(disk)
+    }
+
+    /// The block device.
+    #[must_use]
+    pub fn device(&self) -> &Path {
+        self.lab.device()
+    }
+
+    /// Where ext4 is mounted.
+    #[must_use]
+    pub fn mount_dir(&self) -> &Path {
+        self.lab.mount_dir().unwrap_or(Path::new("/nonexistent"))
+    }
+
+    /// The emulated disk's size.
+    #[must_use]
+    pub fn size_bytes(&self) -> u64 {
+        self.lab.state().size_bytes
+    }
+
+    /// The device model, for the reports.
+    #[must_use]
+    pub fn model(&self) -> &abiss_lab::ModelSpec {
+        &self.lab.state().model
+    }
+
+    /// Selects `elevator`, keeping the dispatch depth the lab set from the model.
+    pub fn select_elevator(&self, elevator: &str) -> anyhow::Result<()> {
+        let model = &self.lab.state().model;
+        abiss_lab::lab::configure_queue(
+            self.device(),
+            model.queue_depth(),
+            model.rotational(),
+            Some(elevator),
+        )
+        .with_context(|| format!("cannot select the {elevator} elevator"))?;
+        Ok(())
+    }
+
+    /// The queue settings in force now.
+    #[must_use]
+    pub fn queue_settings(&self) -> QueueSettings {
+        let queue = Path::new("/sys/block")
+            .join(self.device().file_name().unwrap_or_default())
+            .join("queue");
+        let attr = |name: &str| {
+            std::fs::read_to_string(queue.join(name))
+                .map(|s| s.trim().to_owned())
+                .unwrap_or_default()
+        };
+        QueueSettings {
+            device: self.device().display().to_string(),
+            read_ahead_kb: attr("read_ahead_kb"),
+            nr_requests: attr("nr_requests"),
+            dispatch_depth: abiss_lab::lab::driver_tag_depth(self.device()),
+            rotational: attr("rotational") == "1",
+        }
+    }
+
+    /// A cursor over the requests the disk serves from now on.
+    pub fn requests_from_now(&self) -> anyhow::Result<abiss_lab::StatsCursor> {
+        Ok(self.lab.stats_cursor()?)
+    }
+
+    /// Waits until the disk has served no request for `quiet` (at most `limit`); returns
+    /// whether it became quiet.
+    pub fn wait_until_idle(&self, quiet: Duration, limit: Duration) -> anyhow::Result<bool> {
+        let mut cursor = self.lab.stats_cursor()?;
+        let started = Instant::now();
+        let mut last_request = Instant::now();
+        while started.elapsed() < limit {
+            interrupt::check()?;
+            std::thread::sleep(Duration::from_millis(200));
+            let records: Vec<RequestRecord> = cursor.read_new()?;
+            if records.is_empty() {
+                if last_request.elapsed() >= quiet {
+                    return Ok(true);
+                }
+            } else {
+                last_request = Instant::now();
+            }
+        }
+        Ok(false)
+    }
+}
+
+impl Drop for LabDisk {
+    fn drop(&mut self) {
+        if let Err(error) = Lab::down(&self.state_dir) {
+            eprintln!(
+                "abiss-bench: taking the lab down failed ({error}); run `abiss-lab down --state-dir {}`",
+                self.state_dir.display()
+            );
+        }
+    }
+}

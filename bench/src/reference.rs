@@ -1,0 +1,210 @@
+//! The reference measurement of the ABISS slides ("Measurements, description"), on the lab
+//! hdd: four real-time readers at 1 MB/s in 64 kB reads from 105 MB files, against a
+//! best-effort loop copying a 175 MB file in 128 kB reads, for each configuration.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::json;
+
+use crate::chart::{self, LatencySeries};
+use crate::configuration::{self, Configuration};
+use crate::lab_disk::LabDisk;
+use crate::layout::{self, BenchFiles};
+use crate::report;
+use crate::schedule::StreamSpec;
+use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::workload::WRITEBACK_WINDOW;
+
+/// A stream of the slides: 1 MB/s, 64 kB reads, a 564 kB playout buffer.
+pub const STREAM: StreamSpec = StreamSpec {
+    rate_bps: 1_000_000,
+    read_bytes: 64 << 10,
+    buffer_bytes: 564 << 10,
+};
+/// The slides' stream files: 105 MB.
+pub const STREAM_FILE_BYTES: u64 = 105_000_000;
+/// The slides' copy loop: a 175 MB file in 128 kB reads.
+pub const COPY_FILE_BYTES: u64 = 175_000_000;
+/// Bytes per read(2) and write(2) of the copy.
+pub const COPY_CHUNK_BYTES: usize = 128 << 10;
+/// Real-time streams in the reference measurement.
+pub const REFERENCE_STREAMS: usize = 4;
+/// ABISS's read batch in the slides (pages); used by ABISS rows once they exist.
+pub const ABISS_BATCH_PAGES: u32 = 20;
+/// The emulated disk's size: room for the files, spread out, and a 4 GiB zone map.
+pub const DISK_BYTES: u64 = 4 << 30;
+
+/// `abiss-bench reference`.
+#[derive(Debug, clap::Args)]
+pub struct ReferenceArgs {
+    /// Seconds the readers read per configuration (the files last 105 s at 1 MB/s; longer
+    /// runs start them over from a cold cache).
+    #[arg(long, default_value_t = 100)]
+    pub secs: u64,
+    /// Seconds the copy loop runs before the readers start.
+    #[arg(long, default_value_t = 3)]
+    pub warmup_secs: u64,
+    /// Configurations to run, by name (default: all), e.g. `--configs bfq,bfq-rt`.
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Vec<String>,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    pub results_dir: PathBuf,
+}
+
+/// Runs the reference measurement and writes reference.{json,md,svg}.
+pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
+    let configurations =
+        configuration::select(configuration::stock_configurations(), &args.configs)?;
+    let names: Vec<&str> = configurations.iter().map(|c| c.name.as_str()).collect();
+    eprintln!(
+        "reference: {} configurations ({}), {} s each after {} s of copy warm-up",
+        configurations.len(),
+        names.join(", "),
+        args.secs,
+        args.warmup_secs
+    );
+    let disk = LabDisk::up("reference", DISK_BYTES)?;
+    eprintln!(
+        "lab hdd {} with ext4 at {}; writing the files",
+        disk.device().display(),
+        disk.mount_dir().display()
+    );
+    let files = layout::make_files(
+        disk.mount_dir(),
+        disk.size_bytes(),
+        REFERENCE_STREAMS,
+        STREAM_FILE_BYTES,
+        COPY_FILE_BYTES,
+    )?;
+    let rows = run_configurations(&disk, &files, &configurations, args)?;
+    let queue = disk.queue_settings();
+    let model = serde_json::to_value(disk.model())?;
+    drop(disk);
+
+    let command = report::command_line("reference");
+    let machine = report::machine();
+    let report = json!({
+        "benchmark": "reference",
+        "command": command,
+        "machine": machine,
+        "parameters": {
+            "secs": args.secs,
+            "warmup_secs": args.warmup_secs,
+            "streams": REFERENCE_STREAMS,
+            "stream": STREAM,
+            "deadline_slack_ms": STREAM.slack().as_secs_f64() * 1000.0,
+            "stream_file_bytes": STREAM_FILE_BYTES,
+            "copy_file_bytes": COPY_FILE_BYTES,
+            "copy_chunk_bytes": COPY_CHUNK_BYTES,
+            "copy_writeback_window_bytes": WRITEBACK_WINDOW,
+            "abiss_batch_pages": ABISS_BATCH_PAGES,
+            "disk_bytes": DISK_BYTES,
+            "filesystem": "ext4",
+            "model": model,
+            "queue": queue,
+            "files": files,
+            "rt_class_level": "ionice -c1 default: level 4",
+        },
+        "rows": rows,
+    });
+    let markdown = markdown(&command, &machine, args, &rows);
+    report::write_results(&args.results_dir, "reference", &report, &markdown)?;
+    let svg = args.results_dir.join("reference.svg");
+    let series: Vec<LatencySeries<'_>> = rows
+        .iter()
+        .map(|r| LatencySeries {
+            name: &r.configuration.name,
+            curve: &r.percentile_curve,
+        })
+        .collect();
+    chart::latency_percentiles(
+        &svg,
+        &format!(
+            "read(2) latency of 4 readers at 1 MB/s against a 175 MB copy loop, lab hdd ({} s)",
+            args.secs
+        ),
+        &series,
+        STREAM.slack().as_secs_f64() * 1000.0,
+    )
+    .context("cannot draw reference.svg")?;
+    println!("written: {}", svg.display());
+    Ok(())
+}
+
+fn run_configurations(
+    disk: &LabDisk,
+    files: &BenchFiles,
+    configurations: &[Configuration],
+    args: &ReferenceArgs,
+) -> anyhow::Result<Vec<TrialRow>> {
+    let mut rows = Vec::new();
+    for configuration in configurations {
+        eprintln!("running {} …", configuration.name);
+        let row = run_trial(
+            disk,
+            &TrialPlan {
+                configuration,
+                files,
+                streams: REFERENCE_STREAMS,
+                stream: STREAM,
+                copy_chunk_bytes: COPY_CHUNK_BYTES,
+                warmup: Duration::from_secs(args.warmup_secs),
+                measure: Duration::from_secs(args.secs),
+            },
+        )
+        .with_context(|| format!("configuration {}", configuration.name))?;
+        eprintln!("  {}", row.progress_line());
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn markdown(
+    command: &str,
+    machine: &serde_json::Value,
+    args: &ReferenceArgs,
+    rows: &[TrialRow],
+) -> String {
+    let mut text = format!(
+        "### Reference measurement (ABISS slides): 4 readers at 1 MB/s vs a copy loop, lab hdd\n\n\
+         `{command}`: {secs} s per configuration after {warmup} s of copy warm-up, cold page cache. \
+         Readers: buffered read(2) of 64 KiB every 65.5 ms from 105 MB files; a read misses if it \
+         completes after t0 + B/R + i·S/R (buffer B = 564 KiB, slack {slack:.0} ms). Copy loop: \
+         175 MB in 128 KiB read(2)/write(2), writeback kept going in 8 MiB windows. Disk: 5400 rpm \
+         laptop model, queue depth 4, ext4. {machine_line}\n\n\
+         | configuration | elevator | reader class | reads | p50 ms | p99 ms | p99.9 ms | max ms | deadline misses | BE copy MB/s | disk busy % |\n\
+         | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        secs = args.secs,
+        warmup = args.warmup_secs,
+        slack = STREAM.slack().as_secs_f64() * 1000.0,
+        machine_line = report::machine_line(machine),
+    );
+    for row in rows {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} ({:.2} %) | {:.1} | {:.0} |",
+            row.configuration.name,
+            row.configuration.elevator,
+            row.configuration.reader_class,
+            row.deadlines.reads,
+            row.latency.p50_ms,
+            row.latency.p99_ms,
+            row.latency.p99_9_ms,
+            row.latency.max_ms,
+            row.deadlines.misses,
+            row.deadlines.miss_fraction * 100.0,
+            row.be_copy_mb_s,
+            row.device.busy_fraction * 100.0,
+        );
+    }
+    text.push_str(
+        "\nReader class `rt/4` is `ionice -c1` (real-time, level 4, its default), set per reader \
+         thread with ioprio_set; `default` leaves best effort. Latency chart: reference.svg.\n",
+    );
+    text
+}

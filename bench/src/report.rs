@@ -1,0 +1,81 @@
+//! Writing results: JSON and Markdown under bench/results/, with the machine, the kernel and
+//! the exact command, as `cargo xtask bench overhead` does.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+
+/// Machine, kernel and time of a run.
+#[must_use]
+pub fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let memory_kib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|l| l.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    json!({
+        "cpu": cpu,
+        "cores": cores,
+        "memory_gib": memory_kib >> 20,
+        "kernel": kernel.trim(),
+        "date": date,
+    })
+}
+
+/// The command that ran this benchmark, as a user would type it.
+#[must_use]
+pub fn command_line(benchmark: &str) -> String {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let mut command = format!("cargo xtask bench {benchmark}");
+    for arg in args {
+        command.push(' ');
+        command.push_str(&arg);
+    }
+    command
+}
+
+/// Writes `name.json` and `name.md` under `dir` and prints the Markdown.
+pub fn write_results(dir: &Path, name: &str, report: &Value, markdown: &str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_string_pretty(report)? + "\n",
+    )?;
+    std::fs::write(dir.join(format!("{name}.md")), markdown)?;
+    println!("{markdown}");
+    println!("written: {0}/{name}.json and {0}/{name}.md", dir.display());
+    Ok(())
+}
+
+/// A Markdown line describing the machine.
+#[must_use]
+pub fn machine_line(machine: &Value) -> String {
+    format!(
+        "Machine: {} ({} cores, {} GiB), Linux {}, {}.",
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["cores"],
+        machine["memory_gib"],
+        machine["kernel"].as_str().unwrap_or("?"),
+        machine["date"].as_str().unwrap_or("?"),
+    )
+}

@@ -1,0 +1,376 @@
+//! The saturation sweep: under the reference copy load, more and more 1 MB/s readers (the
+//! reference streams' reads and buffer) until deadline misses appear, per configuration.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::chart::{self, MissSeries};
+use crate::configuration::{self, Configuration, ConfigurationInfo};
+use crate::lab_disk::LabDisk;
+use crate::layout::{self, BenchFiles};
+use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM};
+use crate::report;
+use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::workload::WRITEBACK_WINDOW;
+
+/// `abiss-bench sweep`.
+#[derive(Debug, clap::Args)]
+pub struct SweepArgs {
+    /// Seconds the readers read per step.
+    #[arg(long, default_value_t = 20)]
+    pub secs: u64,
+    /// Seconds the copy loop runs before each step's readers start.
+    #[arg(long, default_value_t = 3)]
+    pub warmup_secs: u64,
+    /// Configurations to run, by name (default: all), e.g. `--configs bfq,bfq-rt`.
+    #[arg(long, value_delimiter = ',')]
+    pub configs: Vec<String>,
+    /// The most streams to try.
+    #[arg(long, default_value_t = 32)]
+    pub max_streams: usize,
+    /// Steps to run after the first one with misses (to show how the misses grow).
+    #[arg(long, default_value_t = 1)]
+    pub steps_after_miss: usize,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    pub results_dir: PathBuf,
+}
+
+/// The stream counts a sweep tries up to `max`: one by one to 4, by twos to 16, then by
+/// fours (fine where few streams already hurt, coarse where each step costs more).
+#[must_use]
+pub fn stream_steps(max: usize) -> Vec<usize> {
+    let mut steps = Vec::new();
+    let mut n = 1;
+    while n <= max {
+        steps.push(n);
+        n += match n {
+            ..4 => 1,
+            4..16 => 2,
+            _ => 4,
+        };
+    }
+    if steps.last().is_some_and(|last| *last < max) {
+        steps.push(max);
+    }
+    steps
+}
+
+/// Which steps of a configuration run: all until the first step with misses, then
+/// `steps_after_miss` more.
+#[derive(Clone, Copy, Debug)]
+pub struct EarlyStop {
+    steps_after_miss: usize,
+    first_miss: Option<usize>,
+    steps_seen: usize,
+}
+
+impl EarlyStop {
+    /// A rule that runs `steps_after_miss` steps past the first with misses.
+    #[must_use]
+    pub fn new(steps_after_miss: usize) -> Self {
+        Self {
+            steps_after_miss,
+            first_miss: None,
+            steps_seen: 0,
+        }
+    }
+
+    /// Records a step's misses; returns whether to run the next step.
+    pub fn record(&mut self, misses: u64) -> bool {
+        if misses > 0 && self.first_miss.is_none() {
+            self.first_miss = Some(self.steps_seen);
+        }
+        self.steps_seen += 1;
+        self.first_miss
+            .is_none_or(|first| self.steps_seen <= first + self.steps_after_miss)
+    }
+}
+
+/// The headline of a configuration: the most streams of the steps before the first step with
+/// misses (`None` if even the first step missed), and the streams of that first step.
+#[must_use]
+pub fn sustained_streams(steps: &[(usize, u64)]) -> (Option<usize>, Option<usize>) {
+    let first_miss = steps.iter().position(|(_, misses)| *misses > 0);
+    let clean = &steps[..first_miss.unwrap_or(steps.len())];
+    (
+        clean.last().map(|(n, _)| *n),
+        first_miss.map(|i| steps[i].0),
+    )
+}
+
+/// One configuration's sweep.
+#[derive(Debug, Serialize)]
+struct ConfigurationSweep {
+    configuration: ConfigurationInfo,
+    /// The most streams with zero misses (steps before the first with misses).
+    sustained_streams: Option<usize>,
+    /// The streams of the first step with misses, if any.
+    first_streams_with_misses: Option<usize>,
+    steps: Vec<TrialRow>,
+}
+
+/// Runs the sweep and writes sweep.{json,md,svg}.
+pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
+    anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
+    let configurations =
+        configuration::select(configuration::stock_configurations(), &args.configs)?;
+    let steps = stream_steps(args.max_streams);
+    eprintln!(
+        "sweep: {} configurations, streams {:?}, {} s per step after {} s of copy warm-up",
+        configurations.len(),
+        steps,
+        args.secs,
+        args.warmup_secs
+    );
+    // Each stream file holds what a step reads, so all files fit on the disk however many
+    // streams there are; the readers start over (from the disk) if a step outlasts it.
+    let stream_file_bytes =
+        (STREAM.rate_bps * args.secs + STREAM.buffer_bytes).next_multiple_of(1_000_000) + 1_000_000;
+    let disk = LabDisk::up("sweep", DISK_BYTES)?;
+    eprintln!(
+        "lab hdd {} with ext4 at {}; writing {} stream files",
+        disk.device().display(),
+        disk.mount_dir().display(),
+        args.max_streams
+    );
+    let files = layout::make_files(
+        disk.mount_dir(),
+        disk.size_bytes(),
+        args.max_streams,
+        stream_file_bytes,
+        COPY_FILE_BYTES,
+    )?;
+
+    let mut sweeps = Vec::new();
+    for configuration in &configurations {
+        sweeps.push(sweep_configuration(
+            &disk,
+            &files,
+            configuration,
+            &steps,
+            args,
+        )?);
+    }
+    let queue = disk.queue_settings();
+    let model = serde_json::to_value(disk.model())?;
+    drop(disk);
+
+    let command = report::command_line("sweep");
+    let machine = report::machine();
+    let report = json!({
+        "benchmark": "sweep",
+        "command": command,
+        "machine": machine,
+        "parameters": {
+            "secs_per_step": args.secs,
+            "warmup_secs": args.warmup_secs,
+            "max_streams": args.max_streams,
+            "steps": steps,
+            "steps_after_miss": args.steps_after_miss,
+            "stream": STREAM,
+            "deadline_slack_ms": STREAM.slack().as_secs_f64() * 1000.0,
+            "stream_file_bytes": stream_file_bytes,
+            "copy_file_bytes": COPY_FILE_BYTES,
+            "copy_chunk_bytes": COPY_CHUNK_BYTES,
+            "copy_writeback_window_bytes": WRITEBACK_WINDOW,
+            "disk_bytes": DISK_BYTES,
+            "filesystem": "ext4",
+            "model": model,
+            "queue": queue,
+            "files": files,
+            "rt_class_level": "ionice -c1 default: level 4",
+        },
+        "configurations": sweeps,
+    });
+    let markdown = markdown(&command, &machine, args, &sweeps);
+    report::write_results(&args.results_dir, "sweep", &report, &markdown)?;
+    let svg = args.results_dir.join("sweep.svg");
+    let series: Vec<MissSeries<'_>> = sweeps
+        .iter()
+        .map(|s| MissSeries {
+            name: &s.configuration.name,
+            steps: s
+                .steps
+                .iter()
+                .map(|r| (r.streams, r.deadlines.miss_fraction))
+                .collect(),
+        })
+        .collect();
+    chart::misses_by_streams(
+        &svg,
+        &format!(
+            "Deadline misses of 1 MB/s readers against a copy loop, lab hdd ({} s steps)",
+            args.secs
+        ),
+        &series,
+    )
+    .context("cannot draw sweep.svg")?;
+    println!("written: {}", svg.display());
+    Ok(())
+}
+
+/// Runs one configuration's steps until the early stop.
+fn sweep_configuration(
+    disk: &LabDisk,
+    files: &BenchFiles,
+    configuration: &Configuration,
+    steps: &[usize],
+    args: &SweepArgs,
+) -> anyhow::Result<ConfigurationSweep> {
+    let mut rows = Vec::new();
+    let mut early_stop = EarlyStop::new(args.steps_after_miss);
+    for &streams in steps {
+        eprintln!("running {} with {streams} streams …", configuration.name);
+        let row = run_trial(
+            disk,
+            &TrialPlan {
+                configuration,
+                files,
+                streams,
+                stream: STREAM,
+                copy_chunk_bytes: COPY_CHUNK_BYTES,
+                warmup: Duration::from_secs(args.warmup_secs),
+                measure: Duration::from_secs(args.secs),
+            },
+        )
+        .with_context(|| {
+            format!(
+                "configuration {} with {streams} streams",
+                configuration.name
+            )
+        })?;
+        eprintln!("  {}", row.progress_line());
+        let go_on = early_stop.record(row.deadlines.misses);
+        rows.push(row);
+        if !go_on {
+            break;
+        }
+    }
+    let counts: Vec<(usize, u64)> = rows
+        .iter()
+        .map(|r| (r.streams, r.deadlines.misses))
+        .collect();
+    let (sustained, first_miss) = sustained_streams(&counts);
+    Ok(ConfigurationSweep {
+        configuration: configuration.describe(),
+        sustained_streams: sustained,
+        first_streams_with_misses: first_miss,
+        steps: rows,
+    })
+}
+
+fn markdown(
+    command: &str,
+    machine: &serde_json::Value,
+    args: &SweepArgs,
+    sweeps: &[ConfigurationSweep],
+) -> String {
+    let mut text = format!(
+        "### Saturation sweep: 1 MB/s readers against the copy loop, lab hdd\n\n\
+         `{command}`: steps of {secs} s after {warmup} s of copy warm-up, cold page cache, up to \
+         {max} streams, stopping {after} step(s) after the first step with misses. Readers and \
+         copy as in the reference measurement (64 KiB reads, 564 KiB buffer, deadline slack \
+         {slack:.0} ms; 175 MB copy in 128 KiB calls); stream files spread over the disk. \
+         {machine_line}\n\n\
+         | configuration | elevator | reader class | most streams with zero misses | first streams with misses |\n\
+         | --- | --- | --- | ---: | ---: |\n",
+        secs = args.secs,
+        warmup = args.warmup_secs,
+        max = args.max_streams,
+        after = args.steps_after_miss,
+        slack = STREAM.slack().as_secs_f64() * 1000.0,
+        machine_line = report::machine_line(machine),
+    );
+    for sweep in sweeps {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} | {} |",
+            sweep.configuration.name,
+            sweep.configuration.elevator,
+            sweep.configuration.reader_class,
+            sweep
+                .sustained_streams
+                .map_or_else(|| "0".to_owned(), |n| n.to_string()),
+            sweep.first_streams_with_misses.map_or_else(
+                || format!("none up to {}", args.max_streams),
+                |n| n.to_string()
+            ),
+        );
+    }
+    text.push_str(
+        "\n| configuration | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | BE copy MB/s | disk busy % |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for sweep in sweeps {
+        for row in &sweep.steps {
+            let _ = writeln!(
+                text,
+                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                sweep.configuration.name,
+                row.streams,
+                row.deadlines.reads,
+                row.deadlines.misses,
+                row.latency.p50_ms,
+                row.latency.p99_ms,
+                row.latency.max_ms,
+                row.deadlines.worst_overrun_ms,
+                row.be_copy_mb_s,
+                row.device.busy_fraction * 100.0,
+            );
+        }
+    }
+    text.push_str("\nMisses against streams: sweep.svg.\n");
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_fine_first_then_coarser_and_end_at_the_maximum() {
+        assert_eq!(stream_steps(1), [1]);
+        assert_eq!(stream_steps(5), [1, 2, 3, 4, 5]);
+        assert_eq!(
+            stream_steps(32),
+            [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32]
+        );
+        assert_eq!(stream_steps(18), [1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18]);
+    }
+
+    #[test]
+    fn early_stop_runs_the_given_steps_past_the_first_miss() {
+        let mut rule = EarlyStop::new(1);
+        assert!(rule.record(0));
+        assert!(rule.record(0));
+        assert!(rule.record(3)); // first misses: one more step
+        assert!(!rule.record(9));
+
+        let mut strict = EarlyStop::new(0);
+        assert!(strict.record(0));
+        assert!(!strict.record(1));
+
+        // A clean step after the first miss does not reset the count.
+        let mut rule = EarlyStop::new(1);
+        assert!(rule.record(2));
+        assert!(!rule.record(0));
+    }
+
+    #[test]
+    fn headline_is_the_last_clean_step_before_the_first_miss() {
+        assert_eq!(
+            sustained_streams(&[(1, 0), (2, 0), (4, 0), (6, 5), (8, 0)]),
+            (Some(4), Some(6))
+        );
+        assert_eq!(sustained_streams(&[(1, 2), (2, 9)]), (None, Some(1)));
+        assert_eq!(sustained_streams(&[(1, 0), (2, 0)]), (Some(2), None));
+        assert_eq!(sustained_streams(&[]), (None, None));
+    }
+}

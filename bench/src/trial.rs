@@ -1,0 +1,325 @@
+//! One run: a configuration, N real-time readers and the best-effort copy on the lab disk,
+//! from a cold page cache, with everything measured over a common window.
+
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use serde::Serialize;
+
+use crate::configuration::{Configuration, ConfigurationInfo, RunContext, RunSetup};
+use crate::interrupt;
+use crate::lab_disk::LabDisk;
+use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
+use crate::layout::{cached_pages, drop_cached_pages, BenchFiles};
+use crate::schedule::{DeadlineTally, StreamSpec};
+use crate::throughput::{mb_per_s, DeviceActivity};
+use crate::workload::{run_reader, CopyLoop, ReaderOutcome, ReaderPlan};
+
+/// How to run.
+#[derive(Debug)]
+pub struct TrialPlan<'a> {
+    /// The configuration under test.
+    pub configuration: &'a Configuration,
+    /// The files on the lab disk.
+    pub files: &'a BenchFiles,
+    /// How many of the stream files are read (the first ones).
+    pub streams: usize,
+    /// Rate, read size and buffer of every stream.
+    pub stream: StreamSpec,
+    /// Bytes per read(2) and write(2) of the copy loop.
+    pub copy_chunk_bytes: usize,
+    /// How long the copy runs before the readers start.
+    pub warmup: Duration,
+    /// How long the readers read (the measurement window).
+    pub measure: Duration,
+}
+
+/// What a run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrialRow {
+    /// The configuration.
+    pub configuration: ConfigurationInfo,
+    /// Real-time readers.
+    pub streams: usize,
+    /// Length of the measurement window.
+    pub window_s: f64,
+    /// Latency of the readers' read(2) calls, all readers together.
+    pub latency: LatencySummary,
+    /// Deadline accounting, all readers together.
+    pub deadlines: DeadlineRow,
+    /// The copy loop's rate during the window (bytes copied per second).
+    pub be_copy_mb_s: f64,
+    /// Complete copy passes while the run lasted (warm-up included).
+    pub be_copy_passes: u64,
+    /// What the disk did during the window.
+    pub device: DeviceActivity,
+    /// Each reader on its own.
+    pub readers: Vec<ReaderRow>,
+    /// The latency percentile curve, all readers together (for the charts).
+    pub percentile_curve: Vec<PercentilePoint>,
+    /// Pages of the stream files in the page cache when the run started (0: cold).
+    pub cached_pages_at_start: u64,
+    /// Whether the disk was idle before the run (no request for a second).
+    pub idle_before: bool,
+}
+
+/// Deadline accounting in report units.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct DeadlineRow {
+    /// Reads completed.
+    pub reads: u64,
+    /// Reads that completed after their deadline.
+    pub misses: u64,
+    /// `misses / reads`.
+    pub miss_fraction: f64,
+    /// Reads issued late because the reader was still waiting for an earlier read.
+    pub late_issues: u64,
+    /// The largest overrun of a deadline.
+    pub worst_overrun_ms: f64,
+}
+
+impl From<&DeadlineTally> for DeadlineRow {
+    fn from(tally: &DeadlineTally) -> Self {
+        #[expect(clippy::cast_precision_loss, reason = "a fraction for the report")]
+        let miss_fraction = if tally.reads == 0 {
+            0.0
+        } else {
+            tally.misses as f64 / tally.reads as f64
+        };
+        Self {
+            reads: tally.reads,
+            misses: tally.misses,
+            miss_fraction,
+            late_issues: tally.late_issues,
+            worst_overrun_ms: tally.worst_overrun.as_secs_f64() * 1000.0,
+        }
+    }
+}
+
+/// One reader's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReaderRow {
+    /// The reader's number.
+    pub reader: usize,
+    /// Its latency.
+    pub latency: LatencySummary,
+    /// Its deadlines.
+    pub deadlines: DeadlineRow,
+    /// Times it started its file over.
+    pub wraps: u64,
+}
+
+impl TrialRow {
+    /// A one-line summary for the progress output.
+    #[must_use]
+    pub fn progress_line(&self) -> String {
+        format!(
+            "{} with {} streams: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} of {} reads missed, BE copy {:.1} MB/s, busy {:.0} %",
+            self.configuration.name,
+            self.streams,
+            self.latency.p50_ms,
+            self.latency.p99_ms,
+            self.latency.max_ms,
+            self.deadlines.misses,
+            self.deadlines.reads,
+            self.be_copy_mb_s,
+            self.device.busy_fraction * 100.0
+        )
+    }
+}
+
+/// Runs one configuration: selects its elevator, drops the files' pages, starts its hook and
+/// the copy loop, lets the copy warm up, then starts all readers at one instant and measures
+/// until the window ends. The copy's destination is removed afterwards.
+pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRow> {
+    interrupt::check()?;
+    let files = plan.files;
+    let configuration = plan.configuration;
+    anyhow::ensure!(
+        plan.streams <= files.streams.len(),
+        "{} streams asked for, {} files made",
+        plan.streams,
+        files.streams.len()
+    );
+    disk.select_elevator(&configuration.elevator)?;
+    remove_copy(files)?;
+    for path in files.read_files() {
+        drop_cached_pages(path)?;
+    }
+    let idle_before = disk.wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
+    let streams = &files.streams[..plan.streams];
+    let mut cached_pages_at_start = 0;
+    for path in streams {
+        cached_pages_at_start += cached_pages(path)?;
+    }
+
+    let bin_dir = std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from);
+    let setup = configuration.hook.start_run(&RunContext {
+        configuration: &configuration.name,
+        device: disk.device(),
+        mount_dir: disk.mount_dir(),
+        stream: plan.stream,
+        streams: plan.streams,
+        bin_dir: bin_dir.as_deref(),
+    })?;
+    let copy = CopyLoop::start(
+        files.copy_source.clone(),
+        files.copy_destination.clone(),
+        plan.copy_chunk_bytes,
+    );
+    sleep_interruptibly(plan.warmup)?;
+
+    let measured = measure_readers(disk, plan, &*setup, &copy);
+    let passes = copy.passes();
+    let copy_result = copy.stop();
+    drop(setup);
+    let cleanup = remove_copy(files);
+    let Measurement {
+        window,
+        copied,
+        records,
+        outcomes,
+    } = measured?;
+    copy_result?;
+    cleanup?;
+
+    let mut latency = LatencyHistogram::new();
+    let mut tally = DeadlineTally::default();
+    for outcome in &outcomes {
+        latency.merge(&outcome.latency);
+        tally.merge(&outcome.tally);
+    }
+    Ok(TrialRow {
+        configuration: configuration.describe(),
+        streams: plan.streams,
+        window_s: window.as_secs_f64(),
+        latency: latency.summary(),
+        deadlines: DeadlineRow::from(&tally),
+        be_copy_mb_s: mb_per_s(copied, window),
+        be_copy_passes: passes,
+        device: DeviceActivity::from_records(&records, window),
+        readers: outcomes
+            .iter()
+            .map(|o| ReaderRow {
+                reader: o.reader,
+                latency: o.latency.summary(),
+                deadlines: DeadlineRow::from(&o.tally),
+                wraps: o.wraps,
+            })
+            .collect(),
+        percentile_curve: latency.percentile_curve(),
+        cached_pages_at_start,
+        idle_before,
+    })
+}
+
+/// What the measurement window yielded.
+struct Measurement {
+    window: Duration,
+    copied: u64,
+    records: Vec<abiss_lab::RequestRecord>,
+    outcomes: Vec<ReaderOutcome>,
+}
+
+/// Starts the readers, lets them go at one instant t0, and measures the copy and the disk
+/// over the window from t0.
+fn measure_readers(
+    disk: &LabDisk,
+    plan: &TrialPlan<'_>,
+    setup: &dyn RunSetup,
+    copy: &CopyLoop,
+) -> anyhow::Result<Measurement> {
+    let streams = &plan.files.streams[..plan.streams];
+    std::thread::scope(|scope| {
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut starts = Vec::new();
+        let mut readers = Vec::new();
+        for (reader, path) in streams.iter().enumerate() {
+            let (start_tx, start_rx) = mpsc::channel();
+            starts.push(start_tx);
+            let ready = ready_tx.clone();
+            let reader_plan = ReaderPlan {
+                reader,
+                path,
+                stream: plan.stream,
+                class: plan.configuration.reader_class,
+                duration: plan.measure,
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("reader-{reader}"))
+                .spawn_scoped(scope, move || {
+                    run_reader(&reader_plan, setup, &ready, &start_rx)
+                })
+                .context("cannot start a reader thread")?;
+            readers.push(thread);
+        }
+        drop(ready_tx);
+        for _ in 0..plan.streams {
+            // A reader that failed to get ready ends the run: dropping `starts` releases
+            // the others.
+            ready_rx
+                .recv()
+                .map_err(|_| anyhow!("a reader ended before it was ready"))??;
+        }
+        // A common start a little ahead, so every reader is waiting for it.
+        let t0 = Instant::now() + Duration::from_millis(20);
+        for start in starts {
+            let _ = start.send(t0);
+        }
+        std::thread::sleep(t0.saturating_duration_since(Instant::now()));
+        let mut requests = disk.requests_from_now()?;
+        let copied_before = copy.copied_bytes();
+        let interrupted = sleep_interruptibly(plan.measure);
+        let window = t0.elapsed();
+        let copied = copy.copied_bytes() - copied_before;
+        let records = requests.read_new()?;
+        let outcomes = readers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .map_err(|_| anyhow!("a reader panicked"))
+                    .and_then(|outcome| outcome)
+            })
+            .collect::<anyhow::Result<Vec<ReaderOutcome>>>()?;
+        interrupted?;
+        Ok(Measurement {
+            window,
+            copied,
+            records,
+            outcomes,
+        })
+    })
+}
+
+/// Removes the copy's destination (its dirty pages go with it) and syncs the file system, so
+/// the next run starts without writeback of this one.
+fn remove_copy(files: &BenchFiles) -> anyhow::Result<()> {
+    match std::fs::remove_file(&files.copy_destination) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context("cannot remove the copy"),
+    }
+    let dir = std::fs::File::open(
+        files
+            .copy_destination
+            .parent()
+            .unwrap_or(std::path::Path::new("/")),
+    )?;
+    nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)).context("syncfs")?;
+    Ok(())
+}
+
+/// Sleeps, waking early (with an error) on Ctrl-C.
+pub fn sleep_interruptibly(duration: Duration) -> anyhow::Result<()> {
+    let end = Instant::now() + duration;
+    loop {
+        interrupt::check()?;
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}

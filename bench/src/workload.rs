@@ -1,0 +1,399 @@
+//! The two kinds of load of a run, as plain programs would do them: real-time readers (a
+//! buffered read(2) loop paced at the stream's rate) and the best-effort copy loop.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read as _, Seek as _, SeekFrom, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+
+use crate::configuration::{ReaderContext, RunSetup};
+use crate::interrupt;
+use crate::ioprio::{current_thread_ioprio, IoClass};
+use crate::latency::LatencyHistogram;
+use crate::schedule::{DeadlineTally, StreamSpec};
+
+/// One real-time reader of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct ReaderPlan<'a> {
+    /// The reader's number within the run.
+    pub reader: usize,
+    /// The stream file.
+    pub path: &'a Path,
+    /// Rate, read size and buffer.
+    pub stream: StreamSpec,
+    /// The I/O class to set on the reader's thread.
+    pub class: Option<IoClass>,
+    /// Reads are issued while their issue time is within this long of the start.
+    pub duration: Duration,
+}
+
+/// What one reader measured.
+#[derive(Debug)]
+pub struct ReaderOutcome {
+    /// The reader's number within the run.
+    pub reader: usize,
+    /// Latency of every read(2) call.
+    pub latency: LatencyHistogram,
+    /// Deadline accounting.
+    pub tally: DeadlineTally,
+    /// How often the reader reached the end of its file and started over.
+    pub wraps: u64,
+}
+
+/// Runs one reader on the calling thread: sets its I/O class, opens its file, runs the
+/// configuration's reader hook, says it is ready, waits for the common start, then reads on
+/// schedule until the run's duration is over.
+pub fn run_reader(
+    plan: &ReaderPlan<'_>,
+    setup: &dyn RunSetup,
+    ready: &Sender<anyhow::Result<()>>,
+    start: &Receiver<Instant>,
+) -> anyhow::Result<ReaderOutcome> {
+    let prepared = prepare_reader(plan, setup);
+    let (mut file, mut hook) = match prepared {
+        Ok(prepared) => {
+            let _ = ready.send(Ok(()));
+            prepared
+        }
+        Err(error) => {
+            let _ = ready.send(Err(anyhow!("reader {}: {error:#}", plan.reader)));
+            return Err(error);
+        }
+    };
+    let t0 = start
+        .recv()
+        .map_err(|_| anyhow!("the run ended before it started"))?;
+
+    let stream = plan.stream;
+    let read_bytes = usize::try_from(stream.read_bytes)?;
+    let file_len = file.metadata()?.len();
+    anyhow::ensure!(
+        file_len >= stream.read_bytes,
+        "{} is shorter than one read",
+        plan.path.display()
+    );
+    let mut buffer = vec![0u8; read_bytes];
+    let mut outcome = ReaderOutcome {
+        reader: plan.reader,
+        latency: LatencyHistogram::new(),
+        tally: DeadlineTally::default(),
+        wraps: 0,
+    };
+    let mut offset = 0u64;
+    for index in 0.. {
+        let due = stream.issue_offset(index);
+        if due >= plan.duration || interrupt::interrupted() {
+            break;
+        }
+        if offset + stream.read_bytes > file_len {
+            // Longer runs than the file lasts start over, from the disk again.
+            posix_fadvise(
+                file.as_raw_fd(),
+                0,
+                0,
+                PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )?;
+            file.seek(SeekFrom::Start(0))?;
+            offset = 0;
+            outcome.wraps += 1;
+        }
+        if let Some(wait) = (t0 + due).checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let issued = Instant::now();
+        let len = read_full(&mut file, &mut buffer)
+            .with_context(|| format!("reading {}", plan.path.display()))?;
+        let completed = Instant::now();
+        outcome.latency.record(completed - issued);
+        outcome
+            .tally
+            .record(&stream, index, issued - t0, completed - t0);
+        hook.after_read(offset, len as u64)?;
+        offset += len as u64;
+    }
+    Ok(outcome)
+}
+
+fn prepare_reader(
+    plan: &ReaderPlan<'_>,
+    setup: &dyn RunSetup,
+) -> anyhow::Result<(File, Box<dyn crate::configuration::ReaderSetup>)> {
+    if let Some(class) = plan.class {
+        class
+            .set_for_current_thread()
+            .with_context(|| format!("ioprio_set {class}"))?;
+        let now = current_thread_ioprio()?;
+        anyhow::ensure!(
+            now == class.ioprio(),
+            "ioprio is {now:#x} after setting {class}"
+        );
+    }
+    let file = File::open(plan.path).with_context(|| format!("opening {}", plan.path.display()))?;
+    let hook = setup.start_reader(&ReaderContext {
+        reader: plan.reader,
+        path: plan.path,
+        file: &file,
+        stream: plan.stream,
+    })?;
+    Ok((file, hook))
+}
+
+/// read(2) until the buffer is full or the file ends (a regular file returns short only at
+/// its end, so this is one call in practice).
+fn read_full(file: &mut File, buffer: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The best-effort load: copies a file over and over in fixed-size read(2)/write(2) calls, as
+/// the slides' "loop with BE file copy" (175 MB, 128 kB reads).
+///
+/// Two things keep it a disk load on a machine with far more memory than the slides' set-top
+/// box: each pass drops the source's pages so the next pass reads the disk again, and the
+/// copy's writes are pushed out as it goes (writeback is started for every
+/// [`WRITEBACK_WINDOW`] written and awaited one window later, then those pages are dropped),
+/// so at most two windows are dirty, as under a small machine's dirty limit, instead of the
+/// whole copy sitting in the page cache until a flusher or a final sync writes it at once.
+#[derive(Debug)]
+pub struct CopyLoop {
+    stop: Arc<AtomicBool>,
+    copied_bytes: Arc<AtomicU64>,
+    passes: Arc<AtomicU64>,
+    thread: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+/// Dirty data of the copy is written back in windows of this size.
+pub const WRITEBACK_WINDOW: u64 = 8 << 20;
+
+impl CopyLoop {
+    /// Starts copying `source` to `destination` in `chunk_bytes` calls on a new thread.
+    #[must_use]
+    pub fn start(source: PathBuf, destination: PathBuf, chunk_bytes: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let copied_bytes = Arc::new(AtomicU64::new(0));
+        let passes = Arc::new(AtomicU64::new(0));
+        let thread = {
+            let (stop, copied_bytes, passes) = (stop.clone(), copied_bytes.clone(), passes.clone());
+            std::thread::spawn(move || {
+                let mut buffer = vec![0u8; chunk_bytes];
+                while !stop.load(Ordering::Relaxed) && !interrupt::interrupted() {
+                    if copy_pass(&source, &destination, &mut buffer, &stop, &copied_bytes)? {
+                        passes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(())
+            })
+        };
+        Self {
+            stop,
+            copied_bytes,
+            passes,
+            thread: Some(thread),
+        }
+    }
+
+    /// Bytes copied so far.
+    #[must_use]
+    pub fn copied_bytes(&self) -> u64 {
+        self.copied_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Complete passes so far.
+    #[must_use]
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
+    }
+
+    /// Stops the copy at its next call and reports whether it failed.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result.context("the copy loop failed"),
+            Some(Err(_)) => Err(anyhow!("the copy loop panicked")),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for CopyLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One pass of the copy; returns whether it reached the end of the source.
+fn copy_pass(
+    source: &Path,
+    destination: &Path,
+    buffer: &mut [u8],
+    stop: &AtomicBool,
+    copied_bytes: &AtomicU64,
+) -> anyhow::Result<bool> {
+    let mut input = File::open(source).with_context(|| format!("opening {}", source.display()))?;
+    let mut output = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(destination)
+        .with_context(|| format!("creating {}", destination.display()))?;
+    let (mut written, mut started, mut awaited) = (0u64, 0u64, 0u64);
+    loop {
+        if stop.load(Ordering::Relaxed) || interrupt::interrupted() {
+            return Ok(false);
+        }
+        let len = match input.read(buffer) {
+            Ok(0) => break,
+            Ok(len) => len,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e).with_context(|| format!("reading {}", source.display())),
+        };
+        output
+            .write_all(&buffer[..len])
+            .with_context(|| format!("writing {}", destination.display()))?;
+        written += len as u64;
+        copied_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        if written - started >= WRITEBACK_WINDOW {
+            sync_range(
+                &output,
+                started,
+                written - started,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )?;
+            if started > awaited {
+                sync_range(
+                    &output,
+                    awaited,
+                    started - awaited,
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                )?;
+                drop_range(&output, awaited, started - awaited)?;
+                awaited = started;
+            }
+            started = written;
+        }
+    }
+    output
+        .sync_data()
+        .with_context(|| format!("syncing {}", destination.display()))?;
+    drop_range(&output, 0, 0)?;
+    drop_range(&input, 0, 0)?;
+    Ok(true)
+}
+
+fn sync_range(file: &File, offset: u64, len: u64, flags: libc::c_uint) -> anyhow::Result<()> {
+    // SAFETY: sync_file_range on a descriptor we own; no memory is passed.
+    let result = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            i64::try_from(offset)?,
+            i64::try_from(len)?,
+            flags,
+        )
+    };
+    anyhow::ensure!(
+        result == 0,
+        "sync_file_range: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(())
+}
+
+fn drop_range(file: &File, offset: u64, len: u64) -> anyhow::Result<()> {
+    posix_fadvise(
+        file.as_raw_fd(),
+        i64::try_from(offset)?,
+        i64::try_from(len)?,
+        PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::configuration::NoSetup;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("abiss-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_reader_on_a_fast_file_keeps_its_schedule_and_wraps() {
+        let dir = temp_dir("reader");
+        let path = dir.join("stream");
+        std::fs::write(&path, vec![7u8; 3 * 4096]).unwrap();
+        // 4 KiB reads at 400 kB/s: one read per ~10 ms, 10 reads in 100 ms over a 3-read file.
+        let stream = StreamSpec {
+            rate_bps: 409_600,
+            read_bytes: 4096,
+            buffer_bytes: 8192,
+        };
+        let plan = ReaderPlan {
+            reader: 0,
+            path: &path,
+            stream,
+            class: None,
+            duration: Duration::from_millis(100),
+        };
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (start_tx, start_rx) = std::sync::mpsc::channel();
+        let started = Instant::now();
+        let outcome = std::thread::scope(|scope| {
+            let reader = scope.spawn(move || run_reader(&plan, &NoSetup, &ready_tx, &start_rx));
+            ready_rx.recv().unwrap().unwrap();
+            start_tx.send(Instant::now()).unwrap();
+            reader.join().unwrap().unwrap()
+        });
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        assert_eq!(outcome.tally.reads, 10);
+        assert_eq!(outcome.latency.len(), 10);
+        assert_eq!(outcome.tally.misses, 0);
+        assert_eq!(outcome.wraps, 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_copy_loop_copies_the_whole_file_per_pass() {
+        let dir = temp_dir("copy");
+        let (source, destination) = (dir.join("source"), dir.join("destination"));
+        let data: Vec<u8> = (0..(WRITEBACK_WINDOW * 3 + 5))
+            .map(|i| (i % 253) as u8)
+            .collect();
+        std::fs::write(&source, &data).unwrap();
+        let copy = CopyLoop::start(source.clone(), destination.clone(), 128 << 10);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while copy.passes() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let copied = copy.copied_bytes();
+        copy.stop().unwrap();
+        assert!(copied >= 2 * data.len() as u64);
+        // The destination holds a complete copy from a finished pass, or a prefix of one.
+        let copy_data = std::fs::read(&destination).unwrap();
+        assert_eq!(copy_data[..], data[..copy_data.len()]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
