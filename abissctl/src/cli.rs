@@ -8,8 +8,10 @@ use clap::{Parser, Subcommand};
 use crate::devices;
 use crate::error::CliError;
 use crate::stats;
+use crate::streams::{self, StreamParameters};
 use crate::trace::{self, TraceOptions};
 use abiss_client::Client;
+use abiss_proto::{ByteRate, ByteSize};
 
 /// Guaranteed-rate file streaming and block I/O tracing by priority (ABISS).
 #[derive(Debug, Parser)]
@@ -46,6 +48,44 @@ enum Command {
         #[arg(long, short = 'e')]
         events: bool,
     },
+    /// Attach FILE with a guaranteed byterate until `detach`; prints the stream id.
+    Attach {
+        /// The file (opened by abissctl as you, and handed to abissd).
+        file: PathBuf,
+        #[command(flatten)]
+        stream: StreamArgs,
+        /// Print the stream as JSON instead of its id.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
+    /// End a stream, named by its id or its file.
+    Detach {
+        /// Stream id, or the attached file.
+        target: String,
+    },
+    /// Attach FILE for as long as a command runs: `abissctl run --rate 1MB/s FILE -- CMD ARGS…`.
+    Run {
+        /// The file.
+        file: PathBuf,
+        #[command(flatten)]
+        stream: StreamArgs,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// The streams: file, rate, buffer, playout point, resident and locked bytes, credit,
+    /// misses, prefetched bytes and readers.
+    List {
+        /// Print JSON.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
+    /// The managed devices: elevator, dispatch depth, capacity, reserved and free rate.
+    Status {
+        /// Print JSON.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
     /// Cost of each eBPF program (runs and mean ns per run) and of the daemon (CPU, RSS),
     /// measured over an interval with kernel BPF statistics switched on only meanwhile.
     Stats {
@@ -56,6 +96,34 @@ enum Command {
         #[arg(long, short = 'j')]
         json: bool,
     },
+}
+
+/// How a file is streamed.
+#[derive(Debug, clap::Args)]
+struct StreamArgs {
+    /// Guaranteed byterate: 1MiB/s, 1MB/s (= 1 000 000 B/s), or bytes per second.
+    #[arg(long, short = 'r')]
+    rate: ByteRate,
+    /// Playout buffer: how much is kept loaded ahead of the reader.
+    #[arg(long, short = 'b', default_value = "564KiB")]
+    buffer: ByteSize,
+    /// Pages loaded per credit step.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    batch: u32,
+    /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
+    #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+    priority: u8,
+}
+
+impl StreamArgs {
+    fn parameters(&self) -> StreamParameters {
+        StreamParameters {
+            rate: self.rate,
+            buffer: self.buffer,
+            batch: self.batch,
+            priority: self.priority,
+        }
+    }
 }
 
 /// Seconds as a positive number up to a day.
@@ -70,9 +138,24 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-/// Runs one command.
-pub fn run(cli: Cli) -> Result<(), CliError> {
+/// Runs one command; returns the exit code to end with.
+pub fn run(cli: Cli) -> Result<u8, CliError> {
+    let connect = || Client::connect(&cli.socket).map_err(CliError::from);
     match cli.command {
+        Command::Attach { file, stream, json } => {
+            streams::attach(&mut connect()?, &file, &stream.parameters(), json)
+        }
+        Command::Detach { target } => streams::detach(&mut connect()?, &target),
+        Command::Run {
+            file,
+            stream,
+            command,
+        } => {
+            let code = streams::run(&mut connect()?, &file, &stream.parameters(), &command)?;
+            return Ok(u8::try_from(code).unwrap_or(1));
+        }
+        Command::List { json } => streams::list(&mut connect()?, json),
+        Command::Status { json } => streams::status(&mut connect()?, json),
         Command::Trace {
             device,
             queued,
@@ -89,18 +172,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 count,
                 json,
             };
-            let mut client = Client::connect(&cli.socket)?;
+            let mut client = connect()?;
             if events {
                 trace::events(&mut client, &options)
             } else {
                 trace::histograms(&mut client, &options)
             }
         }
-        Command::Stats { interval, json } => {
-            let mut client = Client::connect(&cli.socket)?;
-            stats::show(&mut client, interval, json)
-        }
+        Command::Stats { interval, json } => stats::show(&mut connect()?, interval, json),
     }
+    .map(|()| 0)
 }
 
 #[cfg(test)]

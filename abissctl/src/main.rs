@@ -7,12 +7,13 @@ mod cli;
 mod devices;
 mod error;
 mod stats;
+mod streams;
 mod trace;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     match cli::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
         Err(error) => {
             eprintln!("abissctl: {error}");
             ExitCode::from(error.exit_code())

@@ -43,6 +43,70 @@ pub const MAX_HISTOGRAM_KEYS: u32 = 4_096;
 /// Size of the ring buffer that carries per-request events to user space, in bytes.
 pub const EVENT_RING_BYTES: u32 = 1 << 20;
 
+/// Files attached as streams at once.
+pub const MAX_ATTACHED_FILES: u32 = 1024;
+
+/// Size of the ring buffer that carries reads of attached files to abissd, in bytes.
+pub const PLAYOUT_RING_BYTES: u32 = 256 << 10;
+
+/// A file as the kernel names it: filesystem device and inode number.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FileKey {
+    /// Filesystem device (`dev_t` kernel encoding, `s_dev`).
+    pub dev: u32,
+    /// Padding, always zero so keys compare bytewise.
+    pub pad: u32,
+    /// Inode number.
+    pub ino: u64,
+}
+
+/// What the programs know of an attached file.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttachedFile {
+    /// Stream id.
+    pub stream: u64,
+    /// ABISS priority level of the stream.
+    pub level: u8,
+    /// Padding.
+    pub pad: [u8; 7],
+}
+
+/// What a task did with an attached file ([`PlayoutEvent::kind`]).
+pub mod playout_kind {
+    /// A read(2)-family call asked the page cache for pages.
+    pub const READ: u32 = 1;
+    /// A fault on a mapping of the file.
+    pub const FAULT: u32 = 2;
+    /// A read missed the page cache and started synchronous readahead: the reader waits.
+    pub const MISS: u32 = 3;
+}
+
+/// A task's access to an attached file, sent to abissd (the daemon's own reads are left out).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PlayoutEvent {
+    /// When (`bpf_ktime_get_ns`).
+    pub ts_ns: u64,
+    /// Stream id.
+    pub stream: u64,
+    /// First page index touched.
+    pub first_page: u64,
+    /// Last page index touched.
+    pub last_page: u64,
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id.
+    pub pid: u32,
+    /// See [`playout_kind`].
+    pub kind: u32,
+    /// Padding.
+    pub pad: u32,
+    /// Command name.
+    pub comm: [u8; COMM_LEN],
+}
+
 /// Offsets of the kernel structure fields the programs read, in bytes.
 ///
 /// The eBPF programs cannot rely on compile-time struct layouts (Rust eBPF has no CO-RE field
@@ -306,11 +370,17 @@ mod pod {
     unsafe impl aya::Pod for super::RequestOrigin {}
     unsafe impl aya::Pod for super::InflightRequest {}
     unsafe impl aya::Pod for super::RequestEvent {}
+    unsafe impl aya::Pod for super::FileKey {}
+    unsafe impl aya::Pod for super::AttachedFile {}
+    unsafe impl aya::Pod for super::PlayoutEvent {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 19 * 4);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
+const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
+const _: () = assert!(core::mem::size_of::<AttachedFile>() == 16);
+const _: () = assert!(core::mem::size_of::<PlayoutEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 32 + 2 * 8 * LATENCY_SLOTS);
 const _: () = assert!(core::mem::size_of::<RequestOrigin>() == 40);
 const _: () = assert!(core::mem::size_of::<InflightRequest>() == 40);

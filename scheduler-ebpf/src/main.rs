@@ -21,9 +21,10 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
-    ioprio, latency_slot, op, request_state, Control, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RequestEvent, RequestOrigin, EVENT_RING_BYTES, MAX_HISTOGRAM_KEYS,
-    MAX_INFLIGHT,
+    ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, Control, FileKey,
+    HistogramKey, InflightRequest, KernelLayout, LatencyCounters, PlayoutEvent, RequestEvent,
+    RequestOrigin, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,
+    PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -53,6 +54,14 @@ static ZERO_COUNTERS: Array<LatencyCounters> = Array::with_max_entries(1, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENT_RING_BYTES, 0);
+
+/// Files attached as streams, written by abissd.
+#[map]
+static ATTACHED: HashMap<FileKey, AttachedFile> = HashMap::with_max_entries(MAX_ATTACHED_FILES, 0);
+
+/// Reads, faults and misses of attached files, for abissd's playout tracking.
+#[map]
+static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
 
 macro_rules! layout {
     ($field:ident) => {
@@ -390,6 +399,99 @@ fn emit(
         });
         entry.submit(0);
     }
+}
+
+/// The stream an inode belongs to, if its file is attached. `inode` is a BTF-typed pointer.
+#[inline(always)]
+fn attached_stream(inode: u64) -> Option<AttachedFile> {
+    if inode == 0 {
+        return None;
+    }
+    let sb: u64 = field(inode, layout!(inode_sb));
+    if sb == 0 {
+        return None;
+    }
+    let key = FileKey {
+        dev: field(sb, layout!(sb_dev)),
+        pad: 0,
+        ino: field(inode, layout!(inode_ino)),
+    };
+    // SAFETY: pointer to a live map value, copied.
+    ATTACHED.get_ptr(key).map(|found| unsafe { *found })
+}
+
+/// Tells abissd that a task other than abissd touched pages of an attached file.
+#[inline(always)]
+fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
+    if layout!(valid) == 0 {
+        return;
+    }
+    let Some(attached) = attached_stream(inode) else {
+        return;
+    };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
+    let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if CONTROL
+        .get(0)
+        .is_some_and(|control| control.daemon_tgid == tgid)
+    {
+        return;
+    }
+    if let Some(mut entry) = PLAYOUT.reserve::<PlayoutEvent>(0) {
+        entry.write(PlayoutEvent {
+            ts_ns: now_ns(),
+            stream: attached.stream,
+            first_page,
+            last_page,
+            tgid,
+            pid,
+            kind,
+            pad: 0,
+            comm: bpf_get_current_comm().unwrap_or_default(),
+        });
+        entry.submit(0);
+    }
+}
+
+/// `mm_filemap_get_pages(mapping, index, last_index)`: a read(2)-family call on a file.
+#[btf_tracepoint(function = "mm_filemap_get_pages")]
+pub fn abiss_get_pages(ctx: BtfTracePointContext) -> i32 {
+    let mapping: u64 = ctx.arg(0);
+    let index: u64 = ctx.arg(1);
+    let last_index: u64 = ctx.arg(2);
+    if mapping != 0 {
+        let inode: u64 = field(mapping, layout!(mapping_host));
+        report_access(inode, index, last_index, playout_kind::READ);
+    }
+    0
+}
+
+/// `mm_filemap_fault(mapping, index)`: a page fault on a mapped file.
+#[btf_tracepoint(function = "mm_filemap_fault")]
+pub fn abiss_fault(ctx: BtfTracePointContext) -> i32 {
+    let mapping: u64 = ctx.arg(0);
+    let index: u64 = ctx.arg(1);
+    if mapping != 0 {
+        let inode: u64 = field(mapping, layout!(mapping_host));
+        report_access(inode, index, index, playout_kind::FAULT);
+    }
+    0
+}
+
+/// `page_cache_sync_ra(inode, index, ra, req_count)`: a read missed the page cache.
+#[btf_tracepoint(function = "page_cache_sync_ra")]
+pub fn abiss_sync_ra(ctx: BtfTracePointContext) -> i32 {
+    let inode: u64 = ctx.arg(0);
+    let index: u64 = ctx.arg(1);
+    let count: u64 = ctx.arg(3);
+    report_access(
+        inode,
+        index,
+        index + count.saturating_sub(1),
+        playout_kind::MISS,
+    );
+    0
 }
 
 #[cfg(not(test))]

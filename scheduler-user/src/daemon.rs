@@ -1,25 +1,33 @@
 //! The daemon's life: preflight, load, serve, and a clean shutdown on SIGINT/SIGTERM.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use abiss_proto::{
-    decode_line, encode_line, Envelope, ErrorKind, LatencyGroup, Request, RequestRecord, Response,
-    MAX_LINE_BYTES, PROTOCOL_VERSION,
+    decode_line, encode_line, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
+    Request, RequestRecord, Response, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
 use aya::maps::{MapData, RingBuf};
 use log::{info, warn};
+use scheduler_common::PlayoutEvent;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Interest};
+use tokio::io::Interest;
 use tokio::net::UnixStream;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+use crate::connection::FramedSocket;
+use crate::controller::{Controller, ManagedDisk, Refusal};
+use crate::device::{self, DeviceConfig, DeviceError, ManagedDevice, RecoveryOutcome};
 use crate::kernel_layout::{self, LayoutError};
+use crate::policy::admission::ShareAdmission;
+use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::socket::{ControlSocket, SocketError};
 use crate::stats;
-use crate::tracer::{decode_event, BlockTracer, TracerError};
+use crate::tracer::{decode_event, decode_playout, BlockTracer, TracerError};
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -28,6 +36,16 @@ pub struct DaemonConfig {
     pub socket: PathBuf,
     /// Kernel BTF to resolve struct layouts from.
     pub btf: PathBuf,
+    /// Where device settings to restore are kept (survives a crash, not a reboot).
+    pub state_dir: PathBuf,
+    /// Devices to manage, as users name them.
+    pub devices: Vec<String>,
+    /// Elevator and dispatch depth of managed devices.
+    pub device_config: DeviceConfig,
+    /// Sustained capacity assumed for every managed device until it has a measured model, B/s.
+    pub capacity_bps: u64,
+    /// Share of the capacity real-time streams may reserve, percent.
+    pub realtime_share_percent: u32,
 }
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
@@ -47,6 +65,9 @@ pub enum DaemonError {
     /// The programs could not be loaded or attached.
     #[error("{0}; abiss needs Linux 6.1 or newer with BTF tracepoints")]
     Tracer(#[from] TracerError),
+    /// A device could not be managed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// Anything else.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -64,16 +85,42 @@ impl DaemonError {
             Self::Socket(SocketError::NotASocket { .. }) => 13,
             Self::Socket(SocketError::Io { .. }) => 14,
             Self::Tracer(_) => 15,
+            Self::Device(_) => 16,
         }
     }
 }
 
-/// What connections ask of the main loop, the only place that touches the maps.
+type Reply<T> = oneshot::Sender<T>;
+
+/// What connections ask of the main loop, the only place that touches maps and streams.
 enum Command {
-    Latency(oneshot::Sender<Result<Vec<LatencyGroup>, String>>),
-    RequestRecords(oneshot::Sender<(u64, u64)>),
+    Latency(Reply<Result<Vec<LatencyGroup>, String>>),
+    RequestRecords(Reply<(u64, u64)>),
     /// A client started (+1) or stopped (-1) streaming events.
     EventSubscribers(i32),
+    Attach {
+        uid: u32,
+        connection: u64,
+        fd: std::os::fd::OwnedFd,
+        request: AttachRequest,
+        reply: Reply<Result<StreamInfo, Refusal>>,
+    },
+    Detach {
+        uid: u32,
+        target: StreamTarget,
+        reply: Reply<Result<u64, Refusal>>,
+    },
+    Position {
+        uid: u32,
+        stream: u64,
+        offset: u64,
+    },
+    List {
+        uid: u32,
+        reply: Reply<Vec<StreamInfo>>,
+    },
+    Status(Reply<Vec<DeviceStatus>>),
+    ConnectionClosed(u64),
 }
 
 /// Shared, read-only context of every connection.
@@ -81,8 +128,38 @@ enum Command {
 struct Context {
     commands: mpsc::Sender<Command>,
     events: broadcast::Sender<RequestRecord>,
-    program_ids: std::sync::Arc<Vec<(String, u32)>>,
+    program_ids: Arc<Vec<(String, u32)>>,
     kernel: String,
+    connections: Arc<AtomicU64>,
+}
+
+/// Takes every configured device, restoring first what a crashed daemon left behind.
+fn take_devices(config: &DaemonConfig) -> Result<Vec<ManagedDisk>, DaemonError> {
+    for outcome in device::recover(&config.state_dir)? {
+        match outcome {
+            RecoveryOutcome::Restored { disk } => {
+                info!("restored {disk}, left managed by a daemon that did not exit cleanly");
+            }
+            other => warn!("device state from an earlier daemon: {other:?}"),
+        }
+    }
+    let mut disks = Vec::new();
+    for spec in &config.devices {
+        let device = ManagedDevice::take(spec, &config.device_config, &config.state_dir)?;
+        let admission = ShareAdmission {
+            device: device.disk().name.clone(),
+            capacity_bps: config.capacity_bps,
+            share_percent: config.realtime_share_percent,
+        };
+        info!(
+            "managing {} with {} at dispatch depth {}",
+            device.disk(),
+            config.device_config.elevator,
+            config.device_config.dispatch_depth
+        );
+        disks.push(ManagedDisk { device, admission });
+    }
+    Ok(disks)
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. Must be called inside a tokio runtime.
@@ -93,27 +170,44 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     }
     let layout = kernel_layout::resolve(&config.btf)?;
     let socket = ControlSocket::bind(&config.socket)?;
+    let disks = take_devices(&config)?;
     let mut tracer = BlockTracer::load(&layout, &config.btf)?;
-    let ring = tracer.take_event_ring()?;
+    let event_ring = tracer.take_event_ring()?;
+    let playout_ring = tracer.take_playout_ring()?;
 
-    let (commands, mut command_rx) = mpsc::channel(64);
+    let (commands, mut command_rx) = mpsc::channel(256);
     let (events, _) = broadcast::channel(8192);
+    let (loads, mut load_rx) = mpsc::unbounded_channel::<LoadDone>();
+    let (playout, mut playout_rx) = mpsc::unbounded_channel::<PlayoutEvent>();
     let context = Context {
         commands,
         events: events.clone(),
-        program_ids: std::sync::Arc::new(tracer.program_ids().to_vec()),
+        program_ids: Arc::new(tracer.program_ids().to_vec()),
         kernel: kernel_layout::kernel_release(),
+        connections: Arc::new(AtomicU64::new(0)),
     };
-    let pump = tokio::spawn(pump_events(ring, events));
+    let mut controller = Controller::new(tracer, PrefetchEngine::new(loads), disks);
+    let event_pump = tokio::spawn(pump_ring(event_ring, move |bytes| {
+        if let Some(record) = decode_event(bytes) {
+            let _ = events.send(record);
+        }
+    }));
+    let playout_pump = tokio::spawn(pump_ring(playout_ring, move |bytes| {
+        if let Some(event) = decode_playout(bytes) {
+            let _ = playout.send(event);
+        }
+    }));
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut subscribers: i32 = 0;
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
+    // The credit timers' resolution: a 1 MB/s stream earns a 20-page batch every 82 ms.
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     info!(
-        "abissd {} listening on {} (programs: {})",
+        "abissd {} listening on {}",
         env!("CARGO_PKG_VERSION"),
-        config.socket.display(),
-        tracer.program_ids().len()
+        config.socket.display()
     );
 
     loop {
@@ -122,45 +216,81 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
                 Ok((stream, _)) => { tokio::spawn(serve_connection(stream, context.clone())); }
                 Err(error) => warn!("accept failed: {error}"),
             },
-            Some(command) = command_rx.recv() => match command {
-                Command::Latency(reply) => {
-                    let _ = reply.send(tracer.latency().map_err(|e| e.to_string()));
-                }
-                Command::RequestRecords(reply) => {
-                    let _ = reply.send(tracer.request_records().unwrap_or((0, 0)));
-                }
-                Command::EventSubscribers(change) => {
-                    let before = subscribers;
-                    subscribers = (subscribers + change).max(0);
-                    if (before == 0) != (subscribers == 0) {
-                        if let Err(error) = tracer.set_emit_events(subscribers > 0) {
-                            warn!("cannot switch request events: {error}");
-                        }
-                    }
-                }
+            Some(command) = command_rx.recv() => {
+                handle(&mut controller, command, &mut subscribers);
+            }
+            Some(done) = load_rx.recv() => controller.loaded(done),
+            Some(event) = playout_rx.recv() => controller.playout_event(&event, monotonic_ns()),
+            _ = tick.tick() => if controller.has_streams() {
+                controller.tick(monotonic_ns());
             },
-            _ = sweep.tick() => match tracer.sweep_stale(monotonic_ns()) {
+            _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_ns()) {
                 Ok(0) => {}
-                Ok(dropped) => info!("dropped {dropped} tracked requests that never completed"),
-                Err(error) => warn!("cannot sweep tracked requests: {error}"),
+                Ok(dropped) => info!("dropped {dropped} idle request records"),
+                Err(error) => warn!("cannot sweep request records: {error}"),
             },
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
     }
-    info!("shutting down: detaching programs");
-    pump.abort();
-    drop(tracer);
+    info!("shutting down: ending streams, restoring devices, detaching programs");
+    event_pump.abort();
+    playout_pump.abort();
+    controller.shutdown();
     drop(socket);
     Ok(())
 }
 
-/// Moves per-request events from the ring buffer to every subscribed connection.
-async fn pump_events(ring: RingBuf<MapData>, events: broadcast::Sender<RequestRecord>) {
+fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) {
+    match command {
+        Command::Latency(reply) => {
+            let _ = reply.send(controller.tracer().latency().map_err(|e| e.to_string()));
+        }
+        Command::RequestRecords(reply) => {
+            let _ = reply.send(controller.tracer().request_records().unwrap_or((0, 0)));
+        }
+        Command::EventSubscribers(change) => {
+            let before = *subscribers;
+            *subscribers = (*subscribers + change).max(0);
+            if (before == 0) != (*subscribers == 0) {
+                if let Err(error) = controller.tracer().set_emit_events(*subscribers > 0) {
+                    warn!("cannot switch request events: {error}");
+                }
+            }
+        }
+        Command::Attach {
+            uid,
+            connection,
+            fd,
+            request,
+            reply,
+        } => {
+            let _ = reply.send(controller.attach(uid, connection, fd, request, monotonic_ns()));
+        }
+        Command::Detach { uid, target, reply } => {
+            let _ = reply.send(controller.detach(uid, &target));
+        }
+        Command::Position {
+            uid,
+            stream,
+            offset,
+        } => controller.position(uid, stream, offset, monotonic_ns()),
+        Command::List { uid, reply } => {
+            let _ = reply.send(controller.list(uid));
+        }
+        Command::Status(reply) => {
+            let _ = reply.send(controller.status());
+        }
+        Command::ConnectionClosed(connection) => controller.connection_closed(connection),
+    }
+}
+
+/// Hands every record of a ring buffer to `deliver`.
+async fn pump_ring(ring: RingBuf<MapData>, mut deliver: impl FnMut(&[u8])) {
     // SAFETY: the ring buffer owns its map descriptor for as long as the AsyncFd owns the ring.
     let Ok(mut ring) = (unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) })
     else {
-        warn!("cannot poll the event ring buffer");
+        warn!("cannot poll a ring buffer");
         return;
     };
     loop {
@@ -169,9 +299,7 @@ async fn pump_events(ring: RingBuf<MapData>, events: broadcast::Sender<RequestRe
         };
         let buffer = ready.get_inner_mut();
         while let Some(item) = buffer.next() {
-            if let Some(record) = decode_event(&item) {
-                let _ = events.send(record);
-            }
+            deliver(&item);
         }
         ready.clear_ready();
     }
@@ -184,11 +312,26 @@ fn error_response(error: ErrorKind, message: impl Into<String>) -> Response {
     }
 }
 
-async fn send(stream: &mut (impl AsyncWriteExt + Unpin), response: &Response) -> bool {
+async fn send(socket: &mut FramedSocket, response: &Response) -> bool {
     match encode_line(response) {
-        Ok(line) => stream.write_all(&line).await.is_ok(),
+        Ok(line) => socket.write_all(&line).await.is_ok(),
         Err(_) => false,
     }
+}
+
+/// Asks the main loop and waits for its answer.
+async fn ask<T>(context: &Context, make: impl FnOnce(Reply<T>) -> Command) -> Option<T> {
+    let (reply, answer) = oneshot::channel();
+    context.commands.send(make(reply)).await.ok()?;
+    answer.await.ok()
+}
+
+fn shutting_down() -> Response {
+    error_response(ErrorKind::Internal, "abissd is shutting down")
+}
+
+fn refusal((error, message): Refusal) -> Response {
+    error_response(error, message)
 }
 
 async fn serve_connection(stream: UnixStream, context: Context) {
@@ -199,22 +342,39 @@ async fn serve_connection(stream: UnixStream, context: Context) {
             return;
         }
     };
-    let (read_half, mut write_half) = stream.into_split();
-    let mut lines = BufReader::new(read_half);
-    let mut line = Vec::new();
+    let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut socket = FramedSocket::new(stream);
+    serve_requests(&mut socket, &context, peer_uid, connection).await;
+    let _ = context
+        .commands
+        .send(Command::ConnectionClosed(connection))
+        .await;
+}
+
+async fn serve_requests(
+    socket: &mut FramedSocket,
+    context: &Context,
+    peer_uid: u32,
+    connection: u64,
+) {
     loop {
-        line.clear();
-        // Bound what one client can make the daemon buffer.
-        let mut limited = (&mut lines).take(MAX_LINE_BYTES as u64 + 1);
-        match limited.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
+        let line = match socket.next_line().await {
+            Ok(Some(line)) => line,
+            Ok(None) => return,
+            Err(error) => {
+                let _ = send(
+                    socket,
+                    &error_response(ErrorKind::BadRequest, error.to_string()),
+                )
+                .await;
+                return;
+            }
+        };
         let envelope: Envelope = match decode_line(&line) {
             Ok(envelope) => envelope,
             Err(error) => {
                 let _ = send(
-                    &mut write_half,
+                    socket,
                     &error_response(ErrorKind::BadRequest, error.to_string()),
                 )
                 .await;
@@ -226,11 +386,7 @@ async fn serve_connection(stream: UnixStream, context: Context) {
                 "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
                 envelope.version
             );
-            let _ = send(
-                &mut write_half,
-                &error_response(ErrorKind::VersionMismatch, message),
-            )
-            .await;
+            let _ = send(socket, &error_response(ErrorKind::VersionMismatch, message)).await;
             return;
         }
         let response = match envelope.request {
@@ -239,37 +395,73 @@ async fn serve_connection(stream: UnixStream, context: Context) {
                 pid: std::process::id(),
                 kernel: context.kernel.clone(),
             },
-            Request::Latency => latency(&context).await,
-            Request::Stats { window_ms } => stats_response(&context, window_ms).await,
+            Request::Latency => match ask(context, Command::Latency).await {
+                Some(Ok(groups)) => Response::Latency {
+                    taken_ns: monotonic_ns(),
+                    groups,
+                },
+                Some(Err(message)) => error_response(ErrorKind::Internal, message),
+                None => shutting_down(),
+            },
+            Request::Stats { window_ms } => stats_response(context, window_ms).await,
             Request::Events => {
-                stream_events(&mut write_half, &context, peer_uid).await;
+                stream_events(socket, context, peer_uid).await;
                 return;
             }
-            _ => error_response(ErrorKind::BadRequest, "streams are not served yet"),
+            Request::Attach(request) => match socket.take_fd() {
+                None => error_response(
+                    ErrorKind::BadRequest,
+                    "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
+                ),
+                Some(fd) => match ask(context, |reply| Command::Attach {
+                    uid: peer_uid,
+                    connection,
+                    fd,
+                    request,
+                    reply,
+                })
+                .await
+                {
+                    Some(Ok(info)) => Response::Attached(info),
+                    Some(Err(refused)) => refusal(refused),
+                    None => shutting_down(),
+                },
+            },
+            Request::Detach { target } => match ask(context, |reply| Command::Detach {
+                uid: peer_uid,
+                target,
+                reply,
+            })
+            .await
+            {
+                Some(Ok(stream)) => Response::Detached { stream },
+                Some(Err(refused)) => refusal(refused),
+                None => shutting_down(),
+            },
+            Request::Position { stream, offset } => {
+                // A notification: no answer, so a reader never waits for the daemon.
+                let _ = context
+                    .commands
+                    .send(Command::Position {
+                        uid: peer_uid,
+                        stream,
+                        offset,
+                    })
+                    .await;
+                continue;
+            }
+            Request::List => match ask(context, |reply| Command::List { uid: peer_uid, reply }).await {
+                Some(streams) => Response::Streams { streams },
+                None => shutting_down(),
+            },
+            Request::Status => match ask(context, Command::Status).await {
+                Some(devices) => Response::Devices { devices },
+                None => shutting_down(),
+            },
         };
-        if !send(&mut write_half, &response).await {
+        if !send(socket, &response).await {
             return;
         }
-    }
-}
-
-async fn latency(context: &Context) -> Response {
-    let (reply, answer) = oneshot::channel();
-    if context
-        .commands
-        .send(Command::Latency(reply))
-        .await
-        .is_err()
-    {
-        return error_response(ErrorKind::Internal, "abissd is shutting down");
-    }
-    match answer.await {
-        Ok(Ok(groups)) => Response::Latency {
-            taken_ns: monotonic_ns(),
-            groups,
-        },
-        Ok(Err(message)) => error_response(ErrorKind::Internal, message),
-        Err(_) => error_response(ErrorKind::Internal, "abissd is shutting down"),
     }
 }
 
@@ -287,26 +479,17 @@ async fn stats_response(context: &Context, window_ms: u64) -> Response {
                 return error_response(
                     ErrorKind::Internal,
                     format!("cannot switch on BPF statistics: {error}"),
-                )
+                );
             }
         };
-    let (reply, answer) = oneshot::channel();
-    if context
-        .commands
-        .send(Command::RequestRecords(reply))
-        .await
-        .is_ok()
-    {
-        (report.tracked_requests, report.request_records) = answer.await.unwrap_or((0, 0));
+    if let Some((in_flight, records)) = ask(context, Command::RequestRecords).await {
+        report.tracked_requests = in_flight;
+        report.request_records = records;
     }
     Response::Stats(report)
 }
 
-async fn stream_events(
-    stream: &mut (impl AsyncWriteExt + Unpin),
-    context: &Context,
-    peer_uid: u32,
-) {
+async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u32) {
     let mut receiver = context.events.subscribe();
     if context
         .commands
@@ -323,7 +506,7 @@ async fn stream_events(
                 if peer_uid != 0 && record.uid != peer_uid {
                     continue;
                 }
-                if !send(stream, &Response::Event(record)).await {
+                if !send(socket, &Response::Event(record)).await {
                     break;
                 }
             }
@@ -336,7 +519,9 @@ async fn stream_events(
     let _ = context.commands.send(Command::EventSubscribers(-1)).await;
 }
 
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC in ns: the clock of the eBPF programs' timestamps.
+#[must_use]
+pub fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
         u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
             + u64::try_from(t.tv_nsec()).unwrap_or(0)

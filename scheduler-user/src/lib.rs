@@ -7,13 +7,17 @@
 //! Requires Linux 6.1 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`).
 #![deny(missing_docs)]
 
+pub mod connection;
+pub mod controller;
 pub mod daemon;
 pub mod device;
 pub mod kernel_layout;
 pub mod policy;
+pub mod prefetch;
 pub mod preflight;
 pub mod socket;
 pub mod stats;
+pub mod streams;
 pub mod tracer;
 
 pub use daemon::{run, DaemonConfig, DaemonError};

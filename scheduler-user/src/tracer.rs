@@ -11,20 +11,23 @@ use aya::{
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use scheduler_common::{
-    request_state, Control, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
-    RequestEvent, RequestOrigin, STALE_REQUEST_NS,
+    request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
+    LatencyCounters, PlayoutEvent, RequestEvent, RequestOrigin, STALE_REQUEST_NS,
 };
 
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
 
 /// The programs and the kernel tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 5] = [
+const PROGRAMS: [(&str, &str); 8] = [
     ("abiss_insert", "block_rq_insert"),
     ("abiss_issue", "block_rq_issue"),
     ("abiss_complete", "block_rq_complete"),
     ("abiss_merge", "block_rq_merge"),
     ("abiss_requeue", "block_rq_requeue"),
+    ("abiss_get_pages", "mm_filemap_get_pages"),
+    ("abiss_fault", "mm_filemap_fault"),
+    ("abiss_sync_ra", "page_cache_sync_ra"),
 ];
 
 /// Failures to load, attach or read the programs.
@@ -149,6 +152,45 @@ impl BlockTracer {
             .take_map(name)
             .ok_or(TracerError::MissingMap { name })?;
         RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// Takes the ring buffer that carries reads of attached files (once).
+    pub fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
+        let name = "PLAYOUT";
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// Tells the programs that `key` is streamed as `file`.
+    pub fn attach_file(&mut self, key: FileKey, file: AttachedFile) -> Result<(), TracerError> {
+        let name = "ATTACHED";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
+            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        attached
+            .insert(key, file, 0)
+            .map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// Tells the programs that `key` is no longer streamed.
+    pub fn detach_file(&mut self, key: FileKey) -> Result<(), TracerError> {
+        let name = "ATTACHED";
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
+            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        match attached.remove(&key) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(TracerError::Map { name, source }),
+        }
     }
 
     /// The cumulative latency histograms, summed over CPUs.
@@ -283,4 +325,15 @@ pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
         service_ns: event.service_ns,
         error: event.error,
     })
+}
+
+/// Decodes one playout event.
+#[must_use]
+pub fn decode_playout(bytes: &[u8]) -> Option<PlayoutEvent> {
+    if bytes.len() < size_of::<PlayoutEvent>() {
+        return None;
+    }
+    // SAFETY: the buffer holds at least one PlayoutEvent written by the eBPF side; any bit
+    // pattern is valid, and read_unaligned copes with the ring's alignment.
+    Some(unsafe { bytes.as_ptr().cast::<PlayoutEvent>().read_unaligned() })
 }

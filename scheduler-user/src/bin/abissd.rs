@@ -2,10 +2,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use abiss_daemon::device::{DeviceConfig, Elevator};
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
+use abiss_proto::ByteRate;
 use clap::Parser;
 
-/// The ABISS controller daemon: traces block I/O by priority and serves abissctl.
+/// The ABISS controller daemon: guaranteed-rate streams on managed disks, and block I/O
+/// tracing by priority.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -15,6 +18,28 @@ struct Args {
     /// Kernel BTF to resolve struct layouts from.
     #[arg(long, env = "ABISS_BTF", default_value = KERNEL_BTF)]
     btf: PathBuf,
+    /// Where device settings to restore after a crash are kept.
+    #[arg(long, default_value = "/run/abiss")]
+    state_dir: PathBuf,
+    /// A disk to manage (NAME, /dev/NAME or MAJOR:MINOR; a partition means its disk). Streams
+    /// can only be attached to files on managed disks. Repeat for more disks.
+    #[arg(long = "device", value_name = "DEV")]
+    devices: Vec<String>,
+    /// Elevator of managed disks: mq-deadline or bfq.
+    #[arg(long, default_value_t = DeviceConfig::DEFAULT.elevator)]
+    elevator: Elevator,
+    /// Most requests a managed disk's driver may hold (at least 4): the elevator orders the
+    /// rest, so a shallow queue keeps real-time requests first.
+    #[arg(long, default_value_t = DeviceConfig::DEFAULT.dispatch_depth)]
+    dispatch_depth: u32,
+    /// Sustained capacity assumed for each managed disk until it has a measured model, e.g.
+    /// 30MB/s.
+    #[arg(long, default_value = "20MB/s")]
+    capacity: ByteRate,
+    /// Percent of the capacity real-time streams may reserve (1 to 95); the rest stays for
+    /// best-effort traffic.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=95))]
+    realtime_share: u32,
 }
 
 fn main() -> ExitCode {
@@ -33,6 +58,14 @@ fn main() -> ExitCode {
     let config = DaemonConfig {
         socket: args.socket,
         btf: args.btf,
+        state_dir: args.state_dir,
+        devices: args.devices,
+        device_config: DeviceConfig {
+            elevator: args.elevator,
+            dispatch_depth: args.dispatch_depth,
+        },
+        capacity_bps: args.capacity.0,
+        realtime_share_percent: args.realtime_share,
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,203 @@
+//! `abissctl attach | detach | run | list | status`: streams with a guaranteed byterate.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use abiss_client::Client;
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamInfo, StreamTarget};
+
+use crate::error::CliError;
+
+/// Parameters of a stream as given on the command line.
+#[derive(Debug, Clone)]
+pub struct StreamParameters {
+    /// Rate.
+    pub rate: ByteRate,
+    /// Playout buffer.
+    pub buffer: ByteSize,
+    /// Pages per batch.
+    pub batch: u32,
+    /// ABISS level.
+    pub priority: u8,
+}
+
+impl StreamParameters {
+    fn request(&self, persistent: bool) -> AttachRequest {
+        AttachRequest {
+            rate: self.rate,
+            buffer: self.buffer,
+            batch_pages: self.batch,
+            priority: self.priority,
+            persistent,
+        }
+    }
+}
+
+/// Opens `path` as this user: the daemon gets the descriptor, never the path.
+fn open(path: &Path) -> Result<File, CliError> {
+    File::open(path)
+        .map_err(|error| CliError::BadFile(format!("cannot open {}: {error}", path.display())))
+}
+
+/// Attaches `path` until it is detached; prints the stream id.
+pub fn attach(
+    client: &mut Client,
+    path: &Path,
+    parameters: &StreamParameters,
+    json: bool,
+) -> Result<(), CliError> {
+    let file = open(path)?;
+    let info = client.attach(&file, parameters.request(true))?;
+    if json {
+        println!("{}", serde_json::to_string(&info).unwrap_or_default());
+    } else {
+        println!("{}", info.id);
+    }
+    Ok(())
+}
+
+/// Ends a stream named by id or by file.
+pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
+    let path = Path::new(target);
+    let target = match (target.parse::<u64>(), path.exists()) {
+        (Ok(id), false) => StreamTarget::Id(id),
+        _ => {
+            let meta = std::fs::metadata(path).map_err(|error| {
+                CliError::BadFile(format!(
+                    "'{target}' is neither a stream id nor a file ({error})"
+                ))
+            })?;
+            StreamTarget::File {
+                device: DeviceNumber {
+                    major: libc::major(meta.dev()),
+                    minor: libc::minor(meta.dev()),
+                },
+                inode: meta.ino(),
+            }
+        }
+    };
+    let id = client.detach(target)?;
+    println!("detached stream {id}");
+    Ok(())
+}
+
+/// Attaches `path` for as long as `command` runs; returns the command's exit status.
+pub fn run(
+    client: &mut Client,
+    path: &Path,
+    parameters: &StreamParameters,
+    command: &[String],
+) -> Result<i32, CliError> {
+    let file = open(path)?;
+    let Some((program, args)) = command.split_first() else {
+        return Err(CliError::Command("no command given after --".into()));
+    };
+    // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
+    let info = client.attach(&file, parameters.request(false))?;
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .map_err(|error| CliError::Command(format!("cannot run {program}: {error}")))?;
+    let _ = client.detach(StreamTarget::Id(info.id));
+    Ok(status.code().unwrap_or(128))
+}
+
+fn readers(info: &StreamInfo) -> String {
+    if info.readers.is_empty() {
+        return "-".to_owned();
+    }
+    info.readers
+        .iter()
+        .map(|r| format!("{}({})", r.comm, r.pid))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Prints the streams.
+pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
+    let streams = client.list()?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&streams).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let _ = writeln!(
+        out,
+        "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>11}  READERS",
+        "ID",
+        "FILE",
+        "RATE",
+        "BUFFER",
+        "POINT",
+        "RESIDENT",
+        "LOCKED",
+        "CREDIT",
+        "MISSES",
+        "PREFETCHED"
+    );
+    for info in &streams {
+        let _ = writeln!(
+            out,
+            "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>11}  {}",
+            info.id,
+            info.path,
+            info.rate.to_string(),
+            info.buffer.to_string(),
+            info.playout_point,
+            ByteSize(info.resident_bytes).to_string(),
+            ByteSize(info.locked_bytes).to_string(),
+            info.credit_bytes,
+            info.misses,
+            ByteSize(info.prefetched_bytes).to_string(),
+            readers(info)
+        );
+    }
+    Ok(())
+}
+
+/// Prints the managed devices.
+pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
+    let devices = client.status()?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&devices).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    if devices.is_empty() {
+        let _ = writeln!(out, "abissd manages no device (start it with --device DEV)");
+        return Ok(());
+    }
+    let _ = writeln!(
+        out,
+        "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>7}  CAPACITY FROM",
+        "DEVICE", "DEV", "ELEVATOR", "DEPTH", "CAPACITY", "RT %", "RESERVED", "FREE", "STREAMS"
+    );
+    for device in &devices {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>7}  {}",
+            device.name,
+            device.device.to_string(),
+            device.elevator,
+            device.dispatch_depth,
+            device.capacity.to_string(),
+            device.realtime_share_percent,
+            device.reserved.to_string(),
+            device.free.to_string(),
+            device.streams,
+            device.capacity_source
+        );
+    }
+    Ok(())
+}

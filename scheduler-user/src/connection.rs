@@ -1,0 +1,91 @@
+//! One client connection: protocol lines in, file descriptors alongside (`SCM_RIGHTS`).
+
+use std::collections::VecDeque;
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use abiss_proto::MAX_LINE_BYTES;
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use tokio::io::{AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+
+/// A Unix stream socket read as lines, keeping every descriptor that arrives in order.
+#[derive(Debug)]
+pub struct FramedSocket {
+    stream: UnixStream,
+    buffer: Vec<u8>,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl FramedSocket {
+    /// Wraps an accepted connection.
+    #[must_use]
+    pub fn new(stream: UnixStream) -> Self {
+        Self {
+            stream,
+            buffer: Vec::new(),
+            fds: VecDeque::new(),
+        }
+    }
+
+    /// The connected stream (for peer credentials).
+    #[must_use]
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// The next line, without its newline; `None` at the end of the connection.
+    pub async fn next_line(&mut self) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let mut line: Vec<u8> = self.buffer.drain(..=end).collect();
+                line.pop();
+                return Ok(Some(line));
+            }
+            if self.buffer.len() > MAX_LINE_BYTES {
+                return Err(io::Error::other(format!(
+                    "message longer than {MAX_LINE_BYTES} bytes"
+                )));
+            }
+            self.stream.readable().await?;
+            let mut chunk = [0u8; 8192];
+            let fd = self.stream.as_raw_fd();
+            let fds = &mut self.fds;
+            match self
+                .stream
+                .try_io(Interest::READABLE, || receive(fd, &mut chunk, fds))
+            {
+                Ok(0) => return Ok(None),
+                Ok(read) => self.buffer.extend_from_slice(&chunk[..read]),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// The oldest descriptor received and not yet taken.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fds.pop_front()
+    }
+
+    /// Writes all of `bytes`.
+    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.stream.write_all(bytes).await
+    }
+}
+
+/// One `recvmsg`: data into `buffer`, descriptors onto `fds` (close-on-exec).
+fn receive(fd: RawFd, buffer: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
+    let mut control = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [IoSliceMut::new(buffer)];
+    let message = recvmsg::<()>(fd, &mut iov, Some(&mut control), MsgFlags::MSG_CMSG_CLOEXEC)?;
+    for cmsg in message.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            for raw in received {
+                // SAFETY: the kernel just installed this descriptor for us; nothing else owns it.
+                fds.push_back(unsafe { OwnedFd::from_raw_fd(raw) });
+            }
+        }
+    }
+    Ok(message.bytes)
+}

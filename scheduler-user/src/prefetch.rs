@@ -1,0 +1,398 @@
+//! The prefetch engine: loads playout windows through io_uring at the streams' ABISS priorities,
+//! and locks what it loaded.
+//!
+//! A buffered read gets its I/O priority from the task that submits it, not from the SQE's
+//! `ioprio` (measured on this kernel: shared/notes/toolchain.md), and io_uring's workers inherit
+//! the submitting thread's I/O context. So there is one worker thread, with its own ring and its
+//! own `ioprio_set`, per ABISS level in use; a stream's loads go to its level's worker.
+//!
+//! A load is a buffered `READ` into a scratch buffer (the page cache keeps the data), then
+//! `mlock` of the same range of a read-only shared mapping of the file, which pins the pages
+//! while they are in the playout window. Unmapping the file (when the last user of a
+//! [`MappedFile`] goes) unlocks everything still locked.
+
+use std::collections::HashMap;
+use std::io;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use io_uring::{opcode, types, IoUring};
+use log::warn;
+use nix::sys::mman::{mlock, mmap, munlock, munmap, MapFlags, ProtFlags};
+
+use crate::policy::priority::encoded_ioprio;
+
+/// A file a stream reads, mapped read-only so its window's pages can be locked.
+#[derive(Debug)]
+pub struct MappedFile {
+    fd: OwnedFd,
+    map: NonNull<libc::c_void>,
+    map_bytes: usize,
+}
+
+// SAFETY: the mapping is read-only and only used as an address range for mlock/munlock/mincore,
+// never dereferenced; the descriptor is an OwnedFd. Both are safe to use from any thread.
+unsafe impl Send for MappedFile {}
+// SAFETY: see Send; all operations are system calls on the immutable range.
+unsafe impl Sync for MappedFile {}
+
+impl MappedFile {
+    /// Maps `bytes` of `fd` (a readable regular file).
+    pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
+        let page = 4096;
+        let map_bytes = usize::try_from(bytes.div_ceil(page) * page).map_err(io::Error::other)?;
+        let length =
+            NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("the file is empty"))?;
+        // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
+        // the address the kernel picks.
+        let map = unsafe {
+            mmap(
+                None,
+                length,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        Ok(Self { fd, map, map_bytes })
+    }
+
+    /// The descriptor.
+    #[must_use]
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    fn span(&self, range: &Range<u64>) -> Option<(NonNull<libc::c_void>, usize)> {
+        let start = usize::try_from(range.start).ok()?;
+        let end = usize::try_from(range.end).ok()?.min(self.map_bytes);
+        if start >= end {
+            return None;
+        }
+        // SAFETY: start < map_bytes, so the pointer stays inside the mapping.
+        let address = unsafe { self.map.byte_add(start) };
+        Some((address, end - start))
+    }
+
+    /// Locks the pages of `range` (they are read in first if they are not resident).
+    pub fn lock(&self, range: &Range<u64>) -> io::Result<()> {
+        match self.span(range) {
+            // SAFETY: the span lies within our mapping.
+            Some((address, length)) => unsafe { mlock(address, length) }.map_err(io::Error::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Unlocks the pages of `range`.
+    pub fn unlock(&self, range: &Range<u64>) -> io::Result<()> {
+        match self.span(range) {
+            // SAFETY: the span lies within our mapping.
+            Some((address, length)) => unsafe { munlock(address, length) }.map_err(io::Error::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes of `range` resident in the page cache (`mincore`).
+    pub fn resident_bytes(&self, range: &Range<u64>) -> io::Result<u64> {
+        let Some((address, length)) = self.span(range) else {
+            return Ok(0);
+        };
+        let mut pages = vec![0u8; length.div_ceil(4096)];
+        // SAFETY: the span lies within our mapping and `pages` has one byte per page.
+        let rc = unsafe { libc::mincore(address.as_ptr(), length, pages.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096)
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once; this also unlocks whatever is still locked.
+        if let Err(error) = unsafe { munmap(self.map, self.map_bytes) } {
+            warn!("cannot unmap a stream's file: {error}");
+        }
+    }
+}
+
+/// One window range to load for a stream.
+#[derive(Debug)]
+pub struct LoadJob {
+    /// Stream id.
+    pub stream: u64,
+    /// Seek generation (stale generations are cancelled).
+    pub generation: u32,
+    /// Page-aligned byte range.
+    pub range: Range<u64>,
+    /// The stream's file.
+    pub file: Arc<MappedFile>,
+}
+
+/// How a load ended.
+#[derive(Debug)]
+pub enum LoadOutcome {
+    /// Read into the page cache and locked.
+    Loaded,
+    /// Cancelled by a seek or a detach.
+    Cancelled,
+    /// The read or the lock failed.
+    Failed(io::Error),
+}
+
+/// A finished load, reported to the daemon's main loop.
+#[derive(Debug)]
+pub struct LoadDone {
+    /// Stream id.
+    pub stream: u64,
+    /// Seek generation.
+    pub generation: u32,
+    /// The range.
+    pub range: Range<u64>,
+    /// How it ended.
+    pub outcome: LoadOutcome,
+}
+
+enum WorkerCommand {
+    Load(LoadJob),
+    Cancel {
+        stream: u64,
+        generation: Option<u32>,
+    },
+}
+
+/// Worker threads, one per ABISS level in use.
+#[derive(Debug)]
+pub struct PrefetchEngine {
+    workers: HashMap<u8, Worker>,
+    done: tokio::sync::mpsc::UnboundedSender<LoadDone>,
+}
+
+#[derive(Debug)]
+struct Worker {
+    commands: Sender<WorkerCommand>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for WorkerCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Load(job) => write!(f, "Load({}, {:?})", job.stream, job.range),
+            Self::Cancel { stream, generation } => write!(f, "Cancel({stream}, {generation:?})"),
+        }
+    }
+}
+
+impl PrefetchEngine {
+    /// An engine that reports finished loads to `done`.
+    #[must_use]
+    pub fn new(done: tokio::sync::mpsc::UnboundedSender<LoadDone>) -> Self {
+        Self {
+            workers: HashMap::new(),
+            done,
+        }
+    }
+
+    fn worker(&mut self, level: u8) -> io::Result<&Worker> {
+        if !self.workers.contains_key(&level) {
+            let (commands, receiver) = mpsc::channel();
+            let done = self.done.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("abiss-prefetch-{level}"))
+                .spawn(move || {
+                    if let Err(error) = run_worker(level, &receiver, &done) {
+                        warn!("prefetch worker for level {level} stopped: {error}");
+                    }
+                })?;
+            self.workers.insert(
+                level,
+                Worker {
+                    commands,
+                    thread: Some(thread),
+                },
+            );
+        }
+        self.workers
+            .get(&level)
+            .ok_or_else(|| io::Error::other("worker vanished"))
+    }
+
+    /// Loads `job` at ABISS `level`.
+    pub fn load(&mut self, level: u8, job: LoadJob) -> io::Result<()> {
+        self.worker(level)?
+            .commands
+            .send(WorkerCommand::Load(job))
+            .map_err(|_| io::Error::other("the prefetch worker stopped"))
+    }
+
+    /// Cancels a stream's in-flight loads (of one generation, or all).
+    pub fn cancel(&mut self, level: u8, stream: u64, generation: Option<u32>) {
+        if let Some(worker) = self.workers.get(&level) {
+            let _ = worker
+                .commands
+                .send(WorkerCommand::Cancel { stream, generation });
+        }
+    }
+}
+
+impl Drop for PrefetchEngine {
+    fn drop(&mut self) {
+        for (_, mut worker) in self.workers.drain() {
+            drop(worker.commands);
+            if let Some(thread) = worker.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+/// Sets the calling thread's I/O priority.
+pub fn set_thread_ioprio(value: u16) -> io::Result<()> {
+    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, 0 = the calling thread, value); no memory passed.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, 0, libc::c_long::from(value)) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Marks cancel requests' completions apart from loads'.
+const CANCEL_TAG: u64 = 1 << 63;
+
+struct InFlight {
+    job: LoadJob,
+    _buffer: Vec<u8>,
+}
+
+fn run_worker(
+    level: u8,
+    commands: &Receiver<WorkerCommand>,
+    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+) -> io::Result<()> {
+    set_thread_ioprio(encoded_ioprio(level))?;
+    let mut ring = IoUring::new(256)?;
+    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
+    let mut next_id: u64 = 1;
+    loop {
+        // Block for work only when nothing is in flight; otherwise poll the ring.
+        let mut batch = Vec::new();
+        if in_flight.is_empty() {
+            match commands.recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => return Ok(()),
+            }
+        }
+        loop {
+            match commands.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if in_flight.is_empty() && batch.is_empty() => {
+                    return Ok(())
+                }
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        for command in batch {
+            match command {
+                WorkerCommand::Load(job) => {
+                    let length = usize::try_from(job.range.end - job.range.start)
+                        .map_err(io::Error::other)?;
+                    let mut buffer = vec![0u8; length];
+                    let entry = opcode::Read::new(
+                        types::Fd(job.file.fd().as_raw_fd()),
+                        buffer.as_mut_ptr(),
+                        u32::try_from(length).map_err(io::Error::other)?,
+                    )
+                    .offset(job.range.start)
+                    .build()
+                    .user_data(next_id);
+                    push(&mut ring, &entry)?;
+                    in_flight.insert(
+                        next_id,
+                        InFlight {
+                            job,
+                            _buffer: buffer,
+                        },
+                    );
+                    next_id += 1;
+                }
+                WorkerCommand::Cancel { stream, generation } => {
+                    let targets: Vec<u64> = in_flight
+                        .iter()
+                        .filter(|(_, f)| {
+                            f.job.stream == stream
+                                && generation.is_none_or(|g| g == f.job.generation)
+                        })
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in targets {
+                        let entry = opcode::AsyncCancel::new(id)
+                            .build()
+                            .user_data(id | CANCEL_TAG);
+                        push(&mut ring, &entry)?;
+                    }
+                }
+            }
+        }
+        if in_flight.is_empty() {
+            continue;
+        }
+        let timeout = types::Timespec::from(Duration::from_millis(2));
+        let args = types::SubmitArgs::new().timespec(&timeout);
+        match ring.submitter().submit_with_args(1, &args) {
+            Ok(_) => {}
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) => {}
+            Err(error) => return Err(error),
+        }
+        let finished: Vec<(u64, i32)> = ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        for (id, result) in finished {
+            if id & CANCEL_TAG != 0 {
+                continue;
+            }
+            let Some(InFlight { job, .. }) = in_flight.remove(&id) else {
+                continue;
+            };
+            let outcome = if result == -libc::ECANCELED {
+                LoadOutcome::Cancelled
+            } else if result < 0 {
+                LoadOutcome::Failed(io::Error::from_raw_os_error(-result))
+            } else {
+                // Locked right here, off the daemon's main loop: the pages were just read, so
+                // this only maps and pins them.
+                match job.file.lock(&job.range) {
+                    Ok(()) => LoadOutcome::Loaded,
+                    Err(error) => LoadOutcome::Failed(error),
+                }
+            };
+            let _ = done.send(LoadDone {
+                stream: job.stream,
+                generation: job.generation,
+                range: job.range.clone(),
+                outcome,
+            });
+        }
+    }
+}
+
+fn push(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io::Result<()> {
+    // SAFETY: every buffer an entry points to lives in `in_flight` until its completion.
+    while unsafe { ring.submission().push(entry) }.is_err() {
+        ring.submit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,414 @@
+//! Streams: attached files with a granted rate, each with its playout buffer, and the checks a
+//! client's descriptor must pass before it becomes one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+
+use abiss_proto::{
+    AttachRequest, ByteRate, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS,
+    PAGE_BYTES,
+};
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::stat::{fstat, SFlag};
+use scheduler_common::FileKey;
+
+use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
+use crate::prefetch::MappedFile;
+
+/// Most streams at once, and per user.
+pub const MAX_STREAMS: usize = 256;
+/// Most streams one (non-root) user may hold.
+pub const MAX_STREAMS_PER_USER: usize = 32;
+/// Highest rate a stream may ask for (1 TB/s): anything above is a mistake, not a stream.
+pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
+/// Largest playout buffer (1 GiB): it is locked memory.
+pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
+/// Tasks not seen reading a stream's file for this long are no longer listed as readers.
+pub const READER_IDLE_NS: u64 = 10_000_000_000;
+
+/// Why a descriptor or parameters cannot become a stream. Each message is one sentence.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// A parameter is out of range.
+    #[error("{0}")]
+    BadParameter(String),
+    /// The descriptor is not a readable regular file.
+    #[error("{0}")]
+    WrongFile(String),
+    /// The file's disk is not managed by this daemon.
+    #[error(
+        "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
+    )]
+    Unmanaged {
+        /// The file.
+        path: String,
+        /// Its disk.
+        disk: String,
+    },
+}
+
+/// Validates stream parameters (the client checked them too; the daemon trusts no client).
+pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
+    let bad = |message: String| Err(AttachError::BadParameter(message));
+    if request.rate.0 == 0 || request.rate.0 > MAX_RATE_BPS {
+        return bad(format!(
+            "a rate of {} B/s is outside 1 B/s to 1 TB/s",
+            request.rate.0
+        ));
+    }
+    if request.batch_pages == 0 {
+        return bad("a batch must be at least one page".into());
+    }
+    if request.priority >= ABISS_LEVELS {
+        return bad(format!(
+            "priority {} is outside 0 (highest) to 7",
+            request.priority
+        ));
+    }
+    let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
+    if request.buffer.0 < 2 * batch_bytes {
+        return bad(format!(
+            "a buffer of {} is smaller than two batches of {} pages ({}); give a larger --buffer or a smaller --batch",
+            request.buffer,
+            request.batch_pages,
+            ByteSize(2 * batch_bytes)
+        ));
+    }
+    if request.buffer.0 > MAX_BUFFER_BYTES {
+        return bad(format!(
+            "a buffer of {} is more than the 1 GiB abissd locks for one stream",
+            request.buffer
+        ));
+    }
+    Ok(())
+}
+
+/// What the daemon learns from a client's descriptor.
+#[derive(Debug)]
+pub struct CheckedFile {
+    /// The descriptor.
+    pub fd: OwnedFd,
+    /// Path as the kernel names it.
+    pub path: String,
+    /// Filesystem device and inode.
+    pub key: FileKey,
+    /// Filesystem device number.
+    pub file_device: DeviceNumber,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// Checks that `fd` is a non-empty regular file opened for reading.
+pub fn check_file(fd: OwnedFd) -> Result<CheckedFile, AttachError> {
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
+        |_| "(unnamed file)".to_owned(),
+        |p| p.to_string_lossy().into_owned(),
+    );
+    let wrong = |what: &str| Err(AttachError::WrongFile(format!("{path} {what}")));
+    let stat = match fstat(fd.as_raw_fd()) {
+        Ok(stat) => stat,
+        Err(error) => return wrong(&format!("cannot be examined: {error}")),
+    };
+    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFREG {
+        let what = match kind {
+            SFlag::S_IFDIR => "a directory",
+            SFlag::S_IFIFO => "a pipe",
+            SFlag::S_IFSOCK => "a socket",
+            SFlag::S_IFBLK | SFlag::S_IFCHR => "a device",
+            _ => "not a regular file",
+        };
+        return wrong(&format!("is {what}; only regular files can be streamed"));
+    }
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)
+        .map_err(|error| AttachError::WrongFile(format!("{path} cannot be examined: {error}")))?;
+    if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_WRONLY {
+        return wrong("was opened write-only; open it for reading");
+    }
+    let bytes = u64::try_from(stat.st_size).unwrap_or(0);
+    if bytes == 0 {
+        return wrong("is empty; there is nothing to stream");
+    }
+    let file_device = DeviceNumber {
+        major: libc::major(stat.st_dev),
+        minor: libc::minor(stat.st_dev),
+    };
+    Ok(CheckedFile {
+        fd,
+        path,
+        key: FileKey {
+            dev: file_device.to_kernel(),
+            pad: 0,
+            ino: stat.st_ino,
+        },
+        file_device,
+        bytes,
+    })
+}
+
+/// A stream being served.
+#[derive(Debug)]
+pub struct Stream {
+    /// Stream id.
+    pub id: u64,
+    /// User that attached it.
+    pub owner_uid: u32,
+    /// Connection that attached it (non-persistent streams end with it).
+    pub connection: u64,
+    /// The request it was granted.
+    pub granted: AttachRequest,
+    /// The file's path.
+    pub path: String,
+    /// The file's identity.
+    pub key: FileKey,
+    /// The filesystem device.
+    pub file_device: DeviceNumber,
+    /// The disk serving it.
+    pub disk: DeviceNumber,
+    /// File size.
+    pub file_bytes: u64,
+    /// The mapped file (window pages are locked in this mapping).
+    pub file: Arc<MappedFile>,
+    /// The window state machine.
+    pub playout: PlayoutBuffer,
+    /// Recent readers: pid → (command, last seen).
+    pub readers: HashMap<u32, (String, u64)>,
+    /// Reads that missed the page cache.
+    pub misses: u64,
+}
+
+impl Stream {
+    /// A stream over `file` with the granted parameters; returns the initial fill.
+    #[must_use]
+    pub fn new(
+        id: u64,
+        owner_uid: u32,
+        connection: u64,
+        granted: AttachRequest,
+        file: CheckedFile,
+        disk: DeviceNumber,
+        mapped: Arc<MappedFile>,
+        now_ns: u64,
+    ) -> (Self, Vec<WindowAction>) {
+        let batch_bytes = u64::from(granted.batch_pages) * PAGE_BYTES;
+        let (playout, actions) = PlayoutBuffer::new(
+            PlayoutShape {
+                file_bytes: file.bytes,
+                buffer_bytes: granted.buffer.0,
+                batch_bytes,
+                rate_bps: granted.rate.0,
+                // The initial fill and one seek refill are immediate; beyond that the stream
+                // loads at its rate (see CreditTimer).
+                credit_limit_bytes: 2 * granted.buffer.0,
+            },
+            now_ns,
+        );
+        let stream = Self {
+            id,
+            owner_uid,
+            connection,
+            path: file.path,
+            key: file.key,
+            file_device: file.file_device,
+            disk,
+            file_bytes: file.bytes,
+            file: mapped,
+            playout,
+            readers: HashMap::new(),
+            misses: 0,
+            granted,
+        };
+        (stream, actions)
+    }
+
+    /// Notes a reader task.
+    pub fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
+        self.readers.insert(pid, (comm, now_ns));
+        self.readers
+            .retain(|_, (_, seen)| now_ns.saturating_sub(*seen) < READER_IDLE_NS);
+    }
+
+    /// The stream as clients see it.
+    #[must_use]
+    pub fn info(&self) -> StreamInfo {
+        let window = self.playout.window_start()..self.playout.requested_end();
+        let mut readers: Vec<ReaderInfo> = self
+            .readers
+            .iter()
+            .map(|(pid, (comm, _))| ReaderInfo {
+                pid: *pid,
+                comm: comm.clone(),
+            })
+            .collect();
+        readers.sort_by_key(|r| r.pid);
+        StreamInfo {
+            id: self.id,
+            owner_uid: self.owner_uid,
+            path: self.path.clone(),
+            file_device: self.file_device,
+            disk: self.disk,
+            inode: self.key.ino,
+            file_bytes: self.file_bytes,
+            rate: self.granted.rate,
+            buffer: self.granted.buffer,
+            batch_pages: self.granted.batch_pages,
+            priority: self.granted.priority,
+            persistent: self.granted.persistent,
+            playout_point: self.playout.app_point(),
+            window_start: window.start,
+            loaded_end: window.end,
+            resident_bytes: self.file.resident_bytes(&window).unwrap_or(0),
+            locked_bytes: self.playout.locked_bytes(),
+            credit_bytes: i64::try_from(self.playout.credit_bytes()).unwrap_or(i64::MAX),
+            readers,
+            misses: self.misses,
+            prefetched_bytes: self.playout.prefetched_bytes(),
+        }
+    }
+}
+
+/// All streams, by id.
+#[derive(Debug, Default)]
+pub struct StreamTable {
+    streams: BTreeMap<u64, Stream>,
+    next_id: u64,
+}
+
+impl StreamTable {
+    /// A fresh id.
+    pub fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Adds a stream.
+    pub fn insert(&mut self, stream: Stream) {
+        self.streams.insert(stream.id, stream);
+    }
+
+    /// Removes a stream.
+    pub fn remove(&mut self, id: u64) -> Option<Stream> {
+        self.streams.remove(&id)
+    }
+
+    /// A stream by id.
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut Stream> {
+        self.streams.get_mut(&id)
+    }
+
+    /// A stream by id.
+    #[must_use]
+    pub fn get(&self, id: u64) -> Option<&Stream> {
+        self.streams.get(&id)
+    }
+
+    /// The stream of a file, if attached.
+    #[must_use]
+    pub fn by_file(&self, key: &FileKey) -> Option<&Stream> {
+        self.streams.values().find(|s| s.key == *key)
+    }
+
+    /// All streams.
+    pub fn iter(&self) -> impl Iterator<Item = &Stream> {
+        self.streams.values()
+    }
+
+    /// All streams, mutable.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
+        self.streams.values_mut()
+    }
+
+    /// Number of streams.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Whether there are none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    /// Sum of the granted rates on `disk`.
+    #[must_use]
+    pub fn reserved_on(&self, disk: DeviceNumber) -> u64 {
+        self.streams
+            .values()
+            .filter(|s| s.disk == disk)
+            .map(|s| s.granted.rate.0)
+            .sum()
+    }
+
+    /// Streams held by `uid`.
+    #[must_use]
+    pub fn count_of(&self, uid: u32) -> usize {
+        self.streams.values().filter(|s| s.owner_uid == uid).count()
+    }
+}
+
+/// The granted rate as a protocol value.
+#[must_use]
+pub fn rate(bps: u64) -> ByteRate {
+    ByteRate(bps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(rate: u64, buffer: u64, batch: u32, priority: u8) -> AttachRequest {
+        AttachRequest {
+            rate: ByteRate(rate),
+            buffer: ByteSize(buffer),
+            batch_pages: batch,
+            priority,
+            persistent: false,
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_with_plain_sentences() {
+        assert!(check_parameters(&request(1_000_000, 564 * 1024, 20, 0)).is_ok());
+        let message = |r| check_parameters(&r).unwrap_err().to_string();
+        assert!(message(request(0, 564 * 1024, 20, 0)).contains("rate"));
+        assert!(message(request(1, 564 * 1024, 0, 0)).contains("batch"));
+        assert!(message(request(1, 564 * 1024, 20, 8)).contains("priority 8"));
+        assert!(message(request(1, 100 * 1024, 20, 0)).contains("two batches"));
+        assert!(message(request(u64::MAX, 564 * 1024, 20, 0)).contains("rate"));
+    }
+
+    #[test]
+    fn descriptors_that_are_not_readable_regular_files_are_refused() {
+        let dir = std::env::temp_dir().join(format!("abiss-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let directory = std::fs::File::open(&dir).unwrap();
+        assert!(check_file(directory.into())
+            .unwrap_err()
+            .to_string()
+            .contains("a directory"));
+        let empty = dir.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(check_file(std::fs::File::open(&empty).unwrap().into())
+            .unwrap_err()
+            .to_string()
+            .contains("empty"));
+        let data = dir.join("data");
+        std::fs::write(&data, b"abc").unwrap();
+        let write_only = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+        assert!(check_file(write_only.into())
+            .unwrap_err()
+            .to_string()
+            .contains("write-only"));
+        let checked = check_file(std::fs::File::open(&data).unwrap().into()).unwrap();
+        assert_eq!(checked.bytes, 3);
+        assert!(checked.path.ends_with("/data"));
+        let (reader, _writer) = nix::unistd::pipe().unwrap();
+        assert!(check_file(reader)
+            .unwrap_err()
+            .to_string()
+            .contains("a pipe"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
