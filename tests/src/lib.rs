@@ -89,11 +89,29 @@ impl Daemon {
     /// Starts abissd and waits until it answers.
     #[must_use]
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts abissd managing `device` (streams need a managed disk).
+    #[must_use]
+    pub fn start_managing(device: &Path, extra: &[&str]) -> Self {
+        let device = device.to_string_lossy().into_owned();
+        let mut args = vec!["--device", device.as_str()];
+        args.extend_from_slice(extra);
+        Self::start_with(&args)
+    }
+
+    /// Starts abissd with extra arguments (its socket and state directory are private).
+    #[must_use]
+    pub fn start_with(args: &[&str]) -> Self {
         let dir = Scratch::new_in("/tmp", "daemon");
         let socket = dir.path().join("abiss.sock");
         let child = Command::new(binary("abissd"))
             .arg("--socket")
             .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(args)
             .env("RUST_LOG", "warn")
             .spawn()
             .expect("start abissd");
