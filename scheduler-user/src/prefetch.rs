@@ -6,9 +6,10 @@
 //! the submitting thread's I/O context. So there is one worker thread, with its own ring and its
 //! own `ioprio_set`, per ABISS level in use; a stream's loads go to its level's worker.
 //!
-//! A load is a buffered `READ` into a scratch buffer (the page cache keeps the data), then
-//! `mlock` of the same range of a read-only shared mapping of the file, which pins the pages
-//! while they are in the playout window. Unmapping the file (when the last user of a
+//! A load is an `FADVISE(WILLNEED)` of exactly the window range (it queues the reads), then
+//! `mlock` of the same range of a read-only shared mapping of the file, which waits for those
+//! reads and pins the pages while they are in the playout window. The mapping is advised
+//! `MADV_RANDOM`, so faulting it in never adds readahead beyond the window. Unmapping the file (when the last user of a
 //! [`MappedFile`] goes) unlocks everything still locked.
 
 use std::collections::HashMap;
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 use log::warn;
-use nix::sys::mman::{mlock, mmap, munlock, munmap, MapFlags, ProtFlags};
+use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 use crate::policy::priority::encoded_ioprio;
 
@@ -61,7 +62,10 @@ impl MappedFile {
                 0,
             )
         }?;
-        Ok(Self { fd, map, map_bytes })
+        let mapped = Self { fd, map, map_bytes };
+        // SAFETY: advice on our own mapping: no readahead when mlock faults pages in.
+        unsafe { madvise(mapped.map, map_bytes, MmapAdvise::MADV_RANDOM) }?;
+        Ok(mapped)
     }
 
     /// The descriptor.
@@ -269,9 +273,7 @@ const CANCEL_TAG: u64 = 1 << 63;
 
 struct InFlight {
     job: LoadJob,
-    _buffer: Vec<u8>,
 }
-
 fn run_worker(
     level: u8,
     commands: &Receiver<WorkerCommand>,
@@ -303,25 +305,21 @@ fn run_worker(
         for command in batch {
             match command {
                 WorkerCommand::Load(job) => {
-                    let length = usize::try_from(job.range.end - job.range.start)
-                        .map_err(io::Error::other)?;
-                    let mut buffer = vec![0u8; length];
-                    let entry = opcode::Read::new(
+                    let length =
+                        i64::try_from(job.range.end - job.range.start).map_err(io::Error::other)?;
+                    // WILLNEED reads exactly the range, at this thread's priority (its io-wq
+                    // worker inherits our I/O context). A buffered READ would add the kernel's
+                    // readahead beyond the window, unmetered and at the wrong time.
+                    let advise = opcode::Fadvise::new(
                         types::Fd(job.file.fd().as_raw_fd()),
-                        buffer.as_mut_ptr(),
-                        u32::try_from(length).map_err(io::Error::other)?,
+                        length,
+                        libc::POSIX_FADV_WILLNEED,
                     )
                     .offset(job.range.start)
                     .build()
                     .user_data(next_id);
-                    push(&mut ring, &entry)?;
-                    in_flight.insert(
-                        next_id,
-                        InFlight {
-                            job,
-                            _buffer: buffer,
-                        },
-                    );
+                    push(&mut ring, &advise)?;
+                    in_flight.insert(next_id, InFlight { job });
                     next_id += 1;
                 }
                 WorkerCommand::Cancel { stream, generation } => {
@@ -372,8 +370,9 @@ fn run_worker(
             } else if result < 0 {
                 LoadOutcome::Failed(io::Error::from_raw_os_error(-result))
             } else {
-                // Locked right here, off the daemon's main loop: the pages were just read, so
-                // this only maps and pins them.
+                // The reads are queued; locking faults the pages in, waiting for those reads,
+                // and pins them. It runs here, off the daemon's main loop, at this level's
+                // priority should a page need reading again.
                 match job.file.lock(&job.range) {
                     Ok(()) => LoadOutcome::Loaded,
                     Err(error) => LoadOutcome::Failed(error),

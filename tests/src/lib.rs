@@ -366,7 +366,24 @@ impl Ext4Mount {
 
 impl Drop for Ext4Mount {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.mount.path()).status();
+        // A process that just closed a file on it (a stopped daemon) may take a moment to go.
+        let unmounted = wait_until(Duration::from_secs(5), || {
+            Command::new("umount")
+                .arg(self.mount.path())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        });
+        if !unmounted {
+            eprintln!(
+                "{} is still busy: detaching it lazily",
+                self.mount.path().display()
+            );
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(self.mount.path())
+                .status();
+        }
     }
 }
 
@@ -433,4 +450,220 @@ pub fn program_loaded(id: u32) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// An emulated laptop hdd from the lab (FUSE + loop device) with ext4 mounted; torn down on
+/// drop.
+#[derive(Debug)]
+pub struct HddLab {
+    lab: abiss_lab::Lab,
+    state_dir: PathBuf,
+    _dir: Scratch,
+}
+
+impl HddLab {
+    /// A `size_gib` lab hdd with `scheduler` selected, ext4 made and mounted.
+    #[must_use]
+    pub fn up(tag: &str, size_gib: u64, scheduler: &str) -> Self {
+        use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
+        let dir = Scratch::new_in("/tmp", &format!("lab-{tag}"));
+        let mut options =
+            LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
+        options.size_bytes = size_gib << 30;
+        options.mkfs = Some(FilesystemKind::Ext4);
+        options.mount_dir = Some(dir.path().join("mnt"));
+        options.scheduler = Some(scheduler.to_owned());
+        options.state_dir = dir.path().join("state");
+        options.backing_dir = dir.path().join("backing");
+        let lab = Lab::up(&options).expect("bring the lab hdd up");
+        Self {
+            lab,
+            state_dir: options.state_dir,
+            _dir: dir,
+        }
+    }
+
+    /// The loop device.
+    #[must_use]
+    pub fn device(&self) -> &Path {
+        self.lab.device()
+    }
+
+    /// The mounted filesystem.
+    #[must_use]
+    pub fn mount(&self) -> &Path {
+        self.lab.mount_dir().expect("mounted")
+    }
+
+    /// The lab itself (stats).
+    #[must_use]
+    pub fn lab(&self) -> &abiss_lab::Lab {
+        &self.lab
+    }
+}
+
+impl Drop for HddLab {
+    fn drop(&mut self) {
+        if let Err(error) = abiss_lab::Lab::down(&self.state_dir) {
+            eprintln!("lab down: {error}");
+        }
+    }
+}
+
+/// Writes a file of `bytes` pseudo-random bytes, synced and evicted from the page cache.
+pub fn write_cold_file(path: &Path, bytes: u64) {
+    use std::os::unix::io::AsRawFd;
+    let mut file = File::create(path).expect("create file");
+    let mut block = vec![0u8; 1 << 20];
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64 ^ bytes;
+    let mut written = 0;
+    while written < bytes {
+        for chunk in block.chunks_mut(8) {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1);
+            chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+        }
+        let n = usize::try_from((bytes - written).min(block.len() as u64)).expect("fits");
+        file.write_all(&block[..n]).expect("write");
+        written += n as u64;
+    }
+    file.sync_all().expect("sync");
+    evict(&file);
+    let _ = file.as_raw_fd();
+}
+
+/// Drops a file's pages from the page cache.
+pub fn evict(file: &File) {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: fadvise on an open descriptor.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+/// A best-effort copy loop, as in the ABISS measurement: copies `source` to `target` in 128 KiB
+/// reads, over and over, dropping both from the page cache each pass so the disk stays busy.
+#[derive(Debug)]
+pub struct CopyLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl CopyLoop {
+    /// Starts copying.
+    #[must_use]
+    pub fn start(source: PathBuf, target: PathBuf) -> Self {
+        use std::io::Read;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut copied = 0u64;
+            let mut buffer = vec![0u8; 128 * 1024];
+            while !flag.load(Ordering::Relaxed) {
+                let mut input = File::open(&source).expect("open copy source");
+                evict(&input);
+                let mut output = File::create(&target).expect("create copy target");
+                loop {
+                    if flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let n = input.read(&mut buffer).expect("copy read");
+                    if n == 0 {
+                        break;
+                    }
+                    output.write_all(&buffer[..n]).expect("copy write");
+                    copied += n as u64;
+                }
+                let _ = output.sync_data();
+                evict(&output);
+            }
+            copied
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops and returns the bytes copied.
+    pub fn stop(&mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+    }
+}
+
+impl Drop for CopyLoop {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What a paced reader saw: per-read latency and deadline misses.
+#[derive(Debug, Default)]
+pub struct PacedReport {
+    /// Latency of each read, ns.
+    pub latencies_ns: Vec<u64>,
+    /// Reads that completed after their deadline.
+    pub misses: u64,
+    /// Bytes read.
+    pub bytes: u64,
+}
+
+impl PacedReport {
+    /// The latency below which `quantile` of the reads completed, ns.
+    #[must_use]
+    pub fn quantile_ns(&self, quantile: f64) -> u64 {
+        let mut sorted = self.latencies_ns.clone();
+        sorted.sort_unstable();
+        if sorted.is_empty() {
+            return 0;
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "an index into the sorted list"
+        )]
+        let index = ((quantile * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+        sorted[index]
+    }
+}
+
+/// Reads `reader` in `read_bytes` reads on the ABISS schedule: read i is issued at
+/// `t0 + i·S/R` (at once if late) and misses if it completes after `t0 + B/R + i·S/R`.
+pub fn paced_read(
+    reader: &mut impl std::io::Read,
+    rate_bps: u64,
+    buffer_bytes: u64,
+    read_bytes: usize,
+    duration: Duration,
+) -> PacedReport {
+    let start = Instant::now();
+    let mut report = PacedReport::default();
+    let mut chunk = vec![0u8; read_bytes];
+    let period_ns = read_bytes as u64 * 1_000_000_000 / rate_bps;
+    let slack_ns = buffer_bytes * 1_000_000_000 / rate_bps;
+    for i in 0u64.. {
+        let issue = Duration::from_nanos(i * period_ns);
+        if issue >= duration {
+            break;
+        }
+        if let Some(wait) = issue.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let before = Instant::now();
+        let read = reader.read(&mut chunk).expect("paced read");
+        let done = start.elapsed();
+        report
+            .latencies_ns
+            .push(u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        if done > Duration::from_nanos(slack_ns + i * period_ns) {
+            report.misses += 1;
+        }
+        report.bytes += read as u64;
+        if read == 0 {
+            break;
+        }
+    }
+    report
 }

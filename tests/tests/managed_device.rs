@@ -9,7 +9,6 @@
 
 // Dormant until tests/Cargo.toml depends on scheduler-user (the `abiss_daemon` library):
 // `scheduler-user = { path = "../scheduler-user" }`. Then delete this attribute.
-#![cfg(any())]
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;

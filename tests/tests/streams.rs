@@ -1,0 +1,388 @@
+//! Streams on a managed loop device: prefetch at the stream's priority, a resident and locked
+//! window, conformance to the granted rate, and bad input that changes nothing.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, IoClass};
+use abiss_tests::{
+    binary, require_root, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+};
+
+const BUFFER: u64 = 564 * 1024;
+const MB: u64 = 1_000_000;
+
+/// Field order matters: the daemon (which holds the streamed files open) goes before the
+/// filesystem is unmounted.
+struct Setup {
+    daemon: Daemon,
+    fs: Ext4Mount,
+}
+
+fn setup() -> Setup {
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(
+        fs.device().path(),
+        &["--capacity", "20MB/s", "--realtime-share", "80"],
+    );
+    Setup { daemon, fs }
+}
+
+fn locked_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmLck:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn daemon_pid(daemon: &Daemon) -> u32 {
+    match daemon.connect().call(abiss_proto::Request::Hello) {
+        abiss_proto::Response::Hello { pid, .. } => pid,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn ctl(daemon: &Daemon, args: &[&str]) -> std::process::Output {
+    daemon.ctl(args)
+}
+
+fn request(rate: u64, priority: u8) -> AttachRequest {
+    AttachRequest {
+        rate: ByteRate(rate),
+        buffer: ByteSize(BUFFER),
+        batch_pages: 20,
+        priority,
+        persistent: true,
+    }
+}
+
+#[test]
+fn prefetch_requests_carry_the_streams_priority_and_inode() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let rt_file = fs.path().join("rt.bin");
+    let be_file = fs.path().join("be.bin");
+    write_cold_file(&rt_file, 4 << 20);
+    write_cold_file(&be_file, 4 << 20);
+    let mut events = daemon.connect();
+    events.send(abiss_proto::Request::Events);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut client = Client::connect(daemon.socket()).expect("connect");
+    let rt = client
+        .attach(File::open(&rt_file).unwrap(), request(MB, 0))
+        .expect("attach rt");
+    let be = client
+        .attach(File::open(&be_file).unwrap(), request(MB, 5))
+        .expect("attach be");
+
+    events.set_timeout(Duration::from_secs(5));
+    let (mut rt_bytes, mut be_bytes) = (0u64, 0u64);
+    while rt_bytes < BUFFER || be_bytes < BUFFER {
+        let abiss_proto::Response::Event(record) = events.receive() else {
+            panic!("expected events");
+        };
+        if record.inode == Some(rt.inode) {
+            assert_eq!(
+                (record.priority.class, record.priority.level),
+                (IoClass::Rt, 0),
+                "{record:?}"
+            );
+            rt_bytes += u64::from(record.bytes);
+        } else if record.inode == Some(be.inode) {
+            assert_eq!(
+                (record.priority.class, record.priority.level),
+                (IoClass::Be, 2),
+                "{record:?}"
+            );
+            be_bytes += u64::from(record.bytes);
+        }
+    }
+    assert_eq!(
+        rt_bytes, BUFFER,
+        "the RT stream's initial fill is exactly its buffer"
+    );
+}
+
+#[test]
+fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let file = fs.path().join("movie.bin");
+    write_cold_file(&file, 16 << 20);
+    let pid = daemon_pid(daemon);
+    assert_eq!(locked_kib(pid), 0);
+
+    let output = ctl(
+        daemon,
+        &[
+            "attach",
+            file.to_str().unwrap(),
+            "--rate",
+            "1MB/s",
+            "--buffer",
+            "564KiB",
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let id: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("stream id");
+    let mut client = Client::connect(daemon.socket()).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || client.list().unwrap()[0]
+            .locked_bytes
+            == BUFFER),
+        "window loaded and locked"
+    );
+    assert_eq!(
+        locked_kib(pid),
+        BUFFER / 1024,
+        "the daemon's locked memory is the window"
+    );
+
+    // The test's own view of the page cache: the window's pages are resident, the rest not.
+    let data = File::open(&file).unwrap();
+    let resident = |offset: u64, len: u64| -> u64 {
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&data),
+                offset as i64,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut pages = vec![0u8; (len / 4096) as usize];
+        assert_eq!(
+            unsafe { libc::mincore(map, len as usize, pages.as_mut_ptr()) },
+            0
+        );
+        unsafe { libc::munmap(map, len as usize) };
+        pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096
+    };
+    assert_eq!(resident(0, BUFFER), BUFFER);
+    assert_eq!(
+        resident(8 << 20, 1 << 20),
+        0,
+        "nothing outside the window was loaded"
+    );
+
+    let list = ctl(daemon, &["list", "--json"]);
+    let streams: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(streams[0]["id"], id);
+    assert_eq!(streams[0]["resident_bytes"], BUFFER);
+
+    let output = ctl(daemon, &["detach", &id.to_string()]);
+    assert!(output.status.success());
+    assert!(
+        wait_until(Duration::from_secs(5), || locked_kib(pid) == 0),
+        "nothing locked after detach"
+    );
+    // Readers of a detached file keep working as plain readers.
+    assert_eq!(std::fs::read(&file).unwrap().len(), 16 << 20);
+}
+
+#[test]
+fn a_reader_at_four_times_its_rate_gets_no_more_than_its_rate_from_the_prefetch() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let path = fs.path().join("greedy.bin");
+    write_cold_file(&path, 32 << 20);
+    let client = Client::connect(daemon.socket()).unwrap();
+    let mut file = AbissFile::open_with(
+        client,
+        &path,
+        &StreamOptions::new(ByteRate(MB), ByteSize(BUFFER)),
+    )
+    .expect("open");
+    let id = file.stream_id();
+    let started = Instant::now();
+    let report =
+        abiss_tests::paced_read(&mut file, 4 * MB, BUFFER, 64 * 1024, Duration::from_secs(4));
+    let elapsed = started.elapsed();
+    assert!(
+        report.bytes >= 15 * MB,
+        "the reader got its data ({} bytes)",
+        report.bytes
+    );
+    let streams = Client::connect(daemon.socket()).unwrap().list().unwrap();
+    let stream = streams.iter().find(|s| s.id == id).expect("stream listed");
+    // The credit limit is two buffers: what the prefetch may take on top of rate × time.
+    let allowed = 2 * BUFFER + (MB as f64 * elapsed.as_secs_f64()) as u64 + 20 * 4096;
+    assert!(
+        stream.prefetched_bytes <= allowed,
+        "prefetched {} > allowed {allowed} after {elapsed:?}",
+        stream.prefetched_bytes
+    );
+    assert!(
+        stream.prefetched_bytes >= MB * 2,
+        "but the prefetch kept going at its rate"
+    );
+}
+
+#[test]
+fn bad_input_is_refused_and_changes_nothing() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let file = fs.path().join("ok.bin");
+    write_cold_file(&file, 2 << 20);
+    let path = file.to_str().unwrap();
+    let pid = daemon_pid(daemon);
+    let existing = ctl(daemon, &["attach", path, "--rate", "1MB/s"]);
+    assert!(existing.status.success());
+    assert!(wait_until(Duration::from_secs(5), || locked_kib(pid) == BUFFER / 1024));
+
+    let expect = |args: &[&str], code: i32, needle: &str| {
+        let output = ctl(daemon, args);
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{args:?}: {message}");
+        assert!(
+            message.contains(needle),
+            "{args:?}: '{message}' lacks '{needle}'"
+        );
+        assert!(!message.contains("panicked"));
+    };
+    let other = fs.path().join("other.bin");
+    write_cold_file(&other, 1 << 20);
+    let other = other.to_str().unwrap();
+    // Invalid parameters.
+    expect(&["attach", other, "--rate", "0"], 2, "rate");
+    expect(&["attach", other, "--rate", "-1MB/s"], 2, "rate");
+    expect(&["attach", other, "--rate", "fast"], 2, "rate");
+    expect(
+        &["attach", other, "--rate", "1MB/s", "--batch", "0"],
+        2,
+        "batch",
+    );
+    expect(
+        &["attach", other, "--rate", "1MB/s", "--priority", "8"],
+        2,
+        "priority",
+    );
+    expect(
+        &["attach", other, "--rate", "1MB/s", "--buffer", "100KiB"],
+        8,
+        "two batches",
+    );
+    // Wrong kinds of file.
+    expect(
+        &["attach", fs.path().to_str().unwrap(), "--rate", "1MB/s"],
+        8,
+        "a directory",
+    );
+    expect(&["attach", "/dev/null", "--rate", "1MB/s"], 8, "a device");
+    let unmanaged = std::env::temp_dir().join(format!("abiss-unmanaged-{}", std::process::id()));
+    std::fs::write(&unmanaged, b"not on a managed disk").unwrap();
+    expect(
+        &["attach", unmanaged.to_str().unwrap(), "--rate", "1MB/s"],
+        8,
+        "does not manage",
+    );
+    std::fs::remove_file(&unmanaged).unwrap();
+    expect(
+        &["attach", "/nonexistent/file", "--rate", "1MB/s"],
+        11,
+        "cannot open",
+    );
+    // A rate that does not fit the 16 MB/s budget (80% of 20 MB/s); 1 MB/s is taken.
+    expect(&["attach", other, "--rate", "16MB/s"], 9, "15000000 B/s");
+    // A file attached twice.
+    expect(&["attach", path, "--rate", "1MB/s"], 9, "already attached");
+    // Detach of another user's stream, and of a stream that does not exist.
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary("abissctl"))
+        .arg("--socket")
+        .arg(daemon.socket())
+        .args(["detach", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    expect(&["detach", "999"], 10, "not attached");
+
+    // Descriptors the CLI cannot produce: a pipe and a write-only file, through the protocol.
+    let mut client = Client::connect(daemon.socket()).unwrap();
+    let (reader, _writer) = nix::unistd::pipe().unwrap();
+    assert!(
+        matches!(client.attach(reader, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("a pipe"))
+    );
+    let write_only = std::fs::OpenOptions::new().write(true).open(other).unwrap();
+    assert!(
+        matches!(client.attach(write_only, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("write-only"))
+    );
+
+    // The existing stream is untouched and nothing else is locked.
+    let streams = client.list().unwrap();
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].locked_bytes, BUFFER);
+    assert_eq!(locked_kib(pid), BUFFER / 1024);
+}
+
+#[test]
+fn run_attaches_for_the_lifetime_of_the_command_and_status_shows_the_budget() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let file = fs.path().join("run.bin");
+    write_cold_file(&file, 2 << 20);
+    let output = ctl(
+        &daemon,
+        &[
+            "run",
+            "--rate",
+            "2MB/s",
+            file.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "test -n \"$(ls /)\" && exit 3",
+        ],
+    );
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "the command's exit code: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        Client::connect(daemon.socket())
+            .unwrap()
+            .list()
+            .unwrap()
+            .is_empty(),
+        "stream ended with the command"
+    );
+
+    let status = ctl(daemon, &["status", "--json"]);
+    let devices: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let device = &devices[0];
+    assert_eq!(device["name"], fs.device().name());
+    assert_eq!(device["elevator"], "mq-deadline");
+    assert_eq!(device["capacity"], 20 * MB);
+    assert_eq!(device["free"], 16 * MB);
+    let meta = std::fs::metadata(Path::new(fs.device().path())).unwrap();
+    assert!(meta.rdev() != 0);
+}
