@@ -1,0 +1,137 @@
+/*
+ * play - read a file at its byterate through abiss, as a media player would.
+ *
+ *   play FILE BYTERATE [APP_BUFFER]
+ *
+ * Attaches FILE to abissd at BYTERATE bytes/s (with a playout buffer of APP_BUFFER bytes, 0 or
+ * absent for the default), then reads it to the end in 64 KiB reads on an absolute schedule:
+ * read i is due at start + i * 64 KiB / BYTERATE, so a late read does not push back the
+ * ones after it. Measures how long each abiss_fread takes and prints one line:
+ *
+ *   play: stream=3 reads=128 bytes=8388608 max_latency_us=412 late=0 elapsed_ms=2080
+ *
+ * "late" counts reads that finished after the next read was due. Exits 0 on success, 1 when
+ * abiss fails (with abiss_strerror()), 2 on bad arguments.
+ *
+ * Build: cc -std=c99 -I abiss-c/include play.c -L target/debug -labiss -Wl,-rpath,target/debug
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "abiss.h"
+
+#define READ_BYTES (64 * 1024)
+#define NS_PER_S 1000000000LL
+
+static long long now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * NS_PER_S + ts.tv_nsec;
+}
+
+/* When the read starting at byte offset `bytes` is due, in ns after the start. */
+static long long due_ns(unsigned long long bytes, unsigned long long rate)
+{
+	unsigned long long whole_s = bytes / rate;
+	double rest_ns = (double)(bytes % rate) * (double)NS_PER_S / (double)rate;
+
+	return (long long)whole_s * NS_PER_S + (long long)rest_ns;
+}
+
+/* Sleeps until the monotonic clock reads `deadline` (ns); returns at once if it has passed. */
+static void sleep_until(long long deadline)
+{
+	for (;;) {
+		long long left = deadline - now_ns();
+		struct timespec ts;
+
+		if (left <= 0)
+			return;
+		ts.tv_sec = (time_t)(left / NS_PER_S);
+		ts.tv_nsec = (long)(left % NS_PER_S);
+		if (nanosleep(&ts, NULL) == 0)
+			return;
+		if (errno != EINTR)
+			return;
+	}
+}
+
+static int parse_long(const char *text, long *value)
+{
+	char *end;
+
+	errno = 0;
+	*value = strtol(text, &end, 10);
+	return errno == 0 && end != text && *end == '\0';
+}
+
+int main(int argc, char **argv)
+{
+	static unsigned char buffer[READ_BYTES];
+	long rate, app_buffer = 0, max_latency_ns = 0, reads = 0, late = 0;
+	unsigned long long bytes = 0;
+	long long start, elapsed;
+	ABISS_FILE *fp;
+
+	if (argc < 3 || argc > 4 || !parse_long(argv[2], &rate) || rate <= 0 ||
+	    (argc == 4 && (!parse_long(argv[3], &app_buffer) || app_buffer < 0))) {
+		fprintf(stderr, "usage: %s FILE BYTERATE [APP_BUFFER]\n"
+				"  BYTERATE and APP_BUFFER in bytes (per second); APP_BUFFER 0 for the default\n",
+			argv[0]);
+		return 2;
+	}
+
+	fp = abiss_fopen(argv[1], "rb", rate, app_buffer);
+	if (fp == NULL) {
+		int error = errno;
+
+		fprintf(stderr, "play: cannot stream %s: %s (errno %d)\n", argv[1], abiss_strerror(),
+			error);
+		return 1;
+	}
+
+	start = now_ns();
+	for (;;) {
+		long long due = start + due_ns(bytes, (unsigned long long)rate);
+		long long before, latency;
+		size_t got;
+
+		sleep_until(due);
+		before = now_ns();
+		got = abiss_fread(buffer, 1, sizeof(buffer), fp);
+		latency = now_ns() - before;
+		if (got > 0) {
+			reads++;
+			bytes += got;
+			if (latency > max_latency_ns)
+				max_latency_ns = (long)latency;
+			if (now_ns() > start + due_ns(bytes, (unsigned long long)rate))
+				late++;
+		}
+		if (got < sizeof(buffer)) {
+			if (abiss_ferror(fp)) {
+				fprintf(stderr, "play: read failed after %llu bytes: %s\n", bytes,
+					abiss_strerror());
+				abiss_fclose(fp);
+				return 1;
+			}
+			break; /* end of file */
+		}
+	}
+	elapsed = now_ns() - start;
+
+	printf("play: stream=%ld reads=%ld bytes=%llu max_latency_us=%ld late=%ld elapsed_ms=%lld\n",
+	       abiss_stream_id(fp), reads, bytes, max_latency_ns / 1000, late,
+	       elapsed / 1000000);
+	if (abiss_fclose(fp) != 0) {
+		fprintf(stderr, "play: cannot detach %s: %s\n", argv[1], abiss_strerror());
+		return 1;
+	}
+	return 0;
+}

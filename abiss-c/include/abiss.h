@@ -1,0 +1,135 @@
+/*
+ * abiss.h - the application API of abiss, after the ABISS slides ("API: request ABISS
+ * service on file", "API: update playout point").
+ *
+ * abiss_fopen() opens a file and attaches it to the abissd daemon with a guaranteed byterate
+ * and a playout buffer: the daemon keeps the next app_buffer bytes after the playout point
+ * loaded and locked in memory, so reads at the byterate do not wait for the disk.
+ * abiss_fread() reads like fread() and tells the daemon the new playout point;
+ * abiss_position() sends the slides' "position" message explicitly; abiss_fclose() detaches.
+ *
+ * Link with -labiss (libabiss.so or libabiss.a; with the static library also -lpthread -ldl
+ * -lm). The daemon's socket is taken from the ABISS_SOCKET environment variable, else
+ * /run/abiss/abiss.sock. Files must be on a disk abissd manages (abissd --device).
+ *
+ * Errors: every function returns its documented error value and sets errno; the one-sentence
+ * reason is available from abiss_strerror() on the same thread. NULL pointers and arguments
+ * out of range fail with EINVAL and never crash. An ABISS_FILE may be used by one thread at a
+ * time.
+ *
+ * SPDX-License-Identifier: GPL-2.0-only
+ */
+#ifndef ABISS_H
+#define ABISS_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An attached file (opaque). */
+typedef struct abiss_file ABISS_FILE;
+
+/* Playout buffer used when abiss_fopen() gets app_buffer 0: 564 KiB, as in the ABISS slides'
+ * measurements. */
+#define ABISS_DEFAULT_APP_BUFFER (564L * 1024L)
+
+/*
+ * Opens path for reading and attaches it to abissd at byterate bytes per second, with a
+ * playout buffer of app_buffer bytes (0 for ABISS_DEFAULT_APP_BUFFER; at least two batches of
+ * 20 pages, 160 KiB, and at most 1 GiB).
+ *
+ * mode must be a read mode: "r" or "rb" ("e" is accepted too).
+ *
+ * Returns the stream, or NULL with errno set:
+ *   EINVAL        path or mode is NULL, mode is not a read mode, byterate <= 0,
+ *                 app_buffer < 0, the file is not a regular file or is empty, or the daemon
+ *                 refused the request (e.g. the file is on a disk abissd does not manage, or
+ *                 app_buffer is out of range)
+ *   ENOENT        path does not exist (or is empty); other open(2) errors (EACCES, ENOTDIR,
+ *                 ELOOP, ...) as open(2) sets them
+ *   EISDIR        path is a directory
+ *   ECONNREFUSED  abissd is not running (no socket, or nobody answers on it)
+ *   EACCES        this user may not use abissd
+ *   EBUSY         admission control refused: the disk's real-time share cannot take this
+ *                 byterate, or the file is already attached as a stream
+ *   EIO           the connection to abissd broke, the daemon failed, or it speaks another
+ *                 protocol version
+ */
+ABISS_FILE *abiss_fopen(const char *path, const char *mode, long byterate, long app_buffer);
+
+/*
+ * Reads up to nmemb items of size bytes into ptr, as fread(3), and tells the daemon the new
+ * playout point. Returns the number of whole items read: fewer than nmemb only at the end of
+ * the file (abiss_feof() is then nonzero) or on an error (abiss_ferror() nonzero, errno set).
+ * The bytes of a partial last item are stored and consumed. Returns 0 if size or nmemb is 0.
+ *
+ * Errors (errno): EINVAL  fp or ptr is NULL, or size * nmemb overflows;
+ *                 read(2)'s errors; EIO (or as for abiss_fopen()) when the playout point
+ *                 cannot be sent to abissd, in which case the bytes read are lost.
+ */
+size_t abiss_fread(void *ptr, size_t size, size_t nmemb, ABISS_FILE *fp);
+
+/*
+ * Moves the read position as fseek(3) (whence: SEEK_SET, SEEK_CUR or SEEK_END), tells the
+ * daemon the new playout point and clears the end-of-file flag. Returns 0, or -1 with errno:
+ *   EINVAL  fp is NULL, whence is invalid, or the position would be before the start;
+ *   EIO     the playout point could not be sent to abissd (the position is then unspecified).
+ */
+int abiss_fseek(ABISS_FILE *fp, long offset, int whence);
+
+/*
+ * The read position in bytes, or -1 with errno: EINVAL (fp is NULL), EOVERFLOW.
+ */
+long abiss_ftell(ABISS_FILE *fp);
+
+/*
+ * Tells abissd the playout point explicitly (the slides' "position" message) without moving
+ * the read position: the daemon keeps the playout buffer loaded from offset on. Reads and
+ * seeks send it on their own; use this when the application consumes data later than it
+ * reads it. Returns 0, or -1 with errno:
+ *   EINVAL  fp is NULL or offset < 0;
+ *   EIO     the connection to abissd broke.
+ */
+int abiss_position(ABISS_FILE *fp, long offset);
+
+/*
+ * The daemon's id of the stream (as `abissctl list` shows it), or -1 with errno EINVAL (fp is
+ * NULL).
+ */
+long abiss_stream_id(ABISS_FILE *fp);
+
+/*
+ * Nonzero once a read reached the end of the file (until the next successful seek), else 0.
+ * Returns 0 with errno EINVAL if fp is NULL.
+ */
+int abiss_feof(ABISS_FILE *fp);
+
+/*
+ * Nonzero once a read failed, else 0. Returns 0 with errno EINVAL if fp is NULL.
+ */
+int abiss_ferror(ABISS_FILE *fp);
+
+/*
+ * Detaches the stream, closes the file and frees fp, which is invalid afterwards even if
+ * this fails. Returns 0, or EOF (-1) with errno:
+ *   EINVAL  fp is NULL;
+ *   ENOENT  the daemon no longer knew the stream;
+ *   EIO     the connection to abissd broke (the daemon ends the stream when the connection
+ *           closes, so it is ended either way).
+ */
+int abiss_fclose(ABISS_FILE *fp);
+
+/*
+ * The reason of the last failed abiss call on the calling thread, one sentence (e.g. "abissd
+ * is not running (no socket at /run/abiss/abiss.sock); start it as root ..."). Never NULL;
+ * valid until the next failing abiss call on this thread. Successful calls do not clear it.
+ */
+const char *abiss_strerror(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ABISS_H */

@@ -1,0 +1,257 @@
+//! C ABI of abiss, after the ABISS slides' application API ("API: request ABISS service on
+//! file", "API: update playout point"): `abiss_fopen(path, mode, byterate, app_buffer)`
+//! attaches a file to `abissd` with a guaranteed byterate and a playout buffer, `abiss_fread`
+//! reads it like `fread` and tells the daemon the playout point, `abiss_position` sends the
+//! slides' "position" message explicitly, and `abiss_fclose` detaches it.
+//!
+//! Built as `libabiss.so` and `libabiss.a`; the declarations are in `include/abiss.h`. Every
+//! function is implemented on [`abiss_client`]. Failures return the documented error value,
+//! set `errno`, and leave a one-sentence message for `abiss_strerror` on the calling thread.
+//! NULL pointers and out-of-range arguments fail with `EINVAL`; nothing panics across the
+//! boundary. Needs Linux 6.1 or later, as `abissd` does.
+//!
+//! An `ABISS_FILE` may be used by one thread at a time (as with `FILE` under
+//! `flockfile`): the library does not lock it.
+#![deny(missing_docs)]
+
+mod failure;
+mod stream;
+
+use std::ffi::{c_char, c_int, c_long, c_void, CStr};
+
+use abiss_client::Client;
+
+use crate::failure::{entry_point, Failure};
+pub use crate::stream::{AbissStdioFile, DEFAULT_APP_BUFFER_BYTES};
+
+/// A C `long` as `i64`.
+#[allow(
+    clippy::useless_conversion,
+    reason = "long is i64 here but i32 on 32-bit targets"
+)]
+fn long(value: c_long) -> i64 {
+    i64::from(value)
+}
+
+/// The handle behind a non-NULL `fp`, or `EINVAL`.
+///
+/// # Safety
+/// `fp` is NULL or a pointer returned by [`abiss_fopen`] and not yet closed, used by no other
+/// thread during the call.
+unsafe fn handle<'a>(fp: *mut AbissStdioFile) -> Result<&'a mut AbissStdioFile, Failure> {
+    // SAFETY: per this function's contract, a non-NULL fp is a live, exclusive handle.
+    unsafe { fp.as_mut() }.ok_or_else(|| Failure::invalid("the ABISS_FILE pointer is NULL"))
+}
+
+/// A C string argument, or `EINVAL` when NULL.
+///
+/// # Safety
+/// `text` is NULL or points to a NUL-terminated string that lives through the call.
+unsafe fn c_string<'a>(text: *const c_char, name: &str) -> Result<&'a CStr, Failure> {
+    if text.is_null() {
+        return Err(Failure::invalid(format!("the {name} pointer is NULL")));
+    }
+    // SAFETY: non-NULL and NUL-terminated per this function's contract.
+    Ok(unsafe { CStr::from_ptr(text) })
+}
+
+/// Opens `path` for reading and attaches it to `abissd` (socket from `ABISS_SOCKET`, else
+/// `/run/abiss/abiss.sock`) at `byterate` bytes/s with a playout buffer of `app_buffer` bytes
+/// (0: [`DEFAULT_APP_BUFFER_BYTES`]). Returns NULL with `errno` set on failure.
+///
+/// # Safety
+/// `path` and `mode` are NULL or NUL-terminated strings.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fopen(
+    path: *const c_char,
+    mode: *const c_char,
+    byterate: c_long,
+    app_buffer: c_long,
+) -> *mut AbissStdioFile {
+    entry_point(std::ptr::null_mut(), || {
+        // SAFETY: the caller passes NULL or NUL-terminated strings.
+        let (path, mode) = unsafe { (c_string(path, "path")?, c_string(mode, "mode")?) };
+        let file = stream::open(
+            path,
+            mode,
+            long(byterate),
+            long(app_buffer),
+            Client::connect_default,
+        )?;
+        Ok(Box::into_raw(Box::new(file)))
+    })
+}
+
+/// Reads up to `nmemb` items of `size` bytes into `ptr`, as `fread`: returns the number of
+/// whole items read, fewer only at the end of the file or on an error (`errno` set, see
+/// [`abiss_ferror`]). Bytes of a partial last item are stored and consumed.
+///
+/// # Safety
+/// `ptr` is NULL or points to `size * nmemb` writable bytes; `fp` is NULL or an open handle
+/// no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fread(
+    ptr: *mut c_void,
+    size: usize,
+    nmemb: usize,
+    fp: *mut AbissStdioFile,
+) -> usize {
+    entry_point(0, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        if size == 0 || nmemb == 0 {
+            return Ok(0);
+        }
+        if ptr.is_null() {
+            return Err(Failure::invalid("the buffer pointer is NULL"));
+        }
+        let bytes = size
+            .checked_mul(nmemb)
+            .filter(|&bytes| isize::try_from(bytes).is_ok())
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "{nmemb} items of {size} bytes do not fit in one buffer"
+                ))
+            })?;
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the caller's buffer holds `bytes` writable bytes. Zeroing them first makes
+        // every byte initialized, so the slice below is a valid `&mut [u8]`.
+        let buffer = unsafe {
+            ptr.write_bytes(0, bytes);
+            std::slice::from_raw_parts_mut(ptr, bytes)
+        };
+        Ok(file.read_fully(buffer) / size)
+    })
+}
+
+/// Moves the read position as `fseek` (`whence` is `SEEK_SET`, `SEEK_CUR` or `SEEK_END`) and
+/// tells the daemon the new playout point; clears the end-of-file flag. Returns 0, or -1 with
+/// `errno` set.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fseek(
+    fp: *mut AbissStdioFile,
+    offset: c_long,
+    whence: c_int,
+) -> c_int {
+    entry_point(-1, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        file.seek(long(offset), whence)?;
+        Ok(0)
+    })
+}
+
+/// The read position in bytes, or -1 with `errno` set.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_ftell(fp: *mut AbissStdioFile) -> c_long {
+    entry_point(-1, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        c_long::try_from(file.position()).map_err(|_| {
+            Failure::new(
+                libc::EOVERFLOW,
+                format!("the position {} does not fit in a long", file.position()),
+            )
+        })
+    })
+}
+
+/// Tells the daemon the playout point explicitly (the slides' "position" message) without
+/// moving the read position: the daemon keeps the playout buffer loaded from `offset` on.
+/// Returns 0, or -1 with `errno` set.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_position(fp: *mut AbissStdioFile, offset: c_long) -> c_int {
+    entry_point(-1, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        let offset = u64::try_from(offset).map_err(|_| {
+            Failure::invalid(format!(
+                "the playout point {offset} is before the file's start"
+            ))
+        })?;
+        file.set_playout_point(offset)?;
+        Ok(0)
+    })
+}
+
+/// The daemon's id of the stream, or -1 with `errno` set.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_stream_id(fp: *mut AbissStdioFile) -> c_long {
+    entry_point(-1, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        c_long::try_from(file.stream_id()).map_err(|_| {
+            Failure::new(
+                libc::EOVERFLOW,
+                format!("stream id {} does not fit in a long", file.stream_id()),
+            )
+        })
+    })
+}
+
+/// Nonzero once a read reached the end of the file (until a seek); 0 otherwise, and 0 with
+/// `errno` `EINVAL` for NULL.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_feof(fp: *mut AbissStdioFile) -> c_int {
+    entry_point(0, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        Ok(c_int::from(file.at_eof()))
+    })
+}
+
+/// Nonzero once a read failed; 0 otherwise, and 0 with `errno` `EINVAL` for NULL.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_ferror(fp: *mut AbissStdioFile) -> c_int {
+    entry_point(0, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        Ok(c_int::from(file.failed()))
+    })
+}
+
+/// Detaches the stream, closes the file and frees the handle, which is invalid afterwards
+/// even when this fails. Returns 0, or `EOF` (-1) with `errno` set.
+///
+/// # Safety
+/// `fp` is NULL or an open handle that no other thread uses, now or later.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fclose(fp: *mut AbissStdioFile) -> c_int {
+    entry_point(libc::EOF, || {
+        if fp.is_null() {
+            return Err(Failure::invalid("the ABISS_FILE pointer is NULL"));
+        }
+        // SAFETY: fp came from Box::into_raw in abiss_fopen and is given back exactly once.
+        let file = unsafe { Box::from_raw(fp) };
+        file.close()?;
+        Ok(0)
+    })
+}
+
+/// The message of the last failed abiss call on this thread, one sentence; valid until the
+/// next failure on this thread. Never NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn abiss_strerror() -> *const c_char {
+    failure::last_message()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,213 @@
+//! The handle behind `ABISS_FILE`: an [`AbissFile`] with stdio's position, end-of-file and
+//! error state.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io::{ErrorKind as IoErrorKind, Read, Seek, SeekFrom};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
+use abiss_proto::{ByteRate, ByteSize};
+
+use crate::failure::Failure;
+
+/// Playout buffer when `abiss_fopen` gets `app_buffer` 0: the 564 kB of the ABISS slides'
+/// measurements ("Measurements, description").
+pub const DEFAULT_APP_BUFFER_BYTES: u64 = 564 * 1024;
+
+/// An open stream as C sees it (`ABISS_FILE`, opaque there).
+#[derive(Debug)]
+pub struct AbissStdioFile {
+    file: AbissFile,
+    /// Bytes from the start of the file to the next read, as `abiss_ftell` reports it.
+    position: u64,
+    at_eof: bool,
+    failed: bool,
+}
+
+/// `abiss_fopen`'s checks and the attach. Everything that can be decided locally is, before
+/// the daemon is asked, so a wrong path or mode fails with the precise `errno`.
+pub(crate) fn open(
+    path: &CStr,
+    mode: &CStr,
+    byterate: i64,
+    app_buffer: i64,
+    connect: impl FnOnce() -> Result<Client, ClientError>,
+) -> Result<AbissStdioFile, Failure> {
+    check_mode(mode)?;
+    let rate = u64::try_from(byterate)
+        .ok()
+        .filter(|&rate| rate > 0)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "a byterate of {byterate} bytes/s is not positive; give the stream's rate in bytes per second"
+            ))
+        })?;
+    let buffer = match u64::try_from(app_buffer) {
+        Ok(0) => DEFAULT_APP_BUFFER_BYTES,
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return Err(Failure::invalid(format!(
+                "an app_buffer of {app_buffer} bytes is negative; give 0 for the default of {DEFAULT_APP_BUFFER_BYTES} bytes"
+            )))
+        }
+    };
+    let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
+    check_file(path)?;
+    let options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
+    let file = AbissFile::open_with(connect()?, path, &options)?;
+    Ok(AbissStdioFile {
+        file,
+        position: 0,
+        at_eof: false,
+        failed: false,
+    })
+}
+
+/// Read modes only: "r" with stdio's "b" (no meaning on POSIX) and glibc's "e" (close on
+/// exec, which the library's descriptors always are).
+fn check_mode(mode: &CStr) -> Result<(), Failure> {
+    let bytes = mode.to_bytes();
+    match bytes.split_first() {
+        Some((b'r', rest)) if rest.iter().all(|flag| matches!(flag, b'b' | b'e')) => Ok(()),
+        _ => Err(Failure::invalid(format!(
+            "mode \"{}\" is not a read mode; ABISS streams are read-only, open them with \"r\" or \"rb\"",
+            mode.to_string_lossy()
+        ))),
+    }
+}
+
+/// The file must exist, be readable by this process and be a regular file.
+fn check_file(path: &Path) -> Result<(), Failure> {
+    let cannot_open =
+        |error: &std::io::Error| Failure::io(&format!("cannot open {}", path.display()), error);
+    if path.as_os_str().is_empty() {
+        return Err(Failure::new(
+            libc::ENOENT,
+            "the path is empty; give the file to stream",
+        ));
+    }
+    let metadata = std::fs::metadata(path).map_err(|error| cannot_open(&error))?;
+    if metadata.is_dir() {
+        return Err(Failure::new(
+            libc::EISDIR,
+            format!(
+                "{} is a directory; only regular files can be streamed",
+                path.display()
+            ),
+        ));
+    }
+    if !metadata.is_file() {
+        // Checked before opening: opening a FIFO for reading would block until a writer comes.
+        return Err(Failure::invalid(format!(
+            "{} is not a regular file; only regular files can be streamed",
+            path.display()
+        )));
+    }
+    // The client library reports any open failure as a bad request; opening here first keeps
+    // the system's errno (EACCES, ...).
+    File::open(path).map_err(|error| cannot_open(&error))?;
+    Ok(())
+}
+
+impl AbissStdioFile {
+    /// Fills `buffer` as far as the file goes and returns the bytes read. Stops early only at
+    /// the end of the file or on an error, which is recorded (errno, message, error flag).
+    pub(crate) fn read_fully(&mut self, buffer: &mut [u8]) -> usize {
+        let mut filled = 0;
+        while let Some(rest) = buffer.get_mut(filled..).filter(|rest| !rest.is_empty()) {
+            match self.file.read(rest) {
+                Ok(0) => {
+                    self.at_eof = true;
+                    break;
+                }
+                Ok(read) => {
+                    filled += read;
+                    self.position += read as u64;
+                }
+                Err(error) if error.kind() == IoErrorKind::Interrupted => {}
+                Err(error) => {
+                    self.failed = true;
+                    let what = format!("cannot read {}", self.file.stream().path);
+                    Failure::io(&what, &error).record();
+                    break;
+                }
+            }
+        }
+        filled
+    }
+
+    /// Moves the read position (and with it the playout point) as `fseek` does.
+    pub(crate) fn seek(&mut self, offset: i64, whence: i32) -> Result<(), Failure> {
+        let target = match whence {
+            libc::SEEK_SET => SeekFrom::Start(u64::try_from(offset).map_err(|_| {
+                Failure::invalid(format!("cannot seek to {offset}, before the file's start"))
+            })?),
+            libc::SEEK_CUR => SeekFrom::Current(offset),
+            libc::SEEK_END => SeekFrom::End(offset),
+            _ => {
+                return Err(Failure::invalid(format!(
+                    "whence {whence} is none of SEEK_SET, SEEK_CUR and SEEK_END"
+                )))
+            }
+        };
+        match self.file.seek(target) {
+            Ok(position) => {
+                self.position = position;
+                self.at_eof = false;
+                Ok(())
+            }
+            // The system refused the seek (EINVAL before the start): nothing moved. If the
+            // daemon connection failed instead, the file has moved but the stream is broken;
+            // stdio too leaves the position unspecified after a failed fseek.
+            Err(error) => Err(Failure::io(
+                &format!("cannot seek in {}", self.file.stream().path),
+                &error,
+            )),
+        }
+    }
+
+    /// The read position.
+    pub(crate) fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Tells the daemon the playout point (the slides' "position" message).
+    pub(crate) fn set_playout_point(&mut self, offset: u64) -> Result<(), Failure> {
+        self.file.set_playout_point(offset).map_err(|error| {
+            Failure::io(
+                &format!(
+                    "cannot tell abissd the playout point of {}",
+                    self.file.stream().path
+                ),
+                &error,
+            )
+        })
+    }
+
+    /// The daemon's id of the stream.
+    pub(crate) fn stream_id(&self) -> u64 {
+        self.file.stream_id()
+    }
+
+    pub(crate) fn at_eof(&self) -> bool {
+        self.at_eof
+    }
+
+    pub(crate) fn failed(&self) -> bool {
+        self.failed
+    }
+
+    /// Ends the stream at the daemon; the file closes either way.
+    pub(crate) fn close(self) -> Result<(), Failure> {
+        let path = self.file.stream().path.clone();
+        self.file.detach().map(drop).map_err(|error| {
+            let failure = Failure::from(error);
+            Failure::new(
+                failure.errno,
+                format!("cannot detach {path}: {}", failure.message),
+            )
+        })
+    }
+}

@@ -1,0 +1,373 @@
+//! The C API (`abiss-c`: `libabiss.so` with `include/abiss.h`) from real C programs: the
+//! example player `play.c` reads a file on a managed loop device at its byterate, and
+//! `probe.c` checks the API's errors (errno and message) and stdio semantics against a real
+//! abissd.
+//!
+//! The programs are compiled here with `cc` against the freshly built library. Tests that
+//! create loop devices take [`SERIAL`]: the fixtures name their scratch directories by
+//! process id, so two at once in one process would share an image.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use abiss_proto::{Request, Response};
+use abiss_tests::{require_root, Daemon, Ext4Mount, LoopDevice, Scratch};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+const PLAY_RATE_BPS: u64 = 4_000_000;
+/// 8 MiB at 4 MB/s: about 2.1 s of playing.
+const PLAY_FILE_BYTES: usize = 8 << 20;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds `abiss-c` and returns the directory holding `libabiss.so`. `cargo xtask test` builds
+/// only binaries, so the library is built here (quick when it is fresh); cargo's own report
+/// says where it went.
+fn library_dir() -> PathBuf {
+    let output = Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "-p", "abiss-c", "--message-format=json"])
+        .arg("--manifest-path")
+        .arg(workspace().join("Cargo.toml"))
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run cargo build -p abiss-c");
+    assert!(output.status.success(), "cargo build -p abiss-c failed");
+    let library = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["reason"] == "compiler-artifact")
+        .filter_map(|message| message["filenames"].as_array().cloned())
+        .flatten()
+        .filter_map(|name| name.as_str().map(PathBuf::from))
+        .find(|name| name.file_name().is_some_and(|n| n == "libabiss.so"))
+        .expect("cargo reported no libabiss.so");
+    library.parent().expect("library dir").to_path_buf()
+}
+
+/// `play` and `probe`, compiled into a scratch directory against the header and library.
+struct Programs {
+    dir: Scratch,
+}
+
+impl Programs {
+    fn build(tag: &str) -> Self {
+        let dir = Scratch::new_in("/tmp", tag);
+        let library = library_dir();
+        let crate_dir = workspace().join("abiss-c");
+        for name in ["play", "probe"] {
+            let output = Command::new("cc")
+                .args([
+                    "-std=c99",
+                    "-Wall",
+                    "-Wextra",
+                    "-Wpedantic",
+                    "-Werror",
+                    "-O2",
+                ])
+                .arg("-I")
+                .arg(crate_dir.join("include"))
+                .arg(crate_dir.join("examples").join(format!("{name}.c")))
+                .arg("-o")
+                .arg(dir.path().join(name))
+                .arg("-L")
+                .arg(&library)
+                .arg("-labiss")
+                .arg(format!("-Wl,-rpath,{}", library.display()))
+                .output()
+                .expect("run cc");
+            assert!(
+                output.status.success(),
+                "cc {name}.c failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Self { dir }
+    }
+
+    fn command(&self, name: &str, socket: &Path) -> Command {
+        let mut command = Command::new(self.dir.path().join(name));
+        command.env("ABISS_SOCKET", socket);
+        command
+    }
+}
+
+/// The streams abissd serves now.
+fn streams(daemon: &Daemon) -> usize {
+    match daemon.connect().call(Request::List) {
+        Response::Streams { streams } => streams.len(),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+/// Runs `command` to completion, killing it after `timeout`.
+fn run(mut command: Command, timeout: Duration) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + timeout;
+    while child.try_wait().expect("poll child").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("collect output");
+            panic!(
+                "{command:?} did not finish within {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+/// The `key=value` fields of the program's line starting with `prefix`.
+fn fields(output: &Output, prefix: &str) -> HashMap<String, String> {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no '{prefix}' line in: {stdout}"));
+    line[prefix.len()..]
+        .split_whitespace()
+        .filter_map(|field| field.split_once('='))
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .collect()
+}
+
+fn number(fields: &HashMap<String, String>, key: &str) -> u64 {
+    fields
+        .get(key)
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no number {key} in {fields:?}"))
+}
+
+/// A file of `bytes` on the mount, written through and dropped from the page cache, so every
+/// byte `play` reads was brought in by abissd or the disk.
+fn write_cold_file(path: &Path, bytes: usize) {
+    let mut file = std::fs::File::create(path).expect("create file");
+    let pattern: Vec<u8> = (0..=255_u8).cycle().take(1 << 20).collect();
+    for _ in 0..bytes.div_ceil(pattern.len()) {
+        file.write_all(&pattern).expect("write file");
+    }
+    file.set_len(bytes as u64).expect("trim file");
+    file.sync_all().expect("sync file");
+    // SAFETY: fadvise on a descriptor we own; no memory is passed.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise failed");
+}
+
+/// What `probe` reports for an `abiss_fopen` that fails: (errno, message).
+fn probe_failure(programs: &Programs, socket: &Path, args: &[&str]) -> (i32, String) {
+    let mut command = programs.command("probe", socket);
+    command.args(args);
+    let output = run(command, Duration::from_secs(10));
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "probe {args:?} should fail to open; stdout: {} stderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let line = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("probe: errno="))
+        .unwrap_or_else(|| panic!("no errno in {stdout}"));
+    let (errno, message) = line.split_once(" message=").expect("errno and message");
+    let message = message.to_owned();
+    assert!(
+        !message.is_empty() && !message.contains('\n'),
+        "one sentence: {message:?}"
+    );
+    (errno.parse().expect("errno number"), message)
+}
+
+#[test]
+fn play_reads_a_managed_file_at_its_byterate() {
+    require_root!();
+    let _serial = serial();
+    let programs = Programs::build("c-play-programs");
+    let mount = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(mount.device().path(), &[]);
+    let file = mount.path().join("movie.ts");
+    write_cold_file(&file, PLAY_FILE_BYTES);
+
+    let mut command = programs.command("play", daemon.socket());
+    command.arg(&file).arg(PLAY_RATE_BPS.to_string());
+    let started = Instant::now();
+    let output = run(command, Duration::from_secs(30));
+    let wall = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "play failed: {stderr}");
+    let report = fields(&output, "play:");
+    println!("play: {report:?} in {wall:?}");
+
+    assert!(number(&report, "stream") > 0, "{report:?}");
+    assert_eq!(number(&report, "bytes"), PLAY_FILE_BYTES as u64);
+    assert_eq!(
+        number(&report, "reads"),
+        (PLAY_FILE_BYTES / (64 << 10)) as u64
+    );
+    // The last read (the one that finds the end) is due at size / rate: never earlier, and
+    // paced reads of memory-resident data end soon after.
+    let expected_ms = PLAY_FILE_BYTES as u64 * 1000 / PLAY_RATE_BPS;
+    let elapsed_ms = number(&report, "elapsed_ms");
+    assert!(
+        (expected_ms.saturating_sub(20)..=expected_ms + 500).contains(&elapsed_ms),
+        "played in {elapsed_ms} ms, expected about {expected_ms} ms: {report:?}"
+    );
+    // abiss_fclose detached the stream.
+    assert_eq!(streams(&daemon), 0, "the stream outlived abiss_fclose");
+}
+
+#[test]
+fn fopen_fails_with_errno_and_a_sentence() {
+    require_root!();
+    let _serial = serial();
+    let programs = Programs::build("c-fopen-programs");
+    let mount = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(mount.device().path(), &[]);
+    let file = mount.path().join("clip.ts");
+    write_cold_file(&file, 1 << 20);
+    let empty = mount.path().join("empty.ts");
+    std::fs::File::create(&empty).expect("create empty file");
+    let elsewhere = Scratch::new_in("/tmp", "c-unmanaged");
+    let unmanaged = elsewhere.path().join("clip.ts");
+    write_cold_file(&unmanaged, 1 << 20);
+    let socket = daemon.socket();
+    let text = |path: &Path| path.to_string_lossy().into_owned();
+
+    let cases: [(String, &str, &str, i32, &str); 7] = [
+        (text(&file), "w", "1000000", libc::EINVAL, "not a read mode"),
+        (
+            text(&file),
+            "r+",
+            "1000000",
+            libc::EINVAL,
+            "not a read mode",
+        ),
+        (
+            text(mount.path()),
+            "r",
+            "1000000",
+            libc::EISDIR,
+            "is a directory",
+        ),
+        (
+            text(&unmanaged),
+            "r",
+            "1000000",
+            libc::EINVAL,
+            "does not manage",
+        ),
+        (text(&empty), "rb", "1000000", libc::EINVAL, "is empty"),
+        (
+            text(&mount.path().join("missing.ts")),
+            "r",
+            "1000000",
+            libc::ENOENT,
+            "cannot open",
+        ),
+        // Far above the loop device's real-time share: admission control refuses.
+        (text(&file), "r", "1000000000", libc::EBUSY, ""),
+    ];
+    for (path, mode, rate, errno, words) in &cases {
+        let (got, message) = probe_failure(&programs, socket, &[path.as_str(), mode, rate]);
+        assert_eq!(
+            got, *errno,
+            "abiss_fopen({path}, {mode}, {rate}): {message}"
+        );
+        assert!(
+            message.contains(words),
+            "abiss_fopen({path}, {mode}): {message}"
+        );
+    }
+    // A refused stream left nothing behind, and the same file streams fine at a fair rate.
+    assert_eq!(streams(&daemon), 0);
+    let mut command = programs.command("probe", socket);
+    command.arg(&file).args(["r", "1000000", "0"]);
+    let output = run(command, Duration::from_secs(10));
+    assert!(
+        output.status.success(),
+        "probe on a managed file: {} {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report = fields(&output, "probe:");
+    assert_eq!(number(&report, "size"), 1 << 20, "{report:?}");
+    assert_eq!(streams(&daemon), 0, "the stream outlived abiss_fclose");
+}
+
+#[test]
+fn null_arguments_and_a_missing_daemon_fail_cleanly() {
+    let programs = Programs::build("c-null-programs");
+    let nowhere = Path::new("/nonexistent-abiss-c-test/abiss.sock");
+    let mut command = programs.command("probe", nowhere);
+    command.arg("--null");
+    let output = run(command, Duration::from_secs(10));
+    assert!(
+        output.status.success(),
+        "NULL arguments: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let manifest = workspace().join("Cargo.toml");
+    let (errno, message) = probe_failure(
+        &programs,
+        nowhere,
+        &[&manifest.to_string_lossy(), "r", "1000"],
+    );
+    assert_eq!(errno, libc::ECONNREFUSED, "{message}");
+    assert!(message.contains("abissd is not running"), "{message}");
+}
+
+#[test]
+fn header_compiles_as_cpp() {
+    let dir = Scratch::new_in("/tmp", "c-header-cpp");
+    let source = dir.path().join("use.cpp");
+    std::fs::write(
+        &source,
+        "#include \"abiss.h\"\n\
+         int main() { ABISS_FILE *fp = abiss_fopen(nullptr, \"r\", 1, 0); \
+         return fp == nullptr && abiss_strerror() != nullptr ? 0 : 1; }\n",
+    )
+    .expect("write source");
+    let library = library_dir();
+    let output = Command::new("c++")
+        .args(["-std=c++11", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(workspace().join("abiss-c/include"))
+        .arg(&source)
+        .arg("-o")
+        .arg(dir.path().join("use"))
+        .arg("-L")
+        .arg(&library)
+        .arg("-labiss")
+        .arg(format!("-Wl,-rpath,{}", library.display()))
+        .output()
+        .expect("run c++");
+    assert!(
+        output.status.success(),
+        "the header does not build as C++: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let status = Command::new(dir.path().join("use"))
+        .status()
+        .expect("run the C++ program");
+    assert!(
+        status.success(),
+        "abiss_fopen(NULL) from C++ did not fail cleanly"
+    );
+}
