@@ -15,6 +15,7 @@ use crate::interrupt;
 pub struct LabDisk {
     lab: Lab,
     state_dir: PathBuf,
+    read_ahead_kb: u32,
 }
 
 /// The block queue settings a run had, for the reports.
@@ -34,8 +35,15 @@ pub struct QueueSettings {
 
 impl LabDisk {
     /// Brings up the default hdd model (a 5400 rpm laptop disk) with `size_bytes`, makes ext4
-    /// on it and mounts it, in directories named after `benchmark` and this process.
-    pub fn up(benchmark: &str, size_bytes: u64) -> anyhow::Result<Self> {
+    /// on it and mounts it, in directories named after `benchmark` and this process, with a
+    /// readahead of `read_ahead_kb`.
+    ///
+    /// A loop device inherits a large readahead from its backing file (2.5 MiB over the lab's
+    /// FUSE image, and the kernel resets it to that whenever the queue limits change, e.g. on
+    /// writing `rotational`), while the kernel gives a SATA disk 128 KiB. The readahead
+    /// decides how often a 1 MB/s reader reaches the disk at all, so it is set here and again
+    /// after every elevator change.
+    pub fn up(benchmark: &str, size_bytes: u64, read_ahead_kb: u32) -> anyhow::Result<Self> {
         let name = format!("abiss-bench-{benchmark}-{}", std::process::id());
         let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
             .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
@@ -49,7 +57,9 @@ impl LabDisk {
         let disk = Self {
             lab,
             state_dir: options.state_dir,
+            read_ahead_kb,
         };
+        disk.apply_read_ahead()?;
         // mkfs leaves inode tables to be zeroed lazily by a kernel thread after mounting;
         // that background writing would land in the first runs.
         let mount = disk.mount_dir().to_string_lossy().into_owned();
@@ -62,6 +72,23 @@ impl LabDisk {
             "remount of {mount} with noinit_itable failed"
         );
         Ok(disk)
+    }
+
+    fn apply_read_ahead(&self) -> anyhow::Result<()> {
+        let path = Path::new("/sys/block")
+            .join(self.device().file_name().unwrap_or_default())
+            .join("queue/read_ahead_kb");
+        std::fs::write(&path, self.read_ahead_kb.to_string())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let now = std::fs::read_to_string(&path)?;
+        anyhow::ensure!(
+            now.trim() == self.read_ahead_kb.to_string(),
+            "{} is {} after writing {}",
+            path.display(),
+            now.trim(),
+            self.read_ahead_kb
+        );
+        Ok(())
     }
 
     /// The block device.
@@ -98,7 +125,7 @@ impl LabDisk {
             Some(elevator),
         )
         .with_context(|| format!("cannot select the {elevator} elevator"))?;
-        Ok(())
+        self.apply_read_ahead()
     }
 
     /// The queue settings in force now.

@@ -1,10 +1,13 @@
 //! Where the benchmark's files sit on the lab disk, and making them.
 //!
-//! The stream files and the copy's source are spread evenly over the file system, with
-//! fallocated filler files between them (unwritten extents: no data I/O, only space), so the
-//! streams sit at different distances from each other and from the copy, as files on a real
-//! disk would, and the sweep's streams see seeks of every length. The end of the disk stays
-//! free for the copy's destination.
+//! The stream files and the copy's source are spread evenly over the disk, so streams sit at
+//! different distances from each other and from the copy, as files on a real disk would, and
+//! the sweep's streams see seeks of every length. ext4 gives no say over where a file goes,
+//! so the placement is forced: a reserve file is fallocated over all free space (unwritten
+//! extents: no data I/O), then for each file a hole is punched in the reserve at the wanted
+//! disk position, the journal is committed (freed blocks are reusable only after that), and
+//! the file is written into the only free space there is. The last hole, at the end of the
+//! disk, is left for the copy's destination.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -12,30 +15,53 @@ use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use nix::fcntl::{fallocate, posix_fadvise, FallocateFlags, PosixFadviseAdvice};
 use serde::Serialize;
 
-/// Leave this much of the file system free beyond what the plan needs (metadata, journal,
-/// allocator slack).
-const SPARE_FRACTION: f64 = 0.05;
+/// Room beyond the copy's size in the hole left for it (ext4 allocates in groups of blocks).
+const COPY_HOLE_EXTRA_BYTES: u64 = 64 << 20;
+/// Room beyond a file's size in the hole punched for it: its extent tree and the reserve's
+/// split extents need blocks too.
+const HOLE_EXTRA_BYTES: u64 = 2 << 20;
+/// Holes start on this disk alignment: ext4's buddy allocator hands out aligned power-of-two
+/// chunks first, so an aligned hole is filled from its start, in file order.
+const HOLE_ALIGNMENT: u64 = 16 << 20;
 
-/// How big a filler goes before each file so that `files` start at evenly spaced positions of
-/// `space_bytes` (pure). File k starts at k·space/n; a file larger than its share just pushes
-/// the next one on.
+/// A run of a file's blocks on the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Extent {
+    /// Offset in the file.
+    pub logical: u64,
+    /// Offset on the disk.
+    pub physical: u64,
+    /// Length in bytes.
+    pub length: u64,
+}
+
+/// Evenly spaced disk positions for `count` items over `len` bytes from `start`, aligned
+/// down to `alignment` (pure).
 #[must_use]
-pub fn spread_fillers(files: &[u64], space_bytes: u64) -> Vec<u64> {
-    let count = files.len() as u64;
-    let mut position = 0;
-    files
-        .iter()
-        .enumerate()
-        .map(|(k, size)| {
-            let target = space_bytes.checked_div(count).unwrap_or(0) * k as u64;
-            let filler = target.saturating_sub(position);
-            position += filler + size;
-            filler
+pub fn spread_targets(count: usize, start: u64, len: u64, alignment: u64) -> Vec<u64> {
+    let count = count as u64;
+    (0..count)
+        .map(|k| {
+            let target = start + len.checked_div(count).unwrap_or(0) * k;
+            target / alignment * alignment
         })
         .collect()
+}
+
+/// Where in a file mapped by `extents` a run of `len` bytes lies on the disk at or after
+/// `target` (the first such run by disk position); `None` if no extent has room (pure).
+#[must_use]
+pub fn logical_for_physical(extents: &[Extent], target: u64, len: u64) -> Option<u64> {
+    let mut by_position: Vec<&Extent> = extents.iter().collect();
+    by_position.sort_by_key(|e| e.physical);
+    by_position.into_iter().find_map(|extent| {
+        let start = target.max(extent.physical);
+        (start + len <= extent.physical + extent.length)
+            .then(|| extent.logical + (start - extent.physical))
+    })
 }
 
 /// Files on the lab's file system: one per stream, the copy's source, and the copy.
@@ -64,7 +90,7 @@ impl BenchFiles {
 }
 
 /// Makes `streams` stream files of `stream_bytes` and a copy source of `copy_bytes` under
-/// `dir`, spread over the file system with room left for the copy, and drops their pages.
+/// `dir`, spread over the disk with room left for the copy at its end, and drops their pages.
 pub fn make_files(
     dir: &Path,
     disk_bytes: u64,
@@ -72,53 +98,67 @@ pub fn make_files(
     stream_bytes: u64,
     copy_bytes: u64,
 ) -> anyhow::Result<BenchFiles> {
-    let stat = nix::sys::statvfs::statvfs(dir).context("statvfs on the lab file system")?;
-    let free = stat.blocks_available() * stat.fragment_size();
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "a margin in bytes"
-    )]
-    let spare = (free as f64 * SPARE_FRACTION) as u64;
+    let block = nix::sys::statvfs::statvfs(dir)
+        .context("statvfs on the lab file system")?
+        .fragment_size();
+    let reserve_path = dir.join("reserve");
+    let reserve = fill_free_space(&reserve_path)?;
+    let extents = file_extents(&reserve)?;
+    let first = extents.iter().map(|e| e.physical).min().unwrap_or(0);
+    let end = extents
+        .iter()
+        .map(|e| e.physical + e.length)
+        .max()
+        .unwrap_or(0);
+    let copy_hole = (copy_bytes + COPY_HOLE_EXTRA_BYTES).next_multiple_of(block);
+    anyhow::ensure!(
+        end > first + copy_hole,
+        "the lab disk has no room for the copy"
+    );
     let mut sizes = vec![stream_bytes; streams];
     sizes.push(copy_bytes);
-    let needed: u64 = sizes.iter().sum::<u64>() + copy_bytes + spare;
-    anyhow::ensure!(
-        needed <= free,
-        "the files need {} MB but the lab file system has {} MB free",
-        needed / 1_000_000,
-        free / 1_000_000
+    let targets = spread_targets(
+        sizes.len(),
+        first.next_multiple_of(HOLE_ALIGNMENT),
+        end - first - copy_hole,
+        HOLE_ALIGNMENT,
     );
-    // The copy's destination goes after the last file: keep its size (and the spare) out of
-    // the spread.
-    let spread_bytes = free - copy_bytes - spare;
-    let fillers = spread_fillers(&sizes, spread_bytes);
 
     let mut paths = Vec::new();
-    for (k, (size, filler)) in sizes.iter().zip(&fillers).enumerate() {
-        if *filler > 0 {
-            let path = dir.join(format!("filler-{k:03}"));
-            let file =
-                File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-            nix::fcntl::fallocate(
-                file.as_raw_fd(),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                i64::try_from(*filler)?,
-            )
-            .with_context(|| format!("fallocate {}", path.display()))?;
-        }
+    for (k, (size, target)) in sizes.iter().zip(&targets).enumerate() {
         let path = if k < streams {
             dir.join(format!("stream-{k:03}"))
         } else {
             dir.join("copy-source")
         };
+        punch_at(
+            &reserve,
+            *target,
+            (size + HOLE_EXTRA_BYTES).next_multiple_of(block),
+            dir,
+        )
+        .with_context(|| format!("making room for {}", path.display()))?;
         write_file(&path, *size)?;
         paths.push(path);
     }
+    // The copy's destination gets the end of the disk.
+    punch_at(&reserve, end - copy_hole, copy_hole, dir).context("making room for the copy")?;
+
     let copy_source = paths.pop().expect("the copy source was made last");
-    let position = |path: &Path| disk_position(path, disk_bytes);
+    let position = |path: &Path| -> anyhow::Result<f64> {
+        let file = File::open(path)?;
+        let extents = file_extents(&file)?;
+        if extents.len() > 2 {
+            eprintln!(
+                "abiss-bench: {} is in {} pieces on the disk",
+                path.display(),
+                extents.len()
+            );
+        }
+        let start = extents.iter().map(|e| e.physical).min().unwrap_or(0);
+        #[expect(clippy::cast_precision_loss, reason = "a position for the report")]
+        Ok(start as f64 / disk_bytes as f64)
+    };
     let files = BenchFiles {
         stream_positions: paths
             .iter()
@@ -132,7 +172,117 @@ pub fn make_files(
     for path in files.read_files() {
         drop_cached_pages(path)?;
     }
+    let percent = |p: &f64| format!("{:.0} %", p * 100.0);
+    eprintln!(
+        "files placed: streams at {}, copy source at {} of the disk",
+        files
+            .stream_positions
+            .iter()
+            .map(percent)
+            .collect::<Vec<_>>()
+            .join(", "),
+        percent(&files.copy_source_position)
+    );
     Ok(files)
+}
+
+/// Fallocates a file over all the free space data can use: one large request, then
+/// ever smaller ones until not even a block is left, so that later writes can only go into
+/// the holes punched for them.
+fn fill_free_space(path: &Path) -> anyhow::Result<File> {
+    let stat = nix::sys::statvfs::statvfs(path.parent().unwrap_or(Path::new("/")))?;
+    let block = stat.fragment_size();
+    // Root may use the blocks ext4 reserves for it, so count them as free.
+    let free = stat.blocks_free() * block;
+    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let (mut len, mut chunk) = (0u64, free / block * block);
+    while chunk >= block {
+        match fallocate(
+            file.as_raw_fd(),
+            FallocateFlags::empty(),
+            i64::try_from(len)?,
+            i64::try_from(chunk)?,
+        ) {
+            Ok(()) => len += chunk,
+            Err(nix::errno::Errno::ENOSPC) => chunk = chunk / 2 / block * block,
+            Err(e) => return Err(e).with_context(|| format!("fallocate {}", path.display())),
+        }
+    }
+    Ok(file)
+}
+
+/// Frees `len` bytes of the reserve at disk position `target` (or the next place with room)
+/// and commits the journal so the blocks can be allocated again.
+fn punch_at(reserve: &File, target: u64, len: u64, dir: &Path) -> anyhow::Result<()> {
+    let extents = file_extents(reserve)?;
+    let logical = logical_for_physical(&extents, target, len)
+        .with_context(|| format!("no {len} bytes free in the reserve after {target}"))?;
+    fallocate(
+        reserve.as_raw_fd(),
+        FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        i64::try_from(logical)?,
+        i64::try_from(len)?,
+    )
+    .context("punching a hole in the reserve")?;
+    let dir = File::open(dir)?;
+    nix::unistd::syncfs(dir.as_raw_fd()).context("syncfs")?;
+    Ok(())
+}
+
+/// A file's extents (`FS_IOC_FIEMAP`).
+pub fn file_extents(file: &File) -> anyhow::Result<Vec<Extent>> {
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct FiemapExtent {
+        logical: u64,
+        physical: u64,
+        length: u64,
+        reserved64: [u64; 2],
+        flags: u32,
+        reserved: [u32; 3],
+    }
+    #[repr(C)]
+    struct Fiemap {
+        start: u64,
+        length: u64,
+        flags: u32,
+        mapped_extents: u32,
+        extent_count: u32,
+        reserved: u32,
+        extents: [FiemapExtent; 256],
+    }
+    const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+    const FIEMAP_FLAG_SYNC: u32 = 1;
+    const FIEMAP_EXTENT_LAST: u32 = 1;
+
+    let mut extents = Vec::new();
+    let mut start = 0;
+    loop {
+        let mut request = Fiemap {
+            start,
+            length: u64::MAX - start,
+            flags: FIEMAP_FLAG_SYNC,
+            mapped_extents: 0,
+            extent_count: 256,
+            reserved: 0,
+            extents: [FiemapExtent::default(); 256],
+        };
+        // SAFETY: FIEMAP fills at most `extent_count` extents of the request it is given.
+        let result = unsafe { libc::ioctl(file.as_raw_fd(), FS_IOC_FIEMAP, &raw mut request) };
+        anyhow::ensure!(result == 0, "FIEMAP: {}", std::io::Error::last_os_error());
+        let mapped = &request.extents[..request.mapped_extents as usize];
+        extents.extend(mapped.iter().map(|e| Extent {
+            logical: e.logical,
+            physical: e.physical,
+            length: e.length,
+        }));
+        match mapped.last() {
+            Some(last) if last.flags & FIEMAP_EXTENT_LAST == 0 => {
+                start = last.logical + last.length;
+            }
+            _ => return Ok(extents),
+        }
+    }
 }
 
 /// Writes `size` bytes of a pattern (real data: ext4 stores every block) and syncs them.
@@ -194,44 +344,41 @@ pub fn cached_pages(path: &Path) -> anyhow::Result<u64> {
     }
 }
 
-/// Where a file's first block is, as a fraction of the disk (FIBMAP: logical block 0 to the
-/// file system block, which on a whole-disk file system is the disk block).
-fn disk_position(path: &Path, disk_bytes: u64) -> anyhow::Result<f64> {
-    const FIBMAP: libc::c_ulong = 1;
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let block_size = nix::sys::statvfs::fstatvfs(&file)?.block_size();
-    let mut block: libc::c_int = 0;
-    // SAFETY: FIBMAP reads and writes one int through the pointer.
-    let result = unsafe { libc::ioctl(file.as_raw_fd(), FIBMAP, &raw mut block) };
-    anyhow::ensure!(
-        result == 0,
-        "FIBMAP on {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-    #[expect(clippy::cast_precision_loss, reason = "a position for the report")]
-    Ok((u64::try_from(block)? * block_size) as f64 / disk_bytes as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn fillers_spread_files_evenly() {
-        // Four 10-byte files over 100 bytes start at 0, 25, 50 and 75.
-        assert_eq!(spread_fillers(&[10, 10, 10, 10], 100), [0, 15, 15, 15]);
+    fn targets_are_evenly_spaced_and_block_aligned() {
+        assert_eq!(
+            spread_targets(4, 1000, 100_000, 4096),
+            [0, 24576, 49152, 73728]
+        );
+        assert_eq!(spread_targets(2, 8192, 8192, 4096), [8192, 12288]);
+        assert!(spread_targets(0, 0, 100, 1).is_empty());
     }
 
     #[test]
-    fn a_file_larger_than_its_share_pushes_the_next_one() {
-        // Starts at 0, 50 and 100: the second would overlap the first file, so it follows it.
-        assert_eq!(spread_fillers(&[70, 10, 10], 150), [0, 0, 20]);
-    }
-
-    #[test]
-    fn no_files_no_fillers() {
-        assert!(spread_fillers(&[], 100).is_empty());
-        assert_eq!(spread_fillers(&[5], 100), [0]);
+    fn a_run_is_found_by_disk_position_whatever_the_file_order() {
+        // The reserve wrapped around the disk: its first half lies at the end.
+        let extents = [
+            Extent {
+                logical: 0,
+                physical: 600,
+                length: 400,
+            },
+            Extent {
+                logical: 400,
+                physical: 100,
+                length: 300,
+            },
+        ];
+        // Position 150 is in the second extent, 50 bytes into it.
+        assert_eq!(logical_for_physical(&extents, 150, 100), Some(450));
+        // No room for 200 bytes at 300 in that extent: the next extent by position has it.
+        assert_eq!(logical_for_physical(&extents, 300, 200), Some(0));
+        // Before everything: the first extent by position.
+        assert_eq!(logical_for_physical(&extents, 0, 10), Some(400));
+        assert_eq!(logical_for_physical(&extents, 900, 200), None);
     }
 }

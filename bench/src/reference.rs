@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::chart::{self, LatencySeries};
 use crate::configuration::{self, Configuration};
-use crate::lab_disk::LabDisk;
+use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
 use crate::report;
 use crate::schedule::StreamSpec;
@@ -50,6 +50,9 @@ pub struct ReferenceArgs {
     /// Configurations to run, by name (default: all), e.g. `--configs bfq,bfq-rt`.
     #[arg(long, value_delimiter = ',')]
     pub configs: Vec<String>,
+    /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
+    #[arg(long, default_value_t = 128)]
+    pub read_ahead_kb: u32,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
@@ -68,7 +71,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         args.secs,
         args.warmup_secs
     );
-    let disk = LabDisk::up("reference", DISK_BYTES)?;
+    let disk = LabDisk::up("reference", DISK_BYTES, args.read_ahead_kb)?;
     eprintln!(
         "lab hdd {} with ext4 at {}; writing the files",
         disk.device().display(),
@@ -112,7 +115,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         },
         "rows": rows,
     });
-    let markdown = markdown(&command, &machine, args, &rows);
+    let markdown = markdown(&command, &machine, args, &queue, &rows);
     report::write_results(&args.results_dir, "reference", &report, &markdown)?;
     let svg = args.results_dir.join("reference.svg");
     let series: Vec<LatencySeries<'_>> = rows
@@ -168,6 +171,7 @@ fn markdown(
     command: &str,
     machine: &serde_json::Value,
     args: &ReferenceArgs,
+    queue: &QueueSettings,
     rows: &[TrialRow],
 ) -> String {
     let mut text = format!(
@@ -175,27 +179,28 @@ fn markdown(
          `{command}`: {secs} s per configuration after {warmup} s of copy warm-up, cold page cache. \
          Readers: buffered read(2) of 64 KiB every 65.5 ms from 105 MB files; a read misses if it \
          completes after t0 + B/R + i·S/R (buffer B = 564 KiB, slack {slack:.0} ms). Copy loop: \
-         175 MB in 128 KiB read(2)/write(2), writeback kept going in 8 MiB windows. Disk: 5400 rpm \
-         laptop model, queue depth 4, ext4. {machine_line}\n\n\
+         175 MB in 128 KiB read(2)/write(2), writeback kept going in 8 MiB windows. {disk_line} \
+         {machine_line}\n\n\
          | configuration | elevator | reader class | reads | p50 ms | p99 ms | p99.9 ms | max ms | deadline misses | BE copy MB/s | disk busy % |\n\
          | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         secs = args.secs,
         warmup = args.warmup_secs,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
+        disk_line = report::disk_line(queue),
         machine_line = report::machine_line(machine),
     );
     for row in rows {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} ({:.2} %) | {:.1} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.2} %) | {:.1} | {:.0} |",
             row.configuration.name,
             row.configuration.elevator,
             row.configuration.reader_class,
             row.deadlines.reads,
-            row.latency.p50_ms,
-            row.latency.p99_ms,
-            row.latency.p99_9_ms,
-            row.latency.max_ms,
+            report::ms(row.latency.p50_ms),
+            report::ms(row.latency.p99_ms),
+            report::ms(row.latency.p99_9_ms),
+            report::ms(row.latency.max_ms),
             row.deadlines.misses,
             row.deadlines.miss_fraction * 100.0,
             row.be_copy_mb_s,

@@ -67,6 +67,33 @@ pub fn write_results(dir: &Path, name: &str, report: &Value, markdown: &str) -> 
     Ok(())
 }
 
+/// A latency in milliseconds with three significant digits (sub-millisecond page-cache hits
+/// and second-long stalls both stay readable).
+#[must_use]
+pub fn ms(value: f64) -> String {
+    if value < 1.0 {
+        format!("{value:.3}")
+    } else if value < 10.0 {
+        format!("{value:.2}")
+    } else if value < 100.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.0}")
+    }
+}
+
+/// A Markdown sentence describing the lab disk's queue.
+#[must_use]
+pub fn disk_line(queue: &crate::lab_disk::QueueSettings) -> String {
+    format!(
+        "Disk: lab hdd (5400 rpm laptop model), {} requests at once, readahead {} KiB, ext4.",
+        queue
+            .dispatch_depth
+            .map_or_else(|| "?".to_owned(), |d| d.to_string()),
+        queue.read_ahead_kb
+    )
+}
+
 /// A Markdown line describing the machine.
 #[must_use]
 pub fn machine_line(machine: &Value) -> String {
@@ -78,4 +105,18 @@ pub fn machine_line(machine: &Value) -> String {
         machine["kernel"].as_str().unwrap_or("?"),
         machine["date"].as_str().unwrap_or("?"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn milliseconds_keep_three_significant_digits() {
+        assert_eq!(ms(0.01234), "0.012");
+        assert_eq!(ms(4.256), "4.26");
+        assert_eq!(ms(42.56), "42.6");
+        assert_eq!(ms(391.2), "391");
+        assert_eq!(ms(1234.4), "1234");
+    }
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::chart::{self, MissSeries};
 use crate::configuration::{self, Configuration, ConfigurationInfo};
-use crate::lab_disk::LabDisk;
+use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM};
 use crate::report;
@@ -36,6 +36,9 @@ pub struct SweepArgs {
     /// Steps to run after the first one with misses (to show how the misses grow).
     #[arg(long, default_value_t = 1)]
     pub steps_after_miss: usize,
+    /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
+    #[arg(long, default_value_t = 128)]
+    pub read_ahead_kb: u32,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
@@ -133,7 +136,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     // streams there are; the readers start over (from the disk) if a step outlasts it.
     let stream_file_bytes =
         (STREAM.rate_bps * args.secs + STREAM.buffer_bytes).next_multiple_of(1_000_000) + 1_000_000;
-    let disk = LabDisk::up("sweep", DISK_BYTES)?;
+    let disk = LabDisk::up("sweep", DISK_BYTES, args.read_ahead_kb)?;
     eprintln!(
         "lab hdd {} with ext4 at {}; writing {} stream files",
         disk.device().display(),
@@ -189,7 +192,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         },
         "configurations": sweeps,
     });
-    let markdown = markdown(&command, &machine, args, &sweeps);
+    let markdown = markdown(&command, &machine, args, &queue, &sweeps);
     report::write_results(&args.results_dir, "sweep", &report, &markdown)?;
     let svg = args.results_dir.join("sweep.svg");
     let series: Vec<MissSeries<'_>> = sweeps
@@ -270,6 +273,7 @@ fn markdown(
     command: &str,
     machine: &serde_json::Value,
     args: &SweepArgs,
+    queue: &QueueSettings,
     sweeps: &[ConfigurationSweep],
 ) -> String {
     let mut text = format!(
@@ -278,7 +282,7 @@ fn markdown(
          {max} streams, stopping {after} step(s) after the first step with misses. Readers and \
          copy as in the reference measurement (64 KiB reads, 564 KiB buffer, deadline slack \
          {slack:.0} ms; 175 MB copy in 128 KiB calls); stream files spread over the disk. \
-         {machine_line}\n\n\
+         {disk_line} {machine_line}\n\n\
          | configuration | elevator | reader class | most streams with zero misses | first streams with misses |\n\
          | --- | --- | --- | ---: | ---: |\n",
         secs = args.secs,
@@ -286,6 +290,7 @@ fn markdown(
         max = args.max_streams,
         after = args.steps_after_miss,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
+        disk_line = report::disk_line(queue),
         machine_line = report::machine_line(machine),
     );
     for sweep in sweeps {
@@ -312,15 +317,15 @@ fn markdown(
         for row in &sweep.steps {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
                 sweep.configuration.name,
                 row.streams,
                 row.deadlines.reads,
                 row.deadlines.misses,
-                row.latency.p50_ms,
-                row.latency.p99_ms,
-                row.latency.max_ms,
-                row.deadlines.worst_overrun_ms,
+                report::ms(row.latency.p50_ms),
+                report::ms(row.latency.p99_ms),
+                report::ms(row.latency.max_ms),
+                report::ms(row.deadlines.worst_overrun_ms),
                 row.be_copy_mb_s,
                 row.device.busy_fraction * 100.0,
             );

@@ -116,12 +116,12 @@ impl TrialRow {
     #[must_use]
     pub fn progress_line(&self) -> String {
         format!(
-            "{} with {} streams: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, {} of {} reads missed, BE copy {:.1} MB/s, busy {:.0} %",
+            "{} with {} streams: p50 {} ms, p99 {} ms, max {} ms, {} of {} reads missed, BE copy {:.1} MB/s, busy {:.0} %",
             self.configuration.name,
             self.streams,
-            self.latency.p50_ms,
-            self.latency.p99_ms,
-            self.latency.max_ms,
+            crate::report::ms(self.latency.p50_ms),
+            crate::report::ms(self.latency.p99_ms),
+            crate::report::ms(self.latency.max_ms),
             self.deadlines.misses,
             self.deadlines.reads,
             self.be_copy_mb_s,
