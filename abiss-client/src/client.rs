@@ -281,6 +281,33 @@ impl Client {
         }
     }
 
+    /// Waits until stream `id` has its initial window loaded (or the window covers the whole
+    /// file), so the first reads find their data in memory. Gives up after `timeout` and says
+    /// whether the window was loaded.
+    pub fn wait_loaded(
+        &mut self,
+        id: u64,
+        timeout: std::time::Duration,
+    ) -> Result<bool, ClientError> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let streams = self.list()?;
+            let Some(stream) = streams.iter().find(|s| s.id == id) else {
+                return Err(ClientError::NotFound {
+                    message: format!("stream {id} ended while waiting for its window"),
+                });
+            };
+            let window = stream.buffer.0.min(stream.file_bytes.div_ceil(4096) * 4096);
+            if stream.locked_bytes >= window {
+                return Ok(true);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The managed devices.
     pub fn status(&mut self) -> Result<Vec<DeviceStatus>, ClientError> {
         match self.call(Request::Status)? {

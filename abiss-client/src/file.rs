@@ -71,6 +71,9 @@ impl AbissFile {
                 persistent: false,
             },
         )?;
+        // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
+        // read waits for the disk. A window that takes longer still serves, just not yet fully.
+        client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
         Ok(Self {
             file,
             client,

@@ -51,6 +51,9 @@ pub fn attach(
 ) -> Result<(), CliError> {
     let file = open(path)?;
     let info = client.attach(&file, parameters.request(true))?;
+    // The stream is ready when its playout buffer is loaded: readers started after this
+    // command find their first buffer in memory.
+    client.wait_loaded(info.id, std::time::Duration::from_secs(10))?;
     if json {
         println!("{}", serde_json::to_string(&info).unwrap_or_default());
     } else {
@@ -97,6 +100,7 @@ pub fn run(
     };
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
+    client.wait_loaded(info.id, std::time::Duration::from_secs(10))?;
     let status = Command::new(program)
         .args(args)
         .status()

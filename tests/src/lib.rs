@@ -607,6 +607,8 @@ pub struct PacedReport {
     pub misses: u64,
     /// Bytes read.
     pub bytes: u64,
+    /// Reads that took over a millisecond: (index, offset, latency ns).
+    pub slow: Vec<(u64, u64, u64)>,
 }
 
 impl PacedReport {
@@ -654,9 +656,11 @@ pub fn paced_read(
         let before = Instant::now();
         let read = reader.read(&mut chunk).expect("paced read");
         let done = start.elapsed();
-        report
-            .latencies_ns
-            .push(u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        let latency = u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        report.latencies_ns.push(latency);
+        if latency > 1_000_000 {
+            report.slow.push((i, report.bytes, latency));
+        }
         if done > Duration::from_nanos(slack_ns + i * period_ns) {
             report.misses += 1;
         }
