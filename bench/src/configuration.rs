@@ -1,6 +1,30 @@
 //! The configurations a benchmark compares: an elevator, the readers' I/O class, and optional
-//! hooks around each run and each reader. Stock rows need no hooks; ABISS rows (a later issue)
-//! add a [`RunHook`] that starts abissd for the run and attaches each reader's file.
+//! hooks around each run and each reader. Stock rows need no hooks; ABISS rows add a
+//! [`RunHook`] that starts abissd for the run and attaches each reader's file:
+//!
+//! ```ignore
+//! struct Abiss { level: u8 }                     // e.g. the ABISS level the streams get
+//! impl RunHook for Abiss {
+//!     fn name(&self) -> &'static str { "abiss" }
+//!     fn start_run(&self, run: &RunContext<'_>) -> anyhow::Result<Box<dyn RunSetup>> {
+//!         // start abissd from run.bin_dir managing run.device; stop it in Drop
+//!     }
+//! }
+//! impl RunSetup for AbissRun {
+//!     fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>> {
+//!         // attach reader.file at reader.stream.rate_bps with reader.stream.buffer_bytes,
+//!         // wait until its window is loaded; detach in Drop
+//!     }
+//! }
+//! impl ReaderSetup for Attached {
+//!     fn after_read(&mut self, offset: u64, len: u64) -> anyhow::Result<()> {
+//!         // send the playout point, offset + len
+//!     }
+//! }
+//! // in all_configurations():
+//! Configuration::new("abiss-mq-deadline", "ABISS over mq-deadline", "mq-deadline")
+//!     .with_hook(Abiss { level: 0 })
+//! ```
 
 use std::fmt;
 use std::fs::File;
@@ -114,6 +138,13 @@ pub fn stock_configurations() -> Vec<Configuration> {
         )
         .with_reader_class(rt),
     ]
+}
+
+/// Every row the benchmarks know, in report order: the stock rows, then (once abissd has
+/// real-time streams wired in here) the ABISS rows. `--configs` picks from these.
+#[must_use]
+pub fn all_configurations() -> Vec<Configuration> {
+    stock_configurations()
 }
 
 /// The configurations named in `names` (all of them for an empty list), in `all`'s order.

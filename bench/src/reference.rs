@@ -60,9 +60,9 @@ pub struct ReferenceArgs {
 
 /// Runs the reference measurement and writes reference.{json,md,svg}.
 pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
+    let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
-    let configurations =
-        configuration::select(configuration::stock_configurations(), &args.configs)?;
+    let configurations = configuration::select(configuration::all_configurations(), &args.configs)?;
     let names: Vec<&str> = configurations.iter().map(|c| c.name.as_str()).collect();
     eprintln!(
         "reference: {} configurations ({}), {} s each after {} s of copy warm-up",
@@ -95,6 +95,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         "benchmark": "reference",
         "command": command,
         "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
         "parameters": {
             "secs": args.secs,
             "warmup_secs": args.warmup_secs,

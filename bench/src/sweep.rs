@@ -120,10 +120,10 @@ struct ConfigurationSweep {
 
 /// Runs the sweep and writes sweep.{json,md,svg}.
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
+    let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
     anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
-    let configurations =
-        configuration::select(configuration::stock_configurations(), &args.configs)?;
+    let configurations = configuration::select(configuration::all_configurations(), &args.configs)?;
     let steps = stream_steps(args.max_streams);
     eprintln!(
         "sweep: {} configurations, streams {:?}, {} s per step after {} s of copy warm-up",
@@ -171,6 +171,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         "benchmark": "sweep",
         "command": command,
         "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
         "parameters": {
             "secs_per_step": args.secs,
             "warmup_secs": args.warmup_secs,
@@ -300,9 +301,11 @@ fn markdown(
             sweep.configuration.name,
             sweep.configuration.elevator,
             sweep.configuration.reader_class,
-            sweep
-                .sustained_streams
-                .map_or_else(|| "0".to_owned(), |n| n.to_string()),
+            match (sweep.sustained_streams, sweep.first_streams_with_misses) {
+                (None, _) => "0".to_owned(),
+                (Some(n), None) => format!("≥ {n}"),
+                (Some(n), Some(_)) => n.to_string(),
+            },
             sweep.first_streams_with_misses.map_or_else(
                 || format!("none up to {}", args.max_streams),
                 |n| n.to_string()

@@ -63,6 +63,8 @@ pub struct TrialRow {
     pub cached_pages_at_start: u64,
     /// Whether the disk was idle before the run (no request for a second).
     pub idle_before: bool,
+    /// Wall-clock time of the whole run: settling, warm-up, window and cleanup.
+    pub wall_s: f64,
 }
 
 /// Deadline accounting in report units.
@@ -135,6 +137,7 @@ impl TrialRow {
 /// until the window ends. The copy's destination is removed afterwards.
 pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRow> {
     interrupt::check()?;
+    let begun = Instant::now();
     let files = plan.files;
     let configuration = plan.configuration;
     anyhow::ensure!(
@@ -212,6 +215,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
         percentile_curve: latency.percentile_curve(),
         cached_pages_at_start,
         idle_before,
+        wall_s: begun.elapsed().as_secs_f64(),
     })
 }
 
