@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::configuration::{Configuration, ConfigurationInfo, RunContext, RunSetup};
 use crate::interrupt;
-use crate::lab_disk::LabDisk;
+use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
 use crate::layout::{cached_pages, drop_cached_pages, BenchFiles};
 use crate::schedule::{DeadlineTally, StreamSpec};
@@ -63,6 +63,8 @@ pub struct TrialRow {
     pub cached_pages_at_start: u64,
     /// Whether the disk was idle before the run (no request for a second).
     pub idle_before: bool,
+    /// The device queue during the run (`nr_requests` depends on the elevator).
+    pub queue: QueueSettings,
     /// Wall-clock time of the whole run: settling, warm-up, window and cleanup.
     pub wall_s: f64,
 }
@@ -151,6 +153,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
     for path in files.read_files() {
         drop_cached_pages(path)?;
     }
+    let queue = disk.queue_settings();
     let idle_before = disk.wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
     let streams = &files.streams[..plan.streams];
     let mut cached_pages_at_start = 0;
@@ -215,6 +218,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
         percentile_curve: latency.percentile_curve(),
         cached_pages_at_start,
         idle_before,
+        queue,
         wall_s: begun.elapsed().as_secs_f64(),
     })
 }
