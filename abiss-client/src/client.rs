@@ -244,6 +244,23 @@ impl Client {
         self.send(Request::Position { stream, offset })
     }
 
+    /// Like [`Client::position`], but never waits: if the socket buffer is full (the daemon is
+    /// busy), the message is skipped and `false` returned; a later one carries a newer position.
+    pub fn try_position(&mut self, stream: u64, offset: u64) -> Result<bool, ClientError> {
+        let line = self.line(Request::Position { stream, offset })?;
+        match nix::sys::socket::send(self.writer.as_raw_fd(), &line, MsgFlags::MSG_DONTWAIT) {
+            Ok(sent) if sent == line.len() => Ok(true),
+            // A partial message must be completed, or the stream of lines would break.
+            Ok(sent) => self
+                .writer
+                .write_all(&line[sent..])
+                .map(|()| true)
+                .map_err(|error| self.broken(error.to_string())),
+            Err(nix::errno::Errno::EAGAIN) => Ok(false),
+            Err(error) => Err(self.broken(error.to_string())),
+        }
+    }
+
     /// The streams this user may see.
     pub fn list(&mut self) -> Result<Vec<StreamInfo>, ClientError> {
         match self.call(Request::List)? {

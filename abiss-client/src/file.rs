@@ -35,14 +35,20 @@ impl StreamOptions {
 }
 
 /// A file attached to abissd for the lifetime of this value. Reads come from the page cache,
-/// where the daemon keeps the playout buffer loaded ahead of the position; every read and seek
-/// tells the daemon the new playout point. Dropping it detaches the stream.
+/// where the daemon keeps the playout buffer loaded ahead of the position. Reads tell the
+/// daemon the playout point every quarter buffer, seeks at once. Dropping it detaches the
+/// stream.
 #[derive(Debug)]
 pub struct AbissFile {
     file: File,
     client: Client,
     stream: StreamInfo,
     position: u64,
+    /// Last playout point sent.
+    reported: u64,
+    /// Progress that warrants a new position message. The daemon also sees buffered reads in
+    /// the kernel, so a message per read would only add a wakeup of the daemon to every read.
+    report_every: u64,
 }
 
 impl AbissFile {
@@ -74,11 +80,14 @@ impl AbissFile {
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
+        let report_every = (options.buffer.0 / 4).max(4096);
         Ok(Self {
             file,
             client,
             stream,
             position: 0,
+            reported: 0,
+            report_every,
         })
     }
 
@@ -97,6 +106,7 @@ impl AbissFile {
     /// Tells the daemon the playout point explicitly (the slides' "position" message); reads
     /// and seeks do this on their own.
     pub fn set_playout_point(&mut self, offset: u64) -> io::Result<()> {
+        self.reported = offset;
         self.client
             .position(self.stream.id, offset)
             .map_err(io::Error::other)
@@ -121,8 +131,12 @@ impl Read for AbissFile {
     fn read(&mut self, buffer: &mut [u8]) -> io::Result<usize> {
         let read = self.file.read(buffer)?;
         self.position += read as u64;
-        if read > 0 {
-            self.set_playout_point(self.position)?;
+        if self.position >= self.reported + self.report_every {
+            // The data is the caller's either way: a message the daemon could not take now is
+            // simply superseded by the next one.
+            if let Ok(true) = self.client.try_position(self.stream.id, self.position) {
+                self.reported = self.position;
+            }
         }
         Ok(read)
     }
@@ -131,7 +145,8 @@ impl Read for AbissFile {
 impl Seek for AbissFile {
     fn seek(&mut self, target: SeekFrom) -> io::Result<u64> {
         self.position = self.file.seek(target)?;
-        self.set_playout_point(self.position)?;
+        // The file has moved whatever the daemon hears; without the daemon it is a plain file.
+        let _ = self.set_playout_point(self.position);
         Ok(self.position)
     }
 }

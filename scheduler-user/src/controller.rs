@@ -75,6 +75,10 @@ impl Controller {
         for action in actions {
             match action {
                 WindowAction::Load { range, generation } => {
+                    log::debug!(
+                        "stream {}: load {range:?} (generation {generation})",
+                        stream.id
+                    );
                     let job = LoadJob {
                         stream: stream.id,
                         generation,
@@ -249,6 +253,7 @@ impl Controller {
         if peer_uid != 0 && stream.owner_uid != peer_uid {
             return;
         }
+        log::debug!("stream {id}: position {offset}");
         let actions = stream.playout.on_position(offset, now_ns);
         Self::execute(&mut self.prefetch, stream, actions);
     }
@@ -325,6 +330,13 @@ impl Controller {
             now_ns,
         );
         let range = event.first_page * PAGE_BYTES..(event.last_page + 1) * PAGE_BYTES;
+        log::debug!(
+            "stream {}: access kind {} by {} ({}) {range:?}",
+            stream.id,
+            event.kind,
+            event.tgid,
+            event.pid
+        );
         let actions = match event.kind {
             playout_kind::MISS => {
                 stream.misses += 1;
@@ -337,6 +349,12 @@ impl Controller {
 
     /// A load finished.
     pub fn loaded(&mut self, done: LoadDone) {
+        log::debug!(
+            "stream {}: {:?} {:?}",
+            done.stream,
+            done.range,
+            done.outcome
+        );
         let Some(stream) = self.streams.get_mut(done.stream) else {
             return;
         };
@@ -354,6 +372,16 @@ impl Controller {
                 stream.playout.on_failed(&done.range, done.generation);
             }
         }
+    }
+
+    /// How long until some stream's credit allows a load its window lacks; `None` while every
+    /// window is as full as it may be (then only a reader moving on can change anything).
+    #[must_use]
+    pub fn next_wakeup_ns(&self) -> Option<u64> {
+        self.streams
+            .iter()
+            .filter_map(|s| s.playout.ns_until_next_load())
+            .min()
     }
 
     /// Time passed: credit accrued for every stream.

@@ -201,9 +201,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut subscribers: i32 = 0;
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
-    // The credit timers' resolution: a 1 MB/s stream earns a 20-page batch every 82 ms.
-    let mut tick = tokio::time::interval(Duration::from_millis(5));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    // The credit timer wakes the loop only when some window lacks pages its credit will soon
+    // cover; a stream whose window is full costs no wakeups at all.
+    let idle = Duration::from_secs(3600);
+    let credit_timer = tokio::time::sleep(idle);
+    tokio::pin!(credit_timer);
     info!(
         "abissd {} listening on {}",
         env!("CARGO_PKG_VERSION"),
@@ -221,9 +223,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             }
             Some(done) = load_rx.recv() => controller.loaded(done),
             Some(event) = playout_rx.recv() => controller.playout_event(&event, monotonic_ns()),
-            _ = tick.tick() => if controller.has_streams() {
-                controller.tick(monotonic_ns());
-            },
+            () = &mut credit_timer => controller.tick(monotonic_ns()),
             _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_ns()) {
                 Ok(0) => {}
                 Ok(dropped) => info!("dropped {dropped} idle request records"),
@@ -232,6 +232,13 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
         }
+        // At least a millisecond, so a timer just short of a page's worth of credit does not spin.
+        let wait = controller.next_wakeup_ns().map_or(idle, |ns| {
+            Duration::from_nanos(ns).max(Duration::from_millis(1))
+        });
+        credit_timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + wait);
     }
     info!("shutting down: ending streams, restoring devices, detaching programs");
     event_pump.abort();

@@ -280,6 +280,41 @@ fn run_worker(
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) -> io::Result<()> {
     set_thread_ioprio(encoded_ioprio(level))?;
+    // Locking waits for the reads; it runs in its own thread (same priority) so this one keeps
+    // queueing the next ranges at once. Waiting here would let a window fall behind its reader
+    // by one disk access per batch.
+    let (lock_jobs, lock_rx) = mpsc::channel::<LoadJob>();
+    let lock_done = done.clone();
+    let locker = std::thread::Builder::new()
+        .name(format!("abiss-lock-{level}"))
+        .spawn(move || {
+            let _ = set_thread_ioprio(encoded_ioprio(level));
+            for job in lock_rx {
+                let outcome = match job.file.lock(&job.range) {
+                    Ok(()) => LoadOutcome::Loaded,
+                    Err(error) => LoadOutcome::Failed(error),
+                };
+                let _ = lock_done.send(LoadDone {
+                    stream: job.stream,
+                    generation: job.generation,
+                    range: job.range.clone(),
+                    outcome,
+                });
+            }
+        })?;
+    let result = submit_loads(commands, done, &lock_jobs);
+    drop(lock_jobs);
+    let _ = locker.join();
+    result
+}
+
+/// The ring side of a worker: queues WILLNEED advice for every load as soon as it arrives and
+/// hands finished advice to the locker.
+fn submit_loads(
+    commands: &Receiver<WorkerCommand>,
+    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+    lock_jobs: &Sender<LoadJob>,
+) -> io::Result<()> {
     let mut ring = IoUring::new(256)?;
     let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
     let mut next_id: u64 = 1;
@@ -370,13 +405,10 @@ fn run_worker(
             } else if result < 0 {
                 LoadOutcome::Failed(io::Error::from_raw_os_error(-result))
             } else {
-                // The reads are queued; locking faults the pages in, waiting for those reads,
-                // and pins them. It runs here, off the daemon's main loop, at this level's
-                // priority should a page need reading again.
-                match job.file.lock(&job.range) {
-                    Ok(()) => LoadOutcome::Loaded,
-                    Err(error) => LoadOutcome::Failed(error),
-                }
+                // The reads are queued; the locker faults the pages in (waiting for those
+                // reads) and pins them.
+                let _ = lock_jobs.send(job);
+                continue;
             };
             let _ = done.send(LoadDone {
                 stream: job.stream,

@@ -112,7 +112,11 @@ impl Daemon {
             .arg("--state-dir")
             .arg(dir.path().join("state"))
             .args(args)
-            .env("RUST_LOG", "warn")
+            // ABISS_DAEMON_LOG=debug shows the daemon's decisions while a test runs.
+            .env(
+                "RUST_LOG",
+                std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .spawn()
             .expect("start abissd");
         let mut daemon = Self {

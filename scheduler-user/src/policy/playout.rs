@@ -148,10 +148,14 @@ impl PlayoutBuffer {
         self.locked = kept;
     }
 
-    /// Whether `offset` is outside what continuous reading can reach from the window.
-    fn is_jump(&self, offset: u64) -> bool {
-        offset < self.window_start
-            || offset >= self.window_start + self.shape.buffer_bytes + self.shape.batch_bytes
+    /// Whether a read of `range` is a jump away from the window rather than reading on.
+    ///
+    /// Positions arrive from two sources that are not ordered with each other (the client's
+    /// position messages and the kernel's record of its reads), so a report up to a buffer
+    /// behind the window is late news, not a seek back.
+    fn is_jump(&self, range: &Range<u64>) -> bool {
+        range.end + self.shape.buffer_bytes <= self.window_start
+            || range.start >= self.window_start + self.shape.buffer_bytes + self.shape.batch_bytes
     }
 
     /// Moves the window to a new point: cancel, release, refill.
@@ -182,10 +186,10 @@ impl PlayoutBuffer {
     /// The application is at `offset` (an explicit position message).
     pub fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
         let mut actions = Vec::new();
-        if self.is_jump(offset) {
+        if self.is_jump(&(offset..offset)) {
             self.seek(offset, now_ns, &mut actions);
         } else {
-            self.app_point = offset;
+            self.app_point = self.app_point.max(offset);
             self.follow(&mut actions);
             self.fill(now_ns, &mut actions);
         }
@@ -196,7 +200,7 @@ impl PlayoutBuffer {
     /// the window is a seek; otherwise the playout point becomes the end of the read.
     pub fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
         let mut actions = Vec::new();
-        if self.is_jump(range.start) {
+        if self.is_jump(&range) {
             self.seek(range.start, now_ns, &mut actions);
         }
         let end = range.end.min(self.shape.file_bytes);
@@ -448,6 +452,23 @@ mod tests {
         complete(&mut buffer, &actions);
         assert!(buffer.is_resident(target) && buffer.is_resident(page_floor(target) + B - 1));
         assert_eq!(buffer.seeks(), 1);
+    }
+
+    #[test]
+    fn late_reports_of_earlier_reads_are_not_seeks() {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        complete(&mut buffer, &actions);
+        let read = 64 * 1024;
+        // The client's position messages run one read ahead of the kernel's read events.
+        for i in 1..200u64 {
+            let now = i * 65_536_000;
+            let position = buffer.on_position((i + 1) * read, now);
+            complete(&mut buffer, &position);
+            let event = buffer.on_read((i - 1) * read..i * read, now);
+            complete(&mut buffer, &event);
+        }
+        assert_eq!(buffer.seeks(), 0);
+        assert_eq!(buffer.app_point(), 200 * read);
     }
 
     #[test]

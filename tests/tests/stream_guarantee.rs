@@ -1,0 +1,130 @@
+//! The guarantee itself, on the lab's emulated laptop hdd with a best-effort copy loop running:
+//! a 1 MB/s stream read in 64 KiB reads misses no deadline and its reads stay under 1 ms.
+
+use std::fs::File;
+use std::time::Duration;
+
+use abiss_client::{AbissFile, Client, StreamOptions};
+use abiss_proto::{ByteRate, ByteSize};
+use abiss_tests::{
+    paced_read, require_root, write_cold_file, CopyLoop, Daemon, HddLab, PacedReport,
+};
+
+const RATE: u64 = 1_000_000;
+const BUFFER: u64 = 564 * 1024;
+const READ: usize = 64 * 1024;
+/// The issue asks for 60 s; `ABISS_GUARANTEE_SECS` shortens it for a quick look.
+fn duration() -> Duration {
+    Duration::from_secs(
+        std::env::var("ABISS_GUARANTEE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(60),
+    )
+}
+
+struct Bench {
+    daemon: Daemon,
+    copy: CopyLoop,
+    lab: HddLab,
+}
+
+fn bench(tag: &str) -> Bench {
+    let lab = HddLab::up(tag, 2, "none");
+    let mount = lab.mount().to_path_buf();
+    write_cold_file(&mount.join("stream.bin"), 70 << 20);
+    write_cold_file(&mount.join("copy-source.bin"), 175 << 20);
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
+    // Let the copy loop fill the queues before the stream starts.
+    std::thread::sleep(Duration::from_secs(2));
+    Bench { daemon, copy, lab }
+}
+
+fn check(report: &PacedReport, what: &str, copied: u64) {
+    let p999 = report.quantile_ns(0.999);
+    eprintln!(
+        "{what}: {} reads, {} misses, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; copy loop moved {} MB",
+        report.latencies_ns.len(),
+        report.misses,
+        report.quantile_ns(0.5) / 1000,
+        report.quantile_ns(0.99) / 1000,
+        p999 / 1000,
+        report.quantile_ns(1.0) / 1000,
+        copied / 1_000_000
+    );
+    eprintln!(
+        "{what}: reads over 1 ms (index, offset, ns): {:?}",
+        report.slow
+    );
+    let expected = duration().as_secs() * RATE / READ as u64;
+    assert!(
+        report.latencies_ns.len() as u64 >= expected * 95 / 100,
+        "the reader kept its schedule"
+    );
+    assert_eq!(report.misses, 0, "{what}: deadline misses");
+    assert!(p999 < 1_000_000, "{what}: p99.9 read latency {p999} ns");
+    assert!(
+        copied > 20_000_000,
+        "the copy loop really loaded the disk ({copied} bytes)"
+    );
+}
+
+#[test]
+fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
+    require_root!();
+    let mut bench = bench("library");
+    let path = bench.lab.mount().join("stream.bin");
+    let client = Client::connect(bench.daemon.socket()).expect("connect");
+    let mut file = AbissFile::open_with(
+        client,
+        &path,
+        &StreamOptions::new(ByteRate(RATE), ByteSize(BUFFER)),
+    )
+    .expect("attach");
+    let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
+    let copied = bench.copy.stop();
+    let streams = Client::connect(bench.daemon.socket())
+        .unwrap()
+        .list()
+        .unwrap();
+    eprintln!(
+        "library reader: stream as the daemon saw it: {:?}",
+        streams.first()
+    );
+    check(&report, "library reader", copied);
+}
+
+#[test]
+fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
+    require_root!();
+    let mut bench = bench("plain");
+    let path = bench.lab.mount().join("stream.bin");
+    let output = bench.daemon.ctl([
+        "attach",
+        path.to_str().unwrap(),
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "564KiB",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // A plain reader: it knows nothing of abiss; its reads tell the daemon where it is.
+    let mut file = File::open(&path).expect("open");
+    let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
+    let copied = bench.copy.stop();
+    let streams = Client::connect(bench.daemon.socket())
+        .unwrap()
+        .list()
+        .unwrap();
+    assert_eq!(
+        streams[0].misses, 0,
+        "the daemon saw no page-cache miss of the reader"
+    );
+    assert!(!streams[0].readers.is_empty(), "the reader was recognised");
+    check(&report, "plain reader", copied);
+}
