@@ -13,13 +13,14 @@ use abiss_tests::{
 const RATE: u64 = 1_000_000;
 const BUFFER: u64 = 564 * 1024;
 const READ: usize = 64 * 1024;
-/// The issue asks for 60 s; `ABISS_GUARANTEE_SECS` shortens it for a quick look.
+/// Over 60 s, as the issue asks: 66 s make 1007 reads, the fewest for which p99.9 is not
+/// simply the maximum. `ABISS_GUARANTEE_SECS` shortens it for a quick look.
 fn duration() -> Duration {
     Duration::from_secs(
         std::env::var("ABISS_GUARANTEE_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(60),
+            .unwrap_or(66),
     )
 }
 
@@ -88,10 +89,7 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
         .unwrap()
         .list()
         .unwrap();
-    eprintln!(
-        "library reader: stream as the daemon saw it: {:?}",
-        streams.first()
-    );
+    assert_eq!(streams[0].misses, 0, "the daemon saw no page-cache miss of the reader");
     check(&report, "library reader", copied);
 }
 
