@@ -140,11 +140,45 @@ pub fn stock_configurations() -> Vec<Configuration> {
     ]
 }
 
-/// Every row the benchmarks know, in report order: the stock rows, then (once abissd has
-/// real-time streams wired in here) the ABISS rows. `--configs` picks from these.
+/// The ABISS rows: abissd attaches every real-time reader's file as a stream.
+#[must_use]
+pub fn abiss_configurations() -> Vec<Configuration> {
+    use crate::abiss::AbissHook;
+    vec![
+        Configuration::new(
+            "abiss-mq-deadline",
+            "ABISS over mq-deadline, real-time streams",
+            "mq-deadline",
+        )
+        .with_hook(AbissHook {
+            elevator: "mq-deadline",
+            level: 0,
+        }),
+        Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
+            AbissHook {
+                elevator: "bfq",
+                level: 0,
+            },
+        ),
+        Configuration::new(
+            "abiss-be",
+            "ABISS at best-effort priority (level 6 = BE/4), over mq-deadline",
+            "mq-deadline",
+        )
+        .with_hook(AbissHook {
+            elevator: "mq-deadline",
+            level: 6,
+        }),
+    ]
+}
+
+/// Every row the benchmarks know, in report order: the stock rows, then the ABISS rows.
+/// `--configs` picks from these.
 #[must_use]
 pub fn all_configurations() -> Vec<Configuration> {
-    stock_configurations()
+    let mut all = stock_configurations();
+    all.extend(abiss_configurations());
+    all
 }
 
 /// The configurations named in `names` (all of them for an empty list), in `all`'s order.

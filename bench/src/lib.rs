@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod abiss;
 pub mod chart;
 pub mod configuration;
 pub mod interrupt;

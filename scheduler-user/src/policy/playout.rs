@@ -113,6 +113,11 @@ impl PlayoutBuffer {
     fn fill(&mut self, now_ns: u64, actions: &mut Vec<WindowAction>) {
         self.credit.accrue(now_ns);
         self.requested_end = self.requested_end.max(self.window_start);
+        if !self.wants_load() {
+            return;
+        }
+        // Credit is spent a batch at a time; consecutive batches go out as one request.
+        let start = self.requested_end;
         while self.requested_end < self.target_end() {
             let chunk = self
                 .shape
@@ -121,13 +126,34 @@ impl PlayoutBuffer {
             if !self.credit.try_spend(chunk) {
                 break;
             }
-            actions.push(WindowAction::Load {
-                range: self.requested_end..self.requested_end + chunk,
-                generation: self.generation,
-            });
             self.requested_end += chunk;
             self.prefetched_bytes += chunk;
         }
+        if self.requested_end > start {
+            actions.push(WindowAction::Load {
+                range: start..self.requested_end,
+                generation: self.generation,
+            });
+        }
+    }
+
+    /// Smallest load worth a request: a disk pays a seek per request, so the window's growth
+    /// is gathered into loads of a third of the buffer (at least a batch). That keeps the
+    /// reader two thirds of a buffer ahead and the seeks per stream few.
+    fn min_load(&self) -> u64 {
+        page_floor(self.shape.buffer_bytes / 3).max(self.shape.batch_bytes)
+    }
+
+    /// Whether the window lacks enough to load now: a full request's worth, the end of the
+    /// file, or so much that the reader is within half a buffer of what is loaded.
+    fn wants_load(&self) -> bool {
+        let lacking = self
+            .target_end()
+            .saturating_sub(self.requested_end.max(self.window_start));
+        lacking > 0
+            && (lacking >= self.min_load()
+                || self.target_end() == self.file_end()
+                || self.requested_end < self.app_point + self.shape.buffer_bytes / 2)
     }
 
     /// Releases locked pages below `limit`.
@@ -382,12 +408,10 @@ mod tests {
     }
 
     #[test]
-    fn the_initial_fill_loads_the_whole_buffer_in_batches() {
+    fn the_initial_fill_loads_the_whole_buffer_in_one_request() {
         let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
         assert_eq!(loaded(&actions), B);
-        assert!(actions.iter().all(
-            |a| matches!(a, WindowAction::Load { range, .. } if range.end - range.start <= BATCH)
-        ));
+        assert_eq!(actions.len(), 1);
         complete(&mut buffer, &actions);
         assert_eq!(buffer.locked_bytes(), B);
         assert!(buffer.is_resident(0) && buffer.is_resident(B - 1) && !buffer.is_resident(B));

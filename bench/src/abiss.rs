@@ -1,0 +1,135 @@
+//! The ABISS rows: abissd manages the lab disk and every real-time reader's file is attached as
+//! a stream with the reader's rate and playout buffer.
+
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use abiss_client::Client;
+use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+use anyhow::{bail, Context};
+
+use crate::configuration::{ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup};
+
+/// Pages per credit step, as in the ABISS measurement (20-page batches).
+const BATCH_PAGES: u32 = 20;
+
+/// Runs abissd around a run and attaches each reader's file.
+#[derive(Clone, Debug)]
+pub struct AbissHook {
+    /// Elevator abissd selects (mq-deadline or bfq).
+    pub elevator: &'static str,
+    /// ABISS level of the streams: 0 is real time; 6 is best effort at the default level, the
+    /// slides' "prefetch without real-time priority".
+    pub level: u8,
+}
+
+impl RunHook for AbissHook {
+    fn name(&self) -> &'static str {
+        "abiss"
+    }
+
+    fn start_run(&self, run: &RunContext<'_>) -> anyhow::Result<Box<dyn RunSetup>> {
+        let bin_dir = run.bin_dir.context(
+            "ABISS rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
+        )?;
+        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
+        let socket = dir.join("abiss.sock");
+        // Capacity well above what any run asks: the benchmarks measure the guarantee, not
+        // admission (a later benchmark does that).
+        let child = Command::new(bin_dir.join("abissd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--device")
+            .arg(run.device)
+            .args([
+                "--elevator",
+                self.elevator,
+                "--capacity",
+                "100MB/s",
+                "--realtime-share",
+                "95",
+            ])
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .context("cannot start abissd")?;
+        let daemon = Daemon { child, socket, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&daemon.socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("abissd did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Box::new(AbissRun {
+            daemon,
+            level: self.level,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child; SIGTERM is abissd's clean shutdown.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug)]
+struct AbissRun {
+    daemon: Daemon,
+    level: u8,
+}
+
+impl RunSetup for AbissRun {
+    fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>> {
+        let mut client = Client::connect(&self.daemon.socket)?;
+        let stream = client.attach(
+            reader.file,
+            AttachRequest {
+                rate: ByteRate(reader.stream.rate_bps),
+                buffer: ByteSize(reader.stream.buffer_bytes),
+                batch_pages: BATCH_PAGES,
+                priority: self.level,
+                persistent: false,
+            },
+        )?;
+        // Like ABISS's start-up delay: the reader starts once its buffer is loaded.
+        client.wait_loaded(stream.id, Duration::from_secs(30))?;
+        Ok(Box::new(AbissReader {
+            client,
+            stream: stream.id,
+        }))
+    }
+}
+
+/// An attached reader; its connection ends the stream when dropped.
+#[derive(Debug)]
+struct AbissReader {
+    client: Client,
+    stream: u64,
+}
+
+impl ReaderSetup for AbissReader {
+    fn after_read(&mut self, offset: u64, len: u64) -> anyhow::Result<()> {
+        // The slides' position message (outside the measured latency); the daemon also sees
+        // the reads in the kernel.
+        self.client.try_position(self.stream, offset + len)?;
+        Ok(())
+    }
+}
