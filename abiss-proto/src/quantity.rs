@@ -117,7 +117,7 @@ impl FromStr for ByteRate {
         let text = s.trim();
         let amount = text.strip_suffix("/s").unwrap_or(text);
         parse_bytes(amount, "rate").map(Self).map_err(|mut error| {
-            error.input = s.to_owned();
+            s.clone_into(&mut error.input);
             error
         })
     }

@@ -65,9 +65,11 @@ pub fn attach(
 /// Ends a stream named by id or by file.
 pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
     let path = Path::new(target);
-    let target = match (target.parse::<u64>(), path.exists()) {
-        (Ok(id), false) => StreamTarget::Id(id),
-        _ => {
+    // A number names a stream, unless a file of that name exists here.
+    let target = if let (Ok(id), false) = (target.parse::<u64>(), path.exists()) {
+        StreamTarget::Id(id)
+    } else {
+        {
             let meta = std::fs::metadata(path).map_err(|error| {
                 CliError::BadFile(format!(
                     "'{target}' is neither a stream id nor a file ({error})"

@@ -17,7 +17,7 @@ use crate::policy::admission::ShareAdmission;
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
-    check_file, check_parameters, AttachError, Stream, StreamTable, MAX_STREAMS,
+    check_file, check_parameters, AttachError, Stream, StreamOwner, StreamTable, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
@@ -165,10 +165,13 @@ impl Controller {
         let id = self.streams.next_id();
         let key = file.key;
         let level = request.priority;
+        let owner = StreamOwner {
+            uid: peer_uid,
+            connection,
+        };
         let (stream, actions) = Stream::new(
             id,
-            peer_uid,
-            connection,
+            owner,
             request,
             file,
             disk.number,

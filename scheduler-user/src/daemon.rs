@@ -358,6 +358,7 @@ async fn serve_connection(stream: UnixStream, context: Context) {
         .await;
 }
 
+/// Reads one request after another and answers each, until the client hangs up.
 async fn serve_requests(
     socket: &mut FramedSocket,
     context: &Context,
@@ -365,55 +366,30 @@ async fn serve_requests(
     connection: u64,
 ) {
     loop {
-        let line = match socket.next_line().await {
-            Ok(Some(line)) => line,
+        let envelope = match next_envelope(socket).await {
+            Ok(Some(envelope)) => envelope,
             Ok(None) => return,
-            Err(error) => {
-                let _ = send(
-                    socket,
-                    &error_response(ErrorKind::BadRequest, error.to_string()),
-                )
-                .await;
+            Err(response) => {
+                let _ = send(socket, &response).await;
                 return;
             }
         };
-        let envelope: Envelope = match decode_line(&line) {
-            Ok(envelope) => envelope,
-            Err(error) => {
-                let _ = send(
-                    socket,
-                    &error_response(ErrorKind::BadRequest, error.to_string()),
-                )
-                .await;
-                return;
-            }
-        };
-        if envelope.version != PROTOCOL_VERSION {
-            let message = format!(
-                "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
-                envelope.version
-            );
-            let _ = send(socket, &error_response(ErrorKind::VersionMismatch, message)).await;
-            return;
-        }
         let response = match envelope.request {
-            Request::Hello => Response::Hello {
-                version: PROTOCOL_VERSION,
-                pid: std::process::id(),
-                kernel: context.kernel.clone(),
-            },
-            Request::Latency => match ask(context, Command::Latency).await {
-                Some(Ok(groups)) => Response::Latency {
-                    taken_ns: monotonic_ns(),
-                    groups,
-                },
-                Some(Err(message)) => error_response(ErrorKind::Internal, message),
-                None => shutting_down(),
-            },
-            Request::Stats { window_ms } => stats_response(context, window_ms).await,
             Request::Events => {
                 stream_events(socket, context, peer_uid).await;
                 return;
+            }
+            Request::Position { stream, offset } => {
+                // A notification: no answer, so a reader never waits for the daemon.
+                let _ = context
+                    .commands
+                    .send(Command::Position {
+                        uid: peer_uid,
+                        stream,
+                        offset,
+                    })
+                    .await;
+                continue;
             }
             Request::Attach(request) => match socket.take_fd() {
                 None => error_response(
@@ -434,40 +410,77 @@ async fn serve_requests(
                     None => shutting_down(),
                 },
             },
-            Request::Detach { target } => match ask(context, |reply| Command::Detach {
-                uid: peer_uid,
-                target,
-                reply,
-            })
-            .await
-            {
-                Some(Ok(stream)) => Response::Detached { stream },
-                Some(Err(refused)) => refusal(refused),
-                None => shutting_down(),
-            },
-            Request::Position { stream, offset } => {
-                // A notification: no answer, so a reader never waits for the daemon.
-                let _ = context
-                    .commands
-                    .send(Command::Position {
-                        uid: peer_uid,
-                        stream,
-                        offset,
-                    })
-                    .await;
-                continue;
-            }
-            Request::List => match ask(context, |reply| Command::List { uid: peer_uid, reply }).await {
-                Some(streams) => Response::Streams { streams },
-                None => shutting_down(),
-            },
-            Request::Status => match ask(context, Command::Status).await {
-                Some(devices) => Response::Devices { devices },
-                None => shutting_down(),
-            },
+            other => answer(other, context, peer_uid).await,
         };
         if !send(socket, &response).await {
             return;
+        }
+    }
+}
+
+/// The next request of the current protocol version; `Err` carries the answer that ends the
+/// connection (a malformed line, another version).
+async fn next_envelope(socket: &mut FramedSocket) -> Result<Option<Envelope>, Response> {
+    let line = match socket.next_line().await {
+        Ok(Some(line)) => line,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err(error_response(ErrorKind::BadRequest, error.to_string())),
+    };
+    let envelope: Envelope = decode_line(&line)
+        .map_err(|error| error_response(ErrorKind::BadRequest, error.to_string()))?;
+    if envelope.version != PROTOCOL_VERSION {
+        let message = format!(
+            "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
+            envelope.version
+        );
+        return Err(error_response(ErrorKind::VersionMismatch, message));
+    }
+    Ok(Some(envelope))
+}
+
+/// Answers the requests that need nothing from the connection but the peer's identity.
+async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response {
+    match request {
+        Request::Hello => Response::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            kernel: context.kernel.clone(),
+        },
+        Request::Latency => match ask(context, Command::Latency).await {
+            Some(Ok(groups)) => Response::Latency {
+                taken_ns: monotonic_ns(),
+                groups,
+            },
+            Some(Err(message)) => error_response(ErrorKind::Internal, message),
+            None => shutting_down(),
+        },
+        Request::Stats { window_ms } => stats_response(context, window_ms).await,
+        Request::Detach { target } => match ask(context, |reply| Command::Detach {
+            uid: peer_uid,
+            target,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(stream)) => Response::Detached { stream },
+            Some(Err(refused)) => refusal(refused),
+            None => shutting_down(),
+        },
+        Request::List => match ask(context, |reply| Command::List {
+            uid: peer_uid,
+            reply,
+        })
+        .await
+        {
+            Some(streams) => Response::Streams { streams },
+            None => shutting_down(),
+        },
+        Request::Status => match ask(context, Command::Status).await {
+            Some(devices) => Response::Devices { devices },
+            None => shutting_down(),
+        },
+        Request::Events | Request::Position { .. } | Request::Attach(_) => {
+            error_response(ErrorKind::Internal, "request routed to the wrong handler")
         }
     }
 }
@@ -526,7 +539,7 @@ async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u
     let _ = context.commands.send(Command::EventSubscribers(-1)).await;
 }
 
-/// CLOCK_MONOTONIC in ns: the clock of the eBPF programs' timestamps.
+/// `CLOCK_MONOTONIC` in ns: the clock of the eBPF programs' timestamps.
 #[must_use]
 pub fn monotonic_ns() -> u64 {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {

@@ -1,8 +1,8 @@
-//! The prefetch engine: loads playout windows through io_uring at the streams' ABISS priorities,
+//! The prefetch engine: loads playout windows through `io_uring` at the streams' ABISS priorities,
 //! and locks what it loaded.
 //!
 //! A buffered read gets its I/O priority from the task that submits it, not from the SQE's
-//! `ioprio` (measured on this kernel: shared/notes/toolchain.md), and io_uring's workers inherit
+//! `ioprio` (measured on this kernel: shared/notes/toolchain.md), and `io_uring`'s workers inherit
 //! the submitting thread's I/O context. So there is one worker thread, with its own ring and its
 //! own `ioprio_set`, per ABISS level in use; a stream's loads go to its level's worker.
 //!
@@ -330,11 +330,10 @@ fn submit_loads(
         loop {
             match commands.try_recv() {
                 Ok(command) => batch.push(command),
-                Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if in_flight.is_empty() && batch.is_empty() => {
                     return Ok(())
                 }
-                Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
         for command in batch {

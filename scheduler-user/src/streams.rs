@@ -178,13 +178,21 @@ pub struct Stream {
     pub misses: u64,
 }
 
+/// Who holds a stream: the user that attached it, over which connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamOwner {
+    /// User id of the client.
+    pub uid: u32,
+    /// The client's connection (non-persistent streams end with it).
+    pub connection: u64,
+}
+
 impl Stream {
     /// A stream over `file` with the granted parameters; returns the initial fill.
     #[must_use]
     pub fn new(
         id: u64,
-        owner_uid: u32,
-        connection: u64,
+        owner: StreamOwner,
         granted: AttachRequest,
         file: CheckedFile,
         disk: DeviceNumber,
@@ -206,8 +214,8 @@ impl Stream {
         );
         let stream = Self {
             id,
-            owner_uid,
-            connection,
+            owner_uid: owner.uid,
+            connection: owner.connection,
             path: file.path,
             key: file.key,
             file_device: file.file_device,

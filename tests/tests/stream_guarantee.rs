@@ -89,7 +89,10 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
         .unwrap()
         .list()
         .unwrap();
-    assert_eq!(streams[0].misses, 0, "the daemon saw no page-cache miss of the reader");
+    assert_eq!(
+        streams[0].misses, 0,
+        "the daemon saw no page-cache miss of the reader"
+    );
     check(&report, "library reader", copied);
 }
 

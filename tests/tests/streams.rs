@@ -160,23 +160,24 @@ fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
     // The test's own view of the page cache: the window's pages are resident, the rest not.
     let data = File::open(&file).unwrap();
     let resident = |offset: u64, len: u64| -> u64 {
+        let length = usize::try_from(len).unwrap();
+        // SAFETY: a fresh read-only mapping of a file we hold open, used only for mincore.
         let map = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len as usize,
+                length,
                 libc::PROT_READ,
                 libc::MAP_SHARED,
                 std::os::fd::AsRawFd::as_raw_fd(&data),
-                offset as i64,
+                i64::try_from(offset).unwrap(),
             )
         };
         assert_ne!(map, libc::MAP_FAILED);
-        let mut pages = vec![0u8; (len / 4096) as usize];
-        assert_eq!(
-            unsafe { libc::mincore(map, len as usize, pages.as_mut_ptr()) },
-            0
-        );
-        unsafe { libc::munmap(map, len as usize) };
+        let mut pages = vec![0u8; length / 4096];
+        // SAFETY: `pages` has one byte per page of the mapping.
+        assert_eq!(unsafe { libc::mincore(map, length, pages.as_mut_ptr()) }, 0);
+        // SAFETY: our mapping, unmapped once.
+        unsafe { libc::munmap(map, length) };
         pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096
     };
     assert_eq!(resident(0, BUFFER), BUFFER);
@@ -228,7 +229,8 @@ fn a_reader_at_four_times_its_rate_gets_no_more_than_its_rate_from_the_prefetch(
     let streams = Client::connect(daemon.socket()).unwrap().list().unwrap();
     let stream = streams.iter().find(|s| s.id == id).expect("stream listed");
     // The credit limit is two buffers: what the prefetch may take on top of rate × time.
-    let allowed = 2 * BUFFER + (MB as f64 * elapsed.as_secs_f64()) as u64 + 20 * 4096;
+    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap();
+    let allowed = 2 * BUFFER + MB * elapsed_ms / 1000 + 20 * 4096;
     assert!(
         stream.prefetched_bytes <= allowed,
         "prefetched {} > allowed {allowed} after {elapsed:?}",
@@ -352,7 +354,7 @@ fn run_attaches_for_the_lifetime_of_the_command_and_status_shows_the_budget() {
     let file = fs.path().join("run.bin");
     write_cold_file(&file, 2 << 20);
     let output = ctl(
-        &daemon,
+        daemon,
         &[
             "run",
             "--rate",

@@ -555,7 +555,7 @@ mod tests {
                     prop_assert!(range.start >= buffer.window_start());
                     prop_assert!(range.end <= buffer.requested_end());
                 }
-                let allowed = 2 * B + u128::from(MB) as u64 * now / 1_000_000_000;
+                let allowed = 2 * B + MB * now / 1_000_000_000;
                 prop_assert!(buffer.prefetched_bytes() <= allowed);
             }
         }
