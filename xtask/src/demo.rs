@@ -1,40 +1,27 @@
-//! `cargo xtask demo`: abissd on a scratch disk, two readers at different I/O priorities, live
-//! latency per priority, and a teardown that leaves nothing behind.
+//! `cargo xtask demo`: the main job. An emulated laptop hdd, a best-effort copy loop hammering
+//! it, and a 1 MB/s player whose file abissd streams at real-time priority: live latency per
+//! priority, the stream's state, the player's read latencies, and a teardown that leaves
+//! nothing behind.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
 use anyhow::{bail, Context};
+use std::os::unix::process::CommandExt;
 
 use crate::shell;
 
 /// Everything the demo made; dropping it removes all of it, also when the demo fails halfway.
 struct DemoSetup {
     dir: PathBuf,
-    image: PathBuf,
-    device: Option<String>,
+    lab_state: Option<PathBuf>,
     daemon: Option<Child>,
     workload: Vec<Child>,
 }
 
-impl DemoSetup {
-    fn stop_daemon(&mut self) {
-        if let Some(mut daemon) = self.daemon.take() {
-            if let Ok(pid) = i32::try_from(daemon.id()) {
-                // SIGTERM is abissd's clean shutdown: it detaches its programs.
-                let _ = Command::new("kill")
-                    .args(["-TERM", &pid.to_string()])
-                    .status();
-            }
-            let _ = daemon.wait();
-        }
-    }
-}
-
-/// Kills a workload process and everything it forked (fio runs its jobs in child processes),
-/// and waits until the whole group is gone, so that nothing holds the device open.
+/// Kills a workload process and everything it forked, and waits for the group to go.
 fn kill_group(child: &mut Child) {
     let Ok(group) = libc::pid_t::try_from(child.id()) else {
         return;
@@ -43,10 +30,22 @@ fn kill_group(child: &mut Child) {
     unsafe { libc::kill(-group, libc::SIGKILL) };
     let _ = child.wait();
     // Orphaned members may linger as zombies until init reaps them; they hold no descriptors.
-    let deadline = Instant::now() + Duration::from_secs(1);
+    let deadline = Instant::now() + Duration::from_secs(2);
     // SAFETY: signal 0 only checks whether any member of the group still exists.
     while unsafe { libc::kill(-group, 0) } == 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl DemoSetup {
+    fn stop_daemon(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            if let Ok(pid) = libc::pid_t::try_from(daemon.id()) {
+                // SAFETY: SIGTERM to our own child: abissd's clean shutdown.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let _ = daemon.wait();
+        }
     }
 }
 
@@ -56,10 +55,11 @@ impl Drop for DemoSetup {
             kill_group(&mut child);
         }
         self.stop_daemon();
-        if let Some(device) = self.device.take() {
-            let _ = Command::new("losetup").args(["-d", &device]).status();
+        if let Some(state) = self.lab_state.take() {
+            if let Err(error) = Lab::down(&state) {
+                eprintln!("xtask: bringing the lab down: {error}");
+            }
         }
-        let _ = std::fs::remove_file(&self.image);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -68,73 +68,138 @@ fn binary(root: &Path, name: &str) -> PathBuf {
     root.join("target").join("debug").join(name)
 }
 
+fn step(text: &str) {
+    println!("\n==> {text}");
+}
+
 pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     let dir = root.join("target").join("demo");
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).context("cannot create target/demo")?;
     let socket = dir.join("abiss.sock");
     let mut setup = DemoSetup {
-        image: dir.join("disk.img"),
-        dir,
-        device: None,
+        dir: dir.clone(),
+        lab_state: None,
         daemon: None,
         workload: Vec::new(),
     };
 
-    println!("==> creating a 512 MiB scratch disk as a loop device");
-    let image = std::fs::File::create(&setup.image).context("cannot create the disk image")?;
-    image
-        .set_len(512 << 20)
-        .context("cannot size the disk image")?;
-    drop(image);
-    let device = shell::output(
-        Command::new("losetup")
-            .args(["--find", "--show", "--direct-io=on"])
-            .arg(&setup.image),
-    )?
-    .trim()
-    .to_owned();
-    setup.device = Some(device.clone());
-    println!("    {device}");
+    step("bringing up an emulated 2.5\" 5400 rpm laptop disk (abiss-lab hdd model) with ext4");
+    let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
+        .context("cannot find the abiss-lab binary (cargo xtask build builds it)")?;
+    options.size_bytes = 2 << 30;
+    options.mkfs = Some(FilesystemKind::Ext4);
+    options.mount_dir = Some(dir.join("disk"));
+    options.state_dir = dir.join("lab");
+    options.backing_dir = dir.join("backing");
+    setup.lab_state = Some(options.state_dir.clone());
+    let lab = Lab::up(&options).context("cannot bring the lab disk up")?;
+    let device = lab.device().to_string_lossy().into_owned();
+    let mount = lab
+        .mount_dir()
+        .context("the lab did not mount")?
+        .to_path_buf();
+    println!("    {device} mounted on {}", mount.display());
 
-    println!("==> starting abissd on {}", socket.display());
+    step("writing a 40 MB movie and a 175 MB file for the copy loop (at the disk's own pace)");
+    let movie = mount.join("movie.bin");
+    let source = mount.join("big-copy-source.bin");
+    for (path, mib) in [(&movie, 40), (&source, 175)] {
+        shell::run(
+            Command::new("dd")
+                .args(["if=/dev/urandom", "bs=1M", "status=none", "conv=fsync"])
+                .arg(format!("of={}", path.display()))
+                .arg(format!("count={mib}")),
+        )?;
+    }
+    shell::run(Command::new("sh").args(["-c", "echo 1 > /proc/sys/vm/drop_caches"]))?;
+
+    step(&format!("starting abissd managing {device}"));
     let daemon = Command::new(binary(root, "abissd"))
         .arg("--socket")
         .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .args(["--device", &device, "--capacity", "30MB/s"])
         .spawn()
         .context("cannot start abissd")?;
     setup.daemon = Some(daemon);
     wait_for_socket(&socket, setup.daemon.as_mut())?;
-
-    println!("==> workload for {secs} s: an `ionice -c1` (real-time) reader and an `ionice -c2 -n7` (best-effort) reader on {device}");
-    setup.workload.push(
-        fio_reader(&device, "rt-reader", "1", "0", "64k", secs + 2)
-            .context("cannot start the RT reader (fio)")?,
-    );
-    setup.workload.push(
-        fio_reader(&device, "be-reader", "2", "7", "128k", secs + 2)
-            .context("cannot start the BE reader (fio)")?,
-    );
-
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
         command.arg("--socket").arg(&socket).args(args);
         command
     };
-    let reports = (secs / 2).max(1).to_string();
+    shell::run(&mut ctl(&["status"]))?;
+
+    step("best-effort load: a copy loop of the 175 MB file, in 128 KiB reads");
+    let copy = format!(
+        "while :; do dd if={} of={} bs=128k iflag=nocache oflag=nocache conv=fdatasync status=none; done",
+        source.display(),
+        mount.join("copy-target.bin").display()
+    );
+    setup.workload.push(
+        Command::new("sh")
+            .args(["-c", &copy])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot start the copy loop")?,
+    );
+    std::thread::sleep(Duration::from_secs(2));
+
+    step("attaching the movie at 1 MB/s with a 564 KiB playout buffer (abissctl attach)");
+    let movie_arg = movie.to_string_lossy().into_owned();
+    shell::run(&mut ctl(&[
+        "attach", &movie_arg, "--rate", "1MB/s", "--buffer", "564KiB",
+    ]))?;
+
+    step(&format!(
+        "a plain player reads the movie at 1 MB/s in 64 KiB reads for {secs} s (fio, unmodified)"
+    ));
+    let player_report = dir.join("player.json");
+    let player = Command::new("fio")
+        .args([
+            "--name=player",
+            "--rw=read",
+            "--bs=64k",
+            "--rate=1m",
+            "--ioengine=psync",
+        ])
+        .args(["--time_based", "--output-format=json"])
+        .arg(format!("--filename={movie_arg}"))
+        .arg(format!("--runtime={secs}"))
+        .arg(format!("--output={}", player_report.display()))
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .context("cannot start fio")?;
+    setup.workload.push(player);
+
+    let reports = (secs / 3).max(1).to_string();
     shell::run(&mut ctl(&[
         "trace",
         "--device",
         &device,
-        "--queued",
         "--interval",
-        "2",
+        "3",
         "--count",
         &reports,
     ]))?;
-    println!("\n==> what tracing cost (kernel BPF statistics over 1 s)");
+    step("the stream (abissctl list): window, locked pages, credit, misses, readers");
+    shell::run(&mut ctl(&["list"]))?;
+
+    if let Some(mut player) = setup.workload.pop() {
+        let _ = player.wait();
+    }
+    step("what the player saw (fio completion latency of its 64 KiB reads)");
+    print_player(&player_report);
+
+    step("what tracing cost (kernel BPF statistics over 1 s)");
     shell::run(&mut ctl(&["stats", "--interval", "1"]))?;
 
-    println!("\n==> tearing down");
+    step("tearing down");
     for mut child in setup.workload.drain(..) {
         kill_group(&mut child);
     }
@@ -147,48 +212,39 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+    drop(lab);
     drop(setup);
-    let attached = || {
-        shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))
-            .is_ok_and(|list| list.contains("target/demo/disk.img"))
-    };
-    // A killed reader finishes its in-flight I/O before it closes the device, and the kernel
-    // detaches a device that is still open once it is closed.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while attached() {
-        if Instant::now() > deadline {
-            bail!("the demo's loop device is still attached");
-        }
-        std::thread::sleep(Duration::from_millis(100));
+    let leftovers =
+        shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))?;
+    if leftovers.contains("target/demo") {
+        bail!("a loop device of the demo is still attached");
     }
-    println!("    no abissd process, eBPF program, loop device or file left behind");
+    println!("    no abissd, eBPF program, loop device, mount, emulator or file left behind");
     Ok(())
 }
 
-/// A random reader of `device` at I/O priority class/level, in its own process group.
-fn fio_reader(
-    device: &str,
-    name: &str,
-    class: &str,
-    level: &str,
-    block: &str,
-    secs: u64,
-) -> std::io::Result<Child> {
-    Command::new("ionice")
-        .args(["-c", class, "-n", level, "fio", "--name", name])
-        .arg(format!("--filename={device}"))
-        .args([
-            "--rw=randread",
-            "--direct=1",
-            "--ioengine=psync",
-            "--time_based",
-        ])
-        .arg(format!("--bs={block}"))
-        .arg(format!("--runtime={secs}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
+/// Prints the player's read latencies from fio's JSON report.
+fn print_player(report: &Path) {
+    let Ok(text) = std::fs::read_to_string(report) else {
+        println!("    (fio wrote no report)");
+        return;
+    };
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&text) else {
+        println!("    (fio's report is not JSON)");
+        return;
+    };
+    let read = &json["jobs"][0]["read"];
+    let ns = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0) / 1000.0;
+    let clat = &read["clat_ns"];
+    println!(
+        "    {} reads, {:.1} MB/s; latency µs: p50 {:.0}, p99 {:.0}, p99.9 {:.0}, max {:.0}",
+        read["total_ios"],
+        read["bw_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        ns(&clat["percentile"]["50.000000"]),
+        ns(&clat["percentile"]["99.000000"]),
+        ns(&clat["percentile"]["99.900000"]),
+        ns(&clat["max"]),
+    );
 }
 
 fn loaded_abiss_programs() -> usize {

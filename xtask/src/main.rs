@@ -46,7 +46,7 @@ enum Command {
     /// live latency per priority, then tear everything down.
     Demo {
         /// Seconds of workload.
-        #[arg(long, default_value_t = 6)]
+        #[arg(long, default_value_t = 12)]
         secs: u64,
     },
 }
@@ -103,7 +103,7 @@ fn main() -> ExitCode {
 }
 
 fn build(root: &std::path::Path, release: bool) -> anyhow::Result<()> {
-    let mut args = vec!["build", "--workspace", "--bins"];
+    let mut args = vec!["build", "--workspace"];
     if release {
         args.push("--release");
     }
