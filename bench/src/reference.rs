@@ -42,7 +42,7 @@ pub const DISK_BYTES: u64 = 4 << 30;
 pub struct ReferenceArgs {
     /// Seconds the readers read per configuration (the files last 105 s at 1 MB/s; longer
     /// runs start them over from a cold cache).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 85)]
     pub secs: u64,
     /// Seconds the copy loop runs before the readers start.
     #[arg(long, default_value_t = 3)]

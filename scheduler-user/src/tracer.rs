@@ -247,7 +247,9 @@ impl BlockTracer {
         let (mut in_flight, mut kept) = (0, 0);
         for (_, record) in records.iter().flatten() {
             kept += 1;
-            if record.state != request_state::DONE {
+            // A queue's own flush request completes without a `block_rq_complete` event, so
+            // its record stays open until the next flush reuses it: not a request in flight.
+            if record.state != request_state::DONE && record.op != scheduler_common::op::FLUSH {
                 in_flight += 1;
             }
         }

@@ -84,35 +84,14 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         workload: Vec::new(),
     };
 
-    step("bringing up an emulated 2.5\" 5400 rpm laptop disk (abiss-lab hdd model) with ext4");
-    let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
-        .context("cannot find the abiss-lab binary (cargo xtask build builds it)")?;
-    options.size_bytes = 2 << 30;
-    options.mkfs = Some(FilesystemKind::Ext4);
-    options.mount_dir = Some(dir.join("disk"));
-    options.state_dir = dir.join("lab");
-    options.backing_dir = dir.join("backing");
-    setup.lab_state = Some(options.state_dir.clone());
-    let lab = Lab::up(&options).context("cannot bring the lab disk up")?;
+    let lab = bring_up_lab(&dir, &mut setup)?;
     let device = lab.device().to_string_lossy().into_owned();
     let mount = lab
         .mount_dir()
         .context("the lab did not mount")?
         .to_path_buf();
-    println!("    {device} mounted on {}", mount.display());
-
-    step("writing a 40 MB movie and a 175 MB file for the copy loop (at the disk's own pace)");
     let movie = mount.join("movie.bin");
     let source = mount.join("big-copy-source.bin");
-    for (path, mib) in [(&movie, 40), (&source, 175)] {
-        shell::run(
-            Command::new("dd")
-                .args(["if=/dev/urandom", "bs=1M", "status=none", "conv=fsync"])
-                .arg(format!("of={}", path.display()))
-                .arg(format!("count={mib}")),
-        )?;
-    }
-    shell::run(Command::new("sh").args(["-c", "echo 1 > /proc/sys/vm/drop_caches"]))?;
 
     step(&format!("starting abissd managing {device}"));
     let daemon = Command::new(binary(root, "abissd"))
@@ -199,6 +178,12 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     step("what tracing cost (kernel BPF statistics over 1 s)");
     shell::run(&mut ctl(&["stats", "--interval", "1"]))?;
 
+    drop(lab);
+    tear_down(setup)
+}
+
+/// Stops everything and checks that nothing is left.
+fn tear_down(mut setup: DemoSetup) -> anyhow::Result<()> {
     step("tearing down");
     for mut child in setup.workload.drain(..) {
         kill_group(&mut child);
@@ -212,7 +197,6 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    drop(lab);
     drop(setup);
     let leftovers =
         shell::output(Command::new("losetup").args(["--list", "--noheadings", "-O", "BACK-FILE"]))?;
@@ -221,6 +205,41 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     }
     println!("    no abissd, eBPF program, loop device, mount, emulator or file left behind");
     Ok(())
+}
+
+/// The lab hdd with ext4, a movie and a copy source written on it, the page cache cold.
+fn bring_up_lab(dir: &Path, setup: &mut DemoSetup) -> anyhow::Result<Lab> {
+    step("bringing up an emulated 2.5\" 5400 rpm laptop disk (abiss-lab hdd model) with ext4");
+    let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
+        .context("cannot find the abiss-lab binary (cargo xtask build builds it)")?;
+    options.size_bytes = 2 << 30;
+    options.mkfs = Some(FilesystemKind::Ext4);
+    options.mount_dir = Some(dir.join("disk"));
+    options.state_dir = dir.join("lab");
+    options.backing_dir = dir.join("backing");
+    setup.lab_state = Some(options.state_dir.clone());
+    let lab = Lab::up(&options).context("cannot bring the lab disk up")?;
+    let mount = lab
+        .mount_dir()
+        .context("the lab did not mount")?
+        .to_path_buf();
+    println!(
+        "    {} mounted on {}",
+        lab.device().display(),
+        mount.display()
+    );
+
+    step("writing a 40 MB movie and a 175 MB file for the copy loop (at the disk's own pace)");
+    for (name, mib) in [("movie.bin", 40), ("big-copy-source.bin", 175)] {
+        shell::run(
+            Command::new("dd")
+                .args(["if=/dev/urandom", "bs=1M", "status=none", "conv=fsync"])
+                .arg(format!("of={}", mount.join(name).display()))
+                .arg(format!("count={mib}")),
+        )?;
+    }
+    shell::run(Command::new("sh").args(["-c", "echo 1 > /proc/sys/vm/drop_caches"]))?;
+    Ok(lab)
 }
 
 /// Prints the player's read latencies from fio's JSON report.

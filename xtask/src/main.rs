@@ -125,9 +125,11 @@ fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow
     }
     // Integration tests share kernel state (loop devices, loaded programs, page cache), so every
     // test binary runs alone and each runs its tests one at a time.
+    // --no-fail-fast: one failing binary must not hide what the others would report.
     let mut integration = vec![
         "test",
         "--workspace",
+        "--no-fail-fast",
         "--test",
         "*",
         "--",
