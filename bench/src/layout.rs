@@ -141,8 +141,9 @@ pub fn make_files(
         write_file(&path, *size)?;
         paths.push(path);
     }
-    // The copy's destination gets the end of the disk.
-    punch_at(&reserve, end - copy_hole, copy_hole, dir).context("making room for the copy")?;
+    // The copy's destination gets the end of the disk. The reserve's last extents there need
+    // not be one piece (ext4 extents are at most 128 MiB), so free them from the end back.
+    punch_tail(&reserve, copy_hole, dir).context("making room for the copy")?;
 
     let copy_source = paths.pop().expect("the copy source was made last");
     let position = |path: &Path| -> anyhow::Result<f64> {
@@ -224,6 +225,33 @@ fn punch_at(reserve: &File, target: u64, len: u64, dir: &Path) -> anyhow::Result
         i64::try_from(len)?,
     )
     .context("punching a hole in the reserve")?;
+    let dir = File::open(dir)?;
+    nix::unistd::syncfs(dir.as_raw_fd()).context("syncfs")?;
+    Ok(())
+}
+
+/// Frees `len` bytes of the reserve's extents nearest the end of the disk, extent by extent.
+fn punch_tail(reserve: &File, len: u64, dir: &Path) -> anyhow::Result<()> {
+    let mut extents = file_extents(reserve)?;
+    extents.sort_by_key(|e| std::cmp::Reverse(e.physical));
+    let mut left = len;
+    for extent in extents {
+        if left == 0 {
+            break;
+        }
+        let take = left.min(extent.length);
+        // The part of the extent nearest the end of the disk.
+        let logical = extent.logical + extent.length - take;
+        fallocate(
+            reserve.as_raw_fd(),
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            i64::try_from(logical)?,
+            i64::try_from(take)?,
+        )
+        .context("punching a hole in the reserve")?;
+        left -= take;
+    }
+    anyhow::ensure!(left == 0, "the reserve lacks {left} bytes for the copy");
     let dir = File::open(dir)?;
     nix::unistd::syncfs(dir.as_raw_fd()).context("syncfs")?;
     Ok(())
