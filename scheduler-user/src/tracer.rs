@@ -117,6 +117,30 @@ impl BlockTracer {
         Ok(tracer)
     }
 
+    /// The map `name` as a typed map, for reading.
+    fn typed_map<'a, M>(&'a self, name: &'static str) -> Result<M, TracerError>
+    where
+        M: TryFrom<&'a aya::maps::Map, Error = MapError>,
+    {
+        let map = self
+            .ebpf
+            .map(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        M::try_from(map).map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// The map `name` as a typed map, for writing.
+    fn typed_map_mut<'a, M>(&'a mut self, name: &'static str) -> Result<M, TracerError>
+    where
+        M: TryFrom<&'a mut aya::maps::Map, Error = MapError>,
+    {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(TracerError::MissingMap { name })?;
+        M::try_from(map).map_err(|source| TracerError::Map { name, source })
+    }
+
     /// Names and kernel ids of the attached programs.
     #[must_use]
     pub fn program_ids(&self) -> &[(String, u32)] {
@@ -125,12 +149,7 @@ impl BlockTracer {
 
     fn set_control(&mut self, control: Control) -> Result<(), TracerError> {
         let name = "CONTROL";
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        let mut array: Array<&mut MapData, Control> =
-            Array::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let mut array: Array<&mut MapData, Control> = self.typed_map_mut(name)?;
         array
             .set(0, control, 0)
             .map_err(|source| TracerError::Map { name, source })
@@ -167,12 +186,8 @@ impl BlockTracer {
     /// Tells the programs that `key` is streamed as `file`.
     pub fn attach_file(&mut self, key: FileKey, file: AttachedFile) -> Result<(), TracerError> {
         let name = "ATTACHED";
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(TracerError::MissingMap { name })?;
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
-            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+            self.typed_map_mut(name)?;
         attached
             .insert(key, file, 0)
             .map_err(|source| TracerError::Map { name, source })
@@ -181,12 +196,8 @@ impl BlockTracer {
     /// Tells the programs that `key` is no longer streamed.
     pub fn detach_file(&mut self, key: FileKey) -> Result<(), TracerError> {
         let name = "ATTACHED";
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(TracerError::MissingMap { name })?;
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
-            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+            self.typed_map_mut(name)?;
         match attached.remove(&key) {
             Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
             Err(source) => Err(TracerError::Map { name, source }),
@@ -196,12 +207,8 @@ impl BlockTracer {
     /// The cumulative latency histograms, summed over CPUs.
     pub fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
         let name = "LATENCY";
-        let map = self
-            .ebpf
-            .map(name)
-            .ok_or(TracerError::MissingMap { name })?;
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
-            PerCpuHashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+            self.typed_map(name)?;
         let mut groups = Vec::new();
         for entry in &histograms {
             let (key, per_cpu) = entry.map_err(|source| TracerError::Map { name, source })?;
@@ -238,12 +245,7 @@ impl BlockTracer {
     /// Request records: (in flight now, records kept in all).
     pub fn request_records(&self) -> Result<(u64, u64), TracerError> {
         let name = "INFLIGHT";
-        let map = self
-            .ebpf
-            .map(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        let records: HashMap<&MapData, u64, InflightRequest> =
-            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let records: HashMap<&MapData, u64, InflightRequest> = self.typed_map(name)?;
         let (mut in_flight, mut kept) = (0, 0);
         for (_, record) in records.iter().flatten() {
             kept += 1;
@@ -262,12 +264,7 @@ impl BlockTracer {
     pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
         let name = "INFLIGHT";
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        let mut records: HashMap<&mut MapData, u64, InflightRequest> =
-            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let mut records: HashMap<&mut MapData, u64, InflightRequest> = self.typed_map_mut(name)?;
         let stale: Vec<u64> = records
             .iter()
             .filter_map(Result::ok)
@@ -278,12 +275,7 @@ impl BlockTracer {
             let _ = records.remove(rq);
         }
         let name = "ORIGINS";
-        let map = self
-            .ebpf
-            .map_mut(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        let mut origins: HashMap<&mut MapData, u64, RequestOrigin> =
-            HashMap::try_from(map).map_err(|source| TracerError::Map { name, source })?;
+        let mut origins: HashMap<&mut MapData, u64, RequestOrigin> = self.typed_map_mut(name)?;
         for rq in &stale {
             let _ = origins.remove(rq);
         }

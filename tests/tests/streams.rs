@@ -391,3 +391,59 @@ fn run_attaches_for_the_lifetime_of_the_command_and_status_shows_the_budget() {
     let meta = std::fs::metadata(Path::new(fs.device().path())).unwrap();
     assert!(meta.rdev() != 0);
 }
+
+#[test]
+fn a_user_cannot_hold_more_than_32_streams_and_root_detaches_them_all() {
+    require_root!();
+    let setup = setup();
+    let (daemon, fs) = (&setup.daemon, &setup.fs);
+    let attach_as_nobody = |path: &Path| {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(binary("abissctl"))
+            .arg("--socket")
+            .arg(daemon.socket())
+            .args([
+                "attach",
+                path.to_str().unwrap(),
+                "--rate",
+                "1000",
+                "--buffer",
+                "8KiB",
+                "--batch",
+                "1",
+            ])
+            .output()
+            .unwrap()
+    };
+    for i in 0..33 {
+        let path = fs.path().join(format!("clip-{i}.bin"));
+        std::fs::write(&path, vec![7u8; 8192]).unwrap();
+        let output = attach_as_nobody(&path);
+        if i < 32 {
+            assert!(
+                output.status.success(),
+                "stream {i}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        } else {
+            assert_eq!(
+                output.status.code(),
+                Some(9),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(String::from_utf8_lossy(&output.stderr).contains("32 streams"));
+        }
+    }
+    let mut client = Client::connect(daemon.socket()).unwrap();
+    let streams = client.list().unwrap();
+    assert_eq!(streams.len(), 32);
+    assert!(streams.iter().all(|s| s.owner_uid == 65534));
+    for stream in streams {
+        client
+            .detach(abiss_proto::StreamTarget::Id(stream.id))
+            .expect("root may detach any stream");
+    }
+    assert!(client.list().unwrap().is_empty());
+}
