@@ -14,6 +14,7 @@ pub mod ioprio;
 pub mod lab_disk;
 pub mod latency;
 pub mod layout;
+pub mod overhead;
 pub mod reference;
 pub mod report;
 pub mod schedule;

@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{interrupt, reference, sweep};
+use abiss_bench::{interrupt, overhead, reference, sweep};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -15,6 +15,9 @@ enum Command {
     /// Saturation sweep: more 1 MB/s readers under the same copy load until deadlines are
     /// missed, per configuration (sweep.json, .md, .svg).
     Sweep(sweep::SweepArgs),
+    /// The tracer's cost per eBPF event under a 4 KiB random-read load, per elevator
+    /// (overhead.json, .md).
+    Overhead(overhead::OverheadArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -23,5 +26,6 @@ fn main() -> anyhow::Result<()> {
     match command {
         Command::Reference(args) => reference::run(&args),
         Command::Sweep(args) => sweep::run(&args),
+        Command::Overhead(args) => overhead::run(&args),
     }
 }

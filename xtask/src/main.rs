@@ -65,11 +65,11 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// eBPF cost per event under a 4 KiB random-read load (fio, iodepth 32), per elevator.
+    /// eBPF cost per event under a 4 KiB random-read load (see `abiss-bench overhead --help`).
     Overhead {
-        /// Seconds of load per elevator.
-        #[arg(long, default_value_t = 12)]
-        secs: u64,
+        /// Passed to `abiss-bench overhead`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
 }
 
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
         Command::Build { release } => build(&root, release),
         Command::Test { unit, filter } => test(&root, unit, filter.as_deref()),
         Command::Bench { which } => build(&root, false).and_then(|()| match which {
-            Benchmark::Overhead { secs } => bench::overhead(&root, secs),
+            Benchmark::Overhead { args } => bench::run_bench_binary(&root, "overhead", &args),
             Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
         }),

@@ -1,0 +1,259 @@
+//! The tracer's own cost: eBPF run time per event under a 4 KiB random-read load (fio,
+//! `io_uring`, iodepth 32) on a loop device over memory, per elevator, with the load's IOPS with
+//! and without tracing. Needs root, fio and the debug abissd/abissctl (`ABISS_BIN_DIR`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::report;
+
+/// `abiss-bench overhead`.
+#[derive(Debug, clap::Args)]
+pub struct OverheadArgs {
+    /// Seconds of load per elevator (the stats window is 4 s shorter).
+    #[arg(long, default_value_t = 12)]
+    pub secs: u64,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    pub results_dir: PathBuf,
+}
+
+fn bin_dir() -> anyhow::Result<PathBuf> {
+    std::env::var_os("ABISS_BIN_DIR")
+        .map(PathBuf::from)
+        .context("ABISS_BIN_DIR (where abissd and abissctl are) is not set; run through `cargo xtask bench overhead`")
+}
+
+/// Runs a command and returns its standard output.
+fn output(command: &mut Command) -> anyhow::Result<String> {
+    let shown = format!("{command:?}");
+    let out = command
+        .output()
+        .with_context(|| format!("cannot start {shown}"))?;
+    if !out.status.success() {
+        bail!(
+            "{shown} failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A loop device over a memory-backed image, so only its own requests are traced.
+struct MemoryDisk {
+    device: String,
+    image: PathBuf,
+}
+
+impl MemoryDisk {
+    fn new(size_mib: u64) -> anyhow::Result<Self> {
+        let image = PathBuf::from(format!("/dev/shm/abiss-bench-{}.img", std::process::id()));
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(size_mib << 20))
+            .context("cannot create the memory-backed image")?;
+        let device = output(
+            Command::new("losetup")
+                .args(["--find", "--show", "--direct-io=on"])
+                .arg(&image),
+        )?
+        .trim()
+        .to_owned();
+        Ok(Self { device, image })
+    }
+
+    fn set_scheduler(&self, scheduler: &str) -> anyhow::Result<()> {
+        let name = self.device.trim_start_matches("/dev/");
+        std::fs::write(format!("/sys/block/{name}/queue/scheduler"), scheduler)
+            .with_context(|| format!("cannot select {scheduler} on {name}"))
+    }
+}
+
+impl Drop for MemoryDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+/// abissd on a private socket, stopped on drop.
+struct BenchDaemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl BenchDaemon {
+    fn start(bin_dir: &Path) -> anyhow::Result<Self> {
+        let socket = PathBuf::from(format!("/tmp/abiss-bench-{}.sock", std::process::id()));
+        let child = Command::new(bin_dir.join("abissd"))
+            .arg("--socket")
+            .arg(&socket)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .context("cannot start abissd")?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("abissd did not start");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Self { child, socket })
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child; SIGTERM is abissd's clean shutdown.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn fio(device: &str, secs: u64) -> Command {
+    let mut command = Command::new("fio");
+    command
+        .args([
+            "--name=randread",
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=32",
+        ])
+        .args([
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--time_based",
+            "--output-format=json",
+        ])
+        .arg(format!("--filename={device}"))
+        .arg(format!("--runtime={secs}"));
+    command
+}
+
+fn fio_iops(output: &str) -> anyhow::Result<f64> {
+    let report: Value = serde_json::from_str(output).context("fio printed no JSON")?;
+    report["jobs"][0]["read"]["iops"]
+        .as_f64()
+        .context("no read IOPS in fio's JSON")
+}
+
+/// Per-event cost of the tracer under a 4 KiB random-read load, per elevator, and the load's
+/// IOPS with and without tracing.
+pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
+    let secs = args.secs;
+    let bin_dir = bin_dir()?;
+    if secs < 6 {
+        bail!("--secs must be at least 6 (2 s warm-up and 2 s margin around the window)");
+    }
+    let disk = MemoryDisk::new(1024)?;
+    let window = secs - 4;
+    let mut rows = Vec::new();
+    for scheduler in ["none", "mq-deadline", "bfq"] {
+        disk.set_scheduler(scheduler)?;
+        let baseline = fio_iops(&output(&mut fio(&disk.device, secs))?)?;
+
+        let daemon = BenchDaemon::start(&bin_dir)?;
+        let load = fio(&disk.device, secs)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("cannot start fio")?;
+        std::thread::sleep(Duration::from_secs(2));
+        let stats = output(
+            Command::new(bin_dir.join("abissctl"))
+                .arg("--socket")
+                .arg(&daemon.socket)
+                .args(["stats", "--json", "--interval", &window.to_string()]),
+        )?;
+        let output = load.wait_with_output().context("fio failed")?;
+        drop(daemon);
+        let traced = fio_iops(&String::from_utf8_lossy(&output.stdout))?;
+        let stats: Value =
+            serde_json::from_str(&stats).context("abissctl stats printed no JSON")?;
+        let programs = stats["programs"].as_array().cloned().unwrap_or_default();
+        let runs: u64 = programs
+            .iter()
+            .filter_map(|p| p["run_count"].as_u64())
+            .sum();
+        let time: u64 = programs
+            .iter()
+            .filter_map(|p| p["run_time_ns"].as_u64())
+            .sum();
+        #[expect(clippy::cast_precision_loss, reason = "a mean for the report")]
+        let avg_ns = if runs == 0 {
+            0.0
+        } else {
+            time as f64 / runs as f64
+        };
+        rows.push(json!({
+            "scheduler": scheduler,
+            "iops_untraced": baseline,
+            "iops_traced": traced,
+            "events": runs,
+            "avg_ns_per_event": avg_ns,
+            "programs": programs,
+            "daemon_cpu_ns": stats["daemon_cpu_ns"],
+            "daemon_rss_bytes": stats["daemon_rss_bytes"],
+            "window_ns": stats["window_ns"],
+        }));
+    }
+    drop(disk);
+
+    let command = format!("cargo xtask bench overhead --secs {secs}");
+    let markdown = markdown(&command, window, &rows);
+    let report = json!({
+        "benchmark": "overhead",
+        "command": command,
+        "machine": report::machine(),
+        "parameters": { "secs": secs, "window_s": window, "block": "4k", "iodepth": 32, "engine": "io_uring" },
+        "rows": rows,
+    });
+    report::write_results(&args.results_dir, "overhead", &report, &markdown)
+}
+
+/// The Markdown table of the rows.
+fn markdown(command: &str, window: u64, rows: &[Value]) -> String {
+    let mut markdown = format!(
+        "### Tracer overhead: 4 KiB random reads, fio io_uring iodepth 32, loop device over memory\n\n\
+         `{command}`; stats window {window} s.\n\n\
+         | elevator | IOPS untraced | IOPS traced | eBPF events/s | avg ns per event | insert ns | issue ns | complete ns | abissd CPU % |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    );
+    for row in rows {
+        let program_ns = |name: &str| {
+            row["programs"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+                .and_then(|p| p["avg_ns"].as_f64())
+                .unwrap_or(0.0)
+        };
+        #[expect(clippy::cast_precision_loss, reason = "rates for the report")]
+        let (events_per_s, cpu_percent) = {
+            let window_ns = row["window_ns"].as_u64().unwrap_or(1).max(1) as f64;
+            (
+                row["events"].as_u64().unwrap_or(0) as f64 / (window_ns / 1e9),
+                row["daemon_cpu_ns"].as_u64().unwrap_or(0) as f64 / window_ns * 100.0,
+            )
+        };
+        let _ = writeln!(
+            markdown,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} |",
+            row["scheduler"].as_str().unwrap_or(""),
+            row["iops_untraced"].as_f64().unwrap_or(0.0),
+            row["iops_traced"].as_f64().unwrap_or(0.0),
+            events_per_s,
+            row["avg_ns_per_event"].as_f64().unwrap_or(0.0),
+            program_ns("abiss_insert"),
+            program_ns("abiss_issue"),
+            program_ns("abiss_complete"),
+            cpu_percent,
+        );
+    }
+    markdown
+}
