@@ -37,6 +37,36 @@ pub const ABISS_BATCH_PAGES: u32 = 20;
 /// The emulated disk's size: room for the files, spread out, and a 4 GiB zone map.
 pub const DISK_BYTES: u64 = 4 << 30;
 
+/// The run parameters both benchmarks record: `specific` ones merged with the shared workload
+/// (streams, copy loop, disk, files).
+#[must_use]
+pub fn workload_parameters(
+    specific: serde_json::Value,
+    stream_file_bytes: u64,
+    model: &serde_json::Value,
+    queue: &QueueSettings,
+    files: &BenchFiles,
+) -> serde_json::Value {
+    let mut parameters = json!({
+        "stream": STREAM,
+        "deadline_slack_ms": STREAM.slack().as_secs_f64() * 1000.0,
+        "stream_file_bytes": stream_file_bytes,
+        "copy_file_bytes": COPY_FILE_BYTES,
+        "copy_chunk_bytes": COPY_CHUNK_BYTES,
+        "copy_writeback_window_bytes": WRITEBACK_WINDOW,
+        "disk_bytes": DISK_BYTES,
+        "filesystem": "ext4",
+        "model": model,
+        "queue": queue,
+        "files": files,
+        "rt_class_level": "ionice -c1 default: level 4",
+    });
+    if let (Some(all), serde_json::Value::Object(extra)) = (parameters.as_object_mut(), specific) {
+        all.extend(extra);
+    }
+    parameters
+}
+
 /// `abiss-bench reference`.
 #[derive(Debug, clap::Args)]
 pub struct ReferenceArgs {
@@ -96,24 +126,18 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         "command": command,
         "machine": machine,
         "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": {
-            "secs": args.secs,
-            "warmup_secs": args.warmup_secs,
-            "streams": REFERENCE_STREAMS,
-            "stream": STREAM,
-            "deadline_slack_ms": STREAM.slack().as_secs_f64() * 1000.0,
-            "stream_file_bytes": STREAM_FILE_BYTES,
-            "copy_file_bytes": COPY_FILE_BYTES,
-            "copy_chunk_bytes": COPY_CHUNK_BYTES,
-            "copy_writeback_window_bytes": WRITEBACK_WINDOW,
-            "abiss_batch_pages": ABISS_BATCH_PAGES,
-            "disk_bytes": DISK_BYTES,
-            "filesystem": "ext4",
-            "model": model,
-            "queue": queue,
-            "files": files,
-            "rt_class_level": "ionice -c1 default: level 4",
-        },
+        "parameters": workload_parameters(
+            json!({
+                "secs": args.secs,
+                "warmup_secs": args.warmup_secs,
+                "streams": REFERENCE_STREAMS,
+                "abiss_batch_pages": ABISS_BATCH_PAGES,
+            }),
+            STREAM_FILE_BYTES,
+            &model,
+            &queue,
+            &files,
+        ),
         "rows": rows,
     });
     let markdown = markdown(&command, &machine, args, &queue, &rows);

@@ -13,10 +13,11 @@ use crate::chart::{self, MissSeries};
 use crate::configuration::{self, Configuration, ConfigurationInfo};
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
-use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM};
+use crate::reference::{
+    workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
+};
 use crate::report;
 use crate::trial::{run_trial, TrialPlan, TrialRow};
-use crate::workload::WRITEBACK_WINDOW;
 
 /// `abiss-bench sweep`.
 #[derive(Debug, clap::Args)]
@@ -172,25 +173,19 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         "command": command,
         "machine": machine,
         "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": {
-            "secs_per_step": args.secs,
-            "warmup_secs": args.warmup_secs,
-            "max_streams": args.max_streams,
-            "steps": steps,
-            "steps_after_miss": args.steps_after_miss,
-            "stream": STREAM,
-            "deadline_slack_ms": STREAM.slack().as_secs_f64() * 1000.0,
-            "stream_file_bytes": stream_file_bytes,
-            "copy_file_bytes": COPY_FILE_BYTES,
-            "copy_chunk_bytes": COPY_CHUNK_BYTES,
-            "copy_writeback_window_bytes": WRITEBACK_WINDOW,
-            "disk_bytes": DISK_BYTES,
-            "filesystem": "ext4",
-            "model": model,
-            "queue": queue,
-            "files": files,
-            "rt_class_level": "ionice -c1 default: level 4",
-        },
+        "parameters": workload_parameters(
+            json!({
+                "secs_per_step": args.secs,
+                "warmup_secs": args.warmup_secs,
+                "max_streams": args.max_streams,
+                "steps": steps,
+                "steps_after_miss": args.steps_after_miss,
+            }),
+            stream_file_bytes,
+            &model,
+            &queue,
+            &files,
+        ),
         "configurations": sweeps,
     });
     let markdown = markdown(&command, &machine, args, &queue, &sweeps);
