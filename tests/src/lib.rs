@@ -170,6 +170,37 @@ impl Daemon {
             .expect("run abissctl")
     }
 
+    /// Attaches `file` with `abissctl attach` at 1 MB/s with the ABISS measurement's 564 KiB
+    /// buffer; returns the stream id.
+    #[must_use]
+    pub fn attach_at_1mb(&self, file: &Path) -> u64 {
+        let output = self.ctl([
+            OsStr::new("attach"),
+            file.as_os_str(),
+            OsStr::new("--rate"),
+            OsStr::new("1MB/s"),
+            OsStr::new("--buffer"),
+            OsStr::new("564KiB"),
+        ]);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse()
+            .expect("abissctl attach prints the stream id")
+    }
+
+    /// The daemon's view of its streams.
+    #[must_use]
+    pub fn streams(&self) -> Vec<abiss_proto::StreamInfo> {
+        abiss_client::Client::connect(&self.socket)
+            .and_then(|mut client| client.list())
+            .expect("list streams")
+    }
+
     /// Stops the daemon with SIGTERM and returns its exit status code.
     pub fn stop(&mut self) -> Option<i32> {
         let mut child = self.child.take()?;

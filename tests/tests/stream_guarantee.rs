@@ -42,7 +42,12 @@ fn bench(tag: &str) -> Bench {
     Bench { daemon, copy, lab }
 }
 
-fn check(report: &PacedReport, what: &str, copied: u64) {
+fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
+    assert_eq!(
+        daemon.streams()[0].misses,
+        0,
+        "{what}: the daemon saw a page-cache miss"
+    );
     let p999 = report.quantile_ns(0.999);
     eprintln!(
         "{what}: {} reads, {} misses, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; copy loop moved {} MB",
@@ -85,15 +90,7 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
     .expect("attach");
     let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
     let copied = bench.copy.stop();
-    let streams = Client::connect(bench.daemon.socket())
-        .unwrap()
-        .list()
-        .unwrap();
-    assert_eq!(
-        streams[0].misses, 0,
-        "the daemon saw no page-cache miss of the reader"
-    );
-    check(&report, "library reader", copied);
+    check(&bench.daemon, &report, "library reader", copied);
 }
 
 #[test]
@@ -101,31 +98,14 @@ fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
     require_root!();
     let mut bench = bench("plain");
     let path = bench.lab.mount().join("stream.bin");
-    let output = bench.daemon.ctl([
-        "attach",
-        path.to_str().unwrap(),
-        "--rate",
-        "1MB/s",
-        "--buffer",
-        "564KiB",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let _stream = bench.daemon.attach_at_1mb(&path);
     // A plain reader: it knows nothing of abiss; its reads tell the daemon where it is.
     let mut file = File::open(&path).expect("open");
     let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
     let copied = bench.copy.stop();
-    let streams = Client::connect(bench.daemon.socket())
-        .unwrap()
-        .list()
-        .unwrap();
-    assert_eq!(
-        streams[0].misses, 0,
-        "the daemon saw no page-cache miss of the reader"
+    assert!(
+        !bench.daemon.streams()[0].readers.is_empty(),
+        "the reader was recognised"
     );
-    assert!(!streams[0].readers.is_empty(), "the reader was recognised");
-    check(&report, "plain reader", copied);
+    check(&bench.daemon, &report, "plain reader", copied);
 }

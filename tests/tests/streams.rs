@@ -124,26 +124,7 @@ fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
     let pid = daemon_pid(daemon);
     assert_eq!(locked_kib(pid), 0);
 
-    let output = ctl(
-        daemon,
-        &[
-            "attach",
-            file.to_str().unwrap(),
-            "--rate",
-            "1MB/s",
-            "--buffer",
-            "564KiB",
-        ],
-    );
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let id: u64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("stream id");
+    let id = daemon.attach_at_1mb(&file);
     let mut client = Client::connect(daemon.socket()).unwrap();
     assert!(
         wait_until(Duration::from_secs(5), || client.list().unwrap()[0]
