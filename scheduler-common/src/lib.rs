@@ -137,8 +137,6 @@ pub struct KernelLayout {
     pub bio_ioprio: u32,
     /// `struct bio.bi_io_vec`
     pub bio_io_vec: u32,
-    /// `struct bio.bi_vcnt`
-    pub bio_vcnt: u32,
     /// `struct bio_vec.bv_page`
     pub bvec_page: u32,
     /// `struct page.compound_head` (bit 0 set on tail pages of a large folio)
@@ -169,7 +167,6 @@ impl KernelLayout {
         gendisk_first_minor: 0,
         bio_ioprio: 0,
         bio_io_vec: 0,
-        bio_vcnt: 0,
         bvec_page: 0,
         page_compound_head: 0,
         page_mapping: 0,
@@ -376,7 +373,7 @@ mod pod {
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 19 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 18 * 4);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AttachedFile>() == 16);

@@ -63,12 +63,6 @@ impl Controller {
         &mut self.tracer
     }
 
-    /// Whether any stream is served (the main loop ticks only then).
-    #[must_use]
-    pub fn has_streams(&self) -> bool {
-        !self.streams.is_empty()
-    }
-
     /// Carries out a stream's window actions.
     fn execute(prefetch: &mut PrefetchEngine, stream: &Stream, actions: Vec<WindowAction>) {
         let level = stream.granted.priority;

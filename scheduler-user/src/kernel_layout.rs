@@ -61,7 +61,6 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         gendisk_first_minor: finder.offset("gendisk", "first_minor")?,
         bio_ioprio: finder.offset("bio", "bi_ioprio")?,
         bio_io_vec: finder.offset("bio", "bi_io_vec")?,
-        bio_vcnt: finder.offset("bio", "bi_vcnt")?,
         bvec_page: finder.offset("bio_vec", "bv_page")?,
         page_compound_head: finder.offset("page", "compound_head")?,
         page_mapping: finder.offset("page", "mapping")?,

@@ -6,8 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use abiss_proto::{
-    AttachRequest, ByteRate, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS,
-    PAGE_BYTES,
+    AttachRequest, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS, PAGE_BYTES,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, SFlag};
@@ -356,19 +355,13 @@ impl StreamTable {
     }
 }
 
-/// The granted rate as a protocol value.
-#[must_use]
-pub fn rate(bps: u64) -> ByteRate {
-    ByteRate(bps)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn request(rate: u64, buffer: u64, batch: u32, priority: u8) -> AttachRequest {
         AttachRequest {
-            rate: ByteRate(rate),
+            rate: abiss_proto::ByteRate(rate),
             buffer: ByteSize(buffer),
             batch_pages: batch,
             priority,
