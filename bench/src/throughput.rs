@@ -86,6 +86,7 @@ mod tests {
             arrival_ns: 0,
             start_ns: 0,
             end_ns: 0,
+            transport_ns: 0,
             replied_ns: 0,
             seek_ns: 0,
             rotation_ns: 0,

@@ -7,7 +7,8 @@
 //! writes), ahead of the modelled time: the backing file system can stall for milliseconds,
 //! and that must not delay replies. The service thread alone decides the order (through a
 //! [`DeviceQueue`]), keeps the device's virtual clock and sends each reply at the instant the
-//! model says the request completes. A fourth thread writes the statistics.
+//! model says the request completes, less the lab's measured transport delay (see
+//! [`TRANSPORT_NAME`]). A fourth thread writes the statistics.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -16,7 +17,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -38,6 +39,16 @@ use crate::timing::{self, nanos, SPIN_MARGIN};
 /// Name of the disk image file at the root of the FUSE mount.
 pub const IMAGE_NAME: &str = "disk";
 
+/// Name of the control file at the root of the FUSE mount that holds the transport allowance
+/// in nanoseconds, as decimal text.
+///
+/// A request spends time outside the model on its way from the loop device to the emulator and
+/// back (loop worker, FUSE queue, two wake-ups): tens to hundreds of microseconds depending on
+/// the machine. `up` measures it and writes it here; each reply then goes out that much before
+/// the model's completion, so that the kernel, not the emulator, sees the model's timing. It
+/// never moves a reply before the request's start.
+pub const TRANSPORT_NAME: &str = "transport_ns";
+
 /// Largest request the kernel may send, so that a loop request of up to 1 MiB reaches the
 /// model as one request rather than as pieces.
 const MAX_REQUEST_BYTES: u32 = 1 << 20;
@@ -49,6 +60,7 @@ const DATA_PRIORITY: i32 = 15;
 
 const ROOT_INO: u64 = fuser::FUSE_ROOT_ID;
 const IMAGE_INO: u64 = 2;
+const TRANSPORT_INO: u64 = 3;
 const ATTR_TTL: Duration = Duration::from_secs(3600);
 
 /// Everything the emulator process needs; `up` writes it as JSON into the state directory.
@@ -77,6 +89,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
         .map_err(LabError::io(&config.backing_path))?;
     let epoch = Instant::now();
     let outstanding = Arc::new(AtomicU32::new(0));
+    let transport_ns = Arc::new(AtomicU64::new(0));
 
     let (record_tx, record_rx) = mpsc::channel();
     let stats_writer = StatsWriter::create(config, epoch)?;
@@ -98,6 +111,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
         rng: ChaCha8Rng::seed_from_u64(config.model.seed),
         epoch,
         outstanding: Arc::clone(&outstanding),
+        transport_ns: Arc::clone(&transport_ns),
         records: record_tx,
     };
     let service_thread = std::thread::Builder::new()
@@ -110,6 +124,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
         requests: io_tx,
         next_seq: 0,
         outstanding,
+        transport_ns,
         created: SystemTime::now(),
     };
     let options = [
@@ -244,6 +259,7 @@ struct DiskImageFs {
     requests: Sender<PendingIo>,
     next_seq: u64,
     outstanding: Arc<AtomicU32>,
+    transport_ns: Arc<AtomicU64>,
     created: SystemTime,
 }
 
@@ -252,6 +268,7 @@ impl DiskImageFs {
         let (kind, perm, nlink, size) = match ino {
             ROOT_INO => (FileType::Directory, 0o755, 2, 0),
             IMAGE_INO => (FileType::RegularFile, 0o600, 1, self.size_bytes),
+            TRANSPORT_INO => (FileType::RegularFile, 0o600, 1, 0),
             _ => return None,
         };
         Some(FileAttr {
@@ -311,8 +328,15 @@ impl Filesystem for DiskImageFs {
     }
 
     fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
-        match self.attr(IMAGE_INO) {
-            Some(attr) if parent == ROOT_INO && name == IMAGE_NAME => {
+        let ino = if name == IMAGE_NAME {
+            IMAGE_INO
+        } else if name == TRANSPORT_NAME {
+            TRANSPORT_INO
+        } else {
+            0
+        };
+        match self.attr(ino) {
+            Some(attr) if parent == ROOT_INO && ino != ROOT_INO => {
                 reply.entry(&ATTR_TTL, &attr, 0);
             }
             _ => reply.error(libc::ENOENT),
@@ -329,6 +353,9 @@ impl Filesystem for DiskImageFs {
     fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
         if ino == IMAGE_INO {
             reply.opened(0, 0);
+        } else if ino == TRANSPORT_INO {
+            // Direct I/O: reads see the current value whatever the (zero) size says.
+            reply.opened(0, fuser::consts::FOPEN_DIRECT_IO);
         } else {
             reply.error(libc::EISDIR);
         }
@@ -337,7 +364,7 @@ impl Filesystem for DiskImageFs {
     fn read(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        ino: u64,
         _fh: u64,
         offset: i64,
         size: u32,
@@ -345,13 +372,22 @@ impl Filesystem for DiskImageFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
+        if ino == TRANSPORT_INO {
+            let text = format!("{}\n", self.transport_ns.load(Ordering::Relaxed));
+            let start = usize::try_from(offset)
+                .unwrap_or(usize::MAX)
+                .min(text.len());
+            let end = start.saturating_add(size as usize).min(text.len());
+            reply.data(&text.as_bytes()[start..end]);
+            return;
+        }
         self.submit(offset, u64::from(size), Payload::Read(reply));
     }
 
     fn write(
         &mut self,
         _req: &Request<'_>,
-        _ino: u64,
+        ino: u64,
         _fh: u64,
         offset: i64,
         data: &[u8],
@@ -360,6 +396,19 @@ impl Filesystem for DiskImageFs {
         _lock_owner: Option<u64>,
         reply: ReplyWrite,
     ) {
+        if ino == TRANSPORT_INO {
+            let value = std::str::from_utf8(data)
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok());
+            match value {
+                Some(nanos) if offset == 0 => {
+                    self.transport_ns.store(nanos, Ordering::Relaxed);
+                    reply.written(u32::try_from(data.len()).unwrap_or(u32::MAX));
+                }
+                _ => reply.error(libc::EINVAL),
+            }
+            return;
+        }
         // The session reuses its buffer for the next request, so the data is copied.
         let len = data.len() as u64;
         self.submit(offset, len, Payload::Write(data.to_vec(), reply));
@@ -390,6 +439,7 @@ impl Filesystem for DiskImageFs {
             (ROOT_INO, FileType::Directory, "."),
             (ROOT_INO, FileType::Directory, ".."),
             (IMAGE_INO, FileType::RegularFile, IMAGE_NAME),
+            (TRANSPORT_INO, FileType::RegularFile, TRANSPORT_NAME),
         ];
         let skip = usize::try_from(offset).unwrap_or(0);
         for (index, (ino, kind, name)) in entries.iter().enumerate().skip(skip) {
@@ -441,6 +491,7 @@ struct ServiceThread {
     rng: ChaCha8Rng,
     epoch: Instant,
     outstanding: Arc<AtomicU32>,
+    transport_ns: Arc<AtomicU64>,
     records: Sender<RequestRecord>,
 }
 
@@ -520,7 +571,9 @@ impl ServiceThread {
     fn start(&mut self, io: ReadyIo, free_at: Instant) -> Started {
         let start = free_at.max(io.arrival);
         let plan: ServicePlan = self.model.plan(io.op, io.offset, io.len, &mut self.rng);
-        let deadline = start + plan.completion;
+        let transport =
+            Duration::from_nanos(self.transport_ns.load(Ordering::Relaxed)).min(plan.completion);
+        let deadline = start + plan.completion.saturating_sub(transport);
         let record = RequestRecord {
             seq: io.seq,
             op: io.op,
@@ -528,7 +581,8 @@ impl ServiceThread {
             len: io.len,
             arrival_ns: self.since_epoch(io.arrival),
             start_ns: self.since_epoch(start),
-            end_ns: self.since_epoch(deadline),
+            end_ns: self.since_epoch(start + plan.completion),
+            transport_ns: nanos(transport),
             replied_ns: 0,
             seek_ns: nanos(plan.seek),
             rotation_ns: nanos(plan.rotation),

@@ -131,6 +131,10 @@ pub struct LabState {
     pub loop_device: Option<PathBuf>,
     /// The driver tag depth read back from debugfs after setting it, if debugfs is mounted.
     pub dispatch_depth: Option<u32>,
+    /// The measured round trip between the loop device and the emulator outside the model,
+    /// which the emulator takes off each reply (see [`crate::emulator::TRANSPORT_NAME`]).
+    #[serde(default)]
+    pub transport_ns: u64,
     /// Where the file system is mounted, once mounted.
     pub mount_dir: Option<PathBuf>,
     /// Whether `up` created the mount directory (then `down` removes it).
@@ -197,6 +201,7 @@ impl Lab {
             emulator: None,
             loop_device: None,
             dispatch_depth: None,
+            transport_ns: 0,
             mount_dir: None,
             created_mount_dir: false,
         };
@@ -331,6 +336,8 @@ fn bring_up(state: &mut LabState, options: &LabOptions) -> Result<(), LabError> 
         options.scheduler.as_deref(),
     )?;
     state.save()?;
+    state.transport_ns = calibrate_transport(state, Path::new(&device))?;
+    state.save()?;
 
     if let Some(FilesystemKind::Ext4) = options.mkfs {
         system::run(
@@ -354,6 +361,62 @@ fn bring_up(state: &mut LabState, options: &LabOptions) -> Result<(), LabError> 
         system::run("mount", &[&device, &dir.to_string_lossy()])?;
     }
     Ok(())
+}
+
+/// Reads this many blocks to measure the transport delay.
+const CALIBRATION_READS: u64 = 32;
+
+/// Measures how long a request spends between the loop device and the emulator, outside the
+/// model, and tells the emulator to take it off its replies.
+///
+/// Each of a few 4 KiB direct reads is timed here and in the emulator (arrival to reply); the
+/// median difference is the transport delay. The reads are spread over the disk, away from
+/// the start where a newly attached device gets probed.
+fn calibrate_transport(state: &LabState, device: &Path) -> Result<u64, LabError> {
+    use crate::validate::{open_direct, timed_read, AlignedBuffer};
+    const LEN: u64 = 4096;
+    let file = open_direct(device)?;
+    let mut buf = AlignedBuffer::new(4096);
+    let mut cursor = StatsCursor::at_end(&state.stats_path)?;
+    let stride = (state.size_bytes / 2 / CALIBRATION_READS) / LEN * LEN;
+    let mut client = Vec::new();
+    for i in 0..CALIBRATION_READS {
+        let offset = state.size_bytes / 2 + i * stride;
+        client.push((offset, timed_read(&file, &mut buf, offset, LEN)?));
+    }
+    let mut transport = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut records = Vec::new();
+    while transport.len() < client.len() && Instant::now() < deadline {
+        // The emulator flushes its records within 100 ms of going idle.
+        std::thread::sleep(Duration::from_millis(50));
+        records.extend(cursor.read_new()?);
+        transport = client
+            .iter()
+            .filter_map(|&(offset, took)| {
+                let record = records
+                    .iter()
+                    .find(|r| r.offset == offset && r.len == LEN && r.transport_ns == 0)?;
+                Some(crate::timing::nanos(took).saturating_sub(record.latency_ns()))
+            })
+            .collect::<Vec<_>>();
+    }
+    if transport.len() < client.len() {
+        return Err(LabError::system(
+            "measuring the transport delay",
+            "the emulator did not record the calibration reads",
+        ));
+    }
+    transport.sort_unstable();
+    let median = transport[transport.len() / 2];
+    let control = state.fuse_mountpoint.join(crate::emulator::TRANSPORT_NAME);
+    // Without truncation: the control file has no size to truncate.
+    OpenOptions::new()
+        .write(true)
+        .open(&control)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, format!("{median}\n").as_bytes()))
+        .map_err(LabError::io(&control))?;
+    Ok(median)
 }
 
 /// Starts the emulator detached (it forks and its parent exits) and waits until it serves.

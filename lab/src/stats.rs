@@ -30,10 +30,14 @@ pub struct RequestRecord {
     /// When the actuator started on it (virtual clock: the later of arrival and the end of the
     /// previous request's occupancy).
     pub start_ns: u64,
-    /// When the model says it completes (its deadline).
+    /// When the model says it completes.
     pub end_ns: u64,
-    /// When the reply was actually sent; `replied_ns - end_ns` is the timing error.
+    /// When the reply was actually sent: due at `end_ns - transport_ns`.
     pub replied_ns: u64,
+    /// How much earlier than `end_ns` the reply was due: the lab's measured delay between the
+    /// kernel and the emulator, so that the kernel sees the request complete at `end_ns`.
+    #[serde(default)]
+    pub transport_ns: u64,
     /// Seek component.
     pub seek_ns: u64,
     /// Rotational latency component.
@@ -61,11 +65,11 @@ impl RequestRecord {
         self.replied_ns.saturating_sub(self.arrival_ns)
     }
 
-    /// Timing error: how late the reply went out compared with the model's deadline.
+    /// Timing error: how late the reply went out compared with when it was due.
     #[must_use]
     pub fn late_ns(&self) -> i64 {
         let replied = i128::from(self.replied_ns);
-        let end = i128::from(self.end_ns);
+        let end = i128::from(self.end_ns) - i128::from(self.transport_ns);
         i64::try_from(replied - end).unwrap_or(i64::MAX)
     }
 }
@@ -198,6 +202,7 @@ mod tests {
             arrival_ns: 1,
             start_ns: 2,
             end_ns: 3,
+            transport_ns: 0,
             replied_ns: 4,
             seek_ns: 0,
             rotation_ns: 0,

@@ -121,14 +121,14 @@ impl std::fmt::Display for ValidationReport {
 }
 
 /// A buffer aligned for `O_DIRECT`.
-struct AlignedBuffer {
+pub(crate) struct AlignedBuffer {
     storage: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl AlignedBuffer {
-    fn new(len: usize) -> Self {
+    pub(crate) fn new(len: usize) -> Self {
         let storage = vec![0u8; len + 4096];
         let start = storage.as_ptr().align_offset(4096);
         Self {
@@ -143,7 +143,7 @@ impl AlignedBuffer {
     }
 }
 
-fn timed_read(
+pub(crate) fn timed_read(
     device: &File,
     buf: &mut AlignedBuffer,
     offset: u64,
@@ -157,7 +157,7 @@ fn timed_read(
     Ok(started.elapsed())
 }
 
-fn open_direct(device: &Path) -> Result<File, LabError> {
+pub(crate) fn open_direct(device: &Path) -> Result<File, LabError> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)

@@ -642,8 +642,60 @@ pub struct PacedReport {
     pub misses: u64,
     /// Bytes read.
     pub bytes: u64,
-    /// Reads that took over a millisecond: (index, offset, latency ns).
-    pub slow: Vec<(u64, u64, u64)>,
+    /// Reads that took over a millisecond.
+    pub slow: Vec<SlowRead>,
+}
+
+/// A read that took over a millisecond, with what the page cache held just before it.
+#[derive(Debug, Clone, Copy)]
+pub struct SlowRead {
+    /// Index of the read.
+    pub index: u64,
+    /// File offset it started at.
+    pub offset: u64,
+    /// How long it took, ns.
+    pub latency_ns: u64,
+    /// Bytes of the read's range that were in the page cache when it started (`None` when the
+    /// reader was not given a file to look at).
+    pub resident_before: Option<u64>,
+}
+
+/// Bytes of `[offset, offset + len)` of `file` that are in the page cache.
+///
+/// Uses `mincore` on a private mapping, which neither reads the file nor counts as an access, so
+/// it does not disturb the readers it watches (or the daemon's view of them). `offset` must be
+/// page-aligned; the range is clipped to the file.
+///
+/// # Panics
+/// If the file cannot be mapped.
+#[must_use]
+pub fn resident_bytes(file: &File, offset: u64, len: u64) -> u64 {
+    let size = file.metadata().expect("file size").len();
+    let len = len.min(size.saturating_sub(offset));
+    if len == 0 {
+        return 0;
+    }
+    let length = usize::try_from(len).expect("a range that fits in memory");
+    // SAFETY: a fresh read-only mapping of a file we hold open, used only for mincore.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            length,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(file),
+            i64::try_from(offset).expect("an offset within the file"),
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED, "mmap for mincore");
+    let mut pages = vec![0u8; length.div_ceil(4096)];
+    // SAFETY: `pages` has one byte per page of the mapping.
+    let rc = unsafe { libc::mincore(map, length, pages.as_mut_ptr()) };
+    // SAFETY: our mapping, unmapped once.
+    unsafe { libc::munmap(map, length) };
+    assert_eq!(rc, 0, "mincore");
+    let pages = pages.iter().filter(|&&p| p & 1 == 1).count() as u64;
+    (pages * 4096).min(len)
 }
 
 impl PacedReport {
@@ -666,10 +718,30 @@ impl PacedReport {
     }
 }
 
+/// Runs the calling thread under `SCHED_FIFO`, as a player runs its time-critical thread.
+///
+/// The lab's emulated disk runs its own threads at real-time CPU priority to keep its timing;
+/// on a two-core machine a normal-priority reader then competes for the CPU with the emulated
+/// disk's data mover during write bursts, and a page-cache hit can take milliseconds for want of
+/// a CPU. The priority is above the emulator's so that read latency measures I/O waits only;
+/// a reader that waits for the disk still waits, whatever its CPU priority.
+///
+/// # Panics
+/// If the thread cannot be made real-time (the tests run as root).
+pub fn run_at_realtime_cpu_priority() {
+    let param = libc::sched_param { sched_priority: 30 };
+    // SAFETY: a valid sched_param that outlives the call; pid 0 is the calling thread.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    assert_eq!(rc, 0, "SCHED_FIFO for the reader thread");
+}
+
 /// Reads `reader` in `read_bytes` reads on the ABISS schedule: read i is issued at
 /// `t0 + i·S/R` (at once if late) and misses if it completes after `t0 + B/R + i·S/R`.
+/// With `watched` (the same file, opened separately), each slow read records how much of its
+/// range was in the page cache just before it.
 pub fn paced_read(
     reader: &mut impl std::io::Read,
+    watched: Option<&File>,
     rate_bps: u64,
     buffer_bytes: u64,
     read_bytes: usize,
@@ -688,13 +760,21 @@ pub fn paced_read(
         if let Some(wait) = issue.checked_sub(start.elapsed()) {
             std::thread::sleep(wait);
         }
+        // Only the page-aligned part is looked at: mincore maps from a page boundary.
+        let aligned = report.bytes / 4096 * 4096;
+        let resident_before = watched.map(|file| resident_bytes(file, aligned, read_bytes as u64));
         let before = Instant::now();
         let read = reader.read(&mut chunk).expect("paced read");
         let done = start.elapsed();
         let latency = u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX);
         report.latencies_ns.push(latency);
         if latency > 1_000_000 {
-            report.slow.push((i, report.bytes, latency));
+            report.slow.push(SlowRead {
+                index: i,
+                offset: report.bytes,
+                latency_ns: latency,
+                resident_before,
+            });
         }
         if done > Duration::from_nanos(slack_ns + i * period_ns) {
             report.misses += 1;

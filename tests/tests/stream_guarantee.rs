@@ -7,7 +7,8 @@ use std::time::Duration;
 use abiss_client::{AbissFile, Client, StreamOptions};
 use abiss_proto::{ByteRate, ByteSize};
 use abiss_tests::{
-    paced_read, require_root, write_cold_file, CopyLoop, Daemon, HddLab, PacedReport,
+    paced_read, require_root, run_at_realtime_cpu_priority, write_cold_file, CopyLoop, Daemon,
+    HddLab, PacedReport,
 };
 
 const RATE: u64 = 1_000_000;
@@ -59,10 +60,7 @@ fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
         report.quantile_ns(1.0) / 1000,
         copied / 1_000_000
     );
-    eprintln!(
-        "{what}: reads over 1 ms (index, offset, ns): {:?}",
-        report.slow
-    );
+    eprintln!("{what}: reads over 1 ms: {:?}", report.slow);
     let expected = duration().as_secs() * RATE / READ as u64;
     assert!(
         report.latencies_ns.len() as u64 >= expected * 95 / 100,
@@ -88,7 +86,15 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
         &StreamOptions::new(ByteRate(RATE), ByteSize(BUFFER)),
     )
     .expect("attach");
-    let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
+    run_at_realtime_cpu_priority();
+    let report = paced_read(
+        &mut file,
+        Some(&File::open(&path).expect("open")),
+        RATE,
+        BUFFER,
+        READ,
+        duration(),
+    );
     let copied = bench.copy.stop();
     check(&bench.daemon, &report, "library reader", copied);
 }
@@ -101,7 +107,15 @@ fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
     let _stream = bench.daemon.attach_at_1mb(&path);
     // A plain reader: it knows nothing of abiss; its reads tell the daemon where it is.
     let mut file = File::open(&path).expect("open");
-    let report = paced_read(&mut file, RATE, BUFFER, READ, duration());
+    run_at_realtime_cpu_priority();
+    let report = paced_read(
+        &mut file,
+        Some(&File::open(&path).expect("open")),
+        RATE,
+        BUFFER,
+        READ,
+        duration(),
+    );
     let copied = bench.copy.stop();
     assert!(
         !bench.daemon.streams()[0].readers.is_empty(),

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, IoClass};
 use abiss_tests::{
-    binary, require_root, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+    binary, require_root, resident_bytes, wait_until, write_cold_file, Daemon, Ext4Mount,
+    LoopDevice,
 };
 
 const BUFFER: u64 = 564 * 1024;
@@ -140,27 +141,7 @@ fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
 
     // The test's own view of the page cache: the window's pages are resident, the rest not.
     let data = File::open(&file).unwrap();
-    let resident = |offset: u64, len: u64| -> u64 {
-        let length = usize::try_from(len).unwrap();
-        // SAFETY: a fresh read-only mapping of a file we hold open, used only for mincore.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                length,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&data),
-                i64::try_from(offset).unwrap(),
-            )
-        };
-        assert_ne!(map, libc::MAP_FAILED);
-        let mut pages = vec![0u8; length / 4096];
-        // SAFETY: `pages` has one byte per page of the mapping.
-        assert_eq!(unsafe { libc::mincore(map, length, pages.as_mut_ptr()) }, 0);
-        // SAFETY: our mapping, unmapped once.
-        unsafe { libc::munmap(map, length) };
-        pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096
-    };
+    let resident = |offset: u64, len: u64| resident_bytes(&data, offset, len);
     assert_eq!(resident(0, BUFFER), BUFFER);
     assert_eq!(
         resident(8 << 20, 1 << 20),
@@ -199,8 +180,14 @@ fn a_reader_at_four_times_its_rate_gets_no_more_than_its_rate_from_the_prefetch(
     .expect("open");
     let id = file.stream_id();
     let started = Instant::now();
-    let report =
-        abiss_tests::paced_read(&mut file, 4 * MB, BUFFER, 64 * 1024, Duration::from_secs(4));
+    let report = abiss_tests::paced_read(
+        &mut file,
+        None,
+        4 * MB,
+        BUFFER,
+        64 * 1024,
+        Duration::from_secs(4),
+    );
     let elapsed = started.elapsed();
     assert!(
         report.bytes >= 15 * MB,
