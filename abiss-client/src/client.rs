@@ -327,8 +327,15 @@ impl Client {
 
     /// The managed devices.
     pub fn status(&mut self) -> Result<Vec<DeviceStatus>, ClientError> {
+        self.status_and_upgrades().map(|(devices, _)| devices)
+    }
+
+    /// The managed devices, and the daemon's reader upgrades.
+    pub fn status_and_upgrades(
+        &mut self,
+    ) -> Result<(Vec<DeviceStatus>, abiss_proto::UpgradeReport), ClientError> {
         match self.call(Request::Status)? {
-            Response::Devices { devices } => Ok(devices),
+            Response::Devices { devices, upgrades } => Ok((devices, upgrades)),
             other => Err(self.unexpected(&other)),
         }
     }

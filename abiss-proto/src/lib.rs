@@ -17,7 +17,7 @@ pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. Bump on any incompatible change of [`Request`] or [`Response`].
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// ABISS priority levels: 0 is the highest (real time only), 7 the default best effort.
 pub const ABISS_LEVELS: u8 = 8;
@@ -175,6 +175,15 @@ pub struct StreamInfo {
     pub misses: u64,
     /// Bytes loaded by the stream's prefetch.
     pub prefetched_bytes: u64,
+    /// Reader threads raised to the stream's priority after a page-cache miss, so far.
+    #[serde(default)]
+    pub upgrades: u64,
+    /// `io_uring` requests readers submitted on the file, so far.
+    #[serde(default)]
+    pub uring_requests: u64,
+    /// Advice when the stream keeps missing: a larger buffer, say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
 }
 
 /// A task that reads a stream's file.
@@ -184,6 +193,28 @@ pub struct ReaderInfo {
     pub pid: u32,
     /// Command name.
     pub comm: String,
+    /// Whether a thread of it runs at the stream's priority after a miss.
+    #[serde(default)]
+    pub upgraded: bool,
+}
+
+/// Automatic priority upgrades of readers, daemon-wide.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeReport {
+    /// Whether the daemon upgrades readers at all.
+    pub enabled: bool,
+    /// Threads raised now.
+    pub active: u64,
+    /// Raises since the daemon started.
+    pub total: u64,
+    /// Threads put back to their earlier priority.
+    pub restored: u64,
+    /// Median time from the kernel's miss event to the priority being set, µs.
+    pub latency_p50_us: Option<u64>,
+    /// 99th percentile of the same, µs.
+    pub latency_p99_us: Option<u64>,
+    /// Longest, µs.
+    pub latency_max_us: Option<u64>,
 }
 
 /// A managed device and its real-time budget.
@@ -252,6 +283,9 @@ pub enum Response {
     Devices {
         /// The managed devices.
         devices: Vec<DeviceStatus>,
+        /// Reader upgrades.
+        #[serde(default)]
+        upgrades: UpgradeReport,
     },
     /// The request failed; nothing was changed.
     Error {
@@ -289,10 +323,16 @@ pub struct LatencyGroup {
     pub operation: Operation,
     /// The I/O priority the requests carried.
     pub priority: IoPriority,
+    /// The stream whose attached file the requests' pages belong to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<u64>,
     /// Completed requests.
     pub requests: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Requests of the stream that ran below the stream's ABISS level (priority inversions).
+    #[serde(default)]
+    pub inversions: u64,
     /// Queue time: elevator insert (or bio submission when the request skipped the elevator)
     /// to dispatch to the driver.
     pub queue: Log2Histogram,
@@ -308,8 +348,10 @@ impl LatencyGroup {
             device: self.device,
             operation: self.operation,
             priority: self.priority,
+            stream: self.stream,
             requests: self.requests.saturating_sub(earlier.requests),
             bytes: self.bytes.saturating_sub(earlier.bytes),
+            inversions: self.inversions.saturating_sub(earlier.inversions),
             queue: self.queue.since(&earlier.queue),
             service: self.service.since(&earlier.service),
         }
@@ -317,8 +359,8 @@ impl LatencyGroup {
 
     /// The key that identifies this group across snapshots.
     #[must_use]
-    pub fn key(&self) -> (DeviceNumber, Operation, IoPriority) {
-        (self.device, self.operation, self.priority)
+    pub fn key(&self) -> (DeviceNumber, Operation, IoPriority, Option<u64>) {
+        (self.device, self.operation, self.priority, self.stream)
     }
 }
 
@@ -337,6 +379,9 @@ pub struct RequestRecord {
     pub sector: u64,
     /// Size in bytes.
     pub bytes: u32,
+    /// The stream whose attached file the request's pages belong to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<u64>,
     /// Process that submitted the request's first bio.
     pub tgid: u32,
     /// Thread that submitted it.

@@ -9,7 +9,7 @@ use crate::devices;
 use crate::error::CliError;
 use crate::stats;
 use crate::streams::{self, StreamParameters};
-use crate::trace::{self, TraceOptions};
+use crate::trace::{self, Grouping, TraceOptions};
 use abiss_client::Client;
 use abiss_proto::{ByteRate, ByteSize};
 
@@ -47,6 +47,13 @@ enum Command {
         /// One line per completed request instead of histograms.
         #[arg(long, short = 'e')]
         events: bool,
+        /// Only requests of this stream (its pages belong to the stream's file, whoever
+        /// submitted them).
+        #[arg(long, short = 's')]
+        stream: Option<u64>,
+        /// Group by I/O priority (all requests) or by stream (only requests of streams).
+        #[arg(long, value_enum, default_value_t = Grouping::Priority)]
+        by: Grouping,
     },
     /// Attach FILE with a guaranteed byterate until `detach`; prints the stream id.
     Attach {
@@ -163,6 +170,8 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             count,
             json,
             events,
+            stream,
+            by,
         } => {
             let device = device.as_deref().map(devices::resolve).transpose()?;
             let options = TraceOptions {
@@ -171,6 +180,8 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
                 interval,
                 count,
                 json,
+                stream,
+                by,
             };
             let mut client = connect()?;
             if events {

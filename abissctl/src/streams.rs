@@ -117,7 +117,11 @@ fn readers(info: &StreamInfo) -> String {
     }
     info.readers
         .iter()
-        .map(|r| format!("{}({})", r.comm, r.pid))
+        .map(|r| {
+            // A raised reader is marked with a `^`.
+            let mark = if r.upgraded { "^" } else { "" };
+            format!("{}({}){mark}", r.comm, r.pid)
+        })
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -136,7 +140,7 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
     }
     let _ = writeln!(
         out,
-        "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>11}  READERS",
+        "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>8} {:>11}  READERS (^ raised)",
         "ID",
         "FILE",
         "RATE",
@@ -146,12 +150,13 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         "LOCKED",
         "CREDIT",
         "MISSES",
+        "UPGRADES",
         "PREFETCHED"
     );
     for info in &streams {
         let _ = writeln!(
             out,
-            "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>11}  {}",
+            "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>8} {:>11}  {}",
             info.id,
             info.path,
             info.rate.to_string(),
@@ -161,25 +166,48 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
             ByteSize(info.locked_bytes).to_string(),
             info.credit_bytes,
             info.misses,
+            info.upgrades,
             ByteSize(info.prefetched_bytes).to_string(),
             readers(info)
         );
+        if let Some(advice) = &info.suggestion {
+            let _ = writeln!(out, "     stream {}: {advice}", info.id);
+        }
     }
     Ok(())
 }
 
+/// One line on reader upgrades.
+fn upgrade_line(upgrades: &abiss_proto::UpgradeReport) -> String {
+    if !upgrades.enabled {
+        return "reader upgrades: off (abissd --no-upgrades)".to_owned();
+    }
+    let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| format!("{us} µs"));
+    format!(
+        "reader upgrades: {} raised now, {} in all, {} restored; event to priority p50 {}, p99 {}, max {}",
+        upgrades.active,
+        upgrades.total,
+        upgrades.restored,
+        micros(upgrades.latency_p50_us),
+        micros(upgrades.latency_p99_us),
+        micros(upgrades.latency_max_us)
+    )
+}
+
 /// Prints the managed devices.
 pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
-    let devices = client.status()?;
+    let (devices, upgrades) = client.status_and_upgrades()?;
     let mut out = std::io::stdout().lock();
     if json {
+        let report = serde_json::json!({ "devices": devices, "upgrades": upgrades });
         let _ = writeln!(
             out,
             "{}",
-            serde_json::to_string_pretty(&devices).unwrap_or_default()
+            serde_json::to_string_pretty(&report).unwrap_or_default()
         );
         return Ok(());
     }
+    let _ = writeln!(out, "{}", upgrade_line(&upgrades));
     if devices.is_empty() {
         let _ = writeln!(out, "abissd manages no device (start it with --device DEV)");
         return Ok(());

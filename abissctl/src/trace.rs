@@ -1,4 +1,4 @@
-//! `abissctl trace`: live disk latency by device, operation and I/O priority.
+//! `abissctl trace`: live disk latency by device, operation and I/O priority, or by stream.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -24,6 +24,20 @@ pub struct TraceOptions {
     pub count: Option<u64>,
     /// One JSON object per report (or event).
     pub json: bool,
+    /// Only requests of this stream.
+    pub stream: Option<u64>,
+    /// How requests are grouped.
+    pub by: Grouping,
+}
+
+/// How `trace` groups requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Grouping {
+    /// By device, operation and I/O priority, whatever stream the requests belong to.
+    #[default]
+    Priority,
+    /// By stream, device, operation and I/O priority; requests of no stream are left out.
+    Stream,
 }
 
 /// Prints per-interval histograms until `count` reports are out.
@@ -54,6 +68,7 @@ pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), Cli
                 (delta.requests > 0).then_some(delta)
             })
             .collect();
+        let deltas = regroup(deltas, options.by);
         let written = if options.json {
             write_json(&mut out, &deltas, elapsed, &mut names)
         } else {
@@ -69,22 +84,64 @@ pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), Cli
     Ok(())
 }
 
-type Snapshot = BTreeMap<
-    (
-        DeviceNumber,
-        abiss_proto::Operation,
-        abiss_proto::IoPriority,
-    ),
-    LatencyGroup,
->;
+type GroupKey = (
+    DeviceNumber,
+    abiss_proto::Operation,
+    abiss_proto::IoPriority,
+    Option<u64>,
+);
+type Snapshot = BTreeMap<GroupKey, LatencyGroup>;
 
 fn snapshot(client: &mut Client, options: &TraceOptions) -> Result<Snapshot, CliError> {
     let (_, groups) = client.latency()?;
     Ok(groups
         .into_iter()
         .filter(|group| options.device.is_none_or(|device| device == group.device))
+        .filter(|group| {
+            options
+                .stream
+                .is_none_or(|stream| group.stream == Some(stream))
+        })
         .map(|group| (group.key(), group))
         .collect())
+}
+
+/// The daemon keeps one group per (device, operation, priority, stream); by priority, the
+/// streams are summed, and by stream, requests of no stream are left out.
+fn regroup(deltas: Vec<LatencyGroup>, by: Grouping) -> Vec<LatencyGroup> {
+    match by {
+        Grouping::Stream => {
+            let mut groups: Vec<LatencyGroup> =
+                deltas.into_iter().filter(|g| g.stream.is_some()).collect();
+            groups.sort_by_key(|g| (g.stream, g.device, g.operation, g.priority));
+            groups
+        }
+        Grouping::Priority => {
+            let mut merged: BTreeMap<GroupKey, LatencyGroup> = BTreeMap::new();
+            for group in deltas {
+                let key = (group.device, group.operation, group.priority, None);
+                match merged.get_mut(&key) {
+                    Some(sum) => {
+                        sum.requests += group.requests;
+                        sum.bytes += group.bytes;
+                        sum.inversions += group.inversions;
+                        sum.queue.merge(&group.queue);
+                        sum.service.merge(&group.service);
+                    }
+                    None => {
+                        merged.insert(
+                            key,
+                            LatencyGroup {
+                                stream: None,
+                                ..group
+                            },
+                        );
+                    }
+                }
+            }
+            merged.into_values().collect()
+        }
+    }
 }
 
 fn wall_clock() -> String {
@@ -111,9 +168,17 @@ fn write_text(
         writeln!(out, "(no completed requests)")?;
     }
     for group in deltas {
+        let stream = group
+            .stream
+            .map_or_else(String::new, |id| format!("stream = {id}  "));
+        let inversions = if group.stream.is_some() {
+            format!("  inversions = {}", group.inversions)
+        } else {
+            String::new()
+        };
         writeln!(
             out,
-            "\ndisk = {} ({})  op = {}  prio = {}  requests = {}  bytes = {}",
+            "\n{stream}disk = {} ({})  op = {}  prio = {}  requests = {}  bytes = {}{inversions}",
             names.name(group.device),
             group.device,
             group.operation,
@@ -179,6 +244,8 @@ struct JsonReport<'a> {
 
 #[derive(Serialize)]
 struct JsonGroup<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<u64>,
     device: String,
     dev: String,
     operation: String,
@@ -186,6 +253,7 @@ struct JsonGroup<'a> {
     level: u8,
     requests: u64,
     bytes: u64,
+    inversions: u64,
     queue: JsonHistogram<'a>,
     service: JsonHistogram<'a>,
 }
@@ -250,6 +318,7 @@ fn write_json(
         groups: deltas
             .iter()
             .map(|group| JsonGroup {
+                stream: group.stream,
                 device: names.name(group.device),
                 dev: group.device.to_string(),
                 operation: group.operation.to_string(),
@@ -257,6 +326,7 @@ fn write_json(
                 level: group.priority.level,
                 requests: group.requests,
                 bytes: group.bytes,
+                inversions: group.inversions,
                 queue: JsonHistogram::new(&group.queue),
                 service: JsonHistogram::new(&group.service),
             })
@@ -275,7 +345,7 @@ pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliErro
     if !options.json {
         let _ = writeln!(
             out,
-            "{:<11} {:<16} {:<7} {:<9} T {:<12} {:<7} {:<7} {:<10} {:>8} {:>8}",
+            "{:<11} {:<16} {:<7} {:<9} T {:<12} {:<7} {:<7} {:<10} {:<6} {:>8} {:>8}",
             "TIME(s)",
             "COMM",
             "PID",
@@ -284,6 +354,7 @@ pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliErro
             "BYTES",
             "PRIO",
             "INODE",
+            "STREAM",
             "QUE(ms)",
             "LAT(ms)"
         );
@@ -292,7 +363,12 @@ pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliErro
     let mut shown = 0;
     while options.count.is_none_or(|count| shown < count) {
         let record = client.next_event()?;
-        if options.device.is_some_and(|device| device != record.device) {
+        if options.device.is_some_and(|device| device != record.device)
+            || options
+                .stream
+                .is_some_and(|stream| record.stream != Some(stream))
+            || (options.by == Grouping::Stream && record.stream.is_none())
+        {
             continue;
         }
         let start = *first_ns.get_or_insert(record.completed_ns);
@@ -320,7 +396,7 @@ fn write_event(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<11.6} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:>8.3} {:>8.3}",
+        "{:<11.6} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:<6} {:>8.3} {:>8.3}",
         record.completed_ns.saturating_sub(start_ns) as f64 / 1e9,
         record.comm,
         record.tgid,
@@ -332,6 +408,9 @@ fn write_event(
         record
             .inode
             .map_or_else(|| "-".to_owned(), |ino| ino.to_string()),
+        record
+            .stream
+            .map_or_else(|| "-".to_owned(), |id| id.to_string()),
         record.queue_ns as f64 / 1e6,
         record.service_ns as f64 / 1e6,
     )

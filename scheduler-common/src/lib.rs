@@ -81,6 +81,10 @@ pub mod playout_kind {
     pub const FAULT: u32 = 2;
     /// A read missed the page cache and started synchronous readahead: the reader waits.
     pub const MISS: u32 = 3;
+    /// An `io_uring` request on the file completed: the task is its submitter,
+    /// [`PlayoutEvent::ioprio`] its priority and [`PlayoutEvent::latency_ns`] how long it took
+    /// from submission.
+    pub const URING_COMPLETE: u32 = 5;
 }
 
 /// A task's access to an attached file, sent to abissd (the daemon's own reads are left out).
@@ -101,11 +105,36 @@ pub struct PlayoutEvent {
     pub pid: u32,
     /// See [`playout_kind`].
     pub kind: u32,
+    /// I/O priority of an `io_uring` submission (encoded), else zero.
+    pub ioprio: u32,
+    /// Submission to completion of an `io_uring` request, else zero.
+    pub latency_ns: u64,
+    /// User id of the task.
+    pub uid: u32,
     /// Padding.
     pub pad: u32,
     /// Command name.
     pub comm: [u8; COMM_LEN],
 }
+
+/// An `io_uring` request between submission and completion, while files are attached.
+///
+/// The request's file is only known at completion (the kernel assigns it when the request is
+/// issued, after the submission tracepoint), so submissions are remembered for all requests
+/// while any file is attached, and matched to a stream at completion.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UringSubmission {
+    /// Submission time (`bpf_ktime_get_ns`).
+    pub submitted_ns: u64,
+    /// Submitting process (the ring's owner, or its SQPOLL thread's).
+    pub tgid: u32,
+    /// Submitting thread.
+    pub pid: u32,
+}
+
+/// `io_uring` requests on attached files tracked at once.
+pub const MAX_URING_INFLIGHT: u32 = 4_096;
 
 /// Offsets of the kernel structure fields the programs read, in bytes.
 ///
@@ -151,6 +180,14 @@ pub struct KernelLayout {
     pub inode_sb: u32,
     /// `struct super_block.s_dev`
     pub sb_dev: u32,
+    /// `struct io_kiocb.file`
+    pub io_kiocb_file: u32,
+    /// `struct io_kiocb.cmd` (an `io_rw` for read/write requests; its `kiocb` comes first)
+    pub io_kiocb_cmd: u32,
+    /// `struct kiocb.ki_ioprio`
+    pub kiocb_ioprio: u32,
+    /// `struct file.f_inode`
+    pub file_inode: u32,
 }
 
 impl KernelLayout {
@@ -174,6 +211,10 @@ impl KernelLayout {
         inode_ino: 0,
         inode_sb: 0,
         sb_dev: 0,
+        io_kiocb_file: 0,
+        io_kiocb_cmd: 0,
+        kiocb_ioprio: 0,
+        file_inode: 0,
     };
 }
 
@@ -186,6 +227,10 @@ pub struct Control {
     pub emit_events: u32,
     /// Thread-group id of the daemon itself, so its own I/O can be told apart.
     pub daemon_tgid: u32,
+    /// Number of attached files; while zero the programs skip looking up requests' files.
+    pub attached_files: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
 /// Kernel block operation (`REQ_OP_*`, the low 8 bits of `cmd_flags`).
@@ -251,6 +296,8 @@ pub struct HistogramKey {
     pub level: u8,
     /// Padding; always zero so keys compare bytewise.
     pub pad: u8,
+    /// Stream whose file the request's pages belong to, zero for none.
+    pub stream: u64,
 }
 
 /// Per-CPU latency histogram of one [`HistogramKey`]. Counters are cumulative since load.
@@ -265,6 +312,8 @@ pub struct LatencyCounters {
     pub queue_max_ns: u64,
     /// Longest service time seen, in ns.
     pub service_max_ns: u64,
+    /// Requests of a stream that ran at a lower priority than the stream's level.
+    pub inversions: u64,
     /// Queue time (insert → issue) in log2 µs buckets.
     pub queue_slots: [u64; LATENCY_SLOTS],
     /// Service time (issue → complete) in log2 µs buckets.
@@ -278,6 +327,7 @@ impl LatencyCounters {
         bytes: 0,
         queue_max_ns: 0,
         service_max_ns: 0,
+        inversions: 0,
         queue_slots: [0; LATENCY_SLOTS],
         service_slots: [0; LATENCY_SLOTS],
     };
@@ -334,6 +384,12 @@ pub struct InflightRequest {
     pub attributed: u8,
     /// See [`request_state`].
     pub state: u32,
+    /// ABISS level of the stream ([`InflightRequest::stream`]), if any.
+    pub stream_level: u8,
+    /// Padding.
+    pub pad: [u8; 7],
+    /// Stream whose attached file the request's pages belong to, zero for none.
+    pub stream: u64,
 }
 
 /// One completed request, sent over the ring buffer while a client streams events.
@@ -370,18 +426,82 @@ mod pod {
     unsafe impl aya::Pod for super::FileKey {}
     unsafe impl aya::Pod for super::AttachedFile {}
     unsafe impl aya::Pod for super::PlayoutEvent {}
+    unsafe impl aya::Pod for super::UringSubmission {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 18 * 4);
-const _: () = assert!(core::mem::size_of::<HistogramKey>() == 8);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 22 * 4);
+const _: () = assert!(core::mem::size_of::<Control>() == 16);
+const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
+const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AttachedFile>() == 16);
-const _: () = assert!(core::mem::size_of::<PlayoutEvent>() == 64);
-const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 32 + 2 * 8 * LATENCY_SLOTS);
+const _: () = assert!(core::mem::size_of::<PlayoutEvent>() == 80);
+const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 40 + 2 * 8 * LATENCY_SLOTS);
 const _: () = assert!(core::mem::size_of::<RequestOrigin>() == 40);
-const _: () = assert!(core::mem::size_of::<InflightRequest>() == 40);
-const _: () = assert!(core::mem::size_of::<RequestEvent>() == 112);
+const _: () = assert!(core::mem::size_of::<InflightRequest>() == 56);
+const _: () = assert!(core::mem::size_of::<RequestEvent>() == 128);
+
+/// ABISS priority levels: 0 the highest (real time only) … 7 the default best effort, and
+/// the kernel I/O priorities they map to.
+///
+/// | ABISS level | kernel ioprio |
+/// | --- | --- |
+/// | 0 | RT/0 |
+/// | 1 | RT/2 |
+/// | 2 | RT/4 |
+/// | 3 | RT/6 |
+/// | 4 | BE/0 |
+/// | 5 | BE/2 |
+/// | 6 | BE/4 |
+/// | 7 | BE/7 |
+///
+/// It lives here because both sides need it: the programs to tell a request that runs below
+/// its stream's level (a priority inversion), the daemon to set priorities.
+pub mod abiss_level {
+    use super::ioprio;
+
+    /// The lowest ABISS level, plain best effort.
+    pub const LOWEST: u8 = 7;
+
+    /// Kernel (class, level) of an ABISS level; levels above 7 are treated as 7.
+    #[must_use]
+    pub const fn to_kernel(level: u8) -> (u8, u8) {
+        match level {
+            0 => (ioprio::CLASS_RT, 0),
+            1 => (ioprio::CLASS_RT, 2),
+            2 => (ioprio::CLASS_RT, 4),
+            3 => (ioprio::CLASS_RT, 6),
+            4 => (ioprio::CLASS_BE, 0),
+            5 => (ioprio::CLASS_BE, 2),
+            6 => (ioprio::CLASS_BE, 4),
+            _ => (ioprio::CLASS_BE, 7),
+        }
+    }
+
+    /// The ABISS level a request or task at kernel (class, level) is served at: the highest
+    /// ABISS level whose kernel priority it does not exceed. No class means the kernel's
+    /// default, BE/4; idle is below every level and counts as the lowest.
+    #[must_use]
+    #[expect(
+        clippy::inline_always,
+        reason = "called from eBPF programs, where a call that is not inlined costs a call frame"
+    )]
+    #[inline(always)]
+    pub const fn from_kernel(class: u8, level: u8) -> u8 {
+        match class {
+            ioprio::CLASS_RT => level / 2,
+            ioprio::CLASS_BE => match level {
+                0 | 1 => 4,
+                2 | 3 => 5,
+                4..=6 => 6,
+                _ => 7,
+            },
+            ioprio::CLASS_NONE => 6,
+            _ => LOWEST,
+        }
+    }
+}
 
 /// Index of the log2 µs bucket for a latency in ns.
 #[must_use]

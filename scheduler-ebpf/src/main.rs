@@ -1,9 +1,11 @@
-//! abiss eBPF programs: block-layer request tracing.
+//! abiss eBPF programs: block-layer request tracing and stream tagging.
 //!
 //! The programs hold no policy. They follow each block request from its first sight (insert or
-//! issue) to its completion, attribute it to the task that submitted its first bio and to the
-//! inode whose page-cache pages it carries, and add its queue and service time to per-CPU log2
-//! histograms keyed by (device, operation, I/O priority). The daemon reads the maps.
+//! issue) to its completion, tag it with the stream whose attached file its pages belong to
+//! (whichever task submits it), attribute it to the task that submitted its first bio, and add
+//! its queue and service time to per-CPU log2 histograms keyed by (device, operation, I/O
+//! priority, stream). They report reads, faults, page-cache misses and `io_uring` requests on
+//! attached files to the daemon. The daemon reads the maps and decides.
 //!
 //! Kernel struct offsets come from `KERNEL_LAYOUT`, which `abissd` fills in from the running
 //! kernel's BTF before loading (Rust eBPF has no CO-RE field relocations).
@@ -21,10 +23,10 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
-    ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, Control, FileKey,
-    HistogramKey, InflightRequest, KernelLayout, LatencyCounters, PlayoutEvent, RequestEvent,
-    RequestOrigin, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,
-    PLAYOUT_RING_BYTES,
+    abiss_level, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, Control,
+    FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters, PlayoutEvent,
+    RequestEvent, RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES,
+    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -62,6 +64,11 @@ static ATTACHED: HashMap<FileKey, AttachedFile> = HashMap::with_max_entries(MAX_
 /// Reads, faults and misses of attached files, for abissd's playout tracking.
 #[map]
 static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
+
+/// `io_uring` requests on attached files between submission and completion, by request address.
+#[map]
+static URING_INFLIGHT: HashMap<u64, UringSubmission> =
+    HashMap::with_max_entries(MAX_URING_INFLIGHT, 0);
 
 macro_rules! layout {
     ($field:ident) => {
@@ -144,13 +151,20 @@ fn attributing() -> bool {
         .is_some_and(|control| control.emit_events != 0)
 }
 
+/// Whether any file is attached, so requests' files are worth looking up.
+#[inline(always)]
+fn files_attached() -> bool {
+    CONTROL
+        .get(0)
+        .is_some_and(|control| control.attached_files != 0)
+}
+
 /// Records the submitter and file of a request seen for the first time. The current task is
 /// the submitter: requests are inserted (or, without an elevator, issued) from the submitting
 /// task's plug, and requeues keep their record.
 #[inline(always)]
-fn record_origin(rq: u64, bio: u64) -> bool {
+fn record_origin(rq: u64, (ino, ino_dev): (u64, u32)) -> bool {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (ino, ino_dev) = bio_inode(bio);
     #[expect(clippy::cast_possible_truncation, reason = "the helpers pack two u32s")]
     let origin = RequestOrigin {
         ino,
@@ -193,7 +207,29 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
         field(bio, layout!(bio_ioprio))
     };
     let (class, level) = ioprio::split(prio);
-    let attributed = attributing() && record_origin(rq, bio);
+    let wants_origin = attributing();
+    let file = if wants_origin || files_attached() {
+        bio_inode(bio)
+    } else {
+        (0, 0)
+    };
+    let attributed = wants_origin && record_origin(rq, file);
+    // The stream is found by the file the pages belong to, so readahead, io-wq workers and
+    // the daemon's prefetch are all tagged, not only the reader's own task.
+    let stream = if file.0 == 0 {
+        AttachedFile::default()
+    } else {
+        let key = FileKey {
+            dev: file.1,
+            pad: 0,
+            ino: file.0,
+        };
+        // SAFETY: pointer to a live map value, copied.
+        ATTACHED
+            .get_ptr(key)
+            .map(|found| unsafe { *found })
+            .unwrap_or_default()
+    };
     #[expect(
         clippy::cast_possible_truncation,
         reason = "REQ_OP_* fits in the low 8 bits"
@@ -214,6 +250,9 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
         level,
         attributed: u8::from(attributed),
         state,
+        stream_level: stream.level,
+        pad: [0; 7],
+        stream: stream.stream,
     };
     match slot {
         // SAFETY: pointer to a live map value of this type.
@@ -342,6 +381,7 @@ fn account(tracked: &InflightRequest, queue_ns: u64, service_ns: u64) {
         class: tracked.class,
         level: tracked.level,
         pad: 0,
+        stream: tracked.stream,
     };
     let counters = match LATENCY.get_ptr_mut(key) {
         Some(found) => found,
@@ -363,6 +403,11 @@ fn account(tracked: &InflightRequest, queue_ns: u64, service_ns: u64) {
         let counters = &mut *counters;
         counters.requests += 1;
         counters.bytes += u64::from(tracked.bytes);
+        if tracked.stream != 0
+            && abiss_level::from_kernel(tracked.class, tracked.level) > tracked.stream_level
+        {
+            counters.inversions += 1;
+        }
         if queue_ns > counters.queue_max_ns {
             counters.queue_max_ns = queue_ns;
         }
@@ -420,6 +465,32 @@ fn attached_stream(inode: u64) -> Option<AttachedFile> {
     ATTACHED.get_ptr(key).map(|found| unsafe { *found })
 }
 
+/// The current task as (tgid, pid), unless it is abissd itself.
+#[inline(always)]
+fn current_task_unless_daemon() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
+    let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let daemon = CONTROL
+        .get(0)
+        .is_some_and(|control| control.daemon_tgid == tgid);
+    (!daemon).then_some((tgid, pid))
+}
+
+/// Sends one event about an attached file to abissd.
+#[inline(always)]
+fn report(event: PlayoutEvent) {
+    if let Some(mut entry) = PLAYOUT.reserve::<PlayoutEvent>(0) {
+        #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
+        entry.write(PlayoutEvent {
+            comm: bpf_get_current_comm().unwrap_or_default(),
+            uid: bpf_get_current_uid_gid() as u32,
+            ..event
+        });
+        entry.submit(0);
+    }
+}
+
 /// Tells abissd that a task other than abissd touched pages of an attached file.
 #[inline(always)]
 fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
@@ -429,29 +500,88 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     let Some(attached) = attached_stream(inode) else {
         return;
     };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
-    let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    if CONTROL
-        .get(0)
-        .is_some_and(|control| control.daemon_tgid == tgid)
-    {
+    let Some((tgid, pid)) = current_task_unless_daemon() else {
         return;
+    };
+    report(PlayoutEvent {
+        ts_ns: now_ns(),
+        stream: attached.stream,
+        first_page,
+        last_page,
+        tgid,
+        pid,
+        kind,
+        ..PlayoutEvent::default()
+    });
+}
+
+/// `io_uring_submit_req(req)`: a request leaves the submission queue, in the submitting task
+/// (the ring's owner, or its SQPOLL thread). Its file is not assigned yet, so while any file is
+/// attached every submission is remembered until its completion.
+#[btf_tracepoint(function = "io_uring_submit_req")]
+pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
+    if layout!(valid) == 0 || !files_attached() {
+        return 0;
     }
-    if let Some(mut entry) = PLAYOUT.reserve::<PlayoutEvent>(0) {
-        entry.write(PlayoutEvent {
-            ts_ns: now_ns(),
-            stream: attached.stream,
-            first_page,
-            last_page,
+    let req: u64 = ctx.arg(0);
+    let Some((tgid, pid)) = current_task_unless_daemon() else {
+        return 0;
+    };
+    let _ = URING_INFLIGHT.insert(
+        req,
+        UringSubmission {
+            submitted_ns: now_ns(),
             tgid,
             pid,
-            kind,
-            pad: 0,
-            comm: bpf_get_current_comm().unwrap_or_default(),
-        });
-        entry.submit(0);
-    }
+        },
+        0,
+    );
+    0
+}
+
+/// `io_uring_complete(ctx, req, cqe)`: a request posts its completion. Requests on attached
+/// files are reported with their submitter, priority and latency.
+#[btf_tracepoint(function = "io_uring_complete")]
+pub fn abiss_uring_complete(ctx: BtfTracePointContext) -> i32 {
+    let req: u64 = ctx.arg(1);
+    // SAFETY: pointer to a live map value, copied before the entry is deleted.
+    let Some(submission) = URING_INFLIGHT.get_ptr(req).map(|found| unsafe { *found }) else {
+        return 0;
+    };
+    let _ = URING_INFLIGHT.remove(req);
+    // `req` is untyped here (`void *` in the tracepoint), so the chain is probe-read.
+    let Some(file) = read::<u64>(req, layout!(io_kiocb_file)) else {
+        return 0;
+    };
+    let Some(inode) = read::<u64>(file, layout!(file_inode)) else {
+        return 0;
+    };
+    let Some(ino) = read::<u64>(inode, layout!(inode_ino)) else {
+        return 0;
+    };
+    let dev = read::<u64>(inode, layout!(inode_sb))
+        .and_then(|sb| read::<u32>(sb, layout!(sb_dev)))
+        .unwrap_or(0);
+    let key = FileKey { dev, pad: 0, ino };
+    // SAFETY: pointer to a live map value, copied.
+    let Some(attached) = ATTACHED.get_ptr(key).map(|found| unsafe { *found }) else {
+        return 0;
+    };
+    // The priority sits in the request's kiocb, at the start of its command area (read and
+    // write requests; for other operations it reads as whatever is there, and is only shown).
+    let ioprio = read::<u16>(req, layout!(io_kiocb_cmd) + layout!(kiocb_ioprio)).unwrap_or(0);
+    let now = now_ns();
+    report(PlayoutEvent {
+        ts_ns: now,
+        stream: attached.stream,
+        tgid: submission.tgid,
+        pid: submission.pid,
+        kind: playout_kind::URING_COMPLETE,
+        ioprio: u32::from(ioprio),
+        latency_ns: now.saturating_sub(submission.submitted_ns),
+        ..PlayoutEvent::default()
+    });
+    0
 }
 
 /// `mm_filemap_get_pages(mapping, index, last_index)`: a read(2)-family call on a file.

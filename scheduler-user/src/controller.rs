@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use abiss_proto::{
     AttachRequest, ByteRate, DeviceNumber, DeviceStatus, ErrorKind, StreamInfo, StreamTarget,
-    PAGE_BYTES,
+    UpgradeReport, PAGE_BYTES,
 };
 use log::{info, warn};
 use scheduler_common::{playout_kind, AttachedFile, PlayoutEvent};
@@ -21,6 +21,7 @@ use crate::streams::{
     MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
+use crate::upgrades::ReaderUpgrades;
 
 /// A refusal for the client: its kind (for the exit code) and one sentence.
 pub type Refusal = (ErrorKind, String);
@@ -41,13 +42,20 @@ pub struct Controller {
     streams: StreamTable,
     prefetch: PrefetchEngine,
     disks: BTreeMap<DeviceNumber, ManagedDisk>,
+    upgrades: ReaderUpgrades,
 }
 
 impl Controller {
     /// A controller over loaded programs and taken devices.
     #[must_use]
-    pub fn new(tracer: BlockTracer, prefetch: PrefetchEngine, disks: Vec<ManagedDisk>) -> Self {
+    pub fn new(
+        tracer: BlockTracer,
+        prefetch: PrefetchEngine,
+        disks: Vec<ManagedDisk>,
+        upgrades: ReaderUpgrades,
+    ) -> Self {
         Self {
+            upgrades,
             tracer,
             streams: StreamTable::default(),
             prefetch,
@@ -204,6 +212,7 @@ impl Controller {
         if let Err(error) = self.tracer.detach_file(stream.key) {
             warn!("stream {id}: cannot forget its file in the kernel maps: {error}");
         }
+        self.upgrades.end_stream(id);
         info!("stream {id}: detached ({})", stream.path);
         // The mapping goes when the last in-flight load lets go of it; unmapping unlocks
         // anything those loads locked.
@@ -261,8 +270,21 @@ impl Controller {
         self.streams
             .iter()
             .filter(|s| peer_uid == 0 || s.owner_uid == peer_uid)
-            .map(Stream::info)
+            .map(|s| {
+                let mut info = s.info();
+                info.upgrades = self.upgrades.count_for(s.id);
+                for reader in &mut info.readers {
+                    reader.upgraded = self.upgrades.raises(reader.pid, s.id);
+                }
+                info
+            })
             .collect()
+    }
+
+    /// The daemon's reader upgrades.
+    #[must_use]
+    pub fn upgrade_report(&self) -> UpgradeReport {
+        self.upgrades.report()
     }
 
     /// The managed devices.
@@ -337,9 +359,26 @@ impl Controller {
         let actions = match event.kind {
             playout_kind::MISS => {
                 stream.misses += 1;
+                // Raise the reader first: the reads it waits for now are being queued.
+                self.upgrades.on_miss(
+                    event,
+                    stream.granted.priority,
+                    stream.owner_uid,
+                    crate::daemon::monotonic_ns,
+                );
+                // The window refills from where the reader is (on_read treats a miss outside
+                // the window as a jump).
                 stream.playout.on_read(range, now_ns)
             }
-            _ => stream.playout.on_read(range, now_ns),
+            playout_kind::URING_COMPLETE => {
+                stream.uring_requests += 1;
+                self.upgrades.touch(event.pid, stream.id, now_ns);
+                return;
+            }
+            _ => {
+                self.upgrades.touch(event.pid, stream.id, now_ns);
+                stream.playout.on_read(range, now_ns)
+            }
         };
         Self::execute(&mut self.prefetch, stream, actions);
     }
@@ -374,15 +413,22 @@ impl Controller {
     /// How long until some stream's credit allows a load its window lacks; `None` while every
     /// window is as full as it may be (then only a reader moving on can change anything).
     #[must_use]
-    pub fn next_wakeup_ns(&self) -> Option<u64> {
-        self.streams
+    pub fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
+        let loads = self
+            .streams
             .iter()
             .filter_map(|s| s.playout.ns_until_next_load())
-            .min()
+            .min();
+        let expiry = self.upgrades.ns_until_next_expiry(now_ns);
+        match (loads, expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Time passed: credit accrued for every stream.
     pub fn tick(&mut self, now_ns: u64) {
+        self.upgrades.expire(now_ns);
         for stream in self.streams.iter_mut() {
             let actions = stream.playout.on_tick(now_ns);
             Self::execute(&mut self.prefetch, stream, actions);
@@ -395,6 +441,7 @@ impl Controller {
         for id in ids {
             self.end_stream(id);
         }
+        self.upgrades.shutdown();
         // Workers finish their in-flight loads; then the mappings go and the devices are
         // restored (ManagedDevice restores on drop).
         drop(self.prefetch);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use abiss_proto::{
     decode_line, encode_line, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
-    Request, RequestRecord, Response, StreamInfo, StreamTarget, PROTOCOL_VERSION,
+    Request, RequestRecord, Response, StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
 };
 use aya::maps::{MapData, RingBuf};
 use log::{info, warn};
@@ -28,6 +28,7 @@ use crate::preflight;
 use crate::socket::{ControlSocket, SocketError};
 use crate::stats;
 use crate::tracer::{decode_event, decode_playout, BlockTracer, TracerError};
+use crate::upgrades::ReaderUpgrades;
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -46,6 +47,11 @@ pub struct DaemonConfig {
     pub capacity_bps: u64,
     /// Share of the capacity real-time streams may reserve, percent.
     pub realtime_share_percent: u32,
+    /// Whether readers that miss the page cache on an attached file are raised to the
+    /// stream's priority.
+    pub upgrades: bool,
+    /// How long a raised reader may go without reading its file before it is put back.
+    pub upgrade_idle: Duration,
 }
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
@@ -119,7 +125,7 @@ enum Command {
         uid: u32,
         reply: Reply<Vec<StreamInfo>>,
     },
-    Status(Reply<Vec<DeviceStatus>>),
+    Status(Reply<(Vec<DeviceStatus>, UpgradeReport)>),
     ConnectionClosed(u64),
 }
 
@@ -171,6 +177,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let layout = kernel_layout::resolve(&config.btf)?;
     let socket = ControlSocket::bind(&config.socket)?;
     let disks = take_devices(&config)?;
+    let _restored = crate::upgrades::restore_leftovers(&config.state_dir);
     let mut tracer = BlockTracer::load(&layout, &config.btf)?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
@@ -186,7 +193,12 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         kernel: kernel_layout::kernel_release(),
         connections: Arc::new(AtomicU64::new(0)),
     };
-    let mut controller = Controller::new(tracer, PrefetchEngine::new(loads), disks);
+    let upgrades = ReaderUpgrades::new(
+        &config.state_dir,
+        u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
+        config.upgrades,
+    );
+    let mut controller = Controller::new(tracer, PrefetchEngine::new(loads), disks, upgrades);
     let event_pump = tokio::spawn(pump_ring(event_ring, move |bytes| {
         if let Some(record) = decode_event(bytes) {
             let _ = events.send(record);
@@ -233,9 +245,11 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             _ = sigterm.recv() => break,
         }
         // At least a millisecond, so a timer just short of a page's worth of credit does not spin.
-        let wait = controller.next_wakeup_ns().map_or(idle, |ns| {
-            Duration::from_nanos(ns).max(Duration::from_millis(1))
-        });
+        let wait = controller
+            .next_wakeup_ns(monotonic_ns())
+            .map_or(idle, |ns| {
+                Duration::from_nanos(ns).max(Duration::from_millis(1))
+            });
         credit_timer
             .as_mut()
             .reset(tokio::time::Instant::now() + wait);
@@ -286,7 +300,7 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) 
             let _ = reply.send(controller.list(uid));
         }
         Command::Status(reply) => {
-            let _ = reply.send(controller.status());
+            let _ = reply.send((controller.status(), controller.upgrade_report()));
         }
         Command::ConnectionClosed(connection) => controller.connection_closed(connection),
     }
@@ -476,7 +490,7 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             None => shutting_down(),
         },
         Request::Status => match ask(context, Command::Status).await {
-            Some(devices) => Response::Devices { devices },
+            Some((devices, upgrades)) => Response::Devices { devices, upgrades },
             None => shutting_down(),
         },
         Request::Events | Request::Position { .. } | Request::Attach(_) => {

@@ -68,6 +68,10 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         inode_ino: finder.offset("inode", "i_ino")?,
         inode_sb: finder.offset("inode", "i_sb")?,
         sb_dev: finder.offset("super_block", "s_dev")?,
+        io_kiocb_file: finder.offset("io_kiocb", "file")?,
+        io_kiocb_cmd: finder.offset("io_kiocb", "cmd")?,
+        kiocb_ioprio: finder.offset("kiocb", "ki_ioprio")?,
+        file_inode: finder.offset("file", "f_inode")?,
     })
 }
 

@@ -19,5 +19,6 @@ pub mod socket;
 pub mod stats;
 pub mod streams;
 pub mod tracer;
+pub mod upgrades;
 
 pub use daemon::{run, DaemonConfig, DaemonError};

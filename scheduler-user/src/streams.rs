@@ -175,6 +175,8 @@ pub struct Stream {
     pub readers: HashMap<u32, (String, u64)>,
     /// Reads that missed the page cache.
     pub misses: u64,
+    /// `io_uring` requests submitted on the file by readers.
+    pub uring_requests: u64,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -224,6 +226,7 @@ impl Stream {
             playout,
             readers: HashMap::new(),
             misses: 0,
+            uring_requests: 0,
             granted,
         };
         (stream, actions)
@@ -246,6 +249,7 @@ impl Stream {
             .map(|(pid, (comm, _))| ReaderInfo {
                 pid: *pid,
                 comm: comm.clone(),
+                upgraded: false,
             })
             .collect();
         readers.sort_by_key(|r| r.pid);
@@ -271,6 +275,9 @@ impl Stream {
             readers,
             misses: self.misses,
             prefetched_bytes: self.playout.prefetched_bytes(),
+            upgrades: 0,
+            uring_requests: self.uring_requests,
+            suggestion: crate::policy::upgrade::buffer_suggestion(self.misses, self.granted.buffer),
         }
     }
 }

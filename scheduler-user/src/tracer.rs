@@ -19,7 +19,7 @@ use scheduler_common::{
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
 
 /// The programs and the kernel tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 8] = [
+const PROGRAMS: [(&str, &str); 10] = [
     ("abiss_insert", "block_rq_insert"),
     ("abiss_issue", "block_rq_issue"),
     ("abiss_complete", "block_rq_complete"),
@@ -28,6 +28,8 @@ const PROGRAMS: [(&str, &str); 8] = [
     ("abiss_get_pages", "mm_filemap_get_pages"),
     ("abiss_fault", "mm_filemap_fault"),
     ("abiss_sync_ra", "page_cache_sync_ra"),
+    ("abiss_uring_submit", "io_uring_submit_req"),
+    ("abiss_uring_complete", "io_uring_complete"),
 ];
 
 /// Failures to load, attach or read the programs.
@@ -80,6 +82,7 @@ pub enum TracerError {
 pub struct BlockTracer {
     ebpf: Ebpf,
     program_ids: Vec<(String, u32)>,
+    control: Control,
 }
 
 impl BlockTracer {
@@ -109,11 +112,16 @@ impl BlockTracer {
             let id = prog.info().map_err(attach_error)?.id();
             program_ids.push((program.to_owned(), id));
         }
-        let mut tracer = Self { ebpf, program_ids };
-        tracer.set_control(Control {
-            emit_events: 0,
+        let control = Control {
             daemon_tgid: std::process::id(),
-        })?;
+            ..Control::default()
+        };
+        let mut tracer = Self {
+            ebpf,
+            program_ids,
+            control,
+        };
+        tracer.set_control(control)?;
         Ok(tracer)
     }
 
@@ -152,14 +160,16 @@ impl BlockTracer {
         let mut array: Array<&mut MapData, Control> = self.typed_map_mut(name)?;
         array
             .set(0, control, 0)
-            .map_err(|source| TracerError::Map { name, source })
+            .map_err(|source| TracerError::Map { name, source })?;
+        self.control = control;
+        Ok(())
     }
 
     /// Switches per-request events on or off.
     pub fn set_emit_events(&mut self, emit: bool) -> Result<(), TracerError> {
         self.set_control(Control {
             emit_events: u32::from(emit),
-            daemon_tgid: std::process::id(),
+            ..self.control
         })
     }
 
@@ -190,7 +200,12 @@ impl BlockTracer {
             self.typed_map_mut(name)?;
         attached
             .insert(key, file, 0)
-            .map_err(|source| TracerError::Map { name, source })
+            .map_err(|source| TracerError::Map { name, source })?;
+        let count = u32::try_from(attached.keys().count()).unwrap_or(u32::MAX);
+        self.set_control(Control {
+            attached_files: count,
+            ..self.control
+        })
     }
 
     /// Tells the programs that `key` is no longer streamed.
@@ -199,9 +214,14 @@ impl BlockTracer {
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
             self.typed_map_mut(name)?;
         match attached.remove(&key) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(TracerError::Map { name, source }),
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(source) => return Err(TracerError::Map { name, source }),
         }
+        let count = u32::try_from(attached.keys().count()).unwrap_or(u32::MAX);
+        self.set_control(Control {
+            attached_files: count,
+            ..self.control
+        })
     }
 
     /// The cumulative latency histograms, summed over CPUs.
@@ -218,6 +238,7 @@ impl BlockTracer {
                 total.bytes += counters.bytes;
                 total.queue_max_ns = total.queue_max_ns.max(counters.queue_max_ns);
                 total.service_max_ns = total.service_max_ns.max(counters.service_max_ns);
+                total.inversions += counters.inversions;
                 for (sum, slot) in total.queue_slots.iter_mut().zip(counters.queue_slots) {
                     *sum += slot;
                 }
@@ -232,8 +253,10 @@ impl BlockTracer {
                     class: IoClass::from_kernel(key.class),
                     level: key.level,
                 },
+                stream: (key.stream != 0).then_some(key.stream),
                 requests: total.requests,
                 bytes: total.bytes,
+                inversions: total.inversions,
                 queue: Log2Histogram::from_slots(&total.queue_slots, total.queue_max_ns),
                 service: Log2Histogram::from_slots(&total.service_slots, total.service_max_ns),
             });
@@ -309,6 +332,7 @@ pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
         },
         sector: request.sector,
         bytes: request.bytes,
+        stream: (request.stream != 0).then_some(request.stream),
         tgid: origin.tgid,
         pid: origin.pid,
         uid: origin.uid,

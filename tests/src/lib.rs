@@ -82,7 +82,8 @@ impl Drop for Scratch {
 pub struct Daemon {
     child: Option<Child>,
     socket: PathBuf,
-    _dir: Scratch,
+    args: Vec<String>,
+    dir: Scratch,
 }
 
 impl Daemon {
@@ -106,12 +107,23 @@ impl Daemon {
     pub fn start_with(args: &[&str]) -> Self {
         let dir = Scratch::new_in("/tmp", "daemon");
         let socket = dir.path().join("abiss.sock");
+        let mut daemon = Self {
+            child: None,
+            socket,
+            args: args.iter().map(|&a| a.to_owned()).collect(),
+            dir,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn spawn(&mut self) {
         let child = Command::new(binary("abissd"))
             .arg("--socket")
-            .arg(&socket)
+            .arg(&self.socket)
             .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .args(args)
+            .arg(self.state_dir())
+            .args(&self.args)
             // ABISS_DAEMON_LOG=debug shows the daemon's decisions while a test runs.
             .env(
                 "RUST_LOG",
@@ -119,13 +131,24 @@ impl Daemon {
             )
             .spawn()
             .expect("start abissd");
-        let mut daemon = Self {
-            child: Some(child),
-            socket,
-            _dir: dir,
-        };
-        daemon.wait_ready();
-        daemon
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// The daemon's state directory.
+    #[must_use]
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Kills the daemon with SIGKILL, as a crash would, and starts a new one with the same
+    /// socket, state directory and arguments.
+    pub fn crash_and_restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn();
     }
 
     fn wait_ready(&mut self) {

@@ -350,8 +350,9 @@ fn run_attaches_for_the_lifetime_of_the_command_and_status_shows_the_budget() {
     );
 
     let status = ctl(daemon, &["status", "--json"]);
-    let devices: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    let device = &devices[0];
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let device = &status["devices"][0];
+    assert_eq!(status["upgrades"]["enabled"], true);
     assert_eq!(device["name"], fs.device().name());
     assert_eq!(device["elevator"], "mq-deadline");
     assert_eq!(device["capacity"], 20 * MB);

@@ -12,6 +12,7 @@ type Key = (
     abiss_proto::DeviceNumber,
     Operation,
     abiss_proto::IoPriority,
+    Option<u64>,
 );
 
 fn by_key(groups: Vec<LatencyGroup>) -> BTreeMap<Key, LatencyGroup> {

@@ -1,6 +1,7 @@
 //! `abissd`: the ABISS controller daemon.
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use abiss_daemon::device::{DeviceConfig, Elevator};
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
@@ -40,6 +41,25 @@ struct Args {
     /// best-effort traffic.
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=95))]
     realtime_share: u32,
+    /// Do not raise readers that miss the page cache on an attached file to the stream's
+    /// priority (for comparisons).
+    #[arg(long)]
+    no_upgrades: bool,
+    /// Seconds a raised reader may go without reading its file before its priority is put
+    /// back.
+    #[arg(long, default_value = "5", value_parser = parse_seconds)]
+    upgrade_idle: Duration,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 => {
+            Ok(Duration::from_secs_f64(secs))
+        }
+        _ => Err(format!(
+            "{text:?} is not a number of seconds between 0 and 86400"
+        )),
+    }
 }
 
 fn main() -> ExitCode {
@@ -66,6 +86,8 @@ fn main() -> ExitCode {
         },
         capacity_bps: args.capacity.0,
         realtime_share_percent: args.realtime_share,
+        upgrades: !args.no_upgrades,
+        upgrade_idle: args.upgrade_idle,
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,3 +5,4 @@ pub mod admission;
 pub mod credit;
 pub mod playout;
 pub mod priority;
+pub mod upgrade;

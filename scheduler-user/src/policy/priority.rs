@@ -18,19 +18,7 @@
 use scheduler_common::ioprio;
 
 /// Kernel (class, level) of an ABISS level; levels above 7 are treated as 7.
-#[must_use]
-pub const fn kernel_ioprio(level: u8) -> (u8, u8) {
-    match level {
-        0 => (ioprio::CLASS_RT, 0),
-        1 => (ioprio::CLASS_RT, 2),
-        2 => (ioprio::CLASS_RT, 4),
-        3 => (ioprio::CLASS_RT, 6),
-        4 => (ioprio::CLASS_BE, 0),
-        5 => (ioprio::CLASS_BE, 2),
-        6 => (ioprio::CLASS_BE, 4),
-        _ => (ioprio::CLASS_BE, 7),
-    }
-}
+pub use scheduler_common::abiss_level::to_kernel as kernel_ioprio;
 
 /// The encoded kernel ioprio value of an ABISS level.
 #[must_use]
@@ -59,5 +47,18 @@ mod tests {
         assert_eq!(kernel_ioprio(0), (ioprio::CLASS_RT, 0));
         assert_eq!(kernel_ioprio(7), (ioprio::CLASS_BE, 7));
         assert_eq!(kernel_ioprio(200), (ioprio::CLASS_BE, 7));
+    }
+
+    #[test]
+    fn every_level_reads_back_from_its_kernel_priority() {
+        use scheduler_common::abiss_level::from_kernel;
+        for level in 0..=7 {
+            let (class, kernel_level) = kernel_ioprio(level);
+            assert_eq!(from_kernel(class, kernel_level), level);
+        }
+        // A plain reader (no class: BE/4 by default) is at level 6, below every RT stream.
+        assert_eq!(from_kernel(ioprio::CLASS_NONE, 0), 6);
+        assert_eq!(from_kernel(ioprio::CLASS_IDLE, 0), 7);
+        assert_eq!(from_kernel(ioprio::CLASS_RT, 7), 3);
     }
 }

@@ -1,0 +1,280 @@
+//! Automatic priority upgrades of real-time readers: which task to raise, and when to put its
+//! priority back.
+//!
+//! ABISS's elevator could raise a queued request when the application came to need it. Here the
+//! kernel tells the daemon that a task missed the page cache on an attached file; the daemon
+//! raises that thread's I/O priority to the stream's level, so the reads it is about to wait
+//! for (and its next misses) are served ahead of best-effort traffic. The upgrade lasts while
+//! the task keeps reading the file; it is reverted when the stream ends or the task has been
+//! idle for a while. This module decides; `crate::upgrades` touches the tasks.
+
+use std::collections::HashMap;
+
+use scheduler_common::{abiss_level, ioprio};
+
+/// A thread, named robustly against pid reuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct TaskId {
+    /// Thread id.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat`, field 22).
+    pub start_time: u64,
+}
+
+/// One raised thread.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Upgrade {
+    /// The thread.
+    pub task: TaskId,
+    /// Its process.
+    pub tgid: u32,
+    /// The stream whose level it was raised to.
+    pub stream: u64,
+    /// Its I/O priority before (encoded), put back on revert.
+    pub previous: u16,
+    /// The priority set (encoded); a revert leaves the thread alone if it changed since.
+    pub applied: u16,
+    /// Last time it touched the stream's file (`CLOCK_MONOTONIC` ns).
+    pub last_access_ns: u64,
+}
+
+/// The priority to raise a thread at `current` (encoded ioprio) to for a stream at ABISS
+/// `level`, or `None` if it is already served at that level or above.
+#[must_use]
+pub fn raised_priority(current: u16, level: u8) -> Option<u16> {
+    let (class, kernel_level) = ioprio::split(current);
+    if abiss_level::from_kernel(class, kernel_level) <= level {
+        return None;
+    }
+    let (class, kernel_level) = abiss_level::to_kernel(level);
+    Some(ioprio::encode(class, kernel_level))
+}
+
+/// Whether a reader run by `reader_uid` may be raised for a stream owned by `owner_uid`.
+///
+/// A user can only obtain for their own tasks what they could obtain by attaching the file
+/// themselves; root's streams raise any reader, because root chose to serve that file.
+#[must_use]
+pub fn may_raise(owner_uid: u32, reader_uid: u32) -> bool {
+    owner_uid == 0 || owner_uid == reader_uid
+}
+
+/// Misses after which a stream is told its buffer is too small: the first one or two are
+/// explained by a start or a seek; more mean the reader outruns its window.
+pub const MISSES_BEFORE_ADVICE: u64 = 3;
+
+/// Advice for a stream whose readers keep missing the page cache (and so keep needing
+/// upgrades): a buffer twice as large absorbs twice the jitter or burst.
+#[must_use]
+pub fn buffer_suggestion(misses: u64, buffer: abiss_proto::ByteSize) -> Option<String> {
+    (misses >= MISSES_BEFORE_ADVICE).then(|| {
+        format!(
+            "{misses} reads missed the window; try a larger buffer (--buffer {})",
+            abiss_proto::ByteSize(buffer.0.saturating_mul(2))
+        )
+    })
+}
+
+/// The raised threads, by thread id.
+#[derive(Debug, Default)]
+pub struct UpgradeTable {
+    upgrades: HashMap<u32, Upgrade>,
+    idle_ns: u64,
+}
+
+impl UpgradeTable {
+    /// An empty table whose upgrades expire after `idle_ns` without an access.
+    #[must_use]
+    pub fn new(idle_ns: u64) -> Self {
+        Self {
+            upgrades: HashMap::new(),
+            idle_ns,
+        }
+    }
+
+    /// The upgrade of thread `pid`, if raised.
+    #[must_use]
+    pub fn get(&self, pid: u32) -> Option<&Upgrade> {
+        self.upgrades.get(&pid)
+    }
+
+    /// Records a raise. A thread raised again (for a second stream at a higher level) keeps
+    /// the priority it had before the first raise.
+    pub fn insert(&mut self, mut upgrade: Upgrade) {
+        if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
+            if earlier.task == upgrade.task {
+                upgrade.previous = earlier.previous;
+            }
+        }
+        self.upgrades.insert(upgrade.task.pid, upgrade);
+    }
+
+    /// A thread touched `stream`'s file: its upgrade stays.
+    pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+        if let Some(upgrade) = self.upgrades.get_mut(&pid) {
+            if upgrade.stream == stream {
+                upgrade.last_access_ns = upgrade.last_access_ns.max(now_ns);
+            }
+        }
+    }
+
+    /// Removes and returns the upgrades idle since before `now_ns - idle`.
+    pub fn take_idle(&mut self, now_ns: u64) -> Vec<Upgrade> {
+        let idle_ns = self.idle_ns;
+        self.take_where(|u| now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
+    }
+
+    /// Removes and returns the upgrades made for `stream`.
+    pub fn take_stream(&mut self, stream: u64) -> Vec<Upgrade> {
+        self.take_where(|u| u.stream == stream)
+    }
+
+    /// Removes and returns every upgrade.
+    pub fn take_all(&mut self) -> Vec<Upgrade> {
+        self.take_where(|_| true)
+    }
+
+    fn take_where(&mut self, mut pred: impl FnMut(&Upgrade) -> bool) -> Vec<Upgrade> {
+        let pids: Vec<u32> = self
+            .upgrades
+            .values()
+            .filter(|u| pred(u))
+            .map(|u| u.task.pid)
+            .collect();
+        let mut taken: Vec<Upgrade> = pids
+            .iter()
+            .filter_map(|pid| self.upgrades.remove(pid))
+            .collect();
+        taken.sort_by_key(|u| u.task.pid);
+        taken
+    }
+
+    /// Nanoseconds until the next upgrade goes idle, if any is active.
+    #[must_use]
+    pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+        self.upgrades
+            .values()
+            .map(|u| (u.last_access_ns + self.idle_ns).saturating_sub(now_ns))
+            .min()
+    }
+
+    /// Every upgrade, in thread order.
+    #[must_use]
+    pub fn all(&self) -> Vec<Upgrade> {
+        let mut all: Vec<Upgrade> = self.upgrades.values().cloned().collect();
+        all.sort_by_key(|u| u.task.pid);
+        all
+    }
+
+    /// Whether any thread of process `tgid` is raised for `stream`.
+    #[must_use]
+    pub fn raises(&self, tgid: u32, stream: u64) -> bool {
+        self.upgrades
+            .values()
+            .any(|u| u.tgid == tgid && u.stream == stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const BE4: u16 = ioprio::encode(ioprio::CLASS_BE, 4);
+    const RT0: u16 = ioprio::encode(ioprio::CLASS_RT, 0);
+
+    fn upgrade(pid: u32, stream: u64, last_access_ns: u64) -> Upgrade {
+        Upgrade {
+            task: TaskId { pid, start_time: 7 },
+            tgid: pid,
+            stream,
+            previous: BE4,
+            applied: RT0,
+            last_access_ns,
+        }
+    }
+
+    #[test]
+    fn a_best_effort_reader_is_raised_to_the_streams_level_and_never_lowered() {
+        assert_eq!(raised_priority(BE4, 0), Some(RT0));
+        assert_eq!(raised_priority(0, 0), Some(RT0), "no class is BE/4");
+        assert_eq!(raised_priority(RT0, 0), None);
+        assert_eq!(raised_priority(RT0, 3), None, "never lowered");
+        assert_eq!(
+            raised_priority(ioprio::encode(ioprio::CLASS_RT, 4), 1),
+            Some(ioprio::encode(ioprio::CLASS_RT, 2))
+        );
+        assert_eq!(raised_priority(BE4, 6), None, "BE/4 is level 6 already");
+        assert_eq!(
+            raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), 6),
+            Some(BE4)
+        );
+    }
+
+    #[test]
+    fn only_the_owner_or_roots_streams_raise_a_reader() {
+        assert!(may_raise(1000, 1000));
+        assert!(may_raise(0, 1000));
+        assert!(!may_raise(1000, 1001));
+        assert!(
+            !may_raise(1000, 0),
+            "a user's stream cannot be used on root's tasks"
+        );
+    }
+
+    #[test]
+    fn idle_upgrades_expire_and_accesses_keep_them() {
+        let mut table = UpgradeTable::new(5_000);
+        table.insert(upgrade(1, 10, 0));
+        table.insert(upgrade(2, 10, 0));
+        table.touch(2, 10, 4_000);
+        table.touch(1, 11, 4_000); // another stream's file does not keep it
+        assert_eq!(table.ns_until_next_expiry(4_000), Some(1_000));
+        let idle = table.take_idle(5_000);
+        assert_eq!(idle.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1]);
+        assert!(table.get(2).is_some());
+        assert_eq!(table.take_stream(10).len(), 1);
+        assert_eq!(table.ns_until_next_expiry(5_000), None);
+    }
+
+    #[test]
+    fn a_second_raise_keeps_the_first_previous_priority() {
+        let mut table = UpgradeTable::new(5_000);
+        table.insert(upgrade(1, 10, 0));
+        let mut again = upgrade(1, 11, 10);
+        again.previous = RT0;
+        table.insert(again);
+        assert_eq!(table.get(1).unwrap().previous, BE4);
+        assert_eq!(table.get(1).unwrap().stream, 11);
+        // A new thread with a reused pid is a different task: its own previous priority.
+        let mut reused = upgrade(1, 12, 20);
+        reused.task.start_time = 99;
+        reused.previous = 0;
+        table.insert(reused);
+        assert_eq!(table.get(1).unwrap().previous, 0);
+    }
+
+    #[test]
+    fn repeated_misses_suggest_a_larger_buffer() {
+        let buffer = abiss_proto::ByteSize(564 * 1024);
+        assert_eq!(buffer_suggestion(2, buffer), None);
+        let advice = buffer_suggestion(3, buffer).unwrap();
+        assert!(advice.contains("--buffer"), "{advice}");
+    }
+
+    proptest! {
+        #[test]
+        fn a_raise_is_always_upwards_and_lands_on_the_level(class in 0u8..4, level in 0u8..8, target in 0u8..8) {
+            let current = ioprio::encode(class, level);
+            let before = abiss_level::from_kernel(class, level);
+            match raised_priority(current, target) {
+                Some(raised) => {
+                    let (c, l) = ioprio::split(raised);
+                    prop_assert!(before > target);
+                    prop_assert_eq!(abiss_level::from_kernel(c, l), target);
+                }
+                None => prop_assert!(before <= target),
+            }
+        }
+    }
+}

@@ -1,0 +1,318 @@
+//! Raising and restoring readers' I/O priorities: the system calls, `/proc`, and the record in
+//! the state directory that lets a restarted daemon undo what a crashed one did.
+//!
+//! The decisions are in [`crate::policy::upgrade`].
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use abiss_proto::UpgradeReport;
+use hdrhistogram::Histogram;
+use log::{debug, info, warn};
+use scheduler_common::PlayoutEvent;
+
+use crate::policy::upgrade::{may_raise, raised_priority, TaskId, Upgrade, UpgradeTable};
+
+/// The file in the state directory listing the threads to restore.
+pub const UPGRADES_FILE: &str = "upgrades.json";
+
+/// `IOPRIO_WHO_PROCESS`: with a thread id, one thread.
+const WHO_PROCESS: libc::c_long = 1;
+
+/// The I/O priority of thread `pid` (encoded).
+pub fn get_ioprio(pid: u32) -> io::Result<u16> {
+    // SAFETY: ioprio_get(IOPRIO_WHO_PROCESS, pid) passes no memory.
+    let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, WHO_PROCESS, libc::c_long::from(pid)) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    u16::try_from(rc).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
+}
+
+/// Sets the I/O priority of thread `pid`.
+pub fn set_ioprio(pid: u32, value: u16) -> io::Result<()> {
+    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, pid, value) passes no memory.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            WHO_PROCESS,
+            libc::c_long::from(pid),
+            libc::c_long::from(value),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Thread `pid`'s start time and real user id, from `/proc`.
+fn task_identity(pid: u32) -> io::Result<(TaskId, u32)> {
+    let pid_i32 = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let process = procfs::process::Process::new(pid_i32).map_err(io::Error::other)?;
+    let stat = process.stat().map_err(io::Error::other)?;
+    let uid = process.uid().map_err(io::Error::other)?;
+    Ok((
+        TaskId {
+            pid,
+            start_time: stat.starttime,
+        },
+        uid,
+    ))
+}
+
+/// Puts back the priority of an upgraded thread if it is still the same thread and nobody
+/// changed its priority since. Returns whether it was restored.
+fn restore(upgrade: &Upgrade) -> bool {
+    let Ok((task, _)) = task_identity(upgrade.task.pid) else {
+        return false; // gone
+    };
+    if task != upgrade.task {
+        return false; // the pid belongs to another thread now
+    }
+    match get_ioprio(upgrade.task.pid) {
+        Ok(current) if current == upgrade.applied => {
+            match set_ioprio(upgrade.task.pid, upgrade.previous) {
+                Ok(()) => true,
+                Err(error) => {
+                    warn!("cannot restore thread {}: {error}", upgrade.task.pid);
+                    false
+                }
+            }
+        }
+        // Changed by the application (or someone else) since: theirs to keep.
+        _ => false,
+    }
+}
+
+/// Restores the threads a previous daemon raised and did not restore (it crashed), and
+/// removes the record. Returns how many were restored.
+#[must_use = "the count says whether a crashed daemon left raised readers"]
+pub fn restore_leftovers(state_dir: &Path) -> usize {
+    let path = state_dir.join(UPGRADES_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return 0;
+    };
+    let upgrades: Vec<Upgrade> = match serde_json::from_str(&text) {
+        Ok(upgrades) => upgrades,
+        Err(error) => {
+            warn!("{} is corrupt ({error}); setting it aside", path.display());
+            let _ = std::fs::rename(&path, path.with_extension("json.corrupt"));
+            return 0;
+        }
+    };
+    let restored = upgrades.iter().filter(|u| restore(u)).count();
+    let _ = std::fs::remove_file(&path);
+    if !upgrades.is_empty() {
+        info!(
+            "restored {restored} of {} reader priorities raised by an earlier daemon",
+            upgrades.len()
+        );
+    }
+    restored
+}
+
+/// The daemon's upgrades of readers.
+#[derive(Debug)]
+pub struct ReaderUpgrades {
+    table: UpgradeTable,
+    enabled: bool,
+    record: PathBuf,
+    /// Event to priority set, ns.
+    latency: Histogram<u64>,
+    total: u64,
+    restored: u64,
+    per_stream: HashMap<u64, u64>,
+}
+
+impl ReaderUpgrades {
+    /// Upgrades that expire after `idle_ns` without an access, recorded in `state_dir`;
+    /// `enabled` false makes every call a no-op (for comparisons).
+    #[must_use]
+    pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool) -> Self {
+        Self {
+            table: UpgradeTable::new(idle_ns),
+            enabled,
+            record: state_dir.join(UPGRADES_FILE),
+            // 1 µs to 60 s at 2 significant digits; the bounds are constants, so this cannot
+            // fail.
+            latency: Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
+                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!())),
+            total: 0,
+            restored: 0,
+            per_stream: HashMap::new(),
+        }
+    }
+
+    /// A thread missed the page cache on the file of stream `stream` (owned by `owner_uid`,
+    /// at ABISS `level`): raise it if it needs it and may have it. Returns whether it was
+    /// raised now.
+    pub fn on_miss(
+        &mut self,
+        event: &PlayoutEvent,
+        level: u8,
+        owner_uid: u32,
+        now_ns: impl Fn() -> u64,
+    ) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let pid = event.pid;
+        // The uid comes with the event, so the thread is raised before anything is read from
+        // /proc: the reads it waits for are being queued right now.
+        let uid = event.uid;
+        if !may_raise(owner_uid, uid) {
+            debug!(
+                "stream {}: thread {pid} of uid {uid} is not the owner's; not raised",
+                event.stream
+            );
+            return false;
+        }
+        let Ok(current) = get_ioprio(pid) else {
+            return false;
+        };
+        let Some(target) = raised_priority(current, level) else {
+            self.table.touch(pid, event.stream, event.ts_ns);
+            return false;
+        };
+        if let Err(error) = set_ioprio(pid, target) {
+            warn!(
+                "stream {}: cannot raise thread {pid}: {error}",
+                event.stream
+            );
+            return false;
+        }
+        let done = now_ns();
+        let _ = self
+            .latency
+            .record(done.saturating_sub(event.ts_ns).max(1_000));
+        let Ok((task, _)) = task_identity(pid) else {
+            return false; // gone already: nothing to restore
+        };
+        self.table.insert(Upgrade {
+            task,
+            tgid: event.tgid,
+            stream: event.stream,
+            previous: current,
+            applied: target,
+            last_access_ns: done,
+        });
+        self.total += 1;
+        *self.per_stream.entry(event.stream).or_default() += 1;
+        self.persist();
+        info!(
+            "stream {}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
+            event.stream,
+            comm(event),
+            done.saturating_sub(event.ts_ns) / 1000
+        );
+        true
+    }
+
+    /// Thread `pid` touched stream `stream`'s file.
+    pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+        self.table.touch(pid, stream, now_ns);
+    }
+
+    /// Restores the threads idle for too long.
+    pub fn expire(&mut self, now_ns: u64) {
+        let idle = self.table.take_idle(now_ns);
+        self.restore_all(&idle, "idle");
+    }
+
+    /// Restores the threads raised for a stream that ends.
+    pub fn end_stream(&mut self, stream: u64) {
+        let taken = self.table.take_stream(stream);
+        self.restore_all(&taken, "stream ended");
+        self.per_stream.remove(&stream);
+    }
+
+    /// Restores every raised thread (daemon shutdown).
+    pub fn shutdown(&mut self) {
+        let all = self.table.take_all();
+        self.restore_all(&all, "daemon stopping");
+    }
+
+    fn restore_all(&mut self, upgrades: &[Upgrade], why: &str) {
+        if upgrades.is_empty() {
+            return;
+        }
+        for upgrade in upgrades {
+            if restore(upgrade) {
+                self.restored += 1;
+                info!(
+                    "stream {}: restored thread {} to ioprio {:#x} ({why})",
+                    upgrade.stream, upgrade.task.pid, upgrade.previous
+                );
+            }
+        }
+        self.persist();
+    }
+
+    /// Nanoseconds until an upgrade goes idle.
+    #[must_use]
+    pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+        self.table.ns_until_next_expiry(now_ns)
+    }
+
+    /// Whether a thread of `tgid` is raised for `stream`.
+    #[must_use]
+    pub fn raises(&self, tgid: u32, stream: u64) -> bool {
+        self.table.raises(tgid, stream)
+    }
+
+    /// Upgrades made for `stream` so far.
+    #[must_use]
+    pub fn count_for(&self, stream: u64) -> u64 {
+        self.per_stream.get(&stream).copied().unwrap_or(0)
+    }
+
+    /// Figures for `status`.
+    #[must_use]
+    pub fn report(&self) -> UpgradeReport {
+        let quantile =
+            |q: f64| (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(q) / 1000);
+        UpgradeReport {
+            enabled: self.enabled,
+            active: u64::try_from(self.table.all().len()).unwrap_or(u64::MAX),
+            total: self.total,
+            restored: self.restored,
+            latency_p50_us: quantile(0.5),
+            latency_p99_us: quantile(0.99),
+            latency_max_us: (!self.latency.is_empty()).then(|| self.latency.max() / 1000),
+        }
+    }
+
+    /// Rewrites the record of raised threads (removed when there is none).
+    fn persist(&self) {
+        let all = self.table.all();
+        let result = if all.is_empty() {
+            match std::fs::remove_file(&self.record) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+                _ => Ok(()),
+            }
+        } else {
+            let temporary = self.record.with_extension("json.new");
+            serde_json::to_vec(&all)
+                .map_err(io::Error::other)
+                .and_then(|bytes| std::fs::write(&temporary, bytes))
+                .and_then(|()| std::fs::rename(&temporary, &self.record))
+        };
+        if let Err(error) = result {
+            warn!(
+                "cannot record raised threads in {}: {error}; a crash would leave them raised",
+                self.record.display()
+            );
+        }
+    }
+}
+
+fn comm(event: &PlayoutEvent) -> String {
+    let len = event
+        .comm
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(event.comm.len());
+    String::from_utf8_lossy(&event.comm[..len]).into_owned()
+}

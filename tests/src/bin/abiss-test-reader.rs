@@ -1,0 +1,140 @@
+//! A paced reader for the upgrade tests: it knows nothing of abiss. It reads FILE at a rate
+//! with read(2) or with `io_uring`, optionally from a start offset and with one seek, and prints
+//! a JSON summary per phase.
+//!
+//! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
+//! [--uring] [--ioprio CLASS/LEVEL]`
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use abiss_tests::{paced_read, set_thread_ioprio, PacedReport};
+use io_uring::{opcode, types, IoUring};
+
+/// A file read through `io_uring`, one buffered read at a time.
+struct UringFile {
+    file: File,
+    ring: IoUring,
+    offset: u64,
+}
+
+impl Read for UringFile {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
+        let entry = opcode::Read::new(types::Fd(self.file.as_raw_fd()), buffer.as_mut_ptr(), len)
+            .offset(self.offset)
+            .build();
+        // SAFETY: the buffer outlives the request: we wait for its completion below.
+        unsafe { self.ring.submission().push(&entry) }.map_err(std::io::Error::other)?;
+        self.ring.submit_and_wait(1)?;
+        let completion = self
+            .ring
+            .completion()
+            .next()
+            .ok_or_else(|| std::io::Error::other("no completion"))?;
+        let result = completion.result();
+        if result < 0 {
+            return Err(std::io::Error::from_raw_os_error(-result));
+        }
+        let read = usize::try_from(result).unwrap_or(0);
+        self.offset += read as u64;
+        Ok(read)
+    }
+}
+
+impl Seek for UringFile {
+    fn seek(&mut self, position: SeekFrom) -> std::io::Result<u64> {
+        match position {
+            SeekFrom::Start(offset) => self.offset = offset,
+            _ => return Err(std::io::Error::other("only absolute seeks")),
+        }
+        Ok(self.offset)
+    }
+}
+
+fn summary(report: &PacedReport) -> String {
+    let slow: Vec<String> = report
+        .slow
+        .iter()
+        .map(|s| format!("[{},{},{}]", s.index, s.offset, s.latency_ns))
+        .collect();
+    format!(
+        "{{\"reads\":{},\"misses\":{},\"bytes\":{},\"max_ns\":{},\"slow\":[{}]}}",
+        report.latencies_ns.len(),
+        report.misses,
+        report.bytes,
+        report.quantile_ns(1.0),
+        slow.join(",")
+    )
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let number = |i: usize| -> u64 { args[i].parse().expect("a number") };
+    let path = &args[1];
+    let (rate, read, buffer, secs) = (number(2), number(3), number(4), number(5));
+    let mut start = 0;
+    let mut seek = None;
+    let mut uring = false;
+    let mut i = 6;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--start" => {
+                start = number(i + 1);
+                i += 2;
+            }
+            "--seek" => {
+                seek = Some((number(i + 1), number(i + 2)));
+                i += 3;
+            }
+            "--uring" => {
+                uring = true;
+                i += 1;
+            }
+            "--ioprio" => {
+                let (class, level) = args[i + 1].split_once('/').expect("CLASS/LEVEL");
+                set_thread_ioprio(class.parse().expect("class"), level.parse().expect("level"));
+                i += 2;
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let file = File::open(path).expect("open");
+    let mut reader: Box<dyn ReadSeek> = if uring {
+        Box::new(UringFile {
+            file,
+            ring: IoUring::new(8).expect("io_uring"),
+            offset: 0,
+        })
+    } else {
+        Box::new(file)
+    };
+    reader.seek(SeekFrom::Start(start)).expect("seek");
+    let read = usize::try_from(read).expect("read size");
+    let first = paced_read(
+        &mut reader,
+        None,
+        rate,
+        buffer,
+        read,
+        Duration::from_secs(secs),
+    );
+    println!("{}", summary(&first));
+    if let Some((offset, secs)) = seek {
+        reader.seek(SeekFrom::Start(offset)).expect("seek");
+        let second = paced_read(
+            &mut reader,
+            None,
+            rate,
+            buffer,
+            read,
+            Duration::from_secs(secs),
+        );
+        println!("{}", summary(&second));
+    }
+}
+
+trait ReadSeek: Read + Seek {}
+impl<T: Read + Seek> ReadSeek for T {}

@@ -1,0 +1,268 @@
+//! Automatic priority upgrades: readers of an attached file that miss the page cache are
+//! raised to the stream's priority, their requests are tagged with the stream, and everything
+//! is put back on detach, on idleness and across a daemon crash. On the lab hdd with a
+//! best-effort copy loop running.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use abiss_client::Client;
+use abiss_daemon::upgrades::get_ioprio;
+use abiss_proto::{IoClass, RequestRecord};
+use abiss_tests::{binary, require_root, write_cold_file, CopyLoop, Daemon, HddLab};
+
+const MB: u64 = 1_000_000;
+const BUFFER: u64 = 564 * 1024;
+/// The reader's own priority before any upgrade: BE/5, so a restore is told from a default.
+const READER_IOPRIO: &str = "2/5";
+const BE5: u16 = (2 << 13) | 5;
+const RT0: u16 = 1 << 13;
+
+struct Bench {
+    daemon: Daemon,
+    _copy: CopyLoop,
+    lab: HddLab,
+}
+
+fn bench(tag: &str) -> Bench {
+    let lab = HddLab::up(tag, 2, "none");
+    let mount = lab.mount().to_path_buf();
+    write_cold_file(&mount.join("stream.bin"), 70 << 20);
+    write_cold_file(&mount.join("other.bin"), 30 << 20);
+    write_cold_file(&mount.join("copy-source.bin"), 100 << 20);
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
+    std::thread::sleep(Duration::from_secs(1));
+    Bench {
+        daemon,
+        _copy: copy,
+        lab,
+    }
+}
+
+impl Bench {
+    fn file(&self, name: &str) -> PathBuf {
+        self.lab.mount().join(name)
+    }
+}
+
+/// Starts the paced test reader at 1 MB/s in 64 KiB reads.
+fn reader(file: &Path, secs: u64, extra: &[&str]) -> Child {
+    Command::new(binary("abiss-test-reader"))
+        .arg(file)
+        .args([
+            &MB.to_string(),
+            "65536",
+            &BUFFER.to_string(),
+            &secs.to_string(),
+            "--ioprio",
+            READER_IOPRIO,
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the test reader")
+}
+
+fn pid_of(child: &Child) -> u32 {
+    child.id()
+}
+
+/// Polls the thread's I/O priority until `wanted` or `timeout`; returns how long it took.
+fn wait_for_ioprio(pid: u32, wanted: u16, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if get_ioprio(pid).ok() == Some(wanted) {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    None
+}
+
+/// The reader's JSON lines (one per phase), after it exits.
+fn phases(child: Child) -> Vec<serde_json::Value> {
+    let output = child.wait_with_output().expect("reader output");
+    assert!(output.status.success(), "the reader failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("reader JSON"))
+        .collect()
+}
+
+/// Collects per-request events until `until` returns true or `timeout` passes.
+fn collect_events(client: &mut Client, timeout: Duration) -> Vec<RequestRecord> {
+    let deadline = Instant::now() + timeout;
+    let mut events = Vec::new();
+    while Instant::now() < deadline {
+        match client.next_event() {
+            Ok(record) => events.push(record),
+            Err(_) => break,
+        }
+    }
+    events
+}
+
+#[test]
+fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_untouched() {
+    require_root!();
+    let bench = bench("upgrade");
+    let stream = bench.file("stream.bin");
+    let id = bench.daemon.attach_at_1mb(&stream);
+    let mut events = Client::connect(bench.daemon.socket()).expect("connect");
+    events.subscribe_events().expect("subscribe");
+
+    // Starts 30 MB in, far outside the window loaded at attach: its first read misses. After
+    // 4 s it seeks 20 MB further and reads 6 s more.
+    let attached = reader(
+        &stream,
+        4,
+        &["--start", "30000000", "--seek", "50000000", "8"],
+    );
+    let unattached = reader(&bench.file("other.bin"), 8, &[]);
+    let raised_after = wait_for_ioprio(pid_of(&attached), RT0, Duration::from_secs(3));
+    assert!(
+        raised_after.is_some(),
+        "the reader of the attached file was raised to RT/0"
+    );
+    eprintln!("reader raised {:?} after it started", raised_after.unwrap());
+
+    // The unattached reader misses the page cache all along, and is never touched.
+    let watch_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < watch_until {
+        assert_eq!(
+            get_ioprio(pid_of(&unattached)).ok(),
+            Some(BE5),
+            "a reader of a file that is not attached kept its priority"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+
+    // Its requests, including the seek's miss, run in the RT class, tagged with the stream.
+    let records = collect_events(&mut events, Duration::from_secs(3));
+    let mine: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.tgid == pid_of(&attached) && r.stream == Some(id))
+        .collect();
+    assert!(
+        mine.iter().any(|r| r.priority.class == IoClass::Rt),
+        "the raised reader's requests run at RT: {mine:?}"
+    );
+    assert!(
+        records
+            .iter()
+            .filter(|r| r.tgid == pid_of(&unattached))
+            .all(|r| r.stream.is_none() && r.priority.class != IoClass::Rt),
+        "the other reader's requests are neither tagged nor raised"
+    );
+
+    let listed = &bench.daemon.streams()[0];
+    assert!(listed.upgrades >= 1, "the upgrade is counted");
+    assert!(
+        listed
+            .readers
+            .iter()
+            .any(|r| r.pid == pid_of(&attached) && r.upgraded),
+        "list shows the raised reader: {:?}",
+        listed.readers
+    );
+
+    // Detach while it still reads: its own priority comes back.
+    let output = bench.daemon.ctl(["detach", &id.to_string()]);
+    assert!(output.status.success());
+    assert!(
+        wait_for_ioprio(pid_of(&attached), BE5, Duration::from_secs(1)).is_some(),
+        "detach put the reader's priority back"
+    );
+    let seen = phases(attached);
+    assert_eq!(seen.len(), 2);
+    // After the seek the reader meets its schedule again: no read misses its deadline.
+    assert_eq!(seen[1]["misses"], 0, "after the seek: {}", seen[1]);
+    let _ = phases(unattached);
+
+    let mut client = Client::connect(bench.daemon.socket()).expect("connect");
+    let (_, upgrades) = client.status_and_upgrades().expect("status");
+    eprintln!("upgrades: {upgrades:?}");
+    assert!(upgrades.total >= 1 && upgrades.restored >= 1);
+    assert_eq!(upgrades.active, 0);
+    let p99 = upgrades.latency_p99_us.expect("upgrade latency measured");
+    assert!(p99 < 2_000, "upgrade latency p99 {p99} µs");
+}
+
+#[test]
+fn an_io_uring_reader_is_attributed_to_the_stream() {
+    require_root!();
+    let bench = bench("uring");
+    let stream = bench.file("stream.bin");
+    let id = bench.daemon.attach_at_1mb(&stream);
+    let mut events = Client::connect(bench.daemon.socket()).expect("connect");
+    events.subscribe_events().expect("subscribe");
+    let trace = Command::new(binary("abissctl"))
+        .arg("--socket")
+        .arg(bench.daemon.socket())
+        .args([
+            "trace",
+            "--by",
+            "stream",
+            "--json",
+            "--interval",
+            "4",
+            "--count",
+            "1",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("abissctl trace");
+    let uring = reader(&stream, 4, &["--start", "40000000", "--uring"]);
+    let pid = pid_of(&uring);
+    let records = collect_events(&mut events, Duration::from_secs(4));
+    let _ = phases(uring);
+
+    // The block requests it caused, wherever they were issued (its task or an io-wq worker of
+    // its process), carry the stream.
+    let tagged = records
+        .iter()
+        .filter(|r| r.tgid == pid && r.stream == Some(id))
+        .count();
+    assert!(
+        tagged > 0,
+        "the io_uring reader's requests carry the stream"
+    );
+    // Not asserted: the daemon's count of io_uring completions on the file
+    // (`uring_requests`), which stays at zero on this kernel; see the issue note.
+
+    let output = trace.wait_with_output().expect("trace output");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("trace JSON report");
+    let groups = report["groups"].as_array().expect("groups");
+    assert!(
+        !groups.is_empty() && groups.iter().all(|g| g["stream"] == id),
+        "trace --by stream shows the stream's requests only: {report}"
+    );
+}
+
+#[test]
+fn a_daemon_crash_leaves_no_reader_raised() {
+    require_root!();
+    let mut bench = bench("restart");
+    let stream = bench.file("stream.bin");
+    let _id = bench.daemon.attach_at_1mb(&stream);
+    let reading = reader(&stream, 6, &["--start", "30000000"]);
+    assert!(
+        wait_for_ioprio(pid_of(&reading), RT0, Duration::from_secs(3)).is_some(),
+        "raised"
+    );
+    assert!(
+        bench.daemon.state_dir().join("upgrades.json").exists(),
+        "the upgrade is recorded for a restart"
+    );
+    bench.daemon.crash_and_restart();
+    // The new daemon listens before it has loaded everything; give it the time to start.
+    assert!(
+        wait_for_ioprio(pid_of(&reading), BE5, Duration::from_secs(5)).is_some(),
+        "the restarted daemon put the reader back"
+    );
+    assert!(!bench.daemon.state_dir().join("upgrades.json").exists());
+    let _ = phases(reading);
+}
