@@ -23,6 +23,23 @@ pub struct AbissHook {
     /// ABISS level of the streams: 0 is real time; 6 is best effort at the default level, the
     /// slides' "prefetch without real-time priority".
     pub level: u8,
+    /// Whether abissd raises readers that miss the page cache (off: `--no-upgrades`).
+    pub upgrades: bool,
+}
+
+/// What abissd counted over a run, for the rows that run it.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DaemonFigures {
+    /// Block requests tagged with a stream (prefetch, readers, readahead).
+    pub stream_requests: u64,
+    /// Those that ran below their stream's level (priority inversions).
+    pub inversions: u64,
+    /// Reader threads raised after a page-cache miss.
+    pub upgrades: u64,
+    /// Miss event to raised priority, median and 99th percentile, µs.
+    pub upgrade_latency_p50_us: Option<u64>,
+    /// See `upgrade_latency_p50_us`.
+    pub upgrade_latency_p99_us: Option<u64>,
 }
 
 impl RunHook for AbissHook {
@@ -54,6 +71,7 @@ impl RunHook for AbissHook {
                 "--realtime-share",
                 "95",
             ])
+            .args((!self.upgrades).then_some("--no-upgrades"))
             .env("RUST_LOG", "warn")
             .spawn()
             .context("cannot start abissd")?;
@@ -115,6 +133,20 @@ impl RunSetup for AbissRun {
             client,
             stream: stream.id,
         }))
+    }
+
+    fn daemon_figures(&self) -> Option<DaemonFigures> {
+        let mut client = Client::connect(&self.daemon.socket).ok()?;
+        let (_, groups) = client.latency().ok()?;
+        let (_, upgrades) = client.status_and_upgrades().ok()?;
+        let streams = groups.iter().filter(|g| g.stream.is_some());
+        Some(DaemonFigures {
+            stream_requests: streams.clone().map(|g| g.requests).sum(),
+            inversions: streams.map(|g| g.inversions).sum(),
+            upgrades: upgrades.total,
+            upgrade_latency_p50_us: upgrades.latency_p50_us,
+            upgrade_latency_p99_us: upgrades.latency_p99_us,
+        })
     }
 }
 

@@ -153,11 +153,23 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
+            upgrades: true,
+        }),
+        Configuration::new(
+            "abiss-mq-deadline-no-upgrades",
+            "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-upgrades)",
+            "mq-deadline",
+        )
+        .with_hook(AbissHook {
+            elevator: "mq-deadline",
+            level: 0,
+            upgrades: false,
         }),
         Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
             AbissHook {
                 elevator: "bfq",
                 level: 0,
+                upgrades: true,
             },
         ),
         Configuration::new(
@@ -168,6 +180,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 6,
+            upgrades: true,
         }),
     ]
 }
@@ -244,6 +257,11 @@ pub trait RunSetup: Send + Sync {
     /// the readers' common start (e.g. attach the file with the stream's rate and buffer).
     /// The returned value lives until the reader's last read; dropping it detaches.
     fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>>;
+
+    /// What the run's daemon counted, after the readers finished (none without a daemon).
+    fn daemon_figures(&self) -> Option<crate::abiss::DaemonFigures> {
+        None
+    }
 }
 
 /// A reader's setup while the reader runs.

@@ -86,6 +86,21 @@ pub struct ReferenceArgs {
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
+    /// The "seek storm": every reader seeks to a random position this often (seconds); the
+    /// results are written as seek-storm.{json,md,svg} instead of reference.*.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seek_every: Option<u64>,
+}
+
+impl ReferenceArgs {
+    /// The name of the result files.
+    fn results_name(&self) -> &'static str {
+        if self.seek_every.is_some() {
+            "seek-storm"
+        } else {
+            "reference"
+        }
+    }
 }
 
 /// Runs the reference measurement and writes reference.{json,md,svg}.
@@ -132,6 +147,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
                 "warmup_secs": args.warmup_secs,
                 "streams": REFERENCE_STREAMS,
                 "abiss_batch_pages": ABISS_BATCH_PAGES,
+                "seek_every_s": args.seek_every,
             }),
             STREAM_FILE_BYTES,
             &model,
@@ -141,8 +157,9 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         "rows": rows,
     });
     let markdown = markdown(&command, &machine, args, &queue, &rows);
-    report::write_results(&args.results_dir, "reference", &report, &markdown)?;
-    let svg = args.results_dir.join("reference.svg");
+    let name = args.results_name();
+    report::write_results(&args.results_dir, name, &report, &markdown)?;
+    let svg = args.results_dir.join(format!("{name}.svg"));
     let series: Vec<LatencySeries<'_>> = rows
         .iter()
         .map(|r| LatencySeries {
@@ -159,7 +176,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         &series,
         STREAM.slack().as_secs_f64() * 1000.0,
     )
-    .context("cannot draw reference.svg")?;
+    .with_context(|| format!("cannot draw {name}.svg"))?;
     println!("written: {}", svg.display());
     Ok(())
 }
@@ -183,6 +200,7 @@ fn run_configurations(
                 copy_chunk_bytes: COPY_CHUNK_BYTES,
                 warmup: Duration::from_secs(args.warmup_secs),
                 measure: Duration::from_secs(args.secs),
+                seek_every: args.seek_every.map(Duration::from_secs),
             },
         )
         .with_context(|| format!("configuration {}", configuration.name))?;
@@ -232,9 +250,72 @@ fn markdown(
             row.device.busy_fraction * 100.0,
         );
     }
-    text.push_str(
+    let _ = write!(
+        text,
         "\nReader class `rt/4` is `ionice -c1` (real-time, level 4, its default), set per reader \
-         thread with ioprio_set; `default` leaves best effort. Latency chart: reference.svg.\n",
+         thread with ioprio_set; `default` leaves best effort. Latency chart: {}.svg.\n",
+        args.results_name()
     );
+    daemon_table(&mut text, rows);
+    seek_table(&mut text, rows, args.seek_every);
     text
+}
+
+/// What abissd counted in the ABISS rows.
+fn daemon_table(text: &mut String, rows: &[TrialRow]) {
+    let counted: Vec<(&TrialRow, &crate::abiss::DaemonFigures)> = rows
+        .iter()
+        .filter_map(|r| r.daemon.as_ref().map(|d| (r, d)))
+        .collect();
+    if counted.is_empty() {
+        return;
+    }
+    text.push_str(
+        "\nWhat abissd counted (requests tagged with a stream; priority inversions = those that ran \
+         below the stream's level; readers raised after a page-cache miss, and the time from the \
+         kernel event to the raised priority):\n\n\
+         | configuration | stream requests | priority inversions | upgrades | upgrade p50 µs | upgrade p99 µs |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
+    for (row, daemon) in counted {
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} | {} | {} |",
+            row.configuration.name,
+            daemon.stream_requests,
+            daemon.inversions,
+            daemon.upgrades,
+            micros(daemon.upgrade_latency_p50_us),
+            micros(daemon.upgrade_latency_p99_us)
+        );
+    }
+}
+
+/// The readers' seeks, in a seek storm.
+fn seek_table(text: &mut String, rows: &[TrialRow], every: Option<u64>) {
+    let Some(every) = every else {
+        return;
+    };
+    let _ = write!(
+        text,
+        "\nSeek storm: every reader seeks to a random position every {every} s; each seek restarts \
+         its schedule (deadlines count from the seek with the buffer's slack again). Recovery = \
+         from the seek to the end of the last read over 1 ms before the next seek.\n\n\
+         | configuration | seeks | deadline misses after seeks | recovery p50 ms | recovery max ms |\n\
+         | --- | ---: | ---: | ---: | ---: |\n"
+    );
+    for row in rows {
+        if let Some(seeks) = &row.seeks {
+            let _ = writeln!(
+                text,
+                "| {} | {} | {} | {:.1} | {:.1} |",
+                row.configuration.name,
+                seeks.seeks,
+                seeks.misses_after_seeks,
+                seeks.recovery_p50_ms,
+                seeks.recovery_max_ms
+            );
+        }
+    }
 }

@@ -237,6 +237,7 @@ fn sweep_configuration(
                 copy_chunk_bytes: COPY_CHUNK_BYTES,
                 warmup: Duration::from_secs(args.warmup_secs),
                 measure: Duration::from_secs(args.secs),
+                seek_every: None,
             },
         )
         .with_context(|| {

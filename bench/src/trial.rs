@@ -34,6 +34,8 @@ pub struct TrialPlan<'a> {
     pub warmup: Duration,
     /// How long the readers read (the measurement window).
     pub measure: Duration,
+    /// Each reader seeks to a random position this often (the "seek storm").
+    pub seek_every: Option<Duration>,
 }
 
 /// What a run measured.
@@ -67,6 +69,26 @@ pub struct TrialRow {
     pub queue: QueueSettings,
     /// Wall-clock time of the whole run: settling, warm-up, window and cleanup.
     pub wall_s: f64,
+    /// What abissd counted, for the ABISS rows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<crate::abiss::DaemonFigures>,
+    /// Seeks of the readers (`--seek-every`), with how long each took to recover.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeks: Option<SeekRow>,
+}
+
+/// The readers' seeks: how many, and how long after each the reader still waited for the disk
+/// (the end of the last read over 1 ms before the next seek).
+#[derive(Clone, Debug, Serialize)]
+pub struct SeekRow {
+    /// Seeks, all readers together.
+    pub seeks: u64,
+    /// Median recovery, ms.
+    pub recovery_p50_ms: f64,
+    /// Longest recovery, ms.
+    pub recovery_max_ms: f64,
+    /// Reads that missed their deadline after a seek (each seek restarts the schedule).
+    pub misses_after_seeks: u64,
 }
 
 /// Deadline accounting in report units.
@@ -113,6 +135,23 @@ pub struct ReaderRow {
     pub deadlines: DeadlineRow,
     /// Times it started its file over.
     pub wraps: u64,
+}
+
+impl SeekRow {
+    fn from_outcomes(outcomes: &[ReaderOutcome]) -> Self {
+        let mut recoveries: Vec<Duration> = outcomes
+            .iter()
+            .flat_map(|o| o.recoveries.iter().copied())
+            .collect();
+        recoveries.sort_unstable();
+        let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        Self {
+            seeks: outcomes.iter().map(|o| o.seeks).sum(),
+            recovery_p50_ms: ms(recoveries.get(recoveries.len() / 2)),
+            recovery_max_ms: ms(recoveries.last()),
+            misses_after_seeks: outcomes.iter().map(|o| o.misses_after_seeks).sum(),
+        }
+    }
 }
 
 impl TrialRow {
@@ -178,6 +217,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
     sleep_interruptibly(plan.warmup)?;
 
     let measured = measure_readers(disk, plan, &*setup, &copy);
+    let daemon = setup.daemon_figures();
     let passes = copy.passes();
     let copy_result = copy.stop();
     drop(setup);
@@ -220,6 +260,8 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
         idle_before,
         queue,
         wall_s: begun.elapsed().as_secs_f64(),
+        daemon,
+        seeks: plan.seek_every.map(|_| SeekRow::from_outcomes(&outcomes)),
     })
 }
 
@@ -254,6 +296,7 @@ fn measure_readers(
                 stream: plan.stream,
                 class: plan.configuration.reader_class,
                 duration: plan.measure,
+                seek_every: plan.seek_every,
             };
             let thread = std::thread::Builder::new()
                 .name(format!("reader-{reader}"))

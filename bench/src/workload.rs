@@ -33,6 +33,8 @@ pub struct ReaderPlan<'a> {
     pub class: Option<IoClass>,
     /// Reads are issued while their issue time is within this long of the start.
     pub duration: Duration,
+    /// Seek to a random position this often.
+    pub seek_every: Option<Duration>,
 }
 
 /// What one reader measured.
@@ -46,7 +48,17 @@ pub struct ReaderOutcome {
     pub tally: DeadlineTally,
     /// How often the reader reached the end of its file and started over.
     pub wraps: u64,
+    /// Seeks made.
+    pub seeks: u64,
+    /// Per seek, how long after it the reader still waited for the disk: the end of the last
+    /// read over [`SLOW_READ`] before the next seek (zero if none was that slow).
+    pub recoveries: Vec<Duration>,
+    /// Reads after a seek that missed their deadline.
+    pub misses_after_seeks: u64,
 }
+
+/// A read slower than this waited for the disk.
+pub const SLOW_READ: Duration = Duration::from_millis(1);
 
 /// Runs one reader on the calling thread: sets its I/O class, opens its file, runs the
 /// configuration's reader hook, says it is ready, waits for the common start, then reads on
@@ -86,12 +98,35 @@ pub fn run_reader(
         latency: LatencyHistogram::new(),
         tally: DeadlineTally::default(),
         wraps: 0,
+        seeks: 0,
+        recoveries: Vec::new(),
+        misses_after_seeks: 0,
     };
     let mut offset = 0u64;
+    // A seek restarts the schedule: deadlines count from the seek, with the buffer's slack
+    // again, as at the start.
+    let mut origin = (0u64, Duration::ZERO);
+    let mut next_seek = plan.seek_every;
+    let mut last_slow_end: Option<Duration> = None;
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(plan.reader as u64);
     for index in 0.. {
         let due = stream.issue_offset(index);
         if due >= plan.duration || interrupt::interrupted() {
             break;
+        }
+        if let (Some(at), Some(every)) = (next_seek, plan.seek_every) {
+            if due >= at {
+                if outcome.seeks > 0 {
+                    outcome.recoveries.push(last_slow_end.unwrap_or_default());
+                }
+                let positions = (file_len / stream.read_bytes).max(1);
+                offset = rand::Rng::gen_range(&mut rng, 0..positions) * stream.read_bytes;
+                file.seek(SeekFrom::Start(offset))?;
+                outcome.seeks += 1;
+                origin = (index, due);
+                last_slow_end = None;
+                next_seek = Some(at + every);
+            }
         }
         if offset + stream.read_bytes > file_len {
             // Longer runs than the file lasts start over, from the disk again.
@@ -113,11 +148,25 @@ pub fn run_reader(
             .with_context(|| format!("reading {}", plan.path.display()))?;
         let completed = Instant::now();
         outcome.latency.record(completed - issued);
-        outcome
-            .tally
-            .record(&stream, index, issued - t0, completed - t0);
+        let (origin_index, origin_due) = origin;
+        let start = t0 + origin_due;
+        let missed = outcome.tally.record(
+            &stream,
+            index - origin_index,
+            issued - start,
+            completed - start,
+        );
+        if outcome.seeks > 0 {
+            outcome.misses_after_seeks += u64::from(missed);
+            if completed - issued > SLOW_READ {
+                last_slow_end = Some(completed - start);
+            }
+        }
         hook.after_read(offset, len as u64)?;
         offset += len as u64;
+    }
+    if outcome.seeks > 0 {
+        outcome.recoveries.push(last_slow_end.unwrap_or_default());
     }
     Ok(outcome)
 }
@@ -357,6 +406,7 @@ mod tests {
             stream,
             class: None,
             duration: Duration::from_millis(100),
+            seek_every: None,
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (start_tx, start_rx) = std::sync::mpsc::channel();
