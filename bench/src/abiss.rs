@@ -2,7 +2,7 @@
 //! a stream with the reader's rate and playout buffer.
 
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -51,38 +51,7 @@ impl RunHook for AbissHook {
         let bin_dir = run.bin_dir.context(
             "ABISS rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
         )?;
-        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
-        let socket = dir.join("abiss.sock");
-        // Capacity well above what any run asks: the benchmarks measure the guarantee, not
-        // admission (a later benchmark does that).
-        let child = Command::new(bin_dir.join("abissd"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--device")
-            .arg(run.device)
-            .args([
-                "--elevator",
-                self.elevator,
-                "--capacity",
-                "100MB/s",
-                "--realtime-share",
-                "95",
-            ])
-            .args((!self.upgrades).then_some("--no-upgrades"))
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .context("cannot start abissd")?;
-        let daemon = Daemon { child, socket, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&daemon.socket).is_err() {
-            if Instant::now() > deadline {
-                bail!("abissd did not start");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let daemon = Daemon::start(bin_dir, run.device, self.elevator, self.upgrades)?;
         Ok(Box::new(AbissRun {
             daemon,
             level: self.level,
@@ -90,11 +59,62 @@ impl RunHook for AbissHook {
     }
 }
 
+/// An abissd for a benchmark, managing its lab disk; stopped with SIGTERM on drop.
 #[derive(Debug)]
-struct Daemon {
+pub struct Daemon {
     child: Child,
     socket: PathBuf,
     dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts abissd from `bin_dir` managing `device` with `elevator`, and waits until it
+    /// listens.
+    pub fn start(
+        bin_dir: &Path,
+        device: &Path,
+        elevator: &str,
+        upgrades: bool,
+    ) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
+        let socket = dir.join("abiss.sock");
+        // Capacity well above what any run asks: these benchmarks measure the guarantee, not
+        // admission.
+        let child = Command::new(bin_dir.join("abissd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--device")
+            .arg(device)
+            .args([
+                "--elevator",
+                elevator,
+                "--capacity",
+                "100MB/s",
+                "--realtime-share",
+                "95",
+            ])
+            .args((!upgrades).then_some("--no-upgrades"))
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .context("cannot start abissd")?;
+        let daemon = Self { child, socket, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&daemon.socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("abissd did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(daemon)
+    }
+
+    /// A client connection.
+    pub fn connect(&self) -> anyhow::Result<Client> {
+        Client::connect(&self.socket).context("cannot connect to abissd")
+    }
 }
 
 impl Drop for Daemon {

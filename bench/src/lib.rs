@@ -21,4 +21,5 @@ pub mod schedule;
 pub mod sweep;
 pub mod throughput;
 pub mod trial;
+pub mod upgrades;
 pub mod workload;

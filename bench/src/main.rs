@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{interrupt, overhead, reference, sweep};
+use abiss_bench::{interrupt, overhead, reference, sweep, upgrades};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -18,6 +18,9 @@ enum Command {
     /// The tracer's cost per eBPF event under a 4 KiB random-read load, per elevator
     /// (overhead.json, .md).
     Overhead(overhead::OverheadArgs),
+    /// Time from a page-cache miss on an attached file to the reader's raised priority, over
+    /// many misses under the copy load (upgrades.json, .md).
+    Upgrades(upgrades::UpgradesArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,5 +30,6 @@ fn main() -> anyhow::Result<()> {
         Command::Reference(args) => reference::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Overhead(args) => overhead::run(&args),
+        Command::Upgrades(args) => upgrades::run(&args),
     }
 }

@@ -71,6 +71,12 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Upgrade latency over many page-cache misses (see `abiss-bench upgrades --help`).
+    Upgrades {
+        /// Passed to `abiss-bench upgrades`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -90,6 +96,7 @@ fn main() -> ExitCode {
             Benchmark::Overhead { args } => bench::run_bench_binary(&root, "overhead", &args),
             Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
+            Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
     });

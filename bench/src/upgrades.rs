@@ -1,0 +1,167 @@
+//! Upgrade latency: how long abissd takes from a reader's page-cache miss on an attached file
+//! (the kernel's event) to the reader's raised I/O priority, over many misses, with the copy
+//! loop loading the lab hdd.
+//!
+//! Each miss is made by a new thread (so each is a new upgrade): it drops a random 64 KiB of the
+//! attached file from the page cache, reads it back, and checks whether it was raised by the
+//! time its read returned.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::FileExt as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+use anyhow::Context as _;
+use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::json;
+
+use crate::abiss::Daemon;
+use crate::ioprio::current_thread_ioprio;
+use crate::lab_disk::LabDisk;
+use crate::latency::LatencyHistogram;
+use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
+use crate::workload::CopyLoop;
+use crate::{layout, report};
+
+/// `abiss-bench upgrades`.
+#[derive(Debug, clap::Args)]
+pub struct UpgradesArgs {
+    /// Misses to make (one new reader thread each).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub misses: u32,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    pub results_dir: PathBuf,
+}
+
+const READ_BYTES: u64 = 64 << 10;
+/// RT/0, the priority of a level-0 stream.
+const RT0: libc::c_int = 1 << 13;
+
+/// Runs the measurement and writes upgrades.{json,md}.
+pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
+    let begun = Instant::now();
+    let bin_dir = std::env::var_os("ABISS_BIN_DIR")
+        .map(PathBuf::from)
+        .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
+    let disk = LabDisk::up("upgrades", DISK_BYTES, 128)?;
+    let files = layout::make_files(
+        disk.mount_dir(),
+        disk.size_bytes(),
+        1,
+        STREAM_FILE_BYTES,
+        COPY_FILE_BYTES,
+    )?;
+    let stream_file = files.streams[0].clone();
+    let daemon = Daemon::start(&bin_dir, disk.device(), "mq-deadline", true)?;
+    let mut client = daemon.connect()?;
+    let file = File::open(&stream_file)?;
+    let stream = client.attach(
+        &file,
+        AttachRequest {
+            rate: ByteRate(1_000_000),
+            buffer: ByteSize(564 << 10),
+            batch_pages: 20,
+            priority: 0,
+            persistent: false,
+        },
+    )?;
+    client.wait_loaded(stream.id, Duration::from_secs(30))?;
+    let copy = CopyLoop::start(
+        files.copy_source.clone(),
+        files.copy_destination.clone(),
+        COPY_CHUNK_BYTES,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+
+    let (reads, raised_in_time) = make_misses(&stream_file, args.misses)?;
+    let (_, upgrades) = client.status_and_upgrades()?;
+    copy.stop()?;
+    drop(client);
+    drop(daemon);
+    drop(disk);
+
+    let command = report::command_line("upgrades");
+    let machine = report::machine();
+    let read_summary = reads.summary();
+    let report = json!({
+        "benchmark": "upgrades",
+        "command": command,
+        "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
+        "parameters": {
+            "misses": args.misses,
+            "read_bytes": READ_BYTES,
+            "stream": {"rate_bps": 1_000_000, "buffer_bytes": 564 << 10, "level": 0},
+            "copy_file_bytes": COPY_FILE_BYTES,
+            "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
+        },
+        "upgrades": upgrades,
+        "raised_before_the_read_returned": raised_in_time,
+        "miss_read_latency": read_summary,
+    });
+    let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
+    let mut markdown = format!(
+        "### Upgrade latency: page-cache miss on an attached file to raised I/O priority\n\n\
+         `{command}`: {} misses, each by a new thread reading 64 KiB it first dropped from the \
+         page cache, on a 1 MB/s level-0 stream of the lab hdd while the copy loop runs. \
+         Latency is measured by abissd from the kernel event's timestamp to the return of \
+         `ioprio_set` (debug build of abissd). {}\n\n\
+         | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        args.misses,
+        report::machine_line(&machine)
+    );
+    let _ = writeln!(
+        markdown,
+        "| {} | {} | {} | {} | {} | {} | {} | {} |",
+        args.misses,
+        upgrades.total,
+        micros(upgrades.latency_p50_us),
+        micros(upgrades.latency_p99_us),
+        micros(upgrades.latency_max_us),
+        raised_in_time,
+        report::ms(read_summary.p50_ms),
+        report::ms(read_summary.p99_ms)
+    );
+    report::write_results(&args.results_dir, "upgrades", &report, &markdown)?;
+    Ok(())
+}
+
+/// Makes `count` misses on `path`, each by a new thread; returns their read latencies and how
+/// many threads were raised by the time their read returned.
+fn make_misses(path: &std::path::Path, count: u32) -> anyhow::Result<(LatencyHistogram, u32)> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut reads = LatencyHistogram::new();
+    let mut raised_in_time = 0u32;
+    for _ in 0..count {
+        let offset = rng.gen_range(0..STREAM_FILE_BYTES / READ_BYTES) * READ_BYTES;
+        let path = path.to_path_buf();
+        let reader = std::thread::spawn(move || -> anyhow::Result<(Duration, bool)> {
+            let file = File::open(&path)?;
+            posix_fadvise(
+                file.as_raw_fd(),
+                i64::try_from(offset)?,
+                i64::try_from(READ_BYTES)?,
+                PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )?;
+            let mut buffer = vec![0u8; usize::try_from(READ_BYTES)?];
+            let started = Instant::now();
+            file.read_exact_at(&mut buffer, offset)?;
+            let took = started.elapsed();
+            let raised = current_thread_ioprio()? == RT0;
+            Ok((took, raised))
+        });
+        let (took, raised) = reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("a reader panicked"))??;
+        reads.record(took);
+        raised_in_time += u32::from(raised);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok((reads, raised_in_time))
+}
