@@ -207,8 +207,10 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
         field(bio, layout!(bio_ioprio))
     };
     let (class, level) = ioprio::split(prio);
-    let wants_origin = attributing();
-    let file = if wants_origin || files_attached() {
+    // One look at the switches for both questions.
+    let control = CONTROL.get(0).copied().unwrap_or_default();
+    let wants_origin = control.emit_events != 0;
+    let file = if wants_origin || control.attached_files != 0 {
         bio_inode(bio)
     } else {
         (0, 0)

@@ -135,10 +135,8 @@ impl ReaderUpgrades {
             table: UpgradeTable::new(idle_ns),
             enabled,
             record: state_dir.join(UPGRADES_FILE),
-            // 1 µs to 60 s at 2 significant digits; the bounds are constants, so this cannot
-            // fail.
             latency: Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
-                .unwrap_or_else(|_| Histogram::new(2).unwrap_or_else(|_| unreachable!())),
+                .expect("1 µs to 60 s at 2 significant digits are valid bounds"),
             total: 0,
             restored: 0,
             per_stream: HashMap::new(),

@@ -49,7 +49,24 @@ impl Bench {
 
 /// Starts the paced test reader at 1 MB/s in 64 KiB reads.
 fn reader(file: &Path, secs: u64, extra: &[&str]) -> Child {
-    Command::new(binary("abiss-test-reader"))
+    reader_as(None, file, secs, extra)
+}
+
+/// The same, as user `uid` when given.
+fn reader_as(uid: Option<u32>, file: &Path, secs: u64, extra: &[&str]) -> Child {
+    let mut command = match uid {
+        Some(uid) => {
+            let mut setpriv = Command::new("setpriv");
+            setpriv
+                .arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .arg(binary("abiss-test-reader"));
+            setpriv
+        }
+        None => Command::new(binary("abiss-test-reader")),
+    };
+    command
         .arg(file)
         .args([
             &MB.to_string(),
@@ -263,6 +280,43 @@ fn an_io_uring_reader_is_attributed_to_the_stream() {
         !groups.is_empty() && groups.iter().all(|g| g["stream"] == id),
         "trace --by stream shows the stream's requests only: {report}"
     );
+}
+
+#[test]
+fn only_the_stream_owners_readers_are_raised() {
+    require_root!();
+    let bench = bench("owner");
+    let stream = bench.file("stream.bin");
+    // An unprivileged user attaches the file (readable by everyone).
+    let output = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(binary("abissctl"))
+        .arg("--socket")
+        .arg(bench.daemon.socket())
+        .args(["attach", stream.to_str().unwrap(), "--rate", "1MB/s"])
+        .output()
+        .expect("abissctl attach as nobody");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Another unprivileged user reads it, missing the page cache: it may read the file, but
+    // the stream is not theirs, so they get no real-time priority from it.
+    let stranger = reader_as(Some(65533), &stream, 3, &["--start", "30000000"]);
+    assert!(
+        wait_for_ioprio(pid_of(&stranger), RT0, Duration::from_secs(2)).is_none(),
+        "another user's reader is not raised"
+    );
+    assert_eq!(get_ioprio(pid_of(&stranger)).ok(), Some(BE5));
+    let _ = phases(stranger);
+    // The owner's own reader is.
+    let owner = reader_as(Some(65534), &stream, 3, &["--start", "60000000"]);
+    assert!(
+        wait_for_ioprio(pid_of(&owner), RT0, Duration::from_secs(3)).is_some(),
+        "the owner's reader is raised"
+    );
+    let _ = phases(owner);
 }
 
 #[test]
