@@ -52,8 +52,11 @@ struct MemoryDisk {
 }
 
 impl MemoryDisk {
-    fn new(size_mib: u64) -> anyhow::Result<Self> {
-        let image = PathBuf::from(format!("/dev/shm/abiss-bench-{}.img", std::process::id()));
+    fn new(name: &str, size_mib: u64) -> anyhow::Result<Self> {
+        let image = PathBuf::from(format!(
+            "/dev/shm/abiss-bench-{name}-{}.img",
+            std::process::id()
+        ));
         std::fs::File::create(&image)
             .and_then(|f| f.set_len(size_mib << 20))
             .context("cannot create the memory-backed image")?;
@@ -88,11 +91,12 @@ struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    fn start(bin_dir: &Path) -> anyhow::Result<Self> {
+    fn start(bin_dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
         let socket = PathBuf::from(format!("/tmp/abiss-bench-{}.sock", std::process::id()));
         let child = Command::new(bin_dir.join("abissd"))
             .arg("--socket")
             .arg(&socket)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .spawn()
             .context("cannot start abissd")?;
@@ -144,22 +148,87 @@ fn fio_iops(output: &str) -> anyhow::Result<f64> {
         .context("no read IOPS in fio's JSON")
 }
 
+/// A small ext4 on a second memory-backed loop device with one file, for abissd to manage and
+/// attach: while a file is attached, the programs look up every request's file.
+struct AttachedFileDisk {
+    disk: MemoryDisk,
+    mount: PathBuf,
+    state: PathBuf,
+}
+
+impl AttachedFileDisk {
+    fn new() -> anyhow::Result<Self> {
+        let disk = MemoryDisk::new("attached", 64)?;
+        output(Command::new("mkfs.ext4").args(["-q", &disk.device]))?;
+        let mount = PathBuf::from(format!("/tmp/abiss-bench-overhead-{}.mnt", std::process::id()));
+        std::fs::create_dir_all(&mount)?;
+        output(Command::new("mount").arg(&disk.device).arg(&mount))?;
+        std::fs::write(mount.join("stream.bin"), vec![7u8; 4 << 20])?;
+        let state = PathBuf::from(format!("/tmp/abiss-bench-overhead-{}.state", std::process::id()));
+        Ok(Self { disk, mount, state })
+    }
+
+    fn daemon_args(&self) -> Vec<String> {
+        vec![
+            "--device".into(),
+            self.disk.device.clone(),
+            "--state-dir".into(),
+            self.state.to_string_lossy().into_owned(),
+        ]
+    }
+
+    fn attach(&self, bin_dir: &Path, daemon: &BenchDaemon) -> anyhow::Result<()> {
+        output(
+            Command::new(bin_dir.join("abissctl"))
+                .arg("--socket")
+                .arg(&daemon.socket)
+                .arg("attach")
+                .arg(self.mount.join("stream.bin"))
+                .args(["--rate", "100kB/s", "--buffer", "64KiB", "--batch", "4"]),
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for AttachedFileDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mount).status();
+        let _ = std::fs::remove_dir(&self.mount);
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
 /// Per-event cost of the tracer under a 4 KiB random-read load, per elevator, and the load's
-/// IOPS with and without tracing.
+/// IOPS with and without tracing; the last row has a stream attached (on another disk), so
+/// every request's file is looked up.
 pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
     let secs = args.secs;
     let bin_dir = bin_dir()?;
     if secs < 6 {
         bail!("--secs must be at least 6 (2 s warm-up and 2 s margin around the window)");
     }
-    let disk = MemoryDisk::new(1024)?;
+    let disk = MemoryDisk::new("load", 1024)?;
     let window = secs - 4;
     let mut rows = Vec::new();
-    for scheduler in ["none", "mq-deadline", "bfq"] {
+    let attached_disk = AttachedFileDisk::new()?;
+    for (scheduler, attached) in [
+        ("none", false),
+        ("mq-deadline", false),
+        ("bfq", false),
+        ("mq-deadline", true),
+    ] {
         disk.set_scheduler(scheduler)?;
         let baseline = fio_iops(&output(&mut fio(&disk.device, secs))?)?;
 
-        let daemon = BenchDaemon::start(&bin_dir)?;
+        let daemon = if attached {
+            let args = attached_disk.daemon_args();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let daemon = BenchDaemon::start(&bin_dir, &args)?;
+            attached_disk.attach(&bin_dir, &daemon)?;
+            daemon
+        } else {
+            BenchDaemon::start(&bin_dir, &[])?
+        };
         let load = fio(&disk.device, secs)
             .stdout(Stdio::piped())
             .spawn()
@@ -193,6 +262,7 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         };
         rows.push(json!({
             "scheduler": scheduler,
+            "file_attached": attached,
             "iops_untraced": baseline,
             "iops_traced": traced,
             "events": runs,
@@ -204,6 +274,7 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         }));
     }
     drop(disk);
+    drop(attached_disk);
 
     let command = format!("cargo xtask bench overhead --secs {secs}");
     let markdown = markdown(&command, window, &rows);
@@ -221,7 +292,9 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
 fn markdown(command: &str, window: u64, rows: &[Value]) -> String {
     let mut markdown = format!(
         "### Tracer overhead: 4 KiB random reads, fio io_uring iodepth 32, loop device over memory\n\n\
-         `{command}`; stats window {window} s.\n\n\
+         `{command}`; stats window {window} s. \"+ attached file\": a stream is attached on \
+         another disk, so the programs look up the file of every request (these direct reads \
+         carry user pages, which are told apart after two probe reads).\n\n\
          | elevator | IOPS untraced | IOPS traced | eBPF events/s | avg ns per event | insert ns | issue ns | complete ns | abissd CPU % |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     );
@@ -241,9 +314,14 @@ fn markdown(command: &str, window: u64, rows: &[Value]) -> String {
                 row["daemon_cpu_ns"].as_u64().unwrap_or(0) as f64 / window_ns * 100.0,
             )
         };
+        let attached = if row["file_attached"].as_bool().unwrap_or(false) {
+            " + attached file"
+        } else {
+            ""
+        };
         let _ = writeln!(
             markdown,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} |",
+            "| {}{attached} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} |",
             row["scheduler"].as_str().unwrap_or(""),
             row["iops_untraced"].as_f64().unwrap_or(0.0),
             row["iops_traced"].as_f64().unwrap_or(0.0),
