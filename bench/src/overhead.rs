@@ -160,11 +160,17 @@ impl AttachedFileDisk {
     fn new() -> anyhow::Result<Self> {
         let disk = MemoryDisk::new("attached", 64)?;
         output(Command::new("mkfs.ext4").args(["-q", &disk.device]))?;
-        let mount = PathBuf::from(format!("/tmp/abiss-bench-overhead-{}.mnt", std::process::id()));
+        let mount = PathBuf::from(format!(
+            "/tmp/abiss-bench-overhead-{}.mnt",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&mount)?;
         output(Command::new("mount").arg(&disk.device).arg(&mount))?;
         std::fs::write(mount.join("stream.bin"), vec![7u8; 4 << 20])?;
-        let state = PathBuf::from(format!("/tmp/abiss-bench-overhead-{}.state", std::process::id()));
+        let state = PathBuf::from(format!(
+            "/tmp/abiss-bench-overhead-{}.state",
+            std::process::id()
+        ));
         Ok(Self { disk, mount, state })
     }
 

@@ -26,12 +26,18 @@ struct Bench {
 }
 
 fn bench(tag: &str) -> Bench {
+    bench_with(tag, &[])
+}
+
+fn bench_with(tag: &str, daemon_args: &[&str]) -> Bench {
     let lab = HddLab::up(tag, 2, "none");
     let mount = lab.mount().to_path_buf();
     write_cold_file(&mount.join("stream.bin"), 70 << 20);
     write_cold_file(&mount.join("other.bin"), 30 << 20);
     write_cold_file(&mount.join("copy-source.bin"), 100 << 20);
-    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let mut args = vec!["--capacity", "30MB/s"];
+    args.extend_from_slice(daemon_args);
+    let daemon = Daemon::start_managing(lab.device(), &args);
     let copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
     std::thread::sleep(Duration::from_secs(1));
     Bench {
@@ -317,6 +323,31 @@ fn only_the_stream_owners_readers_are_raised() {
         "the owner's reader is raised"
     );
     let _ = phases(owner);
+}
+
+#[test]
+fn a_reader_that_stops_reading_is_put_back_after_the_idle_time() {
+    require_root!();
+    let bench = bench_with("idle", &["--upgrade-idle", "1"]);
+    let stream = bench.file("stream.bin");
+    let _id = bench.daemon.attach_at_1mb(&stream);
+    // Reads for 2 s, then stays alive without reading for 4 s.
+    let reading = reader(&stream, 2, &["--start", "30000000", "--linger", "4"]);
+    assert!(
+        wait_for_ioprio(pid_of(&reading), RT0, Duration::from_secs(2)).is_some(),
+        "raised"
+    );
+    // Still reading: the upgrade stays although the idle time is shorter than the run.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        get_ioprio(pid_of(&reading)).ok(),
+        Some(RT0),
+        "kept while reading"
+    );
+    // After its last read (at 2 s) plus the idle second, it is put back.
+    let restored = wait_for_ioprio(pid_of(&reading), BE5, Duration::from_secs(3));
+    assert!(restored.is_some(), "put back once idle");
+    let _ = phases(reading);
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! a JSON summary per phase.
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
-//! [--uring] [--ioprio CLASS/LEVEL]`
+//! [--uring] [--ioprio CLASS/LEVEL] [--linger SECS]` (`--linger`: stay alive, idle, that long
+//! after the last read).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -78,6 +79,7 @@ fn main() {
     let mut start = 0;
     let mut seek = None;
     let mut uring = false;
+    let mut linger = 0;
     let mut i = 6;
     while i < args.len() {
         match args[i].as_str() {
@@ -88,6 +90,10 @@ fn main() {
             "--seek" => {
                 seek = Some((number(i + 1), number(i + 2)));
                 i += 3;
+            }
+            "--linger" => {
+                linger = number(i + 1);
+                i += 2;
             }
             "--uring" => {
                 uring = true;
@@ -134,6 +140,7 @@ fn main() {
         );
         println!("{}", summary(&second));
     }
+    std::thread::sleep(Duration::from_secs(linger));
 }
 
 trait ReadSeek: Read + Seek {}
