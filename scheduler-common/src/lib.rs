@@ -81,6 +81,10 @@ pub mod playout_kind {
     pub const FAULT: u32 = 2;
     /// A read missed the page cache and started synchronous readahead: the reader waits.
     pub const MISS: u32 = 3;
+    /// A task queued a read request of the stream's file below the stream's level: it is
+    /// about to wait for the disk at a lower priority (direct I/O included, which never
+    /// misses the page cache).
+    pub const QUEUED_LOW: u32 = 6;
     /// An `io_uring` request on the file completed: the task is its submitter,
     /// [`PlayoutEvent::ioprio`] its priority and [`PlayoutEvent::latency_ns`] how long it took
     /// from submission.
@@ -188,6 +192,21 @@ pub struct KernelLayout {
     pub kiocb_ioprio: u32,
     /// `struct file.f_inode`
     pub file_inode: u32,
+    /// `struct bio.bi_end_io`
+    pub bio_end_io: u32,
+    /// `struct bio.bi_private`
+    pub bio_private: u32,
+    /// `struct iomap_dio.iocb`
+    pub iomap_dio_iocb: u32,
+    /// `struct kiocb.ki_filp`
+    pub kiocb_filp: u32,
+    /// `struct task_struct.flags`
+    pub task_flags: u32,
+    /// Padding.
+    pub pad: u32,
+    /// Address of `iomap_dio_bio_end_io` (from `/proc/kallsyms`), zero if unknown: a bio
+    /// that ends there is direct I/O whose `bi_private` leads to the file.
+    pub iomap_dio_end_io: u64,
 }
 
 impl KernelLayout {
@@ -215,6 +234,13 @@ impl KernelLayout {
         io_kiocb_cmd: 0,
         kiocb_ioprio: 0,
         file_inode: 0,
+        bio_end_io: 0,
+        bio_private: 0,
+        iomap_dio_iocb: 0,
+        kiocb_filp: 0,
+        task_flags: 0,
+        pad: 0,
+        iomap_dio_end_io: 0,
     };
 }
 
@@ -430,7 +456,7 @@ mod pod {
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 22 * 4);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 28 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<Control>() == 16);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

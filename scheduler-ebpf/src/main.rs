@@ -15,7 +15,8 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_current_uid_gid,
         bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map},
@@ -129,18 +130,44 @@ fn bio_inode(bio: u64) -> (u64, u32) {
     let Some(mapping) = read::<u64>(page, layout!(page_mapping)) else {
         return (0, 0);
     };
-    // Anonymous and KSM pages (direct I/O into user memory) tag the low bits: no file.
+    // Anonymous and KSM pages (direct I/O into user memory) tag the low bits: their file, if
+    // any, is found through the direct I/O's kiocb.
     if mapping == 0 || mapping & 3 != 0 {
-        return (0, 0);
+        return direct_io_inode(bio);
     }
     let Some(inode) = read::<u64>(mapping, layout!(mapping_host)) else {
         return (0, 0);
     };
+    inode_key(inode)
+}
+
+/// Inode number and filesystem device of an inode (an untyped pointer).
+#[inline(always)]
+fn inode_key(inode: u64) -> (u64, u32) {
     let ino = read::<u64>(inode, layout!(inode_ino)).unwrap_or(0);
     let dev = read::<u64>(inode, layout!(inode_sb))
         .and_then(|sb| read::<u32>(sb, layout!(sb_dev)))
         .unwrap_or(0);
     (ino, dev)
+}
+
+/// The file of a direct I/O bio: iomap's direct I/O (ext4, xfs, btrfs …) completes its bios
+/// in `iomap_dio_bio_end_io` with `bi_private` pointing at its `iomap_dio`, whose kiocb names
+/// the file, whether read(2) or `io_uring` issued it.
+#[inline(always)]
+fn direct_io_inode(bio: u64) -> (u64, u32) {
+    let end_io = layout!(iomap_dio_end_io);
+    if end_io == 0 || read::<u64>(bio, layout!(bio_end_io)) != Some(end_io) {
+        return (0, 0);
+    }
+    let inode = read::<u64>(bio, layout!(bio_private))
+        .and_then(|dio| read::<u64>(dio, layout!(iomap_dio_iocb)))
+        .and_then(|iocb| read::<u64>(iocb, layout!(kiocb_filp)))
+        .and_then(|file| read::<u64>(file, layout!(file_inode)));
+    match inode {
+        Some(inode) => inode_key(inode),
+        None => (0, 0),
+    }
 }
 
 /// Whether per-request attribution is wanted (someone streams events).
@@ -237,6 +264,12 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
         reason = "REQ_OP_* fits in the low 8 bits"
     )]
     let operation = (cmd_flags & op::MASK) as u8;
+    if stream.stream != 0
+        && operation == op::READ
+        && abiss_level::from_kernel(class, level) > stream.level
+    {
+        report_queued_low(&stream, prio);
+    }
     let record = InflightRequest {
         queued_ns: now,
         issued_ns: if state == request_state::ISSUED {
@@ -465,6 +498,33 @@ fn attached_stream(inode: u64) -> Option<AttachedFile> {
     };
     // SAFETY: pointer to a live map value, copied.
     ATTACHED.get_ptr(key).map(|found| unsafe { *found })
+}
+
+/// `PF_KTHREAD`: the task is a kernel thread.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Tells abissd that the current task queued a read of a stream's file below the stream's
+/// level: the task is a reader about to wait at the wrong priority. Kernel threads (a
+/// workqueue flushing a plug) and abissd itself are not readers.
+#[inline(always)]
+fn report_queued_low(stream: &AttachedFile, ioprio: u16) {
+    let Some((tgid, pid)) = current_task_unless_daemon() else {
+        return;
+    };
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
+        return;
+    }
+    report(PlayoutEvent {
+        ts_ns: now_ns(),
+        stream: stream.stream,
+        tgid,
+        pid,
+        kind: playout_kind::QUEUED_LOW,
+        ioprio: u32::from(ioprio),
+        ..PlayoutEvent::default()
+    });
 }
 
 /// The current task as (tgid, pid), unless it is abissd itself.

@@ -370,6 +370,17 @@ impl Controller {
                 // the window as a jump).
                 stream.playout.on_read(range, now_ns)
             }
+            playout_kind::QUEUED_LOW => {
+                // A reader's request queued below the stream's level (direct I/O, or
+                // readahead of a miss): raise it; where it reads is told by its reads.
+                self.upgrades.on_miss(
+                    event,
+                    stream.granted.priority,
+                    stream.owner_uid,
+                    crate::daemon::monotonic_ns,
+                );
+                return;
+            }
             playout_kind::URING_COMPLETE => {
                 stream.uring_requests += 1;
                 self.upgrades.touch(event.pid, stream.id, now_ns);

@@ -72,6 +72,13 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         io_kiocb_cmd: finder.offset("io_kiocb", "cmd")?,
         kiocb_ioprio: finder.offset("kiocb", "ki_ioprio")?,
         file_inode: finder.offset("file", "f_inode")?,
+        bio_end_io: finder.offset("bio", "bi_end_io")?,
+        bio_private: finder.offset("bio", "bi_private")?,
+        iomap_dio_iocb: finder.offset("iomap_dio", "iocb")?,
+        kiocb_filp: finder.offset("kiocb", "ki_filp")?,
+        task_flags: finder.offset("task_struct", "flags")?,
+        pad: 0,
+        iomap_dio_end_io: kernel_symbol("iomap_dio_bio_end_io").unwrap_or(0),
     })
 }
 
@@ -136,6 +143,20 @@ impl FieldFinder<'_> {
         }
         None
     }
+}
+
+/// The address of kernel function `name`, from `/proc/kallsyms` (none when the file hides
+/// addresses or lacks the symbol).
+#[must_use]
+pub fn kernel_symbol(name: &str) -> Option<u64> {
+    let symbols = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    symbols.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let address = u64::from_str_radix(fields.next()?, 16).ok()?;
+        let kind = fields.next()?;
+        let symbol = fields.next()?;
+        (symbol == name && kind.eq_ignore_ascii_case("t") && address != 0).then_some(address)
+    })
 }
 
 /// The running kernel's release (`uname -r`).

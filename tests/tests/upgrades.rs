@@ -143,12 +143,14 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     events.subscribe_events().expect("subscribe");
 
     // Starts 30 MB in, far outside the window loaded at attach: its first read misses. After
-    // 4 s it seeks 20 MB further and reads 8 s more.
+    // 4 s it seeks 20 MB further and reads 8 s more, then stays alive 4 s without reading.
     let started_ns = monotonic_ns();
     let attached = reader(
         &stream,
         4,
-        &["--start", "30000000", "--seek", "50000000", "8"],
+        &[
+            "--start", "30000000", "--seek", "50000000", "8", "--linger", "4",
+        ],
     );
     let unattached = reader(&bench.file("other.bin"), 8, &[]);
     let raised_after = wait_for_ioprio(pid_of(&attached), RT0, Duration::from_secs(3));
@@ -211,7 +213,18 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
         listed.readers
     );
 
-    // Detach while it still reads: its own priority comes back.
+    // Detach after its last read (12 s) while it still runs, idle for less than the idle time:
+    // its own priority comes back. (Reads after a detach would be plain best-effort reads,
+    // which may miss; they are not the stream's.)
+    let reads_end_ns = started_ns + 12_300_000_000;
+    std::thread::sleep(Duration::from_nanos(
+        reads_end_ns.saturating_sub(monotonic_ns()),
+    ));
+    assert_eq!(
+        get_ioprio(pid_of(&attached)).ok(),
+        Some(RT0),
+        "still raised"
+    );
     let output = bench.daemon.ctl(["detach", &id.to_string()]);
     assert!(output.status.success());
     assert!(
@@ -348,6 +361,38 @@ fn a_reader_that_stops_reading_is_put_back_after_the_idle_time() {
     let restored = wait_for_ioprio(pid_of(&reading), BE5, Duration::from_secs(3));
     assert!(restored.is_some(), "put back once idle");
     let _ = phases(reading);
+}
+
+#[test]
+fn a_direct_io_reader_is_tagged_and_raised() {
+    require_root!();
+    let bench = bench("direct");
+    let stream = bench.file("stream.bin");
+    let id = bench.daemon.attach_at_1mb(&stream);
+    let mut events = Client::connect(bench.daemon.socket()).expect("connect");
+    events.subscribe_events().expect("subscribe");
+    // O_DIRECT never misses the page cache; its requests are found by their kiocb's file.
+    // (Direct I/O wants aligned offsets: 30 MiB.)
+    let direct = reader(&stream, 4, &["--start", "31457280", "--direct"]);
+    assert!(
+        wait_for_ioprio(pid_of(&direct), RT0, Duration::from_secs(2)).is_some(),
+        "the direct reader was raised"
+    );
+    let raised_ns = monotonic_ns();
+    let records = collect_events(&mut events, Duration::from_secs(3));
+    let pid = pid_of(&direct);
+    let _ = phases(direct);
+    let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.tgid == pid).collect();
+    assert!(
+        !mine.is_empty() && mine.iter().all(|r| r.stream == Some(id)),
+        "its requests carry the stream: {mine:?}"
+    );
+    assert!(
+        mine.iter()
+            .filter(|r| r.completed_ns - r.service_ns - r.queue_ns > raised_ns)
+            .all(|r| r.priority.class == IoClass::Rt),
+        "after the raise they run at RT: {mine:?}"
+    );
 }
 
 #[test]

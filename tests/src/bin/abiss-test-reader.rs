@@ -3,12 +3,13 @@
 //! a JSON summary per phase.
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
-//! [--uring] [--ioprio CLASS/LEVEL] [--linger SECS]` (`--linger`: stay alive, idle, that long
-//! after the last read).
+//! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS]` (`--linger`: stay alive, idle,
+//! that long after the last read; `--direct`: `O_DIRECT` reads).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
 use abiss_tests::{paced_read, set_thread_ioprio, PacedReport};
@@ -42,6 +43,35 @@ impl Read for UringFile {
         let read = usize::try_from(result).unwrap_or(0);
         self.offset += read as u64;
         Ok(read)
+    }
+}
+
+/// A file read with `O_DIRECT` through an aligned bounce buffer.
+struct DirectFile {
+    file: File,
+    storage: Vec<u8>,
+}
+
+impl DirectFile {
+    fn aligned(&mut self, len: usize) -> &mut [u8] {
+        let start = self.storage.as_ptr().align_offset(4096);
+        &mut self.storage[start..start + len]
+    }
+}
+
+impl Read for DirectFile {
+    fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+        let len = buffer.len().min(self.storage.len() - 4096) / 4096 * 4096;
+        let mut file = self.file.try_clone()?;
+        let read = file.read(self.aligned(len))?;
+        buffer[..read].copy_from_slice(&self.aligned(len)[..read]);
+        Ok(read)
+    }
+}
+
+impl Seek for DirectFile {
+    fn seek(&mut self, position: SeekFrom) -> std::io::Result<u64> {
+        self.file.seek(position)
     }
 }
 
@@ -79,6 +109,7 @@ fn main() {
     let mut start = 0;
     let mut seek = None;
     let mut uring = false;
+    let mut direct = false;
     let mut linger = 0;
     let mut i = 6;
     while i < args.len() {
@@ -95,6 +126,10 @@ fn main() {
                 linger = number(i + 1);
                 i += 2;
             }
+            "--direct" => {
+                direct = true;
+                i += 1;
+            }
             "--uring" => {
                 uring = true;
                 i += 1;
@@ -107,8 +142,21 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    let file = File::open(path).expect("open");
-    let mut reader: Box<dyn ReadSeek> = if uring {
+    let file = if direct {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+    } else {
+        File::open(path)
+    }
+    .expect("open");
+    let mut reader: Box<dyn ReadSeek> = if direct {
+        Box::new(DirectFile {
+            file,
+            storage: vec![0; (1 << 20) + 4096],
+        })
+    } else if uring {
         Box::new(UringFile {
             file,
             ring: IoUring::new(8).expect("io_uring"),
