@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use abiss_daemon::device::{DeviceConfig, Elevator};
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
-use abiss_proto::ByteRate;
+use abiss_proto::{AdmissionMode, ByteRate};
 use clap::Parser;
 
 /// The ABISS controller daemon: guaranteed-rate streams on managed disks, and block I/O
@@ -32,14 +32,36 @@ struct Args {
     /// rest, so a shallow queue keeps real-time requests first.
     #[arg(long, default_value_t = DeviceConfig::DEFAULT.dispatch_depth)]
     dispatch_depth: u32,
-    /// Sustained capacity assumed for each managed disk until it has a measured model, e.g.
-    /// 30MB/s.
+    /// Sustained capacity assumed for each managed disk until it has a measured model (see
+    /// `abissctl profile --save`), e.g. 30MB/s.
     #[arg(long, default_value = "20MB/s")]
     capacity: ByteRate,
     /// Percent of the capacity real-time streams may reserve (1 to 95); the rest stays for
     /// best-effort traffic.
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=95))]
     realtime_share: u32,
+    /// Admission on disks with a measured model: deterministic (the worst case must fit),
+    /// statistical (TRAC: the predicted miss probability must stay at most --p-req), or off
+    /// (admit everything: for measurements only).
+    #[arg(long, default_value = "statistical")]
+    admission: AdmissionMode,
+    /// Allowed probability that a service window overruns (statistical admission), between 0
+    /// and 1 exclusive.
+    #[arg(long, default_value = "0.01", value_parser = parse_probability)]
+    p_req: f64,
+}
+
+/// A probability strictly between 0 and 1.
+fn parse_probability(text: &str) -> Result<f64, String> {
+    let p: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if p.is_finite() && p > 0.0 && p < 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{text} is not a probability between 0 and 1 (exclusive)"))
+    }
 }
 
 fn main() -> ExitCode {
@@ -66,6 +88,8 @@ fn main() -> ExitCode {
         },
         capacity_bps: args.capacity.0,
         realtime_share_percent: args.realtime_share,
+        admission_mode: args.admission,
+        p_req: args.p_req,
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
