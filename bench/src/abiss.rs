@@ -2,7 +2,7 @@
 //! a stream with the reader's rate and playout buffer.
 
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,8 @@ pub struct AbissHook {
     /// ABISS level of the streams: 0 is real time; 6 is best effort at the default level, the
     /// slides' "prefetch without real-time priority".
     pub level: u8,
+    /// More abissd arguments (e.g. `--admission off`).
+    pub daemon_args: &'static [&'static str],
 }
 
 impl RunHook for AbissHook {
@@ -34,37 +36,18 @@ impl RunHook for AbissHook {
         let bin_dir = run.bin_dir.context(
             "ABISS rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
         )?;
-        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
-        let socket = dir.join("abiss.sock");
         // Capacity well above what any run asks: the benchmarks measure the guarantee, not
-        // admission (a later benchmark does that).
-        let child = Command::new(bin_dir.join("abissd"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--device")
-            .arg(run.device)
-            .args([
-                "--elevator",
-                self.elevator,
-                "--capacity",
-                "100MB/s",
-                "--realtime-share",
-                "95",
-            ])
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .context("cannot start abissd")?;
-        let daemon = Daemon { child, socket, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&daemon.socket).is_err() {
-            if Instant::now() > deadline {
-                bail!("abissd did not start");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // admission (the admission benchmark switches it off and predicts separately).
+        let mut args = vec![
+            "--elevator",
+            self.elevator,
+            "--capacity",
+            "100MB/s",
+            "--realtime-share",
+            "95",
+        ];
+        args.extend_from_slice(self.daemon_args);
+        let daemon = Daemon::start(bin_dir, run.device, &args, None)?;
         Ok(Box::new(AbissRun {
             daemon,
             level: self.level,
@@ -72,11 +55,54 @@ impl RunHook for AbissHook {
     }
 }
 
+/// An abissd of a benchmark, on its own socket; stopped (SIGTERM) on drop.
 #[derive(Debug)]
-struct Daemon {
+pub struct Daemon {
     child: Child,
     socket: PathBuf,
     dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts abissd from `bin_dir` managing `device` with `args`, with its state in
+    /// `state_dir` (a fresh directory, removed on drop, if `None`); waits until it answers.
+    pub fn start(
+        bin_dir: &Path,
+        device: &Path,
+        args: &[&str],
+        state_dir: Option<&Path>,
+    ) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
+        let socket = dir.join("abiss.sock");
+        let state = state_dir.map_or_else(|| dir.join("state"), Path::to_path_buf);
+        let child = Command::new(bin_dir.join("abissd"))
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--device")
+            .arg(device)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .context("cannot start abissd")?;
+        let daemon = Self { child, socket, dir };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while UnixStream::connect(&daemon.socket).is_err() {
+            if Instant::now() > deadline {
+                bail!("abissd did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(daemon)
+    }
+
+    /// Its control socket.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
 }
 
 impl Drop for Daemon {

@@ -153,11 +153,13 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
+            daemon_args: &[],
         }),
         Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
             AbissHook {
                 elevator: "bfq",
                 level: 0,
+                daemon_args: &[],
             },
         ),
         Configuration::new(
@@ -168,6 +170,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 6,
+            daemon_args: &[],
         }),
     ]
 }

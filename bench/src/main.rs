@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{interrupt, overhead, reference, sweep};
+use abiss_bench::{admission, interrupt, overhead, reference, sweep};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -18,6 +18,10 @@ enum Command {
     /// The tracer's cost per eBPF event under a 4 KiB random-read load, per elevator
     /// (overhead.json, .md).
     Overhead(overhead::OverheadArgs),
+    /// Admission control against measurement: the lab hdd profiled, the predicted miss
+    /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
+    /// with admission off (admission.json, .md, .svg).
+    Admission(admission::AdmissionArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,5 +31,6 @@ fn main() -> anyhow::Result<()> {
         Command::Reference(args) => reference::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Overhead(args) => overhead::run(&args),
+        Command::Admission(args) => admission::run(&args),
     }
 }

@@ -65,7 +65,6 @@ impl ManagedDisk {
     pub fn new(
         device: ManagedDevice,
         settings: &AdmissionSettings,
-        queue_depth: u32,
     ) -> Result<Self, abiss_proto::device_model::ModelError> {
         let identity = DeviceIdentity::of(device.disk().number)?;
         let share = ShareAdmission {
@@ -79,7 +78,7 @@ impl ManagedDisk {
             share,
             model: None,
         };
-        disk.load_model(settings, queue_depth)?;
+        disk.load_model(settings)?;
         Ok(disk)
     }
 
@@ -87,7 +86,6 @@ impl ManagedDisk {
     fn load_model(
         &mut self,
         settings: &AdmissionSettings,
-        queue_depth: u32,
     ) -> Result<(), abiss_proto::device_model::ModelError> {
         if self.model.is_some() {
             return Ok(());
@@ -111,7 +109,6 @@ impl ManagedDisk {
                 mode: settings.mode,
                 p_req: settings.p_req,
                 share_percent: settings.share_percent,
-                queue_depth,
             });
         }
         Ok(())
@@ -122,7 +119,6 @@ impl ManagedDisk {
 #[derive(Debug)]
 pub struct Controller {
     settings: AdmissionSettings,
-    queue_depth: u32,
     tracer: BlockTracer,
     streams: StreamTable,
     prefetch: PrefetchEngine,
@@ -134,14 +130,12 @@ impl Controller {
     #[must_use]
     pub fn new(
         settings: AdmissionSettings,
-        queue_depth: u32,
         tracer: BlockTracer,
         prefetch: PrefetchEngine,
         disks: Vec<ManagedDisk>,
     ) -> Self {
         Self {
             settings,
-            queue_depth,
             tracer,
             streams: StreamTable::default(),
             prefetch,
@@ -215,7 +209,7 @@ impl Controller {
         };
         // A model saved since the daemon started is taken up now; a broken one refuses.
         managed
-            .load_model(&self.settings, self.queue_depth)
+            .load_model(&self.settings)
             .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
         let managed = &self.disks[&disk.number];
         if let Some(existing) = self.streams.by_file(&file.key) {
@@ -335,7 +329,7 @@ impl Controller {
             )));
         };
         managed
-            .load_model(&self.settings, self.queue_depth)
+            .load_model(&self.settings)
             .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
         if request.rate.0 == 0 || request.rate.0 > crate::streams::MAX_RATE_BPS {
             return Err((

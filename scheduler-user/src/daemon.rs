@@ -158,11 +158,7 @@ fn take_devices(config: &DaemonConfig) -> Result<Vec<ManagedDisk>, DaemonError> 
     let mut disks = Vec::new();
     for spec in &config.devices {
         let device = ManagedDevice::take(spec, &config.device_config, &config.state_dir)?;
-        let managed = ManagedDisk::new(
-            device,
-            &admission_settings(config),
-            config.device_config.dispatch_depth,
-        )?;
+        let managed = ManagedDisk::new(device, &admission_settings(config))?;
         let device = &managed.device;
         info!(
             "managing {} with {} at dispatch depth {}",
@@ -211,7 +207,6 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     };
     let mut controller = Controller::new(
         admission_settings(&config),
-        config.device_config.dispatch_depth,
         tracer,
         PrefetchEngine::new(loads),
         disks,

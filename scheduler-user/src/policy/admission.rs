@@ -122,9 +122,6 @@ pub struct AdmissionControl {
     pub p_req: f64,
     /// Share of each window real-time streams may use, percent (1 to 95).
     pub share_percent: u32,
-    /// Requests the device holds at once (its dispatch depth): the access time measured at
-    /// this depth is used.
-    pub queue_depth: u32,
 }
 
 #[expect(clippy::cast_precision_loss, reason = "rates and sizes far below 2^52")]
@@ -139,9 +136,10 @@ impl AdmissionControl {
         SERVICE_WINDOW_S * f64::from(self.share_percent.clamp(1, 95)) / 100.0
     }
 
-    /// Mean and variance (s, s²) of one access-plus-transfer of `load_bytes`.
-    fn access_moments(&self, demand: &StreamDemand) -> (f64, f64) {
-        let (access_mean, access_var) = self.model.access_moments(self.queue_depth);
+    /// Mean and variance (s, s²) of one access plus the transfer of a load, with `queued`
+    /// requests for the elevator to order (the mean only: the variance is taken unordered,
+    /// the larger one).
+    fn load_moments(&self, demand: &StreamDemand, queued: f64) -> (f64, f64) {
         let (per_byte_mean, per_byte_var) = self.model.seconds_per_byte_moments();
         let slow = if demand.write {
             1.0 / self.model.write_read_ratio
@@ -150,27 +148,43 @@ impl AdmissionControl {
         };
         let bytes = as_f64(demand.load_bytes);
         (
-            access_mean + bytes * per_byte_mean * slow,
-            access_var + bytes * bytes * per_byte_var * slow * slow,
+            self.model.access_mean_s(queued) + bytes * per_byte_mean * slow,
+            self.model.access_variance_s2() + bytes * bytes * per_byte_var * slow * slow,
         )
     }
 
     /// The prediction for `streams`.
+    ///
+    /// The elevator orders the loads waiting at once, which shortens seeks: near saturation
+    /// every stream has a load waiting, so the queue is taken as the window's loads over the
+    /// loads of the busiest stream (the stream count for equal streams; a slow stream counts
+    /// for less). With more work it never falls, so admission stays monotone.
     #[must_use]
     pub fn predict(&self, streams: &[StreamDemand]) -> Prediction {
         let worst_access = self.model.worst_access_s();
         let slowest = self.model.min_read_bps();
+        let loads_of = |demand: &StreamDemand| {
+            as_f64(demand.rate_bps) * SERVICE_WINDOW_S / as_f64(demand.load_bytes.max(1))
+        };
+        let total_loads: f64 = streams.iter().map(loads_of).sum();
+        let busiest = streams.iter().map(loads_of).fold(0.0, f64::max);
+        let queued = if busiest > 0.0 {
+            (total_loads / busiest).max(1.0)
+        } else {
+            1.0
+        };
         let (mut mean, mut var, mut worst) = (0.0, 0.0, 0.0);
         for demand in streams {
             let load = as_f64(demand.load_bytes.max(1));
-            let loads = as_f64(demand.rate_bps) * SERVICE_WINDOW_S / load;
+            let loads = loads_of(demand);
             let stdev_loads = as_f64(demand.rate_stdev_bps) * SERVICE_WINDOW_S / load;
             // A constant-rate stream needs ⌊x⌋ or ⌈x⌉ loads in a window; f(1 − f) is that
             // count's variance, bounded here by min(x, 1/4) so it never falls as x grows.
             let quantisation = loads.min(0.25);
-            let (t_mean, t_var) = self.access_moments(demand);
+            let (t_mean, _) = self.load_moments(demand, queued);
+            let (t_random, t_var) = self.load_moments(demand, 1.0);
             mean += loads * t_mean;
-            var += loads * t_var + (quantisation + stdev_loads * stdev_loads) * t_mean * t_mean;
+            var += loads * t_var + (quantisation + stdev_loads * stdev_loads) * t_random * t_random;
             let write_slow = if demand.write {
                 1.0 / self.model.write_read_ratio
             } else {
@@ -450,7 +464,6 @@ mod tests {
             mode,
             p_req,
             share_percent: share,
-            queue_depth: 1,
         }
     }
 
