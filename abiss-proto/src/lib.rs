@@ -188,7 +188,7 @@ pub struct AdmissionReport {
     /// The streams asked about (`count`).
     pub count: Option<u32>,
     /// Predicted miss probability per window with `count` more such streams (`None` without
-    /// a model).
+    /// a model). In deterministic mode a bound: 0 while the worst case fits, else 1.
     pub miss_probability: Option<f64>,
     /// Whether `count` more such streams would be admitted.
     pub fits: Option<bool>,

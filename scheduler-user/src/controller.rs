@@ -397,7 +397,20 @@ impl Controller {
         let with_count = request.count.map(|count| {
             let mut all = existing.clone();
             all.extend(std::iter::repeat_n(demand, count as usize));
-            (control.predict(&all).miss_probability, control.fits(mode, &all))
+            let prediction = control.predict(&all);
+            // The deterministic mode bounds rather than estimates: no miss is possible while
+            // the worst case fits (0), and one cannot be ruled out once it does not (1).
+            let p = match mode {
+                AdmissionMode::Deterministic => {
+                    if prediction.worst_work_s <= control.budget_s() {
+                        0.0
+                    } else {
+                        1.0
+                    }
+                }
+                _ => prediction.miss_probability,
+            };
+            (p, control.fits(mode, &all))
         });
         Ok(AdmissionReport {
             device: disk.name.clone(),

@@ -48,16 +48,19 @@ pub struct StreamDemand {
 }
 
 impl StreamDemand {
-    /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`:
-    /// its window grows in loads of a third of the buffer, at least a batch (as the playout
-    /// buffer does).
+    /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`.
+    ///
+    /// The playout buffer loads once the window lacks a third of the buffer (at least a
+    /// batch), and its window follows the reader in whole batches, so a load is that third
+    /// rounded up to whole batches (564 KiB with 20-page batches: three batches, 240 KiB).
     #[must_use]
     pub fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
+        let batch = batch_bytes.max(PAGE_BYTES);
         let third = (buffer_bytes / 3) / PAGE_BYTES * PAGE_BYTES;
         Self {
             rate_bps,
             rate_stdev_bps: 0,
-            load_bytes: third.max(batch_bytes).max(PAGE_BYTES),
+            load_bytes: third.max(batch).div_ceil(batch).saturating_mul(batch),
             write: false,
         }
     }
@@ -469,6 +472,13 @@ mod tests {
 
     fn reference_stream() -> StreamDemand {
         StreamDemand::playback(1_000_000, 564 * 1024, 20 * 4096)
+    }
+
+    #[test]
+    fn playback_loads_are_a_third_of_the_buffer_in_whole_batches() {
+        assert_eq!(reference_stream().load_bytes, 3 * 20 * 4096);
+        assert_eq!(StreamDemand::playback(1, 8192, 4096).load_bytes, 4096);
+        assert_eq!(StreamDemand::playback(1, 1 << 20, 4096).load_bytes, 349_525 / 4096 * 4096);
     }
 
     #[test]
