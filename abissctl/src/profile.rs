@@ -273,11 +273,6 @@ fn confirm_write(options: &ProfileOptions, node: &std::path::Path) -> Result<(),
     if !options.write || options.yes {
         return Ok(());
     }
-    if !std::io::stdin().is_terminal() {
-        return Err(CliError::Usage(
-            "--write needs --yes when abissctl does not run on a terminal".into(),
-        ));
-    }
     eprint!(
         "profiling with --write rewrites data in place on {}; a crash or power loss meanwhile can damage it. Type 'yes' to go on: ",
         node.display()
@@ -293,6 +288,11 @@ fn confirm_write(options: &ProfileOptions, node: &std::path::Path) -> Result<(),
 }
 
 fn open_device(options: &ProfileOptions) -> Result<(Device, DeviceIdentity), CliError> {
+    if options.write && !options.yes && !std::io::stdin().is_terminal() {
+        return Err(CliError::Usage(
+            "--write needs --yes when abissctl does not run on a terminal".into(),
+        ));
+    }
     let number = crate::devices::resolve(&options.device)?;
     if std::path::Path::new(&format!("/sys/dev/block/{number}/partition")).exists() {
         return Err(CliError::UnknownDevice(format!(

@@ -224,7 +224,8 @@ fn bad_probabilities_rates_and_devices_are_refused() {
     require_root!();
     for p in ["0", "1", "1.5", "-0.1", "nan", "x"] {
         let output = Command::new(binary("abissd"))
-            .args(["--p-req", p, "--socket", "/nonexistent/s.sock"])
+            .arg(format!("--p-req={p}"))
+            .args(["--socket", "/nonexistent/s.sock"])
             .output()
             .unwrap();
         assert_eq!(output.status.code(), Some(2), "--p-req {p}: {}", stderr(&output));
@@ -240,7 +241,7 @@ fn bad_probabilities_rates_and_devices_are_refused() {
         "rate",
     );
     assert_fails(
-        &daemon.ctl(["admit", "--device", &device, "--rate", "2TB/s"]),
+        &daemon.ctl(["admit", "--device", &device, "--rate", "2000GB/s"]),
         8,
         "outside 1 B/s to 1 TB/s",
     );
