@@ -7,9 +7,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use abiss_proto::{
-    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
-    Request, RequestRecord, Response, StatsReport, StreamInfo, StreamTarget, DEFAULT_SOCKET,
-    SOCKET_ENV,
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
+    ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StreamInfo,
+    StreamTarget, DEFAULT_SOCKET, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 

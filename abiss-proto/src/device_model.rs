@@ -88,7 +88,9 @@ impl DeviceIdentity {
     /// Where the model of this device lives under `state_dir`.
     #[must_use]
     pub fn model_path(&self, state_dir: &Path) -> PathBuf {
-        state_dir.join(MODELS_DIR).join(format!("{}.json", self.key))
+        state_dir
+            .join(MODELS_DIR)
+            .join(format!("{}.json", self.key))
     }
 
     /// Whether `other` names the same device.
@@ -100,7 +102,11 @@ impl DeviceIdentity {
 
 impl fmt::Display for DeviceIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({}, {} bytes)", self.key, self.device, self.size_bytes)
+        write!(
+            f,
+            "{} ({}, {} bytes)",
+            self.key, self.device, self.size_bytes
+        )
     }
 }
 
@@ -311,7 +317,10 @@ impl DeviceModel {
             return Err(format!("impossible seek curve {seek:?}"));
         }
         if !(self.revolution_ms.is_finite() && self.revolution_ms >= 0.0) {
-            return Err(format!("revolution_ms {} is impossible", self.revolution_ms));
+            return Err(format!(
+                "revolution_ms {} is impossible",
+                self.revolution_ms
+            ));
         }
         if !(self.mean_access_ms.is_finite()
             && self.mean_access_ms >= 0.0

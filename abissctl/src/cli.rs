@@ -6,9 +6,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use crate::devices;
+use crate::error::CliError;
 use crate::planning::{self, AdmitQuestion};
 use crate::profile::{self, ProfileOptions};
-use crate::error::CliError;
 use crate::stats;
 use crate::streams::{self, StreamParameters};
 use crate::trace::{self, TraceOptions};
@@ -98,7 +98,7 @@ enum Command {
         #[arg(long, short = 'j')]
         json: bool,
     },
-    /// Measure a disk with O_DIRECT reads (zone profile, access time by seek distance,
+    /// Measure a disk with `O_DIRECT` reads (zone profile, access time by seek distance,
     /// rotation, request size, requests in flight) and fit the device model abissd admits
     /// streams by. Needs root. Reads only, unless --write.
     Profile {
@@ -110,7 +110,7 @@ enum Command {
         /// Print the model as JSON.
         #[arg(long, short = 'j')]
         json: bool,
-        /// Save the model where abissd finds it (STATE_DIR/models/IDENTITY.json).
+        /// Save the model where abissd finds it (`STATE_DIR/models/IDENTITY.json`).
         #[arg(long)]
         save: bool,
         /// Also measure writes, by rewriting in place the data just read (needs a device
@@ -124,7 +124,7 @@ enum Command {
         #[arg(long, default_value = "/run/abiss")]
         state_dir: PathBuf,
     },
-    /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's p_req,
+    /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's `p_req`,
     /// and the predicted miss probability of N of them. Attaches nothing.
     Admit {
         /// The managed disk: NAME, /dev/NAME or MAJOR:MINOR.

@@ -83,7 +83,11 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
     let kind = format!(
         "{} {} streams{}",
         question.rate,
-        if question.write { "recording" } else { "playback" },
+        if question.write {
+            "recording"
+        } else {
+            "playback"
+        },
         if question.stdev.0 > 0 {
             format!(" (σ {})", question.stdev)
         } else {

@@ -36,6 +36,10 @@ const SMALL_READ: u64 = 4 * KIB;
 
 /// What to measure and where the model goes.
 #[derive(Debug)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "the command's flags, as typed"
+)]
 pub struct ProfileOptions {
     /// The device as the user typed it.
     pub device: String,
@@ -132,6 +136,9 @@ impl Positions {
     }
 }
 
+/// Width of the progress bar.
+const WIDTH: u64 = 30;
+
 /// Progress on a terminal; nothing on a pipe.
 struct Progress {
     show: bool,
@@ -164,7 +171,6 @@ impl Progress {
         if !self.show {
             return;
         }
-        const WIDTH: u64 = 30;
         let filled = self.done * WIDTH / self.total;
         let bar: String = (0..WIDTH)
             .map(|i| if i < filled { '#' } else { '.' })
@@ -193,18 +199,18 @@ impl Device {
     fn read(&self, buf: &mut AlignedBuffer, offset: u64, len: u64) -> Result<Duration, CliError> {
         let slice = buf.slice(len);
         let started = Instant::now();
-        self.file
-            .read_exact_at(slice, offset)
-            .map_err(|e| CliError::Profile(format!("O_DIRECT read of {len} bytes at {offset}: {e}")))?;
+        self.file.read_exact_at(slice, offset).map_err(|e| {
+            CliError::Profile(format!("O_DIRECT read of {len} bytes at {offset}: {e}"))
+        })?;
         Ok(started.elapsed())
     }
 
     fn write(&self, buf: &mut AlignedBuffer, offset: u64, len: u64) -> Result<Duration, CliError> {
         let slice = buf.slice(len);
         let started = Instant::now();
-        self.file
-            .write_all_at(slice, offset)
-            .map_err(|e| CliError::Profile(format!("O_DIRECT write of {len} bytes at {offset}: {e}")))?;
+        self.file.write_all_at(slice, offset).map_err(|e| {
+            CliError::Profile(format!("O_DIRECT write of {len} bytes at {offset}: {e}"))
+        })?;
         Ok(started.elapsed())
     }
 }
@@ -262,9 +268,10 @@ fn find_devnode(number: DeviceNumber) -> PathBuf {
     std::fs::read_to_string(format!("/sys/dev/block/{number}/uevent"))
         .ok()
         .and_then(|uevent| {
-            uevent
-                .lines()
-                .find_map(|l| l.strip_prefix("DEVNAME=").map(|n| PathBuf::from("/dev").join(n)))
+            uevent.lines().find_map(|l| {
+                l.strip_prefix("DEVNAME=")
+                    .map(|n| PathBuf::from("/dev").join(n))
+            })
         })
         .unwrap_or(by_number)
 }
@@ -305,7 +312,8 @@ fn open_device(options: &ProfileOptions) -> Result<(Device, DeviceIdentity), Cli
             "profiling reads the raw device: run abissctl profile as root".into(),
         ));
     }
-    let identity = DeviceIdentity::of(number).map_err(|e| CliError::UnknownDevice(e.to_string()))?;
+    let identity =
+        DeviceIdentity::of(number).map_err(|e| CliError::UnknownDevice(e.to_string()))?;
     if identity.size_bytes < MIN_PROFILE_BYTES {
         return Err(CliError::TooSmall(format!(
             "{} holds {} bytes, less than the {} MiB a profile needs for its seeks to mean anything",
@@ -373,9 +381,9 @@ pub fn run(options: &ProfileOptions) -> Result<(), CliError> {
     let started = Instant::now();
     let measurements = measure(&device, &plan, options.write)?;
     let model = fit(identity, options.quick, &measurements);
-    model
-        .validate()
-        .map_err(|reason| CliError::Profile(format!("the measurements do not fit a model: {reason}")))?;
+    model.validate().map_err(|reason| {
+        CliError::Profile(format!("the measurements do not fit a model: {reason}"))
+    })?;
     let mut out = std::io::stdout().lock();
     if options.json {
         let _ = writeln!(
@@ -485,6 +493,20 @@ fn measure(device: &Device, plan: &Plan, write: bool) -> Result<Measurements, Cl
     }
 
     progress.phase("requests in flight");
+    m.depths = measure_depths(device, plan, &mut positions, &mut progress)?;
+    progress.finish();
+    Ok(m)
+}
+
+/// Random 64 KiB reads with several requests in flight (a thread each).
+fn measure_depths(
+    device: &Device,
+    plan: &Plan,
+    positions: &mut Positions,
+    progress: &mut Progress,
+) -> Result<Vec<QueueDepthPoint>, CliError> {
+    let size = device.size;
+    let mut depths = Vec::new();
     for &depth in &QUEUE_DEPTHS {
         let per_thread = plan.depth_reads.div_ceil(depth);
         let seeds: Vec<u64> = (0..depth).map(|_| positions.next()).collect();
@@ -514,15 +536,14 @@ fn measure(device: &Device, plan: &Plan, write: bool) -> Result<Measurements, Cl
         });
         results.into_iter().collect::<Result<Vec<()>, _>>()?;
         let reads = per_thread * depth;
-        m.depths.push(QueueDepthPoint {
+        depths.push(QueueDepthPoint {
             depth,
             service_ms: started.elapsed().as_secs_f64() * 1e3 / f64::from(reads),
             request_bytes: DEPTH_REQUEST,
         });
         progress.step(u64::from(plan.depth_reads));
     }
-    progress.finish();
-    Ok(m)
+    Ok(depths)
 }
 
 /// Fits the model to the measurements (pure).
@@ -666,7 +687,10 @@ pub fn describe(model: &DeviceModel, took: Duration) -> String {
         model.zones.first().map_or(0.0, |z| z.read_bps / 1e6),
         model.min_read_bps() / 1e6,
         if model.writes_measured {
-            format!("at {:.0}% of reads (measured)", model.write_read_ratio * 100.0)
+            format!(
+                "at {:.0}% of reads (measured)",
+                model.write_read_ratio * 100.0
+            )
         } else {
             format!(
                 "not measured (assumed {:.0}% of reads; --write measures them)",
@@ -790,7 +814,11 @@ mod tests {
             size_bytes: 1 << 30,
         };
         let model = fit(identity, true, &m);
-        assert!((model.revolution_ms - 11.1).abs() < 0.1, "{}", model.revolution_ms);
+        assert!(
+            (model.revolution_ms - 11.1).abs() < 0.1,
+            "{}",
+            model.revolution_ms
+        );
         assert!(model.validate().is_ok());
         assert!(!model.writes_measured);
     }

@@ -2,7 +2,7 @@
 //!
 //! On the lab hdd, `abissctl profile --quick --save` measures the device model; abissd then
 //! predicts, per number n of 1 MB/s readers (the reference streams: 64 KiB reads, 564 KiB
-//! buffer), the miss probability per service window in both modes, and n_max at p_req. Then
+//! buffer), the miss probability per service window in both modes, and `n_max` at `p_req`. Then
 //! the readers run for real, attached to abissd with admission switched off, from 1 past
 //! saturation, against the reference copy loop, with the stream files in random order over
 //! the disk; the measured deadline-miss ratio is set against the predictions.
@@ -41,7 +41,7 @@ pub struct AdmissionArgs {
     /// The most streams to try.
     #[arg(long, default_value_t = 24)]
     pub max_streams: usize,
-    /// Steps to run after the first one whose miss ratio exceeds p_req.
+    /// Steps to run after the first one whose miss ratio exceeds `p_req`.
     #[arg(long, default_value_t = 2)]
     pub steps_after_miss: usize,
     /// Allowed miss probability per window.
@@ -58,7 +58,7 @@ pub struct AdmissionArgs {
     pub results_dir: PathBuf,
 }
 
-/// The stream counts tried: coarse to 8, then every count (where n_max is decided).
+/// The stream counts tried: coarse to 8, then every count (where `n_max` is decided).
 #[must_use]
 pub fn admission_steps(max: usize) -> Vec<usize> {
     let mut steps: Vec<usize> = [1, 2, 4, 6].into_iter().filter(|n| *n <= max).collect();
@@ -122,7 +122,7 @@ fn profile(bin_dir: &Path, device: &Path, state_dir: &Path) -> anyhow::Result<se
     serde_json::from_slice(&output.stdout).context("abissctl profile printed no model")
 }
 
-/// What abissd predicts per n and mode, and n_max per mode.
+/// What abissd predicts per n and mode, and `n_max` per mode.
 struct Predictions {
     per_n: Vec<(usize, f64, f64)>,
     n_max_deterministic: u32,
@@ -204,7 +204,8 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     let stream_file_bytes =
         (STREAM.rate_bps * args.secs + STREAM.buffer_bytes).next_multiple_of(1_000_000) + 1_000_000;
     let disk = LabDisk::up("admission", DISK_BYTES, args.read_ahead_kb)?;
-    let state_dir = std::env::temp_dir().join(format!("abiss-bench-admission-{}", std::process::id()));
+    let state_dir =
+        std::env::temp_dir().join(format!("abiss-bench-admission-{}", std::process::id()));
     let result = run_on(args, &bin_dir, &disk, &state_dir, &steps, stream_file_bytes);
     let _ = std::fs::remove_dir_all(&state_dir);
     let (model, predictions, rows, files) = result?;
@@ -249,7 +250,15 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
         },
         "steps": rows,
     });
-    let markdown = markdown(&command, &machine, args, &predictions, n_max_measured, &rows, &queue);
+    let markdown = markdown(
+        &command,
+        &machine,
+        args,
+        &predictions,
+        n_max_measured,
+        &rows,
+        &queue,
+    );
     report::write_results(&args.results_dir, "admission", &report, &markdown)?;
     let svg = args.results_dir.join("admission.svg");
     let series = [

@@ -14,7 +14,7 @@ use log::{info, warn};
 use scheduler_common::{playout_kind, AttachedFile, PlayoutEvent};
 
 use crate::device::{resolve_disk, ManagedDevice};
-use crate::policy::admission::{AdmissionControl, ShareAdmission, StreamDemand, SERVICE_WINDOW_S};
+use crate::policy::admission::{AdmissionControl, ShareAdmission, StreamDemand, SERVICE_WINDOW_MS};
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
@@ -211,7 +211,6 @@ impl Controller {
         managed
             .load_model(&self.settings)
             .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
-        let managed = &self.disks[&disk.number];
         if let Some(existing) = self.streams.by_file(&file.key) {
             return Err((
                 ErrorKind::Refused,
@@ -233,29 +232,7 @@ impl Controller {
                 format!("this user already holds {MAX_STREAMS_PER_USER} streams, the most one user may; detach one first"),
             ));
         }
-        let demand = StreamDemand::playback(
-            request.rate.0,
-            request.buffer.0,
-            u64::from(request.batch_pages) * PAGE_BYTES,
-        );
-        match (&managed.model, self.settings.mode) {
-            (_, AdmissionMode::Off) => {}
-            (Some(control), _) => {
-                let prediction = control
-                    .admit(&self.demands_on(disk.number), &demand)
-                    .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?;
-                info!(
-                    "{}: admitted {} B/s; predicted miss probability {:.4}%",
-                    disk,
-                    request.rate.0,
-                    prediction.miss_probability * 100.0
-                );
-            }
-            (None, _) => managed
-                .share
-                .admit(self.streams.reserved_on(disk.number), request.rate.0)
-                .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?,
-        }
+        self.admit_on(&disk, &request)?;
         let mapped = MappedFile::new(
             file.fd
                 .try_clone()
@@ -304,6 +281,36 @@ impl Controller {
         Ok(info)
     }
 
+    /// Admission of a stream of `request` on managed `disk`: by its model, or by the configured
+    /// capacity until it has one.
+    fn admit_on(&self, disk: &crate::device::Disk, request: &AttachRequest) -> Result<(), Refusal> {
+        let managed = &self.disks[&disk.number];
+        let demand = StreamDemand::playback(
+            request.rate.0,
+            request.buffer.0,
+            u64::from(request.batch_pages) * PAGE_BYTES,
+        );
+        match (&managed.model, self.settings.mode) {
+            (_, AdmissionMode::Off) => {}
+            (Some(control), _) => {
+                let prediction = control
+                    .admit(&self.demands_on(disk.number), &demand)
+                    .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?;
+                info!(
+                    "{}: admitted {} B/s; predicted miss probability {:.4}%",
+                    disk,
+                    request.rate.0,
+                    prediction.miss_probability * 100.0
+                );
+            }
+            (None, _) => managed
+                .share
+                .admit(self.streams.reserved_on(disk.number), request.rate.0)
+                .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?,
+        }
+        Ok(())
+    }
+
     /// What the streams on `disk` ask of it.
     fn demands_on(&self, disk: DeviceNumber) -> Vec<StreamDemand> {
         self.streams
@@ -317,6 +324,43 @@ impl Controller {
                 )
             })
             .collect()
+    }
+
+    /// Capacity planning without a model: the configured capacity times the share.
+    fn share_plan(
+        &self,
+        disk: &crate::device::Disk,
+        request: &AdmitRequest,
+        mode: AdmissionMode,
+        admitted_streams: u32,
+    ) -> AdmissionReport {
+        let managed = &self.disks[&disk.number];
+        let window_ms = SERVICE_WINDOW_MS;
+        let free = managed
+            .share
+            .budget_bps()
+            .saturating_sub(self.streams.reserved_on(disk.number));
+        let n_max = (mode != AdmissionMode::Off)
+            .then(|| u32::try_from(free / request.rate.0).unwrap_or(u32::MAX));
+        AdmissionReport {
+            device: disk.name.clone(),
+            mode,
+            p_req: self.settings.p_req,
+            window_ms,
+            realtime_share_percent: managed.share.share_percent,
+            model_source: format!(
+                "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
+                managed.share.capacity_bps, disk.name
+            ),
+            admitted_streams,
+            current_miss_probability: None,
+            n_max,
+            count: request.count,
+            miss_probability: None,
+            fits: request
+                .count
+                .map(|count| n_max.is_none_or(|n| count <= n)),
+        }
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.
@@ -355,40 +399,10 @@ impl Controller {
             write: request.write,
             ..StreamDemand::playback(request.rate.0, request.buffer.0, DEFAULT_BATCH_BYTES)
         };
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a window in ms"
-        )]
-        let window_ms = (SERVICE_WINDOW_S * 1e3).round() as u64;
+        let window_ms = SERVICE_WINDOW_MS;
         let admitted_streams = u32::try_from(existing.len()).unwrap_or(u32::MAX);
         let Some(control) = &managed.model else {
-            // No model: the configured capacity times the share.
-            let free = managed
-                .share
-                .budget_bps()
-                .saturating_sub(self.streams.reserved_on(disk.number));
-            let n_max = (mode != AdmissionMode::Off)
-                .then(|| u32::try_from(free / request.rate.0).unwrap_or(u32::MAX));
-            return Ok(AdmissionReport {
-                device: disk.name.clone(),
-                mode,
-                p_req: self.settings.p_req,
-                window_ms,
-                realtime_share_percent: managed.share.share_percent,
-                model_source: format!(
-                    "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
-                    managed.share.capacity_bps, disk.name
-                ),
-                admitted_streams,
-                current_miss_probability: None,
-                n_max,
-                count: request.count,
-                miss_probability: None,
-                fits: request
-                    .count
-                    .map(|count| n_max.is_none_or(|n| count <= n)),
-            });
+            return Ok(self.share_plan(&disk, request, mode, admitted_streams));
         };
         let control = AdmissionControl {
             mode,

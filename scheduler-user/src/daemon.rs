@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use abiss_proto::{
     decode_line, device_model::ModelError, encode_line, AdmissionMode, AdmissionReport,
-    AdmitRequest, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
-    Request, RequestRecord, Response, StreamInfo, StreamTarget, PROTOCOL_VERSION,
+    AdmitRequest, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup, Request,
+    RequestRecord, Response, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
 use aya::maps::{MapData, RingBuf};
 use log::{info, warn};

@@ -82,7 +82,7 @@ impl Drop for Scratch {
 pub struct Daemon {
     child: Option<Child>,
     socket: PathBuf,
-    _dir: Scratch,
+    dir: Scratch,
 }
 
 impl Daemon {
@@ -122,7 +122,7 @@ impl Daemon {
         let mut daemon = Self {
             child: Some(child),
             socket,
-            _dir: dir,
+            dir,
         };
         daemon.wait_ready();
         daemon
@@ -153,7 +153,7 @@ impl Daemon {
     /// Its state directory (where `abissctl profile --save --state-dir` puts device models).
     #[must_use]
     pub fn state_dir(&self) -> PathBuf {
-        self._dir.path().join("state")
+        self.dir.path().join("state")
     }
 
     /// A protocol connection.

@@ -36,7 +36,10 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
 
     let plan = json(&daemon.ctl(["admit", "--device", &device, "--rate", "1MB/s", "--json"]));
     assert_eq!(plan["mode"], "statistical");
-    assert!(plan["model_source"].as_str().unwrap().contains("quick profile"));
+    assert!(plan["model_source"]
+        .as_str()
+        .unwrap()
+        .contains("quick profile"));
     let n_max = usize::try_from(plan["n_max"].as_u64().expect("n_max")).unwrap();
     assert!((4..40).contains(&n_max), "n_max {n_max}");
     let deterministic = json(&daemon.ctl([
@@ -88,7 +91,10 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
         .unwrap()
         .starts_with("statistical"));
     let miss_ppm = status[0]["miss_probability_ppm"].as_u64().unwrap();
-    assert!(miss_ppm <= 10_000, "admitted streams predicted at {miss_ppm} ppm");
+    assert!(
+        miss_ppm <= 10_000,
+        "admitted streams predicted at {miss_ppm} ppm"
+    );
     // One more does not fit, and `admit` says so too.
     let again = json(&daemon.ctl([
         "admit", "--device", &device, "--rate", "1MB/s", "--count", "1", "--json",

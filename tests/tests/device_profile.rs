@@ -62,7 +62,10 @@ fn quick_profile_recovers_the_emulators_zone_rates_and_access_time() {
     ]);
     let took = started.elapsed();
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(took < Duration::from_secs(60), "quick profile took {took:?}");
+    assert!(
+        took < Duration::from_secs(60),
+        "quick profile took {took:?}"
+    );
     // Not on a terminal: no progress bar.
     assert!(!stderr(&output).contains('['), "{}", stderr(&output));
     let model: DeviceModel = serde_json::from_slice(&output.stdout).expect("a model as JSON");
@@ -228,7 +231,12 @@ fn bad_probabilities_rates_and_devices_are_refused() {
             .args(["--socket", "/nonexistent/s.sock"])
             .output()
             .unwrap();
-        assert_eq!(output.status.code(), Some(2), "--p-req {p}: {}", stderr(&output));
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "--p-req {p}: {}",
+            stderr(&output)
+        );
         assert!(stderr(&output).contains("p-req"), "{}", stderr(&output));
     }
     let disk = LoopDevice::new_in("/dev/shm", 64);
@@ -236,7 +244,13 @@ fn bad_probabilities_rates_and_devices_are_refused() {
     let device = disk.name();
     // A rate too large to parse, and one beyond what a stream may ask.
     assert_fails(
-        &daemon.ctl(["admit", "--device", &device, "--rate", "99999999999999999999999"]),
+        &daemon.ctl([
+            "admit",
+            "--device",
+            &device,
+            "--rate",
+            "99999999999999999999999",
+        ]),
         2,
         "rate",
     );
@@ -246,7 +260,9 @@ fn bad_probabilities_rates_and_devices_are_refused() {
         "outside 1 B/s to 1 TB/s",
     );
     assert_fails(
-        &daemon.ctl(["admit", "--device", &device, "--rate", "1MB/s", "--count", "0"]),
+        &daemon.ctl([
+            "admit", "--device", &device, "--rate", "1MB/s", "--count", "0",
+        ]),
         2,
         "count",
     );

@@ -97,9 +97,7 @@ fn main() -> ExitCode {
             Benchmark::Overhead { args } => bench::run_bench_binary(&root, "overhead", &args),
             Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
-            Benchmark::Admission { args } => {
-                bench::run_bench_binary(&root, "admission", &args)
-            }
+            Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
     });

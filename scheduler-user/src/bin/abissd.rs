@@ -60,7 +60,9 @@ fn parse_probability(text: &str) -> Result<f64, String> {
     if p.is_finite() && p > 0.0 && p < 1.0 {
         Ok(p)
     } else {
-        Err(format!("{text} is not a probability between 0 and 1 (exclusive)"))
+        Err(format!(
+            "{text} is not a probability between 0 and 1 (exclusive)"
+        ))
     }
 }
 

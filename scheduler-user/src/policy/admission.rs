@@ -24,7 +24,9 @@
 use abiss_proto::device_model::{normal_upper_tail, DeviceModel};
 use abiss_proto::{AdmissionMode, PAGE_BYTES};
 
-/// The service window admission looks at (TRAC's `T_svr`, one second there too).
+/// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
+pub const SERVICE_WINDOW_MS: u64 = 1000;
+/// The same in seconds.
 pub const SERVICE_WINDOW_S: f64 = 1.0;
 
 /// A VBR stream's peak rate for the deterministic worst case: its mean plus this many standard
@@ -327,12 +329,7 @@ impl AdmissionControl {
             AdmissionMode::Deterministic => prediction.worst_work_s,
             _ => prediction.mean_work_s,
         };
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            reason = "a window in ms"
-        )]
-        let window_ms = (SERVICE_WINDOW_S * 1e3).round() as u64;
+        let window_ms = SERVICE_WINDOW_MS;
         Err(Box::new(ModelRefusal {
             device: self.device.clone(),
             mode: self.mode,
@@ -459,7 +456,12 @@ mod tests {
         }
     }
 
-    fn control(mode: AdmissionMode, model: DeviceModel, p_req: f64, share: u32) -> AdmissionControl {
+    fn control(
+        mode: AdmissionMode,
+        model: DeviceModel,
+        p_req: f64,
+        share: u32,
+    ) -> AdmissionControl {
         AdmissionControl {
             device: "loop0".into(),
             model,
@@ -478,14 +480,19 @@ mod tests {
     fn playback_loads_are_a_third_of_the_buffer_in_whole_batches() {
         assert_eq!(reference_stream().load_bytes, 3 * 20 * 4096);
         assert_eq!(StreamDemand::playback(1, 8192, 4096).load_bytes, 4096);
-        assert_eq!(StreamDemand::playback(1, 1 << 20, 4096).load_bytes, 349_525 / 4096 * 4096);
+        assert_eq!(
+            StreamDemand::playback(1, 1 << 20, 4096).load_bytes,
+            349_525 / 4096 * 4096
+        );
     }
 
     #[test]
     fn statistical_admits_more_than_deterministic_on_the_laptop_disk() {
         let stream = reference_stream();
         let det = control(AdmissionMode::Deterministic, laptop(1.0, 11.1), 0.01, 95);
-        let n_det = det.n_max(AdmissionMode::Deterministic, &[], &stream).unwrap();
+        let n_det = det
+            .n_max(AdmissionMode::Deterministic, &[], &stream)
+            .unwrap();
         let n_stat = det.n_max(AdmissionMode::Statistical, &[], &stream).unwrap();
         assert!(n_det >= 5, "{n_det}");
         assert!(
@@ -498,7 +505,9 @@ mod tests {
     fn refusals_name_requested_available_and_miss_probability() {
         let admission = control(AdmissionMode::Statistical, laptop(1.0, 11.1), 0.01, 80);
         let stream = reference_stream();
-        let n = admission.n_max(AdmissionMode::Statistical, &[], &stream).unwrap() as usize;
+        let n = admission
+            .n_max(AdmissionMode::Statistical, &[], &stream)
+            .unwrap() as usize;
         let existing = vec![stream; n];
         assert!(admission.admit(&existing[..n - 1], &stream).is_ok());
         let refusal = admission.admit(&existing, &stream).unwrap_err();
@@ -515,9 +524,16 @@ mod tests {
         model.write_read_ratio = 0.5;
         let admission = control(AdmissionMode::Statistical, model, 0.01, 80);
         let read = StreamDemand::playback(4_000_000, 4 << 20, 4096);
-        let write = StreamDemand { write: true, ..read };
-        let n_read = admission.n_max(AdmissionMode::Statistical, &[], &read).unwrap();
-        let n_write = admission.n_max(AdmissionMode::Statistical, &[], &write).unwrap();
+        let write = StreamDemand {
+            write: true,
+            ..read
+        };
+        let n_read = admission
+            .n_max(AdmissionMode::Statistical, &[], &read)
+            .unwrap();
+        let n_write = admission
+            .n_max(AdmissionMode::Statistical, &[], &write)
+            .unwrap();
         assert!(n_write < n_read, "{n_write} vs {n_read}");
     }
 
@@ -533,18 +549,14 @@ mod tests {
     }
 
     fn demand_strategy() -> impl Strategy<Value = StreamDemand> {
-        (
-            1u64..20_000_000,
-            0u64..2_000_000,
-            1u64..2048,
-            any::<bool>(),
-        )
-            .prop_map(|(rate, stdev, pages, write)| StreamDemand {
+        (1u64..20_000_000, 0u64..2_000_000, 1u64..2048, any::<bool>()).prop_map(
+            |(rate, stdev, pages, write)| StreamDemand {
                 rate_bps: rate,
                 rate_stdev_bps: stdev,
                 load_bytes: pages * PAGE_BYTES,
                 write,
-            })
+            },
+        )
     }
 
     fn model_strategy() -> impl Strategy<Value = DeviceModel> {
