@@ -181,17 +181,23 @@ pub struct AdmissionReport {
     pub model_source: String,
     /// Streams already admitted on the device.
     pub admitted_streams: u32,
-    /// Their predicted miss probability per window (`None` without a model).
+    /// Their predicted miss probability (`None` without a model).
     pub current_miss_probability: Option<f64>,
     /// How many streams of the kind asked about fit next to them (`None`: admission is off).
     pub n_max: Option<u32>,
     /// The streams asked about (`count`).
     pub count: Option<u32>,
-    /// Predicted miss probability per window with `count` more such streams (`None` without
-    /// a model). In deterministic mode a bound: 0 while the worst case fits, else 1.
+    /// Predicted probability that a read waits with `count` more such streams: that the
+    /// real-time backlog outgrows the least buffered stream's slack (`None` without a model).
+    /// In deterministic mode a bound: 0 while the worst case fits, else 1.
     pub miss_probability: Option<f64>,
     /// Whether `count` more such streams would be admitted.
     pub fits: Option<bool>,
+    /// TRAC's per-window overcommit probability with `count` more such streams: that a
+    /// service window's work exceeds the real-time share (`None` without a model). The miss
+    /// probability above also counts what the playout buffers absorb.
+    #[serde(default)]
+    pub window_overrun_probability: Option<f64>,
 }
 
 /// Parameters of a new stream.

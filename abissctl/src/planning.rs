@@ -112,8 +112,15 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
                 .map_or_else(String::new, |p| format!(
                     ", predicted miss probability {}",
                     percent(p)
-                ))
+                )),
         );
+        if let Some(overrun) = report.window_overrun_probability {
+            let _ = writeln!(
+                out,
+                "  (TRAC's probability that a window overruns the share, buffers ignored: {})",
+                percent(overrun)
+            );
+        }
     }
     Ok(())
 }

@@ -86,6 +86,7 @@ struct Step {
     streams: usize,
     predicted_deterministic: f64,
     predicted_statistical: f64,
+    predicted_window_overrun: f64,
     measured_miss_ratio: f64,
     trial: TrialRow,
 }
@@ -124,9 +125,12 @@ fn profile(bin_dir: &Path, device: &Path, state_dir: &Path) -> anyhow::Result<se
 
 /// What abissd predicts per n and mode, and `n_max` per mode.
 struct Predictions {
-    per_n: Vec<(usize, f64, f64)>,
+    /// (n, deterministic bound, statistical miss probability, TRAC window overrun).
+    per_n: Vec<(usize, f64, f64, f64)>,
     n_max_deterministic: u32,
     n_max_statistical: u32,
+    /// From the per-n table: the last n before the first whose window overrun exceeds `p_req`.
+    n_max_window_overrun: Option<usize>,
 }
 
 fn predict(
@@ -173,8 +177,11 @@ fn predict(
             n,
             det.miss_probability.unwrap_or(f64::NAN),
             stat.miss_probability.unwrap_or(f64::NAN),
+            stat.window_overrun_probability.unwrap_or(f64::NAN),
         ));
     }
+    let overruns: Vec<(usize, f64)> = per_n.iter().map(|p| (p.0, p.3)).collect();
+    let n_max_window_overrun = measured_n_max(&overruns, args.p_req);
     let det = ask(None, AdmissionMode::Deterministic)?;
     let stat = ask(None, AdmissionMode::Statistical)?;
     anyhow::ensure!(
@@ -186,6 +193,7 @@ fn predict(
         per_n,
         n_max_deterministic: det.n_max.unwrap_or(0),
         n_max_statistical: stat.n_max.unwrap_or(0),
+        n_max_window_overrun,
     })
 }
 
@@ -246,6 +254,7 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
         "n_max": {
             "deterministic": predictions.n_max_deterministic,
             "statistical": predictions.n_max_statistical,
+            "trac_window_overrun": predictions.n_max_window_overrun,
             "measured": n_max_measured,
         },
         "steps": rows,
@@ -261,16 +270,35 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     );
     report::write_results(&args.results_dir, "admission", &report, &markdown)?;
     let svg = args.results_dir.join("admission.svg");
+    draw(&svg, args, &rows, measured)?;
+    println!("written: {}", svg.display());
+    Ok(())
+}
+
+/// The chart: measured and predicted misses against streams.
+fn draw(
+    svg: &Path,
+    args: &AdmissionArgs,
+    rows: &[Step],
+    measured: Vec<(usize, f64)>,
+) -> anyhow::Result<()> {
     let series = [
         MissSeries {
             name: "measured: reads that missed",
             steps: measured,
         },
         MissSeries {
-            name: "predicted, statistical: P(window overruns)",
+            name: "predicted, statistical: P(backlog > buffer slack)",
             steps: rows
                 .iter()
                 .map(|s| (s.streams, s.predicted_statistical))
+                .collect(),
+        },
+        MissSeries {
+            name: "TRAC per window, buffers ignored: P(window overruns)",
+            steps: rows
+                .iter()
+                .map(|s| (s.streams, s.predicted_window_overrun))
                 .collect(),
         },
         MissSeries {
@@ -282,7 +310,7 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
         },
     ];
     chart::misses_by_streams(
-        &svg,
+        svg,
         &format!(
             "Admission: predicted and measured misses of 1 MB/s readers, lab hdd (p_req {}%)",
             args.p_req * 100.0
@@ -290,7 +318,6 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
         &series,
     )
     .context("cannot draw admission.svg")?;
-    println!("written: {}", svg.display());
     Ok(())
 }
 
@@ -331,7 +358,7 @@ fn run_on(
     });
     let mut rows = Vec::new();
     let mut after_miss: Option<usize> = None;
-    for &(streams, det, stat) in &predictions.per_n {
+    for &(streams, det, stat, overrun) in &predictions.per_n {
         eprintln!("running {streams} streams …");
         let trial = run_trial(
             disk,
@@ -357,6 +384,7 @@ fn run_on(
             streams,
             predicted_deterministic: det,
             predicted_statistical: stat,
+            predicted_window_overrun: overrun,
             measured_miss_ratio: ratio,
             trial,
         });
@@ -394,16 +422,19 @@ fn markdown(
     let mut text = format!(
         "### Admission control: predicted against measured misses, lab hdd\n\n\
          `{command}`: the lab hdd profiled with `abissctl profile --quick`; abissd predicts per \
-         n the probability that a {window} ms service window overruns the real-time share \
-         ({share}%), in both modes; then n readers at 1 MB/s (64 KiB reads, 564 KiB buffer, \
+         n, from the model: the deterministic bound (0 while the worst case of a {window} ms \
+         window fits the real-time share of {share}%, else 1), TRAC's probability that a window's \
+         work overruns that share, and the statistical miss probability admission uses (that the \
+         real-time backlog outgrows the playout buffers' slack); then n readers at 1 MB/s (64 KiB reads, 564 KiB buffer, \
          deadline slack {slack:.0} ms) run attached to abissd with admission off, for {secs} s \
          after {warmup} s of the reference copy loop, with the stream files in random order over \
          the disk. The measured figure is the fraction of reads that missed their deadline. \
          {disk_line} {machine_line}\n\n\
          | n_max at p_req = {p}% | streams |\n| --- | ---: |\n\
-         | predicted, deterministic | {det} |\n| predicted, statistical | {stat} |\n| measured | {measured} |\n\n\
-         | streams | predicted deterministic % | predicted statistical % | measured miss % | reads | misses | p99 ms | max ms | BE copy MB/s | disk busy % |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         | predicted, deterministic | {det} |\n| predicted, statistical (admission) | {stat} |\n\
+         | TRAC per-window overrun, buffers ignored | {trac} |\n| measured | {measured} |\n\n\
+         | streams | deterministic bound % | statistical miss % | TRAC window overrun % | measured miss % | reads | misses | p99 ms | max ms | BE copy MB/s | disk busy % |\n\
+         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         window = 1000,
         share = args.realtime_share,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
@@ -414,15 +445,19 @@ fn markdown(
         p = args.p_req * 100.0,
         det = predictions.n_max_deterministic,
         stat = predictions.n_max_statistical,
+        trac = predictions
+            .n_max_window_overrun
+            .map_or_else(|| "0".to_owned(), |n| n.to_string()),
         measured = n_max_measured.map_or_else(|| "0".to_owned(), |n| n.to_string()),
     );
     for row in rows {
         let _ = writeln!(
             text,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
             row.streams,
             percent(row.predicted_deterministic),
             percent(row.predicted_statistical),
+            percent(row.predicted_window_overrun),
             percent(row.measured_miss_ratio),
             row.trial.deadlines.reads,
             row.trial.deadlines.misses,

@@ -360,6 +360,7 @@ impl Controller {
             fits: request
                 .count
                 .map(|count| n_max.is_none_or(|n| count <= n)),
+            window_overrun_probability: None,
         }
     }
 
@@ -424,7 +425,11 @@ impl Controller {
                 }
                 _ => prediction.miss_probability,
             };
-            (p, control.fits(mode, &all))
+            (
+                p,
+                control.fits(mode, &all),
+                prediction.window_overrun_probability,
+            )
         });
         Ok(AdmissionReport {
             device: disk.name.clone(),
@@ -437,8 +442,9 @@ impl Controller {
             current_miss_probability: Some(control.predict(&existing).miss_probability),
             n_max: control.n_max(mode, &existing, &demand),
             count: request.count,
-            miss_probability: with_count.map(|(p, _)| p),
-            fits: with_count.map(|(_, fits)| fits),
+            miss_probability: with_count.map(|(p, _, _)| p),
+            fits: with_count.map(|(_, fits, _)| fits),
+            window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
         })
     }
 

@@ -12,8 +12,14 @@
 //! - **Statistical:** the window's work is a random sum — data demand (the number of loads,
 //!   with the rate's standard deviation for variable-bit-rate streams), access time (random
 //!   placement: seek over a random distance, uniform rotation) and transfer rate (uniform
-//!   position over the zone profile) — approximated by a normal distribution, as in TRAC.
-//!   A set of streams is admitted while `P(work > T × share) ≤ p_req`.
+//!   position over the zone profile) — approximated by a normal distribution, as in TRAC,
+//!   which gives TRAC's overcommit probability `P(work > T × share)`. ABISS streams have what
+//!   TRAC's do not: playout buffers, which carry an overrun into the next windows. So a read
+//!   waits only when the real-time backlog outgrows the slack of the least buffered stream;
+//!   with the per-window mean and variance of the work as the drift and variance of that
+//!   backlog (a reflected random walk), its diffusion approximation gives
+//!   `P(backlog > S) ≈ exp(−2·(T·share − mean)·S / σ²)`, 1 once the mean reaches the share.
+//!   A set of streams is admitted while that probability is at most `p_req`.
 //! - **Mixed loads:** recording streams transfer at the measured write/read rate ratio
 //!   (TRAC's β); a window's work adds the reads' and the writes' time, which is TRAC's
 //!   mixed-load factor applied per stream.
@@ -45,6 +51,9 @@ pub struct StreamDemand {
     pub rate_stdev_bps: u64,
     /// Bytes per load: one access each.
     pub load_bytes: u64,
+    /// Bytes the stream holds ahead of its reader when it asks for a load (its playout buffer
+    /// less a load): how far the disk may fall behind before a read waits.
+    pub ahead_bytes: u64,
     /// A recording stream (written) rather than playback.
     pub write: bool,
 }
@@ -59,10 +68,12 @@ impl StreamDemand {
     pub fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
         let batch = batch_bytes.max(PAGE_BYTES);
         let third = (buffer_bytes / 3) / PAGE_BYTES * PAGE_BYTES;
+        let load_bytes = third.max(batch).div_ceil(batch).saturating_mul(batch);
         Self {
             rate_bps,
             rate_stdev_bps: 0,
-            load_bytes: third.max(batch).div_ceil(batch).saturating_mul(batch),
+            load_bytes,
+            ahead_bytes: buffer_bytes.saturating_sub(load_bytes),
             write: false,
         }
     }
@@ -108,7 +119,12 @@ pub struct Prediction {
     pub stdev_work_s: f64,
     /// Worst-case work per window, s.
     pub worst_work_s: f64,
-    /// Probability that a window's work exceeds the real-time budget.
+    /// TRAC's overcommit probability: that a window's work exceeds the real-time budget.
+    pub window_overrun_probability: f64,
+    /// The slack of the least buffered stream, s.
+    pub slack_s: f64,
+    /// Probability that the real-time backlog outgrows that slack, so a read waits: what
+    /// statistical admission holds to `p_req`.
     pub miss_probability: f64,
 }
 
@@ -201,21 +217,42 @@ impl AdmissionControl {
         }
         let budget = self.budget_s();
         let stdev = var.sqrt();
-        // If the worst case fits, no window can overrun (the normal tail would say otherwise
-        // only because it is an approximation).
-        let miss_probability = if worst <= budget {
-            0.0
+        let slack_s = streams
+            .iter()
+            .map(|d| as_f64(d.ahead_bytes) / as_f64(d.rate_bps.max(1)))
+            .fold(f64::INFINITY, f64::min);
+        let slack_s = if slack_s.is_finite() { slack_s } else { 0.0 };
+        // If the worst case fits, no window can overrun (the normal tail and the diffusion
+        // below would say otherwise only because they are approximations).
+        let (window_overrun_probability, miss_probability) = if worst <= budget {
+            (0.0, 0.0)
         } else if stdev > 0.0 {
-            normal_upper_tail((budget - mean) / stdev)
+            // TRAC: the window's work as a normal variable.
+            let overrun = normal_upper_tail((budget - mean) / stdev);
+            // The playout buffers carry an overrun into the next windows: the real-time
+            // backlog is a random walk with drift (mean − budget) and variance σ² per window,
+            // reflected at 0. While the drift is negative, the probability that it exceeds
+            // the slack S is about exp(−2·(budget − mean)·S / σ²) (its diffusion
+            // approximation); with no negative drift the backlog grows without bound.
+            let miss = if mean >= budget {
+                1.0
+            } else {
+                (-2.0 * (budget - mean) * slack_s / SERVICE_WINDOW_S / (var / SERVICE_WINDOW_S))
+                    .exp()
+                    .min(1.0)
+            };
+            (overrun, miss)
         } else if mean > budget {
-            1.0
+            (1.0, 1.0)
         } else {
-            0.0
+            (0.0, 0.0)
         };
         Prediction {
             mean_work_s: mean,
             stdev_work_s: stdev,
             worst_work_s: worst,
+            window_overrun_probability,
+            slack_s,
             miss_probability,
         }
     }
@@ -554,6 +591,7 @@ mod tests {
                 rate_bps: rate,
                 rate_stdev_bps: stdev,
                 load_bytes: pages * PAGE_BYTES,
+                ahead_bytes: pages * PAGE_BYTES * 2,
                 write,
             },
         )
