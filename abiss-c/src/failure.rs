@@ -87,6 +87,8 @@ pub(crate) fn client_errno(error: &ClientError) -> c_int {
         // Admission control said no: the disk's real-time share is taken (for now).
         ClientError::Refused { .. } => libc::EBUSY,
         ClientError::NotFound { .. } => libc::ENOENT,
+        ClientError::UnknownDevice { .. } => libc::ENODEV,
+        ClientError::ModelUnusable { .. } => libc::EUCLEAN,
         ClientError::NotASocket { .. }
         | ClientError::VersionMismatch { .. }
         | ClientError::Daemon { .. }

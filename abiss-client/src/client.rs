@@ -7,9 +7,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use abiss_proto::{
-    decode_line, encode_line, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
-    Request, RequestRecord, Response, StatsReport, StreamInfo, StreamTarget, DEFAULT_SOCKET,
-    SOCKET_ENV,
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
+    ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StreamInfo,
+    StreamTarget, DEFAULT_SOCKET, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
@@ -51,6 +51,18 @@ pub enum ClientError {
     /// No such stream.
     #[error("{message}")]
     NotFound {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// No such device, or one the daemon does not manage.
+    #[error("{message}")]
+    UnknownDevice {
+        /// The daemon's sentence.
+        message: String,
+    },
+    /// The device's saved model is corrupt or describes another device.
+    #[error("{message}")]
+    ModelUnusable {
         /// The daemon's sentence.
         message: String,
     },
@@ -202,6 +214,8 @@ impl Client {
                 ErrorKind::PermissionDenied => ClientError::PermissionDenied { message },
                 ErrorKind::Refused => ClientError::Refused { message },
                 ErrorKind::NotFound => ClientError::NotFound { message },
+                ErrorKind::UnknownDevice => ClientError::UnknownDevice { message },
+                ErrorKind::ModelUnusable => ClientError::ModelUnusable { message },
                 ErrorKind::Internal => ClientError::Daemon { message },
             }),
             other => Ok(other),
@@ -322,6 +336,14 @@ impl Client {
                 return Ok(false);
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Capacity planning on a managed device; attaches nothing.
+    pub fn admit(&mut self, request: AdmitRequest) -> Result<AdmissionReport, ClientError> {
+        match self.call(Request::Admit(request))? {
+            Response::Admission(report) => Ok(report),
+            other => Err(self.unexpected(&other)),
         }
     }
 

@@ -107,7 +107,9 @@ impl fmt::Display for ByteSize {
 }
 
 /// A positive byterate in bytes per second.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct ByteRate(pub u64);
 
 impl FromStr for ByteRate {

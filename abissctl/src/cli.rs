@@ -7,11 +7,13 @@ use clap::{Parser, Subcommand};
 
 use crate::devices;
 use crate::error::CliError;
+use crate::planning::{self, AdmitQuestion};
+use crate::profile::{self, ProfileOptions};
 use crate::stats;
 use crate::streams::{self, StreamParameters};
 use crate::trace::{self, Grouping, TraceOptions};
 use abiss_client::Client;
-use abiss_proto::{ByteRate, ByteSize};
+use abiss_proto::{AdmissionMode, ByteRate, ByteSize};
 
 /// Guaranteed-rate file streaming and block I/O tracing by priority (ABISS).
 #[derive(Debug, Parser)]
@@ -99,6 +101,60 @@ enum Command {
         /// Seconds to measure.
         #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
         interval: Duration,
+        /// Print JSON.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
+    /// Measure a disk with `O_DIRECT` reads (zone profile, access time by seek distance,
+    /// rotation, request size, requests in flight) and fit the device model abissd admits
+    /// streams by. Needs root. Reads only, unless --write.
+    Profile {
+        /// The whole disk: NAME, /dev/NAME or MAJOR:MINOR.
+        device: String,
+        /// A short profile (at most a minute on a laptop disk) instead of the full one.
+        #[arg(long)]
+        quick: bool,
+        /// Print the model as JSON.
+        #[arg(long, short = 'j')]
+        json: bool,
+        /// Save the model where abissd finds it (`STATE_DIR/models/IDENTITY.json`).
+        #[arg(long)]
+        save: bool,
+        /// Also measure writes, by rewriting in place the data just read (needs a device
+        /// nobody has open, and --yes or a typed confirmation).
+        #[arg(long)]
+        write: bool,
+        /// Do not ask before --write.
+        #[arg(long, requires = "write")]
+        yes: bool,
+        /// abissd's state directory.
+        #[arg(long, default_value = "/run/abiss")]
+        state_dir: PathBuf,
+    },
+    /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's `p_req`,
+    /// and the predicted miss probability of N of them. Attaches nothing.
+    Admit {
+        /// The managed disk: NAME, /dev/NAME or MAJOR:MINOR.
+        #[arg(long, short = 'd')]
+        device: String,
+        /// Mean rate of each stream.
+        #[arg(long, short = 'r')]
+        rate: ByteRate,
+        /// Standard deviation of each stream's rate over a window (variable bit rate).
+        #[arg(long, short = 's')]
+        stdev: Option<ByteRate>,
+        /// Playout buffer of each stream.
+        #[arg(long, short = 'b', default_value = "564KiB")]
+        buffer: ByteSize,
+        /// Evaluate this many more streams.
+        #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        count: Option<u32>,
+        /// Admission mode to answer for (abissd's own if not given).
+        #[arg(long, short = 'm')]
+        mode: Option<AdmissionMode>,
+        /// Recording (written) streams instead of playback.
+        #[arg(long)]
+        write: bool,
         /// Print JSON.
         #[arg(long, short = 'j')]
         json: bool,
@@ -191,6 +247,45 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             }
         }
         Command::Stats { interval, json } => stats::show(&mut connect()?, interval, json),
+        Command::Profile {
+            device,
+            quick,
+            json,
+            save,
+            write,
+            yes,
+            state_dir,
+        } => profile::run(&ProfileOptions {
+            device,
+            quick,
+            json,
+            save,
+            write,
+            yes,
+            state_dir,
+        }),
+        Command::Admit {
+            device,
+            rate,
+            stdev,
+            buffer,
+            count,
+            mode,
+            write,
+            json,
+        } => planning::admit(
+            &mut connect()?,
+            AdmitQuestion {
+                device,
+                rate,
+                stdev: stdev.unwrap_or_default(),
+                buffer,
+                count,
+                mode,
+                write,
+                json,
+            },
+        ),
     }
     .map(|()| 0)
 }

@@ -17,6 +17,21 @@ pub enum CliError {
     /// A command run under `abissctl run` could not be started.
     #[error("{0}")]
     Command(String),
+    /// A bad combination of arguments found after parsing.
+    #[error("{0}")]
+    Usage(String),
+    /// Not allowed (profiling needs root).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The device is in use.
+    #[error("{0}")]
+    Busy(String),
+    /// The device is too small to profile.
+    #[error("{0}")]
+    TooSmall(String),
+    /// Measuring failed.
+    #[error("{0}")]
+    Profile(String),
 }
 
 impl CliError {
@@ -33,7 +48,14 @@ impl CliError {
                 ClientError::BadRequest { .. } => 8,
                 ClientError::Refused { .. } => 9,
                 ClientError::NotFound { .. } => 10,
+                ClientError::UnknownDevice { .. } => 5,
+                ClientError::ModelUnusable { .. } => 15,
             },
+            Self::Usage(_) => 2,
+            Self::PermissionDenied(_) => 6,
+            Self::Busy(_) => 13,
+            Self::TooSmall(_) => 14,
+            Self::Profile(_) => 1,
             Self::UnknownDevice(_) => 5,
             Self::BadFile(_) => 11,
             Self::Command(_) => 12,

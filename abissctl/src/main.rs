@@ -6,6 +6,8 @@ use clap::Parser;
 mod cli;
 mod devices;
 mod error;
+mod planning;
+mod profile;
 mod stats;
 mod streams;
 mod trace;

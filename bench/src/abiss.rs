@@ -23,8 +23,8 @@ pub struct AbissHook {
     /// ABISS level of the streams: 0 is real time; 6 is best effort at the default level, the
     /// slides' "prefetch without real-time priority".
     pub level: u8,
-    /// Whether abissd raises readers that miss the page cache (off: `--no-upgrades`).
-    pub upgrades: bool,
+    /// More abissd arguments (e.g. `--admission off`).
+    pub daemon_args: &'static [&'static str],
 }
 
 /// What abissd counted over a run, for the rows that run it.
@@ -51,7 +51,18 @@ impl RunHook for AbissHook {
         let bin_dir = run.bin_dir.context(
             "ABISS rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
         )?;
-        let daemon = Daemon::start(bin_dir, run.device, self.elevator, self.upgrades)?;
+        // Capacity well above what any run asks: the benchmarks measure the guarantee, not
+        // admission (the admission benchmark switches it off and predicts separately).
+        let mut args = vec![
+            "--elevator",
+            self.elevator,
+            "--capacity",
+            "100MB/s",
+            "--realtime-share",
+            "95",
+        ];
+        args.extend_from_slice(self.daemon_args);
+        let daemon = Daemon::start(bin_dir, run.device, &args, None)?;
         Ok(Box::new(AbissRun {
             daemon,
             level: self.level,
@@ -59,7 +70,7 @@ impl RunHook for AbissHook {
     }
 }
 
-/// An abissd for a benchmark, managing its lab disk; stopped with SIGTERM on drop.
+/// An abissd of a benchmark, on its own socket; stopped (SIGTERM) on drop.
 #[derive(Debug)]
 pub struct Daemon {
     child: Child,
@@ -68,35 +79,26 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts abissd from `bin_dir` managing `device` with `elevator`, and waits until it
-    /// listens.
+    /// Starts abissd from `bin_dir` managing `device` with `args`, with its state in
+    /// `state_dir` (a fresh directory, removed on drop, if `None`); waits until it answers.
     pub fn start(
         bin_dir: &Path,
         device: &Path,
-        elevator: &str,
-        upgrades: bool,
+        args: &[&str],
+        state_dir: Option<&Path>,
     ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
         let socket = dir.join("abiss.sock");
-        // Capacity well above what any run asks: these benchmarks measure the guarantee, not
-        // admission.
+        let state = state_dir.map_or_else(|| dir.join("state"), Path::to_path_buf);
         let child = Command::new(bin_dir.join("abissd"))
             .arg("--socket")
             .arg(&socket)
             .arg("--state-dir")
-            .arg(dir.join("state"))
+            .arg(&state)
             .arg("--device")
             .arg(device)
-            .args([
-                "--elevator",
-                elevator,
-                "--capacity",
-                "100MB/s",
-                "--realtime-share",
-                "95",
-            ])
-            .args((!upgrades).then_some("--no-upgrades"))
+            .args(args)
             .env("RUST_LOG", "warn")
             .spawn()
             .context("cannot start abissd")?;
@@ -114,6 +116,12 @@ impl Daemon {
     /// A client connection.
     pub fn connect(&self) -> anyhow::Result<Client> {
         Client::connect(&self.socket).context("cannot connect to abissd")
+    }
+
+    /// Its control socket.
+    #[must_use]
+    pub fn socket(&self) -> &Path {
+        &self.socket
     }
 }
 

@@ -153,7 +153,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
-            upgrades: true,
+            daemon_args: &[],
         }),
         Configuration::new(
             "abiss-mq-deadline-no-upgrades",
@@ -163,13 +163,13 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
-            upgrades: false,
+            daemon_args: &["--no-upgrades"],
         }),
         Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
             AbissHook {
                 elevator: "bfq",
                 level: 0,
-                upgrades: true,
+                daemon_args: &[],
             },
         ),
         Configuration::new(
@@ -180,7 +180,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 6,
-            upgrades: true,
+            daemon_args: &[],
         }),
     ]
 }

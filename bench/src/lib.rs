@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 
 pub mod abiss;
+pub mod admission;
 pub mod chart;
 pub mod configuration;
 pub mod interrupt;

@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{interrupt, overhead, reference, sweep, upgrades};
+use abiss_bench::{admission, interrupt, overhead, reference, sweep, upgrades};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -21,6 +21,10 @@ enum Command {
     /// Time from a page-cache miss on an attached file to the reader's raised priority, over
     /// many misses under the copy load (upgrades.json, .md).
     Upgrades(upgrades::UpgradesArgs),
+    /// Admission control against measurement: the lab hdd profiled, the predicted miss
+    /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
+    /// with admission off (admission.json, .md, .svg).
+    Admission(admission::AdmissionArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,5 +35,6 @@ fn main() -> anyhow::Result<()> {
         Command::Sweep(args) => sweep::run(&args),
         Command::Overhead(args) => overhead::run(&args),
         Command::Upgrades(args) => upgrades::run(&args),
+        Command::Admission(args) => admission::run(&args),
     }
 }

@@ -57,7 +57,19 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
         COPY_FILE_BYTES,
     )?;
     let stream_file = files.streams[0].clone();
-    let daemon = Daemon::start(&bin_dir, disk.device(), "mq-deadline", true)?;
+    let daemon = Daemon::start(
+        &bin_dir,
+        disk.device(),
+        &[
+            "--elevator",
+            "mq-deadline",
+            "--capacity",
+            "100MB/s",
+            "--realtime-share",
+            "95",
+        ],
+        None,
+    )?;
     let mut client = daemon.connect()?;
     let file = File::open(&stream_file)?;
     let stream = client.attach(

@@ -5,15 +5,16 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use abiss_proto::device_model::{DeviceIdentity, DeviceModel};
 use abiss_proto::{
-    AttachRequest, ByteRate, DeviceNumber, DeviceStatus, ErrorKind, StreamInfo, StreamTarget,
-    UpgradeReport, PAGE_BYTES,
+    AdmissionMode, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber,
+    DeviceStatus, ErrorKind, StreamInfo, StreamTarget, UpgradeReport, PAGE_BYTES,
 };
 use log::{info, warn};
 use scheduler_common::{playout_kind, AttachedFile, PlayoutEvent};
 
 use crate::device::{resolve_disk, ManagedDevice};
-use crate::policy::admission::ShareAdmission;
+use crate::policy::admission::{AdmissionControl, ShareAdmission, StreamDemand, SERVICE_WINDOW_MS};
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
@@ -26,18 +27,99 @@ use crate::upgrades::ReaderUpgrades;
 /// A refusal for the client: its kind (for the exit code) and one sentence.
 pub type Refusal = (ErrorKind, String);
 
-/// A managed disk with its admission budget.
+/// How the daemon admits streams, for every managed disk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmissionSettings {
+    /// The mode with a device model.
+    pub mode: AdmissionMode,
+    /// Allowed miss probability per window (statistical mode), in (0, 1).
+    pub p_req: f64,
+    /// Share of the device real-time streams may use, percent (1 to 95).
+    pub share_percent: u32,
+    /// Capacity assumed without a model, B/s.
+    pub capacity_bps: u64,
+    /// Where models are found (`<state dir>/models`).
+    pub state_dir: std::path::PathBuf,
+}
+
+/// The playout buffer and batch `status` and `admit` assume for "one more stream" (the CLI's
+/// defaults: the ABISS measurement's 564 KiB buffer and 20-page batches).
+const DEFAULT_BUFFER_BYTES: u64 = 564 * 1024;
+const DEFAULT_BATCH_BYTES: u64 = 20 * PAGE_BYTES;
+
+/// A managed disk with its admission control.
 #[derive(Debug)]
 pub struct ManagedDisk {
     /// The device settings abissd holds (restored on drop).
     pub device: ManagedDevice,
-    /// Its admission control.
-    pub admission: ShareAdmission,
+    /// Its identity, under which its model is saved.
+    pub identity: DeviceIdentity,
+    /// Admission by the configured capacity, until the disk has a model.
+    pub share: ShareAdmission,
+    /// Admission by the disk's model, once it has one.
+    pub model: Option<AdmissionControl>,
+}
+
+impl ManagedDisk {
+    /// A disk with its model loaded from the state directory, if it has one. A model file
+    /// that is corrupt or describes another device is an error, never ignored.
+    pub fn new(
+        device: ManagedDevice,
+        settings: &AdmissionSettings,
+    ) -> Result<Self, abiss_proto::device_model::ModelError> {
+        let identity = DeviceIdentity::of(device.disk().number)?;
+        let share = ShareAdmission {
+            device: device.disk().name.clone(),
+            capacity_bps: settings.capacity_bps,
+            share_percent: settings.share_percent,
+        };
+        let mut disk = Self {
+            device,
+            identity,
+            share,
+            model: None,
+        };
+        disk.load_model(settings)?;
+        Ok(disk)
+    }
+
+    /// Loads the disk's model if it has none yet and one was saved since.
+    fn load_model(
+        &mut self,
+        settings: &AdmissionSettings,
+    ) -> Result<(), abiss_proto::device_model::ModelError> {
+        if self.model.is_some() {
+            return Ok(());
+        }
+        if let Some(model) = DeviceModel::find(&settings.state_dir, &self.identity)? {
+            info!(
+                "{}: admission by its model {} ({} admission)",
+                self.device.disk(),
+                self.identity.model_path(&settings.state_dir).display(),
+                settings.mode
+            );
+            self.model = Some(AdmissionControl {
+                device: self.device.disk().name.clone(),
+                source: format!(
+                    "model {} measured at {} s since the epoch{}",
+                    self.identity.key,
+                    model.measured_at_unix_s,
+                    if model.quick { " (quick profile)" } else { "" }
+                ),
+                model,
+                mode: settings.mode,
+                p_req: settings.p_req,
+                share_percent: settings.share_percent,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// The main loop's state.
 #[derive(Debug)]
 pub struct Controller {
+    settings: AdmissionSettings,
     tracer: BlockTracer,
     streams: StreamTable,
     prefetch: PrefetchEngine,
@@ -49,12 +131,14 @@ impl Controller {
     /// A controller over loaded programs and taken devices.
     #[must_use]
     pub fn new(
+        settings: AdmissionSettings,
         tracer: BlockTracer,
         prefetch: PrefetchEngine,
         disks: Vec<ManagedDisk>,
         upgrades: ReaderUpgrades,
     ) -> Self {
         Self {
+            settings,
             upgrades,
             tracer,
             streams: StreamTable::default(),
@@ -121,12 +205,16 @@ impl Controller {
                 disk: format!("device {}", file.file_device),
             })
         })?;
-        let Some(managed) = self.disks.get(&disk.number) else {
+        let Some(managed) = self.disks.get_mut(&disk.number) else {
             return Err(bad(AttachError::Unmanaged {
                 path: file.path.clone(),
                 disk: disk.to_string(),
             }));
         };
+        // A model saved since the daemon started is taken up now; a broken one refuses.
+        managed
+            .load_model(&self.settings)
+            .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
         if let Some(existing) = self.streams.by_file(&file.key) {
             return Err((
                 ErrorKind::Refused,
@@ -148,10 +236,7 @@ impl Controller {
                 format!("this user already holds {MAX_STREAMS_PER_USER} streams, the most one user may; detach one first"),
             ));
         }
-        managed
-            .admission
-            .admit(self.streams.reserved_on(disk.number), request.rate.0)
-            .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?;
+        self.admit_on(&disk, &request)?;
         let mapped = MappedFile::new(
             file.fd
                 .try_clone()
@@ -198,6 +283,173 @@ impl Controller {
         );
         self.streams.insert(stream);
         Ok(info)
+    }
+
+    /// Admission of a stream of `request` on managed `disk`: by its model, or by the configured
+    /// capacity until it has one.
+    fn admit_on(&self, disk: &crate::device::Disk, request: &AttachRequest) -> Result<(), Refusal> {
+        let managed = &self.disks[&disk.number];
+        let demand = StreamDemand::playback(
+            request.rate.0,
+            request.buffer.0,
+            u64::from(request.batch_pages) * PAGE_BYTES,
+        );
+        match (&managed.model, self.settings.mode) {
+            (_, AdmissionMode::Off) => {}
+            (Some(control), _) => {
+                let prediction = control
+                    .admit(&self.demands_on(disk.number), &demand)
+                    .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?;
+                info!(
+                    "{}: admitted {} B/s; predicted miss probability {:.4}%",
+                    disk,
+                    request.rate.0,
+                    prediction.miss_probability * 100.0
+                );
+            }
+            (None, _) => managed
+                .share
+                .admit(self.streams.reserved_on(disk.number), request.rate.0)
+                .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?,
+        }
+        Ok(())
+    }
+
+    /// What the streams on `disk` ask of it.
+    fn demands_on(&self, disk: DeviceNumber) -> Vec<StreamDemand> {
+        self.streams
+            .iter()
+            .filter(|s| s.disk == disk)
+            .map(|s| {
+                StreamDemand::playback(
+                    s.granted.rate.0,
+                    s.granted.buffer.0,
+                    u64::from(s.granted.batch_pages) * PAGE_BYTES,
+                )
+            })
+            .collect()
+    }
+
+    /// Capacity planning without a model: the configured capacity times the share.
+    fn share_plan(
+        &self,
+        disk: &crate::device::Disk,
+        request: &AdmitRequest,
+        mode: AdmissionMode,
+        admitted_streams: u32,
+    ) -> AdmissionReport {
+        let managed = &self.disks[&disk.number];
+        let window_ms = SERVICE_WINDOW_MS;
+        let free = managed
+            .share
+            .budget_bps()
+            .saturating_sub(self.streams.reserved_on(disk.number));
+        let n_max = (mode != AdmissionMode::Off)
+            .then(|| u32::try_from(free / request.rate.0).unwrap_or(u32::MAX));
+        AdmissionReport {
+            device: disk.name.clone(),
+            mode,
+            p_req: self.settings.p_req,
+            window_ms,
+            realtime_share_percent: managed.share.share_percent,
+            model_source: format!(
+                "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
+                managed.share.capacity_bps, disk.name
+            ),
+            admitted_streams,
+            current_miss_probability: None,
+            n_max,
+            count: request.count,
+            miss_probability: None,
+            fits: request
+                .count
+                .map(|count| n_max.is_none_or(|n| count <= n)),
+            window_overrun_probability: None,
+        }
+    }
+
+    /// Capacity planning: how many streams like the request's fit on its device.
+    pub fn plan(&mut self, request: &AdmitRequest) -> Result<AdmissionReport, Refusal> {
+        let unknown = |message: String| (ErrorKind::UnknownDevice, message);
+        let disk = resolve_disk(&request.device).map_err(|error| unknown(error.to_string()))?;
+        let Some(managed) = self.disks.get_mut(&disk.number) else {
+            return Err(unknown(format!(
+                "abissd does not manage {disk}; start it with --device for it"
+            )));
+        };
+        managed
+            .load_model(&self.settings)
+            .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
+        if request.rate.0 == 0 || request.rate.0 > crate::streams::MAX_RATE_BPS {
+            return Err((
+                ErrorKind::BadRequest,
+                format!(
+                    "a rate of {} B/s is outside 1 B/s to 1 TB/s",
+                    request.rate.0
+                ),
+            ));
+        }
+        if request.rate_stdev.0 > crate::streams::MAX_RATE_BPS || request.buffer.0 == 0 {
+            return Err((
+                ErrorKind::BadRequest,
+                "the rate's standard deviation must be below 1 TB/s and the buffer above 0"
+                    .to_owned(),
+            ));
+        }
+        let managed = &self.disks[&disk.number];
+        let mode = request.mode.unwrap_or(self.settings.mode);
+        let existing = self.demands_on(disk.number);
+        let demand = StreamDemand {
+            rate_stdev_bps: request.rate_stdev.0,
+            write: request.write,
+            ..StreamDemand::playback(request.rate.0, request.buffer.0, DEFAULT_BATCH_BYTES)
+        };
+        let window_ms = SERVICE_WINDOW_MS;
+        let admitted_streams = u32::try_from(existing.len()).unwrap_or(u32::MAX);
+        let Some(control) = &managed.model else {
+            return Ok(self.share_plan(&disk, request, mode, admitted_streams));
+        };
+        let control = AdmissionControl {
+            mode,
+            ..control.clone()
+        };
+        let with_count = request.count.map(|count| {
+            let mut all = existing.clone();
+            all.extend(std::iter::repeat_n(demand, count as usize));
+            let prediction = control.predict(&all);
+            // The deterministic mode bounds rather than estimates: no miss is possible while
+            // the worst case fits (0), and one cannot be ruled out once it does not (1).
+            let p = match mode {
+                AdmissionMode::Deterministic => {
+                    if prediction.worst_work_s <= control.budget_s() {
+                        0.0
+                    } else {
+                        1.0
+                    }
+                }
+                _ => prediction.miss_probability,
+            };
+            (
+                p,
+                control.fits(mode, &all),
+                prediction.window_overrun_probability,
+            )
+        });
+        Ok(AdmissionReport {
+            device: disk.name.clone(),
+            mode,
+            p_req: control.p_req,
+            window_ms,
+            realtime_share_percent: control.share_percent,
+            model_source: control.source.clone(),
+            admitted_streams,
+            current_miss_probability: Some(control.predict(&existing).miss_probability),
+            n_max: control.n_max(mode, &existing, &demand),
+            count: request.count,
+            miss_probability: with_count.map(|(p, _, _)| p),
+            fits: with_count.map(|(_, fits, _)| fits),
+            window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
+        })
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
@@ -296,6 +548,53 @@ impl Controller {
                 let disk = managed.device.disk();
                 let now = managed.device.status().ok();
                 let reserved = self.streams.reserved_on(disk.number);
+                let existing = self.demands_on(disk.number);
+                let one_more =
+                    StreamDemand::playback(1, DEFAULT_BUFFER_BYTES, DEFAULT_BATCH_BYTES);
+                let (capacity, capacity_source, free, admission, miss) = match &managed.model {
+                    Some(control) => {
+                        #[expect(
+                            clippy::cast_possible_truncation,
+                            clippy::cast_sign_loss,
+                            reason = "a rate in B/s"
+                        )]
+                        let capacity = control.model.max_read_bps() as u64;
+                        let miss = control.predict(&existing).miss_probability;
+                        (
+                            capacity,
+                            control.source.clone(),
+                            if self.settings.mode == AdmissionMode::Off {
+                                capacity.saturating_sub(reserved)
+                            } else {
+                                control.available_bps(&existing, &one_more)
+                            },
+                            if self.settings.mode == AdmissionMode::Statistical {
+                                format!("statistical (p_req {})", self.settings.p_req)
+                            } else {
+                                self.settings.mode.to_string()
+                            },
+                            #[expect(
+                                clippy::cast_possible_truncation,
+                                clippy::cast_sign_loss,
+                                reason = "parts per million"
+                            )]
+                            {
+                                (miss * 1e6).round() as u32
+                            },
+                        )
+                    }
+                    None => (
+                        managed.share.capacity_bps,
+                        "configured (--capacity): no device model yet, a conservative default; `abissctl profile DEV --save` measures one".to_owned(),
+                        managed.share.budget_bps().saturating_sub(reserved),
+                        if self.settings.mode == AdmissionMode::Off {
+                            "off".to_owned()
+                        } else {
+                            "share".to_owned()
+                        },
+                        0,
+                    ),
+                };
                 DeviceStatus {
                     name: disk.name.clone(),
                     device: disk.number,
@@ -303,11 +602,13 @@ impl Controller {
                         .as_ref()
                         .map_or_else(|| "?".to_owned(), |s| s.elevator.clone()),
                     dispatch_depth: now.as_ref().map_or(0, |s| s.dispatch_depth),
-                    capacity: ByteRate(managed.admission.capacity_bps),
-                    capacity_source: "configured (--capacity); no device model yet".to_owned(),
-                    realtime_share_percent: managed.admission.share_percent,
+                    capacity: ByteRate(capacity),
+                    capacity_source,
+                    realtime_share_percent: managed.share.share_percent.clamp(1, 95),
                     reserved: ByteRate(reserved),
-                    free: ByteRate(managed.admission.budget_bps().saturating_sub(reserved)),
+                    free: ByteRate(free),
+                    admission,
+                    miss_probability_ppm: miss,
                     streams: u32::try_from(
                         self.streams
                             .iter()

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abiss_proto::{
-    decode_line, encode_line, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup,
-    Request, RequestRecord, Response, StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
+    decode_line, device_model::ModelError, encode_line, AdmissionMode, AdmissionReport,
+    AdmitRequest, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup, Request,
+    RequestRecord, Response, StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
 };
 use aya::maps::{MapData, RingBuf};
 use log::{info, warn};
@@ -19,10 +20,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 use crate::connection::FramedSocket;
-use crate::controller::{Controller, ManagedDisk, Refusal};
+use crate::controller::{AdmissionSettings, Controller, ManagedDisk, Refusal};
 use crate::device::{self, DeviceConfig, DeviceError, ManagedDevice, RecoveryOutcome};
 use crate::kernel_layout::{self, LayoutError};
-use crate::policy::admission::ShareAdmission;
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::socket::{ControlSocket, SocketError};
@@ -52,6 +52,10 @@ pub struct DaemonConfig {
     pub upgrades: bool,
     /// How long a raised reader may go without reading its file before it is put back.
     pub upgrade_idle: Duration,
+    /// Admission mode for disks with a model.
+    pub admission_mode: AdmissionMode,
+    /// Allowed miss probability per service window, in (0, 1).
+    pub p_req: f64,
 }
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
@@ -74,6 +78,9 @@ pub enum DaemonError {
     /// A device could not be managed.
     #[error(transparent)]
     Device(#[from] DeviceError),
+    /// A disk's saved model is corrupt or describes another device.
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// Anything else.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -92,6 +99,7 @@ impl DaemonError {
             Self::Socket(SocketError::Io { .. }) => 14,
             Self::Tracer(_) => 15,
             Self::Device(_) => 16,
+            Self::Model(_) => 17,
         }
     }
 }
@@ -126,6 +134,10 @@ enum Command {
         reply: Reply<Vec<StreamInfo>>,
     },
     Status(Reply<(Vec<DeviceStatus>, UpgradeReport)>),
+    Admit {
+        request: AdmitRequest,
+        reply: Reply<Result<AdmissionReport, Refusal>>,
+    },
     ConnectionClosed(u64),
 }
 
@@ -152,20 +164,27 @@ fn take_devices(config: &DaemonConfig) -> Result<Vec<ManagedDisk>, DaemonError> 
     let mut disks = Vec::new();
     for spec in &config.devices {
         let device = ManagedDevice::take(spec, &config.device_config, &config.state_dir)?;
-        let admission = ShareAdmission {
-            device: device.disk().name.clone(),
-            capacity_bps: config.capacity_bps,
-            share_percent: config.realtime_share_percent,
-        };
+        let managed = ManagedDisk::new(device, &admission_settings(config))?;
+        let device = &managed.device;
         info!(
             "managing {} with {} at dispatch depth {}",
             device.disk(),
             config.device_config.elevator,
             config.device_config.dispatch_depth
         );
-        disks.push(ManagedDisk { device, admission });
+        disks.push(managed);
     }
     Ok(disks)
+}
+
+fn admission_settings(config: &DaemonConfig) -> AdmissionSettings {
+    AdmissionSettings {
+        mode: config.admission_mode,
+        p_req: config.p_req,
+        share_percent: config.realtime_share_percent,
+        capacity_bps: config.capacity_bps,
+        state_dir: config.state_dir.clone(),
+    }
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. Must be called inside a tokio runtime.
@@ -198,7 +217,13 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
         config.upgrades,
     );
-    let mut controller = Controller::new(tracer, PrefetchEngine::new(loads), disks, upgrades);
+    let mut controller = Controller::new(
+        admission_settings(&config),
+        tracer,
+        PrefetchEngine::new(loads),
+        disks,
+        upgrades,
+    );
     let event_pump = tokio::spawn(pump_ring(event_ring, move |bytes| {
         if let Some(record) = decode_event(bytes) {
             let _ = events.send(record);
@@ -301,6 +326,9 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) 
         }
         Command::Status(reply) => {
             let _ = reply.send((controller.status(), controller.upgrade_report()));
+        }
+        Command::Admit { request, reply } => {
+            let _ = reply.send(controller.plan(&request));
         }
         Command::ConnectionClosed(connection) => controller.connection_closed(connection),
     }
@@ -493,6 +521,13 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             Some((devices, upgrades)) => Response::Devices { devices, upgrades },
             None => shutting_down(),
         },
+        Request::Admit(request) => {
+            match ask(context, |reply| Command::Admit { request, reply }).await {
+                Some(Ok(report)) => Response::Admission(report),
+                Some(Err(refused)) => refusal(refused),
+                None => shutting_down(),
+            }
+        }
         Request::Events | Request::Position { .. } | Request::Attach(_) => {
             error_response(ErrorKind::Internal, "request routed to the wrong handler")
         }

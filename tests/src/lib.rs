@@ -135,7 +135,8 @@ impl Daemon {
         self.wait_ready();
     }
 
-    /// The daemon's state directory.
+    /// The daemon's state directory (upgrade records; where `abissctl profile --save
+    /// --state-dir` puts device models).
     #[must_use]
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
@@ -523,13 +524,25 @@ impl HddLab {
     /// A `size_gib` lab hdd with `scheduler` selected, ext4 made and mounted.
     #[must_use]
     pub fn up(tag: &str, size_gib: u64, scheduler: &str) -> Self {
+        Self::up_with(tag, size_gib, scheduler, true)
+    }
+
+    /// A `size_gib` lab hdd with `scheduler` selected and nothing on it (a raw disk).
+    #[must_use]
+    pub fn up_raw(tag: &str, size_gib: u64, scheduler: &str) -> Self {
+        Self::up_with(tag, size_gib, scheduler, false)
+    }
+
+    fn up_with(tag: &str, size_gib: u64, scheduler: &str, ext4: bool) -> Self {
         use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
         let dir = Scratch::new_in("/tmp", &format!("lab-{tag}"));
         let mut options =
             LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
         options.size_bytes = size_gib << 30;
-        options.mkfs = Some(FilesystemKind::Ext4);
-        options.mount_dir = Some(dir.path().join("mnt"));
+        if ext4 {
+            options.mkfs = Some(FilesystemKind::Ext4);
+            options.mount_dir = Some(dir.path().join("mnt"));
+        }
         options.scheduler = Some(scheduler.to_owned());
         options.state_dir = dir.path().join("state");
         options.backing_dir = dir.path().join("backing");

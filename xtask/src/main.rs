@@ -77,6 +77,13 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Admission control's predictions against measured misses on the lab hdd (see
+    /// `abiss-bench admission --help`).
+    Admission {
+        /// Passed to `abiss-bench admission`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -97,6 +104,7 @@ fn main() -> ExitCode {
             Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
             Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
+            Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
     });

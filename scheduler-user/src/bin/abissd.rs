@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use abiss_daemon::device::{DeviceConfig, Elevator};
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
-use abiss_proto::ByteRate;
+use abiss_proto::{AdmissionMode, ByteRate};
 use clap::Parser;
 
 /// The ABISS controller daemon: guaranteed-rate streams on managed disks, and block I/O
@@ -33,8 +33,8 @@ struct Args {
     /// rest, so a shallow queue keeps real-time requests first.
     #[arg(long, default_value_t = DeviceConfig::DEFAULT.dispatch_depth)]
     dispatch_depth: u32,
-    /// Sustained capacity assumed for each managed disk until it has a measured model, e.g.
-    /// 30MB/s.
+    /// Sustained capacity assumed for each managed disk until it has a measured model (see
+    /// `abissctl profile --save`), e.g. 30MB/s.
     #[arg(long, default_value = "20MB/s")]
     capacity: ByteRate,
     /// Percent of the capacity real-time streams may reserve (1 to 95); the rest stays for
@@ -49,6 +49,15 @@ struct Args {
     /// back.
     #[arg(long, default_value = "5", value_parser = parse_seconds)]
     upgrade_idle: Duration,
+    /// Admission on disks with a measured model: deterministic (the worst case must fit),
+    /// statistical (TRAC: the predicted miss probability must stay at most --p-req), or off
+    /// (admit everything: for measurements only).
+    #[arg(long, default_value = "statistical")]
+    admission: AdmissionMode,
+    /// Allowed probability that a service window overruns (statistical admission), between 0
+    /// and 1 exclusive.
+    #[arg(long, default_value = "0.01", value_parser = parse_probability)]
+    p_req: f64,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -59,6 +68,21 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         _ => Err(format!(
             "{text:?} is not a number of seconds between 0 and 86400"
         )),
+    }
+}
+
+/// A probability strictly between 0 and 1.
+fn parse_probability(text: &str) -> Result<f64, String> {
+    let p: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number"))?;
+    if p.is_finite() && p > 0.0 && p < 1.0 {
+        Ok(p)
+    } else {
+        Err(format!(
+            "{text} is not a probability between 0 and 1 (exclusive)"
+        ))
     }
 }
 
@@ -88,6 +112,8 @@ fn main() -> ExitCode {
         realtime_share_percent: args.realtime_share,
         upgrades: !args.no_upgrades,
         upgrade_idle: args.upgrade_idle,
+        admission_mode: args.admission,
+        p_req: args.p_req,
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

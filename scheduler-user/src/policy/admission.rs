@@ -1,7 +1,400 @@
-//! Admission control until device models exist: a configured capacity per device, of which a
-//! configured share may be reserved by real-time streams. The rest always stays for best effort.
+//! Admission control per managed device.
+//!
+//! With a measured [`DeviceModel`] a device admits streams the way TRAC does (Zimmermann & Fu,
+//! reference 000): per service window `T`, the work the admitted streams bring (the accesses
+//! their loads need, each a seek and a rotational latency, plus the transfer of their data at
+//! the rate of wherever it lies) must fit into `T × share`, the rest of the window staying for
+//! best-effort traffic.
+//!
+//! - **Deterministic:** every access takes the longest seek and a whole revolution, every
+//!   byte comes from the slowest zone, and a stream needs the most loads a window can hold:
+//!   if that fits, no window can overrun.
+//! - **Statistical:** the window's work is a random sum — data demand (the number of loads,
+//!   with the rate's standard deviation for variable-bit-rate streams), access time (random
+//!   placement: seek over a random distance, uniform rotation) and transfer rate (uniform
+//!   position over the zone profile) — approximated by a normal distribution, as in TRAC,
+//!   which gives TRAC's overcommit probability `P(work > T × share)`. ABISS streams have what
+//!   TRAC's do not: playout buffers, which carry an overrun into the next windows. So a read
+//!   waits only when the real-time backlog outgrows the slack of the least buffered stream;
+//!   with the per-window mean and variance of the work as the drift and variance of that
+//!   backlog (a reflected random walk), its diffusion approximation gives
+//!   `P(backlog > S) ≈ exp(−2·(T·share − mean)·S / σ²)`, 1 once the mean reaches the share.
+//!   A set of streams is admitted while that probability is at most `p_req`.
+//! - **Mixed loads:** recording streams transfer at the measured write/read rate ratio
+//!   (TRAC's β); a window's work adds the reads' and the writes' time, which is TRAC's
+//!   mixed-load factor applied per stream.
+//!
+//! Until a device has a model, [`ShareAdmission`] keeps the configured capacity times the
+//! real-time share, as before.
+
+use abiss_proto::device_model::{normal_upper_tail, DeviceModel};
+use abiss_proto::{AdmissionMode, PAGE_BYTES};
+
+/// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
+pub const SERVICE_WINDOW_MS: u64 = 1000;
+/// The same in seconds.
+pub const SERVICE_WINDOW_S: f64 = 1.0;
+
+/// A VBR stream's peak rate for the deterministic worst case: its mean plus this many standard
+/// deviations.
+pub const PEAK_STDEVS: f64 = 3.0;
+
+/// Most streams `n_max` searches for.
+pub const MAX_PLANNED_STREAMS: u32 = 1_000_000;
+
+/// What one stream asks of the device.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StreamDemand {
+    /// Mean rate, B/s.
+    pub rate_bps: u64,
+    /// Standard deviation of the rate over a window, B/s (0 for a constant rate).
+    pub rate_stdev_bps: u64,
+    /// Bytes per load: one access each.
+    pub load_bytes: u64,
+    /// Bytes the stream holds ahead of its reader when it asks for a load (its playout buffer
+    /// less a load): how far the disk may fall behind before a read waits.
+    pub ahead_bytes: u64,
+    /// A recording stream (written) rather than playback.
+    pub write: bool,
+}
+
+impl StreamDemand {
+    /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`.
+    ///
+    /// The playout buffer loads once the window lacks a third of the buffer (at least a
+    /// batch), and its window follows the reader in whole batches, so a load is that third
+    /// rounded up to whole batches (564 KiB with 20-page batches: three batches, 240 KiB).
+    #[must_use]
+    pub fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
+        let batch = batch_bytes.max(PAGE_BYTES);
+        let third = (buffer_bytes / 3) / PAGE_BYTES * PAGE_BYTES;
+        let load_bytes = third.max(batch).div_ceil(batch).saturating_mul(batch);
+        Self {
+            rate_bps,
+            rate_stdev_bps: 0,
+            load_bytes,
+            ahead_bytes: buffer_bytes.saturating_sub(load_bytes),
+            write: false,
+        }
+    }
+}
 
 /// Why a stream was refused, with the figures.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("a stream of {requested_bps} B/s does not fit on {device} ({mode} admission, {model_source}): with it the {streams} streams would need {needed_ms:.0} ms of every {window_ms} ms window where {budget_ms:.0} ms ({share_percent}%) are for real time, a predicted miss probability of {miss_probability_percent:.3}% where {p_req_percent}% is allowed; at most {available_bps} B/s more fits; ask for less, or detach another stream")]
+pub struct ModelRefusal {
+    /// The device's name.
+    pub device: String,
+    /// The mode.
+    pub mode: AdmissionMode,
+    /// Where the model comes from.
+    pub model_source: String,
+    /// The rate asked for, B/s.
+    pub requested_bps: u64,
+    /// The highest rate that would still fit, B/s.
+    pub available_bps: u64,
+    /// Streams with the new one.
+    pub streams: usize,
+    /// Work per window with the new stream (mean for statistical, worst case for
+    /// deterministic), ms.
+    pub needed_ms: f64,
+    /// Window, ms.
+    pub window_ms: u64,
+    /// Real-time part of the window, ms.
+    pub budget_ms: f64,
+    /// Share, percent.
+    pub share_percent: u32,
+    /// Predicted miss probability with the new stream, percent.
+    pub miss_probability_percent: f64,
+    /// The allowed miss probability, percent.
+    pub p_req_percent: f64,
+}
+
+/// What admission predicts for a set of streams.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Prediction {
+    /// Mean work per window, s.
+    pub mean_work_s: f64,
+    /// Its standard deviation, s.
+    pub stdev_work_s: f64,
+    /// Worst-case work per window, s.
+    pub worst_work_s: f64,
+    /// TRAC's overcommit probability: that a window's work exceeds the real-time budget.
+    pub window_overrun_probability: f64,
+    /// The slack of the least buffered stream, s.
+    pub slack_s: f64,
+    /// Probability that the real-time backlog outgrows that slack, so a read waits: what
+    /// statistical admission holds to `p_req`.
+    pub miss_probability: f64,
+}
+
+/// Model-based admission of one device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmissionControl {
+    /// The device's name, for messages.
+    pub device: String,
+    /// The device model.
+    pub model: DeviceModel,
+    /// Where the model comes from, for messages and `status`.
+    pub source: String,
+    /// The mode.
+    pub mode: AdmissionMode,
+    /// Allowed miss probability per window, in (0, 1).
+    pub p_req: f64,
+    /// Share of each window real-time streams may use, percent (1 to 95).
+    pub share_percent: u32,
+}
+
+#[expect(clippy::cast_precision_loss, reason = "rates and sizes far below 2^52")]
+fn as_f64(value: u64) -> f64 {
+    value as f64
+}
+
+impl AdmissionControl {
+    /// The real-time part of a window, s.
+    #[must_use]
+    pub fn budget_s(&self) -> f64 {
+        SERVICE_WINDOW_S * f64::from(self.share_percent.clamp(1, 95)) / 100.0
+    }
+
+    /// Mean and variance (s, s²) of one access plus the transfer of a load, with `queued`
+    /// requests for the elevator to order (the mean only: the variance is taken unordered,
+    /// the larger one).
+    fn load_moments(&self, demand: &StreamDemand, queued: f64) -> (f64, f64) {
+        let (per_byte_mean, per_byte_var) = self.model.seconds_per_byte_moments();
+        let slow = if demand.write {
+            1.0 / self.model.write_read_ratio
+        } else {
+            1.0
+        };
+        let bytes = as_f64(demand.load_bytes);
+        (
+            self.model.access_mean_s(queued) + bytes * per_byte_mean * slow,
+            self.model.access_variance_s2() + bytes * bytes * per_byte_var * slow * slow,
+        )
+    }
+
+    /// The prediction for `streams`.
+    ///
+    /// The elevator orders the loads waiting at once, which shortens seeks: near saturation
+    /// every stream has a load waiting, so the queue is taken as the window's loads over the
+    /// loads of the busiest stream (the stream count for equal streams; a slow stream counts
+    /// for less). With more work it never falls, so admission stays monotone.
+    #[must_use]
+    pub fn predict(&self, streams: &[StreamDemand]) -> Prediction {
+        let worst_access = self.model.worst_access_s();
+        let slowest = self.model.min_read_bps();
+        let loads_of = |demand: &StreamDemand| {
+            as_f64(demand.rate_bps) * SERVICE_WINDOW_S / as_f64(demand.load_bytes.max(1))
+        };
+        let total_loads: f64 = streams.iter().map(loads_of).sum();
+        let busiest = streams.iter().map(loads_of).fold(0.0, f64::max);
+        let queued = if busiest > 0.0 {
+            (total_loads / busiest).max(1.0)
+        } else {
+            1.0
+        };
+        let (mut mean, mut var, mut worst) = (0.0, 0.0, 0.0);
+        for demand in streams {
+            let load = as_f64(demand.load_bytes.max(1));
+            let loads = loads_of(demand);
+            let stdev_loads = as_f64(demand.rate_stdev_bps) * SERVICE_WINDOW_S / load;
+            // A constant-rate stream needs ⌊x⌋ or ⌈x⌉ loads in a window; f(1 − f) is that
+            // count's variance, bounded here by min(x, 1/4) so it never falls as x grows.
+            let quantisation = loads.min(0.25);
+            let (t_mean, _) = self.load_moments(demand, queued);
+            let (t_random, t_var) = self.load_moments(demand, 1.0);
+            mean += loads * t_mean;
+            var += loads * t_var + (quantisation + stdev_loads * stdev_loads) * t_random * t_random;
+            let write_slow = if demand.write {
+                1.0 / self.model.write_read_ratio
+            } else {
+                1.0
+            };
+            let peak = as_f64(demand.rate_bps) + PEAK_STDEVS * as_f64(demand.rate_stdev_bps);
+            let worst_loads = (peak * SERVICE_WINDOW_S / load).ceil();
+            worst += worst_loads * (worst_access + load / slowest * write_slow);
+        }
+        let budget = self.budget_s();
+        let stdev = var.sqrt();
+        let slack_s = streams
+            .iter()
+            .map(|d| as_f64(d.ahead_bytes) / as_f64(d.rate_bps.max(1)))
+            .fold(f64::INFINITY, f64::min);
+        let slack_s = if slack_s.is_finite() { slack_s } else { 0.0 };
+        // If the worst case fits, no window can overrun (the normal tail and the diffusion
+        // below would say otherwise only because they are approximations).
+        let (window_overrun_probability, miss_probability) = if worst <= budget {
+            (0.0, 0.0)
+        } else if stdev > 0.0 {
+            // TRAC: the window's work as a normal variable.
+            let overrun = normal_upper_tail((budget - mean) / stdev);
+            // The playout buffers carry an overrun into the next windows: the real-time
+            // backlog is a random walk with drift (mean − budget) and variance σ² per window,
+            // reflected at 0. While the drift is negative, the probability that it exceeds
+            // the slack S is about exp(−2·(budget − mean)·S / σ²) (its diffusion
+            // approximation); with no negative drift the backlog grows without bound.
+            let miss = if mean >= budget {
+                1.0
+            } else {
+                (-2.0 * (budget - mean) * slack_s / SERVICE_WINDOW_S / (var / SERVICE_WINDOW_S))
+                    .exp()
+                    .min(1.0)
+            };
+            (overrun, miss)
+        } else if mean > budget {
+            (1.0, 1.0)
+        } else {
+            (0.0, 0.0)
+        };
+        Prediction {
+            mean_work_s: mean,
+            stdev_work_s: stdev,
+            worst_work_s: worst,
+            window_overrun_probability,
+            slack_s,
+            miss_probability,
+        }
+    }
+
+    /// Whether `streams` fit in `mode`.
+    #[must_use]
+    pub fn fits(&self, mode: AdmissionMode, streams: &[StreamDemand]) -> bool {
+        let sum: u128 = streams.iter().map(|s| u128::from(s.rate_bps)).sum();
+        // Never more than the device can move at all, whatever the approximation says.
+        #[expect(clippy::cast_precision_loss, reason = "a comparison of rates")]
+        if sum as f64 > self.model.max_read_bps() {
+            return mode == AdmissionMode::Off;
+        }
+        let prediction = self.predict(streams);
+        match mode {
+            AdmissionMode::Off => true,
+            AdmissionMode::Deterministic => prediction.worst_work_s <= self.budget_s(),
+            AdmissionMode::Statistical => {
+                prediction.mean_work_s <= self.budget_s()
+                    && prediction.miss_probability <= self.p_req
+            }
+        }
+    }
+
+    /// How many more streams like `demand` fit next to `existing` (`None` with admission off).
+    #[must_use]
+    pub fn n_max(
+        &self,
+        mode: AdmissionMode,
+        existing: &[StreamDemand],
+        demand: &StreamDemand,
+    ) -> Option<u32> {
+        if mode == AdmissionMode::Off {
+            return None;
+        }
+        let fits = |n: u32| {
+            let mut all = existing.to_vec();
+            all.extend(std::iter::repeat_n(*demand, n as usize));
+            self.fits(mode, &all)
+        };
+        if !fits(0) || !fits(1) {
+            return Some(0);
+        }
+        // Admission is monotone in the number of streams: double, then bisect.
+        let mut low = 1;
+        let mut high = 2;
+        while high <= MAX_PLANNED_STREAMS && fits(high) {
+            low = high;
+            high *= 2;
+        }
+        let mut high = high.min(MAX_PLANNED_STREAMS + 1);
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if fits(mid) {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        Some(low.min(MAX_PLANNED_STREAMS))
+    }
+
+    /// The highest rate one more stream shaped like `demand` could be admitted at.
+    #[must_use]
+    pub fn available_bps(&self, existing: &[StreamDemand], demand: &StreamDemand) -> u64 {
+        let fits = |rate: u64| {
+            let mut all = existing.to_vec();
+            all.push(StreamDemand {
+                rate_bps: rate,
+                ..*demand
+            });
+            self.fits(self.mode, &all)
+        };
+        if self.mode == AdmissionMode::Off {
+            return u64::MAX;
+        }
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a rate in B/s"
+        )]
+        let mut high = self.model.max_read_bps().ceil() as u64 + 1;
+        if !fits(1) {
+            return 0;
+        }
+        let mut low = 1;
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if fits(mid) {
+                low = mid;
+            } else {
+                high = mid;
+            }
+        }
+        low
+    }
+
+    /// Whether `demand` may join `existing`.
+    pub fn admit(
+        &self,
+        existing: &[StreamDemand],
+        demand: &StreamDemand,
+    ) -> Result<Prediction, Box<ModelRefusal>> {
+        let mut all = existing.to_vec();
+        all.push(*demand);
+        let prediction = self.predict(&all);
+        if self.fits(self.mode, &all) {
+            return Ok(prediction);
+        }
+        let needed = match self.mode {
+            AdmissionMode::Deterministic => prediction.worst_work_s,
+            _ => prediction.mean_work_s,
+        };
+        let window_ms = SERVICE_WINDOW_MS;
+        Err(Box::new(ModelRefusal {
+            device: self.device.clone(),
+            mode: self.mode,
+            model_source: self.source.clone(),
+            requested_bps: demand.rate_bps,
+            available_bps: self.available_bps(existing, demand),
+            streams: all.len(),
+            needed_ms: needed * 1e3,
+            window_ms,
+            budget_ms: self.budget_s() * 1e3,
+            share_percent: self.share_percent.clamp(1, 95),
+            miss_probability_percent: if self.mode == AdmissionMode::Deterministic
+                && prediction.worst_work_s > self.budget_s()
+            {
+                prediction.miss_probability.max(f64::MIN_POSITIVE) * 100.0
+            } else {
+                prediction.miss_probability * 100.0
+            },
+            p_req_percent: if self.mode == AdmissionMode::Deterministic {
+                0.0
+            } else {
+                self.p_req * 100.0
+            },
+        }))
+    }
+}
+
+/// Why a stream was refused by share admission, with the figures.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("a stream of {requested_bps} B/s does not fit on {device}: {available_bps} B/s of its {budget_bps} B/s real-time budget ({share_percent}% of {capacity_bps} B/s) is free; ask for less, or detach another stream")]
 pub struct Refusal {
@@ -19,7 +412,8 @@ pub struct Refusal {
     pub share_percent: u32,
 }
 
-/// Share-of-capacity admission for one device.
+/// Share-of-capacity admission for a device without a model: a configured capacity, of which
+/// a configured share may be reserved by real-time streams.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShareAdmission {
     /// The device's name, for messages.
@@ -60,6 +454,8 @@ impl ShareAdmission {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use abiss_proto::device_model::{DeviceIdentity, SeekCurve, ZonePoint};
+    use abiss_proto::DeviceNumber;
     use proptest::prelude::*;
 
     fn device() -> ShareAdmission {
@@ -70,8 +466,116 @@ mod tests {
         }
     }
 
+    /// A model shaped like the lab's laptop hdd, with `scale` on its speed.
+    fn laptop(scale: f64, revolution_ms: f64) -> DeviceModel {
+        let zones = (0..16)
+            .map(|i| ZonePoint {
+                position: (f64::from(i) + 0.5) / 16.0,
+                read_bps: (60.0 - 25.0 / 15.0 * f64::from(i)) * 1e6 * scale,
+                write_bps: None,
+            })
+            .collect();
+        DeviceModel {
+            zones,
+            seek: SeekCurve {
+                min_ms: 1.0,
+                knee_fraction: 0.2,
+                knee_ms: 6.0,
+                full_stroke_ms: 11.5,
+            },
+            revolution_ms,
+            write_read_ratio: 0.9,
+            ..DeviceModel::conservative_default(DeviceIdentity {
+                key: "dev-7_0-4294967296".into(),
+                device: DeviceNumber { major: 7, minor: 0 },
+                size_bytes: 4 << 30,
+            })
+        }
+    }
+
+    fn control(
+        mode: AdmissionMode,
+        model: DeviceModel,
+        p_req: f64,
+        share: u32,
+    ) -> AdmissionControl {
+        AdmissionControl {
+            device: "loop0".into(),
+            model,
+            source: "test model".into(),
+            mode,
+            p_req,
+            share_percent: share,
+        }
+    }
+
+    fn reference_stream() -> StreamDemand {
+        StreamDemand::playback(1_000_000, 564 * 1024, 20 * 4096)
+    }
+
     #[test]
-    fn refusals_name_the_figures() {
+    fn playback_loads_are_a_third_of_the_buffer_in_whole_batches() {
+        assert_eq!(reference_stream().load_bytes, 3 * 20 * 4096);
+        assert_eq!(StreamDemand::playback(1, 8192, 4096).load_bytes, 4096);
+        assert_eq!(
+            StreamDemand::playback(1, 1 << 20, 4096).load_bytes,
+            349_525 / 4096 * 4096
+        );
+    }
+
+    #[test]
+    fn statistical_admits_more_than_deterministic_on_the_laptop_disk() {
+        let stream = reference_stream();
+        let det = control(AdmissionMode::Deterministic, laptop(1.0, 11.1), 0.01, 95);
+        let n_det = det
+            .n_max(AdmissionMode::Deterministic, &[], &stream)
+            .unwrap();
+        let n_stat = det.n_max(AdmissionMode::Statistical, &[], &stream).unwrap();
+        assert!(n_det >= 5, "{n_det}");
+        assert!(
+            f64::from(n_stat) >= 1.2 * f64::from(n_det),
+            "{n_stat} vs {n_det}"
+        );
+    }
+
+    #[test]
+    fn refusals_name_requested_available_and_miss_probability() {
+        let admission = control(AdmissionMode::Statistical, laptop(1.0, 11.1), 0.01, 80);
+        let stream = reference_stream();
+        let n = admission
+            .n_max(AdmissionMode::Statistical, &[], &stream)
+            .unwrap() as usize;
+        let existing = vec![stream; n];
+        assert!(admission.admit(&existing[..n - 1], &stream).is_ok());
+        let refusal = admission.admit(&existing, &stream).unwrap_err();
+        let message = refusal.to_string();
+        assert!(message.contains("1000000 B/s"), "{message}");
+        assert!(message.contains("predicted miss probability"), "{message}");
+        assert!(message.contains("1%"), "{message}");
+        assert!(refusal.available_bps < 1_000_000, "{message}");
+    }
+
+    #[test]
+    fn writes_cost_more_than_reads() {
+        let mut model = laptop(1.0, 11.1);
+        model.write_read_ratio = 0.5;
+        let admission = control(AdmissionMode::Statistical, model, 0.01, 80);
+        let read = StreamDemand::playback(4_000_000, 4 << 20, 4096);
+        let write = StreamDemand {
+            write: true,
+            ..read
+        };
+        let n_read = admission
+            .n_max(AdmissionMode::Statistical, &[], &read)
+            .unwrap();
+        let n_write = admission
+            .n_max(AdmissionMode::Statistical, &[], &write)
+            .unwrap();
+        assert!(n_write < n_read, "{n_write} vs {n_read}");
+    }
+
+    #[test]
+    fn share_refusals_name_the_figures() {
         let error = device().admit(30_000_000, 4_000_000).unwrap_err();
         assert_eq!(error.available_bps, 2_000_000);
         let message = error.to_string();
@@ -81,12 +585,93 @@ mod tests {
         );
     }
 
+    fn demand_strategy() -> impl Strategy<Value = StreamDemand> {
+        (1u64..20_000_000, 0u64..2_000_000, 1u64..2048, any::<bool>()).prop_map(
+            |(rate, stdev, pages, write)| StreamDemand {
+                rate_bps: rate,
+                rate_stdev_bps: stdev,
+                load_bytes: pages * PAGE_BYTES,
+                ahead_bytes: pages * PAGE_BYTES * 2,
+                write,
+            },
+        )
+    }
+
+    fn model_strategy() -> impl Strategy<Value = DeviceModel> {
+        (0.2f64..3.0, 0.0f64..20.0).prop_map(|(scale, rev)| laptop(scale, rev))
+    }
+
     proptest! {
+        /// Fewer streams, or a lower rate, never turn an admission into a refusal, and never
+        /// raise the predicted miss probability where admission could accept.
+        #[test]
+        fn admission_is_monotone_in_streams_and_rate(
+            model in model_strategy(),
+            demands in proptest::collection::vec(demand_strategy(), 1..12),
+            less in 0u64..20_000_000,
+            p_req in 0.001f64..0.2,
+            share in 1u32..=95,
+            statistical: bool,
+        ) {
+            let mode = if statistical { AdmissionMode::Statistical } else { AdmissionMode::Deterministic };
+            let admission = control(mode, model, p_req, share);
+            let all = admission.predict(&demands);
+            let fewer = admission.predict(&demands[..demands.len() - 1]);
+            if all.miss_probability <= 0.5 {
+                prop_assert!(fewer.miss_probability <= all.miss_probability + 1e-12);
+            }
+            if admission.fits(mode, &demands) {
+                prop_assert!(admission.fits(mode, &demands[..demands.len() - 1]));
+                let mut slower = demands.clone();
+                let last = slower.last_mut().unwrap();
+                last.rate_bps = last.rate_bps.saturating_sub(less).max(1);
+                prop_assert!(admission.fits(mode, &slower));
+                prop_assert!(admission.predict(&slower).miss_probability <= all.miss_probability + 1e-12);
+            }
+        }
+
+        /// Statistical admission never admits more than the device can move, nor more work
+        /// than the window holds.
+        #[test]
+        fn statistical_stays_within_physical_capacity(
+            model in model_strategy(),
+            demands in proptest::collection::vec(demand_strategy(), 1..40),
+            p_req in 0.0001f64..0.5,
+            share in 1u32..=95,
+        ) {
+            let admission = control(AdmissionMode::Statistical, model, p_req, share);
+            if admission.fits(AdmissionMode::Statistical, &demands) {
+                let sum: u64 = demands.iter().map(|d| d.rate_bps).sum();
+                #[expect(clippy::cast_precision_loss, reason = "a comparison of rates")]
+                let sum = sum as f64;
+                prop_assert!(sum <= admission.model.max_read_bps());
+                prop_assert!(admission.predict(&demands).mean_work_s <= SERVICE_WINDOW_S);
+            }
+        }
+
+        /// Whatever the deterministic mode admits, the statistical one admits too.
+        #[test]
+        fn deterministic_never_admits_more_than_statistical(
+            model in model_strategy(),
+            demands in proptest::collection::vec(demand_strategy(), 1..20),
+            p_req in 0.0001f64..0.5,
+            share in 1u32..=95,
+        ) {
+            let admission = control(AdmissionMode::Statistical, model, p_req, share);
+            if admission.fits(AdmissionMode::Deterministic, &demands) {
+                prop_assert!(admission.fits(AdmissionMode::Statistical, &demands));
+            }
+            let stream = demands[0];
+            let n_det = admission.n_max(AdmissionMode::Deterministic, &[], &stream);
+            let n_stat = admission.n_max(AdmissionMode::Statistical, &[], &stream);
+            prop_assert!(n_det <= n_stat);
+        }
+
         /// Admitting streams one by one never reserves more than the budget, and never all of
         /// the capacity.
         #[test]
-        fn admitted_streams_fit_the_budget(rates in proptest::collection::vec(1u64..20_000_000, 1..50),
-                                           share in 1u32..=100) {
+        fn share_admitted_streams_fit_the_budget(rates in proptest::collection::vec(1u64..20_000_000, 1..50),
+                                                 share in 1u32..=100) {
             let admission = ShareAdmission { share_percent: share, ..device() };
             let mut reserved = 0u64;
             for rate in rates {
@@ -95,16 +680,6 @@ mod tests {
                 }
                 prop_assert!(reserved <= admission.budget_bps());
                 prop_assert!(reserved < admission.capacity_bps);
-            }
-        }
-
-        /// A rate that fits keeps fitting when it gets smaller or when less is reserved.
-        #[test]
-        fn admission_is_monotone(reserved in 0u64..40_000_000, rate in 1u64..40_000_000, less in 0u64..40_000_000) {
-            let admission = device();
-            if admission.admit(reserved, rate).is_ok() {
-                prop_assert!(admission.admit(reserved.saturating_sub(less), rate).is_ok());
-                prop_assert!(admission.admit(reserved, rate.saturating_sub(less).max(1)).is_ok());
             }
         }
     }

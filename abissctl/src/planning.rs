@@ -1,0 +1,126 @@
+//! `abissctl admit`: capacity planning on a managed device, answered by abissd from its
+//! admission control; nothing is attached.
+
+use std::io::Write as _;
+
+use abiss_client::Client;
+use abiss_proto::{AdmissionMode, AdmitRequest, ByteRate, ByteSize};
+
+use crate::error::CliError;
+
+/// The question.
+#[derive(Debug)]
+pub struct AdmitQuestion {
+    /// The device.
+    pub device: String,
+    /// Mean rate per stream.
+    pub rate: ByteRate,
+    /// Standard deviation of the rate.
+    pub stdev: ByteRate,
+    /// Playout buffer per stream.
+    pub buffer: ByteSize,
+    /// Streams to evaluate.
+    pub count: Option<u32>,
+    /// Mode to answer for.
+    pub mode: Option<AdmissionMode>,
+    /// Recording streams.
+    pub write: bool,
+    /// Print JSON.
+    pub json: bool,
+}
+
+fn percent(p: f64) -> String {
+    if p == 0.0 {
+        "0%".to_owned()
+    } else if p < 1e-6 {
+        "< 0.0001%".to_owned()
+    } else {
+        format!("{:.4}%", p * 100.0)
+    }
+}
+
+/// Asks abissd and prints the answer.
+pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliError> {
+    let report = client.admit(AdmitRequest {
+        device: question.device,
+        rate: question.rate,
+        rate_stdev: question.stdev,
+        buffer: question.buffer,
+        count: question.count,
+        mode: question.mode,
+        write: question.write,
+    })?;
+    let mut out = std::io::stdout().lock();
+    if question.json {
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let _ = writeln!(
+        out,
+        "{}: {} admission, p_req {}, {} ms windows, {}% real time; {}",
+        report.device,
+        report.mode,
+        percent(report.p_req),
+        report.window_ms,
+        report.realtime_share_percent,
+        report.model_source
+    );
+    let _ = writeln!(
+        out,
+        "admitted now: {} streams{}",
+        report.admitted_streams,
+        report
+            .current_miss_probability
+            .map_or_else(String::new, |p| format!(
+                ", predicted miss probability {}",
+                percent(p)
+            ))
+    );
+    let kind = format!(
+        "{} {} streams{}",
+        question.rate,
+        if question.write {
+            "recording"
+        } else {
+            "playback"
+        },
+        if question.stdev.0 > 0 {
+            format!(" (σ {})", question.stdev)
+        } else {
+            String::new()
+        }
+    );
+    match report.n_max {
+        Some(n) => {
+            let _ = writeln!(out, "n_max: {n} more {kind} fit");
+        }
+        None => {
+            let _ = writeln!(out, "n_max: no limit (admission is off)");
+        }
+    }
+    if let (Some(count), Some(fits)) = (report.count, report.fits) {
+        let _ = writeln!(
+            out,
+            "{count} more: {}{}",
+            if fits { "fit" } else { "do not fit" },
+            report
+                .miss_probability
+                .map_or_else(String::new, |p| format!(
+                    ", predicted miss probability {}",
+                    percent(p)
+                )),
+        );
+        if let Some(overrun) = report.window_overrun_probability {
+            let _ = writeln!(
+                out,
+                "  (TRAC's probability that a window overruns the share, buffers ignored: {})",
+                percent(overrun)
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! On the lab hdd with a measured model, streams attached one by one are refused exactly at
+//! the capacity `abissctl admit` predicts, and the refusal names the figures.
+
+use abiss_tests::{require_root, write_cold_file, Daemon, HddLab};
+
+fn json(output: &std::process::Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+#[test]
+fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
+    require_root!();
+    let lab = HddLab::up("wt6-admission", 2, "mq-deadline");
+    let daemon = Daemon::start_managing(lab.device(), &[]);
+    let device = lab.device().to_str().unwrap().to_owned();
+    // Profiled while abissd runs: it takes the model up at the next attach or question.
+    let state = daemon.state_dir();
+    let profile = daemon.ctl([
+        "profile",
+        &device,
+        "--quick",
+        "--save",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(
+        profile.status.success(),
+        "{}",
+        String::from_utf8_lossy(&profile.stderr)
+    );
+
+    let plan = json(&daemon.ctl(["admit", "--device", &device, "--rate", "1MB/s", "--json"]));
+    assert_eq!(plan["mode"], "statistical");
+    assert!(plan["model_source"]
+        .as_str()
+        .unwrap()
+        .contains("quick profile"));
+    let n_max = usize::try_from(plan["n_max"].as_u64().expect("n_max")).unwrap();
+    assert!((4..40).contains(&n_max), "n_max {n_max}");
+    let deterministic = json(&daemon.ctl([
+        "admit",
+        "--device",
+        &device,
+        "--rate",
+        "1MB/s",
+        "--mode",
+        "deterministic",
+        "--count",
+        "1",
+        "--json",
+    ]));
+    let n_det = usize::try_from(deterministic["n_max"].as_u64().unwrap()).unwrap();
+    assert!(n_det < n_max, "deterministic {n_det}, statistical {n_max}");
+    assert_eq!(deterministic["fits"], true);
+
+    for i in 0..=n_max {
+        let file = lab.mount().join(format!("stream-{i}.bin"));
+        write_cold_file(&file, 2 << 20);
+        if i < n_max {
+            let _ = daemon.attach_at_1mb(&file);
+            continue;
+        }
+        let output = daemon.ctl([
+            "attach",
+            file.to_str().unwrap(),
+            "--rate",
+            "1MB/s",
+            "--buffer",
+            "564KiB",
+        ]);
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(9), "{message}");
+        for figure in [
+            "1000000 B/s",
+            "predicted miss probability",
+            "where 1% is allowed",
+            "more fits",
+        ] {
+            assert!(message.contains(figure), "'{figure}' missing: {message}");
+        }
+    }
+    assert_eq!(daemon.streams().len(), n_max);
+    let status = json(&daemon.ctl(["status", "--json"]));
+    assert!(status[0]["admission"]
+        .as_str()
+        .unwrap()
+        .starts_with("statistical"));
+    let miss_ppm = status[0]["miss_probability_ppm"].as_u64().unwrap();
+    assert!(
+        miss_ppm <= 10_000,
+        "admitted streams predicted at {miss_ppm} ppm"
+    );
+    // One more does not fit, and `admit` says so too.
+    let again = json(&daemon.ctl([
+        "admit", "--device", &device, "--rate", "1MB/s", "--count", "1", "--json",
+    ]));
+    assert_eq!(again["n_max"], 0);
+    assert_eq!(again["fits"], false);
+}
