@@ -302,19 +302,25 @@ fn seek_table(text: &mut String, rows: &[TrialRow], every: Option<u64>) {
         "\nSeek storm: every reader seeks to a random position every {every} s; each seek restarts \
          its schedule (deadlines count from the seek with the buffer's slack again). Recovery = \
          from the seek to the end of the last read over 1 ms before the next seek.\n\n\
-         | configuration | seeks | deadline misses after seeks | recovery p50 ms | recovery max ms |\n\
-         | --- | ---: | ---: | ---: | ---: |\n"
+         | configuration | seeks | deadline misses after seeks | recovery p50 ms | recovery max ms | reads over 1 ms, by time after the seek: <0.5 s / 0.5–1 / 1–2 / 2–5 / ≥5 s |\n\
+         | --- | ---: | ---: | ---: | ---: | --- |\n"
     );
     for row in rows {
         if let Some(seeks) = &row.seeks {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {:.1} | {:.1} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {} |",
                 row.configuration.name,
                 seeks.seeks,
                 seeks.misses_after_seeks,
                 seeks.recovery_p50_ms,
-                seeks.recovery_max_ms
+                seeks.recovery_max_ms,
+                seeks
+                    .slow_reads_by_time_after_seek
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" / ")
             );
         }
     }

@@ -89,6 +89,9 @@ pub struct SeekRow {
     pub recovery_max_ms: f64,
     /// Reads that missed their deadline after a seek (each seek restarts the schedule).
     pub misses_after_seeks: u64,
+    /// Reads over 1 ms after seeks, by when they completed after their seek: under 0.5 s,
+    /// 0.5–1 s, 1–2 s, 2–5 s, 5 s or more.
+    pub slow_reads_by_time_after_seek: [u64; 5],
 }
 
 /// Deadline accounting in report units.
@@ -145,11 +148,23 @@ impl SeekRow {
             .collect();
         recoveries.sort_unstable();
         let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        let mut slow_reads_by_time_after_seek = [0u64; 5];
+        for at in outcomes.iter().flat_map(|o| o.slow_after_seek.iter()) {
+            let bucket = match at.as_millis() {
+                0..500 => 0,
+                500..1000 => 1,
+                1000..2000 => 2,
+                2000..5000 => 3,
+                _ => 4,
+            };
+            slow_reads_by_time_after_seek[bucket] += 1;
+        }
         Self {
             seeks: outcomes.iter().map(|o| o.seeks).sum(),
             recovery_p50_ms: ms(recoveries.get(recoveries.len() / 2)),
             recovery_max_ms: ms(recoveries.last()),
             misses_after_seeks: outcomes.iter().map(|o| o.misses_after_seeks).sum(),
+            slow_reads_by_time_after_seek,
         }
     }
 }

@@ -55,6 +55,8 @@ pub struct ReaderOutcome {
     pub recoveries: Vec<Duration>,
     /// Reads after a seek that missed their deadline.
     pub misses_after_seeks: u64,
+    /// When each read over [`SLOW_READ`] after a seek completed, counted from its seek.
+    pub slow_after_seek: Vec<Duration>,
 }
 
 /// A read slower than this waited for the disk.
@@ -101,6 +103,7 @@ pub fn run_reader(
         seeks: 0,
         recoveries: Vec::new(),
         misses_after_seeks: 0,
+        slow_after_seek: Vec::new(),
     };
     let mut offset = 0u64;
     // A seek restarts the schedule: deadlines count from the seek, with the buffer's slack
@@ -160,6 +163,7 @@ pub fn run_reader(
             outcome.misses_after_seeks += u64::from(missed);
             if completed - issued > SLOW_READ {
                 last_slow_end = Some(completed - start);
+                outcome.slow_after_seek.push(completed - start);
             }
         }
         hook.after_read(offset, len as u64)?;

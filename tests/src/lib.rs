@@ -611,61 +611,46 @@ pub fn evict(file: &File) {
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
 }
 
-/// A best-effort copy loop, as in the ABISS measurement: copies `source` to `target` in 128 KiB
-/// reads, over and over, dropping both from the page cache each pass so the disk stays busy.
+/// A best-effort copy loop, as in the ABISS measurement: the benchmarks' copy loop (128 KiB
+/// reads and writes, the source dropped from the page cache each pass, writeback kept going in
+/// windows as under a small machine's dirty limit), stopped on drop.
 #[derive(Debug)]
 pub struct CopyLoop {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<u64>>,
+    inner: Option<abiss_bench::workload::CopyLoop>,
 }
 
 impl CopyLoop {
     /// Starts copying.
     #[must_use]
     pub fn start(source: PathBuf, target: PathBuf) -> Self {
-        use std::io::Read;
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut copied = 0u64;
-            let mut buffer = vec![0u8; 128 * 1024];
-            while !flag.load(Ordering::Relaxed) {
-                let mut input = File::open(&source).expect("open copy source");
-                evict(&input);
-                let mut output = File::create(&target).expect("create copy target");
-                loop {
-                    if flag.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let n = input.read(&mut buffer).expect("copy read");
-                    if n == 0 {
-                        break;
-                    }
-                    output.write_all(&buffer[..n]).expect("copy write");
-                    copied += n as u64;
-                }
-                let _ = output.sync_data();
-                evict(&output);
-            }
-            copied
-        });
         Self {
-            stop,
-            thread: Some(thread),
+            inner: Some(abiss_bench::workload::CopyLoop::start(
+                source,
+                target,
+                128 << 10,
+            )),
         }
     }
 
     /// Stops and returns the bytes copied.
+    ///
+    /// # Panics
+    /// If the copy failed.
     pub fn stop(&mut self) -> u64 {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.take().and_then(|t| t.join().ok()).unwrap_or(0)
+        let Some(inner) = self.inner.take() else {
+            return 0;
+        };
+        let copied = inner.copied_bytes();
+        inner.stop().expect("the copy loop");
+        copied
     }
 }
 
 impl Drop for CopyLoop {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(inner) = self.inner.take() {
+            let _ = inner.stop();
+        }
     }
 }
 

@@ -198,7 +198,8 @@ fn corrupt_or_foreign_models_are_errors_never_used() {
     let mounted = Ext4Mount::new(disk);
     let daemon = Daemon::start_managing(mounted.device().path(), &[]);
     let status = daemon.ctl(["status", "--json"]);
-    let devices: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let devices = &status["devices"];
     assert_eq!(devices[0]["admission"], "share");
     assert!(devices[0]["capacity_source"]
         .as_str()
