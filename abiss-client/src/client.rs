@@ -255,13 +255,21 @@ impl Client {
 
     /// Tells the daemon the application's playout point (no answer is awaited).
     pub fn position(&mut self, stream: u64, offset: u64) -> Result<(), ClientError> {
-        self.send(Request::Position { stream, offset })
+        self.send(Request::Position {
+            stream,
+            offset,
+            at_ns: Some(monotonic_ns()),
+        })
     }
 
     /// Like [`Client::position`], but never waits: if the socket buffer is full (the daemon is
     /// busy), the message is skipped and `false` returned; a later one carries a newer position.
     pub fn try_position(&mut self, stream: u64, offset: u64) -> Result<bool, ClientError> {
-        let line = self.line(Request::Position { stream, offset })?;
+        let line = self.line(Request::Position {
+            stream,
+            offset,
+            at_ns: Some(monotonic_ns()),
+        })?;
         match nix::sys::socket::send(self.writer.as_raw_fd(), &line, MsgFlags::MSG_DONTWAIT) {
             Ok(sent) if sent == line.len() => Ok(true),
             // A partial message must be completed, or the stream of lines would break.
@@ -361,4 +369,13 @@ impl Client {
             other => Err(self.unexpected(&other)),
         }
     }
+}
+
+/// `CLOCK_MONOTONIC` in ns, the clock of the kernel's events that the daemon compares
+/// positions with.
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
+        u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
+            + u64::try_from(now.tv_nsec()).unwrap_or(0)
+    })
 }

@@ -92,6 +92,11 @@ pub enum Request {
         stream: u64,
         /// Byte offset the application has consumed up to.
         offset: u64,
+        /// When the application was there (`CLOCK_MONOTONIC` ns): the daemon also sees the
+        /// reads in the kernel, and orders the two kinds of evidence by time, so a message that
+        /// arrives after the reader has moved on (a seek) does not pull the window back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at_ns: Option<u64>,
     },
     /// The streams (all for root, the caller's own otherwise). Answered with
     /// [`Response::Streams`].

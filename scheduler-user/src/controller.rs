@@ -504,11 +504,16 @@ impl Controller {
     }
 
     /// The application's explicit playout point.
-    pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, now_ns: u64) {
+    /// `at_ns` is when the application was there.
+    pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, at_ns: u64, now_ns: u64) {
         let Some(stream) = self.streams.get_mut(id) else {
             return;
         };
         if peer_uid != 0 && stream.owner_uid != peer_uid {
+            return;
+        }
+        if !stream.newer_evidence(at_ns) {
+            log::debug!("stream {id}: position {offset} is older than a read seen since");
             return;
         }
         log::debug!("stream {id}: position {offset}");
@@ -669,6 +674,9 @@ impl Controller {
                 );
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
+                if !stream.newer_evidence(event.ts_ns) {
+                    return;
+                }
                 stream.playout.on_read(range, now_ns)
             }
             playout_kind::QUEUED_LOW => {
@@ -689,6 +697,9 @@ impl Controller {
             }
             _ => {
                 self.upgrades.touch(event.pid, stream.id, now_ns);
+                if !stream.newer_evidence(event.ts_ns) {
+                    return;
+                }
                 stream.playout.on_read(range, now_ns)
             }
         };

@@ -128,6 +128,7 @@ enum Command {
         uid: u32,
         stream: u64,
         offset: u64,
+        at_ns: Option<u64>,
     },
     List {
         uid: u32,
@@ -320,7 +321,11 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) 
             uid,
             stream,
             offset,
-        } => controller.position(uid, stream, offset, monotonic_ns()),
+            at_ns,
+        } => {
+            let now = monotonic_ns();
+            controller.position(uid, stream, offset, at_ns.unwrap_or(now), now);
+        }
         Command::List { uid, reply } => {
             let _ = reply.send(controller.list(uid));
         }
@@ -421,7 +426,11 @@ async fn serve_requests(
                 stream_events(socket, context, peer_uid).await;
                 return;
             }
-            Request::Position { stream, offset } => {
+            Request::Position {
+                stream,
+                offset,
+                at_ns,
+            } => {
                 // A notification: no answer, so a reader never waits for the daemon.
                 let _ = context
                     .commands
@@ -429,6 +438,7 @@ async fn serve_requests(
                         uid: peer_uid,
                         stream,
                         offset,
+                        at_ns,
                     })
                     .await;
                 continue;

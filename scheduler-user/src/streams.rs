@@ -177,6 +177,9 @@ pub struct Stream {
     pub misses: u64,
     /// `io_uring` requests submitted on the file by readers.
     pub uring_requests: u64,
+    /// Time of the newest position evidence (a read seen in the kernel, or a position
+    /// message), `CLOCK_MONOTONIC` ns.
+    pub newest_evidence_ns: u64,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -227,9 +230,22 @@ impl Stream {
             readers: HashMap::new(),
             misses: 0,
             uring_requests: 0,
+            newest_evidence_ns: 0,
             granted,
         };
         (stream, actions)
+    }
+
+    /// Whether position evidence from `at_ns` is no older than what was seen (then it becomes
+    /// the newest). Reads seen in the kernel and the application's position messages travel
+    /// different ways; a message that arrives after a read it precedes (as after a seek) must
+    /// not move the window back.
+    pub fn newer_evidence(&mut self, at_ns: u64) -> bool {
+        if at_ns < self.newest_evidence_ns {
+            return false;
+        }
+        self.newest_evidence_ns = at_ns;
+        true
     }
 
     /// Notes a reader task.
