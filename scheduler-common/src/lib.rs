@@ -121,11 +121,11 @@ pub struct PlayoutEvent {
     pub comm: [u8; COMM_LEN],
 }
 
-/// An `io_uring` request between submission and completion, while files are attached.
+/// An `io_uring` request between submission and completion.
 ///
 /// The request's file is only known at completion (the kernel assigns it when the request is
-/// issued, after the submission tracepoint), so submissions are remembered for all requests
-/// while any file is attached, and matched to a stream at completion.
+/// issued, after the submission tracepoint), so the submissions of processes seen reading an
+/// attached file are remembered, and matched to a stream at completion.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UringSubmission {
@@ -139,6 +139,10 @@ pub struct UringSubmission {
 
 /// `io_uring` requests on attached files tracked at once.
 pub const MAX_URING_INFLIGHT: u32 = 4_096;
+
+/// Processes remembered as readers of attached files (least recently seen forgotten first):
+/// only their `io_uring` submissions are followed.
+pub const MAX_FILE_READERS: u32 = 4_096;
 
 /// Offsets of the kernel structure fields the programs read, in bytes.
 ///

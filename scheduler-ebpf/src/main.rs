@@ -20,14 +20,14 @@ use aya_ebpf::{
         bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, HashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
     abiss_level, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, Control,
     FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters, PlayoutEvent,
     RequestEvent, RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES,
-    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+    MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -65,6 +65,11 @@ static ATTACHED: HashMap<FileKey, AttachedFile> = HashMap::with_max_entries(MAX_
 /// Reads, faults and misses of attached files, for abissd's playout tracking.
 #[map]
 static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
+
+/// Processes (tgid) seen reading an attached file, with the stream: their `io_uring` requests
+/// are followed, nobody else's, so other rings pay one lookup per submission.
+#[map]
+static FILE_READERS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_FILE_READERS, 0);
 
 /// `io_uring` requests on attached files between submission and completion, by request address.
 #[map]
@@ -516,6 +521,7 @@ fn report_queued_low(stream: &AttachedFile, ioprio: u16) {
     if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
         return;
     }
+    remember_reader(tgid, stream.stream);
     report(PlayoutEvent {
         ts_ns: now_ns(),
         stream: stream.stream,
@@ -565,6 +571,7 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     let Some((tgid, pid)) = current_task_unless_daemon() else {
         return;
     };
+    remember_reader(tgid, attached.stream);
     report(PlayoutEvent {
         ts_ns: now_ns(),
         stream: attached.stream,
@@ -577,9 +584,18 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     });
 }
 
+/// Notes process `tgid` as a reader of `stream`'s file (a lookup, and an update only when new).
+#[inline(always)]
+fn remember_reader(tgid: u32, stream: u64) {
+    // SAFETY: pointer to a live map value of this type, read once.
+    if FILE_READERS.get_ptr(tgid).map(|found| unsafe { *found }) != Some(stream) {
+        let _ = FILE_READERS.insert(tgid, stream, 0);
+    }
+}
+
 /// `io_uring_submit_req(req)`: a request leaves the submission queue, in the submitting task
-/// (the ring's owner, or its SQPOLL thread). Its file is not assigned yet, so while any file is
-/// attached every submission is remembered until its completion.
+/// (the ring's owner, or its SQPOLL thread). Its file is not assigned yet, so the submissions
+/// of processes seen reading attached files are remembered until their completion.
 #[btf_tracepoint(function = "io_uring_submit_req")]
 pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
     if layout!(valid) == 0 || !files_attached() {
@@ -589,6 +605,10 @@ pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
     let Some((tgid, pid)) = current_task_unless_daemon() else {
         return 0;
     };
+    // SAFETY: a lookup; the value is not used.
+    if unsafe { FILE_READERS.get(&tgid) }.is_none() {
+        return 0;
+    }
     let _ = URING_INFLIGHT.insert(
         req,
         UringSubmission {
@@ -605,6 +625,11 @@ pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
 /// files are reported with their submitter, priority and latency.
 #[btf_tracepoint(function = "io_uring_complete")]
 pub fn abiss_uring_complete(ctx: BtfTracePointContext) -> i32 {
+    // Nothing was remembered while no file was attached (abissd empties the map when the last
+    // file goes).
+    if !files_attached() {
+        return 0;
+    }
     let req: u64 = ctx.arg(1);
     // SAFETY: pointer to a live map value, copied before the entry is deleted.
     let Some(submission) = URING_INFLIGHT.get_ptr(req).map(|found| unsafe { *found }) else {

@@ -12,7 +12,7 @@ use aya::{
 };
 use scheduler_common::{
     request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, PlayoutEvent, RequestEvent, RequestOrigin, STALE_REQUEST_NS,
+    LatencyCounters, PlayoutEvent, RequestEvent, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
 };
 
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
@@ -221,7 +221,28 @@ impl BlockTracer {
         self.set_control(Control {
             attached_files: count,
             ..self.control
-        })
+        })?;
+        if count == 0 {
+            // The completion program stops looking once no file is attached: what is still
+            // remembered would never be taken out.
+            self.forget_all::<u64, UringSubmission>("URING_INFLIGHT")?;
+            self.forget_all::<u32, u64>("FILE_READERS")?;
+        }
+        Ok(())
+    }
+
+    /// Empties hash map `name`.
+    fn forget_all<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<(), TracerError> {
+        // One typed map serves both plain and LRU hash maps.
+        let mut map: HashMap<&mut MapData, K, V> = self.typed_map_mut(name)?;
+        let keys: Vec<K> = map.keys().filter_map(Result::ok).collect();
+        for key in &keys {
+            let _ = map.remove(key);
+        }
+        Ok(())
     }
 
     /// The cumulative latency histograms, summed over CPUs.
