@@ -523,37 +523,6 @@ impl DeviceModel {
     }
 }
 
-/// The standard normal distribution's upper tail, `P(Z > z)`.
-///
-/// Uses the complementary error function after Numerical Recipes' Chebyshev fit (fractional
-/// error below 1.2e-7 everywhere), which is plenty for miss probabilities of a percent.
-#[must_use]
-pub fn normal_upper_tail(z: f64) -> f64 {
-    if z.is_nan() {
-        return f64::NAN;
-    }
-    0.5 * erfc(z / std::f64::consts::SQRT_2)
-}
-
-fn erfc(x: f64) -> f64 {
-    let z = x.abs();
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -z * z - 1.265_512_23
-        + t * (1.000_023_68
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
-    let r = t * poly.exp();
-    if x >= 0.0 {
-        r
-    } else {
-        2.0 - r
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -583,14 +552,6 @@ pub(crate) mod tests {
                 size_bytes: 4 << 30,
             })
         }
-    }
-
-    #[test]
-    fn normal_tail_matches_known_values() {
-        assert!((normal_upper_tail(0.0) - 0.5).abs() < 1e-7);
-        assert!((normal_upper_tail(2.326_348) - 0.01).abs() < 1e-6);
-        assert!((normal_upper_tail(-1.644_854) - 0.95).abs() < 1e-6);
-        assert!(normal_upper_tail(40.0) < 1e-100);
     }
 
     #[test]

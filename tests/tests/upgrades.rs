@@ -162,7 +162,12 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     let raised_ns = monotonic_ns();
     eprintln!("reader raised {:?} after it started", raised_after.unwrap());
 
-    // The unattached reader misses the page cache all along, and is never touched.
+    // The unattached reader misses the page cache all along, and is never touched (once it
+    // has set its own priority, its first step).
+    assert!(
+        wait_for_ioprio(pid_of(&unattached), BE5, Duration::from_secs(2)).is_some(),
+        "the other reader started"
+    );
     let watch_until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < watch_until {
         assert_eq!(

@@ -27,7 +27,7 @@
 //! Until a device has a model, [`ShareAdmission`] keeps the configured capacity times the
 //! real-time share, as before.
 
-use abiss_proto::device_model::{normal_upper_tail, DeviceModel};
+use abiss_proto::device_model::DeviceModel;
 use abiss_proto::{AdmissionMode, PAGE_BYTES};
 
 /// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
@@ -451,9 +451,26 @@ impl ShareAdmission {
     }
 }
 
+/// The standard normal distribution's upper tail, `P(Z > z)`.
+#[must_use]
+pub fn normal_upper_tail(z: f64) -> f64 {
+    if z.is_nan() {
+        return f64::NAN;
+    }
+    0.5 * statrs::function::erf::erfc(z / std::f64::consts::SQRT_2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn normal_tail_matches_known_values() {
+        assert!((normal_upper_tail(0.0) - 0.5).abs() < 1e-7);
+        assert!((normal_upper_tail(2.326_348) - 0.01).abs() < 1e-6);
+        assert!((normal_upper_tail(-1.644_854) - 0.95).abs() < 1e-6);
+        assert!(normal_upper_tail(40.0) < 1e-100);
+    }
     use abiss_proto::device_model::{DeviceIdentity, SeekCurve, ZonePoint};
     use abiss_proto::DeviceNumber;
     use proptest::prelude::*;
