@@ -218,10 +218,10 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
         listed.readers
     );
 
-    // Detach after its last read (12 s) while it still runs, idle for less than the idle time:
+    // Detach after its last read (about 12 s in) while it still runs, idle for less than the idle time:
     // its own priority comes back. (Reads after a detach would be plain best-effort reads,
     // which may miss; they are not the stream's.)
-    let reads_end_ns = started_ns + 12_300_000_000;
+    let reads_end_ns = started_ns + 13_000_000_000;
     std::thread::sleep(Duration::from_nanos(
         reads_end_ns.saturating_sub(monotonic_ns()),
     ));
@@ -387,7 +387,12 @@ fn a_direct_io_reader_is_tagged_and_raised() {
     let records = collect_events(&mut events, Duration::from_secs(3));
     let pid = pid_of(&direct);
     let _ = phases(direct);
-    let mine: Vec<&RequestRecord> = records.iter().filter(|r| r.tgid == pid).collect();
+    // Its requests on the lab disk (loading its own program reads the root disk).
+    let disk = bench.daemon.streams()[0].disk;
+    let mine: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.tgid == pid && r.device == disk)
+        .collect();
     assert!(
         !mine.is_empty() && mine.iter().all(|r| r.stream == Some(id)),
         "its requests carry the stream: {mine:?}"
