@@ -110,6 +110,8 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         command
     };
     shell::run(&mut ctl(&["status"]))?;
+    step("capacity planning: how many 1 MB/s streams fit (abissctl admit; no model yet, so the conservative default)");
+    shell::run(&mut ctl(&["admit", "--device", &device, "--rate", "1MB/s"]))?;
 
     step("best-effort load: a copy loop of the 175 MB file, in 128 KiB reads");
     let copy = format!(
@@ -166,7 +168,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         "--count",
         &reports,
     ]))?;
-    step("the stream (abissctl list): window, locked pages, credit, misses, readers");
+    step("the stream (abissctl list): window, locked pages, credit, misses, upgrades, readers");
     shell::run(&mut ctl(&["list"]))?;
 
     if let Some(mut player) = setup.workload.pop() {
