@@ -108,29 +108,7 @@ enum Command {
     /// Measure a disk with `O_DIRECT` reads (zone profile, access time by seek distance,
     /// rotation, request size, requests in flight) and fit the device model abissd admits
     /// streams by. Needs root. Reads only, unless --write.
-    Profile {
-        /// The whole disk: NAME, /dev/NAME or MAJOR:MINOR.
-        device: String,
-        /// A short profile (at most a minute on a laptop disk) instead of the full one.
-        #[arg(long)]
-        quick: bool,
-        /// Print the model as JSON.
-        #[arg(long, short = 'j')]
-        json: bool,
-        /// Save the model where abissd finds it (`STATE_DIR/models/IDENTITY.json`).
-        #[arg(long)]
-        save: bool,
-        /// Also measure writes, by rewriting in place the data just read (needs a device
-        /// nobody has open, and --yes or a typed confirmation).
-        #[arg(long)]
-        write: bool,
-        /// Do not ask before --write.
-        #[arg(long, requires = "write")]
-        yes: bool,
-        /// abissd's state directory.
-        #[arg(long, default_value = "/run/abiss")]
-        state_dir: PathBuf,
-    },
+    Profile(ProfileOptions),
     /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's `p_req`,
     /// and the predicted miss probability of N of them. Attaches nothing.
     Admit {
@@ -247,23 +225,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             }
         }
         Command::Stats { interval, json } => stats::show(&mut connect()?, interval, json),
-        Command::Profile {
-            device,
-            quick,
-            json,
-            save,
-            write,
-            yes,
-            state_dir,
-        } => profile::run(&ProfileOptions {
-            device,
-            quick,
-            json,
-            save,
-            write,
-            yes,
-            state_dir,
-        }),
+        Command::Profile(options) => profile::run(&options),
         Command::Admit {
             device,
             rate,

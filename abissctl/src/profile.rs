@@ -34,26 +34,33 @@ pub const MIN_PROFILE_BYTES: u64 = 64 * MIB;
 const SEQ_REQUEST: u64 = 4 * MIB;
 const SMALL_READ: u64 = 4 * KIB;
 
-/// What to measure and where the model goes.
-#[derive(Debug)]
+/// What to measure and where the model goes: the arguments of `abissctl profile`.
+#[derive(Debug, clap::Args)]
 #[expect(
     clippy::struct_excessive_bools,
     reason = "the command's flags, as typed"
 )]
 pub struct ProfileOptions {
-    /// The device as the user typed it.
+    /// The whole disk: NAME, /dev/NAME or MAJOR:MINOR.
     pub device: String,
-    /// The short profile (at most a minute on a laptop disk).
+    /// A short profile (at most a minute on a laptop disk) instead of the full one.
+    #[arg(long)]
     pub quick: bool,
     /// Print the model as JSON.
+    #[arg(long, short = 'j')]
     pub json: bool,
-    /// Save it under the state directory.
+    /// Save the model where abissd finds it (`STATE_DIR/models/IDENTITY.json`).
+    #[arg(long)]
     pub save: bool,
-    /// Also measure writes (rewrites data in place).
+    /// Also measure writes, by rewriting in place the data just read (needs a device nobody
+    /// has open, and --yes or a typed confirmation).
+    #[arg(long)]
     pub write: bool,
-    /// No confirmation for `--write`.
+    /// Do not ask before --write.
+    #[arg(long, requires = "write")]
     pub yes: bool,
     /// abissd's state directory.
+    #[arg(long, default_value = "/run/abiss")]
     pub state_dir: PathBuf,
 }
 

@@ -739,6 +739,33 @@ impl PacedReport {
     }
 }
 
+/// A command's standard error as text.
+#[must_use]
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts that a command failed as bad input must: exit code `code`, one sentence on
+/// standard error (clap's pointer to `--help` aside) that mentions `needle`, and no panic.
+///
+/// # Panics
+/// If it did not.
+pub fn assert_fails(output: &Output, code: i32, needle: &str) {
+    let message = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "exit code for: {message}");
+    assert!(
+        message.contains(needle),
+        "message '{message}' should mention '{needle}'"
+    );
+    assert!(!message.contains("panicked"), "no panic: {message}");
+    // clap follows a usage error with a blank line and a pointer to --help.
+    let sentence = message
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.starts_with("For more information"))
+        .count();
+    assert_eq!(sentence, 1, "one sentence: {message}");
+}
+
 /// Runs the calling thread under `SCHED_FIFO`, as a player runs its time-critical thread.
 ///
 /// The lab's emulated disk runs its own threads at real-time CPU priority to keep its timing;

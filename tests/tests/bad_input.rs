@@ -4,11 +4,7 @@ use std::os::unix::net::UnixListener;
 use std::process::{Command, Output};
 
 use abiss_proto::{ErrorKind, Response};
-use abiss_tests::{binary, require_root, Daemon, Scratch};
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
+use abiss_tests::{assert_fails, binary, require_root, stderr, Daemon, Scratch};
 
 fn abissd(args: &[&str]) -> Output {
     Command::new(binary("abissd"))
@@ -25,17 +21,6 @@ fn abissctl(socket: &std::path::Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run abissctl")
-}
-
-fn assert_fails(output: &Output, code: i32, needle: &str) {
-    let message = stderr(output);
-    assert_eq!(output.status.code(), Some(code), "exit code for: {message}");
-    assert!(
-        message.contains(needle),
-        "message '{message}' should mention '{needle}'"
-    );
-    assert!(!message.contains("panicked"), "no panic: {message}");
-    assert_eq!(message.trim().lines().count(), 1, "one sentence: {message}");
 }
 
 #[test]

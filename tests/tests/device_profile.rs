@@ -8,27 +8,15 @@ use std::time::{Duration, Instant};
 use abiss_lab::model::HddParams;
 use abiss_proto::device_model::{DeviceIdentity, DeviceModel};
 use abiss_proto::DeviceNumber;
-use abiss_tests::{binary, require_root, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch};
+use abiss_tests::{
+    assert_fails, binary, require_root, stderr, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
+};
 
 fn abissctl(args: &[&str]) -> Output {
     Command::new(binary("abissctl"))
         .args(args)
         .output()
         .expect("run abissctl")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-fn assert_fails(output: &Output, code: i32, needle: &str) {
-    let message = stderr(output);
-    assert_eq!(output.status.code(), Some(code), "exit code for: {message}");
-    assert!(
-        message.contains(needle),
-        "message '{message}' should mention '{needle}'"
-    );
-    assert!(!message.contains("panicked"), "no panic: {message}");
 }
 
 fn number_of(device: &Path) -> DeviceNumber {
