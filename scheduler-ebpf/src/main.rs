@@ -250,20 +250,7 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
     let attributed = wants_origin && record_origin(rq, file);
     // The stream is found by the file the pages belong to, so readahead, io-wq workers and
     // the daemon's prefetch are all tagged, not only the reader's own task.
-    let stream = if file.0 == 0 {
-        AttachedFile::default()
-    } else {
-        let key = FileKey {
-            dev: file.1,
-            pad: 0,
-            ino: file.0,
-        };
-        // SAFETY: pointer to a live map value, copied.
-        ATTACHED
-            .get_ptr(key)
-            .map(|found| unsafe { *found })
-            .unwrap_or_default()
-    };
+    let stream = attached_file(file).unwrap_or_default();
     #[expect(
         clippy::cast_possible_truncation,
         reason = "REQ_OP_* fits in the low 8 bits"
@@ -496,11 +483,16 @@ fn attached_stream(inode: u64) -> Option<AttachedFile> {
     if sb == 0 {
         return None;
     }
-    let key = FileKey {
-        dev: field(sb, layout!(sb_dev)),
-        pad: 0,
-        ino: field(inode, layout!(inode_ino)),
-    };
+    attached_file((field(inode, layout!(inode_ino)), field(sb, layout!(sb_dev))))
+}
+
+/// The stream of file (inode number, filesystem device), if it is attached.
+#[inline(always)]
+fn attached_file((ino, dev): (u64, u32)) -> Option<AttachedFile> {
+    if ino == 0 {
+        return None;
+    }
+    let key = FileKey { dev, pad: 0, ino };
     // SAFETY: pointer to a live map value, copied.
     ATTACHED.get_ptr(key).map(|found| unsafe { *found })
 }
@@ -513,23 +505,32 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 /// workqueue flushing a plug) and abissd itself are not readers.
 #[inline(always)]
 fn report_queued_low(stream: &AttachedFile, ioprio: u16) {
-    let Some((tgid, pid)) = current_task_unless_daemon() else {
-        return;
-    };
     // SAFETY: helper without arguments.
     let task = unsafe { bpf_get_current_task() };
     if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
         return;
     }
-    remember_reader(tgid, stream.stream);
-    report(PlayoutEvent {
-        ts_ns: now_ns(),
+    report_reader(PlayoutEvent {
         stream: stream.stream,
-        tgid,
-        pid,
         kind: playout_kind::QUEUED_LOW,
         ioprio: u32::from(ioprio),
         ..PlayoutEvent::default()
+    });
+}
+
+/// Sends `event` about the current task, a reader of the event's stream, and remembers its
+/// process as one; abissd's own tasks are no readers.
+#[inline(always)]
+fn report_reader(event: PlayoutEvent) {
+    let Some((tgid, pid)) = current_task_unless_daemon() else {
+        return;
+    };
+    remember_reader(tgid, event.stream);
+    report(PlayoutEvent {
+        ts_ns: now_ns(),
+        tgid,
+        pid,
+        ..event
     });
 }
 
@@ -568,17 +569,10 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     let Some(attached) = attached_stream(inode) else {
         return;
     };
-    let Some((tgid, pid)) = current_task_unless_daemon() else {
-        return;
-    };
-    remember_reader(tgid, attached.stream);
-    report(PlayoutEvent {
-        ts_ns: now_ns(),
+    report_reader(PlayoutEvent {
         stream: attached.stream,
         first_page,
         last_page,
-        tgid,
-        pid,
         kind,
         ..PlayoutEvent::default()
     });
@@ -643,15 +637,7 @@ pub fn abiss_uring_complete(ctx: BtfTracePointContext) -> i32 {
     let Some(inode) = read::<u64>(file, layout!(file_inode)) else {
         return 0;
     };
-    let Some(ino) = read::<u64>(inode, layout!(inode_ino)) else {
-        return 0;
-    };
-    let dev = read::<u64>(inode, layout!(inode_sb))
-        .and_then(|sb| read::<u32>(sb, layout!(sb_dev)))
-        .unwrap_or(0);
-    let key = FileKey { dev, pad: 0, ino };
-    // SAFETY: pointer to a live map value, copied.
-    let Some(attached) = ATTACHED.get_ptr(key).map(|found| unsafe { *found }) else {
+    let Some(attached) = attached_file(inode_key(inode)) else {
         return 0;
     };
     // The priority sits in the request's kiocb, at the start of its command area (read and

@@ -197,7 +197,7 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let layout = kernel_layout::resolve(&config.btf)?;
     let socket = ControlSocket::bind(&config.socket)?;
     let disks = take_devices(&config)?;
-    let _restored = crate::upgrades::restore_leftovers(&config.state_dir);
+    crate::upgrades::restore_leftovers(&config.state_dir);
     let mut tracer = BlockTracer::load(&layout, &config.btf)?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;

@@ -87,19 +87,18 @@ fn restore(upgrade: &Upgrade) -> bool {
 }
 
 /// Restores the threads a previous daemon raised and did not restore (it crashed), and
-/// removes the record. Returns how many were restored.
-#[must_use = "the count says whether a crashed daemon left raised readers"]
-pub fn restore_leftovers(state_dir: &Path) -> usize {
+/// removes the record; says in the log what it did.
+pub fn restore_leftovers(state_dir: &Path) {
     let path = state_dir.join(UPGRADES_FILE);
     let Ok(text) = std::fs::read_to_string(&path) else {
-        return 0;
+        return;
     };
     let upgrades: Vec<Upgrade> = match serde_json::from_str(&text) {
         Ok(upgrades) => upgrades,
         Err(error) => {
             warn!("{} is corrupt ({error}); setting it aside", path.display());
             let _ = std::fs::rename(&path, path.with_extension("json.corrupt"));
-            return 0;
+            return;
         }
     };
     let restored = upgrades.iter().filter(|u| restore(u)).count();
@@ -110,7 +109,6 @@ pub fn restore_leftovers(state_dir: &Path) -> usize {
             upgrades.len()
         );
     }
-    restored
 }
 
 /// The daemon's upgrades of readers.
