@@ -2,8 +2,7 @@
 //!
 //! The eBPF crate needs Debian's rustc-web (it ships `core` for `bpfel-unknown-none`) and
 //! bpf-linker; `cargo xtask setup` installs both. We drive cargo ourselves instead of using
-//! aya-build, which insists on rustup toolchains and `-Z build-std` (see
-//! shared/notes/toolchain.md).
+//! aya-build, which insists on rustup toolchains and `-Z build-std` (see docs/building.md).
 use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -12,9 +12,9 @@ use abiss_proto::{ByteRate, ByteSize};
 
 use crate::failure::Failure;
 
-/// Playout buffer when `abiss_fopen` gets `app_buffer` 0: the 564 kB of the ABISS slides'
-/// measurements ("Measurements, description").
-pub const DEFAULT_APP_BUFFER_BYTES: u64 = 564 * 1024;
+/// Playout buffer when `abiss_fopen` gets `app_buffer` 0: the protocol's default, the 564 KiB
+/// of the ABISS slides' measurements ("Measurements, description").
+pub const DEFAULT_APP_BUFFER_BYTES: u64 = abiss_proto::DEFAULT_BUFFER_BYTES;
 
 /// An open stream as C sees it (`ABISS_FILE`, opaque there).
 #[derive(Debug)]

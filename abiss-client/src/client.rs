@@ -6,6 +6,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
+use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
     ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StreamInfo,
@@ -369,13 +370,4 @@ impl Client {
             other => Err(self.unexpected(&other)),
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` in ns, the clock of the kernel's events that the daemon compares
-/// positions with.
-fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |now| {
-        u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(now.tv_nsec()).unwrap_or(0)
-    })
 }

@@ -4,7 +4,9 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::Path;
 
-use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_LEVEL};
+use abiss_proto::{
+    AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_BATCH_PAGES, DEFAULT_LEVEL,
+};
 
 use crate::client::{Client, ClientError};
 
@@ -28,7 +30,7 @@ impl StreamOptions {
         Self {
             rate,
             buffer,
-            batch_pages: 20,
+            batch_pages: DEFAULT_BATCH_PAGES,
             priority: DEFAULT_LEVEL,
         }
     }

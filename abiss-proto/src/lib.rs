@@ -6,13 +6,14 @@
 //! everything it knows about the daemon is in this crate.
 #![deny(missing_docs)]
 
-pub mod device_model;
 mod histogram;
 mod quantity;
+mod refusal;
 mod units;
 
 pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
 pub use quantity::{ByteRate, ByteSize, QuantityError};
+pub use refusal::Refusal;
 pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 
 use serde::{Deserialize, Serialize};
@@ -26,8 +27,15 @@ pub const ABISS_LEVELS: u8 = 8;
 /// Default ABISS level of a stream: real time.
 pub const DEFAULT_LEVEL: u8 = 0;
 
-/// Page size the playout window is managed in.
+/// Page size the playout window is managed in: the unit of `batch_pages`, of loading and of
+/// locking.
 pub const PAGE_BYTES: u64 = 4096;
+
+/// Playout buffer of a stream when the client names none: the ABISS measurement's 564 KiB.
+pub const DEFAULT_BUFFER_BYTES: u64 = 564 * 1024;
+
+/// Pages per credit step of a stream when the client names none (80 KiB).
+pub const DEFAULT_BATCH_PAGES: u32 = 20;
 
 /// Where `abissd` listens unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/abiss/abiss.sock";
@@ -122,6 +130,10 @@ pub struct AdmitRequest {
     pub rate_stdev: ByteRate,
     /// Playout buffer of each stream (its loads are a third of it).
     pub buffer: ByteSize,
+    /// Pages per credit step of each stream ([`DEFAULT_BATCH_PAGES`] if not given): loads
+    /// are whole batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_pages: Option<u32>,
     /// Streams of this kind to evaluate next to those already admitted.
     pub count: Option<u32>,
     /// Admission mode to answer for (the daemon's own if not given).

@@ -13,7 +13,7 @@ use crate::stats;
 use crate::streams::{self, StreamParameters};
 use crate::trace::{self, Grouping, TraceOptions};
 use abiss_client::Client;
-use abiss_proto::{AdmissionMode, ByteRate, ByteSize};
+use abiss_proto::{AdmissionMode, ByteRate, ByteSize, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES};
 
 /// Guaranteed-rate file streaming and block I/O tracing by priority (ABISS).
 #[derive(Debug, Parser)]
@@ -122,8 +122,11 @@ enum Command {
         #[arg(long, short = 's')]
         stdev: Option<ByteRate>,
         /// Playout buffer of each stream.
-        #[arg(long, short = 'b', default_value = "564KiB")]
+        #[arg(long, short = 'b', default_value_t = ByteSize(DEFAULT_BUFFER_BYTES))]
         buffer: ByteSize,
+        /// Pages loaded per credit step of each stream (its loads are whole batches).
+        #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
+        batch: u32,
         /// Evaluate this many more streams.
         #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         count: Option<u32>,
@@ -146,10 +149,10 @@ struct StreamArgs {
     #[arg(long, short = 'r')]
     rate: ByteRate,
     /// Playout buffer: how much is kept loaded ahead of the reader.
-    #[arg(long, short = 'b', default_value = "564KiB")]
+    #[arg(long, short = 'b', default_value_t = ByteSize(DEFAULT_BUFFER_BYTES))]
     buffer: ByteSize,
     /// Pages loaded per credit step.
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
     /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
     #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
@@ -231,6 +234,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             rate,
             stdev,
             buffer,
+            batch,
             count,
             mode,
             write,
@@ -242,6 +246,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
                 rate,
                 stdev: stdev.unwrap_or_default(),
                 buffer,
+                batch,
                 count,
                 mode,
                 write,

@@ -19,6 +19,8 @@ pub struct AdmitQuestion {
     pub stdev: ByteRate,
     /// Playout buffer per stream.
     pub buffer: ByteSize,
+    /// Pages per credit step.
+    pub batch: u32,
     /// Streams to evaluate.
     pub count: Option<u32>,
     /// Mode to answer for.
@@ -46,6 +48,7 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
         rate: question.rate,
         rate_stdev: question.stdev,
         buffer: question.buffer,
+        batch_pages: Some(question.batch),
         count: question.count,
         mode: question.mode,
         write: question.write,

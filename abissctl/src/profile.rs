@@ -1,5 +1,5 @@
 //! `abissctl profile`: measures a disk through the kernel with `O_DIRECT` (no page cache) and
-//! fits a [`DeviceModel`].
+//! fits an [`abiss_model::DeviceModel`] to the measurements ([`abiss_model::fit`]).
 //!
 //! The measurements follow Johnson & Miller ("Performance Measurements of Tertiary Storage
 //! Devices", reference 003): sequential transfer rate at many positions (the zone profile),
@@ -15,15 +15,18 @@ use std::io::{IsTerminal, Write as _};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use abiss_proto::device_model::{
-    DeviceIdentity, DeviceModel, QueueDepthPoint, RequestSizePoint, SeekCurve, SeekPoint,
-    ZonePoint, ASSUMED_WRITE_READ_RATIO, DEVICE_MODEL_VERSION,
+use abiss_model::{
+    fit, DeviceIdentity, Measurements, QueueDepthPoint, RequestSizePoint, ZonePoint,
 };
 use abiss_proto::DeviceNumber;
 
 use crate::error::CliError;
+
+mod report;
+
+pub use report::describe;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -241,32 +244,6 @@ fn as_f64(value: u64) -> f64 {
     value as f64
 }
 
-fn mean(values: &[f64]) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.iter().sum::<f64>() / as_f64(values.len() as u64)
-}
-
-fn variance(values: &[f64]) -> f64 {
-    if values.len() < 2 {
-        return 0.0;
-    }
-    let m = mean(values);
-    values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / as_f64(values.len() as u64 - 1)
-}
-
-/// The raw measurements a model is fitted to.
-#[derive(Debug, Default)]
-struct Measurements {
-    zones: Vec<ZonePoint>,
-    /// Access times (ms) of small reads at each distance.
-    seeks: Vec<(f64, Vec<f64>)>,
-    random_ms: Vec<f64>,
-    sizes: Vec<RequestSizePoint>,
-    depths: Vec<QueueDepthPoint>,
-}
-
 fn find_devnode(number: DeviceNumber) -> PathBuf {
     let by_number = PathBuf::from(format!("/dev/block/{number}"));
     if by_number.exists() {
@@ -425,43 +402,10 @@ fn measure(device: &Device, plan: &Plan, write: bool) -> Result<Measurements, Cl
             + REQUEST_SIZES.len() as u64 * u64::from(plan.size_reads)
             + QUEUE_DEPTHS.len() as u64 * u64::from(plan.depth_reads),
     );
-    let mut m = Measurements::default();
-
-    progress.phase("zone profile");
-    let span = (plan.zone_requests + 1) * SEQ_REQUEST;
-    let usable = size.saturating_sub(span);
-    for i in 0..plan.zone_positions {
-        let fraction = (f64::from(i) + 0.5) / f64::from(plan.zone_positions);
-        let start = align_down(at_fraction(usable, fraction), MIB);
-        // The first request brings the head there; the rest stream.
-        device.read(&mut buf, start, SEQ_REQUEST)?;
-        let mut elapsed = Duration::ZERO;
-        for r in 1..=plan.zone_requests {
-            elapsed += device.read(&mut buf, start + r * SEQ_REQUEST, SEQ_REQUEST)?;
-        }
-        let bytes = as_f64(plan.zone_requests * SEQ_REQUEST);
-        let write_bps = if write {
-            // Write back what is there: read a request, then rewrite it in place, streaming.
-            let mut elapsed = Duration::ZERO;
-            for r in 0..=plan.zone_requests {
-                let offset = start + r * SEQ_REQUEST;
-                device.read(&mut buf, offset, SEQ_REQUEST)?;
-                let took = device.write(&mut buf, offset, SEQ_REQUEST)?;
-                if r > 0 {
-                    elapsed += took;
-                }
-            }
-            Some(bytes / elapsed.as_secs_f64())
-        } else {
-            None
-        };
-        m.zones.push(ZonePoint {
-            position: (as_f64(start) + as_f64(span) / 2.0) / as_f64(size),
-            read_bps: bytes / elapsed.as_secs_f64(),
-            write_bps,
-        });
-        progress.step(1);
-    }
+    let mut m = Measurements {
+        zones: measure_zones(device, plan, &mut buf, write, &mut progress)?,
+        ..Measurements::default()
+    };
 
     progress.phase("access time by distance");
     for &distance in plan.seek_distances {
@@ -503,6 +447,55 @@ fn measure(device: &Device, plan: &Plan, write: bool) -> Result<Measurements, Cl
     m.depths = measure_depths(device, plan, &mut positions, &mut progress)?;
     progress.finish();
     Ok(m)
+}
+
+/// The zone profile: a few large sequential reads (and, with `write`, rewrites) at evenly
+/// spread positions, the first of each run only bringing the head there.
+fn measure_zones(
+    device: &Device,
+    plan: &Plan,
+    buf: &mut AlignedBuffer,
+    write: bool,
+    progress: &mut Progress,
+) -> Result<Vec<ZonePoint>, CliError> {
+    progress.phase("zone profile");
+    let size = device.size;
+    let mut zones = Vec::new();
+    let span = (plan.zone_requests + 1) * SEQ_REQUEST;
+    let usable = size.saturating_sub(span);
+    for i in 0..plan.zone_positions {
+        let fraction = (f64::from(i) + 0.5) / f64::from(plan.zone_positions);
+        let start = align_down(at_fraction(usable, fraction), MIB);
+        // The first request brings the head there; the rest stream.
+        device.read(buf, start, SEQ_REQUEST)?;
+        let mut elapsed = Duration::ZERO;
+        for r in 1..=plan.zone_requests {
+            elapsed += device.read(buf, start + r * SEQ_REQUEST, SEQ_REQUEST)?;
+        }
+        let bytes = as_f64(plan.zone_requests * SEQ_REQUEST);
+        let write_bps = if write {
+            // Write back what is there: read a request, then rewrite it in place, streaming.
+            let mut elapsed = Duration::ZERO;
+            for r in 0..=plan.zone_requests {
+                let offset = start + r * SEQ_REQUEST;
+                device.read(buf, offset, SEQ_REQUEST)?;
+                let took = device.write(buf, offset, SEQ_REQUEST)?;
+                if r > 0 {
+                    elapsed += took;
+                }
+            }
+            Some(bytes / elapsed.as_secs_f64())
+        } else {
+            None
+        };
+        zones.push(ZonePoint {
+            position: (as_f64(start) + as_f64(span) / 2.0) / as_f64(size),
+            read_bps: bytes / elapsed.as_secs_f64(),
+            write_bps,
+        });
+        progress.step(1);
+    }
+    Ok(zones)
 }
 
 /// Random 64 KiB reads with several requests in flight (a thread each).
@@ -551,282 +544,4 @@ fn measure_depths(
         progress.step(u64::from(plan.depth_reads));
     }
     Ok(depths)
-}
-
-/// Fits the model to the measurements (pure).
-fn fit(identity: DeviceIdentity, quick: bool, m: &Measurements) -> DeviceModel {
-    // Rotation: at one distance the seek is fixed and the rotational latency uniform over a
-    // revolution, so the spread of the access times there is the revolution's: σ² = rev²/12.
-    // Pooled over distances; the longest distances are left out (their seek varies most).
-    let pooled: Vec<f64> = m
-        .seeks
-        .iter()
-        .filter(|(d, s)| *d <= 0.5 && s.len() >= 2)
-        .map(|(_, s)| variance(s))
-        .collect();
-    let revolution_ms = (12.0 * mean(&pooled)).sqrt();
-    let seek_points: Vec<SeekPoint> = m
-        .seeks
-        .iter()
-        .map(|(distance, samples)| SeekPoint {
-            distance: *distance,
-            access_ms: mean(samples),
-            samples: u32::try_from(samples.len()).unwrap_or(u32::MAX),
-        })
-        .collect();
-    let seek = fit_seek_curve(&seek_points, revolution_ms / 2.0);
-    let ratios: Vec<f64> = m
-        .zones
-        .iter()
-        .filter_map(|z| z.write_bps.map(|w| w / z.read_bps))
-        .collect();
-    let writes_measured = !ratios.is_empty();
-    DeviceModel {
-        version: DEVICE_MODEL_VERSION,
-        identity,
-        measured_at_unix_s: SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        quick,
-        zones: m.zones.clone(),
-        write_read_ratio: if writes_measured {
-            mean(&ratios).clamp(0.01, 2.0)
-        } else {
-            ASSUMED_WRITE_READ_RATIO
-        },
-        writes_measured,
-        seek_points,
-        seek,
-        revolution_ms,
-        mean_access_ms: mean(&m.random_ms),
-        access_stdev_ms: variance(&m.random_ms).sqrt(),
-        request_sizes: m.sizes.clone(),
-        queue_depths: m.depths.clone(),
-    }
-}
-
-/// Fits the seek curve to the mean access times with the mean rotational latency taken out:
-/// the shortest distance gives the minimum; for each candidate knee the knee and full-stroke
-/// times follow by least squares (the curve is linear in both); the best knee wins.
-fn fit_seek_curve(points: &[SeekPoint], mean_rotation_ms: f64) -> SeekCurve {
-    let seeks: Vec<(f64, f64)> = points
-        .iter()
-        .map(|p| (p.distance, (p.access_ms - mean_rotation_ms).max(0.0)))
-        .collect();
-    let min_ms = seeks
-        .iter()
-        .min_by(|a, b| a.0.total_cmp(&b.0))
-        .map_or(0.0, |p| p.1);
-    let mut best: Option<(f64, SeekCurve)> = None;
-    for step in 1..=40 {
-        let knee = f64::from(step) * 0.02;
-        if knee >= 0.95 {
-            break;
-        }
-        // Each point is a·K + b·F + c with K the knee time and F the full stroke.
-        let rows: Vec<(f64, f64, f64, f64)> = seeks
-            .iter()
-            .map(|&(d, t)| {
-                if d < knee {
-                    let s = (d / knee).sqrt();
-                    (s, 0.0, min_ms * (1.0 - s), t)
-                } else {
-                    let u = (d - knee) / (1.0 - knee);
-                    (1.0 - u, u, 0.0, t)
-                }
-            })
-            .collect();
-        let (mut aa, mut ab, mut bb, mut ay, mut by) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for &(a, b, c, t) in &rows {
-            let y = t - c;
-            aa += a * a;
-            ab += a * b;
-            bb += b * b;
-            ay += a * y;
-            by += b * y;
-        }
-        let det = aa * bb - ab * ab;
-        if det.abs() < 1e-12 {
-            continue;
-        }
-        let knee_ms = ((ay * bb - by * ab) / det).max(min_ms);
-        let full_ms = ((aa * by - ab * ay) / det).max(knee_ms);
-        let curve = SeekCurve {
-            min_ms,
-            knee_fraction: knee,
-            knee_ms,
-            full_stroke_ms: full_ms,
-        };
-        let error: f64 = seeks
-            .iter()
-            .map(|&(d, t)| (curve.seek_ms(d) - t).powi(2))
-            .sum();
-        if best.as_ref().is_none_or(|(e, _)| error < *e) {
-            best = Some((error, curve));
-        }
-    }
-    best.map_or(
-        SeekCurve {
-            min_ms,
-            knee_fraction: 0.2,
-            knee_ms: min_ms,
-            full_stroke_ms: min_ms,
-        },
-        |(_, curve)| curve,
-    )
-}
-
-/// The model for people.
-#[must_use]
-pub fn describe(model: &DeviceModel, took: Duration) -> String {
-    use std::fmt::Write as _;
-    let mut text = String::new();
-    let _ = writeln!(
-        text,
-        "device {}: {} profile in {:.0} s",
-        model.identity,
-        if model.quick { "quick" } else { "full" },
-        took.as_secs_f64()
-    );
-    let _ = writeln!(
-        text,
-        "sequential read: {:.1} MB/s (outer) to {:.1} MB/s (slowest zone); writes {}",
-        model.zones.first().map_or(0.0, |z| z.read_bps / 1e6),
-        model.min_read_bps() / 1e6,
-        if model.writes_measured {
-            format!(
-                "at {:.0}% of reads (measured)",
-                model.write_read_ratio * 100.0
-            )
-        } else {
-            format!(
-                "not measured (assumed {:.0}% of reads; --write measures them)",
-                model.write_read_ratio * 100.0
-            )
-        }
-    );
-    let _ = writeln!(text, "\n  position   read MB/s  write MB/s");
-    for zone in &model.zones {
-        let _ = writeln!(
-            text,
-            "  {:>7.1}%  {:>10.1}  {:>10}",
-            zone.position * 100.0,
-            zone.read_bps / 1e6,
-            zone.write_bps
-                .map_or_else(|| "-".to_owned(), |w| format!("{:.1}", w / 1e6))
-        );
-    }
-    let (seek_mean, _) = model.seek.random_seek_moments();
-    let _ = writeln!(
-        text,
-        "\naccess time: {:.2} ms mean at random positions (σ {:.2} ms); rotation {:.2} ms per revolution ({:.0} rpm); random seek {:.2} ms",
-        model.mean_access_ms,
-        model.access_stdev_ms,
-        model.revolution_ms,
-        if model.revolution_ms > 0.0 { 60_000.0 / model.revolution_ms } else { 0.0 },
-        seek_mean
-    );
-    let _ = writeln!(
-        text,
-        "seek curve: {:.2} ms minimum, {:.2} ms at {:.0}% of the disk (square root below, linear above), {:.2} ms full stroke",
-        model.seek.min_ms,
-        model.seek.knee_ms,
-        model.seek.knee_fraction * 100.0,
-        model.seek.full_stroke_ms
-    );
-    let _ = writeln!(text, "\n  distance   access ms   fitted seek + rotation/2");
-    for point in &model.seek_points {
-        let _ = writeln!(
-            text,
-            "  {:>7.2}%  {:>10.2}  {:>10.2}",
-            point.distance * 100.0,
-            point.access_ms,
-            model.seek.seek_ms(point.distance) + model.revolution_ms / 2.0
-        );
-    }
-    let _ = writeln!(text, "\n  random read size   ms per read   MB/s");
-    for point in &model.request_sizes {
-        let _ = writeln!(
-            text,
-            "  {:>12} KiB  {:>11.2}  {:>6.1}",
-            point.bytes / KIB,
-            point.service_ms,
-            as_f64(point.bytes) / point.service_ms / 1e3
-        );
-    }
-    let _ = writeln!(text, "\n  in flight   ms per 64 KiB read");
-    for point in &model.queue_depths {
-        let _ = writeln!(text, "  {:>9}   {:>10.2}", point.depth, point.service_ms);
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_seek_fit_recovers_a_known_curve() {
-        let truth = SeekCurve {
-            min_ms: 1.0,
-            knee_fraction: 0.2,
-            knee_ms: 6.0,
-            full_stroke_ms: 11.5,
-        };
-        let points: Vec<SeekPoint> = [0.001, 0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9]
-            .iter()
-            .map(|&d| SeekPoint {
-                distance: d,
-                access_ms: truth.seek_ms(d) + 5.0,
-                samples: 10,
-            })
-            .collect();
-        let fitted = fit_seek_curve(&points, 5.0);
-        for d in [0.05, 0.3, 0.6, 1.0] {
-            assert!(
-                (fitted.seek_ms(d) - truth.seek_ms(d)).abs() < 0.6,
-                "at {d}: {fitted:?}"
-            );
-        }
-        let (truth_mean, _) = truth.random_seek_moments();
-        let (fit_mean, _) = fitted.random_seek_moments();
-        assert!((truth_mean - fit_mean).abs() / truth_mean < 0.05);
-    }
-
-    #[test]
-    fn rotation_comes_from_the_spread_at_one_distance() {
-        // Uniform latencies over 11.1 ms on top of fixed seeks.
-        let seeks = [0.01, 0.1, 0.3]
-            .iter()
-            .map(|&d| {
-                let samples = (0..1000)
-                    .map(|i| 3.0 + d * 10.0 + 11.1 * (f64::from(i) + 0.5) / 1000.0)
-                    .collect();
-                (d, samples)
-            })
-            .collect();
-        let m = Measurements {
-            zones: vec![ZonePoint {
-                position: 0.5,
-                read_bps: 50e6,
-                write_bps: None,
-            }],
-            seeks,
-            random_ms: vec![12.0, 13.0],
-            ..Measurements::default()
-        };
-        let identity = DeviceIdentity {
-            key: "dev-7_0-1".into(),
-            device: DeviceNumber { major: 7, minor: 0 },
-            size_bytes: 1 << 30,
-        };
-        let model = fit(identity, true, &m);
-        assert!(
-            (model.revolution_ms - 11.1).abs() < 0.1,
-            "{}",
-            model.revolution_ms
-        );
-        assert!(model.validate().is_ok());
-        assert!(!model.writes_measured);
-    }
 }

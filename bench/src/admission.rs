@@ -163,6 +163,7 @@ fn predict(
             rate: ByteRate(STREAM.rate_bps),
             rate_stdev: ByteRate(0),
             buffer: ByteSize(STREAM.buffer_bytes),
+            batch_pages: None,
             count,
             mode: Some(mode),
             write: false,

@@ -1,6 +1,9 @@
-//! I/O priority classes, set per thread with `ioprio_set(2)` as `ionice` does per process.
+//! I/O priority classes as the benchmark's configurations name them (`rt/4`, `be/7`, `idle`),
+//! set per thread (as `ionice` does per process) through the shared `abiss_os::ioprio`.
 
 use std::fmt;
+
+use abiss_os::ioprio::{self, CALLING_THREAD, CLASS_BE, CLASS_IDLE, CLASS_RT};
 
 /// An I/O scheduling class with its level (0 = highest, 7 = lowest).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -13,33 +16,22 @@ pub enum IoClass {
     Idle,
 }
 
-const IOPRIO_CLASS_SHIFT: u32 = 13;
-const IOPRIO_WHO_PROCESS: libc::c_int = 1;
-
 impl IoClass {
     /// The ioprio value: class in the top bits, level in the low bits.
     #[must_use]
-    pub fn ioprio(self) -> libc::c_int {
-        let (class, level) = match self {
-            Self::RealTime(level) => (1, level),
-            Self::BestEffort(level) => (2, level),
-            Self::Idle => (3, 0),
-        };
-        (class << IOPRIO_CLASS_SHIFT) | libc::c_int::from(level.min(7))
+    pub fn ioprio(self) -> u16 {
+        match self {
+            Self::RealTime(level) => ioprio::encode(CLASS_RT, level.min(7)),
+            Self::BestEffort(level) => ioprio::encode(CLASS_BE, level.min(7)),
+            Self::Idle => ioprio::encode(CLASS_IDLE, 0),
+        }
     }
 
-    /// Sets the calling thread's I/O priority (who = 0 with `IOPRIO_WHO_PROCESS` is the
-    /// calling thread, so each reader thread can have its own class). The page cache's
-    /// readahead for the thread's reads is submitted in its context and so carries the class.
+    /// Sets the calling thread's I/O priority, so each reader thread can have its own class.
+    /// The page cache's readahead for the thread's reads is submitted in its context and so
+    /// carries the class.
     pub fn set_for_current_thread(self) -> std::io::Result<()> {
-        // SAFETY: ioprio_set takes three integers and touches no memory of ours.
-        let result =
-            unsafe { libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, self.ioprio()) };
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
+        ioprio::set(CALLING_THREAD, self.ioprio())
     }
 }
 
@@ -54,14 +46,8 @@ impl fmt::Display for IoClass {
 }
 
 /// The calling thread's I/O priority value, as `ioprio_get(2)` returns it.
-pub fn current_thread_ioprio() -> std::io::Result<libc::c_int> {
-    // SAFETY: ioprio_get takes two integers and touches no memory of ours.
-    let result = unsafe { libc::syscall(libc::SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0) };
-    if result < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(libc::c_int::try_from(result).unwrap_or(-1))
-    }
+pub fn current_thread_ioprio() -> std::io::Result<u16> {
+    ioprio::get(CALLING_THREAD)
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub struct UpgradesArgs {
 
 const READ_BYTES: u64 = 64 << 10;
 /// RT/0, the priority of a level-0 stream.
-const RT0: libc::c_int = 1 << 13;
+const RT0: u16 = 1 << 13;
 
 /// Runs the measurement and writes upgrades.{json,md}.
 pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {

@@ -1,152 +1,54 @@
-//! The controller: the daemon's main-loop state. It owns the tracer's maps, the streams, the
-//! prefetch engine and the managed devices, and is the only place that changes them.
+//! The controller: the daemon's main-loop state and the only place that changes it. It owns
+//! the streams, the tracer's maps, the prefetch engine, the managed disks and the reader
+//! upgrades; it takes typed events (client requests, kernel accesses, finished loads, time),
+//! asks the pure policy what to do, and carries the answers out.
 
-use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
-use abiss_proto::device_model::{DeviceIdentity, DeviceModel};
 use abiss_proto::{
-    AdmissionMode, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber,
-    DeviceStatus, ErrorKind, StreamInfo, StreamTarget, UpgradeReport, PAGE_BYTES,
+    AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Refusal, StreamInfo, StreamTarget,
+    UpgradeReport,
 };
 use log::{info, warn};
-use scheduler_common::{playout_kind, AttachedFile, PlayoutEvent};
+use scheduler_common::AttachedFile;
 
-use crate::device::{resolve_disk, ManagedDevice};
-use crate::policy::admission::{AdmissionControl, ShareAdmission, StreamDemand, SERVICE_WINDOW_MS};
+use crate::disks::Disks;
+use crate::kernel_events::{Access, StreamAccess};
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
-    check_file, check_parameters, AttachError, Stream, StreamOwner, StreamTable, MAX_STREAMS,
+    check_file, check_parameters, Stream, StreamOwner, StreamTable, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
 use crate::upgrades::ReaderUpgrades;
 
-/// A refusal for the client: its kind (for the exit code) and one sentence.
-pub type Refusal = (ErrorKind, String);
-
-/// How the daemon admits streams, for every managed disk.
-#[derive(Clone, Debug, PartialEq)]
-pub struct AdmissionSettings {
-    /// The mode with a device model.
-    pub mode: AdmissionMode,
-    /// Allowed miss probability per window (statistical mode), in (0, 1).
-    pub p_req: f64,
-    /// Share of the device real-time streams may use, percent (1 to 95).
-    pub share_percent: u32,
-    /// Capacity assumed without a model, B/s.
-    pub capacity_bps: u64,
-    /// Where models are found (`<state dir>/models`).
-    pub state_dir: std::path::PathBuf,
-}
-
-/// The playout buffer and batch `status` and `admit` assume for "one more stream" (the CLI's
-/// defaults: the ABISS measurement's 564 KiB buffer and 20-page batches).
-const DEFAULT_BUFFER_BYTES: u64 = 564 * 1024;
-const DEFAULT_BATCH_BYTES: u64 = 20 * PAGE_BYTES;
-
-/// A managed disk with its admission control.
-#[derive(Debug)]
-pub struct ManagedDisk {
-    /// The device settings abissd holds (restored on drop).
-    pub device: ManagedDevice,
-    /// Its identity, under which its model is saved.
-    pub identity: DeviceIdentity,
-    /// Admission by the configured capacity, until the disk has a model.
-    pub share: ShareAdmission,
-    /// Admission by the disk's model, once it has one.
-    pub model: Option<AdmissionControl>,
-}
-
-impl ManagedDisk {
-    /// A disk with its model loaded from the state directory, if it has one. A model file
-    /// that is corrupt or describes another device is an error, never ignored.
-    pub fn new(
-        device: ManagedDevice,
-        settings: &AdmissionSettings,
-    ) -> Result<Self, abiss_proto::device_model::ModelError> {
-        let identity = DeviceIdentity::of(device.disk().number)?;
-        let share = ShareAdmission {
-            device: device.disk().name.clone(),
-            capacity_bps: settings.capacity_bps,
-            share_percent: settings.share_percent,
-        };
-        let mut disk = Self {
-            device,
-            identity,
-            share,
-            model: None,
-        };
-        disk.load_model(settings)?;
-        Ok(disk)
-    }
-
-    /// Loads the disk's model if it has none yet and one was saved since.
-    fn load_model(
-        &mut self,
-        settings: &AdmissionSettings,
-    ) -> Result<(), abiss_proto::device_model::ModelError> {
-        if self.model.is_some() {
-            return Ok(());
-        }
-        if let Some(model) = DeviceModel::find(&settings.state_dir, &self.identity)? {
-            info!(
-                "{}: admission by its model {} ({} admission)",
-                self.device.disk(),
-                self.identity.model_path(&settings.state_dir).display(),
-                settings.mode
-            );
-            self.model = Some(AdmissionControl {
-                device: self.device.disk().name.clone(),
-                source: format!(
-                    "model {} measured at {} s since the epoch{}",
-                    self.identity.key,
-                    model.measured_at_unix_s,
-                    if model.quick { " (quick profile)" } else { "" }
-                ),
-                model,
-                mode: settings.mode,
-                p_req: settings.p_req,
-                share_percent: settings.share_percent,
-            });
-        }
-        Ok(())
-    }
-}
-
 /// The main loop's state.
 #[derive(Debug)]
 pub struct Controller {
-    settings: AdmissionSettings,
     tracer: BlockTracer,
     streams: StreamTable,
     prefetch: PrefetchEngine,
-    disks: BTreeMap<DeviceNumber, ManagedDisk>,
+    disks: Disks,
     upgrades: ReaderUpgrades,
 }
 
 impl Controller {
-    /// A controller over loaded programs and taken devices.
+    /// A controller over loaded programs and taken disks.
     #[must_use]
     pub fn new(
-        settings: AdmissionSettings,
         tracer: BlockTracer,
         prefetch: PrefetchEngine,
-        disks: Vec<ManagedDisk>,
+        disks: Disks,
         upgrades: ReaderUpgrades,
     ) -> Self {
         Self {
-            settings,
-            upgrades,
             tracer,
             streams: StreamTable::default(),
             prefetch,
-            disks: disks
-                .into_iter()
-                .map(|d| (d.device.disk().number, d))
-                .collect(),
+            disks,
+            upgrades,
         }
     }
 
@@ -196,59 +98,27 @@ impl Controller {
         request: AttachRequest,
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
-        let bad = |error: AttachError| (ErrorKind::BadRequest, error.to_string());
-        check_parameters(&request).map_err(bad)?;
-        let file = check_file(fd).map_err(bad)?;
-        let disk = resolve_disk(&file.file_device.to_string()).map_err(|_| {
-            bad(AttachError::Unmanaged {
-                path: file.path.clone(),
-                disk: format!("device {}", file.file_device),
-            })
-        })?;
-        let Some(managed) = self.disks.get_mut(&disk.number) else {
-            return Err(bad(AttachError::Unmanaged {
-                path: file.path.clone(),
-                disk: disk.to_string(),
-            }));
-        };
-        // A model saved since the daemon started is taken up now; a broken one refuses.
-        managed
-            .load_model(&self.settings)
-            .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
+        check_parameters(&request)?;
+        let file = check_file(fd)?;
+        let disk = self.disks.serving(file.file_device, &file.path)?;
         if let Some(existing) = self.streams.by_file(&file.key) {
-            return Err((
-                ErrorKind::Refused,
-                format!(
-                    "{} is already attached as stream {}; detach it first",
-                    file.path, existing.id
-                ),
-            ));
+            return Err(Refusal::AlreadyAttached {
+                path: file.path.clone(),
+                stream: existing.id,
+            });
         }
         if self.streams.len() >= MAX_STREAMS {
-            return Err((
-                ErrorKind::Refused,
-                format!("abissd already serves {MAX_STREAMS} streams, its most"),
-            ));
+            return Err(Refusal::DaemonFull { max: MAX_STREAMS });
         }
         if peer_uid != 0 && self.streams.count_of(peer_uid) >= MAX_STREAMS_PER_USER {
-            return Err((
-                ErrorKind::Refused,
-                format!("this user already holds {MAX_STREAMS_PER_USER} streams, the most one user may; detach one first"),
-            ));
+            return Err(Refusal::UserFull {
+                max: MAX_STREAMS_PER_USER,
+            });
         }
-        self.admit_on(&disk, &request)?;
-        let mapped = MappedFile::new(
-            file.fd
-                .try_clone()
-                .map_err(|e| (ErrorKind::Internal, e.to_string()))?,
-            file.bytes,
-        )
-        .map_err(|error| {
-            (
-                ErrorKind::Internal,
-                format!("cannot map {}: {error}", file.path),
-            )
-        })?;
+        self.disks.admit(&disk, &request, &self.streams)?;
+        let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
+        let mapped = MappedFile::new(file.fd.try_clone().map_err(|e| internal(&e))?, file.bytes)
+            .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))?;
         let id = self.streams.next_id();
         let key = file.key;
         let level = request.priority;
@@ -265,16 +135,14 @@ impl Controller {
             Arc::new(mapped),
             now_ns,
         );
+        let attached = AttachedFile {
+            stream: id,
+            level,
+            pad: [0; 7],
+        };
         self.tracer
-            .attach_file(
-                key,
-                AttachedFile {
-                    stream: id,
-                    level,
-                    pad: [0; 7],
-                },
-            )
-            .map_err(|error| (ErrorKind::Internal, error.to_string()))?;
+            .attach_file(key, attached)
+            .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
         let info = stream.info();
         info!(
@@ -283,173 +151,6 @@ impl Controller {
         );
         self.streams.insert(stream);
         Ok(info)
-    }
-
-    /// Admission of a stream of `request` on managed `disk`: by its model, or by the configured
-    /// capacity until it has one.
-    fn admit_on(&self, disk: &crate::device::Disk, request: &AttachRequest) -> Result<(), Refusal> {
-        let managed = &self.disks[&disk.number];
-        let demand = StreamDemand::playback(
-            request.rate.0,
-            request.buffer.0,
-            u64::from(request.batch_pages) * PAGE_BYTES,
-        );
-        match (&managed.model, self.settings.mode) {
-            (_, AdmissionMode::Off) => {}
-            (Some(control), _) => {
-                let prediction = control
-                    .admit(&self.demands_on(disk.number), &demand)
-                    .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?;
-                info!(
-                    "{}: admitted {} B/s; predicted miss probability {:.4}%",
-                    disk,
-                    request.rate.0,
-                    prediction.miss_probability * 100.0
-                );
-            }
-            (None, _) => managed
-                .share
-                .admit(self.streams.reserved_on(disk.number), request.rate.0)
-                .map_err(|refusal| (ErrorKind::Refused, refusal.to_string()))?,
-        }
-        Ok(())
-    }
-
-    /// What the streams on `disk` ask of it.
-    fn demands_on(&self, disk: DeviceNumber) -> Vec<StreamDemand> {
-        self.streams
-            .iter()
-            .filter(|s| s.disk == disk)
-            .map(|s| {
-                StreamDemand::playback(
-                    s.granted.rate.0,
-                    s.granted.buffer.0,
-                    u64::from(s.granted.batch_pages) * PAGE_BYTES,
-                )
-            })
-            .collect()
-    }
-
-    /// Capacity planning without a model: the configured capacity times the share.
-    fn share_plan(
-        &self,
-        disk: &crate::device::Disk,
-        request: &AdmitRequest,
-        mode: AdmissionMode,
-        admitted_streams: u32,
-    ) -> AdmissionReport {
-        let managed = &self.disks[&disk.number];
-        let window_ms = SERVICE_WINDOW_MS;
-        let free = managed
-            .share
-            .budget_bps()
-            .saturating_sub(self.streams.reserved_on(disk.number));
-        let n_max = (mode != AdmissionMode::Off)
-            .then(|| u32::try_from(free / request.rate.0).unwrap_or(u32::MAX));
-        AdmissionReport {
-            device: disk.name.clone(),
-            mode,
-            p_req: self.settings.p_req,
-            window_ms,
-            realtime_share_percent: managed.share.share_percent,
-            model_source: format!(
-                "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
-                managed.share.capacity_bps, disk.name
-            ),
-            admitted_streams,
-            current_miss_probability: None,
-            n_max,
-            count: request.count,
-            miss_probability: None,
-            fits: request
-                .count
-                .map(|count| n_max.is_none_or(|n| count <= n)),
-            window_overrun_probability: None,
-        }
-    }
-
-    /// Capacity planning: how many streams like the request's fit on its device.
-    pub fn plan(&mut self, request: &AdmitRequest) -> Result<AdmissionReport, Refusal> {
-        let unknown = |message: String| (ErrorKind::UnknownDevice, message);
-        let disk = resolve_disk(&request.device).map_err(|error| unknown(error.to_string()))?;
-        let Some(managed) = self.disks.get_mut(&disk.number) else {
-            return Err(unknown(format!(
-                "abissd does not manage {disk}; start it with --device for it"
-            )));
-        };
-        managed
-            .load_model(&self.settings)
-            .map_err(|error| (ErrorKind::ModelUnusable, error.to_string()))?;
-        if request.rate.0 == 0 || request.rate.0 > crate::streams::MAX_RATE_BPS {
-            return Err((
-                ErrorKind::BadRequest,
-                format!(
-                    "a rate of {} B/s is outside 1 B/s to 1 TB/s",
-                    request.rate.0
-                ),
-            ));
-        }
-        if request.rate_stdev.0 > crate::streams::MAX_RATE_BPS || request.buffer.0 == 0 {
-            return Err((
-                ErrorKind::BadRequest,
-                "the rate's standard deviation must be below 1 TB/s and the buffer above 0"
-                    .to_owned(),
-            ));
-        }
-        let managed = &self.disks[&disk.number];
-        let mode = request.mode.unwrap_or(self.settings.mode);
-        let existing = self.demands_on(disk.number);
-        let demand = StreamDemand {
-            rate_stdev_bps: request.rate_stdev.0,
-            write: request.write,
-            ..StreamDemand::playback(request.rate.0, request.buffer.0, DEFAULT_BATCH_BYTES)
-        };
-        let window_ms = SERVICE_WINDOW_MS;
-        let admitted_streams = u32::try_from(existing.len()).unwrap_or(u32::MAX);
-        let Some(control) = &managed.model else {
-            return Ok(self.share_plan(&disk, request, mode, admitted_streams));
-        };
-        let control = AdmissionControl {
-            mode,
-            ..control.clone()
-        };
-        let with_count = request.count.map(|count| {
-            let mut all = existing.clone();
-            all.extend(std::iter::repeat_n(demand, count as usize));
-            let prediction = control.predict(&all);
-            // The deterministic mode bounds rather than estimates: no miss is possible while
-            // the worst case fits (0), and one cannot be ruled out once it does not (1).
-            let p = match mode {
-                AdmissionMode::Deterministic => {
-                    if prediction.worst_work_s <= control.budget_s() {
-                        0.0
-                    } else {
-                        1.0
-                    }
-                }
-                _ => prediction.miss_probability,
-            };
-            (
-                p,
-                control.fits(mode, &all),
-                prediction.window_overrun_probability,
-            )
-        });
-        Ok(AdmissionReport {
-            device: disk.name.clone(),
-            mode,
-            p_req: control.p_req,
-            window_ms,
-            realtime_share_percent: control.share_percent,
-            model_source: control.source.clone(),
-            admitted_streams,
-            current_miss_probability: Some(control.predict(&existing).miss_probability),
-            n_max: control.n_max(mode, &existing, &demand),
-            count: request.count,
-            miss_probability: with_count.map(|(p, _, _)| p),
-            fits: with_count.map(|(_, fits, _)| fits),
-            window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
-        })
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
@@ -484,27 +185,17 @@ impl Controller {
                 StreamTarget::Id(id) => format!("stream {id}"),
                 StreamTarget::File { .. } => "that file".to_owned(),
             };
-            return Err((
-                ErrorKind::NotFound,
-                format!("{what} is not attached; `abissctl list` shows the streams"),
-            ));
+            return Err(Refusal::NotAttached { what });
         };
         if peer_uid != 0 && stream.owner_uid != peer_uid {
-            return Err((
-                ErrorKind::PermissionDenied,
-                format!(
-                    "stream {} belongs to another user; only its owner or root may detach it",
-                    stream.id
-                ),
-            ));
+            return Err(Refusal::NotOwner { stream: stream.id });
         }
         let id = stream.id;
         self.end_stream(id);
         Ok(id)
     }
 
-    /// The application's explicit playout point.
-    /// `at_ns` is when the application was there.
+    /// The application's explicit playout point; `at_ns` is when the application was there.
     pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, at_ns: u64, now_ns: u64) {
         let Some(stream) = self.streams.get_mut(id) else {
             return;
@@ -538,92 +229,15 @@ impl Controller {
             .collect()
     }
 
-    /// The daemon's reader upgrades.
+    /// The managed devices and the daemon's reader upgrades.
     #[must_use]
-    pub fn upgrade_report(&self) -> UpgradeReport {
-        self.upgrades.report()
+    pub fn status(&self) -> (Vec<DeviceStatus>, UpgradeReport) {
+        (self.disks.status(&self.streams), self.upgrades.report())
     }
 
-    /// The managed devices.
-    #[must_use]
-    pub fn status(&self) -> Vec<DeviceStatus> {
-        self.disks
-            .values()
-            .map(|managed| {
-                let disk = managed.device.disk();
-                let now = managed.device.status().ok();
-                let reserved = self.streams.reserved_on(disk.number);
-                let existing = self.demands_on(disk.number);
-                let one_more =
-                    StreamDemand::playback(1, DEFAULT_BUFFER_BYTES, DEFAULT_BATCH_BYTES);
-                let (capacity, capacity_source, free, admission, miss) = match &managed.model {
-                    Some(control) => {
-                        #[expect(
-                            clippy::cast_possible_truncation,
-                            clippy::cast_sign_loss,
-                            reason = "a rate in B/s"
-                        )]
-                        let capacity = control.model.max_read_bps() as u64;
-                        let miss = control.predict(&existing).miss_probability;
-                        (
-                            capacity,
-                            control.source.clone(),
-                            if self.settings.mode == AdmissionMode::Off {
-                                capacity.saturating_sub(reserved)
-                            } else {
-                                control.available_bps(&existing, &one_more)
-                            },
-                            if self.settings.mode == AdmissionMode::Statistical {
-                                format!("statistical (p_req {})", self.settings.p_req)
-                            } else {
-                                self.settings.mode.to_string()
-                            },
-                            #[expect(
-                                clippy::cast_possible_truncation,
-                                clippy::cast_sign_loss,
-                                reason = "parts per million"
-                            )]
-                            {
-                                (miss * 1e6).round() as u32
-                            },
-                        )
-                    }
-                    None => (
-                        managed.share.capacity_bps,
-                        "configured (--capacity): no device model yet, a conservative default; `abissctl profile DEV --save` measures one".to_owned(),
-                        managed.share.budget_bps().saturating_sub(reserved),
-                        if self.settings.mode == AdmissionMode::Off {
-                            "off".to_owned()
-                        } else {
-                            "share".to_owned()
-                        },
-                        0,
-                    ),
-                };
-                DeviceStatus {
-                    name: disk.name.clone(),
-                    device: disk.number,
-                    elevator: now
-                        .as_ref()
-                        .map_or_else(|| "?".to_owned(), |s| s.elevator.clone()),
-                    dispatch_depth: now.as_ref().map_or(0, |s| s.dispatch_depth),
-                    capacity: ByteRate(capacity),
-                    capacity_source,
-                    realtime_share_percent: managed.share.share_percent.clamp(1, 95),
-                    reserved: ByteRate(reserved),
-                    free: ByteRate(free),
-                    admission,
-                    miss_probability_ppm: miss,
-                    streams: u32::try_from(
-                        self.streams
-                            .iter()
-                            .filter(|s| s.disk == disk.number)
-                            .count(),
-                    )
-                    .unwrap_or(u32::MAX),
-                }
-            })
-            .collect()
+    /// Capacity planning: how many streams like the request's fit on its device.
+    pub fn plan(&mut self, request: &AdmitRequest) -> Result<AdmissionReport, Refusal> {
+        self.disks.plan(request, &self.streams)
     }
 
     /// A connection closed: its non-persistent streams end with it.
@@ -639,65 +253,50 @@ impl Controller {
         }
     }
 
-    /// A task read, faulted on or missed pages of an attached file.
-    pub fn playout_event(&mut self, event: &PlayoutEvent, now_ns: u64) {
+    /// A task read, faulted on or missed pages of an attached file, or queued or completed a
+    /// request on it.
+    pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
         let Some(stream) = self.streams.get_mut(event.stream) else {
             return;
         };
-        let comm_len = event
-            .comm
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(event.comm.len());
-        stream.saw_reader(
-            event.tgid,
-            String::from_utf8_lossy(&event.comm[..comm_len]).into_owned(),
-            now_ns,
-        );
-        let range = event.first_page * PAGE_BYTES..(event.last_page + 1) * PAGE_BYTES;
+        let reader = &event.reader;
+        stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
         log::debug!(
-            "stream {}: access kind {} by {} ({}) {range:?}",
+            "stream {}: {:?} by {} ({})",
             stream.id,
-            event.kind,
-            event.tgid,
-            event.pid
+            event.access,
+            reader.tgid,
+            reader.pid
         );
-        let actions = match event.kind {
-            playout_kind::MISS => {
+        let level = stream.granted.priority;
+        let actions = match event.access {
+            Access::Miss(range) => {
                 stream.misses += 1;
                 // Raise the reader first: the reads it waits for now are being queued.
-                self.upgrades.on_miss(
-                    event,
-                    stream.granted.priority,
-                    stream.owner_uid,
-                    crate::daemon::monotonic_ns,
-                );
+                self.upgrades
+                    .on_miss(stream.id, reader, event.at_ns, level, stream.owner_uid);
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
-                if !stream.newer_evidence(event.ts_ns) {
+                if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
                 stream.playout.on_read(range, now_ns)
             }
-            playout_kind::QUEUED_LOW => {
+            Access::QueuedLow => {
                 // A reader's request queued below the stream's level (direct I/O, or
                 // readahead of a miss): raise it; where it reads is told by its reads.
-                self.upgrades.on_miss(
-                    event,
-                    stream.granted.priority,
-                    stream.owner_uid,
-                    crate::daemon::monotonic_ns,
-                );
+                self.upgrades
+                    .on_miss(stream.id, reader, event.at_ns, level, stream.owner_uid);
                 return;
             }
-            playout_kind::URING_COMPLETE => {
+            Access::UringComplete { .. } => {
                 stream.uring_requests += 1;
-                self.upgrades.touch(event.pid, stream.id, now_ns);
+                self.upgrades.touch(reader.pid, stream.id, now_ns);
                 return;
             }
-            _ => {
-                self.upgrades.touch(event.pid, stream.id, now_ns);
-                if !stream.newer_evidence(event.ts_ns) {
+            Access::Read(range) | Access::Fault(range) => {
+                self.upgrades.touch(reader.pid, stream.id, now_ns);
+                if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
                 stream.playout.on_read(range, now_ns)
@@ -733,8 +332,9 @@ impl Controller {
         }
     }
 
-    /// How long until some stream's credit allows a load its window lacks; `None` while every
-    /// window is as full as it may be (then only a reader moving on can change anything).
+    /// How long until some stream's credit allows a load its window lacks, or a raised reader
+    /// is due to be put back; `None` while neither can happen (then only a reader moving on
+    /// can change anything).
     #[must_use]
     pub fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
         let loads = self
@@ -749,7 +349,7 @@ impl Controller {
         }
     }
 
-    /// Time passed: credit accrued for every stream.
+    /// Time passed: credit accrued for every stream, idle raises put back.
     pub fn tick(&mut self, now_ns: u64) {
         self.upgrades.expire(now_ns);
         for stream in self.streams.iter_mut() {
@@ -768,10 +368,6 @@ impl Controller {
         // Workers finish their in-flight loads; then the mappings go and the devices are
         // restored (ManagedDevice restores on drop).
         drop(self.prefetch);
-        for (_, managed) in std::mem::take(&mut self.disks) {
-            if let Err(error) = managed.device.restore() {
-                warn!("{error}");
-            }
-        }
+        self.disks.restore();
     }
 }

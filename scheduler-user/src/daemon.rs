@@ -1,33 +1,33 @@
-//! The daemon's life: preflight, load, serve, and a clean shutdown on SIGINT/SIGTERM.
+//! The daemon's life: preflight, load, the main loop, and a clean shutdown on SIGINT/SIGTERM.
+//!
+//! The main loop is the only task that touches the controller (and so the maps, the streams
+//! and the disks). Everything else reaches it over channels: connections send
+//! [`Command`]s, the ring-buffer pumps send typed kernel events, the prefetch workers send
+//! finished loads, and the credit timer wakes it when some stream's credit allows a load.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use abiss_proto::{
-    decode_line, device_model::ModelError, encode_line, AdmissionMode, AdmissionReport,
-    AdmitRequest, AttachRequest, DeviceStatus, Envelope, ErrorKind, LatencyGroup, Request,
-    RequestRecord, Response, StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
-};
+use abiss_model::ModelError;
+use abiss_os::clock::monotonic_ns;
+use abiss_proto::AdmissionMode;
 use aya::maps::{MapData, RingBuf};
 use log::{info, warn};
-use scheduler_common::PlayoutEvent;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::net::UnixStream;
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::{broadcast, mpsc};
 
-use crate::connection::FramedSocket;
-use crate::controller::{AdmissionSettings, Controller, ManagedDisk, Refusal};
-use crate::device::{self, DeviceConfig, DeviceError, ManagedDevice, RecoveryOutcome};
+use crate::controller::Controller;
+use crate::device::{DeviceConfig, DeviceError};
+use crate::disks::{AdmissionSettings, Disks, TakeError};
+use crate::kernel_events::{decode_access, decode_request, StreamAccess};
 use crate::kernel_layout::{self, LayoutError};
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
+use crate::server::{serve_connection, Command, Context};
 use crate::socket::{ControlSocket, SocketError};
-use crate::stats;
-use crate::tracer::{decode_event, decode_playout, BlockTracer, TracerError};
+use crate::tracer::{BlockTracer, TracerError};
 use crate::upgrades::ReaderUpgrades;
 
 /// How the daemon is set up.
@@ -104,78 +104,13 @@ impl DaemonError {
     }
 }
 
-type Reply<T> = oneshot::Sender<T>;
-
-/// What connections ask of the main loop, the only place that touches maps and streams.
-enum Command {
-    Latency(Reply<Result<Vec<LatencyGroup>, String>>),
-    RequestRecords(Reply<(u64, u64)>),
-    /// A client started (+1) or stopped (-1) streaming events.
-    EventSubscribers(i32),
-    Attach {
-        uid: u32,
-        connection: u64,
-        fd: std::os::fd::OwnedFd,
-        request: AttachRequest,
-        reply: Reply<Result<StreamInfo, Refusal>>,
-    },
-    Detach {
-        uid: u32,
-        target: StreamTarget,
-        reply: Reply<Result<u64, Refusal>>,
-    },
-    Position {
-        uid: u32,
-        stream: u64,
-        offset: u64,
-        at_ns: Option<u64>,
-    },
-    List {
-        uid: u32,
-        reply: Reply<Vec<StreamInfo>>,
-    },
-    Status(Reply<(Vec<DeviceStatus>, UpgradeReport)>),
-    Admit {
-        request: AdmitRequest,
-        reply: Reply<Result<AdmissionReport, Refusal>>,
-    },
-    ConnectionClosed(u64),
-}
-
-/// Shared, read-only context of every connection.
-#[derive(Clone)]
-struct Context {
-    commands: mpsc::Sender<Command>,
-    events: broadcast::Sender<RequestRecord>,
-    program_ids: Arc<Vec<(String, u32)>>,
-    kernel: String,
-    connections: Arc<AtomicU64>,
-}
-
-/// Takes every configured device, restoring first what a crashed daemon left behind.
-fn take_devices(config: &DaemonConfig) -> Result<Vec<ManagedDisk>, DaemonError> {
-    for outcome in device::recover(&config.state_dir)? {
-        match outcome {
-            RecoveryOutcome::Restored { disk } => {
-                info!("restored {disk}, left managed by a daemon that did not exit cleanly");
-            }
-            other => warn!("device state from an earlier daemon: {other:?}"),
+impl From<TakeError> for DaemonError {
+    fn from(error: TakeError) -> Self {
+        match error {
+            TakeError::Device(error) => Self::Device(error),
+            TakeError::Model(error) => Self::Model(error),
         }
     }
-    let mut disks = Vec::new();
-    for spec in &config.devices {
-        let device = ManagedDevice::take(spec, &config.device_config, &config.state_dir)?;
-        let managed = ManagedDisk::new(device, &admission_settings(config))?;
-        let device = &managed.device;
-        info!(
-            "managing {} with {} at dispatch depth {}",
-            device.disk(),
-            config.device_config.elevator,
-            config.device_config.dispatch_depth
-        );
-        disks.push(managed);
-    }
-    Ok(disks)
 }
 
 fn admission_settings(config: &DaemonConfig) -> AdmissionSettings {
@@ -188,55 +123,92 @@ fn admission_settings(config: &DaemonConfig) -> AdmissionSettings {
     }
 }
 
+/// What the main loop listens to, besides the controller it drives.
+struct Inputs {
+    socket: ControlSocket,
+    context: Context,
+    commands: mpsc::Receiver<Command>,
+    loads: mpsc::UnboundedReceiver<LoadDone>,
+    accesses: mpsc::UnboundedReceiver<StreamAccess>,
+    pumps: [tokio::task::JoinHandle<()>; 2],
+    sigint: Signal,
+    sigterm: Signal,
+}
+
 /// Runs the daemon until SIGINT or SIGTERM. Must be called inside a tokio runtime.
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+    let (controller, inputs) = start(&config)?;
+    info!(
+        "abissd {} listening on {}",
+        env!("CARGO_PKG_VERSION"),
+        config.socket.display()
+    );
+    serve(controller, inputs).await;
+    Ok(())
+}
+
+/// Checks privileges and the kernel, takes the socket and the disks, loads the programs and
+/// starts the ring-buffer pumps. On an error, whatever was taken is given back as it drops.
+fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     let caps = preflight::effective_capabilities()?;
     if !preflight::can_trace(caps) {
         return Err(DaemonError::NotPrivileged);
     }
     let layout = kernel_layout::resolve(&config.btf)?;
     let socket = ControlSocket::bind(&config.socket)?;
-    let disks = take_devices(&config)?;
+    let disks = Disks::take(
+        &config.devices,
+        &config.device_config,
+        admission_settings(config),
+    )?;
     crate::upgrades::restore_leftovers(&config.state_dir);
     let mut tracer = BlockTracer::load(&layout, &config.btf)?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
 
-    let (commands, mut command_rx) = mpsc::channel(256);
+    let (command_tx, commands) = mpsc::channel(256);
     let (events, _) = broadcast::channel(8192);
-    let (loads, mut load_rx) = mpsc::unbounded_channel::<LoadDone>();
-    let (playout, mut playout_rx) = mpsc::unbounded_channel::<PlayoutEvent>();
-    let context = Context {
-        commands,
-        events: events.clone(),
-        program_ids: Arc::new(tracer.program_ids().to_vec()),
-        kernel: kernel_layout::kernel_release(),
-        connections: Arc::new(AtomicU64::new(0)),
-    };
+    let (load_tx, loads) = mpsc::unbounded_channel();
+    let (access_tx, accesses) = mpsc::unbounded_channel();
+    let context = Context::new(
+        command_tx,
+        events.clone(),
+        tracer.program_ids().to_vec(),
+        kernel_layout::kernel_release(),
+    );
     let upgrades = ReaderUpgrades::new(
         &config.state_dir,
         u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
         config.upgrades,
     );
-    let mut controller = Controller::new(
-        admission_settings(&config),
-        tracer,
-        PrefetchEngine::new(loads),
-        disks,
-        upgrades,
-    );
-    let event_pump = tokio::spawn(pump_ring(event_ring, move |bytes| {
-        if let Some(record) = decode_event(bytes) {
-            let _ = events.send(record);
-        }
-    }));
-    let playout_pump = tokio::spawn(pump_ring(playout_ring, move |bytes| {
-        if let Some(event) = decode_playout(bytes) {
-            let _ = playout.send(event);
-        }
-    }));
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
+    let controller = Controller::new(tracer, PrefetchEngine::new(load_tx), disks, upgrades);
+    let pumps = [
+        tokio::spawn(pump_ring(event_ring, move |bytes| {
+            if let Some(record) = decode_request(bytes) {
+                let _ = events.send(record);
+            }
+        })),
+        tokio::spawn(pump_ring(playout_ring, move |bytes| {
+            if let Some(access) = decode_access(bytes) {
+                let _ = access_tx.send(access);
+            }
+        })),
+    ];
+    let inputs = Inputs {
+        socket,
+        context,
+        commands,
+        loads,
+        accesses,
+        pumps,
+        sigint: signal(SignalKind::interrupt())?,
+        sigterm: signal(SignalKind::terminate())?,
+    };
+    Ok((controller, inputs))
+}
+
+/// The main loop, then shutdown.
+async fn serve(mut controller: Controller, mut inputs: Inputs) {
     let mut subscribers: i32 = 0;
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
     // The credit timer wakes the loop only when some window lacks pages its credit will soon
@@ -244,31 +216,27 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
     let idle = Duration::from_secs(3600);
     let credit_timer = tokio::time::sleep(idle);
     tokio::pin!(credit_timer);
-    info!(
-        "abissd {} listening on {}",
-        env!("CARGO_PKG_VERSION"),
-        config.socket.display()
-    );
-
     loop {
         tokio::select! {
-            accepted = socket.listener().accept() => match accepted {
-                Ok((stream, _)) => { tokio::spawn(serve_connection(stream, context.clone())); }
+            accepted = inputs.socket.listener().accept() => match accepted {
+                Ok((stream, _)) => {
+                    tokio::spawn(serve_connection(stream, inputs.context.clone()));
+                }
                 Err(error) => warn!("accept failed: {error}"),
             },
-            Some(command) = command_rx.recv() => {
+            Some(command) = inputs.commands.recv() => {
                 handle(&mut controller, command, &mut subscribers);
             }
-            Some(done) = load_rx.recv() => controller.loaded(done),
-            Some(event) = playout_rx.recv() => controller.playout_event(&event, monotonic_ns()),
+            Some(done) = inputs.loads.recv() => controller.loaded(done),
+            Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_ns()),
             () = &mut credit_timer => controller.tick(monotonic_ns()),
             _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_ns()) {
                 Ok(0) => {}
                 Ok(dropped) => info!("dropped {dropped} idle request records"),
                 Err(error) => warn!("cannot sweep request records: {error}"),
             },
-            _ = sigint.recv() => break,
-            _ = sigterm.recv() => break,
+            _ = inputs.sigint.recv() => break,
+            _ = inputs.sigterm.recv() => break,
         }
         // At least a millisecond, so a timer just short of a page's worth of credit does not spin.
         let wait = controller
@@ -281,13 +249,14 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
             .reset(tokio::time::Instant::now() + wait);
     }
     info!("shutting down: ending streams, restoring devices, detaching programs");
-    event_pump.abort();
-    playout_pump.abort();
+    for pump in &inputs.pumps {
+        pump.abort();
+    }
     controller.shutdown();
-    drop(socket);
-    Ok(())
+    drop(inputs);
 }
 
+/// Answers one command of a connection.
 fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) {
     match command {
         Command::Latency(reply) => {
@@ -330,7 +299,7 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) 
             let _ = reply.send(controller.list(uid));
         }
         Command::Status(reply) => {
-            let _ = reply.send((controller.status(), controller.upgrade_report()));
+            let _ = reply.send(controller.status());
         }
         Command::Admit { request, reply } => {
             let _ = reply.send(controller.plan(&request));
@@ -357,252 +326,4 @@ async fn pump_ring(ring: RingBuf<MapData>, mut deliver: impl FnMut(&[u8])) {
         }
         ready.clear_ready();
     }
-}
-
-fn error_response(error: ErrorKind, message: impl Into<String>) -> Response {
-    Response::Error {
-        error,
-        message: message.into(),
-    }
-}
-
-async fn send(socket: &mut FramedSocket, response: &Response) -> bool {
-    match encode_line(response) {
-        Ok(line) => socket.write_all(&line).await.is_ok(),
-        Err(_) => false,
-    }
-}
-
-/// Asks the main loop and waits for its answer.
-async fn ask<T>(context: &Context, make: impl FnOnce(Reply<T>) -> Command) -> Option<T> {
-    let (reply, answer) = oneshot::channel();
-    context.commands.send(make(reply)).await.ok()?;
-    answer.await.ok()
-}
-
-fn shutting_down() -> Response {
-    error_response(ErrorKind::Internal, "abissd is shutting down")
-}
-
-fn refusal((error, message): Refusal) -> Response {
-    error_response(error, message)
-}
-
-async fn serve_connection(stream: UnixStream, context: Context) {
-    let peer_uid = match stream.peer_cred() {
-        Ok(cred) => cred.uid(),
-        Err(error) => {
-            warn!("connection without peer credentials refused: {error}");
-            return;
-        }
-    };
-    let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
-    let mut socket = FramedSocket::new(stream);
-    serve_requests(&mut socket, &context, peer_uid, connection).await;
-    let _ = context
-        .commands
-        .send(Command::ConnectionClosed(connection))
-        .await;
-}
-
-/// Reads one request after another and answers each, until the client hangs up.
-async fn serve_requests(
-    socket: &mut FramedSocket,
-    context: &Context,
-    peer_uid: u32,
-    connection: u64,
-) {
-    loop {
-        let envelope = match next_envelope(socket).await {
-            Ok(Some(envelope)) => envelope,
-            Ok(None) => return,
-            Err(response) => {
-                let _ = send(socket, &response).await;
-                return;
-            }
-        };
-        let response = match envelope.request {
-            Request::Events => {
-                stream_events(socket, context, peer_uid).await;
-                return;
-            }
-            Request::Position {
-                stream,
-                offset,
-                at_ns,
-            } => {
-                // A notification: no answer, so a reader never waits for the daemon.
-                let _ = context
-                    .commands
-                    .send(Command::Position {
-                        uid: peer_uid,
-                        stream,
-                        offset,
-                        at_ns,
-                    })
-                    .await;
-                continue;
-            }
-            Request::Attach(request) => match socket.take_fd() {
-                None => error_response(
-                    ErrorKind::BadRequest,
-                    "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
-                ),
-                Some(fd) => match ask(context, |reply| Command::Attach {
-                    uid: peer_uid,
-                    connection,
-                    fd,
-                    request,
-                    reply,
-                })
-                .await
-                {
-                    Some(Ok(info)) => Response::Attached(info),
-                    Some(Err(refused)) => refusal(refused),
-                    None => shutting_down(),
-                },
-            },
-            other => answer(other, context, peer_uid).await,
-        };
-        if !send(socket, &response).await {
-            return;
-        }
-    }
-}
-
-/// The next request of the current protocol version; `Err` carries the answer that ends the
-/// connection (a malformed line, another version).
-async fn next_envelope(socket: &mut FramedSocket) -> Result<Option<Envelope>, Response> {
-    let line = match socket.next_line().await {
-        Ok(Some(line)) => line,
-        Ok(None) => return Ok(None),
-        Err(error) => return Err(error_response(ErrorKind::BadRequest, error.to_string())),
-    };
-    let envelope: Envelope = decode_line(&line)
-        .map_err(|error| error_response(ErrorKind::BadRequest, error.to_string()))?;
-    if envelope.version != PROTOCOL_VERSION {
-        let message = format!(
-            "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
-            envelope.version
-        );
-        return Err(error_response(ErrorKind::VersionMismatch, message));
-    }
-    Ok(Some(envelope))
-}
-
-/// Answers the requests that need nothing from the connection but the peer's identity.
-async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response {
-    match request {
-        Request::Hello => Response::Hello {
-            version: PROTOCOL_VERSION,
-            pid: std::process::id(),
-            kernel: context.kernel.clone(),
-        },
-        Request::Latency => match ask(context, Command::Latency).await {
-            Some(Ok(groups)) => Response::Latency {
-                taken_ns: monotonic_ns(),
-                groups,
-            },
-            Some(Err(message)) => error_response(ErrorKind::Internal, message),
-            None => shutting_down(),
-        },
-        Request::Stats { window_ms } => stats_response(context, window_ms).await,
-        Request::Detach { target } => match ask(context, |reply| Command::Detach {
-            uid: peer_uid,
-            target,
-            reply,
-        })
-        .await
-        {
-            Some(Ok(stream)) => Response::Detached { stream },
-            Some(Err(refused)) => refusal(refused),
-            None => shutting_down(),
-        },
-        Request::List => match ask(context, |reply| Command::List {
-            uid: peer_uid,
-            reply,
-        })
-        .await
-        {
-            Some(streams) => Response::Streams { streams },
-            None => shutting_down(),
-        },
-        Request::Status => match ask(context, Command::Status).await {
-            Some((devices, upgrades)) => Response::Devices { devices, upgrades },
-            None => shutting_down(),
-        },
-        Request::Admit(request) => {
-            match ask(context, |reply| Command::Admit { request, reply }).await {
-                Some(Ok(report)) => Response::Admission(report),
-                Some(Err(refused)) => refusal(refused),
-                None => shutting_down(),
-            }
-        }
-        Request::Events | Request::Position { .. } | Request::Attach(_) => {
-            error_response(ErrorKind::Internal, "request routed to the wrong handler")
-        }
-    }
-}
-
-async fn stats_response(context: &Context, window_ms: u64) -> Response {
-    if !(1..=60_000).contains(&window_ms) {
-        return error_response(
-            ErrorKind::BadRequest,
-            format!("a stats window of {window_ms} ms is outside 1 ms to 60 s"),
-        );
-    }
-    let mut report =
-        match stats::measure(&context.program_ids, Duration::from_millis(window_ms)).await {
-            Ok(report) => report,
-            Err(error) => {
-                return error_response(
-                    ErrorKind::Internal,
-                    format!("cannot switch on BPF statistics: {error}"),
-                );
-            }
-        };
-    if let Some((in_flight, records)) = ask(context, Command::RequestRecords).await {
-        report.tracked_requests = in_flight;
-        report.request_records = records;
-    }
-    Response::Stats(report)
-}
-
-async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u32) {
-    let mut receiver = context.events.subscribe();
-    if context
-        .commands
-        .send(Command::EventSubscribers(1))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    loop {
-        match receiver.recv().await {
-            Ok(record) => {
-                // Per-request details of other users' tasks are for root only.
-                if peer_uid != 0 && record.uid != peer_uid {
-                    continue;
-                }
-                if !send(socket, &Response::Event(record)).await {
-                    break;
-                }
-            }
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                warn!("an event client fell behind and missed {missed} events");
-            }
-            Err(broadcast::error::RecvError::Closed) => break,
-        }
-    }
-    let _ = context.commands.send(Command::EventSubscribers(-1)).await;
-}
-
-/// `CLOCK_MONOTONIC` in ns: the clock of the eBPF programs' timestamps.
-#[must_use]
-pub fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
-        u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
-            + u64::try_from(t.tv_nsec()).unwrap_or(0)
-    })
 }

@@ -2,7 +2,7 @@
 //! and locks what it loaded.
 //!
 //! A buffered read gets its I/O priority from the task that submits it, not from the SQE's
-//! `ioprio` (measured on this kernel: shared/notes/toolchain.md), and `io_uring`'s workers inherit
+//! `ioprio` (measured on this kernel: docs/building.md), and `io_uring`'s workers inherit
 //! the submitting thread's I/O context. So there is one worker thread, with its own ring and its
 //! own `ioprio_set`, per ABISS level in use; a stream's loads go to its level's worker.
 //!
@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use abiss_os::ioprio;
 use io_uring::{opcode, types, IoUring};
 use log::warn;
 use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
@@ -257,17 +258,6 @@ impl Drop for PrefetchEngine {
     }
 }
 
-/// Sets the calling thread's I/O priority.
-pub fn set_thread_ioprio(value: u16) -> io::Result<()> {
-    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, 0 = the calling thread, value); no memory passed.
-    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, 0, libc::c_long::from(value)) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Marks cancel requests' completions apart from loads'.
 const CANCEL_TAG: u64 = 1 << 63;
 
@@ -279,7 +269,7 @@ fn run_worker(
     commands: &Receiver<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) -> io::Result<()> {
-    set_thread_ioprio(encoded_ioprio(level))?;
+    ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level))?;
     // Locking waits for the reads; it runs in its own thread (same priority) so this one keeps
     // queueing the next ranges at once. Waiting here would let a window fall behind its reader
     // by one disk access per batch.
@@ -288,7 +278,7 @@ fn run_worker(
     let locker = std::thread::Builder::new()
         .name(format!("abiss-lock-{level}"))
         .spawn(move || {
-            let _ = set_thread_ioprio(encoded_ioprio(level));
+            let _ = ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level));
             for job in lock_rx {
                 let outcome = match job.file.lock(&job.range) {
                     Ok(()) => LoadOutcome::Loaded,

@@ -6,12 +6,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use abiss_proto::{
-    AttachRequest, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS, PAGE_BYTES,
+    AttachRequest, ByteSize, DeviceNumber, ReaderInfo, Refusal, StreamInfo, ABISS_LEVELS,
+    PAGE_BYTES,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, SFlag};
 use scheduler_common::FileKey;
 
+use crate::policy::admission::StreamDemand;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
 use crate::prefetch::MappedFile;
 
@@ -35,16 +37,12 @@ pub enum AttachError {
     /// The descriptor is not a readable regular file.
     #[error("{0}")]
     WrongFile(String),
-    /// The file's disk is not managed by this daemon.
-    #[error(
-        "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
-    )]
-    Unmanaged {
-        /// The file.
-        path: String,
-        /// Its disk.
-        disk: String,
-    },
+}
+
+impl From<AttachError> for Refusal {
+    fn from(error: AttachError) -> Self {
+        Self::BadRequest(error.to_string())
+    }
 }
 
 /// Validates stream parameters (the client checked them too; the daemon trusts no client).
@@ -234,6 +232,16 @@ impl Stream {
             granted,
         };
         (stream, actions)
+    }
+
+    /// What the stream asks of its disk, for admission.
+    #[must_use]
+    pub fn demand(&self) -> StreamDemand {
+        StreamDemand::playback(
+            self.granted.rate.0,
+            self.granted.buffer.0,
+            u64::from(self.granted.batch_pages) * PAGE_BYTES,
+        )
     }
 
     /// Whether position evidence from `at_ns` is no older than what was seen (then it becomes

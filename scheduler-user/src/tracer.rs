@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use abiss_proto::{
-    DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation, RequestRecord,
-};
+use abiss_proto::{DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, ProgramError},
@@ -12,7 +10,7 @@ use aya::{
 };
 use scheduler_common::{
     request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, PlayoutEvent, RequestEvent, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
+    LatencyCounters, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
 };
 
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
@@ -325,54 +323,4 @@ impl BlockTracer {
         }
         Ok(stale.len())
     }
-}
-
-/// Decodes one ring-buffer event into its protocol form.
-#[must_use]
-pub fn decode_event(bytes: &[u8]) -> Option<RequestRecord> {
-    if bytes.len() < size_of::<RequestEvent>() {
-        return None;
-    }
-    // SAFETY: the buffer holds at least one RequestEvent written by the eBPF side; any bit
-    // pattern is a valid RequestEvent, and read_unaligned copes with the ring's alignment.
-    let event: RequestEvent = unsafe { bytes.as_ptr().cast::<RequestEvent>().read_unaligned() };
-    let request = event.request;
-    let origin = event.origin;
-    let comm_len = origin
-        .comm
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(origin.comm.len());
-    Some(RequestRecord {
-        completed_ns: event.completed_ns,
-        device: DeviceNumber::from_kernel(request.dev),
-        operation: Operation::from_kernel(request.op),
-        priority: IoPriority {
-            class: IoClass::from_kernel(request.class),
-            level: request.level,
-        },
-        sector: request.sector,
-        bytes: request.bytes,
-        stream: (request.stream != 0).then_some(request.stream),
-        tgid: origin.tgid,
-        pid: origin.pid,
-        uid: origin.uid,
-        comm: String::from_utf8_lossy(&origin.comm[..comm_len]).into_owned(),
-        inode: (origin.ino != 0).then_some(origin.ino),
-        inode_device: (origin.ino != 0).then_some(DeviceNumber::from_kernel(origin.ino_dev)),
-        queue_ns: event.queue_ns,
-        service_ns: event.service_ns,
-        error: event.error,
-    })
-}
-
-/// Decodes one playout event.
-#[must_use]
-pub fn decode_playout(bytes: &[u8]) -> Option<PlayoutEvent> {
-    if bytes.len() < size_of::<PlayoutEvent>() {
-        return None;
-    }
-    // SAFETY: the buffer holds at least one PlayoutEvent written by the eBPF side; any bit
-    // pattern is valid, and read_unaligned copes with the ring's alignment.
-    Some(unsafe { bytes.as_ptr().cast::<PlayoutEvent>().read_unaligned() })
 }

@@ -7,45 +7,16 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use abiss_os::{clock::monotonic_ns, ioprio};
 use abiss_proto::UpgradeReport;
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
-use scheduler_common::PlayoutEvent;
 
+use crate::kernel_events::Reader;
 use crate::policy::upgrade::{may_raise, raised_priority, TaskId, Upgrade, UpgradeTable};
 
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
-
-/// `IOPRIO_WHO_PROCESS`: with a thread id, one thread.
-const WHO_PROCESS: libc::c_long = 1;
-
-/// The I/O priority of thread `pid` (encoded).
-pub fn get_ioprio(pid: u32) -> io::Result<u16> {
-    // SAFETY: ioprio_get(IOPRIO_WHO_PROCESS, pid) passes no memory.
-    let rc = unsafe { libc::syscall(libc::SYS_ioprio_get, WHO_PROCESS, libc::c_long::from(pid)) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    u16::try_from(rc).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
-}
-
-/// Sets the I/O priority of thread `pid`.
-pub fn set_ioprio(pid: u32, value: u16) -> io::Result<()> {
-    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, pid, value) passes no memory.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            WHO_PROCESS,
-            libc::c_long::from(pid),
-            libc::c_long::from(value),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
 
 /// Thread `pid`'s start time and real user id, from `/proc`.
 fn task_identity(pid: u32) -> io::Result<(TaskId, u32)> {
@@ -71,9 +42,9 @@ fn restore(upgrade: &Upgrade) -> bool {
     if task != upgrade.task {
         return false; // the pid belongs to another thread now
     }
-    match get_ioprio(upgrade.task.pid) {
+    match ioprio::get(upgrade.task.pid) {
         Ok(current) if current == upgrade.applied => {
-            match set_ioprio(upgrade.task.pid, upgrade.previous) {
+            match ioprio::set(upgrade.task.pid, upgrade.previous) {
                 Ok(()) => true,
                 Err(error) => {
                     warn!("cannot restore thread {}: {error}", upgrade.task.pid);
@@ -146,62 +117,54 @@ impl ReaderUpgrades {
     /// raised now.
     pub fn on_miss(
         &mut self,
-        event: &PlayoutEvent,
+        stream: u64,
+        reader: &Reader,
+        at_ns: u64,
         level: u8,
         owner_uid: u32,
-        now_ns: impl Fn() -> u64,
     ) -> bool {
         if !self.enabled {
             return false;
         }
-        let pid = event.pid;
+        let pid = reader.pid;
         // The uid comes with the event, so the thread is raised before anything is read from
         // /proc: the reads it waits for are being queued right now.
-        let uid = event.uid;
+        let uid = reader.uid;
         if !may_raise(owner_uid, uid) {
-            debug!(
-                "stream {}: thread {pid} of uid {uid} is not the owner's; not raised",
-                event.stream
-            );
+            debug!("stream {stream}: thread {pid} of uid {uid} is not the owner's; not raised");
             return false;
         }
-        let Ok(current) = get_ioprio(pid) else {
+        let Ok(current) = ioprio::get(pid) else {
             return false;
         };
         let Some(target) = raised_priority(current, level) else {
-            self.table.touch(pid, event.stream, event.ts_ns);
+            self.table.touch(pid, stream, at_ns);
             return false;
         };
-        if let Err(error) = set_ioprio(pid, target) {
-            warn!(
-                "stream {}: cannot raise thread {pid}: {error}",
-                event.stream
-            );
+        if let Err(error) = ioprio::set(pid, target) {
+            warn!("stream {stream}: cannot raise thread {pid}: {error}");
             return false;
         }
-        let done = now_ns();
-        let _ = self
-            .latency
-            .record(done.saturating_sub(event.ts_ns).max(1_000));
+        let done = monotonic_ns();
+        let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
         let Ok((task, _)) = task_identity(pid) else {
             return false; // gone already: nothing to restore
         };
         self.table.insert(Upgrade {
             task,
-            tgid: event.tgid,
-            stream: event.stream,
+            tgid: reader.tgid,
+            stream,
             previous: current,
             applied: target,
             last_access_ns: done,
         });
         self.total += 1;
-        *self.per_stream.entry(event.stream).or_default() += 1;
+        *self.per_stream.entry(stream).or_default() += 1;
         self.persist();
         info!(
-            "stream {}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
-            event.stream,
-            comm(event),
-            done.saturating_sub(event.ts_ns) / 1000
+            "stream {stream}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
+            reader.command,
+            done.saturating_sub(at_ns) / 1000
         );
         true
     }
@@ -289,11 +252,9 @@ impl ReaderUpgrades {
                 _ => Ok(()),
             }
         } else {
-            let temporary = self.record.with_extension("json.new");
             serde_json::to_vec(&all)
                 .map_err(io::Error::other)
-                .and_then(|bytes| std::fs::write(&temporary, bytes))
-                .and_then(|()| std::fs::rename(&temporary, &self.record))
+                .and_then(|bytes| abiss_os::fs::write_atomically(&self.record, &bytes))
         };
         if let Err(error) = result {
             warn!(
@@ -302,13 +263,4 @@ impl ReaderUpgrades {
             );
         }
     }
-}
-
-fn comm(event: &PlayoutEvent) -> String {
-    let len = event
-        .comm
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(event.comm.len());
-    String::from_utf8_lossy(&event.comm[..len]).into_owned()
 }

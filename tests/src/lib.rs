@@ -448,19 +448,9 @@ impl Drop for Ext4Mount {
 
 /// Sets the calling thread's I/O priority (class, level).
 pub fn set_thread_ioprio(class: u8, level: u8) {
-    let value = libc::c_long::from(scheduler_ioprio(class, level));
-    // SAFETY: ioprio_set(IOPRIO_WHO_PROCESS, 0 = this thread, value) has no memory arguments.
-    let rc = unsafe { libc::syscall(libc::SYS_ioprio_set, 1, 0, value) };
-    assert_eq!(
-        rc,
-        0,
-        "ioprio_set failed: {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-fn scheduler_ioprio(class: u8, level: u8) -> u16 {
-    (u16::from(class) << 13) | u16::from(level & 7)
+    let value = abiss_os::ioprio::encode(class, level);
+    abiss_os::ioprio::set(abiss_os::ioprio::CALLING_THREAD, value)
+        .unwrap_or_else(|error| panic!("ioprio_set failed: {error}"));
 }
 
 /// Reads `count` blocks of `block` bytes with `O_DIRECT` from `device`, starting at `first_block`.

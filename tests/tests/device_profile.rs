@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use abiss_lab::model::HddParams;
-use abiss_proto::device_model::{DeviceIdentity, DeviceModel};
+use abiss_model::{DeviceIdentity, DeviceModel};
 use abiss_proto::DeviceNumber;
 use abiss_tests::{
     assert_fails, binary, require_root, stderr, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,

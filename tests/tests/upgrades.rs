@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_daemon::upgrades::get_ioprio;
+use abiss_os::clock::monotonic_ns;
+use abiss_os::ioprio;
 use abiss_proto::{IoClass, RequestRecord};
 use abiss_tests::{binary, require_root, wait_until, write_cold_file, CopyLoop, Daemon, HddLab};
 
@@ -92,17 +93,11 @@ fn pid_of(child: &Child) -> u32 {
     child.id()
 }
 
-/// `CLOCK_MONOTONIC` in ns, the clock of the request events.
-fn monotonic_ns() -> u64 {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("clock");
-    u64::try_from(now.tv_sec()).unwrap() * 1_000_000_000 + u64::try_from(now.tv_nsec()).unwrap()
-}
-
 /// Polls the thread's I/O priority until `wanted` or `timeout`; returns how long it took.
 fn wait_for_ioprio(pid: u32, wanted: u16, timeout: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < timeout {
-        if get_ioprio(pid).ok() == Some(wanted) {
+        if ioprio::get(pid).ok() == Some(wanted) {
             return Some(start.elapsed());
         }
         std::thread::sleep(Duration::from_micros(500));
@@ -171,7 +166,7 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     let watch_until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < watch_until {
         assert_eq!(
-            get_ioprio(pid_of(&unattached)).ok(),
+            ioprio::get(pid_of(&unattached)).ok(),
             Some(BE5),
             "a reader of a file that is not attached kept its priority"
         );
@@ -226,7 +221,7 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
         reads_end_ns.saturating_sub(monotonic_ns()),
     ));
     assert_eq!(
-        get_ioprio(pid_of(&attached)).ok(),
+        ioprio::get(pid_of(&attached)).ok(),
         Some(RT0),
         "still raised"
     );
@@ -334,7 +329,7 @@ fn only_the_stream_owners_readers_are_raised() {
         wait_for_ioprio(pid_of(&stranger), RT0, Duration::from_secs(2)).is_none(),
         "another user's reader is not raised"
     );
-    assert_eq!(get_ioprio(pid_of(&stranger)).ok(), Some(BE5));
+    assert_eq!(ioprio::get(pid_of(&stranger)).ok(), Some(BE5));
     let _ = phases(stranger);
     // The owner's own reader is.
     let owner = reader_as(Some(65534), &stream, 3, &["--start", "60000000"]);
@@ -360,7 +355,7 @@ fn a_reader_that_stops_reading_is_put_back_after_the_idle_time() {
     // Still reading: the upgrade stays although the idle time is shorter than the run.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
-        get_ioprio(pid_of(&reading)).ok(),
+        ioprio::get(pid_of(&reading)).ok(),
         Some(RT0),
         "kept while reading"
     );

@@ -1,8 +1,9 @@
 //! Idempotent machine setup: fast when everything is already there.
 //!
-//! The recipe is the verified one in shared/notes/toolchain.md: Debian's rustc-web (with a
-//! prebuilt `core` for bpfel-unknown-none) builds the eBPF crate, and bpf-linker links it
-//! against LLVM 22.
+//! The recipe is the one described in docs/building.md: Debian's rustc-web (with a prebuilt
+//! `core` for bpfel-unknown-none) builds the eBPF crate, and bpf-linker links it against
+//! LLVM 22. Where apt cannot provide that compiler (another distribution, or no apt at all),
+//! setup stops with one sentence saying what it needs instead of a raw apt error.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,13 +34,34 @@ const PACKAGES: &[&str] = &[
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// The packages of Debian's rustc-web that carry the eBPF compiler: the one part of the recipe
+/// no other distribution's package manager provides.
+const EBPF_COMPILER: &[&str] = &["rustc-web", "libstd-rust-web-dev-bpf"];
+
+/// What setup says, and fails with, where apt cannot install `EBPF_COMPILER`.
+const NEEDS_EBPF_COMPILER: &str = "cargo xtask setup needs Debian's rustc-web with \
+    libstd-rust-web-dev-bpf (from the Debian security suite) to build the eBPF programs, and \
+    apt here cannot install them: build the eBPF object the rustup-nightly way described in \
+    docs/building.md and pass it to a plain `cargo build` with ABISS_EBPF_OBJECT=<path>.";
+
 /// Installs whatever is missing.
 pub fn ensure(_root: &Path) -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
+        let needs_compiler = missing.iter().any(|p| EBPF_COMPILER.contains(p));
+        if needs_compiler && !runs("apt-get") {
+            anyhow::bail!(NEEDS_EBPF_COMPILER);
+        }
         eprintln!("xtask setup: installing {}", missing.join(" "));
         shell::run(Command::new("apt-get").arg("update").arg("-qq"))
             .context("apt-get update failed (setup needs root and Debian's package mirror)")?;
+        // Only after the update do apt's lists say what can be installed (a fresh Debian
+        // machine has empty lists).
+        if needs_compiler
+            && !without_candidate(&apt_policy(EBPF_COMPILER), EBPF_COMPILER).is_empty()
+        {
+            anyhow::bail!(NEEDS_EBPF_COMPILER);
+        }
         shell::run(
             Command::new("apt-get")
                 .args(["install", "-y", "-qq", "--no-install-recommends"])
@@ -71,6 +93,52 @@ pub fn ensure(_root: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `program --version` runs (the program is on PATH).
+fn runs(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `apt-cache policy` for `packages` (empty when apt-cache cannot run).
+fn apt_policy(packages: &[&str]) -> String {
+    Command::new("apt-cache")
+        .arg("policy")
+        .args(packages)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// The `packages` that `apt-cache policy` output `policy` offers no version of: either apt
+/// does not know them (they have no section) or their candidate is `(none)`.
+fn without_candidate<'a>(policy: &str, packages: &[&'a str]) -> Vec<&'a str> {
+    let mut installable = Vec::new();
+    let mut section: Option<&str> = None;
+    for line in policy.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            // A section starts with `name:` (or `name:arch:`).
+            section = line
+                .strip_suffix(':')
+                .and_then(|header| header.split(':').next());
+            continue;
+        }
+        if let (Some(package), Some(candidate)) = (section, line.trim().strip_prefix("Candidate:"))
+        {
+            let candidate = candidate.trim();
+            if !candidate.is_empty() && candidate != "(none)" {
+                installable.push(package);
+            }
+        }
+    }
+    packages
+        .iter()
+        .copied()
+        .filter(|package| !installable.contains(package))
+        .collect()
+}
+
 fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])
@@ -84,4 +152,78 @@ fn bpf_linker() -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
         .unwrap_or_else(|| PathBuf::from("/root/.cargo"));
     home.join("bin").join("bpf-linker")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `apt-cache policy rustc-web libstd-rust-web-dev-bpf` on Debian 12 with its security
+    /// suite.
+    const DEBIAN: &str = "\
+rustc-web:
+  Installed: (none)
+  Candidate: 1.96.0+dfsg1-1~deb12u2
+  Version table:
+     1.96.0+dfsg1-1~deb12u2 500
+        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+     1.85.0+dfsg3-1~deb12u3 500
+        500 http://deb.debian.org/debian bookworm/main amd64 Packages
+libstd-rust-web-dev-bpf:
+  Installed: (none)
+  Candidate: 1.96.0+dfsg1-1~deb12u2
+  Version table:
+     1.96.0+dfsg1-1~deb12u2 500
+        500 http://deb.debian.org/debian-security bookworm-security/main amd64 Packages
+";
+
+    #[test]
+    fn debian_offers_the_compiler() {
+        assert!(without_candidate(DEBIAN, EBPF_COMPILER).is_empty());
+    }
+
+    #[test]
+    fn packages_apt_does_not_know_are_missing() {
+        // apt-cache prints nothing on stdout for a package it has never heard of.
+        assert_eq!(without_candidate("", EBPF_COMPILER), EBPF_COMPILER);
+    }
+
+    #[test]
+    fn a_package_without_candidate_is_missing() {
+        // Debian 12 without its security suite: rustc-web 1.85 exists, the bpf core does not.
+        let policy = "\
+rustc-web:
+  Installed: (none)
+  Candidate: 1.85.0+dfsg3-1~deb12u3
+  Version table:
+     1.85.0+dfsg3-1~deb12u3 500
+        500 http://deb.debian.org/debian bookworm/main amd64 Packages
+libstd-rust-web-dev-bpf:
+  Installed: (none)
+  Candidate: (none)
+  Version table:
+";
+        assert_eq!(
+            without_candidate(policy, EBPF_COMPILER),
+            ["libstd-rust-web-dev-bpf"]
+        );
+    }
+
+    #[test]
+    fn an_architecture_qualified_section_counts() {
+        let policy = "rustc-web:amd64:\n  Installed: (none)\n  Candidate: 1.96.0\n";
+        assert!(without_candidate(policy, &["rustc-web"]).is_empty());
+    }
+
+    #[test]
+    fn the_message_names_every_way_out() {
+        for needed in [
+            "rustc-web",
+            "libstd-rust-web-dev-bpf",
+            "ABISS_EBPF_OBJECT",
+            "docs/building.md",
+        ] {
+            assert!(NEEDS_EBPF_COMPILER.contains(needed), "{needed}");
+        }
+    }
 }

@@ -24,11 +24,13 @@
 //!   (TRAC's β); a window's work adds the reads' and the writes' time, which is TRAC's
 //!   mixed-load factor applied per stream.
 //!
-//! Until a device has a model, [`ShareAdmission`] keeps the configured capacity times the
-//! real-time share, as before.
+//! Until a device has a model, [`super::share::ShareAdmission`] keeps the configured capacity
+//! times the real-time share.
 
-use abiss_proto::device_model::DeviceModel;
-use abiss_proto::{AdmissionMode, PAGE_BYTES};
+use abiss_model::DeviceModel;
+use abiss_proto::AdmissionMode;
+
+use super::playout::load_bytes;
 
 /// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
 pub const SERVICE_WINDOW_MS: u64 = 1000;
@@ -59,16 +61,11 @@ pub struct StreamDemand {
 }
 
 impl StreamDemand {
-    /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`.
-    ///
-    /// The playout buffer loads once the window lacks a third of the buffer (at least a
-    /// batch), and its window follows the reader in whole batches, so a load is that third
-    /// rounded up to whole batches (564 KiB with 20-page batches: three batches, 240 KiB).
+    /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`:
+    /// one disk access per load, whose size is the playout buffer's own rule.
     #[must_use]
     pub fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
-        let batch = batch_bytes.max(PAGE_BYTES);
-        let third = (buffer_bytes / 3) / PAGE_BYTES * PAGE_BYTES;
-        let load_bytes = third.max(batch).div_ceil(batch).saturating_mul(batch);
+        let load_bytes = load_bytes(buffer_bytes, batch_bytes);
         Self {
             rate_bps,
             rate_stdev_bps: 0,
@@ -394,63 +391,6 @@ impl AdmissionControl {
     }
 }
 
-/// Why a stream was refused by share admission, with the figures.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("a stream of {requested_bps} B/s does not fit on {device}: {available_bps} B/s of its {budget_bps} B/s real-time budget ({share_percent}% of {capacity_bps} B/s) is free; ask for less, or detach another stream")]
-pub struct Refusal {
-    /// The device's name.
-    pub device: String,
-    /// The rate asked for.
-    pub requested_bps: u64,
-    /// What is still free.
-    pub available_bps: u64,
-    /// The real-time budget.
-    pub budget_bps: u64,
-    /// The device capacity.
-    pub capacity_bps: u64,
-    /// The real-time share in percent.
-    pub share_percent: u32,
-}
-
-/// Share-of-capacity admission for a device without a model: a configured capacity, of which
-/// a configured share may be reserved by real-time streams.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShareAdmission {
-    /// The device's name, for messages.
-    pub device: String,
-    /// Sustained capacity of the device in B/s.
-    pub capacity_bps: u64,
-    /// Share of the capacity real-time streams may reserve, in percent (1 to 95: some is always
-    /// kept for best-effort traffic).
-    pub share_percent: u32,
-}
-
-impl ShareAdmission {
-    /// Most that real-time streams may reserve together.
-    #[must_use]
-    pub fn budget_bps(&self) -> u64 {
-        let share = u128::from(self.share_percent.clamp(1, 95));
-        u64::try_from(u128::from(self.capacity_bps) * share / 100).unwrap_or(u64::MAX)
-    }
-
-    /// Whether a stream of `requested_bps` fits next to `reserved_bps` already admitted.
-    pub fn admit(&self, reserved_bps: u64, requested_bps: u64) -> Result<(), Refusal> {
-        let available = self.budget_bps().saturating_sub(reserved_bps);
-        if requested_bps <= available {
-            Ok(())
-        } else {
-            Err(Refusal {
-                device: self.device.clone(),
-                requested_bps,
-                available_bps: available,
-                budget_bps: self.budget_bps(),
-                capacity_bps: self.capacity_bps,
-                share_percent: self.share_percent.clamp(1, 95),
-            })
-        }
-    }
-}
-
 /// The standard normal distribution's upper tail, `P(Z > z)`.
 #[must_use]
 pub fn normal_upper_tail(z: f64) -> f64 {
@@ -463,6 +403,7 @@ pub fn normal_upper_tail(z: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use abiss_proto::PAGE_BYTES;
 
     #[test]
     fn normal_tail_matches_known_values() {
@@ -471,44 +412,8 @@ mod tests {
         assert!((normal_upper_tail(-1.644_854) - 0.95).abs() < 1e-6);
         assert!(normal_upper_tail(40.0) < 1e-100);
     }
-    use abiss_proto::device_model::{DeviceIdentity, SeekCurve, ZonePoint};
-    use abiss_proto::DeviceNumber;
+    use abiss_model::fixtures::laptop_disk as laptop;
     use proptest::prelude::*;
-
-    fn device() -> ShareAdmission {
-        ShareAdmission {
-            device: "sda".into(),
-            capacity_bps: 40_000_000,
-            share_percent: 80,
-        }
-    }
-
-    /// A model shaped like the lab's laptop hdd, with `scale` on its speed.
-    fn laptop(scale: f64, revolution_ms: f64) -> DeviceModel {
-        let zones = (0..16)
-            .map(|i| ZonePoint {
-                position: (f64::from(i) + 0.5) / 16.0,
-                read_bps: (60.0 - 25.0 / 15.0 * f64::from(i)) * 1e6 * scale,
-                write_bps: None,
-            })
-            .collect();
-        DeviceModel {
-            zones,
-            seek: SeekCurve {
-                min_ms: 1.0,
-                knee_fraction: 0.2,
-                knee_ms: 6.0,
-                full_stroke_ms: 11.5,
-            },
-            revolution_ms,
-            write_read_ratio: 0.9,
-            ..DeviceModel::conservative_default(DeviceIdentity {
-                key: "dev-7_0-4294967296".into(),
-                device: DeviceNumber { major: 7, minor: 0 },
-                size_bytes: 4 << 30,
-            })
-        }
-    }
 
     fn control(
         mode: AdmissionMode,
@@ -591,17 +496,6 @@ mod tests {
         assert!(n_write < n_read, "{n_write} vs {n_read}");
     }
 
-    #[test]
-    fn share_refusals_name_the_figures() {
-        let error = device().admit(30_000_000, 4_000_000).unwrap_err();
-        assert_eq!(error.available_bps, 2_000_000);
-        let message = error.to_string();
-        assert!(
-            message.contains("4000000") && message.contains("2000000") && message.contains("80%"),
-            "{message}"
-        );
-    }
-
     fn demand_strategy() -> impl Strategy<Value = StreamDemand> {
         (1u64..20_000_000, 0u64..2_000_000, 1u64..2048, any::<bool>()).prop_map(
             |(rate, stdev, pages, write)| StreamDemand {
@@ -682,22 +576,6 @@ mod tests {
             let n_det = admission.n_max(AdmissionMode::Deterministic, &[], &stream);
             let n_stat = admission.n_max(AdmissionMode::Statistical, &[], &stream);
             prop_assert!(n_det <= n_stat);
-        }
-
-        /// Admitting streams one by one never reserves more than the budget, and never all of
-        /// the capacity.
-        #[test]
-        fn share_admitted_streams_fit_the_budget(rates in proptest::collection::vec(1u64..20_000_000, 1..50),
-                                                 share in 1u32..=100) {
-            let admission = ShareAdmission { share_percent: share, ..device() };
-            let mut reserved = 0u64;
-            for rate in rates {
-                if admission.admit(reserved, rate).is_ok() {
-                    reserved += rate;
-                }
-                prop_assert!(reserved <= admission.budget_bps());
-                prop_assert!(reserved < admission.capacity_bps);
-            }
         }
     }
 }

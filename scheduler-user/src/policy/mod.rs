@@ -5,4 +5,5 @@ pub mod admission;
 pub mod credit;
 pub mod playout;
 pub mod priority;
+pub mod share;
 pub mod upgrade;

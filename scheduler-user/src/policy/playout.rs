@@ -13,10 +13,9 @@
 
 use std::ops::Range;
 
-use super::credit::CreditTimer;
+use abiss_proto::PAGE_BYTES as PAGE;
 
-/// Bytes per page: the unit of loading and locking.
-pub const PAGE: u64 = 4096;
+use super::credit::CreditTimer;
 
 fn page_floor(offset: u64) -> u64 {
     offset / PAGE * PAGE
@@ -24,6 +23,25 @@ fn page_floor(offset: u64) -> u64 {
 
 fn page_ceil(offset: u64) -> u64 {
     offset.div_ceil(PAGE) * PAGE
+}
+
+/// Smallest load worth a request: a disk pays a seek per request, so the window's growth is
+/// gathered into loads of a third of the buffer (at least a batch). That keeps the reader two
+/// thirds of a buffer ahead and the seeks per stream few.
+#[must_use]
+pub fn min_load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
+    page_floor(buffer_bytes / 3).max(batch_bytes.max(PAGE))
+}
+
+/// What one load of a stream is: credit is spent a batch at a time, so a load is the smallest
+/// one worth a request rounded up to whole batches (564 KiB with 20-page batches: three
+/// batches, 240 KiB). Admission counts a disk access per load of this size.
+#[must_use]
+pub fn load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
+    let batch = batch_bytes.max(PAGE);
+    min_load_bytes(buffer_bytes, batch)
+        .div_ceil(batch)
+        .saturating_mul(batch)
 }
 
 /// Shape of a stream's window.
@@ -137,13 +155,6 @@ impl PlayoutBuffer {
         }
     }
 
-    /// Smallest load worth a request: a disk pays a seek per request, so the window's growth
-    /// is gathered into loads of a third of the buffer (at least a batch). That keeps the
-    /// reader two thirds of a buffer ahead and the seeks per stream few.
-    fn min_load(&self) -> u64 {
-        page_floor(self.shape.buffer_bytes / 3).max(self.shape.batch_bytes)
-    }
-
     /// Whether the window lacks enough to load now: a full request's worth, the end of the
     /// file, or so much that the reader is within half a buffer of what is loaded.
     fn wants_load(&self) -> bool {
@@ -151,7 +162,7 @@ impl PlayoutBuffer {
             .target_end()
             .saturating_sub(self.requested_end.max(self.window_start));
         lacking > 0
-            && (lacking >= self.min_load()
+            && (lacking >= min_load_bytes(self.shape.buffer_bytes, self.shape.batch_bytes)
                 || self.target_end() == self.file_end()
                 || self.requested_end < self.app_point + self.shape.buffer_bytes / 2)
     }

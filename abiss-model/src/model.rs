@@ -1,114 +1,25 @@
-//! A measured model of a disk, as `abissctl profile` fits it and abissd's admission control
-//! uses it.
-//!
-//! The model follows TRAC (Zimmermann & Fu, "Comprehensive Statistical Admission Control for
-//! Streaming Media Servers", reference 000): a multi-zone transfer-rate profile for reads and
-//! writes, and an access-time profile against seek distance with the rotational latency on top.
-//! How the figures are measured follows Johnson & Miller ("Performance Measurements of Tertiary
-//! Storage Devices", reference 003): transfer rate against position and request size, access
-//! time against distance for short and long seeks, and the effect of requests in flight.
+//! [`DeviceModel`]: what `abissctl profile` measured and fitted, and the arithmetic
+//! admission control does with it.
 //!
 //! A model is saved as JSON per device under the daemon's state directory
 //! (`<state-dir>/models/<identity>.json`). Loading checks the format version and that the file
 //! describes the device it is loaded for: a corrupt file, or one of another device, is an
-//! error and never used.
+//! error and never used. The JSON field names and [`DEVICE_MODEL_VERSION`] are the file
+//! format: models saved earlier must keep loading.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
+use abiss_proto::DeviceNumber;
 use serde::{Deserialize, Serialize};
 
-use crate::DeviceNumber;
+use crate::DeviceIdentity;
 
 /// Version of the model file format; a file of another version is refused.
 pub const DEVICE_MODEL_VERSION: u32 = 1;
 
-/// Directory under the daemon's state directory where models live.
-pub const MODELS_DIR: &str = "models";
-
 /// The write rate as a fraction of the read rate assumed when writes were not measured
 /// (conservative for disks: TRAC's Cheetah X15 measured 0.67 to 0.76).
 pub const ASSUMED_WRITE_READ_RATIO: f64 = 0.6;
-
-/// A stable name of a device: its WWN or serial number if the kernel knows one, else its
-/// device number and size (which a loop device, say, keeps only until it is detached).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceIdentity {
-    /// `wwn-…`, `serial-…` or `dev-MAJOR_MINOR-SIZE`; only `[A-Za-z0-9._-]`, usable as a file name.
-    pub key: String,
-    /// The device number it had when measured.
-    pub device: DeviceNumber,
-    /// Its size in bytes.
-    pub size_bytes: u64,
-}
-
-impl DeviceIdentity {
-    /// Reads the identity of whole disk `device` from sysfs.
-    pub fn of(device: DeviceNumber) -> Result<Self, ModelError> {
-        let sys = PathBuf::from(format!("/sys/dev/block/{device}"));
-        let sectors: u64 = std::fs::read_to_string(sys.join("size"))
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| ModelError::NoIdentity {
-                device,
-                reason: "its size cannot be read from sysfs".into(),
-            })?;
-        let size_bytes = sectors.saturating_mul(512);
-        let read = |name: &str| -> Option<String> {
-            let text = std::fs::read_to_string(sys.join(name)).ok()?;
-            let clean: String = text
-                .trim()
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' {
-                        c
-                    } else {
-                        '_'
-                    }
-                })
-                .collect();
-            (!clean.trim_matches('_').is_empty()).then_some(clean)
-        };
-        let key = read("wwid")
-            .or_else(|| read("device/wwid"))
-            .map(|w| format!("wwn-{w}"))
-            .or_else(|| {
-                read("serial")
-                    .or_else(|| read("device/serial"))
-                    .map(|s| format!("serial-{s}"))
-            })
-            .unwrap_or_else(|| format!("dev-{}_{}-{size_bytes}", device.major, device.minor));
-        Ok(Self {
-            key,
-            device,
-            size_bytes,
-        })
-    }
-
-    /// Where the model of this device lives under `state_dir`.
-    #[must_use]
-    pub fn model_path(&self, state_dir: &Path) -> PathBuf {
-        state_dir
-            .join(MODELS_DIR)
-            .join(format!("{}.json", self.key))
-    }
-
-    /// Whether `other` names the same device.
-    #[must_use]
-    pub fn same_device(&self, other: &Self) -> bool {
-        self.key == other.key && self.size_bytes == other.size_bytes
-    }
-}
-
-impl fmt::Display for DeviceIdentity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({}, {} bytes)",
-            self.key, self.device, self.size_bytes
-        )
-    }
-}
 
 /// Sequential transfer rate measured at one position.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -370,8 +281,8 @@ impl DeviceModel {
         Self::load(&path, identity).map(Some)
     }
 
-    /// Writes the model to its place under `state_dir` (atomically: a temporary file renamed);
-    /// returns the path.
+    /// Writes the model to its place under `state_dir` (atomically: a crash leaves the old file
+    /// or the whole new one); returns the path.
     pub fn save(&self, state_dir: &Path) -> Result<PathBuf, ModelError> {
         let path = self.identity.model_path(state_dir);
         let io = |source| ModelError::Io {
@@ -382,9 +293,7 @@ impl DeviceModel {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
         let text = serde_json::to_vec_pretty(self).map_err(|e| io(std::io::Error::other(e)))?;
-        let temporary = path.with_extension("json.tmp");
-        std::fs::write(&temporary, text).map_err(io)?;
-        std::fs::rename(&temporary, &path).map_err(io)?;
+        abiss_os::fs::write_atomically(&path, &text).map_err(io)?;
         Ok(path)
     }
 
@@ -524,39 +433,15 @@ impl DeviceModel {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// A model shaped like the lab's laptop hdd.
-    #[must_use]
-    pub fn laptop_model() -> DeviceModel {
-        let zones = (0..16)
-            .map(|i| ZonePoint {
-                position: (f64::from(i) + 0.5) / 16.0,
-                read_bps: (60.0 - 25.0 / 15.0 * f64::from(i)) * 1e6,
-                write_bps: None,
-            })
-            .collect();
-        DeviceModel {
-            zones,
-            seek: SeekCurve {
-                min_ms: 1.0,
-                knee_fraction: 0.2,
-                knee_ms: 6.0,
-                full_stroke_ms: 11.5,
-            },
-            revolution_ms: 60_000.0 / 5400.0,
-            ..DeviceModel::conservative_default(DeviceIdentity {
-                key: "dev-7_0-4294967296".into(),
-                device: DeviceNumber { major: 7, minor: 0 },
-                size_bytes: 4 << 30,
-            })
-        }
-    }
+    use crate::fixtures::{laptop_disk, LAPTOP_REVOLUTION_MS};
 
     #[test]
     fn random_seek_of_the_laptop_curve_is_about_six_and_a_half_ms() {
-        let (mean, var) = laptop_model().seek.random_seek_moments();
+        let (mean, var) = laptop_disk(1.0, LAPTOP_REVOLUTION_MS)
+            .seek
+            .random_seek_moments();
         assert!((6.0..7.0).contains(&mean), "{mean}");
         assert!(var > 0.0);
     }
@@ -564,7 +449,7 @@ pub(crate) mod tests {
     #[test]
     fn save_and_load_round_trip_and_refuse_corrupt_or_foreign_files() {
         let dir = std::env::temp_dir().join(format!("abiss-model-test-{}", std::process::id()));
-        let model = laptop_model();
+        let model = laptop_disk(1.0, LAPTOP_REVOLUTION_MS);
         let path = model.save(&dir).unwrap();
         assert_eq!(
             DeviceModel::find(&dir, &model.identity).unwrap(),
@@ -589,6 +474,50 @@ pub(crate) mod tests {
         std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
         let error = DeviceModel::load(&path, &model.identity).unwrap_err();
         assert!(error.to_string().contains("zone"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file as `abissctl profile --save` wrote it before the model had its own crate: the
+    /// field names and the version are the format, and such files must keep loading.
+    const SAVED_EARLIER: &str = r#"{
+      "version": 1,
+      "identity": {
+        "device": { "major": 7, "minor": 0 },
+        "key": "dev-7_0-4294967296",
+        "size_bytes": 4294967296
+      },
+      "measured_at_unix_s": 1700000000,
+      "quick": true,
+      "zones": [
+        { "position": 0.25, "read_bps": 60000000.0, "write_bps": 54000000.0 },
+        { "position": 0.75, "read_bps": 35000000.0, "write_bps": null }
+      ],
+      "write_read_ratio": 0.9,
+      "writes_measured": true,
+      "seek_points": [ { "distance": 0.1, "access_ms": 9.5, "samples": 24 } ],
+      "seek": { "min_ms": 1.0, "knee_fraction": 0.2, "knee_ms": 6.0, "full_stroke_ms": 11.5 },
+      "revolution_ms": 11.1,
+      "mean_access_ms": 12.3,
+      "access_stdev_ms": 3.2,
+      "request_sizes": [ { "bytes": 4096, "service_ms": 12.0 } ],
+      "queue_depths": [ { "depth": 2, "service_ms": 9.0, "request_bytes": 65536 } ]
+    }"#;
+
+    #[test]
+    fn a_model_saved_earlier_still_loads() {
+        let dir = std::env::temp_dir().join(format!("abiss-model-old-{}", std::process::id()));
+        let identity = crate::fixtures::laptop_identity();
+        let path = identity.model_path(&dir);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, SAVED_EARLIER).unwrap();
+        let model = DeviceModel::find(&dir, &identity).unwrap().unwrap();
+        assert_eq!(model.version, DEVICE_MODEL_VERSION);
+        assert_eq!(model.zones[0].write_bps, Some(54e6));
+        assert_eq!(model.seek_points[0].samples, 24);
+        assert_eq!(model.queue_depths[0].request_bytes, 65536);
+        let again: DeviceModel =
+            serde_json::from_slice(&serde_json::to_vec(&model).unwrap()).unwrap();
+        assert_eq!(again, model);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,14 @@
+//! The operating-system calls that more than one abiss crate makes, each written once.
+//!
+//! | module | what |
+//! | --- | --- |
+//! | [`clock`] | `CLOCK_MONOTONIC`, the clock of the eBPF programs' timestamps and of position messages |
+//! | [`ioprio`] | `ioprio_get(2)` / `ioprio_set(2)` for one thread |
+//! | [`fs`] | replacing a file so that a crash leaves the old one or the whole new one |
+//!
+//! Linux only; nothing here needs a kernel newer than 2.6.13 (`ioprio_set`).
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod fs;
+pub mod ioprio;

@@ -1,0 +1,105 @@
+//! Why abissd said no: one type, so every refusal has its error kind (and so the client's exit
+//! code) and its one sentence in a single place.
+
+use crate::{ErrorKind, Response};
+
+/// A request abissd will not carry out. Its `Display` is the sentence a person reads: what is
+/// wrong and what to do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A parameter is out of range, or the passed descriptor is not a file that can stream;
+    /// the sentence names it.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The file is streamed already.
+    #[error("{path} is already attached as stream {stream}; detach it first")]
+    AlreadyAttached {
+        /// The file.
+        path: String,
+        /// Its stream.
+        stream: u64,
+    },
+    /// The daemon holds as many streams as it may.
+    #[error("abissd already serves {max} streams, its most")]
+    DaemonFull {
+        /// The limit.
+        max: usize,
+    },
+    /// The user holds as many streams as one user may.
+    #[error("this user already holds {max} streams, the most one user may; detach one first")]
+    UserFull {
+        /// The limit.
+        max: usize,
+    },
+    /// Admission control found no room; the sentence gives the figures.
+    #[error("{0}")]
+    DoesNotFit(String),
+    /// No stream matches.
+    #[error("{what} is not attached; `abissctl list` shows the streams")]
+    NotAttached {
+        /// The stream or file asked for, as a person would name it.
+        what: String,
+    },
+    /// The stream is another user's.
+    #[error("stream {stream} belongs to another user; only its owner or root may detach it")]
+    NotOwner {
+        /// The stream.
+        stream: u64,
+    },
+    /// The device is unknown, or abissd does not manage it.
+    #[error("{0}")]
+    UnknownDevice(String),
+    /// The device's saved model cannot be used.
+    #[error("{0}")]
+    ModelUnusable(String),
+    /// Something failed inside the daemon.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Refusal {
+    /// The class of failure, which clients map to exit codes.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::BadRequest(_) => ErrorKind::BadRequest,
+            Self::AlreadyAttached { .. }
+            | Self::DaemonFull { .. }
+            | Self::UserFull { .. }
+            | Self::DoesNotFit(_) => ErrorKind::Refused,
+            Self::NotAttached { .. } => ErrorKind::NotFound,
+            Self::NotOwner { .. } => ErrorKind::PermissionDenied,
+            Self::UnknownDevice(_) => ErrorKind::UnknownDevice,
+            Self::ModelUnusable(_) => ErrorKind::ModelUnusable,
+            Self::Internal(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+impl From<Refusal> for Response {
+    fn from(refusal: Refusal) -> Self {
+        Self::Error {
+            error: refusal.kind(),
+            message: refusal.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_answers_with_its_kind_and_sentence() {
+        let refusal = Refusal::NotOwner { stream: 7 };
+        assert_eq!(
+            Response::from(refusal),
+            Response::Error {
+                error: ErrorKind::PermissionDenied,
+                message: "stream 7 belongs to another user; only its owner or root may detach it"
+                    .into(),
+            }
+        );
+        assert_eq!(Refusal::DaemonFull { max: 3 }.kind(), ErrorKind::Refused);
+    }
+}

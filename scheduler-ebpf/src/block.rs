@@ -1,0 +1,339 @@
+//! The block-request programs: each request is followed from its first sight (insert, or issue
+//! without an elevator) to its completion, tagged with the stream of the file its pages belong
+//! to, attributed to the task that submitted it, and its queue and service times added to the
+//! per-CPU `LATENCY` histograms; `EVENTS` gets one record per completion while someone streams
+//! them.
+//!
+//! BTF tracepoints: `block_rq_insert`, `block_rq_issue`, `block_rq_complete`, `block_rq_merge`,
+//! `block_rq_requeue`.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_current_uid_gid,
+    },
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use scheduler_common::{
+    abiss_level, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, HistogramKey,
+    InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
+};
+
+use crate::kernel::{attached_file, bio_inode, field, layout, now_ns, read, report_reader};
+use crate::maps::{CONTROL, EVENTS, INFLIGHT, LATENCY, ORIGINS, ZERO_COUNTERS};
+
+/// Whether per-request attribution is wanted (someone streams events).
+#[inline(always)]
+fn attributing() -> bool {
+    CONTROL
+        .get(0)
+        .is_some_and(|control| control.emit_events != 0)
+}
+
+/// Records the submitter and file of a request seen for the first time. The current task is
+/// the submitter: requests are inserted (or, without an elevator, issued) from the submitting
+/// task's plug, and requeues keep their record.
+#[inline(always)]
+fn record_origin(rq: u64, (ino, ino_dev): (u64, u32)) -> bool {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    #[expect(clippy::cast_possible_truncation, reason = "the helpers pack two u32s")]
+    let origin = RequestOrigin {
+        ino,
+        ino_dev,
+        tgid: (pid_tgid >> 32) as u32,
+        pid: pid_tgid as u32,
+        uid: bpf_get_current_uid_gid() as u32,
+        comm: bpf_get_current_comm().unwrap_or_default(),
+    };
+    match ORIGINS.get_ptr_mut(rq) {
+        Some(slot) => {
+            // SAFETY: pointer to a live map value of this type.
+            unsafe { *slot = origin };
+            true
+        }
+        None => ORIGINS.insert(rq, origin, 0).is_ok(),
+    }
+}
+
+/// Starts a new request's record: in place in the slot's existing record when the request's
+/// struct was seen before (the common case, since blk-mq recycles them), else inserted.
+#[inline(always)]
+fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u32) {
+    let queue: u64 = field(rq, layout!(request_q));
+    if queue == 0 {
+        return;
+    }
+    let disk: u64 = field(queue, layout!(queue_disk));
+    if disk == 0 {
+        return;
+    }
+    let major: u32 = field(disk, layout!(gendisk_major));
+    let minor: u32 = field(disk, layout!(gendisk_first_minor));
+    let cmd_flags: u32 = field(rq, layout!(request_cmd_flags));
+    let bio: u64 = field(rq, layout!(request_bio));
+    // Since Linux 6.x a request's priority is its first bio's (req_get_ioprio).
+    let prio: u16 = if bio == 0 {
+        0
+    } else {
+        field(bio, layout!(bio_ioprio))
+    };
+    let (class, level) = ioprio::split(prio);
+    // One look at the switches for both questions.
+    let control = CONTROL.get(0).copied().unwrap_or_default();
+    let wants_origin = control.emit_events != 0;
+    let file = if wants_origin || control.attached_files != 0 {
+        bio_inode(bio)
+    } else {
+        (0, 0)
+    };
+    let attributed = wants_origin && record_origin(rq, file);
+    // The stream is found by the file the pages belong to, so readahead, io-wq workers and
+    // the daemon's prefetch are all tagged, not only the reader's own task.
+    let stream = attached_file(file).unwrap_or_default();
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "REQ_OP_* fits in the low 8 bits"
+    )]
+    let operation = (cmd_flags & op::MASK) as u8;
+    if stream.stream != 0
+        && operation == op::READ
+        && abiss_level::from_kernel(class, level) > stream.level
+    {
+        report_queued_low(&stream, prio);
+    }
+    let record = InflightRequest {
+        queued_ns: now,
+        issued_ns: if state == request_state::ISSUED {
+            now
+        } else {
+            0
+        },
+        sector: field(rq, layout!(request_sector)),
+        dev: (major << 20) | minor,
+        bytes: field(rq, layout!(request_data_len)),
+        op: operation,
+        class,
+        level,
+        attributed: u8::from(attributed),
+        state,
+        stream_level: stream.level,
+        pad: [0; 7],
+        stream: stream.stream,
+    };
+    match slot {
+        // SAFETY: pointer to a live map value of this type.
+        Some(slot) => unsafe { *slot = record },
+        None => {
+            let _ = INFLIGHT.insert(rq, record, 0);
+        }
+    }
+}
+
+#[btf_tracepoint(function = "block_rq_insert")]
+pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
+    if layout!(valid) == 0 {
+        return 0;
+    }
+    let rq: u64 = ctx.arg(0);
+    let slot = INFLIGHT.get_ptr_mut(rq);
+    // SAFETY: pointer to a live map value of this type.
+    if let Some(existing) = slot.map(|s| unsafe { (*s).state }) {
+        if existing != request_state::DONE {
+            // Re-inserted after a requeue: it keeps its record and queue start.
+            return 0;
+        }
+    }
+    start_record(rq, slot, now_ns(), request_state::QUEUED);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_issue")]
+pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
+    if layout!(valid) == 0 {
+        return 0;
+    }
+    let rq: u64 = ctx.arg(0);
+    let now = now_ns();
+    let slot = INFLIGHT.get_ptr_mut(rq);
+    if let Some(record) = slot {
+        // SAFETY: pointer to a live map value of this type.
+        unsafe {
+            if (*record).state == request_state::QUEUED {
+                (*record).issued_ns = now;
+                (*record).state = request_state::ISSUED;
+                // Merges after insert grow the request; issue is when its size is final.
+                (*record).bytes = field(rq, layout!(request_data_len));
+                return 0;
+            }
+        }
+    }
+    // No elevator (or a flush that bypasses it): the request is first seen here.
+    start_record(rq, slot, now, request_state::ISSUED);
+    0
+}
+
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    let error: u32 = ctx.arg(1);
+    let Some(slot) = INFLIGHT.get_ptr_mut(rq) else {
+        return 0;
+    };
+    // SAFETY: pointer to a live map value, copied, then marked free for the slot's next request.
+    let record = unsafe {
+        let record = *slot;
+        (*slot).state = request_state::DONE;
+        record
+    };
+    if record.state != request_state::ISSUED {
+        return 0;
+    }
+    let now = now_ns();
+    let queue_ns = record.issued_ns.saturating_sub(record.queued_ns);
+    let service_ns = now.saturating_sub(record.issued_ns);
+    account(&record, queue_ns, service_ns);
+    if attributing() {
+        let origin = if record.attributed == 0 {
+            None
+        } else {
+            // SAFETY: pointer to a live map value of this type, copied.
+            ORIGINS.get_ptr(rq).map(|found| unsafe { *found })
+        };
+        emit(
+            &record,
+            origin.unwrap_or_default(),
+            now,
+            queue_ns,
+            service_ns,
+            error,
+        );
+    }
+    0
+}
+
+/// A request merged into another one is freed without completing.
+#[btf_tracepoint(function = "block_rq_merge")]
+pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
+        // SAFETY: pointer to a live map value of this type.
+        unsafe { (*slot).state = request_state::DONE };
+    }
+    0
+}
+
+/// A requeued request goes back to the queue: it keeps its queue start, and its service time
+/// starts again at the next issue.
+#[btf_tracepoint(function = "block_rq_requeue")]
+pub fn abiss_requeue(ctx: BtfTracePointContext) -> i32 {
+    let rq: u64 = ctx.arg(0);
+    if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
+        // SAFETY: pointer to a live map value of this type.
+        unsafe {
+            if (*slot).state != request_state::DONE {
+                (*slot).issued_ns = 0;
+                (*slot).state = request_state::QUEUED;
+            }
+        }
+    }
+    0
+}
+
+/// Adds a completed request to its (device, operation, priority, stream) histogram, counting
+/// it as an inversion when it ran below its stream's level.
+#[inline(always)]
+fn account(tracked: &InflightRequest, queue_ns: u64, service_ns: u64) {
+    let key = HistogramKey {
+        dev: tracked.dev,
+        op: tracked.op,
+        class: tracked.class,
+        level: tracked.level,
+        pad: 0,
+        stream: tracked.stream,
+    };
+    let counters = match LATENCY.get_ptr_mut(key) {
+        Some(found) => found,
+        None => {
+            let Some(zero) = ZERO_COUNTERS.get(0) else {
+                return;
+            };
+            let _ = LATENCY.insert(key, zero, u64::from(BPF_NOEXIST));
+            let Some(found) = LATENCY.get_ptr_mut(key) else {
+                return;
+            };
+            found
+        }
+    };
+    let queue_slot = latency_slot(queue_ns);
+    let service_slot = latency_slot(service_ns);
+    // SAFETY: per-CPU value of this CPU; nothing else writes it while this program runs.
+    unsafe {
+        let counters = &mut *counters;
+        counters.requests += 1;
+        counters.bytes += u64::from(tracked.bytes);
+        if tracked.stream != 0
+            && abiss_level::from_kernel(tracked.class, tracked.level) > tracked.stream_level
+        {
+            counters.inversions += 1;
+        }
+        if queue_ns > counters.queue_max_ns {
+            counters.queue_max_ns = queue_ns;
+        }
+        if service_ns > counters.service_max_ns {
+            counters.service_max_ns = service_ns;
+        }
+        if let Some(slot) = counters.queue_slots.get_mut(queue_slot) {
+            *slot += 1;
+        }
+        if let Some(slot) = counters.service_slots.get_mut(service_slot) {
+            *slot += 1;
+        }
+    }
+}
+
+/// Sends one completed request, with its submitter, to the `EVENTS` ring (dropped when full).
+#[inline(always)]
+fn emit(
+    tracked: &InflightRequest,
+    origin: RequestOrigin,
+    now: u64,
+    queue_ns: u64,
+    service_ns: u64,
+    error: u32,
+) {
+    if let Some(mut entry) = EVENTS.reserve::<RequestEvent>(0) {
+        entry.write(RequestEvent {
+            completed_ns: now,
+            queue_ns,
+            service_ns,
+            request: *tracked,
+            origin,
+            error,
+            pad: 0,
+        });
+        entry.submit(0);
+    }
+}
+
+/// `PF_KTHREAD`: the task is a kernel thread.
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// Tells abissd that the current task queued a read of a stream's file below the stream's
+/// level: the task is a reader about to wait at the wrong priority. Kernel threads (a
+/// workqueue flushing a plug) and abissd itself are not readers.
+#[inline(always)]
+fn report_queued_low(stream: &AttachedFile, ioprio: u16) {
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
+        return;
+    }
+    report_reader(PlayoutEvent {
+        stream: stream.stream,
+        kind: playout_kind::QUEUED_LOW,
+        ioprio: u32::from(ioprio),
+        ..PlayoutEvent::default()
+    });
+}

@@ -1,0 +1,194 @@
+//! Helpers shared by the programs of more than one subsystem: kernel field reads (`layout!`,
+//! `field`, `read`), the clock, inode lookups (a bio's, an inode pointer's, a direct I/O's),
+//! the attached-file lookups in `ATTACHED`, and the reporting path to the `PLAYOUT` ring.
+//!
+//! No tracepoints here. Every helper stays `#[inline(always)]`, as before the split: each one
+//! is inlined into the programs that call it, so every program is a single function.
+
+use aya_ebpf::helpers::{
+    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_probe_read_kernel,
+    generated::bpf_ktime_get_ns,
+};
+use scheduler_common::{AttachedFile, FileKey, PlayoutEvent};
+
+use crate::maps::{ATTACHED, CONTROL, FILE_READERS, PLAYOUT};
+
+/// The offset (or other value) `$field` of `KERNEL_LAYOUT`, as the running kernel has it.
+macro_rules! layout {
+    ($field:ident) => {{
+        // Some callers use it inside their own `unsafe` block, where this one is redundant.
+        #[allow(unused_unsafe)]
+        // SAFETY: reading a plain u32 from the program's own read-only data.
+        let value =
+            unsafe { core::ptr::read_volatile(&raw const $crate::maps::KERNEL_LAYOUT.$field) };
+        value
+    }};
+}
+pub(crate) use layout;
+
+/// Loads a field of a BTF-typed kernel pointer (a tracepoint argument, or a pointer loaded from
+/// one). The offsets live in frozen read-only data, so the verifier knows them as constants and
+/// checks each access against the kernel's BTF; the load is a plain instruction with fault
+/// handling, several times cheaper than a `bpf_probe_read_kernel` call.
+#[inline(always)]
+pub(crate) fn field<T: Copy>(base: u64, offset: u32) -> T {
+    // SAFETY: verified by the kernel against BTF; faults read as zero.
+    unsafe { core::ptr::read_volatile((base + u64::from(offset)) as *const T) }
+}
+
+/// Reads a `T` at `base + offset` where `base` was computed (not loaded from a typed field), so
+/// the verifier cannot type it.
+#[inline(always)]
+pub(crate) fn read<T>(base: u64, offset: u32) -> Option<T> {
+    if base == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel faults safely on bad addresses and returns an error.
+    unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T).ok() }
+}
+
+#[inline(always)]
+pub(crate) fn now_ns() -> u64 {
+    // SAFETY: helper without arguments.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// Inode number and filesystem device of the page-cache page a bio starts with, if any.
+#[inline(always)]
+pub(crate) fn bio_inode(bio: u64) -> (u64, u32) {
+    if bio == 0 {
+        return (0, 0);
+    }
+    let vec: u64 = field(bio, layout!(bio_io_vec));
+    if vec == 0 {
+        return (0, 0);
+    }
+    let mut page: u64 = field(vec, layout!(bvec_page));
+    if page == 0 {
+        return (0, 0);
+    }
+    // A tail page of a large folio points to its head with bit 0 set; the head has the mapping.
+    // Read as a number: the verifier types this union slot as `lru.next`, a pointer.
+    let head = read::<u64>(page, layout!(page_compound_head)).unwrap_or(0);
+    if head & 1 == 1 {
+        page = head - 1;
+    }
+    // From here on the pointers are read as plain numbers: the mapping's low bits must be
+    // tested, which the verifier forbids on typed pointers.
+    let Some(mapping) = read::<u64>(page, layout!(page_mapping)) else {
+        return (0, 0);
+    };
+    // Anonymous and KSM pages (direct I/O into user memory) tag the low bits: their file, if
+    // any, is found through the direct I/O's kiocb.
+    if mapping == 0 || mapping & 3 != 0 {
+        return direct_io_inode(bio);
+    }
+    let Some(inode) = read::<u64>(mapping, layout!(mapping_host)) else {
+        return (0, 0);
+    };
+    inode_key(inode)
+}
+
+/// Inode number and filesystem device of an inode (an untyped pointer).
+#[inline(always)]
+pub(crate) fn inode_key(inode: u64) -> (u64, u32) {
+    let ino = read::<u64>(inode, layout!(inode_ino)).unwrap_or(0);
+    let dev = read::<u64>(inode, layout!(inode_sb))
+        .and_then(|sb| read::<u32>(sb, layout!(sb_dev)))
+        .unwrap_or(0);
+    (ino, dev)
+}
+
+/// The file of a direct I/O bio: iomap's direct I/O (ext4, xfs, btrfs …) completes its bios
+/// in `iomap_dio_bio_end_io` with `bi_private` pointing at its `iomap_dio`, whose kiocb names
+/// the file, whether read(2) or `io_uring` issued it.
+#[inline(always)]
+fn direct_io_inode(bio: u64) -> (u64, u32) {
+    let end_io = layout!(iomap_dio_end_io);
+    if end_io == 0 || read::<u64>(bio, layout!(bio_end_io)) != Some(end_io) {
+        return (0, 0);
+    }
+    let inode = read::<u64>(bio, layout!(bio_private))
+        .and_then(|dio| read::<u64>(dio, layout!(iomap_dio_iocb)))
+        .and_then(|iocb| read::<u64>(iocb, layout!(kiocb_filp)))
+        .and_then(|file| read::<u64>(file, layout!(file_inode)));
+    match inode {
+        Some(inode) => inode_key(inode),
+        None => (0, 0),
+    }
+}
+
+/// The stream an inode belongs to, if its file is attached. `inode` is a BTF-typed pointer.
+#[inline(always)]
+pub(crate) fn attached_stream(inode: u64) -> Option<AttachedFile> {
+    if inode == 0 {
+        return None;
+    }
+    let sb: u64 = field(inode, layout!(inode_sb));
+    if sb == 0 {
+        return None;
+    }
+    attached_file((field(inode, layout!(inode_ino)), field(sb, layout!(sb_dev))))
+}
+
+/// The stream of file (inode number, filesystem device), if it is attached.
+#[inline(always)]
+pub(crate) fn attached_file((ino, dev): (u64, u32)) -> Option<AttachedFile> {
+    if ino == 0 {
+        return None;
+    }
+    let key = FileKey { dev, pad: 0, ino };
+    // SAFETY: pointer to a live map value, copied.
+    ATTACHED.get_ptr(key).map(|found| unsafe { *found })
+}
+
+/// Sends `event` about the current task, a reader of the event's stream, and remembers its
+/// process as one; abissd's own tasks are no readers.
+#[inline(always)]
+pub(crate) fn report_reader(event: PlayoutEvent) {
+    let Some((tgid, pid)) = current_task_unless_daemon() else {
+        return;
+    };
+    remember_reader(tgid, event.stream);
+    report(PlayoutEvent {
+        ts_ns: now_ns(),
+        tgid,
+        pid,
+        ..event
+    });
+}
+
+/// The current task as (tgid, pid), unless it is abissd itself.
+#[inline(always)]
+pub(crate) fn current_task_unless_daemon() -> Option<(u32, u32)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
+    let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let daemon = CONTROL
+        .get(0)
+        .is_some_and(|control| control.daemon_tgid == tgid);
+    (!daemon).then_some((tgid, pid))
+}
+
+/// Sends one event about an attached file to abissd.
+#[inline(always)]
+pub(crate) fn report(event: PlayoutEvent) {
+    if let Some(mut entry) = PLAYOUT.reserve::<PlayoutEvent>(0) {
+        #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
+        entry.write(PlayoutEvent {
+            comm: bpf_get_current_comm().unwrap_or_default(),
+            uid: bpf_get_current_uid_gid() as u32,
+            ..event
+        });
+        entry.submit(0);
+    }
+}
+
+/// Notes process `tgid` as a reader of `stream`'s file (a lookup, and an update only when new).
+#[inline(always)]
+fn remember_reader(tgid: u32, stream: u64) {
+    // SAFETY: pointer to a live map value of this type, read once.
+    if FILE_READERS.get_ptr(tgid).map(|found| unsafe { *found }) != Some(stream) {
+        let _ = FILE_READERS.insert(tgid, stream, 0);
+    }
+}

@@ -1,0 +1,65 @@
+//! Every map the programs share with `abissd`, and the `KERNEL_LAYOUT` global.
+//!
+//! `abissd` finds the maps by their static names (the `#[map]` macro exports each under its
+//! identifier) and fills `KERNEL_LAYOUT` by that symbol name (`EbpfLoader::set_global`), so
+//! neither may be renamed. No tracepoints here: the programs live in `block`, `page_cache` and
+//! `io_uring`.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
+};
+use scheduler_common::{
+    AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
+    RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_FILE_READERS,
+    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+};
+
+/// Filled in by abissd (`EbpfLoader::set_global`) before load.
+#[no_mangle]
+pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout::UNSET;
+
+#[map]
+pub(crate) static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
+
+/// One record per `struct request` seen (see `MAX_INFLIGHT`): reused in place by the next
+/// request in the same slot, so the hot path does lookups and stores, not map updates.
+#[map]
+pub(crate) static INFLIGHT: HashMap<u64, InflightRequest> =
+    HashMap::with_max_entries(MAX_INFLIGHT, 0);
+
+/// Submitter and file of each tracked request, while events are wanted (reused like INFLIGHT).
+#[map]
+pub(crate) static ORIGINS: HashMap<u64, RequestOrigin> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
+
+#[map]
+pub(crate) static LATENCY: PerCpuHashMap<HistogramKey, LatencyCounters> =
+    PerCpuHashMap::with_max_entries(MAX_HISTOGRAM_KEYS, 0);
+
+/// One all-zero histogram: a new histogram key is initialised from it, because the value is
+/// too large for the 512-byte eBPF stack.
+#[map]
+pub(crate) static ZERO_COUNTERS: Array<LatencyCounters> = Array::with_max_entries(1, 0);
+
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::with_byte_size(EVENT_RING_BYTES, 0);
+
+/// Files attached as streams, written by abissd.
+#[map]
+pub(crate) static ATTACHED: HashMap<FileKey, AttachedFile> =
+    HashMap::with_max_entries(MAX_ATTACHED_FILES, 0);
+
+/// Reads, faults and misses of attached files, for abissd's playout tracking.
+#[map]
+pub(crate) static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
+
+/// Processes (tgid) seen reading an attached file, with the stream: their `io_uring` requests
+/// are followed, nobody else's, so other rings pay one lookup per submission.
+#[map]
+pub(crate) static FILE_READERS: LruHashMap<u32, u64> =
+    LruHashMap::with_max_entries(MAX_FILE_READERS, 0);
+
+/// `io_uring` requests on attached files between submission and completion, by request address.
+#[map]
+pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
+    HashMap::with_max_entries(MAX_URING_INFLIGHT, 0);

@@ -1,0 +1,208 @@
+//! The boundary where ring-buffer records from the eBPF programs become typed events.
+//!
+//! Two rings feed the daemon: EVENTS (one record per completed block request, while a `trace`
+//! client asks for them) and PLAYOUT (a task's access to an attached file). Each record is
+//! decoded here, once, into a Rust type; nothing past this module sees a raw `u32` kind or a
+//! NUL-padded command name.
+
+use std::ops::Range;
+
+use abiss_proto::{DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, PAGE_BYTES};
+use scheduler_common::{playout_kind, PlayoutEvent, RequestEvent, COMM_LEN};
+
+/// The task behind an access, as the kernel saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reader {
+    /// Process id.
+    pub tgid: u32,
+    /// Thread id: the one whose I/O priority an upgrade changes.
+    pub pid: u32,
+    /// Real user id.
+    pub uid: u32,
+    /// Command name.
+    pub command: String,
+}
+
+/// What a task did to an attached file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// A read(2)-family call asked the page cache for these bytes.
+    Read(Range<u64>),
+    /// A fault on a mapping of the file, at these bytes.
+    Fault(Range<u64>),
+    /// A read of these bytes missed the page cache: the reader waits for the disk.
+    Miss(Range<u64>),
+    /// The task queued a read of the file below the stream's level (direct I/O, or the
+    /// readahead of a miss).
+    QueuedLow,
+    /// An `io_uring` request of the task on the file completed.
+    UringComplete {
+        /// The request's I/O priority (encoded).
+        ioprio: u16,
+        /// Submission to completion.
+        latency_ns: u64,
+    },
+}
+
+/// One access of a task to a stream's file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamAccess {
+    /// The stream whose file it is.
+    pub stream: u64,
+    /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
+    pub at_ns: u64,
+    /// Who.
+    pub reader: Reader,
+    /// What.
+    pub access: Access,
+}
+
+/// A kernel command name (`TASK_COMM_LEN` bytes, NUL-padded) as text.
+#[must_use]
+pub fn command_name(comm: &[u8; COMM_LEN]) -> String {
+    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    String::from_utf8_lossy(&comm[..len]).into_owned()
+}
+
+/// Reads a `T` the eBPF side wrote at the start of `bytes`, if there is room for one.
+fn read_record<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < size_of::<T>() {
+        return None;
+    }
+    // SAFETY: `bytes` holds at least one T; T is a plain-old-data record (every bit pattern is
+    // valid, which `aya::Pod` promises), and read_unaligned copes with the ring's
+    // alignment.
+    Some(unsafe { bytes.as_ptr().cast::<T>().read_unaligned() })
+}
+
+/// Decodes one EVENTS record into its protocol form.
+#[must_use]
+pub fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
+    let event: RequestEvent = read_record(bytes)?;
+    let request = event.request;
+    let origin = event.origin;
+    Some(RequestRecord {
+        completed_ns: event.completed_ns,
+        device: DeviceNumber::from_kernel(request.dev),
+        operation: Operation::from_kernel(request.op),
+        priority: IoPriority {
+            class: IoClass::from_kernel(request.class),
+            level: request.level,
+        },
+        sector: request.sector,
+        bytes: request.bytes,
+        stream: (request.stream != 0).then_some(request.stream),
+        tgid: origin.tgid,
+        pid: origin.pid,
+        uid: origin.uid,
+        comm: command_name(&origin.comm),
+        inode: (origin.ino != 0).then_some(origin.ino),
+        inode_device: (origin.ino != 0).then_some(DeviceNumber::from_kernel(origin.ino_dev)),
+        queue_ns: event.queue_ns,
+        service_ns: event.service_ns,
+        error: event.error,
+    })
+}
+
+/// Decodes one PLAYOUT record; `None` for a short record or a kind this daemon does not know
+/// (from a newer eBPF object, which the build never pairs with it).
+#[must_use]
+pub fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
+    let event: PlayoutEvent = read_record(bytes)?;
+    let pages = || {
+        event.first_page.saturating_mul(PAGE_BYTES)
+            ..event.last_page.saturating_add(1).saturating_mul(PAGE_BYTES)
+    };
+    let access = match event.kind {
+        playout_kind::READ => Access::Read(pages()),
+        playout_kind::FAULT => Access::Fault(pages()),
+        playout_kind::MISS => Access::Miss(pages()),
+        playout_kind::QUEUED_LOW => Access::QueuedLow,
+        playout_kind::URING_COMPLETE => Access::UringComplete {
+            ioprio: u16::try_from(event.ioprio).unwrap_or(u16::MAX),
+            latency_ns: event.latency_ns,
+        },
+        _ => return None,
+    };
+    Some(StreamAccess {
+        stream: event.stream,
+        at_ns: event.ts_ns,
+        reader: Reader {
+            tgid: event.tgid,
+            pid: event.pid,
+            uid: event.uid,
+            command: command_name(&event.comm),
+        },
+        access,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw<T>(value: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a plain #[repr(C)] value.
+        unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(value).cast::<u8>(), size_of::<T>())
+        }
+        .to_vec()
+    }
+
+    fn event(kind: u32) -> PlayoutEvent {
+        let mut comm = [0u8; COMM_LEN];
+        comm[..6].copy_from_slice(b"player");
+        PlayoutEvent {
+            ts_ns: 5,
+            stream: 3,
+            first_page: 2,
+            last_page: 3,
+            tgid: 10,
+            pid: 11,
+            kind,
+            uid: 1000,
+            comm,
+            ..PlayoutEvent::default()
+        }
+    }
+
+    #[test]
+    fn every_kind_decodes_to_its_access_with_byte_ranges() {
+        let read = decode_access(&raw(&event(playout_kind::READ))).expect("read");
+        assert_eq!(read.access, Access::Read(8192..16384));
+        assert_eq!(read.reader.command, "player");
+        assert_eq!((read.stream, read.at_ns, read.reader.pid), (3, 5, 11));
+        let miss = decode_access(&raw(&event(playout_kind::MISS))).expect("miss");
+        assert_eq!(miss.access, Access::Miss(8192..16384));
+        let fault = decode_access(&raw(&event(playout_kind::FAULT))).expect("fault");
+        assert_eq!(fault.access, Access::Fault(8192..16384));
+        let low = decode_access(&raw(&event(playout_kind::QUEUED_LOW))).expect("low");
+        assert_eq!(low.access, Access::QueuedLow);
+        let mut uring = event(playout_kind::URING_COMPLETE);
+        uring.ioprio = 0x2004;
+        uring.latency_ns = 99;
+        assert_eq!(
+            decode_access(&raw(&uring)).expect("uring").access,
+            Access::UringComplete {
+                ioprio: 0x2004,
+                latency_ns: 99
+            }
+        );
+    }
+
+    #[test]
+    fn short_records_and_unknown_kinds_are_dropped() {
+        let bytes = raw(&event(playout_kind::READ));
+        assert!(decode_access(&bytes[..bytes.len() - 1]).is_none());
+        assert!(decode_access(&raw(&event(77))).is_none());
+        assert!(decode_request(&[0u8; 3]).is_none());
+    }
+
+    #[test]
+    fn command_names_stop_at_the_first_nul_or_the_end() {
+        let mut comm = [b'x'; COMM_LEN];
+        assert_eq!(command_name(&comm).len(), COMM_LEN);
+        comm[2] = 0;
+        assert_eq!(command_name(&comm), "xx");
+    }
+}

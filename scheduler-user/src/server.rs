@@ -1,0 +1,356 @@
+//! Serving clients: one task per connection reads protocol lines (and the descriptors passed
+//! with them), asks the main loop for what only it may touch, and writes the answers. Event
+//! subscriptions (`trace --events`) and BPF statistics are served here too.
+//!
+//! This module knows the protocol and the main loop's [`Command`]s, never the controller: the
+//! daemon's main loop answers the commands (as console-subscriber keeps its server apart from
+//! its aggregator).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use abiss_os::clock::monotonic_ns;
+use abiss_proto::{
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
+    ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response, StreamInfo, StreamTarget,
+    UpgradeReport, PROTOCOL_VERSION,
+};
+use log::warn;
+use tokio::net::UnixStream;
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+use crate::connection::FramedSocket;
+use crate::stats;
+
+/// Where the main loop sends its answer.
+pub type Reply<T> = oneshot::Sender<T>;
+
+/// What connections ask of the main loop, the only place that touches maps and streams. Each
+/// carries the asking peer's uid where the answer depends on who asks.
+#[derive(Debug)]
+pub enum Command {
+    /// The cumulative latency histograms.
+    Latency(Reply<Result<Vec<LatencyGroup>, String>>),
+    /// Requests in flight and records kept, for `stats`.
+    RequestRecords(Reply<(u64, u64)>),
+    /// A client started (+1) or stopped (-1) streaming events.
+    EventSubscribers(i32),
+    /// Attach the file behind `fd`.
+    Attach {
+        /// The peer.
+        uid: u32,
+        /// Its connection (non-persistent streams end with it).
+        connection: u64,
+        /// The descriptor it passed.
+        fd: std::os::fd::OwnedFd,
+        /// The stream's parameters.
+        request: AttachRequest,
+        /// The answer.
+        reply: Reply<Result<StreamInfo, Refusal>>,
+    },
+    /// End a stream.
+    Detach {
+        /// The peer.
+        uid: u32,
+        /// Which stream.
+        target: StreamTarget,
+        /// The answer: the stream ended.
+        reply: Reply<Result<u64, Refusal>>,
+    },
+    /// The application's playout point (a notification: no answer).
+    Position {
+        /// The peer.
+        uid: u32,
+        /// The stream.
+        stream: u64,
+        /// Byte offset consumed up to.
+        offset: u64,
+        /// When the application was there (`CLOCK_MONOTONIC` ns), if it said.
+        at_ns: Option<u64>,
+    },
+    /// The streams the peer may see.
+    List {
+        /// The peer.
+        uid: u32,
+        /// The answer.
+        reply: Reply<Vec<StreamInfo>>,
+    },
+    /// The managed devices and the reader upgrades.
+    Status(Reply<(Vec<DeviceStatus>, UpgradeReport)>),
+    /// Capacity planning.
+    Admit {
+        /// The question.
+        request: AdmitRequest,
+        /// The answer.
+        reply: Reply<Result<AdmissionReport, Refusal>>,
+    },
+    /// A connection ended.
+    ConnectionClosed(u64),
+}
+
+/// Shared, read-only context of every connection.
+#[derive(Clone, Debug)]
+pub struct Context {
+    commands: mpsc::Sender<Command>,
+    events: broadcast::Sender<RequestRecord>,
+    program_ids: Arc<Vec<(String, u32)>>,
+    kernel: String,
+    connections: Arc<AtomicU64>,
+}
+
+impl Context {
+    /// What connections share: the way to the main loop, the request events to fan out, the
+    /// programs whose costs `stats` measures, and the kernel release `hello` reports.
+    #[must_use]
+    pub fn new(
+        commands: mpsc::Sender<Command>,
+        events: broadcast::Sender<RequestRecord>,
+        program_ids: Vec<(String, u32)>,
+        kernel: String,
+    ) -> Self {
+        Self {
+            commands,
+            events,
+            program_ids: Arc::new(program_ids),
+            kernel,
+            connections: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+fn error_response(error: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error {
+        error,
+        message: message.into(),
+    }
+}
+
+async fn send(socket: &mut FramedSocket, response: &Response) -> bool {
+    match encode_line(response) {
+        Ok(line) => socket.write_all(&line).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Asks the main loop and waits for its answer.
+async fn ask<T>(context: &Context, make: impl FnOnce(Reply<T>) -> Command) -> Option<T> {
+    let (reply, answer) = oneshot::channel();
+    context.commands.send(make(reply)).await.ok()?;
+    answer.await.ok()
+}
+
+fn shutting_down() -> Response {
+    error_response(ErrorKind::Internal, "abissd is shutting down")
+}
+
+/// Serves one client until it hangs up; its non-persistent streams end then.
+pub async fn serve_connection(stream: UnixStream, context: Context) {
+    let peer_uid = match stream.peer_cred() {
+        Ok(cred) => cred.uid(),
+        Err(error) => {
+            warn!("connection without peer credentials refused: {error}");
+            return;
+        }
+    };
+    let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut socket = FramedSocket::new(stream);
+    serve_requests(&mut socket, &context, peer_uid, connection).await;
+    let _ = context
+        .commands
+        .send(Command::ConnectionClosed(connection))
+        .await;
+}
+
+/// Reads one request after another and answers each, until the client hangs up.
+async fn serve_requests(
+    socket: &mut FramedSocket,
+    context: &Context,
+    peer_uid: u32,
+    connection: u64,
+) {
+    loop {
+        let envelope = match next_envelope(socket).await {
+            Ok(Some(envelope)) => envelope,
+            Ok(None) => return,
+            Err(response) => {
+                let _ = send(socket, &response).await;
+                return;
+            }
+        };
+        let response = match envelope.request {
+            Request::Events => {
+                stream_events(socket, context, peer_uid).await;
+                return;
+            }
+            Request::Position {
+                stream,
+                offset,
+                at_ns,
+            } => {
+                // A notification: no answer, so a reader never waits for the daemon.
+                let _ = context
+                    .commands
+                    .send(Command::Position {
+                        uid: peer_uid,
+                        stream,
+                        offset,
+                        at_ns,
+                    })
+                    .await;
+                continue;
+            }
+            Request::Attach(request) => match socket.take_fd() {
+                None => error_response(
+                    ErrorKind::BadRequest,
+                    "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
+                ),
+                Some(fd) => match ask(context, |reply| Command::Attach {
+                    uid: peer_uid,
+                    connection,
+                    fd,
+                    request,
+                    reply,
+                })
+                .await
+                {
+                    Some(Ok(info)) => Response::Attached(info),
+                    Some(Err(refused)) => Response::from(refused),
+                    None => shutting_down(),
+                },
+            },
+            other => answer(other, context, peer_uid).await,
+        };
+        if !send(socket, &response).await {
+            return;
+        }
+    }
+}
+
+/// The next request of the current protocol version; `Err` carries the answer that ends the
+/// connection (a malformed line, another version).
+async fn next_envelope(socket: &mut FramedSocket) -> Result<Option<Envelope>, Response> {
+    let line = match socket.next_line().await {
+        Ok(Some(line)) => line,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err(error_response(ErrorKind::BadRequest, error.to_string())),
+    };
+    let envelope: Envelope = decode_line(&line)
+        .map_err(|error| error_response(ErrorKind::BadRequest, error.to_string()))?;
+    if envelope.version != PROTOCOL_VERSION {
+        let message = format!(
+            "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
+            envelope.version
+        );
+        return Err(error_response(ErrorKind::VersionMismatch, message));
+    }
+    Ok(Some(envelope))
+}
+
+/// Answers the requests that need nothing from the connection but the peer's identity.
+async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response {
+    match request {
+        Request::Hello => Response::Hello {
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            kernel: context.kernel.clone(),
+        },
+        Request::Latency => match ask(context, Command::Latency).await {
+            Some(Ok(groups)) => Response::Latency {
+                taken_ns: monotonic_ns(),
+                groups,
+            },
+            Some(Err(message)) => error_response(ErrorKind::Internal, message),
+            None => shutting_down(),
+        },
+        Request::Stats { window_ms } => stats_response(context, window_ms).await,
+        Request::Detach { target } => match ask(context, |reply| Command::Detach {
+            uid: peer_uid,
+            target,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(stream)) => Response::Detached { stream },
+            Some(Err(refused)) => Response::from(refused),
+            None => shutting_down(),
+        },
+        Request::List => match ask(context, |reply| Command::List {
+            uid: peer_uid,
+            reply,
+        })
+        .await
+        {
+            Some(streams) => Response::Streams { streams },
+            None => shutting_down(),
+        },
+        Request::Status => match ask(context, Command::Status).await {
+            Some((devices, upgrades)) => Response::Devices { devices, upgrades },
+            None => shutting_down(),
+        },
+        Request::Admit(request) => {
+            match ask(context, |reply| Command::Admit { request, reply }).await {
+                Some(Ok(report)) => Response::Admission(report),
+                Some(Err(refused)) => Response::from(refused),
+                None => shutting_down(),
+            }
+        }
+        Request::Events | Request::Position { .. } | Request::Attach(_) => {
+            error_response(ErrorKind::Internal, "request routed to the wrong handler")
+        }
+    }
+}
+
+async fn stats_response(context: &Context, window_ms: u64) -> Response {
+    if !(1..=60_000).contains(&window_ms) {
+        return error_response(
+            ErrorKind::BadRequest,
+            format!("a stats window of {window_ms} ms is outside 1 ms to 60 s"),
+        );
+    }
+    let mut report =
+        match stats::measure(&context.program_ids, Duration::from_millis(window_ms)).await {
+            Ok(report) => report,
+            Err(error) => {
+                return error_response(
+                    ErrorKind::Internal,
+                    format!("cannot switch on BPF statistics: {error}"),
+                );
+            }
+        };
+    if let Some((in_flight, records)) = ask(context, Command::RequestRecords).await {
+        report.tracked_requests = in_flight;
+        report.request_records = records;
+    }
+    Response::Stats(report)
+}
+
+async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u32) {
+    let mut receiver = context.events.subscribe();
+    if context
+        .commands
+        .send(Command::EventSubscribers(1))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        match receiver.recv().await {
+            Ok(record) => {
+                // Per-request details of other users' tasks are for root only.
+                if peer_uid != 0 && record.uid != peer_uid {
+                    continue;
+                }
+                if !send(socket, &Response::Event(record)).await {
+                    break;
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                warn!("an event client fell behind and missed {missed} events");
+            }
+            Err(broadcast::error::RecvError::Closed) => break,
+        }
+    }
+    let _ = context.commands.send(Command::EventSubscribers(-1)).await;
+}
