@@ -1,8 +1,41 @@
 //! `abissd`, the ABISS controller daemon.
 //!
 //! It loads and attaches the eBPF programs of `scheduler-ebpf`, owns their maps, and serves the
-//! versioned protocol of `abiss-proto` on a Unix socket. Only the daemon's main loop touches the
-//! maps; connections ask it over a channel.
+//! versioned protocol of `abiss-proto` on a Unix socket. The flow reads one way:
+//!
+//! ```text
+//! kernel ring records ─▶ kernel_events (typed) ─┐
+//! client requests ─▶ server (Command) ──────────┼─▶ daemon main loop ─▶ controller
+//! prefetch completions (LoadDone) ──────────────┘                          │
+//!                        policy (pure: playout, credit, admission, upgrades) ◀┘
+//!                                                                          │
+//!          actions: prefetch (io_uring, mlock), upgrades (ioprio), tracer (maps), device (sysfs)
+//! ```
+//!
+//! Only the main loop touches the controller, and so the maps, streams and disks; everything
+//! else reaches it over channels. No two modules import each other (`tests/architecture.rs`).
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | start, main loop, shutdown, exit codes | [`daemon`] |
+//! | serving a connection: commands, answers, event subscriptions, stats | [`server`] |
+//! | protocol lines and passed descriptors on one socket | [`connection`] |
+//! | the control socket's path and lock | [`socket`] |
+//! | stream lifecycle and event dispatch | [`controller`] |
+//! | managed disks, admission, capacity planning, device status | [`disks`] |
+//! | streams and the checks a descriptor passes | [`streams`] |
+//! | ring records decoded into typed events | [`kernel_events`] |
+//! | loading the programs, reading and writing their maps | [`tracer`] |
+//! | kernel struct offsets from BTF | [`kernel_layout`] |
+//! | privilege checks | [`preflight`] |
+//! | prefetch: a thread and an `io_uring` per ABISS level, `mlock` | [`prefetch`] |
+//! | raising and restoring readers' I/O priority | [`upgrades`] |
+//! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
+//! | eBPF and daemon cost | [`stats`] |
+//! | pure decisions: playout window, credit timer, admission (model, share), levels, upgrades | [`policy`] |
+//!
+//! The device model and its fitting are in `abiss-model`; the shared system calls (ioprio,
+//! monotonic clock, atomic file writes) in `abiss-os`.
 //!
 //! Requires Linux 6.1 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`).
 #![deny(missing_docs)]

@@ -305,71 +305,101 @@ fn submit_loads(
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
     lock_jobs: &Sender<LoadJob>,
 ) -> io::Result<()> {
-    let mut ring = IoUring::new(256)?;
-    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
-    let mut next_id: u64 = 1;
-    loop {
-        // Block for work only when nothing is in flight; otherwise poll the ring.
+    let mut ring = LoadRing {
+        ring: IoUring::new(256)?,
+        in_flight: HashMap::new(),
+        next_id: 1,
+    };
+    while let Some(batch) = ring.next_commands(commands) {
+        for command in batch {
+            ring.queue(command)?;
+        }
+        if !ring.in_flight.is_empty() {
+            ring.reap(done, lock_jobs)?;
+        }
+    }
+    Ok(())
+}
+
+/// One worker's ring and the loads it has in flight.
+struct LoadRing {
+    ring: IoUring,
+    in_flight: HashMap<u64, InFlight>,
+    next_id: u64,
+}
+
+impl LoadRing {
+    /// The commands waiting now; blocks for one only when nothing is in flight (otherwise the
+    /// ring is polled). `None` once the engine is gone and nothing is left to finish.
+    fn next_commands(&self, commands: &Receiver<WorkerCommand>) -> Option<Vec<WorkerCommand>> {
         let mut batch = Vec::new();
-        if in_flight.is_empty() {
-            match commands.recv() {
-                Ok(command) => batch.push(command),
-                Err(_) => return Ok(()),
-            }
+        if self.in_flight.is_empty() {
+            batch.push(commands.recv().ok()?);
         }
         loop {
             match commands.try_recv() {
                 Ok(command) => batch.push(command),
-                Err(TryRecvError::Disconnected) if in_flight.is_empty() && batch.is_empty() => {
-                    return Ok(())
+                Err(TryRecvError::Disconnected)
+                    if self.in_flight.is_empty() && batch.is_empty() =>
+                {
+                    return None
                 }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Some(batch),
             }
         }
-        for command in batch {
-            match command {
-                WorkerCommand::Load(job) => {
-                    let length =
-                        i64::try_from(job.range.end - job.range.start).map_err(io::Error::other)?;
-                    // WILLNEED reads exactly the range, at this thread's priority (its io-wq
-                    // worker inherits our I/O context). A buffered READ would add the kernel's
-                    // readahead beyond the window, unmetered and at the wrong time.
-                    let advise = opcode::Fadvise::new(
-                        types::Fd(job.file.fd().as_raw_fd()),
-                        length,
-                        libc::POSIX_FADV_WILLNEED,
-                    )
-                    .offset(job.range.start)
-                    .build()
-                    .user_data(next_id);
-                    push(&mut ring, &advise)?;
-                    in_flight.insert(next_id, InFlight { job });
-                    next_id += 1;
-                }
-                WorkerCommand::Cancel { stream, generation } => {
-                    let targets: Vec<u64> = in_flight
-                        .iter()
-                        .filter(|(_, f)| {
-                            f.job.stream == stream
-                                && generation.is_none_or(|g| g == f.job.generation)
-                        })
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for id in targets {
-                        let entry = opcode::AsyncCancel::new(id)
-                            .build()
-                            .user_data(id | CANCEL_TAG);
-                        push(&mut ring, &entry)?;
-                    }
+    }
+
+    /// Puts a load's advice, or a stream's cancellations, on the ring.
+    fn queue(&mut self, command: WorkerCommand) -> io::Result<()> {
+        match command {
+            WorkerCommand::Load(job) => {
+                let length =
+                    i64::try_from(job.range.end - job.range.start).map_err(io::Error::other)?;
+                // WILLNEED reads exactly the range, at this thread's priority (its io-wq
+                // worker inherits our I/O context). A buffered READ would add the kernel's
+                // readahead beyond the window, unmetered and at the wrong time.
+                let advise = opcode::Fadvise::new(
+                    types::Fd(job.file.fd().as_raw_fd()),
+                    length,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+                .offset(job.range.start)
+                .build()
+                .user_data(self.next_id);
+                push(&mut self.ring, &advise)?;
+                self.in_flight.insert(self.next_id, InFlight { job });
+                self.next_id += 1;
+            }
+            WorkerCommand::Cancel { stream, generation } => {
+                let targets: Vec<u64> = self
+                    .in_flight
+                    .iter()
+                    .filter(|(_, f)| {
+                        f.job.stream == stream && generation.is_none_or(|g| g == f.job.generation)
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in targets {
+                    let entry = opcode::AsyncCancel::new(id)
+                        .build()
+                        .user_data(id | CANCEL_TAG);
+                    push(&mut self.ring, &entry)?;
                 }
             }
         }
-        if in_flight.is_empty() {
-            continue;
-        }
+        Ok(())
+    }
+
+    /// Submits, waits up to 2 ms for a completion, and hands each finished load on: to the
+    /// locker when its reads are queued, to the controller when it was cancelled or failed.
+    fn reap(
+        &mut self,
+        done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+        lock_jobs: &Sender<LoadJob>,
+    ) -> io::Result<()> {
         let timeout = types::Timespec::from(Duration::from_millis(2));
         let args = types::SubmitArgs::new().timespec(&timeout);
-        match ring.submitter().submit_with_args(1, &args) {
+        match self.ring.submitter().submit_with_args(1, &args) {
             Ok(_) => {}
             Err(error)
                 if matches!(
@@ -378,7 +408,8 @@ fn submit_loads(
                 ) => {}
             Err(error) => return Err(error),
         }
-        let finished: Vec<(u64, i32)> = ring
+        let finished: Vec<(u64, i32)> = self
+            .ring
             .completion()
             .map(|cqe| (cqe.user_data(), cqe.result()))
             .collect();
@@ -386,7 +417,7 @@ fn submit_loads(
             if id & CANCEL_TAG != 0 {
                 continue;
             }
-            let Some(InFlight { job, .. }) = in_flight.remove(&id) else {
+            let Some(InFlight { job, .. }) = self.in_flight.remove(&id) else {
                 continue;
             };
             let outcome = if result == -libc::ECANCELED {
@@ -406,6 +437,7 @@ fn submit_loads(
                 outcome,
             });
         }
+        Ok(())
     }
 }
 
