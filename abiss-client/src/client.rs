@@ -10,7 +10,7 @@ use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
     ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StreamInfo,
-    StreamTarget, DEFAULT_SOCKET, SOCKET_ENV,
+    StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
@@ -337,7 +337,10 @@ impl Client {
                     message: format!("stream {id} ended while waiting for its window"),
                 });
             };
-            let window = stream.buffer.0.min(stream.file_bytes.div_ceil(4096) * 4096);
+            let window = stream
+                .buffer
+                .0
+                .min(stream.file_bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES);
             if stream.locked_bytes >= window {
                 return Ok(true);
             }

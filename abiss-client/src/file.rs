@@ -5,7 +5,8 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use abiss_proto::{
-    AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_BATCH_PAGES, DEFAULT_LEVEL,
+    AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_BATCH_PAGES,
+    DEFAULT_LEVEL, PAGE_BYTES,
 };
 
 use crate::client::{Client, ClientError};
@@ -82,7 +83,7 @@ impl AbissFile {
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
-        let report_every = (options.buffer.0 / 4).max(4096);
+        let report_every = (options.buffer.0 / 4).max(PAGE_BYTES);
         Ok(Self {
             file,
             client,

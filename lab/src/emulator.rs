@@ -715,11 +715,9 @@ impl StatsWriter {
         let mut sorted = self.recent_late_ns.clone();
         sorted.sort_unstable();
         s.late_p99_ns = percentile(&sorted, 99.0).unwrap_or(0);
+        // Readers (`abiss-lab status`, the benchmarks) must never see half a summary.
         if let Ok(text) = serde_json::to_string_pretty(&s) {
-            let tmp = self.summary_path.with_extension("tmp");
-            if std::fs::write(&tmp, text).is_ok() {
-                let _ = std::fs::rename(&tmp, &self.summary_path);
-            }
+            let _ = abiss_os::fs::write_atomically(&self.summary_path, text.as_bytes());
         }
     }
 }

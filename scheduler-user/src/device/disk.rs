@@ -1,0 +1,214 @@
+//! Finding the whole disk behind a device as users name it.
+
+use std::fmt;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::Path;
+
+use abiss_proto::DeviceNumber;
+use serde::{Deserialize, Serialize};
+
+use super::error::DeviceError;
+use super::sysfs::{read_trimmed, SYSFS};
+
+/// A whole disk: the block device that owns the request queue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Disk {
+    /// Kernel name (`sda`, `loop0`, `nvme0n1`).
+    pub name: String,
+    /// Its device number.
+    pub number: DeviceNumber,
+}
+
+impl fmt::Display for Disk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name, self.number)
+    }
+}
+
+/// Resolves a device as users type it (`sda`, `/dev/sda`, `8:0`, or a partition such as `sda1`
+/// or `/dev/loop0p1`) to its whole disk, because the queue belongs to the disk.
+pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {
+    resolve_disk_in(Path::new(SYSFS), spec)
+}
+
+/// How a device spec names a device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum DeviceSpec<'a> {
+    /// A path, usually under /dev; symlinks such as /dev/disk/by-id/… are followed.
+    Path(&'a Path),
+    /// `MAJOR:MINOR`.
+    Number(DeviceNumber),
+    /// A kernel name, as in /sys/class/block.
+    Name(&'a str),
+}
+
+impl<'a> DeviceSpec<'a> {
+    fn classify(spec: &'a str) -> Self {
+        if spec.contains('/') {
+            Self::Path(Path::new(spec))
+        } else if let Ok(number) = spec.parse() {
+            Self::Number(number)
+        } else {
+            Self::Name(spec)
+        }
+    }
+}
+
+fn resolve_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
+    let unknown = || DeviceError::UnknownDevice {
+        spec: spec.to_owned(),
+    };
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err(unknown());
+    }
+    let link = match DeviceSpec::classify(spec) {
+        DeviceSpec::Path(path) => {
+            let meta = fs::metadata(path).map_err(|_| unknown())?;
+            if !meta.file_type().is_block_device() {
+                return Err(DeviceError::NotABlockDevice {
+                    spec: spec.to_owned(),
+                });
+            }
+            let rdev = meta.rdev();
+            let number = DeviceNumber {
+                major: nix::sys::stat::major(rdev)
+                    .try_into()
+                    .map_err(|_| unknown())?,
+                minor: nix::sys::stat::minor(rdev)
+                    .try_into()
+                    .map_err(|_| unknown())?,
+            };
+            sys.join("dev/block").join(number.to_string())
+        }
+        DeviceSpec::Number(number) => sys.join("dev/block").join(number.to_string()),
+        DeviceSpec::Name(name) => sys.join("class/block").join(name),
+    };
+    let device_dir = fs::canonicalize(&link).map_err(|_| unknown())?;
+    // A partition's sysfs directory sits inside its disk's and has a `partition` file.
+    let disk_dir = if device_dir.join("partition").exists() {
+        device_dir.parent().ok_or_else(unknown)?.to_path_buf()
+    } else {
+        device_dir
+    };
+    let name = disk_dir
+        .file_name()
+        .ok_or_else(unknown)?
+        .to_string_lossy()
+        .into_owned();
+    let dev_file = disk_dir.join("dev");
+    let text = read_trimmed(&dev_file)?;
+    let number = text.parse().map_err(|_| DeviceError::Unparsable {
+        path: dev_file.clone(),
+        content: text.clone(),
+    })?;
+    Ok(Disk { name, number })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// A directory under the system temp dir, removed on drop.
+    struct TempTree(PathBuf);
+
+    impl TempTree {
+        fn new(tag: &str) -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "abiss-device-{tag}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = fs::remove_dir_all(&path);
+            fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempTree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A fake sysfs with disk `sda` (8:0) holding partition `sda1` (8:1), laid out as the
+    /// kernel does: the device directories under `devices/`, symlinks in `class/block` and
+    /// `dev/block`.
+    fn fake_sysfs(root: &Path) {
+        use std::os::unix::fs::symlink;
+        let disk = root.join("devices/pci0000:00/0000:00:1f.2/ata1/host0/block/sda");
+        let partition = disk.join("sda1");
+        fs::create_dir_all(&partition).unwrap();
+        fs::write(disk.join("dev"), "8:0\n").unwrap();
+        fs::write(partition.join("dev"), "8:1\n").unwrap();
+        fs::write(partition.join("partition"), "1\n").unwrap();
+        fs::create_dir_all(root.join("class/block")).unwrap();
+        fs::create_dir_all(root.join("dev/block")).unwrap();
+        symlink(&disk, root.join("class/block/sda")).unwrap();
+        symlink(&partition, root.join("class/block/sda1")).unwrap();
+        symlink(&disk, root.join("dev/block/8:0")).unwrap();
+        symlink(&partition, root.join("dev/block/8:1")).unwrap();
+    }
+
+    fn sda() -> Disk {
+        Disk {
+            name: "sda".into(),
+            number: DeviceNumber { major: 8, minor: 0 },
+        }
+    }
+
+    #[test]
+    fn specs_are_told_apart_by_shape() {
+        assert_eq!(
+            DeviceSpec::classify("/dev/sda"),
+            DeviceSpec::Path(Path::new("/dev/sda"))
+        );
+        assert_eq!(
+            DeviceSpec::classify("8:0"),
+            DeviceSpec::Number(DeviceNumber { major: 8, minor: 0 })
+        );
+        assert_eq!(DeviceSpec::classify("sda1"), DeviceSpec::Name("sda1"));
+        assert_eq!(DeviceSpec::classify("8:x"), DeviceSpec::Name("8:x"));
+    }
+
+    #[test]
+    fn names_numbers_and_partitions_resolve_to_the_whole_disk() {
+        let tree = TempTree::new("resolve");
+        fake_sysfs(&tree.0);
+        for spec in ["sda", "sda1", "8:0", "8:1", " sda "] {
+            assert_eq!(resolve_disk_in(&tree.0, spec).unwrap(), sda(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn unknown_devices_are_named_in_the_error() {
+        let tree = TempTree::new("unknown");
+        fake_sysfs(&tree.0);
+        for spec in ["sdz", "9:9", "/dev/does-not-exist", ""] {
+            let error = resolve_disk_in(&tree.0, spec).unwrap_err();
+            assert!(
+                matches!(&error, DeviceError::UnknownDevice { spec: s } if s == spec),
+                "{spec}: {error}"
+            );
+            assert!(error.to_string().contains(spec.trim()));
+        }
+    }
+
+    #[test]
+    fn paths_that_are_not_block_devices_are_refused() {
+        let tree = TempTree::new("notblock");
+        fake_sysfs(&tree.0);
+        let file = tree.0.join("plain-file");
+        fs::write(&file, "").unwrap();
+        let spec = file.to_string_lossy().into_owned();
+        let error = resolve_disk_in(&tree.0, &spec).unwrap_err();
+        assert!(
+            matches!(error, DeviceError::NotABlockDevice { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains(&spec));
+    }
+}

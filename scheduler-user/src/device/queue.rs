@@ -1,0 +1,295 @@
+//! A disk's queue in sysfs and debugfs: reading its settings and applying planned writes.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::config::{Elevator, MIN_DISPATCH_DEPTH};
+use super::disk::Disk;
+use super::error::DeviceError;
+use super::plan::{DepthSource, QueueNow, QueueSettings, QueueWrite, NO_ELEVATOR};
+use super::sysfs::{read_number, read_trimmed, write_value, SYSFS};
+
+/// Where debugfs shows each disk's blk-mq state (`<disk>/hctxN/tags`).
+pub const DEBUGFS_BLOCK: &str = "/sys/kernel/debug/block";
+
+/// The line of `queue/scheduler`, e.g. `none [mq-deadline] kyber bfq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct SchedulerLine {
+    /// The bracketed one.
+    pub(super) active: String,
+    /// All of them, in the kernel's order.
+    pub(super) offered: Vec<String>,
+}
+
+impl SchedulerLine {
+    /// `None` for a line without an active entry (old kernels print a bare `none` for
+    /// bio-based disks) or with no entries at all.
+    fn parse(line: &str) -> Option<Self> {
+        let mut active = None;
+        let mut offered = Vec::new();
+        for word in line.split_whitespace() {
+            if let Some(name) = word.strip_prefix('[').and_then(|w| w.strip_suffix(']')) {
+                if active.replace(name.to_owned()).is_some() {
+                    return None;
+                }
+                offered.push(name.to_owned());
+            } else {
+                offered.push(word.to_owned());
+            }
+        }
+        Some(Self {
+            active: active?,
+            offered,
+        })
+    }
+
+    pub(super) fn offers(&self, name: &str) -> bool {
+        self.offered.iter().any(|offered| offered == name)
+    }
+}
+
+/// The live depth of the driver tags from a debugfs `hctxN/tags` file: the `depth` of
+/// `bitmap_tags` plus the reserved tags, as `nr_requests` counts them.
+fn parse_tags_depth(text: &str) -> Option<u32> {
+    let mut reserved = None;
+    let mut in_bitmap_tags = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(value) = line.strip_prefix("nr_reserved_tags=") {
+            reserved = value.parse::<u32>().ok();
+        } else if line == "bitmap_tags:" {
+            in_bitmap_tags = true;
+        } else if in_bitmap_tags {
+            if let Some(value) = line.strip_prefix("depth=") {
+                return value.parse::<u32>().ok()?.checked_add(reserved?);
+            }
+        }
+    }
+    None
+}
+
+/// Where a disk's settings live in sysfs and debugfs.
+#[derive(Clone, Debug)]
+pub(super) struct DiskQueue {
+    name: String,
+    queue_dir: PathBuf,
+    mq_dir: PathBuf,
+    debugfs_dir: PathBuf,
+    diskseq_file: PathBuf,
+}
+
+impl DiskQueue {
+    pub(super) fn of(disk: &Disk) -> Self {
+        let block = Path::new(SYSFS).join("block").join(&disk.name);
+        Self {
+            name: disk.name.clone(),
+            queue_dir: block.join("queue"),
+            mq_dir: block.join("mq"),
+            debugfs_dir: Path::new(DEBUGFS_BLOCK).join(&disk.name),
+            diskseq_file: block.join("diskseq"),
+        }
+    }
+
+    pub(super) fn scheduler_file(&self) -> PathBuf {
+        self.queue_dir.join("scheduler")
+    }
+
+    pub(super) fn nr_requests_file(&self) -> PathBuf {
+        self.queue_dir.join("nr_requests")
+    }
+
+    pub(super) fn scheduler(&self) -> Result<SchedulerLine, DeviceError> {
+        let path = self.scheduler_file();
+        let line = match fs::read_to_string(&path) {
+            Ok(line) => line,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                return Err(DeviceError::NoElevatorQueue {
+                    name: self.name.clone(),
+                })
+            }
+            Err(source) => return Err(DeviceError::Read { path, source }),
+        };
+        if line.trim() == NO_ELEVATOR {
+            return Err(DeviceError::NoElevatorQueue {
+                name: self.name.clone(),
+            });
+        }
+        SchedulerLine::parse(&line).ok_or(DeviceError::Unparsable {
+            path,
+            content: line.trim().to_owned(),
+        })
+    }
+
+    fn nr_requests(&self) -> Result<u32, DeviceError> {
+        read_number(&self.nr_requests_file())
+    }
+
+    pub(super) fn diskseq(&self) -> Option<u64> {
+        read_trimmed(&self.diskseq_file).ok()?.parse().ok()
+    }
+
+    /// The live driver depth from debugfs, the largest over the hardware queues; `None` when
+    /// debugfs is not mounted.
+    pub(super) fn live_driver_depth(&self) -> Option<u32> {
+        let entries = fs::read_dir(&self.debugfs_dir).ok()?;
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("hctx"))
+            .filter_map(|entry| fs::read_to_string(entry.path().join("tags")).ok())
+            .filter_map(|text| parse_tags_depth(&text))
+            .max()
+    }
+
+    /// The allocated driver tags, the largest over the hardware queues.
+    fn allocated_tags(&self) -> Result<u32, DeviceError> {
+        let entries = fs::read_dir(&self.mq_dir).map_err(|source| DeviceError::Read {
+            path: self.mq_dir.clone(),
+            source,
+        })?;
+        let mut largest = None;
+        for entry in entries.filter_map(Result::ok) {
+            let tags = read_number(&entry.path().join("nr_tags"))?;
+            largest = largest.max(Some(tags));
+        }
+        largest.ok_or_else(|| DeviceError::Read {
+            path: self.mq_dir.clone(),
+            source: io::Error::new(io::ErrorKind::NotFound, "no hardware queues"),
+        })
+    }
+
+    fn driver_depth(&self) -> Result<(u32, DepthSource), DeviceError> {
+        match self.live_driver_depth() {
+            Some(depth) => Ok((depth, DepthSource::Debugfs)),
+            None => Ok((self.allocated_tags()?, DepthSource::AllocatedTags)),
+        }
+    }
+
+    /// The writable tunables of the active elevator.
+    fn iosched(&self) -> BTreeMap<String, String> {
+        let dir = self.queue_dir.join("iosched");
+        let mut tunables = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(&dir) else {
+            // `none` has no iosched directory.
+            return tunables;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let path = entry.path();
+            let writable = entry
+                .metadata()
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o200 != 0);
+            // A tunable that cannot be read back cannot be restored either; leave it out.
+            if let (true, Ok(value)) = (writable, read_trimmed(&path)) {
+                tunables.insert(entry.file_name().to_string_lossy().into_owned(), value);
+            }
+        }
+        tunables
+    }
+
+    pub(super) fn settings(&self) -> Result<QueueSettings, DeviceError> {
+        let (driver_depth, driver_depth_source) = self.driver_depth()?;
+        Ok(QueueSettings {
+            elevator: self.scheduler()?.active,
+            nr_requests: self.nr_requests()?,
+            driver_depth,
+            driver_depth_source,
+            iosched: self.iosched(),
+        })
+    }
+
+    pub(super) fn now(&self) -> Result<QueueNow, DeviceError> {
+        Ok(QueueNow {
+            elevator: self.scheduler()?.active,
+            nr_requests: self.nr_requests()?,
+            driver_depth: self.live_driver_depth(),
+            iosched: self.iosched(),
+        })
+    }
+
+    pub(super) fn apply(&self, writes: &[QueueWrite]) -> Result<(), DeviceError> {
+        for write in writes {
+            match write {
+                QueueWrite::Scheduler(name) => self.select(name)?,
+                QueueWrite::DriverDepth(depth) => self.set_driver_depth(*depth)?,
+                QueueWrite::ElevatorDepth(depth) => {
+                    if self.nr_requests()? != *depth {
+                        write_value(&self.nr_requests_file(), &depth.to_string())?;
+                    }
+                }
+                QueueWrite::Tunable(name, value) => {
+                    let path = self.queue_dir.join("iosched").join(name);
+                    if read_trimmed(&path)? != *value {
+                        write_value(&path, value)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn select(&self, name: &str) -> Result<(), DeviceError> {
+        if self.scheduler()?.active == name {
+            return Ok(());
+        }
+        let result = write_value(&self.scheduler_file(), name);
+        if let Err(DeviceError::Write { .. }) = &result {
+            // Writing a name makes the kernel try to load its module, so "not offered" is
+            // known only after a refused write.
+            let line = self.scheduler()?;
+            if let (false, Ok(elevator)) = (line.offers(name), name.parse::<Elevator>()) {
+                return Err(DeviceError::ElevatorNotOffered {
+                    name: self.name.clone(),
+                    elevator,
+                    offered: line.offered.join(" "),
+                    module: elevator.module(),
+                });
+            }
+        }
+        result
+    }
+
+    /// Resizes the driver tags; the scheduler must be `none`.
+    fn set_driver_depth(&self, depth: u32) -> Result<(), DeviceError> {
+        let path = self.nr_requests_file();
+        // The kernel ignores a write of the value nr_requests already shows, and after an
+        // elevator is switched off it shows the allocated tags whatever the live depth is; so
+        // when they match, step to a neighbour first to make the wanted value a change.
+        if self.nr_requests()? == depth {
+            let neighbour = if depth > MIN_DISPATCH_DEPTH {
+                depth - 1
+            } else {
+                depth + 1
+            };
+            write_value(&path, &neighbour.to_string())?;
+        }
+        write_value(&path, &depth.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheduler_lines_give_the_active_and_offered_elevators() {
+        let line = SchedulerLine::parse("none [mq-deadline] kyber bfq \n").unwrap();
+        assert_eq!(line.active, "mq-deadline");
+        assert_eq!(line.offered, ["none", "mq-deadline", "kyber", "bfq"]);
+        assert!(line.offers("bfq"));
+        assert!(!line.offers("cfq"));
+        assert_eq!(SchedulerLine::parse("[none] ").unwrap().active, "none");
+        assert_eq!(SchedulerLine::parse("none"), None);
+        assert_eq!(SchedulerLine::parse(""), None);
+        assert_eq!(SchedulerLine::parse("[none] [bfq]"), None);
+    }
+
+    #[test]
+    fn debugfs_tags_give_the_live_depth_with_reserved_tags() {
+        let tags = "nr_tags=128\nnr_reserved_tags=1\nactive_queues=0\n\nbitmap_tags:\ndepth=7\n\
+                    busy=0\ncleared=0\n\nbreserved_tags:\ndepth=1\nbusy=0\n";
+        assert_eq!(parse_tags_depth(tags), Some(8));
+        assert_eq!(parse_tags_depth("nr_tags=128\n"), None);
+    }
+}
