@@ -2,6 +2,7 @@
 //!
 //! | module | what |
 //! | --- | --- |
+//! | [`blk_mq`] | the live driver tag depth of a disk, from debugfs (mounted privately if need be) |
 //! | [`clock`] | `CLOCK_MONOTONIC`, the clock of the eBPF programs' timestamps and of position messages |
 //! | [`ioprio`] | `ioprio_get(2)` / `ioprio_set(2)` for one thread |
 //! | [`fs`] | replacing a file so that a crash leaves the old one or the whole new one |
@@ -9,6 +10,7 @@
 //! Linux only; nothing here needs a kernel newer than 2.6.13 (`ioprio_set`).
 #![deny(missing_docs)]
 
+pub mod blk_mq;
 pub mod clock;
 pub mod fs;
 pub mod ioprio;

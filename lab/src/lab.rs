@@ -531,7 +531,7 @@ pub fn read_emulator_config(state_dir: &Path) -> Result<EmulatorConfig, LabError
 /// Writing `nr_requests` while the scheduler is `none` resizes the driver tags, i.e. how many
 /// requests the driver (and so the emulator) gets at once; selecting a scheduler afterwards
 /// keeps that depth (it only sizes the scheduler's own tags). The block layer's minimum is 4.
-/// Returns the depth read back from debugfs, when debugfs is mounted.
+/// Returns the depth read back from the kernel, when it shows it.
 pub fn configure_queue(
     device: &Path,
     depth: u32,
@@ -552,15 +552,12 @@ pub fn configure_queue(
     Ok(driver_tag_depth(device))
 }
 
-/// The driver tag depth of a single-queue device, from debugfs (`hctx0/tags`).
+/// The driver tag depth of a device, as blk-mq shows it in debugfs (mounted privately when
+/// nobody mounted it).
 #[must_use]
 pub fn driver_tag_depth(device: &Path) -> Option<u32> {
     let name = device.file_name()?.to_string_lossy().into_owned();
-    let tags =
-        std::fs::read_to_string(format!("/sys/kernel/debug/block/{name}/hctx0/tags")).ok()?;
-    tags.lines()
-        .find_map(|l| l.strip_prefix("depth="))
-        .and_then(|d| d.trim().parse().ok())
+    abiss_os::blk_mq::driver_tag_depth(&name).map(|(depth, _)| depth)
 }
 
 fn take_down(state_dir: &Path) -> Result<Vec<String>, LabError> {

@@ -54,8 +54,8 @@ struct TestDisk {
 impl TestDisk {
     fn new() -> Self {
         let device = LoopDevice::new_in("/dev/shm", 16);
-        let found_driver_depth = live_driver_depth(&device.name())
-            .unwrap_or_else(|| read_number(&block_file(&device.name(), "mq/0/nr_tags")));
+        let found_driver_depth =
+            live_driver_depth(&device.name()).expect("the kernel shows the driver depth");
         Self {
             found_scheduler: active_scheduler(&device.name()),
             found_driver_depth,
@@ -96,9 +96,7 @@ impl TestDisk {
         assert_eq!(prepared.scheduler, "kyber");
         assert_eq!(prepared.nr_requests, 100);
         assert_eq!(prepared.read_lat_nsec.as_deref(), Some("3000000"));
-        if let Some(depth) = prepared.driver_depth {
-            assert_eq!(depth, 100);
-        }
+        assert_eq!(prepared.driver_depth, Some(100));
         prepared
     }
 
@@ -166,16 +164,10 @@ fn active_scheduler(name: &str) -> String {
     line[start..end].to_owned()
 }
 
-/// The live driver tag depth of hardware queue 0, from debugfs (loop devices reserve no tags).
+/// The live driver tag depth, read as the kernel shows it (blk-mq's debugfs, mounted privately
+/// when nobody mounted it), so every test checks the depth on a fresh machine too.
 fn live_driver_depth(name: &str) -> Option<u32> {
-    let tags =
-        std::fs::read_to_string(format!("/sys/kernel/debug/block/{name}/hctx0/tags")).ok()?;
-    let bitmap_tags = tags.split("bitmap_tags:").nth(1)?;
-    bitmap_tags
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("depth="))?
-        .parse()
-        .ok()
+    abiss_os::blk_mq::driver_tag_depth(name).map(|(depth, _)| depth)
 }
 
 fn bfq_over_8() -> DeviceConfig {
@@ -207,19 +199,14 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
     let managed = ManagedDevice::take(&disk.spec(), &bfq_over_8(), state.path()).expect("take");
     let taken = disk.settings();
     assert_eq!(taken.scheduler, "bfq");
-    match taken.driver_depth {
-        Some(depth) => assert_eq!(depth, 8, "live driver depth while managed"),
-        None => eprintln!("debugfs is not mounted: the live driver depth is not checked"),
-    }
+    assert_eq!(taken.driver_depth, Some(8), "live driver depth while managed");
     let status = managed.status().expect("status");
     assert_eq!(status.name, disk.name());
     assert_eq!(status.number, disk.number());
     assert_eq!(status.elevator, "bfq");
     assert_eq!(status.dispatch_depth, 8);
     assert_eq!(status.original_elevator, "kyber");
-    if before.driver_depth.is_some() {
-        assert_eq!(status.original_dispatch_depth, 100);
-    }
+    assert_eq!(status.original_dispatch_depth, 100);
     let state_file = managed.state_file().to_path_buf();
     assert_eq!(
         state_file,
@@ -251,9 +238,7 @@ fn explicit_restore_puts_back_mq_deadline_settings_taken_by_number() {
     assert_eq!(managed.disk(), &disk.disk());
     let taken = disk.settings();
     assert_eq!(taken.scheduler, "mq-deadline");
-    if let Some(depth) = taken.driver_depth {
-        assert_eq!(depth, 4);
-    }
+    assert_eq!(taken.driver_depth, Some(4));
 
     managed.restore().expect("restore");
     assert_eq!(disk.settings(), before);
@@ -272,14 +257,22 @@ fn taking_never_deepens_a_shallow_driver_queue() {
         dispatch_depth: 16,
     };
 
+    let mounted_before = abiss_os::blk_mq::debugfs_mounted().expect("mounts");
     let managed = ManagedDevice::take(&disk.name(), &config, state.path()).expect("take");
     let taken = disk.settings();
     assert_eq!(taken.scheduler, "mq-deadline");
-    if let Some(depth) = taken.driver_depth {
-        assert_eq!(depth, 6, "a depth below the configured one stays");
-    }
+    assert_eq!(
+        taken.driver_depth,
+        Some(6),
+        "a depth below the configured one stays"
+    );
     drop(managed);
     assert_eq!(disk.settings(), before);
+    assert_eq!(
+        abiss_os::blk_mq::debugfs_mounted().expect("mounts"),
+        mounted_before,
+        "reading the depth leaves the system's mounts as they were"
+    );
 }
 
 #[test]
@@ -307,9 +300,7 @@ fn recover_restores_the_settings_of_a_killed_daemon() {
         managed.scheduler, "bfq",
         "the killed daemon's elevator stays"
     );
-    if let Some(depth) = managed.driver_depth {
-        assert_eq!(depth, 8);
-    }
+    assert_eq!(managed.driver_depth, Some(8));
     assert_eq!(
         state_files(&state).len(),
         1,

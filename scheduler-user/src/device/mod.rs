@@ -10,8 +10,11 @@
 //!
 //! Every setting is saved to a state file before anything changes, and put back on drop; a
 //! daemon that crashed leaves the file behind, and [`recover`] restores from it on the next start.
-//! Requires root (the sysfs files are root's) and, to read the live driver depth, debugfs mounted
-//! at `/sys/kernel/debug`.
+//! Requires root (the sysfs files are root's). The live driver depth is shown by the kernel only
+//! in debugfs; where nobody mounted it, it is read through a private mount that the system never
+//! sees (`abiss_os::blk_mq`). Without debugfs in the kernel at all, `nr_requests` under `none`
+//! and then the allocated tags stand in, and a depth someone shrank under an active elevator
+//! cannot be known.
 //!
 //! The modules, each importing only those listed before it:
 //! - `config`: the [`Elevator`] and [`DeviceConfig`] a disk is taken with;
@@ -42,7 +45,6 @@ pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
 pub use disk::{resolve_disk, Disk};
 pub use error::DeviceError;
 pub use plan::{DepthSource, QueueSettings};
-pub use queue::DEBUGFS_BLOCK;
 pub use state::{recover, RecoveryOutcome};
 pub use sysfs::SYSFS;
 
@@ -182,7 +184,7 @@ impl ManagedDevice {
         &self.state_file
     }
 
-    /// The disk's settings now, read from sysfs (and debugfs for the depth, if mounted).
+    /// The disk's settings now, read from sysfs (and blk-mq's debugfs for the depth).
     pub fn status(&self) -> Result<DeviceStatus, DeviceError> {
         let (dispatch_depth, dispatch_depth_source) = match self.queue.live_driver_depth() {
             Some(depth) => (depth, DepthSource::Debugfs),

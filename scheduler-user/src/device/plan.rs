@@ -14,8 +14,11 @@ pub(super) const NO_ELEVATOR: &str = "none";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DepthSource {
-    /// Read live from debugfs.
+    /// Read live from blk-mq's debugfs (mounted, or mounted privately for the read).
     Debugfs,
+    /// Without debugfs, with the scheduler `none`: `queue/nr_requests`, below the allocated
+    /// tags, so a depth someone set.
+    NrRequests,
     /// Without debugfs: the allocated tag count (`mq/N/nr_tags`), which is the driver's own
     /// depth unless someone shrank it before.
     AllocatedTags,

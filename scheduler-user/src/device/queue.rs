@@ -12,9 +12,6 @@ use super::error::DeviceError;
 use super::plan::{DepthSource, QueueNow, QueueSettings, QueueWrite, NO_ELEVATOR};
 use super::sysfs::{read_number, read_trimmed, write_value, SYSFS};
 
-/// Where debugfs shows each disk's blk-mq state (`<disk>/hctxN/tags`).
-pub const DEBUGFS_BLOCK: &str = "/sys/kernel/debug/block";
-
 /// The line of `queue/scheduler`, e.g. `none [mq-deadline] kyber bfq`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct SchedulerLine {
@@ -51,33 +48,12 @@ impl SchedulerLine {
     }
 }
 
-/// The live depth of the driver tags from a debugfs `hctxN/tags` file: the `depth` of
-/// `bitmap_tags` plus the reserved tags, as `nr_requests` counts them.
-fn parse_tags_depth(text: &str) -> Option<u32> {
-    let mut reserved = None;
-    let mut in_bitmap_tags = false;
-    for line in text.lines() {
-        let line = line.trim();
-        if let Some(value) = line.strip_prefix("nr_reserved_tags=") {
-            reserved = value.parse::<u32>().ok();
-        } else if line == "bitmap_tags:" {
-            in_bitmap_tags = true;
-        } else if in_bitmap_tags {
-            if let Some(value) = line.strip_prefix("depth=") {
-                return value.parse::<u32>().ok()?.checked_add(reserved?);
-            }
-        }
-    }
-    None
-}
-
 /// Where a disk's settings live in sysfs and debugfs.
 #[derive(Clone, Debug)]
 pub(super) struct DiskQueue {
     name: String,
     queue_dir: PathBuf,
     mq_dir: PathBuf,
-    debugfs_dir: PathBuf,
     diskseq_file: PathBuf,
 }
 
@@ -88,7 +64,6 @@ impl DiskQueue {
             name: disk.name.clone(),
             queue_dir: block.join("queue"),
             mq_dir: block.join("mq"),
-            debugfs_dir: Path::new(DEBUGFS_BLOCK).join(&disk.name),
             diskseq_file: block.join("diskseq"),
         }
     }
@@ -131,16 +106,10 @@ impl DiskQueue {
         read_trimmed(&self.diskseq_file).ok()?.parse().ok()
     }
 
-    /// The live driver depth from debugfs, the largest over the hardware queues; `None` when
-    /// debugfs is not mounted.
+    /// The live driver depth, the largest over the hardware queues, from blk-mq's debugfs
+    /// (mounted privately if nobody mounted it); `None` when the kernel does not show it.
     pub(super) fn live_driver_depth(&self) -> Option<u32> {
-        let entries = fs::read_dir(&self.debugfs_dir).ok()?;
-        entries
-            .filter_map(Result::ok)
-            .filter(|entry| entry.file_name().to_string_lossy().starts_with("hctx"))
-            .filter_map(|entry| fs::read_to_string(entry.path().join("tags")).ok())
-            .filter_map(|text| parse_tags_depth(&text))
-            .max()
+        abiss_os::blk_mq::driver_tag_depth(&self.name).map(|(depth, _)| depth)
     }
 
     /// The allocated driver tags, the largest over the hardware queues.
@@ -160,11 +129,22 @@ impl DiskQueue {
         })
     }
 
+    /// The driver depth and how it was learned. Without debugfs, `nr_requests` shows the
+    /// live depth while the scheduler is `none` (or, just after an elevator was switched off,
+    /// the allocated tags, which is never less); with an elevator active only the allocated
+    /// tags are known, which overstate a depth someone shrank before.
     fn driver_depth(&self) -> Result<(u32, DepthSource), DeviceError> {
-        match self.live_driver_depth() {
-            Some(depth) => Ok((depth, DepthSource::Debugfs)),
-            None => Ok((self.allocated_tags()?, DepthSource::AllocatedTags)),
+        if let Some(depth) = self.live_driver_depth() {
+            return Ok((depth, DepthSource::Debugfs));
         }
+        let allocated = self.allocated_tags()?;
+        if self.scheduler()?.active == NO_ELEVATOR {
+            let shown = self.nr_requests()?;
+            if shown < allocated {
+                return Ok((shown, DepthSource::NrRequests));
+            }
+        }
+        Ok((allocated, DepthSource::AllocatedTags))
     }
 
     /// The writable tunables of the active elevator.
@@ -283,13 +263,5 @@ mod tests {
         assert_eq!(SchedulerLine::parse("none"), None);
         assert_eq!(SchedulerLine::parse(""), None);
         assert_eq!(SchedulerLine::parse("[none] [bfq]"), None);
-    }
-
-    #[test]
-    fn debugfs_tags_give_the_live_depth_with_reserved_tags() {
-        let tags = "nr_tags=128\nnr_reserved_tags=1\nactive_queues=0\n\nbitmap_tags:\ndepth=7\n\
-                    busy=0\ncleared=0\n\nbreserved_tags:\ndepth=1\nbusy=0\n";
-        assert_eq!(parse_tags_depth(tags), Some(8));
-        assert_eq!(parse_tags_depth("nr_tags=128\n"), None);
     }
 }
