@@ -33,11 +33,15 @@ pub fn machine() -> Value {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
+    // abissd reads the driver depth through a private debugfs mount when nobody mounted it;
+    // a run records which way the machine was, so runs with and without can be told apart.
+    let debugfs_mounted = abiss_os::blk_mq::debugfs_mounted().ok();
     json!({
         "cpu": cpu,
         "cores": cores,
         "memory_gib": memory_kib >> 20,
         "kernel": kernel.trim(),
+        "debugfs_mounted": debugfs_mounted,
         "date": date,
     })
 }
@@ -97,8 +101,13 @@ pub fn disk_line(queue: &crate::lab_disk::QueueSettings) -> String {
 /// A Markdown line describing the machine.
 #[must_use]
 pub fn machine_line(machine: &Value) -> String {
+    let debugfs = match machine["debugfs_mounted"].as_bool() {
+        Some(true) => ", debugfs mounted",
+        Some(false) => ", debugfs not mounted",
+        None => "",
+    };
     format!(
-        "Machine: {} ({} cores, {} GiB), Linux {}, {}.",
+        "Machine: {} ({} cores, {} GiB), Linux {}{debugfs}, {}.",
         machine["cpu"].as_str().unwrap_or("?"),
         machine["cores"],
         machine["memory_gib"],

@@ -5,7 +5,7 @@
 //! appended since it last looked.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -102,15 +102,28 @@ pub struct StatsSummary {
 pub struct StatsCursor {
     path: PathBuf,
     offset: u64,
+    /// The cursor was made while the emulator had written part of a line: the rest of that
+    /// line belongs to a request from before, and is skipped once it is complete.
+    mid_line: bool,
 }
 
 impl StatsCursor {
     /// A cursor at the current end of `path`: the next read returns only new requests.
     pub fn at_end(path: &Path) -> Result<Self, LabError> {
-        let offset = std::fs::metadata(path).map_err(LabError::io(path))?.len();
+        let mut file = File::open(path).map_err(LabError::io(path))?;
+        let offset = file.metadata().map_err(LabError::io(path))?.len();
+        // The emulator's buffered writer may have flushed part of a line (even all of it but
+        // its newline): the end of the file is then not where a line starts.
+        let mut last = [b'\n'];
+        if offset > 0 {
+            file.seek(SeekFrom::Start(offset - 1))
+                .and_then(|_| file.read_exact(&mut last))
+                .map_err(LabError::io(path))?;
+        }
         Ok(Self {
             path: path.to_owned(),
             offset,
+            mid_line: last[0] != b'\n',
         })
     }
 
@@ -120,6 +133,7 @@ impl StatsCursor {
         Self {
             path: path.to_owned(),
             offset: 0,
+            mid_line: false,
         }
     }
 
@@ -141,6 +155,9 @@ impl StatsCursor {
                 break; // end, or a line still being written
             }
             self.offset += n as u64;
+            if std::mem::take(&mut self.mid_line) {
+                continue;
+            }
             let record = serde_json::from_str(&line).map_err(|e| LabError::Io {
                 path: self.path.clone(),
                 source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
@@ -220,6 +237,40 @@ mod tests {
         std::fs::write(&path, format!("{line}\n{line}\n{{\"seq\"")).unwrap();
         assert_eq!(cursor.read_new().unwrap(), vec![record]);
         assert_eq!(StatsCursor::at_start(&path).read_new().unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cursor_made_mid_line_skips_the_rest_of_that_line() {
+        let dir = std::env::temp_dir().join(format!("abiss-lab-mid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stats.jsonl");
+        let record = RequestRecord {
+            seq: 7,
+            op: Op::Read,
+            offset: 0,
+            len: 4096,
+            arrival_ns: 1,
+            start_ns: 2,
+            end_ns: 3,
+            transport_ns: 0,
+            replied_ns: 4,
+            seek_ns: 0,
+            rotation_ns: 0,
+            transfer_ns: 1,
+            latency_ns: 0,
+            occupancy_ns: 1,
+            outstanding: 1,
+            backing_ns: 0,
+            failed: false,
+        };
+        let line = serde_json::to_string(&record).unwrap();
+        // Everything of an old line but its newline, as a buffered writer may flush it.
+        std::fs::write(&path, &line).unwrap();
+        let mut cursor = StatsCursor::at_end(&path).unwrap();
+        assert!(cursor.read_new().unwrap().is_empty());
+        std::fs::write(&path, format!("{line}\n{line}\n")).unwrap();
+        assert_eq!(cursor.read_new().unwrap(), vec![record]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
