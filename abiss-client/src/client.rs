@@ -308,9 +308,13 @@ impl Client {
         }
     }
 
-    /// Starts streaming per-request events; read them with [`Client::next_event`].
+    /// Starts streaming per-request events, and returns once the daemon records them; read
+    /// them with [`Client::next_event`].
     pub fn subscribe_events(&mut self) -> Result<(), ClientError> {
-        self.send(Request::Events)
+        match self.call(Request::Events)? {
+            Response::Subscribed => Ok(()),
+            other => Err(self.unexpected(&other)),
+        }
     }
 
     /// The next per-request event after [`Client::subscribe_events`].

@@ -19,7 +19,7 @@ pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. Bump on any incompatible change of [`Request`] or [`Response`].
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// ABISS priority levels: 0 is the highest (real time only), 7 the default best effort.
 pub const ABISS_LEVELS: u8 = 8;
@@ -75,7 +75,8 @@ pub enum Request {
     /// The cumulative latency histograms of every (device, operation, priority) seen since the
     /// daemon started; clients compute per-interval figures as differences.
     Latency,
-    /// Stream one [`Response::Event`] per completed block request until the client hangs up.
+    /// Answered with [`Response::Subscribed`] once the programs record request events, then
+    /// one [`Response::Event`] per completed block request until the client hangs up.
     /// Unprivileged clients only see requests submitted by their own user.
     Events,
     /// eBPF program cost and daemon resource use, measured over `window_ms`. Kernel BPF run-time
@@ -389,7 +390,10 @@ pub enum Response {
         /// One group per (device, operation, priority) seen so far.
         groups: Vec<LatencyGroup>,
     },
-    /// One completed block request (a stream of these answers [`Request::Events`]).
+    /// The first answer to [`Request::Events`]: request events are recorded from now on, so
+    /// a client may start the I/O it wants to see.
+    Subscribed,
+    /// One completed block request (a stream of these follows [`Response::Subscribed`]).
     Event(RequestRecord),
     /// Answer to [`Request::Stats`].
     Stats(StatsReport),

@@ -209,7 +209,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
 
 /// The main loop, then shutdown.
 async fn serve(mut controller: Controller, mut inputs: Inputs) {
-    let mut subscribers: i32 = 0;
+    let mut subscribers: u32 = 0;
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
     // The credit timer wakes the loop only when some window lacks pages its credit will soon
     // cover; a stream whose window is full costs no wakeups at all.
@@ -257,7 +257,7 @@ async fn serve(mut controller: Controller, mut inputs: Inputs) {
 }
 
 /// Answers one command of a connection.
-fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) {
+fn handle(controller: &mut Controller, command: Command, subscribers: &mut u32) {
     match command {
         Command::Latency(reply) => {
             let _ = reply.send(controller.tracer().latency().map_err(|e| e.to_string()));
@@ -265,12 +265,20 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut i32) 
         Command::RequestRecords(reply) => {
             let _ = reply.send(controller.tracer().request_records().unwrap_or((0, 0)));
         }
-        Command::EventSubscribers(change) => {
-            let before = *subscribers;
-            *subscribers = (*subscribers + change).max(0);
-            if (before == 0) != (*subscribers == 0) {
-                if let Err(error) = controller.tracer().set_emit_events(*subscribers > 0) {
-                    warn!("cannot switch request events: {error}");
+        Command::Subscribe(reply) => {
+            *subscribers += 1;
+            if *subscribers == 1 {
+                if let Err(error) = controller.tracer().set_emit_events(true) {
+                    warn!("cannot switch request events on: {error}");
+                }
+            }
+            let _ = reply.send(());
+        }
+        Command::Unsubscribe => {
+            *subscribers = subscribers.saturating_sub(1);
+            if *subscribers == 0 {
+                if let Err(error) = controller.tracer().set_emit_events(false) {
+                    warn!("cannot switch request events off: {error}");
                 }
             }
         }

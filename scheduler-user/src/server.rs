@@ -34,8 +34,10 @@ pub enum Command {
     Latency(Reply<Result<Vec<LatencyGroup>, String>>),
     /// Requests in flight and records kept, for `stats`.
     RequestRecords(Reply<(u64, u64)>),
-    /// A client started (+1) or stopped (-1) streaming events.
-    EventSubscribers(i32),
+    /// A client starts streaming events; the answer comes once the programs record them.
+    Subscribe(Reply<()>),
+    /// A client stopped streaming events.
+    Unsubscribe,
     /// Attach the file behind `fd`.
     Attach {
         /// The peer.
@@ -327,30 +329,25 @@ async fn stats_response(context: &Context, window_ms: u64) -> Response {
 
 async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u32) {
     let mut receiver = context.events.subscribe();
-    if context
-        .commands
-        .send(Command::EventSubscribers(1))
-        .await
-        .is_err()
-    {
+    if ask(context, Command::Subscribe).await.is_none() {
         return;
     }
-    loop {
+    // From here the programs record events: the client may start the I/O it wants to see.
+    let mut subscribed = send(socket, &Response::Subscribed).await;
+    while subscribed {
         match receiver.recv().await {
             Ok(record) => {
                 // Per-request details of other users' tasks are for root only.
                 if peer_uid != 0 && record.uid != peer_uid {
                     continue;
                 }
-                if !send(socket, &Response::Event(record)).await {
-                    break;
-                }
+                subscribed = send(socket, &Response::Event(record)).await;
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 warn!("an event client fell behind and missed {missed} events");
             }
-            Err(broadcast::error::RecvError::Closed) => break,
+            Err(broadcast::error::RecvError::Closed) => subscribed = false,
         }
     }
-    let _ = context.commands.send(Command::EventSubscribers(-1)).await;
+    let _ = context.commands.send(Command::Unsubscribe).await;
 }

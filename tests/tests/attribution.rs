@@ -22,8 +22,9 @@ fn a_buffered_read_is_attributed_to_its_inode_and_reader() {
 
     let mut events = daemon.connect();
     events.send(Request::Events);
-    // Let the daemon switch attribution on before the read starts.
-    std::thread::sleep(Duration::from_millis(300));
+    // The daemon answers once attribution is on: the read below is recorded.
+    events.set_timeout(Duration::from_secs(5));
+    assert_eq!(events.receive(), Response::Subscribed);
 
     let mut file = std::fs::File::open(&file_path).expect("open");
     // Evict the file's pages so the read goes to the disk.
