@@ -89,6 +89,17 @@ pub enum ClientError {
     },
 }
 
+/// What `Request::Status` answers.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StatusReport {
+    /// The managed devices.
+    pub devices: Vec<DeviceStatus>,
+    /// Reader upgrades, daemon-wide.
+    pub upgrades: abiss_proto::UpgradeReport,
+    /// What the daemon can do on this kernel.
+    pub capabilities: Vec<abiss_proto::Capability>,
+}
+
 /// One connection to the daemon. Requests are answered in order.
 #[derive(Debug)]
 pub struct Client {
@@ -372,8 +383,22 @@ impl Client {
     pub fn status_and_upgrades(
         &mut self,
     ) -> Result<(Vec<DeviceStatus>, abiss_proto::UpgradeReport), ClientError> {
+        self.status_report()
+            .map(|report| (report.devices, report.upgrades))
+    }
+
+    /// Everything `abissctl status` shows.
+    pub fn status_report(&mut self) -> Result<StatusReport, ClientError> {
         match self.call(Request::Status)? {
-            Response::Devices { devices, upgrades } => Ok((devices, upgrades)),
+            Response::Devices {
+                devices,
+                upgrades,
+                capabilities,
+            } => Ok(StatusReport {
+                devices,
+                upgrades,
+                capabilities,
+            }),
             other => Err(self.unexpected(&other)),
         }
     }

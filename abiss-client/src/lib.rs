@@ -12,5 +12,5 @@
 mod client;
 mod file;
 
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, StatusReport};
 pub use file::{AbissFile, StreamOptions};

@@ -317,6 +317,22 @@ pub struct ReaderInfo {
     pub upgraded: bool,
 }
 
+/// One part of abiss that needs kernel hooks some kernels lack, and whether it is on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    /// Its name, as `abissd --disable` takes it (`read-tracking`, …).
+    pub name: String,
+    /// Whether it works in this daemon.
+    pub on: bool,
+    /// What it gives.
+    pub gives: String,
+    /// The kernel hooks it needs and the first Linux release that has them.
+    pub needs: String,
+    /// Why it is off, and what still works without it; `None` while on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_because: Option<String>,
+}
+
 /// Automatic priority upgrades of readers, daemon-wide.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpgradeReport {
@@ -418,6 +434,9 @@ pub enum Response {
         /// Reader upgrades.
         #[serde(default)]
         upgrades: UpgradeReport,
+        /// What this daemon can do on this kernel.
+        #[serde(default)]
+        capabilities: Vec<Capability>,
     },
     /// The request failed; nothing was changed.
     Error {

@@ -1,10 +1,10 @@
 //! `abissctl admit`: capacity planning on a managed device, answered by abissd from its
 //! admission control; nothing is attached.
 
-use std::io::Write as _;
+use std::io::Write;
 
 use abiss_client::Client;
-use abiss_proto::{AdmissionMode, AdmitRequest, ByteRate, ByteSize};
+use abiss_proto::{AdmissionMode, AdmissionReport, AdmitRequest, ByteRate, ByteSize};
 
 use crate::error::CliError;
 
@@ -43,6 +43,8 @@ fn percent(p: f64) -> String {
 
 /// Asks abissd and prints the answer.
 pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliError> {
+    let kind = stream_kind(&question);
+    let json = question.json;
     let report = client.admit(AdmitRequest {
         device: question.device,
         rate: question.rate,
@@ -54,7 +56,7 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
         write: question.write,
     })?;
     let mut out = std::io::stdout().lock();
-    if question.json {
+    if json {
         let _ = writeln!(
             out,
             "{}",
@@ -62,6 +64,31 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
         );
         return Ok(());
     }
+    print_state(&mut out, &report);
+    print_answer(&mut out, &report, &kind);
+    Ok(())
+}
+
+/// What the question's streams are, for the answer: "<rate> playback streams (σ <stdev>)".
+fn stream_kind(question: &AdmitQuestion) -> String {
+    format!(
+        "{} {} streams{}",
+        question.rate,
+        if question.write {
+            "recording"
+        } else {
+            "playback"
+        },
+        if question.stdev.0 > 0 {
+            format!(" (σ {})", question.stdev)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// The device's admission settings and what it has admitted now.
+fn print_state(out: &mut impl Write, report: &AdmissionReport) {
     let _ = writeln!(
         out,
         "{}: {} admission, p_req {}, {} ms windows, {}% real time; {}",
@@ -83,20 +110,10 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
                 percent(p)
             ))
     );
-    let kind = format!(
-        "{} {} streams{}",
-        question.rate,
-        if question.write {
-            "recording"
-        } else {
-            "playback"
-        },
-        if question.stdev.0 > 0 {
-            format!(" (σ {})", question.stdev)
-        } else {
-            String::new()
-        }
-    );
+}
+
+/// How many more `kind` streams fit, and whether the asked-for count does.
+fn print_answer(out: &mut impl Write, report: &AdmissionReport, kind: &str) {
     match report.n_max {
         Some(n) => {
             let _ = writeln!(out, "n_max: {n} more {kind} fit");
@@ -125,5 +142,4 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
             );
         }
     }
-    Ok(())
 }

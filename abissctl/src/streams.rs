@@ -196,10 +196,9 @@ fn upgrade_line(upgrades: &abiss_proto::UpgradeReport) -> String {
 
 /// Prints the managed devices.
 pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
-    let (devices, upgrades) = client.status_and_upgrades()?;
+    let report = client.status_report()?;
     let mut out = std::io::stdout().lock();
     if json {
-        let report = serde_json::json!({ "devices": devices, "upgrades": upgrades });
         let _ = writeln!(
             out,
             "{}",
@@ -207,7 +206,18 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
         );
         return Ok(());
     }
-    let _ = writeln!(out, "{}", upgrade_line(&upgrades));
+    let devices = report.devices;
+    let _ = writeln!(out, "{}", upgrade_line(&report.upgrades));
+    for capability in &report.capabilities {
+        let _ = match &capability.off_because {
+            None => writeln!(out, "{:<18} on   {}", capability.name, capability.gives),
+            Some(why) => writeln!(
+                out,
+                "{:<18} OFF  {why} (needs {})",
+                capability.name, capability.needs
+            ),
+        };
+    }
     if devices.is_empty() {
         let _ = writeln!(out, "abissd manages no device (start it with --device DEV)");
         return Ok(());

@@ -146,26 +146,12 @@ pub fn make_files(
     punch_tail(&reserve, copy_hole, dir).context("making room for the copy")?;
 
     let copy_source = paths.pop().expect("the copy source was made last");
-    let position = |path: &Path| -> anyhow::Result<f64> {
-        let file = File::open(path)?;
-        let extents = file_extents(&file)?;
-        if extents.len() > 2 {
-            eprintln!(
-                "abiss-bench: {} is in {} pieces on the disk",
-                path.display(),
-                extents.len()
-            );
-        }
-        let start = extents.iter().map(|e| e.physical).min().unwrap_or(0);
-        #[expect(clippy::cast_precision_loss, reason = "a position for the report")]
-        Ok(start as f64 / disk_bytes as f64)
-    };
     let files = BenchFiles {
         stream_positions: paths
             .iter()
-            .map(|p| position(p))
+            .map(|p| disk_position(p, disk_bytes))
             .collect::<Result<_, _>>()?,
-        copy_source_position: position(&copy_source)?,
+        copy_source_position: disk_position(&copy_source, disk_bytes)?,
         streams: paths,
         copy_destination: dir.join("copy-destination"),
         copy_source,
@@ -173,6 +159,29 @@ pub fn make_files(
     for path in files.read_files() {
         drop_cached_pages(path)?;
     }
+    report_placement(&files);
+    Ok(files)
+}
+
+/// Where `path` starts on a disk of `disk_bytes`, as a fraction of it (0 = outer edge);
+/// warns if the file is in more than two pieces.
+fn disk_position(path: &Path, disk_bytes: u64) -> anyhow::Result<f64> {
+    let file = File::open(path)?;
+    let extents = file_extents(&file)?;
+    if extents.len() > 2 {
+        eprintln!(
+            "abiss-bench: {} is in {} pieces on the disk",
+            path.display(),
+            extents.len()
+        );
+    }
+    let start = extents.iter().map(|e| e.physical).min().unwrap_or(0);
+    #[expect(clippy::cast_precision_loss, reason = "a position for the report")]
+    Ok(start as f64 / disk_bytes as f64)
+}
+
+/// Tells where the files went.
+fn report_placement(files: &BenchFiles) {
     let percent = |p: &f64| format!("{:.0} %", p * 100.0);
     eprintln!(
         "files placed: streams at {}, copy source at {} of the disk",
@@ -184,7 +193,6 @@ pub fn make_files(
             .join(", "),
         percent(&files.copy_source_position)
     );
-    Ok(files)
 }
 
 /// Fallocates a file over all the free space data can use: one large request, then

@@ -213,44 +213,113 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
     if secs < 6 {
         bail!("--secs must be at least 6 (2 s warm-up and 2 s margin around the window)");
     }
-    let disk = MemoryDisk::new("load", 1024)?;
-    let window = secs - 4;
+    let bench = OverheadBench {
+        disk: MemoryDisk::new("load", 1024)?,
+        attached_disk: AttachedFileDisk::new()?,
+        bin_dir,
+        secs,
+        window: secs - 4,
+    };
+    let window = bench.window;
     let mut rows = Vec::new();
-    let attached_disk = AttachedFileDisk::new()?;
     for (scheduler, attached) in [
         ("none", false),
         ("mq-deadline", false),
         ("bfq", false),
         ("mq-deadline", true),
     ] {
-        disk.set_scheduler(scheduler)?;
-        let baseline = fio_iops(&output(&mut fio(&disk.device, secs))?)?;
+        rows.push(bench.row(scheduler, attached)?);
+    }
+    drop(bench);
 
-        let daemon = if attached {
-            let args = attached_disk.daemon_args();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let daemon = BenchDaemon::start(&bin_dir, &args)?;
-            attached_disk.attach(&bin_dir, &daemon)?;
-            daemon
-        } else {
-            BenchDaemon::start(&bin_dir, &[])?
-        };
-        let load = fio(&disk.device, secs)
+    let command = format!("cargo xtask bench overhead --secs {secs}");
+    let markdown = markdown(&command, window, &rows);
+    let report = json!({
+        "benchmark": "overhead",
+        "command": command,
+        "machine": report::machine(),
+        "parameters": { "secs": secs, "window_s": window, "block": "4k", "iodepth": 32, "engine": "io_uring" },
+        "rows": rows,
+    });
+    report::write_results(&args.results_dir, "overhead", &report, &markdown)
+}
+
+/// The disks and settings every row is measured with. The load disk is dropped (detached)
+/// before the attached-file disk, as the fields are declared.
+struct OverheadBench {
+    disk: MemoryDisk,
+    attached_disk: AttachedFileDisk,
+    bin_dir: PathBuf,
+    secs: u64,
+    /// Seconds of the stats window, inside the load.
+    window: u64,
+}
+
+impl OverheadBench {
+    /// One row: the load untraced, then traced under a fresh abissd (with a file attached on
+    /// the other disk if `attached`), with the programs' costs over the window.
+    fn row(&self, scheduler: &str, attached: bool) -> anyhow::Result<Value> {
+        self.disk.set_scheduler(scheduler)?;
+        let baseline = fio_iops(&output(&mut fio(&self.disk.device, self.secs))?)?;
+
+        let daemon = self.start_daemon(attached)?;
+        let load = fio(&self.disk.device, self.secs)
             .stdout(Stdio::piped())
             .spawn()
             .context("cannot start fio")?;
         std::thread::sleep(Duration::from_secs(2));
         let stats = output(
-            Command::new(bin_dir.join("abissctl"))
+            Command::new(self.bin_dir.join("abissctl"))
                 .arg("--socket")
                 .arg(&daemon.socket)
-                .args(["stats", "--json", "--interval", &window.to_string()]),
+                .args(["stats", "--json", "--interval", &self.window.to_string()]),
         )?;
         let output = load.wait_with_output().context("fio failed")?;
         drop(daemon);
         let traced = fio_iops(&String::from_utf8_lossy(&output.stdout))?;
         let stats: Value =
             serde_json::from_str(&stats).context("abissctl stats printed no JSON")?;
+        let cost = ProgramCost::from_stats(&stats);
+        Ok(json!({
+            "scheduler": scheduler,
+            "file_attached": attached,
+            "iops_untraced": baseline,
+            "iops_traced": traced,
+            "events": cost.runs,
+            "avg_ns_per_event": cost.avg_ns,
+            "programs": cost.programs,
+            "daemon_cpu_ns": stats["daemon_cpu_ns"],
+            "daemon_rss_bytes": stats["daemon_rss_bytes"],
+            "window_ns": stats["window_ns"],
+        }))
+    }
+
+    /// abissd, managing and with a file attached on the other disk if `attached`.
+    fn start_daemon(&self, attached: bool) -> anyhow::Result<BenchDaemon> {
+        if attached {
+            let args = self.attached_disk.daemon_args();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let daemon = BenchDaemon::start(&self.bin_dir, &args)?;
+            self.attached_disk.attach(&self.bin_dir, &daemon)?;
+            Ok(daemon)
+        } else {
+            BenchDaemon::start(&self.bin_dir, &[])
+        }
+    }
+}
+
+/// The eBPF programs' cost over a stats window, from `abissctl stats --json`.
+struct ProgramCost {
+    /// The per-program entries, as abissctl printed them.
+    programs: Vec<Value>,
+    /// Runs of all programs.
+    runs: u64,
+    /// Mean run time per run, in ns.
+    avg_ns: f64,
+}
+
+impl ProgramCost {
+    fn from_stats(stats: &Value) -> Self {
         let programs = stats["programs"].as_array().cloned().unwrap_or_default();
         let runs: u64 = programs
             .iter()
@@ -266,32 +335,12 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         } else {
             time as f64 / runs as f64
         };
-        rows.push(json!({
-            "scheduler": scheduler,
-            "file_attached": attached,
-            "iops_untraced": baseline,
-            "iops_traced": traced,
-            "events": runs,
-            "avg_ns_per_event": avg_ns,
-            "programs": programs,
-            "daemon_cpu_ns": stats["daemon_cpu_ns"],
-            "daemon_rss_bytes": stats["daemon_rss_bytes"],
-            "window_ns": stats["window_ns"],
-        }));
+        Self {
+            programs,
+            runs,
+            avg_ns,
+        }
     }
-    drop(disk);
-    drop(attached_disk);
-
-    let command = format!("cargo xtask bench overhead --secs {secs}");
-    let markdown = markdown(&command, window, &rows);
-    let report = json!({
-        "benchmark": "overhead",
-        "command": command,
-        "machine": report::machine(),
-        "parameters": { "secs": secs, "window_s": window, "block": "4k", "iodepth": 32, "engine": "io_uring" },
-        "rows": rows,
-    });
-    report::write_results(&args.results_dir, "overhead", &report, &markdown)
 }
 
 /// The Markdown table of the rows.

@@ -190,6 +190,11 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     });
     let markdown = markdown(&command, &machine, args, &queue, &sweeps);
     report::write_results(&args.results_dir, "sweep", &report, &markdown)?;
+    draw_chart(args, &sweeps)
+}
+
+/// Draws sweep.svg: each configuration's miss fraction by streams.
+fn draw_chart(args: &SweepArgs, sweeps: &[ConfigurationSweep]) -> anyhow::Result<()> {
     let svg = args.results_dir.join("sweep.svg");
     let series: Vec<MissSeries<'_>> = sweeps
         .iter()

@@ -196,24 +196,11 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
     let begun = Instant::now();
     let files = plan.files;
     let configuration = plan.configuration;
-    anyhow::ensure!(
-        plan.streams <= files.streams.len(),
-        "{} streams asked for, {} files made",
-        plan.streams,
-        files.streams.len()
-    );
-    disk.select_elevator(&configuration.elevator)?;
-    remove_copy(files)?;
-    for path in files.read_files() {
-        drop_cached_pages(path)?;
-    }
-    let queue = disk.queue_settings();
-    let idle_before = disk.wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
-    let streams = &files.streams[..plan.streams];
-    let mut cached_pages_at_start = 0;
-    for path in streams {
-        cached_pages_at_start += cached_pages(path)?;
-    }
+    let StartState {
+        queue,
+        idle_before,
+        cached_pages_at_start,
+    } = prepare_disk(disk, plan)?;
 
     let bin_dir = std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from);
     let setup = configuration.hook.start_run(&RunContext {
@@ -277,6 +264,42 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
         wall_s: begun.elapsed().as_secs_f64(),
         daemon,
         seeks: plan.seek_every.map(|_| SeekRow::from_outcomes(&outcomes)),
+    })
+}
+
+/// The disk as a run found it, after [`prepare_disk`].
+struct StartState {
+    queue: QueueSettings,
+    idle_before: bool,
+    cached_pages_at_start: u64,
+}
+
+/// Selects the configuration's elevator, removes a leftover copy, drops the files' pages and
+/// waits for the disk to go idle.
+fn prepare_disk(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<StartState> {
+    let files = plan.files;
+    anyhow::ensure!(
+        plan.streams <= files.streams.len(),
+        "{} streams asked for, {} files made",
+        plan.streams,
+        files.streams.len()
+    );
+    disk.select_elevator(&plan.configuration.elevator)?;
+    remove_copy(files)?;
+    for path in files.read_files() {
+        drop_cached_pages(path)?;
+    }
+    let queue = disk.queue_settings();
+    let idle_before = disk.wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
+    let streams = &files.streams[..plan.streams];
+    let mut cached_pages_at_start = 0;
+    for path in streams {
+        cached_pages_at_start += cached_pages(path)?;
+    }
+    Ok(StartState {
+        queue,
+        idle_before,
+        cached_pages_at_start,
     })
 }
 

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::fs::File;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::fs::FileExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use abiss_proto::{AttachRequest, ByteRate, ByteSize};
@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::abiss::Daemon;
 use crate::ioprio::current_thread_ioprio;
 use crate::lab_disk::LabDisk;
-use crate::latency::LatencyHistogram;
+use crate::latency::{LatencyHistogram, LatencySummary};
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
 use crate::workload::CopyLoop;
 use crate::{layout, report};
@@ -48,6 +48,47 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
         .map(PathBuf::from)
         .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
+    let figures = measure(&bin_dir, args.misses)?;
+
+    let command = report::command_line("upgrades");
+    let machine = report::machine();
+    let report = json!({
+        "benchmark": "upgrades",
+        "command": command,
+        "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
+        "parameters": {
+            "misses": args.misses,
+            "read_bytes": READ_BYTES,
+            "stream": {"rate_bps": 1_000_000, "buffer_bytes": 564 << 10, "level": 0},
+            "copy_file_bytes": COPY_FILE_BYTES,
+            "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
+        },
+        "upgrades": figures.upgrades,
+        "raised_before_the_read_returned": figures.raised_in_time,
+        "miss_read_latency": figures.read_summary,
+        "program_costs_with_a_file_attached": figures.costs,
+    });
+    let markdown = markdown(&command, &machine, args.misses, &figures);
+    report::write_results(&args.results_dir, "upgrades", &report, &markdown)?;
+    Ok(())
+}
+
+/// What [`measure`] found.
+struct UpgradeFigures {
+    /// abissd's upgrade count and latencies.
+    upgrades: abiss_proto::UpgradeReport,
+    /// Miss threads raised by the time their read returned.
+    raised_in_time: u32,
+    /// Latency of the miss reads.
+    read_summary: LatencySummary,
+    /// The programs' cost over the first 10 s, with the file attached.
+    costs: abiss_proto::StatsReport,
+}
+
+/// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts the copy loop,
+/// and makes `misses` misses on the stream's file; everything is torn down before it returns.
+fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
     let disk = LabDisk::up("upgrades", DISK_BYTES, 128)?;
     let files = layout::make_files(
         disk.mount_dir(),
@@ -58,7 +99,7 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     )?;
     let stream_file = files.streams[0].clone();
     let daemon = Daemon::start(
-        &bin_dir,
+        bin_dir,
         disk.device(),
         &[
             "--elevator",
@@ -94,7 +135,7 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     // the copy load and the misses.
     let mut stats_client = daemon.connect()?;
     let costs = std::thread::spawn(move || stats_client.stats(10_000));
-    let (reads, raised_in_time) = make_misses(&stream_file, args.misses)?;
+    let (reads, raised_in_time) = make_misses(&stream_file, misses)?;
     let costs = costs
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
@@ -103,43 +144,17 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     drop(client);
     drop(daemon);
     drop(disk);
-
-    let command = report::command_line("upgrades");
-    let machine = report::machine();
-    let read_summary = reads.summary();
-    let report = json!({
-        "benchmark": "upgrades",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": {
-            "misses": args.misses,
-            "read_bytes": READ_BYTES,
-            "stream": {"rate_bps": 1_000_000, "buffer_bytes": 564 << 10, "level": 0},
-            "copy_file_bytes": COPY_FILE_BYTES,
-            "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
-        },
-        "upgrades": upgrades,
-        "raised_before_the_read_returned": raised_in_time,
-        "miss_read_latency": read_summary,
-        "program_costs_with_a_file_attached": costs,
-    });
-    let markdown = markdown(
-        &command,
-        &machine,
-        args.misses,
-        &upgrades,
+    Ok(UpgradeFigures {
+        upgrades,
         raised_in_time,
-        &read_summary,
-        &costs,
-    );
-    report::write_results(&args.results_dir, "upgrades", &report, &markdown)?;
-    Ok(())
+        read_summary: reads.summary(),
+        costs,
+    })
 }
 
 /// Makes `count` misses on `path`, each by a new thread; returns their read latencies and how
 /// many threads were raised by the time their read returned.
-fn make_misses(path: &std::path::Path, count: u32) -> anyhow::Result<(LatencyHistogram, u32)> {
+fn make_misses(path: &Path, count: u32) -> anyhow::Result<(LatencyHistogram, u32)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
     let mut reads = LatencyHistogram::new();
     let mut raised_in_time = 0u32;
@@ -176,11 +191,14 @@ fn markdown(
     command: &str,
     machine: &serde_json::Value,
     misses: u32,
-    upgrades: &abiss_proto::UpgradeReport,
-    raised_in_time: u32,
-    read_summary: &crate::latency::LatencySummary,
-    costs: &abiss_proto::StatsReport,
+    figures: &UpgradeFigures,
 ) -> String {
+    let UpgradeFigures {
+        upgrades,
+        raised_in_time,
+        read_summary,
+        costs,
+    } = figures;
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
     let mut markdown = format!(
         "### Upgrade latency: page-cache miss on an attached file to raised I/O priority\n\n\

@@ -72,7 +72,7 @@ pub fn run_reader(
     start: &Receiver<Instant>,
 ) -> anyhow::Result<ReaderOutcome> {
     let prepared = prepare_reader(plan, setup);
-    let (mut file, mut hook) = match prepared {
+    let (file, mut hook) = match prepared {
         Ok(prepared) => {
             let _ = ready.send(Ok(()));
             prepared
@@ -86,75 +86,127 @@ pub fn run_reader(
         .recv()
         .map_err(|_| anyhow!("the run ended before it started"))?;
 
-    let stream = plan.stream;
-    let read_bytes = usize::try_from(stream.read_bytes)?;
-    let file_len = file.metadata()?.len();
-    anyhow::ensure!(
-        file_len >= stream.read_bytes,
-        "{} is shorter than one read",
-        plan.path.display()
-    );
-    let mut buffer = vec![0u8; read_bytes];
-    let mut outcome = ReaderOutcome {
-        reader: plan.reader,
-        latency: LatencyHistogram::new(),
-        tally: DeadlineTally::default(),
-        wraps: 0,
-        seeks: 0,
-        recoveries: Vec::new(),
-        misses_after_seeks: 0,
-        slow_after_seek: Vec::new(),
-    };
-    let mut offset = 0u64;
-    // A seek restarts the schedule: deadlines count from the seek, with the buffer's slack
-    // again, as at the start.
-    let mut origin = (0u64, Duration::ZERO);
-    let mut next_seek = plan.seek_every;
-    let mut last_slow_end: Option<Duration> = None;
-    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(plan.reader as u64);
+    let mut reader = ScheduledReader::new(plan, file)?;
     for index in 0.. {
-        let due = stream.issue_offset(index);
+        let due = plan.stream.issue_offset(index);
         if due >= plan.duration || interrupt::interrupted() {
             break;
         }
-        if let (Some(at), Some(every)) = (next_seek, plan.seek_every) {
+        reader.seek_if_due(index, due)?;
+        reader.wrap_if_at_end()?;
+        let len = reader.read(index, t0, due)?;
+        hook.after_read(reader.offset, len)?;
+        reader.offset += len;
+    }
+    Ok(reader.finish())
+}
+
+/// A reader's file and where it is in its schedule, between the reads of [`run_reader`].
+struct ScheduledReader<'a> {
+    plan: ReaderPlan<'a>,
+    file: File,
+    file_len: u64,
+    buffer: Vec<u8>,
+    /// Where the next read starts in the file.
+    offset: u64,
+    /// A seek restarts the schedule: deadlines count from the seek, with the buffer's slack
+    /// again, as at the start. The index and issue offset of the first read since.
+    origin: (u64, Duration),
+    next_seek: Option<Duration>,
+    last_slow_end: Option<Duration>,
+    rng: rand_chacha::ChaCha8Rng,
+    outcome: ReaderOutcome,
+}
+
+impl<'a> ScheduledReader<'a> {
+    fn new(plan: &ReaderPlan<'a>, file: File) -> anyhow::Result<Self> {
+        let stream = plan.stream;
+        let read_bytes = usize::try_from(stream.read_bytes)?;
+        let file_len = file.metadata()?.len();
+        anyhow::ensure!(
+            file_len >= stream.read_bytes,
+            "{} is shorter than one read",
+            plan.path.display()
+        );
+        Ok(Self {
+            plan: *plan,
+            file,
+            file_len,
+            buffer: vec![0u8; read_bytes],
+            offset: 0,
+            origin: (0, Duration::ZERO),
+            next_seek: plan.seek_every,
+            last_slow_end: None,
+            rng: <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(plan.reader as u64),
+            outcome: ReaderOutcome {
+                reader: plan.reader,
+                latency: LatencyHistogram::new(),
+                tally: DeadlineTally::default(),
+                wraps: 0,
+                seeks: 0,
+                recoveries: Vec::new(),
+                misses_after_seeks: 0,
+                slow_after_seek: Vec::new(),
+            },
+        })
+    }
+
+    /// If a seek is due by the issue offset `due` of read `index`, seeks to a random position
+    /// and restarts the schedule there.
+    fn seek_if_due(&mut self, index: u64, due: Duration) -> anyhow::Result<()> {
+        let stream = self.plan.stream;
+        if let (Some(at), Some(every)) = (self.next_seek, self.plan.seek_every) {
             if due >= at {
-                if outcome.seeks > 0 {
-                    outcome.recoveries.push(last_slow_end.unwrap_or_default());
+                if self.outcome.seeks > 0 {
+                    self.outcome
+                        .recoveries
+                        .push(self.last_slow_end.unwrap_or_default());
                 }
-                let positions = (file_len / stream.read_bytes).max(1);
-                offset = rand::Rng::gen_range(&mut rng, 0..positions) * stream.read_bytes;
-                file.seek(SeekFrom::Start(offset))?;
-                outcome.seeks += 1;
-                origin = (index, due);
-                last_slow_end = None;
-                next_seek = Some(at + every);
+                let positions = (self.file_len / stream.read_bytes).max(1);
+                self.offset = rand::Rng::gen_range(&mut self.rng, 0..positions) * stream.read_bytes;
+                self.file.seek(SeekFrom::Start(self.offset))?;
+                self.outcome.seeks += 1;
+                self.origin = (index, due);
+                self.last_slow_end = None;
+                self.next_seek = Some(at + every);
             }
         }
-        if offset + stream.read_bytes > file_len {
+        Ok(())
+    }
+
+    /// Starts the file over if the next read would pass its end.
+    fn wrap_if_at_end(&mut self) -> anyhow::Result<()> {
+        if self.offset + self.plan.stream.read_bytes > self.file_len {
             // Longer runs than the file lasts start over, from the disk again.
             posix_fadvise(
-                file.as_raw_fd(),
+                self.file.as_raw_fd(),
                 0,
                 0,
                 PosixFadviseAdvice::POSIX_FADV_DONTNEED,
             )?;
-            file.seek(SeekFrom::Start(0))?;
-            offset = 0;
-            outcome.wraps += 1;
+            self.file.seek(SeekFrom::Start(0))?;
+            self.offset = 0;
+            self.outcome.wraps += 1;
         }
+        Ok(())
+    }
+
+    /// Waits for read `index`'s issue time `t0 + due`, reads, and accounts for the read's
+    /// latency and deadline; returns the bytes read.
+    fn read(&mut self, index: u64, t0: Instant, due: Duration) -> anyhow::Result<u64> {
         if let Some(wait) = (t0 + due).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
         let issued = Instant::now();
-        let len = read_full(&mut file, &mut buffer)
-            .with_context(|| format!("reading {}", plan.path.display()))?;
+        let len = read_full(&mut self.file, &mut self.buffer)
+            .with_context(|| format!("reading {}", self.plan.path.display()))?;
         let completed = Instant::now();
+        let outcome = &mut self.outcome;
         outcome.latency.record(completed - issued);
-        let (origin_index, origin_due) = origin;
+        let (origin_index, origin_due) = self.origin;
         let start = t0 + origin_due;
         let missed = outcome.tally.record(
-            &stream,
+            &self.plan.stream,
             index - origin_index,
             issued - start,
             completed - start,
@@ -162,17 +214,22 @@ pub fn run_reader(
         if outcome.seeks > 0 {
             outcome.misses_after_seeks += u64::from(missed);
             if completed - issued > SLOW_READ {
-                last_slow_end = Some(completed - start);
+                self.last_slow_end = Some(completed - start);
                 outcome.slow_after_seek.push(completed - start);
             }
         }
-        hook.after_read(offset, len as u64)?;
-        offset += len as u64;
+        Ok(len as u64)
     }
-    if outcome.seeks > 0 {
-        outcome.recoveries.push(last_slow_end.unwrap_or_default());
+
+    /// The outcome, with the recovery of the last seek.
+    fn finish(mut self) -> ReaderOutcome {
+        if self.outcome.seeks > 0 {
+            self.outcome
+                .recoveries
+                .push(self.last_slow_end.unwrap_or_default());
+        }
+        self.outcome
     }
-    Ok(outcome)
 }
 
 fn prepare_reader(

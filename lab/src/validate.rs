@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::LabError;
 use crate::lab::Lab;
-use crate::model::{HddModel, ModelKind, Op};
+use crate::model::{HddModel, ModelKind, ModelSpec, Op};
 
 const MIB: u64 = 1 << 20;
 /// Large reads: the block layer splits each into several requests that reach the device
@@ -174,98 +174,140 @@ pub fn validate(lab: &Lab, tolerance_percent: f64) -> Result<ValidationReport, L
     // Measure from a real-time thread so that a loaded machine delays the measuring process
     // less; without the privilege the measurement simply runs at normal priority.
     let _ = crate::timing::make_current_thread_realtime(5);
-    let device = open_direct(lab.device())?;
-    let state = lab.state();
-    let size = state.size_bytes;
-    let mut buf = AlignedBuffer::new(usize::try_from(SEQ_REQUEST).unwrap_or(1 << 20));
-    let mut checks = Vec::new();
-    // The model as a predictor: the same parameters, its own head position; the rotational
-    // latency is taken at its mean, half a revolution.
-    let mut predictor = HddModel::new(state.model.hdd.clone(), size);
-    let mut rng = ChaCha8Rng::seed_from_u64(state.model.seed ^ 0x5eed);
-
-    let positions: &[f64] = match state.model.kind {
-        ModelKind::Hdd => &[0.0, 0.25, 0.5, 0.75, 0.97],
-        ModelKind::Cloud => &[0.0, 0.5],
-    };
-    for &fraction in positions {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "a position within the device"
-        )]
-        let start = align_down(
-            ((size - SEQ_REQUESTS * SEQ_REQUEST) as f64 * fraction) as u64,
-            MIB,
-        );
-        // The first request positions the head; the rest stream.
-        timed_read(&device, &mut buf, start, SEQ_REQUEST)?;
-        let mut measured = Duration::ZERO;
-        let mut expected = Duration::ZERO;
-        for i in 1..SEQ_REQUESTS {
-            let offset = start + i * SEQ_REQUEST;
-            measured += timed_read(&device, &mut buf, offset, SEQ_REQUEST)?;
-            expected += match state.model.kind {
-                ModelKind::Hdd => predictor.transfer_time(Op::Read, offset, SEQ_REQUEST),
-                ModelKind::Cloud => state.model.cloud.expected_service(SEQ_REQUEST),
-            };
-        }
-        #[expect(clippy::cast_precision_loss, reason = "a byte count")]
-        let bytes = ((SEQ_REQUESTS - 1) * SEQ_REQUEST) as f64;
-        checks.push(Check {
-            name: format!("sequential 4 MiB reads at {:>3.0}%", fraction * 100.0),
-            measured: bytes / measured.as_secs_f64() / 1e6,
-            expected: bytes / expected.as_secs_f64() / 1e6,
-            unit: "MB/s",
-        });
-    }
-
-    let distances: &[f64] = match state.model.kind {
-        ModelKind::Hdd => &[0.01, 0.2, 0.8],
-        ModelKind::Cloud => &[0.5],
-    };
-    // The head is wherever the sequential part left it.
-    let _ = predictor.plan(Op::Read, size - SEQ_REQUEST, SEQ_REQUEST, &mut rng);
-    let mut random = (Duration::ZERO, Duration::ZERO);
-    for &distance in distances {
-        #[expect(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss,
-            reason = "a distance within the device"
-        )]
-        let gap = align_down((size as f64 * distance) as u64, 4096);
-        let mut at_distance = (Duration::ZERO, Duration::ZERO);
-        for _ in 0..RANDOM_PAIRS {
-            // A random position, then one `gap` further: the second read measures access time
-            // at that distance, the first at a random one.
-            let first = align_down(rng.gen_range(0..size - gap - RANDOM_REQUEST), 4096);
-            for (offset, sum) in [(first, &mut random), (first + gap, &mut at_distance)] {
-                let expected = match state.model.kind {
-                    ModelKind::Hdd => predictor.expected_service(Op::Read, offset, RANDOM_REQUEST),
-                    ModelKind::Cloud => state.model.cloud.expected_service(RANDOM_REQUEST),
-                };
-                let _ = predictor.plan(Op::Read, offset, RANDOM_REQUEST, &mut rng);
-                sum.0 += timed_read(&device, &mut buf, offset, RANDOM_REQUEST)?;
-                sum.1 += expected;
-            }
-        }
-        checks.push(mean_latency_check(
-            format!("4 KiB read latency at distance {:>3.0}%", distance * 100.0),
-            at_distance,
-            RANDOM_PAIRS,
-        ));
-    }
-    checks.push(mean_latency_check(
-        "4 KiB read latency at random positions".into(),
-        random,
-        RANDOM_PAIRS * distances.len(),
-    ));
+    let mut probe = Probe::new(lab)?;
+    let mut checks = probe.sequential_checks()?;
+    checks.extend(probe.random_checks()?);
     Ok(ValidationReport {
         checks,
         tolerance_percent,
     })
+}
+
+/// The device opened for measuring, and the model predicting each measurement.
+struct Probe<'a> {
+    device: File,
+    model: &'a ModelSpec,
+    size: u64,
+    buf: AlignedBuffer,
+    /// The model as a predictor: the same parameters, its own head position; the rotational
+    /// latency is taken at its mean, half a revolution.
+    predictor: HddModel,
+    rng: ChaCha8Rng,
+}
+
+impl<'a> Probe<'a> {
+    fn new(lab: &'a Lab) -> Result<Self, LabError> {
+        let device = open_direct(lab.device())?;
+        let state = lab.state();
+        let size = state.size_bytes;
+        Ok(Self {
+            device,
+            model: &state.model,
+            size,
+            buf: AlignedBuffer::new(usize::try_from(SEQ_REQUEST).unwrap_or(1 << 20)),
+            predictor: HddModel::new(state.model.hdd.clone(), size),
+            rng: ChaCha8Rng::seed_from_u64(state.model.seed ^ 0x5eed),
+        })
+    }
+
+    /// Transfer rate of sequential reads at several positions.
+    fn sequential_checks(&mut self) -> Result<Vec<Check>, LabError> {
+        let (size, model) = (self.size, self.model);
+        let positions: &[f64] = match model.kind {
+            ModelKind::Hdd => &[0.0, 0.25, 0.5, 0.75, 0.97],
+            ModelKind::Cloud => &[0.0, 0.5],
+        };
+        let mut checks = Vec::new();
+        for &fraction in positions {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "a position within the device"
+            )]
+            let start = align_down(
+                ((size - SEQ_REQUESTS * SEQ_REQUEST) as f64 * fraction) as u64,
+                MIB,
+            );
+            // The first request positions the head; the rest stream.
+            timed_read(&self.device, &mut self.buf, start, SEQ_REQUEST)?;
+            let mut measured = Duration::ZERO;
+            let mut expected = Duration::ZERO;
+            for i in 1..SEQ_REQUESTS {
+                let offset = start + i * SEQ_REQUEST;
+                measured += timed_read(&self.device, &mut self.buf, offset, SEQ_REQUEST)?;
+                expected += match model.kind {
+                    ModelKind::Hdd => self.predictor.transfer_time(Op::Read, offset, SEQ_REQUEST),
+                    ModelKind::Cloud => model.cloud.expected_service(SEQ_REQUEST),
+                };
+            }
+            #[expect(clippy::cast_precision_loss, reason = "a byte count")]
+            let bytes = ((SEQ_REQUESTS - 1) * SEQ_REQUEST) as f64;
+            checks.push(Check {
+                name: format!("sequential 4 MiB reads at {:>3.0}%", fraction * 100.0),
+                measured: bytes / measured.as_secs_f64() / 1e6,
+                expected: bytes / expected.as_secs_f64() / 1e6,
+                unit: "MB/s",
+            });
+        }
+        Ok(checks)
+    }
+
+    /// Access time of small reads against seek distance, and at random positions; runs after
+    /// [`Self::sequential_checks`].
+    fn random_checks(&mut self) -> Result<Vec<Check>, LabError> {
+        let (size, model) = (self.size, self.model);
+        let distances: &[f64] = match model.kind {
+            ModelKind::Hdd => &[0.01, 0.2, 0.8],
+            ModelKind::Cloud => &[0.5],
+        };
+        let mut checks = Vec::new();
+        // The head is wherever the sequential part left it.
+        let _ = self
+            .predictor
+            .plan(Op::Read, size - SEQ_REQUEST, SEQ_REQUEST, &mut self.rng);
+        let mut random = (Duration::ZERO, Duration::ZERO);
+        for &distance in distances {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss,
+                reason = "a distance within the device"
+            )]
+            let gap = align_down((size as f64 * distance) as u64, 4096);
+            let mut at_distance = (Duration::ZERO, Duration::ZERO);
+            for _ in 0..RANDOM_PAIRS {
+                // A random position, then one `gap` further: the second read measures access
+                // time at that distance, the first at a random one.
+                let first = align_down(self.rng.gen_range(0..size - gap - RANDOM_REQUEST), 4096);
+                for (offset, sum) in [(first, &mut random), (first + gap, &mut at_distance)] {
+                    let expected = match model.kind {
+                        ModelKind::Hdd => {
+                            self.predictor
+                                .expected_service(Op::Read, offset, RANDOM_REQUEST)
+                        }
+                        ModelKind::Cloud => model.cloud.expected_service(RANDOM_REQUEST),
+                    };
+                    let _ = self
+                        .predictor
+                        .plan(Op::Read, offset, RANDOM_REQUEST, &mut self.rng);
+                    sum.0 += timed_read(&self.device, &mut self.buf, offset, RANDOM_REQUEST)?;
+                    sum.1 += expected;
+                }
+            }
+            checks.push(mean_latency_check(
+                format!("4 KiB read latency at distance {:>3.0}%", distance * 100.0),
+                at_distance,
+                RANDOM_PAIRS,
+            ));
+        }
+        checks.push(mean_latency_check(
+            "4 KiB read latency at random positions".into(),
+            random,
+            RANDOM_PAIRS * distances.len(),
+        ));
+        Ok(checks)
+    }
 }
 
 fn mean_latency_check(name: String, (measured, expected): (Duration, Duration), n: usize) -> Check {

@@ -7,8 +7,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Refusal, StreamInfo, StreamTarget,
-    UpgradeReport,
+    AdmissionReport, AdmitRequest, AttachRequest, Capability, DeviceStatus, Refusal, StreamInfo,
+    StreamTarget, UpgradeReport,
 };
 use log::{info, warn};
 use scheduler_common::AttachedFile;
@@ -229,10 +229,14 @@ impl Controller {
             .collect()
     }
 
-    /// The managed devices and the daemon's reader upgrades.
+    /// The managed devices, the daemon's reader upgrades, and what it can do on this kernel.
     #[must_use]
-    pub fn status(&self) -> (Vec<DeviceStatus>, UpgradeReport) {
-        (self.disks.status(&self.streams), self.upgrades.report())
+    pub fn status(&self) -> (Vec<DeviceStatus>, UpgradeReport, Vec<Capability>) {
+        (
+            self.disks.status(&self.streams),
+            self.upgrades.report(),
+            self.tracer.capabilities().to_vec(),
+        )
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.

@@ -18,11 +18,12 @@ use tokio::io::Interest;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::capabilities::Feature;
 use crate::controller::Controller;
 use crate::device::{DeviceConfig, DeviceError};
 use crate::disks::{AdmissionSettings, Disks, TakeError};
 use crate::kernel_events::{decode_access, decode_request, StreamAccess};
-use crate::kernel_layout::{self, LayoutError};
+use crate::kernel_layout::{self, KernelSupport, LayoutError};
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::server::{serve_connection, Command, Context};
@@ -56,6 +57,8 @@ pub struct DaemonConfig {
     pub admission_mode: AdmissionMode,
     /// Allowed miss probability per service window, in (0, 1).
     pub p_req: f64,
+    /// Optional parts switched off by the operator (`--disable`), whatever the kernel has.
+    pub disabled: Vec<Feature>,
 }
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
@@ -73,7 +76,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Socket(#[from] SocketError),
     /// The programs could not be loaded or attached.
-    #[error("{0}; abiss needs Linux 6.1 or newer with BTF tracepoints")]
+    #[error("{0}; abiss needs Linux 5.15 or newer with BTF tracepoints")]
     Tracer(#[from] TracerError),
     /// A device could not be managed.
     #[error(transparent)]
@@ -123,6 +126,28 @@ fn admission_settings(config: &DaemonConfig) -> AdmissionSettings {
     }
 }
 
+/// The kernel's layout, and the optional parts that are off: those the kernel lacks, then
+/// those the operator switched off.
+fn switched_off(
+    support: KernelSupport,
+    disabled: &[Feature],
+) -> (scheduler_common::KernelLayout, Vec<(Feature, String)>) {
+    let KernelSupport {
+        mut layout,
+        mut missing,
+    } = support;
+    for feature in disabled {
+        if !missing.iter().any(|(f, _)| f == feature) {
+            missing.push((*feature, format!("switched off (--disable {feature})")));
+        }
+    }
+    if missing.iter().any(|(f, _)| *f == Feature::DirectIoTagging) {
+        // The block programs follow a bio to its file only while this address is known.
+        layout.iomap_dio_end_io = 0;
+    }
+    (layout, missing)
+}
+
 /// What the main loop listens to, besides the controller it drives.
 struct Inputs {
     socket: ControlSocket,
@@ -154,7 +179,8 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     if !preflight::can_trace(caps) {
         return Err(DaemonError::NotPrivileged);
     }
-    let layout = kernel_layout::resolve(&config.btf)?;
+    let support = kernel_layout::resolve(&config.btf)?;
+    let (layout, off) = switched_off(support, &config.disabled);
     let socket = ControlSocket::bind(&config.socket)?;
     let disks = Disks::take(
         &config.devices,
@@ -162,7 +188,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         admission_settings(config),
     )?;
     crate::upgrades::restore_leftovers(&config.state_dir);
-    let mut tracer = BlockTracer::load(&layout, &config.btf)?;
+    let mut tracer = BlockTracer::load(&layout, &config.btf, &off)?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
 

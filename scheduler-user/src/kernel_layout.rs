@@ -2,12 +2,16 @@
 //!
 //! Rust eBPF has no CO-RE field relocations, so instead of compiling offsets in, the daemon looks
 //! them up here and writes them into the programs' read-only data before loading. A kernel whose
-//! structs lack a field fails here, by name, rather than in the verifier or at run time.
+//! structs lack a field fails here, by name, rather than in the verifier or at run time; a
+//! field or tracepoint that only an optional part needs switches that part off instead
+//! (`crate::capabilities`).
 
 use std::path::{Path, PathBuf};
 
 use btf_rs::{Btf, Type};
 use scheduler_common::KernelLayout;
+
+use crate::capabilities::Feature;
 
 /// Where the kernel publishes its own BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -29,16 +33,27 @@ pub enum LayoutError {
         /// What the parser said.
         message: String,
     },
-    /// A struct or field the programs need is not in this kernel.
-    #[error("this kernel's BTF has no {what}; abiss supports Linux 6.1 and newer")]
+    /// A struct or field the block programs need is not in this kernel.
+    #[error("this kernel's BTF has no {what}; abiss needs Linux 5.15 or newer")]
     Missing {
         /// `struct.field` that was looked for.
         what: String,
     },
 }
 
-/// Reads the offsets the programs need from the BTF at `path`.
-pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
+/// What the running kernel offers the programs: the struct offsets they read, and the
+/// optional parts whose hooks or fields it lacks (with the reason, for the log and `status`).
+#[derive(Debug)]
+pub struct KernelSupport {
+    /// The offsets, written into the programs' read-only data.
+    pub layout: KernelLayout,
+    /// Optional parts this kernel cannot run, and why.
+    pub missing: Vec<(Feature, String)>,
+}
+
+/// Reads the offsets the programs need from the BTF at `path`, and which optional parts the
+/// kernel lacks. A field of the required block programs that is missing is an error.
+pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
     if !path.exists() {
         return Err(LayoutError::NoBtf {
             path: path.to_path_buf(),
@@ -49,7 +64,35 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         message: error.to_string(),
     })?;
     let finder = FieldFinder { btf: &btf };
-    Ok(KernelLayout {
+    let mut missing = finder.missing_tracepoints();
+    let mut optional = |feature: Feature, name: &str, field: &str| {
+        finder.offset(name, field).unwrap_or_else(|_| {
+            if !missing.iter().any(|(f, _)| *f == feature) {
+                missing.push((
+                    feature,
+                    format!("struct {name}.{field} missing from this kernel"),
+                ));
+            }
+            0
+        })
+    };
+    let io_kiocb_file = optional(Feature::UringReports, "io_kiocb", "file");
+    let io_kiocb_cmd = optional(Feature::UringReports, "io_kiocb", "cmd");
+    let kiocb_ioprio = optional(Feature::UringReports, "kiocb", "ki_ioprio");
+    let iomap_dio_iocb = optional(Feature::DirectIoTagging, "iomap_dio", "iocb");
+    let kiocb_filp = optional(Feature::DirectIoTagging, "kiocb", "ki_filp");
+    let mut iomap_dio_end_io = kernel_symbol("iomap_dio_bio_end_io").unwrap_or(0);
+    if iomap_dio_end_io == 0 {
+        missing.push((
+            Feature::DirectIoTagging,
+            "iomap_dio_bio_end_io is not in /proc/kallsyms (or its addresses are hidden)".into(),
+        ));
+    }
+    if missing.iter().any(|(f, _)| *f == Feature::DirectIoTagging) {
+        // The block programs test this address before following a bio to its file.
+        iomap_dio_end_io = 0;
+    }
+    let layout = KernelLayout {
         valid: 1,
         request_q: finder.offset("request", "q")?,
         request_cmd_flags: finder.offset("request", "cmd_flags")?,
@@ -68,18 +111,19 @@ pub fn resolve(path: &Path) -> Result<KernelLayout, LayoutError> {
         inode_ino: finder.offset("inode", "i_ino")?,
         inode_sb: finder.offset("inode", "i_sb")?,
         sb_dev: finder.offset("super_block", "s_dev")?,
-        io_kiocb_file: finder.offset("io_kiocb", "file")?,
-        io_kiocb_cmd: finder.offset("io_kiocb", "cmd")?,
-        kiocb_ioprio: finder.offset("kiocb", "ki_ioprio")?,
+        io_kiocb_file,
+        io_kiocb_cmd,
+        kiocb_ioprio,
         file_inode: finder.offset("file", "f_inode")?,
         bio_end_io: finder.offset("bio", "bi_end_io")?,
         bio_private: finder.offset("bio", "bi_private")?,
-        iomap_dio_iocb: finder.offset("iomap_dio", "iocb")?,
-        kiocb_filp: finder.offset("kiocb", "ki_filp")?,
+        iomap_dio_iocb,
+        kiocb_filp,
         task_flags: finder.offset("task_struct", "flags")?,
         pad: 0,
-        iomap_dio_end_io: kernel_symbol("iomap_dio_bio_end_io").unwrap_or(0),
-    })
+        iomap_dio_end_io,
+    };
+    Ok(KernelSupport { layout, missing })
 }
 
 struct FieldFinder<'a> {
@@ -87,6 +131,32 @@ struct FieldFinder<'a> {
 }
 
 impl FieldFinder<'_> {
+    /// The optional parts whose tracepoints this kernel lacks, with the first one missing.
+    fn missing_tracepoints(&self) -> Vec<(Feature, String)> {
+        Feature::ALL
+            .into_iter()
+            .filter_map(|feature| {
+                let tracepoint = feature
+                    .programs()
+                    .iter()
+                    .map(|(_, tracepoint)| *tracepoint)
+                    .find(|tracepoint| !self.has_tracepoint(tracepoint))?;
+                Some((
+                    feature,
+                    format!("tracepoint {tracepoint} missing from this kernel"),
+                ))
+            })
+            .collect()
+    }
+
+    /// Whether the kernel has tracepoint `name`: each one has a `btf_trace_<name>` typedef,
+    /// which is what a BTF tracepoint program attaches by.
+    fn has_tracepoint(&self, name: &str) -> bool {
+        self.btf
+            .resolve_types_by_name(&format!("btf_trace_{name}"))
+            .is_ok_and(|types| !types.is_empty())
+    }
+
     /// Byte offset of `field` in `struct name`, looking through anonymous structs and unions.
     fn offset(&self, name: &str, field: &str) -> Result<u32, LayoutError> {
         let missing = || LayoutError::Missing {
@@ -179,7 +249,13 @@ mod tests {
             eprintln!("skipped: {KERNEL_BTF} missing (kernel without BTF)");
             return;
         }
-        let layout = resolve(Path::new(KERNEL_BTF)).expect("layout resolves");
+        let support = resolve(Path::new(KERNEL_BTF)).expect("layout resolves");
+        assert!(
+            support.missing.is_empty(),
+            "this kernel has every hook: {:?}",
+            support.missing
+        );
+        let layout = support.layout;
         assert_eq!(layout.valid, 1);
         assert_eq!(layout.request_q, 0, "struct request starts with its queue");
         assert_eq!(layout.bvec_page, 0, "struct bio_vec starts with its page");

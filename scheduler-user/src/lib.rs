@@ -28,6 +28,7 @@
 //! | loading the programs, reading and writing their maps | [`tracer`] |
 //! | kernel struct offsets from BTF | [`kernel_layout`] |
 //! | privilege checks | [`preflight`] |
+//! | optional parts and the kernel hooks they need | [`capabilities`] |
 //! | prefetch: a thread and an `io_uring` per ABISS level, `mlock` | [`prefetch`] |
 //! | raising and restoring readers' I/O priority | [`upgrades`] |
 //! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
@@ -37,9 +38,11 @@
 //! The device model and its fitting are in `abiss-model`; the shared system calls (ioprio,
 //! monotonic clock, atomic file writes) in `abiss-os`.
 //!
-//! Requires Linux 6.1 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`).
+//! Requires Linux 5.15 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`); the
+//! optional parts need newer kernels ([`capabilities`]).
 #![deny(missing_docs)]
 
+pub mod capabilities;
 pub mod connection;
 pub mod controller;
 pub mod daemon;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
-    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
-    ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response, StreamInfo, StreamTarget,
-    UpgradeReport, PROTOCOL_VERSION,
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Capability,
+    DeviceStatus, Envelope, ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response,
+    StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
 };
 use log::warn;
 use tokio::net::UnixStream;
@@ -78,8 +78,8 @@ pub enum Command {
         /// The answer.
         reply: Reply<Vec<StreamInfo>>,
     },
-    /// The managed devices and the reader upgrades.
-    Status(Reply<(Vec<DeviceStatus>, UpgradeReport)>),
+    /// The managed devices, the reader upgrades and the capabilities.
+    Status(Reply<(Vec<DeviceStatus>, UpgradeReport, Vec<Capability>)>),
     /// Capacity planning.
     Admit {
         /// The question.
@@ -287,7 +287,11 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             None => shutting_down(),
         },
         Request::Status => match ask(context, Command::Status).await {
-            Some((devices, upgrades)) => Response::Devices { devices, upgrades },
+            Some((devices, upgrades, capabilities)) => Response::Devices {
+                devices,
+                upgrades,
+                capabilities,
+            },
             None => shutting_down(),
         },
         Request::Admit(request) => {

@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use abiss_proto::{DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation};
+use abiss_proto::{
+    Capability, DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation,
+};
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, RingBuf},
     programs::{BtfTracePoint, ProgramError},
@@ -13,21 +15,19 @@ use scheduler_common::{
     LatencyCounters, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
 };
 
+use crate::capabilities::Feature;
+
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
 
-/// The programs and the kernel tracepoints they attach to.
-const PROGRAMS: [(&str, &str); 10] = [
+/// The required programs, the block layer's, and the kernel tracepoints they attach to. The
+/// optional ones are listed by `Feature::programs`.
+const BLOCK_PROGRAMS: [(&str, &str); 5] = [
     ("abiss_insert", "block_rq_insert"),
     ("abiss_issue", "block_rq_issue"),
     ("abiss_complete", "block_rq_complete"),
     ("abiss_merge", "block_rq_merge"),
     ("abiss_requeue", "block_rq_requeue"),
-    ("abiss_get_pages", "mm_filemap_get_pages"),
-    ("abiss_fault", "mm_filemap_fault"),
-    ("abiss_sync_ra", "page_cache_sync_ra"),
-    ("abiss_uring_submit", "io_uring_submit_req"),
-    ("abiss_uring_complete", "io_uring_complete"),
 ];
 
 /// Failures to load, attach or read the programs.
@@ -75,17 +75,48 @@ pub enum TracerError {
     },
 }
 
+/// Loads `program` and attaches it to `tracepoint`; its name and kernel id.
+fn attach(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    program: &'static str,
+    tracepoint: &'static str,
+) -> Result<(String, u32), TracerError> {
+    let attach_error = |source| TracerError::Attach {
+        program,
+        tracepoint,
+        source,
+    };
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(program)
+        .ok_or(TracerError::MissingMap { name: program })?
+        .try_into()
+        .map_err(attach_error)?;
+    prog.load(tracepoint, btf).map_err(attach_error)?;
+    prog.attach().map_err(attach_error)?;
+    let id = prog.info().map_err(attach_error)?.id();
+    Ok((program.to_owned(), id))
+}
+
 /// The loaded and attached block tracer. Dropping it detaches and unloads everything.
 #[derive(Debug)]
 pub struct BlockTracer {
     ebpf: Ebpf,
     program_ids: Vec<(String, u32)>,
     control: Control,
+    capabilities: Vec<Capability>,
 }
 
 impl BlockTracer {
-    /// Loads the programs with `layout` written into their read-only data, and attaches them.
-    pub fn load(layout: &KernelLayout, btf_path: &Path) -> Result<Self, TracerError> {
+    /// Loads the programs with `layout` written into their read-only data, and attaches the
+    /// block programs and those of every optional part not in `off`. An optional part whose
+    /// programs the kernel refuses is switched off too, with the kernel's reason; a block
+    /// program that cannot attach is an error.
+    pub fn load(
+        layout: &KernelLayout,
+        btf_path: &Path,
+        off: &[(Feature, String)],
+    ) -> Result<Self, TracerError> {
         let btf = Btf::parse_file(btf_path, aya::Endianness::default())
             .map_err(|source| TracerError::Btf { source })?;
         let mut ebpf = EbpfLoader::new()
@@ -94,21 +125,40 @@ impl BlockTracer {
             .load(EBPF_OBJECT)
             .map_err(|source| TracerError::Load { source })?;
         let mut program_ids = Vec::new();
-        for (program, tracepoint) in PROGRAMS {
-            let attach_error = |source| TracerError::Attach {
-                program,
-                tracepoint,
-                source,
-            };
-            let prog: &mut BtfTracePoint = ebpf
-                .program_mut(program)
-                .ok_or(TracerError::MissingMap { name: program })?
-                .try_into()
-                .map_err(attach_error)?;
-            prog.load(tracepoint, &btf).map_err(attach_error)?;
-            prog.attach().map_err(attach_error)?;
-            let id = prog.info().map_err(attach_error)?.id();
-            program_ids.push((program.to_owned(), id));
+        for (program, tracepoint) in BLOCK_PROGRAMS {
+            program_ids.push(attach(&mut ebpf, &btf, program, tracepoint)?);
+        }
+        let mut capabilities = Vec::new();
+        for feature in Feature::ALL {
+            let mut why = off
+                .iter()
+                .find(|(f, _)| *f == feature)
+                .map(|(_, why)| why.clone());
+            if why.is_none() {
+                for (program, tracepoint) in feature.programs() {
+                    match attach(&mut ebpf, &btf, program, tracepoint) {
+                        Ok(id) => program_ids.push(id),
+                        Err(error) => {
+                            why = Some(error.to_string());
+                            break;
+                        }
+                    }
+                }
+            }
+            if why.is_some() {
+                // A part is all or nothing: what did attach goes again.
+                for (program, _) in feature.programs() {
+                    program_ids.retain(|(name, _)| name != program);
+                    if let Some(prog) = ebpf.program_mut(program) {
+                        let _ = <&mut BtfTracePoint>::try_from(prog).map(BtfTracePoint::unload);
+                    }
+                }
+            }
+            let capability = feature.report(why.as_deref());
+            if let Some(off) = &capability.off_because {
+                log::warn!("{feature} is off: {off}; it needs {}", capability.needs);
+            }
+            capabilities.push(capability);
         }
         let control = Control {
             daemon_tgid: std::process::id(),
@@ -118,9 +168,16 @@ impl BlockTracer {
             ebpf,
             program_ids,
             control,
+            capabilities,
         };
         tracer.set_control(control)?;
         Ok(tracer)
+    }
+
+    /// What this daemon can do on this kernel.
+    #[must_use]
+    pub fn capabilities(&self) -> &[Capability] {
+        &self.capabilities
     }
 
     /// The map `name` as a typed map, for reading.

@@ -655,6 +655,9 @@ pub struct PacedReport {
     pub bytes: u64,
     /// Reads that took over a millisecond.
     pub slow: Vec<SlowRead>,
+    /// Reads that began while part of their range was not in the page cache: the window
+    /// lagged the reader, and the read waited for the disk (with a watched file only).
+    pub not_resident: Vec<SlowRead>,
 }
 
 /// A read that took over a millisecond, with what the page cache held just before it.
@@ -801,18 +804,26 @@ pub fn paced_read(
         // Only the page-aligned part is looked at: mincore maps from a page boundary.
         let aligned = report.bytes / 4096 * 4096;
         let resident_before = watched.map(|file| resident_bytes(file, aligned, read_bytes as u64));
+        let wanted = watched.map(|file| {
+            let size = file.metadata().map_or(0, |m| m.len());
+            size.saturating_sub(aligned).min(read_bytes as u64)
+        });
         let before = Instant::now();
         let read = reader.read(&mut chunk).expect("paced read");
         let done = start.elapsed();
         let latency = u64::try_from(before.elapsed().as_nanos()).unwrap_or(u64::MAX);
         report.latencies_ns.push(latency);
+        let this = SlowRead {
+            index: i,
+            offset: report.bytes,
+            latency_ns: latency,
+            resident_before,
+        };
+        if resident_before < wanted {
+            report.not_resident.push(this);
+        }
         if latency > 1_000_000 {
-            report.slow.push(SlowRead {
-                index: i,
-                offset: report.bytes,
-                latency_ns: latency,
-                resident_before,
-            });
+            report.slow.push(this);
         }
         if done > Duration::from_nanos(slack_ns + i * period_ns) {
             report.misses += 1;

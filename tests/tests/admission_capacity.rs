@@ -1,6 +1,8 @@
 //! On the lab hdd with a measured model, streams attached one by one are refused exactly at
 //! the capacity `abissctl admit` predicts, and the refusal names the figures.
 
+use std::path::Path;
+
 use abiss_tests::{require_root, write_cold_file, Daemon, HddLab};
 
 fn json(output: &std::process::Output) -> serde_json::Value {
@@ -18,45 +20,8 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
     let lab = HddLab::up("wt6-admission", 2, "mq-deadline");
     let daemon = Daemon::start_managing(lab.device(), &[]);
     let device = lab.device().to_str().unwrap().to_owned();
-    // Profiled while abissd runs: it takes the model up at the next attach or question.
-    let state = daemon.state_dir();
-    let profile = daemon.ctl([
-        "profile",
-        &device,
-        "--quick",
-        "--save",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
-    assert!(
-        profile.status.success(),
-        "{}",
-        String::from_utf8_lossy(&profile.stderr)
-    );
-
-    let plan = json(&daemon.ctl(["admit", "--device", &device, "--rate", "1MB/s", "--json"]));
-    assert_eq!(plan["mode"], "statistical");
-    assert!(plan["model_source"]
-        .as_str()
-        .unwrap()
-        .contains("quick profile"));
-    let n_max = usize::try_from(plan["n_max"].as_u64().expect("n_max")).unwrap();
-    assert!((4..40).contains(&n_max), "n_max {n_max}");
-    let deterministic = json(&daemon.ctl([
-        "admit",
-        "--device",
-        &device,
-        "--rate",
-        "1MB/s",
-        "--mode",
-        "deterministic",
-        "--count",
-        "1",
-        "--json",
-    ]));
-    let n_det = usize::try_from(deterministic["n_max"].as_u64().unwrap()).unwrap();
-    assert!(n_det < n_max, "deterministic {n_det}, statistical {n_max}");
-    assert_eq!(deterministic["fits"], true);
+    save_quick_profile(&daemon, &device);
+    let n_max = predicted_capacity(&daemon, &device);
 
     for i in 0..=n_max {
         let file = lab.mount().join(format!("stream-{i}.bin"));
@@ -65,24 +30,7 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
             let _ = daemon.attach_at_1mb(&file);
             continue;
         }
-        let output = daemon.ctl([
-            "attach",
-            file.to_str().unwrap(),
-            "--rate",
-            "1MB/s",
-            "--buffer",
-            "564KiB",
-        ]);
-        let message = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(9), "{message}");
-        for figure in [
-            "1000000 B/s",
-            "predicted miss probability",
-            "where 1% is allowed",
-            "more fits",
-        ] {
-            assert!(message.contains(figure), "'{figure}' missing: {message}");
-        }
+        assert_refused_with_figures(&daemon, &file);
     }
     assert_eq!(daemon.streams().len(), n_max);
     let status = json(&daemon.ctl(["status", "--json"]))["devices"].clone();
@@ -101,4 +49,74 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
     ]));
     assert_eq!(again["n_max"], 0);
     assert_eq!(again["fits"], false);
+}
+
+/// Profiles `device` quickly and saves the model in abissd's state directory.
+fn save_quick_profile(daemon: &Daemon, device: &str) {
+    // Profiled while abissd runs: it takes the model up at the next attach or question.
+    let state = daemon.state_dir();
+    let profile = daemon.ctl([
+        "profile",
+        device,
+        "--quick",
+        "--save",
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    assert!(
+        profile.status.success(),
+        "{}",
+        String::from_utf8_lossy(&profile.stderr)
+    );
+}
+
+/// How many 1 MB/s streams `abissctl admit` says fit with the profiled model; fewer fit by
+/// deterministic admission.
+fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
+    let plan = json(&daemon.ctl(["admit", "--device", device, "--rate", "1MB/s", "--json"]));
+    assert_eq!(plan["mode"], "statistical");
+    assert!(plan["model_source"]
+        .as_str()
+        .unwrap()
+        .contains("quick profile"));
+    let n_max = usize::try_from(plan["n_max"].as_u64().expect("n_max")).unwrap();
+    assert!((4..40).contains(&n_max), "n_max {n_max}");
+    let deterministic = json(&daemon.ctl([
+        "admit",
+        "--device",
+        device,
+        "--rate",
+        "1MB/s",
+        "--mode",
+        "deterministic",
+        "--count",
+        "1",
+        "--json",
+    ]));
+    let n_det = usize::try_from(deterministic["n_max"].as_u64().unwrap()).unwrap();
+    assert!(n_det < n_max, "deterministic {n_det}, statistical {n_max}");
+    assert_eq!(deterministic["fits"], true);
+    n_max
+}
+
+/// Attaching `file` at 1 MB/s is refused (exit code 9), with the figures in the message.
+fn assert_refused_with_figures(daemon: &Daemon, file: &Path) {
+    let output = daemon.ctl([
+        "attach",
+        file.to_str().unwrap(),
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "564KiB",
+    ]);
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(9), "{message}");
+    for figure in [
+        "1000000 B/s",
+        "predicted miss probability",
+        "where 1% is allowed",
+        "more fits",
+    ] {
+        assert!(message.contains(figure), "'{figure}' missing: {message}");
+    }
 }

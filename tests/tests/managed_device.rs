@@ -199,7 +199,11 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
     let managed = ManagedDevice::take(&disk.spec(), &bfq_over_8(), state.path()).expect("take");
     let taken = disk.settings();
     assert_eq!(taken.scheduler, "bfq");
-    assert_eq!(taken.driver_depth, Some(8), "live driver depth while managed");
+    assert_eq!(
+        taken.driver_depth,
+        Some(8),
+        "live driver depth while managed"
+    );
     let status = managed.status().expect("status");
     assert_eq!(status.name, disk.name());
     assert_eq!(status.number, disk.number());

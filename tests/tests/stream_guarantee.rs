@@ -1,5 +1,12 @@
 //! The guarantee itself, on the lab's emulated laptop hdd with a best-effort copy loop running:
-//! a 1 MB/s stream read in 64 KiB reads misses no deadline and its reads stay under 1 ms.
+//! a 1 MB/s stream read in 64 KiB reads misses no deadline, and every read finds its pages in
+//! memory when it begins. Those two are what abiss controls, and what the tests assert. How
+//! long a read of resident pages takes is the CPU's and the kernel's (locks, scheduling) and is
+//! reported as a figure (p50 to max, and the reads over 1 ms), not asserted.
+//!
+//! With `--disable read-tracking --disable miss-upgrades --disable uring-reports` (a kernel
+//! older than 6.4, as far as abiss can tell) the library reader, which sends position messages,
+//! must keep the same guarantee.
 
 use std::fs::File;
 use std::time::Duration;
@@ -31,12 +38,14 @@ struct Bench {
     lab: HddLab,
 }
 
-fn bench(tag: &str) -> Bench {
+fn bench(tag: &str, daemon_args: &[&str]) -> Bench {
     let lab = HddLab::up(tag, 2, "none");
     let mount = lab.mount().to_path_buf();
     write_cold_file(&mount.join("stream.bin"), 70 << 20);
     write_cold_file(&mount.join("copy-source.bin"), 175 << 20);
-    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let mut args = vec!["--capacity", "30MB/s"];
+    args.extend_from_slice(daemon_args);
+    let daemon = Daemon::start_managing(lab.device(), &args);
     let copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
     // Let the copy loop fill the queues before the stream starts.
     std::thread::sleep(Duration::from_secs(2));
@@ -61,23 +70,52 @@ fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
         copied / 1_000_000
     );
     eprintln!("{what}: reads over 1 ms: {:?}", report.slow);
+    eprintln!(
+        "{what}: reads that began with pages not resident: {:?}",
+        report.not_resident
+    );
     let expected = duration().as_secs() * RATE / READ as u64;
     assert!(
         report.latencies_ns.len() as u64 >= expected * 95 / 100,
         "the reader kept its schedule"
     );
     assert_eq!(report.misses, 0, "{what}: deadline misses");
-    assert!(p999 < 1_000_000, "{what}: p99.9 read latency {p999} ns");
+    assert!(
+        report.not_resident.is_empty(),
+        "{what}: {} reads began before the window held their pages: {:?}",
+        report.not_resident.len(),
+        report.not_resident
+    );
     assert!(
         copied > 20_000_000,
         "the copy loop really loaded the disk ({copied} bytes)"
     );
 }
 
+/// What a kernel before 6.4 lacks, as far as abiss can tell.
+const OLD_KERNEL: [&str; 6] = [
+    "--disable",
+    "read-tracking",
+    "--disable",
+    "miss-upgrades",
+    "--disable",
+    "uring-reports",
+];
+
 #[test]
 fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
     require_root!();
-    let mut bench = bench("library");
+    library_reader("library", &[]);
+}
+
+#[test]
+fn a_library_reader_meets_every_deadline_without_the_newer_kernel_hooks() {
+    require_root!();
+    library_reader("library-old-kernel", &OLD_KERNEL);
+}
+
+fn library_reader(tag: &str, daemon_args: &[&str]) {
+    let mut bench = bench(tag, daemon_args);
     let path = bench.lab.mount().join("stream.bin");
     let client = Client::connect(bench.daemon.socket()).expect("connect");
     let mut file = AbissFile::open_with(
@@ -96,13 +134,13 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
         duration(),
     );
     let copied = bench.copy.stop();
-    check(&bench.daemon, &report, "library reader", copied);
+    check(&bench.daemon, &report, tag, copied);
 }
 
 #[test]
 fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
     require_root!();
-    let mut bench = bench("plain");
+    let mut bench = bench("plain", &[]);
     let path = bench.lab.mount().join("stream.bin");
     let _stream = bench.daemon.attach_at_1mb(&path);
     // A plain reader: it knows nothing of abiss; its reads tell the daemon where it is.

@@ -74,7 +74,8 @@ fn prefetch_requests_carry_the_streams_priority_and_inode() {
     write_cold_file(&be_file, 4 << 20);
     let mut events = daemon.connect();
     events.send(abiss_proto::Request::Events);
-    std::thread::sleep(Duration::from_millis(300));
+    events.set_timeout(Duration::from_secs(5));
+    assert_eq!(events.receive(), abiss_proto::Response::Subscribed);
 
     let mut client = Client::connect(daemon.socket()).expect("connect");
     let rt = client
@@ -223,20 +224,61 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert!(existing.status.success());
     assert!(wait_until(Duration::from_secs(5), || locked_kib(pid) == BUFFER / 1024));
 
-    let expect = |args: &[&str], code: i32, needle: &str| {
-        let output = ctl(daemon, args);
-        let message = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(code), "{args:?}: {message}");
-        assert!(
-            message.contains(needle),
-            "{args:?}: '{message}' lacks '{needle}'"
-        );
-        assert!(!message.contains("panicked"));
-    };
     let other = fs.path().join("other.bin");
     write_cold_file(&other, 1 << 20);
     let other = other.to_str().unwrap();
-    // Invalid parameters.
+    refuses_invalid_parameters(daemon, other);
+    refuses_wrong_kinds_of_file(daemon, fs.path());
+    // A rate that does not fit the 16 MB/s budget (80% of 20 MB/s); 1 MB/s is taken.
+    expect_refused(
+        daemon,
+        &["attach", other, "--rate", "16MB/s"],
+        9,
+        "15000000 B/s",
+    );
+    // A file attached twice.
+    expect_refused(
+        daemon,
+        &["attach", path, "--rate", "1MB/s"],
+        9,
+        "already attached",
+    );
+    refuses_bad_detaches(daemon);
+
+    // Descriptors the CLI cannot produce: a pipe and a write-only file, through the protocol.
+    let mut client = Client::connect(daemon.socket()).unwrap();
+    let (reader, _writer) = nix::unistd::pipe().unwrap();
+    assert!(
+        matches!(client.attach(reader, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("a pipe"))
+    );
+    let write_only = std::fs::OpenOptions::new().write(true).open(other).unwrap();
+    assert!(
+        matches!(client.attach(write_only, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("write-only"))
+    );
+
+    // The existing stream is untouched and nothing else is locked.
+    let streams = client.list().unwrap();
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].locked_bytes, BUFFER);
+    assert_eq!(locked_kib(pid), BUFFER / 1024);
+}
+
+/// `abissctl args` fails with exit code `code`, saying `needle`, without a panic.
+fn expect_refused(daemon: &Daemon, args: &[&str], code: i32, needle: &str) {
+    let output = ctl(daemon, args);
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {message}");
+    assert!(
+        message.contains(needle),
+        "{args:?}: '{message}' lacks '{needle}'"
+    );
+    assert!(!message.contains("panicked"));
+}
+
+/// Attaching `other` with invalid parameters.
+fn refuses_invalid_parameters(daemon: &Daemon, other: &str) {
+    let expect =
+        |args: &[&str], code: i32, needle: &str| expect_refused(daemon, args, code, needle);
     expect(&["attach", other, "--rate", "0"], 2, "rate");
     expect(&["attach", other, "--rate", "-1MB/s"], 2, "rate");
     expect(&["attach", other, "--rate", "fast"], 2, "rate");
@@ -255,9 +297,15 @@ fn bad_input_is_refused_and_changes_nothing() {
         8,
         "two batches",
     );
-    // Wrong kinds of file.
+}
+
+/// Attaching wrong kinds of file: the managed file system's `root` directory, a device, a file
+/// on an unmanaged disk, and one that does not exist.
+fn refuses_wrong_kinds_of_file(daemon: &Daemon, root: &Path) {
+    let expect =
+        |args: &[&str], code: i32, needle: &str| expect_refused(daemon, args, code, needle);
     expect(
-        &["attach", fs.path().to_str().unwrap(), "--rate", "1MB/s"],
+        &["attach", root.to_str().unwrap(), "--rate", "1MB/s"],
         8,
         "a directory",
     );
@@ -275,11 +323,10 @@ fn bad_input_is_refused_and_changes_nothing() {
         11,
         "cannot open",
     );
-    // A rate that does not fit the 16 MB/s budget (80% of 20 MB/s); 1 MB/s is taken.
-    expect(&["attach", other, "--rate", "16MB/s"], 9, "15000000 B/s");
-    // A file attached twice.
-    expect(&["attach", path, "--rate", "1MB/s"], 9, "already attached");
-    // Detach of another user's stream, and of a stream that does not exist.
+}
+
+/// Detach of another user's stream, and of a stream that does not exist.
+fn refuses_bad_detaches(daemon: &Daemon) {
     let output = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(binary("abissctl"))
@@ -294,24 +341,7 @@ fn bad_input_is_refused_and_changes_nothing() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    expect(&["detach", "999"], 10, "not attached");
-
-    // Descriptors the CLI cannot produce: a pipe and a write-only file, through the protocol.
-    let mut client = Client::connect(daemon.socket()).unwrap();
-    let (reader, _writer) = nix::unistd::pipe().unwrap();
-    assert!(
-        matches!(client.attach(reader, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("a pipe"))
-    );
-    let write_only = std::fs::OpenOptions::new().write(true).open(other).unwrap();
-    assert!(
-        matches!(client.attach(write_only, request(MB, 0)), Err(ClientError::BadRequest { message }) if message.contains("write-only"))
-    );
-
-    // The existing stream is untouched and nothing else is locked.
-    let streams = client.list().unwrap();
-    assert_eq!(streams.len(), 1);
-    assert_eq!(streams[0].locked_bytes, BUFFER);
-    assert_eq!(locked_kib(pid), BUFFER / 1024);
+    expect_refused(daemon, &["detach", "999"], 10, "not attached");
 }
 
 #[test]

@@ -163,36 +163,19 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
         wait_for_ioprio(pid_of(&unattached), BE5, Duration::from_secs(2)).is_some(),
         "the other reader started"
     );
-    let watch_until = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < watch_until {
-        assert_eq!(
-            ioprio::get(pid_of(&unattached)).ok(),
-            Some(BE5),
-            "a reader of a file that is not attached kept its priority"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    assert_keeps_priority(pid_of(&unattached), Duration::from_secs(5));
 
     // Its requests are tagged with the stream; once it is raised they all run in the RT
     // class, and so does the miss after its seek (4 s in).
     let records = collect_events(&mut events, Duration::from_secs(3));
-    let mine: Vec<&RequestRecord> = records
-        .iter()
-        .filter(|r| r.tgid == pid_of(&attached) && r.stream == Some(id))
-        .collect();
-    let after_raise: Vec<&&RequestRecord> = mine
-        .iter()
-        // Queued after the raise (a request queued before it keeps the priority it had).
-        .filter(|r| r.completed_ns - r.service_ns - r.queue_ns > raised_ns + 1_000_000)
-        .collect();
-    assert!(
-        after_raise.iter().all(|r| r.priority.class == IoClass::Rt),
-        "every request of the raised reader runs at RT: {after_raise:?}"
-    );
-    let seek_ns = started_ns + 4_000_000_000;
-    assert!(
-        after_raise.iter().any(|r| r.completed_ns > seek_ns),
-        "the miss after the seek was served (at RT): {mine:?}"
+    assert_tagged_and_raised(
+        &records,
+        &RaisedReader {
+            pid: pid_of(&attached),
+            stream: id,
+            raised_ns,
+            seek_ns: started_ns + 4_000_000_000,
+        },
     );
     assert!(
         records
@@ -236,8 +219,57 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     // After the seek the reader meets its schedule again: no read misses its deadline.
     assert_eq!(seen[1]["misses"], 0, "after the seek: {}", seen[1]);
     let _ = phases(unattached);
+    assert_upgrade_counted_restored_and_fast(&bench.daemon);
+}
 
-    let mut client = Client::connect(bench.daemon.socket()).expect("connect");
+/// Watches the unattached reader `pid` for `watch`: it keeps its own BE/5 all along.
+fn assert_keeps_priority(pid: u32, watch: Duration) {
+    let watch_until = Instant::now() + watch;
+    while Instant::now() < watch_until {
+        assert_eq!(
+            ioprio::get(pid).ok(),
+            Some(BE5),
+            "a reader of a file that is not attached kept its priority"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The reader raised for a stream, and when.
+struct RaisedReader {
+    pid: u32,
+    stream: u64,
+    /// When it was seen raised (it was raised a little earlier).
+    raised_ns: u64,
+    /// When it seeked, to miss again.
+    seek_ns: u64,
+}
+
+/// The reader's requests are tagged with its stream; those queued after the raise run at
+/// RT, and one of them completed after the seek.
+fn assert_tagged_and_raised(records: &[RequestRecord], reader: &RaisedReader) {
+    let mine: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.tgid == reader.pid && r.stream == Some(reader.stream))
+        .collect();
+    let after_raise: Vec<&&RequestRecord> = mine
+        .iter()
+        // Queued after the raise (a request queued before it keeps the priority it had).
+        .filter(|r| r.completed_ns - r.service_ns - r.queue_ns > reader.raised_ns + 1_000_000)
+        .collect();
+    assert!(
+        after_raise.iter().all(|r| r.priority.class == IoClass::Rt),
+        "every request of the raised reader runs at RT: {after_raise:?}"
+    );
+    assert!(
+        after_raise.iter().any(|r| r.completed_ns > reader.seek_ns),
+        "the miss after the seek was served (at RT): {mine:?}"
+    );
+}
+
+/// abissd counted the upgrade and its restore, none is active, and the raise was fast.
+fn assert_upgrade_counted_restored_and_fast(daemon: &Daemon) {
+    let mut client = Client::connect(daemon.socket()).expect("connect");
     let (_, upgrades) = client.status_and_upgrades().expect("status");
     eprintln!("upgrades: {upgrades:?}");
     assert!(upgrades.total >= 1 && upgrades.restored >= 1);

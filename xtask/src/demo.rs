@@ -94,16 +94,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     let source = mount.join("big-copy-source.bin");
 
     step(&format!("starting abissd managing {device}"));
-    let daemon = Command::new(binary(root, "abissd"))
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .args(["--device", &device, "--capacity", "30MB/s"])
-        .spawn()
-        .context("cannot start abissd")?;
-    setup.daemon = Some(daemon);
-    wait_for_socket(&socket, setup.daemon.as_mut())?;
+    start_daemon(root, &socket, &device, &mut setup)?;
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
         command.arg("--socket").arg(&socket).args(args);
@@ -114,20 +105,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     shell::run(&mut ctl(&["admit", "--device", &device, "--rate", "1MB/s"]))?;
 
     step("best-effort load: a copy loop of the 175 MB file, in 128 KiB reads");
-    let copy = format!(
-        "while :; do dd if={} of={} bs=128k iflag=nocache oflag=nocache conv=fdatasync status=none; done",
-        source.display(),
-        mount.join("copy-target.bin").display()
-    );
-    setup.workload.push(
-        Command::new("sh")
-            .args(["-c", &copy])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("cannot start the copy loop")?,
-    );
+    start_copy_loop(&source, &mount.join("copy-target.bin"), &mut setup)?;
     std::thread::sleep(Duration::from_secs(2));
 
     step("attaching the movie at 1 MB/s with a 564 KiB playout buffer (abissctl attach)");
@@ -140,23 +118,9 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         "a plain player reads the movie at 1 MB/s in 64 KiB reads for {secs} s (fio, unmodified)"
     ));
     let player_report = dir.join("player.json");
-    let player = Command::new("fio")
-        .args([
-            "--name=player",
-            "--rw=read",
-            "--bs=64k",
-            "--rate=1m",
-            "--ioengine=psync",
-        ])
-        .args(["--time_based", "--output-format=json"])
-        .arg(format!("--filename={movie_arg}"))
-        .arg(format!("--runtime={secs}"))
-        .arg(format!("--output={}", player_report.display()))
-        .stdout(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .context("cannot start fio")?;
-    setup.workload.push(player);
+    setup
+        .workload
+        .push(start_player(&movie_arg, secs, &player_report)?);
 
     let reports = (secs / 3).max(1).to_string();
     shell::run(&mut ctl(&[
@@ -182,6 +146,67 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
 
     drop(lab);
     tear_down(setup)
+}
+
+/// Starts abissd managing `device` (its state in the demo directory), into `setup`, and waits
+/// until it listens on `socket`.
+fn start_daemon(
+    root: &Path,
+    socket: &Path,
+    device: &str,
+    setup: &mut DemoSetup,
+) -> anyhow::Result<()> {
+    let daemon = Command::new(binary(root, "abissd"))
+        .arg("--socket")
+        .arg(socket)
+        .arg("--state-dir")
+        .arg(setup.dir.join("state"))
+        .args(["--device", device, "--capacity", "30MB/s"])
+        .spawn()
+        .context("cannot start abissd")?;
+    setup.daemon = Some(daemon);
+    wait_for_socket(socket, setup.daemon.as_mut())
+}
+
+/// Starts the best-effort load, copying `source` to `target` over and over in 128 KiB
+/// reads, into `setup`'s workload.
+fn start_copy_loop(source: &Path, target: &Path, setup: &mut DemoSetup) -> anyhow::Result<()> {
+    let copy = format!(
+        "while :; do dd if={} of={} bs=128k iflag=nocache oflag=nocache conv=fdatasync status=none; done",
+        source.display(),
+        target.display()
+    );
+    setup.workload.push(
+        Command::new("sh")
+            .args(["-c", &copy])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot start the copy loop")?,
+    );
+    Ok(())
+}
+
+/// Starts the player: fio reading `movie` at 1 MB/s in 64 KiB reads for `secs`, writing its
+/// JSON report to `report`.
+fn start_player(movie: &str, secs: u64, report: &Path) -> anyhow::Result<Child> {
+    Command::new("fio")
+        .args([
+            "--name=player",
+            "--rw=read",
+            "--bs=64k",
+            "--rate=1m",
+            "--ioengine=psync",
+        ])
+        .args(["--time_based", "--output-format=json"])
+        .arg(format!("--filename={movie}"))
+        .arg(format!("--runtime={secs}"))
+        .arg(format!("--output={}", report.display()))
+        .stdout(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .context("cannot start fio")
 }
 
 /// Stops everything and checks that nothing is left.

@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use abiss_daemon::capabilities::Feature;
 use abiss_daemon::device::{DeviceConfig, Elevator};
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
 use abiss_proto::{AdmissionMode, ByteRate};
@@ -58,6 +59,11 @@ struct Args {
     /// and 1 exclusive.
     #[arg(long, default_value = "0.01", value_parser = parse_probability)]
     p_req: f64,
+    /// Switch an optional part off, as on a kernel without its hooks (repeatable):
+    /// read-tracking (Linux 6.12), miss-upgrades (6.18), uring-reports (6.4),
+    /// direct-io-tagging. `abissctl status` shows what is on.
+    #[arg(long = "disable", value_name = "PART", value_enum)]
+    disabled: Vec<Feature>,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -114,6 +120,7 @@ fn main() -> ExitCode {
         upgrade_idle: args.upgrade_idle,
         admission_mode: args.admission,
         p_req: args.p_req,
+        disabled: args.disabled,
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

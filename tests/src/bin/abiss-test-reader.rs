@@ -101,37 +101,58 @@ fn summary(report: &PacedReport) -> String {
     )
 }
 
-fn main() {
+/// The command line.
+struct Options {
+    path: String,
+    rate: u64,
+    read: u64,
+    buffer: u64,
+    secs: u64,
+    start: u64,
+    /// Where to seek after the first phase, and how long the second phase reads.
+    seek: Option<(u64, u64)>,
+    uring: bool,
+    direct: bool,
+    linger: u64,
+}
+
+/// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
+fn parse_options() -> Options {
     let args: Vec<String> = std::env::args().collect();
     let number = |i: usize| -> u64 { args[i].parse().expect("a number") };
-    let path = &args[1];
-    let (rate, read, buffer, secs) = (number(2), number(3), number(4), number(5));
-    let mut start = 0;
-    let mut seek = None;
-    let mut uring = false;
-    let mut direct = false;
-    let mut linger = 0;
+    let mut options = Options {
+        path: args[1].clone(),
+        rate: number(2),
+        read: number(3),
+        buffer: number(4),
+        secs: number(5),
+        start: 0,
+        seek: None,
+        uring: false,
+        direct: false,
+        linger: 0,
+    };
     let mut i = 6;
     while i < args.len() {
         match args[i].as_str() {
             "--start" => {
-                start = number(i + 1);
+                options.start = number(i + 1);
                 i += 2;
             }
             "--seek" => {
-                seek = Some((number(i + 1), number(i + 2)));
+                options.seek = Some((number(i + 1), number(i + 2)));
                 i += 3;
             }
             "--linger" => {
-                linger = number(i + 1);
+                options.linger = number(i + 1);
                 i += 2;
             }
             "--direct" => {
-                direct = true;
+                options.direct = true;
                 i += 1;
             }
             "--uring" => {
-                uring = true;
+                options.uring = true;
                 i += 1;
             }
             "--ioprio" => {
@@ -142,7 +163,13 @@ fn main() {
             other => panic!("unknown argument {other}"),
         }
     }
-    let file = if direct {
+    options
+}
+
+/// Opens the file for the chosen kind of read: `O_DIRECT`, `io_uring` or plain read(2).
+fn open_reader(options: &Options) -> Box<dyn ReadSeek> {
+    let path = &options.path;
+    let file = if options.direct {
         std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
@@ -151,12 +178,12 @@ fn main() {
         File::open(path)
     }
     .expect("open");
-    let mut reader: Box<dyn ReadSeek> = if direct {
+    if options.direct {
         Box::new(DirectFile {
             file,
             storage: vec![0; (1 << 20) + 4096],
         })
-    } else if uring {
+    } else if options.uring {
         Box::new(UringFile {
             file,
             ring: IoUring::new(8).expect("io_uring"),
@@ -164,19 +191,25 @@ fn main() {
         })
     } else {
         Box::new(file)
-    };
-    reader.seek(SeekFrom::Start(start)).expect("seek");
-    let read = usize::try_from(read).expect("read size");
+    }
+}
+
+fn main() {
+    let options = parse_options();
+    let (rate, buffer) = (options.rate, options.buffer);
+    let mut reader = open_reader(&options);
+    reader.seek(SeekFrom::Start(options.start)).expect("seek");
+    let read = usize::try_from(options.read).expect("read size");
     let first = paced_read(
         &mut reader,
         None,
         rate,
         buffer,
         read,
-        Duration::from_secs(secs),
+        Duration::from_secs(options.secs),
     );
     println!("{}", summary(&first));
-    if let Some((offset, secs)) = seek {
+    if let Some((offset, secs)) = options.seek {
         reader.seek(SeekFrom::Start(offset)).expect("seek");
         let second = paced_read(
             &mut reader,
@@ -188,7 +221,7 @@ fn main() {
         );
         println!("{}", summary(&second));
     }
-    std::thread::sleep(Duration::from_secs(linger));
+    std::thread::sleep(Duration::from_secs(options.linger));
 }
 
 trait ReadSeek: Read + Seek {}

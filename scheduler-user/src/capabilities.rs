@@ -1,0 +1,144 @@
+//! The parts of abiss that need kernel hooks some kernels lack. The block-layer programs are
+//! the core and required (Linux 5.15: `request_queue.disk`, and the block tracepoints' `(rq)`
+//! arguments from 5.11); each part below is optional: abissd attaches what the kernel has,
+//! switches the rest off, and says so at start and in `abissctl status`.
+//!
+//! The first releases are those of `docs/building.md` ("Kernel history").
+
+use abiss_proto::Capability;
+
+/// An optional part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Feature {
+    /// Following unmodified readers' playout point from their buffered reads and faults.
+    ReadTracking,
+    /// Raising a reader the moment it misses the page cache on an attached file.
+    MissUpgrades,
+    /// Counting `io_uring` requests on attached files and their latency and priority.
+    UringReports,
+    /// Finding the file of direct I/O requests, so they are tagged with their stream.
+    DirectIoTagging,
+}
+
+impl Feature {
+    /// Every optional part.
+    pub const ALL: [Self; 4] = [
+        Self::ReadTracking,
+        Self::MissUpgrades,
+        Self::UringReports,
+        Self::DirectIoTagging,
+    ];
+
+    /// The name users give it (`--disable read-tracking`).
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ReadTracking => "read-tracking",
+            Self::MissUpgrades => "miss-upgrades",
+            Self::UringReports => "uring-reports",
+            Self::DirectIoTagging => "direct-io-tagging",
+        }
+    }
+
+    /// Its programs and the tracepoints they attach to.
+    #[must_use]
+    pub fn programs(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Self::ReadTracking => &[
+                ("abiss_get_pages", "mm_filemap_get_pages"),
+                ("abiss_fault", "mm_filemap_fault"),
+            ],
+            Self::MissUpgrades => &[("abiss_sync_ra", "page_cache_sync_ra")],
+            Self::UringReports => &[
+                ("abiss_uring_submit", "io_uring_submit_req"),
+                ("abiss_uring_complete", "io_uring_complete"),
+            ],
+            // Done inside the block programs, when the layout has the fields and the symbol.
+            Self::DirectIoTagging => &[],
+        }
+    }
+
+    fn gives(self) -> &'static str {
+        match self {
+            Self::ReadTracking => "the window follows unmodified readers (read(2), mmap)",
+            Self::MissUpgrades => "a reader that misses the page cache is raised at once",
+            Self::UringReports => "io_uring requests on attached files are counted per stream",
+            Self::DirectIoTagging => {
+                "direct I/O requests carry their stream and raise their reader"
+            }
+        }
+    }
+
+    fn needs(self) -> &'static str {
+        match self {
+            Self::ReadTracking => "filemap:mm_filemap_get_pages and mm_filemap_fault (Linux 6.12)",
+            Self::MissUpgrades => "readahead:page_cache_sync_ra (Linux 6.18)",
+            Self::UringReports => {
+                "io_uring:io_uring_submit_req (Linux 6.4) and io_uring_complete with its request (5.18), io_kiocb.cmd (6.0)"
+            }
+            Self::DirectIoTagging => {
+                "iomap_dio_bio_end_io in /proc/kallsyms and struct iomap_dio.iocb in BTF"
+            }
+        }
+    }
+
+    /// What still works without it.
+    fn without(self) -> &'static str {
+        match self {
+            Self::ReadTracking => {
+                "unmodified readers' windows stay where they were filled; readers that send position messages (libabiss, abiss-client) are followed"
+            }
+            Self::MissUpgrades => "upgrades on low-priority requests still work",
+            Self::UringReports => "io_uring reads are still prefetched and tagged; only the counts are missing",
+            Self::DirectIoTagging => "buffered reads are tagged as before",
+        }
+    }
+
+    /// The capability, on or off with the reason.
+    #[must_use]
+    pub fn report(self, off_because: Option<&str>) -> Capability {
+        Capability {
+            name: self.name().to_owned(),
+            on: off_because.is_none(),
+            gives: self.gives().to_owned(),
+            needs: self.needs().to_owned(),
+            off_because: off_because.map(|why| format!("{why}: {}", self.without())),
+        }
+    }
+}
+
+impl std::fmt::Display for Feature {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_optional_program_belongs_to_one_feature() {
+        let mut programs: Vec<&str> = Feature::ALL
+            .iter()
+            .flat_map(|f| f.programs().iter().map(|(program, _)| *program))
+            .collect();
+        let count = programs.len();
+        programs.sort_unstable();
+        programs.dedup();
+        assert_eq!(programs.len(), count);
+        assert_eq!(count, 5);
+    }
+
+    #[test]
+    fn an_off_capability_says_why_and_what_still_works() {
+        let off = Feature::MissUpgrades.report(Some("switched off (--disable miss-upgrades)"));
+        assert!(!off.on);
+        let why = off.off_because.expect("reason");
+        assert!(
+            why.contains("--disable") && why.contains("low-priority"),
+            "{why}"
+        );
+        assert!(Feature::ReadTracking.report(None).on);
+    }
+}

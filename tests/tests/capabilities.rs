@@ -1,0 +1,99 @@
+//! The optional parts of abiss degrade as documented when their kernel hooks are missing. A
+//! kernel without them is simulated by switching them off (`abissd --disable`), the documented
+//! way: the programs are then not attached at all, as on an older kernel.
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use abiss_tests::{require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
+
+const OLD_KERNEL: [&str; 6] = [
+    "--disable",
+    "read-tracking",
+    "--disable",
+    "miss-upgrades",
+    "--disable",
+    "uring-reports",
+];
+
+#[test]
+fn status_says_which_parts_are_off_and_why() {
+    require_root!();
+    let daemon = Daemon::start_with(&OLD_KERNEL);
+    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
+    let report = client.status_report().expect("status");
+    let by_name = |name: &str| {
+        report
+            .capabilities
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", report.capabilities))
+            .clone()
+    };
+    for name in ["read-tracking", "miss-upgrades", "uring-reports"] {
+        let capability = by_name(name);
+        assert!(!capability.on, "{name} is off");
+        let why = capability.off_because.expect("a reason");
+        assert!(why.contains(&format!("--disable {name}")), "{why}");
+        assert!(capability.needs.contains("Linux"), "{}", capability.needs);
+    }
+    // This kernel (6.18) has what direct I/O tagging needs.
+    assert!(by_name("direct-io-tagging").on);
+
+    let output = daemon.ctl(["status"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("miss-upgrades") && text.contains("OFF") && text.contains("Linux 6.18"),
+        "{text}"
+    );
+}
+
+/// Reads `bytes` of `path` in 64 KiB reads, as a player that knows nothing of abiss.
+fn read_plainly(path: &std::path::Path, bytes: usize) {
+    let mut file = std::fs::File::open(path).expect("open");
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut done = 0;
+    while done < bytes {
+        let n = file.read(&mut chunk).expect("read");
+        assert!(n > 0, "file ended");
+        done += n;
+    }
+}
+
+/// The playout point the daemon believes, after waiting up to 3 s for it to pass `beyond`.
+fn playout_point(daemon: &Daemon, beyond: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let point = daemon.streams()[0].playout_point;
+        if point > beyond || Instant::now() > deadline {
+            return point;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_unmodified_reader_is_followed_only_with_read_tracking() {
+    require_root!();
+    let read = 4 << 20;
+    for (args, followed) in [(&[][..], true), (&OLD_KERNEL[..], false)] {
+        let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+        let path = fs.path().join("movie.bin");
+        write_cold_file(&path, 16 << 20);
+        let daemon = Daemon::start_managing(fs.device().path(), args);
+        daemon.attach_at_1mb(&path);
+        read_plainly(&path, read);
+        let point = playout_point(&daemon, 0);
+        if followed {
+            assert!(
+                point >= (read as u64) / 2,
+                "with read tracking the window follows the reader (playout point {point})"
+            );
+        } else {
+            assert_eq!(
+                point, 0,
+                "without read tracking the daemon does not see an unmodified reader"
+            );
+        }
+    }
+}
