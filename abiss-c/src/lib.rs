@@ -5,13 +5,22 @@
 //! slides' "position" message explicitly, and `abiss_fclose` detaches it.
 //!
 //! Built as `libabiss.so` and `libabiss.a`; the declarations are in `include/abiss.h`. Every
-//! function is implemented on [`abiss_client`]. Failures return the documented error value,
-//! set `errno`, and leave a one-sentence message for `abiss_strerror` on the calling thread.
-//! NULL pointers and out-of-range arguments fail with `EINVAL`; nothing panics across the
-//! boundary. Needs Linux 6.1 or later, as `abissd` does.
+//! function is implemented on [`abiss_client`]: this crate adds no protocol of its own. Failures
+//! return the documented error value, set `errno`, and leave a one-sentence message for
+//! `abiss_strerror` on the calling thread. NULL pointers and out-of-range arguments fail with
+//! `EINVAL`; nothing panics across the boundary. Needs a running `abissd`, so Linux 5.15 or
+//! later with BTF; on kernels without read tracking (before 6.12) the position messages this
+//! library sends keep the guarantee (README, "Kernels").
 //!
 //! An `ABISS_FILE` may be used by one thread at a time (as with `FILE` under
 //! `flockfile`): the library does not lock it.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | the `extern "C"` entry points (`abiss_fopen` … `abiss_strerror`) | crate root (`lib.rs`) |
+//! | the handle behind `ABISS_FILE`: stdio's position, end-of-file and error state ([`AbissStdioFile`]) | `stream` |
+//! | how a failure reaches C: `errno` and the per-thread message | `failure` |
+//! | the entry points without a daemon: argument checks, NULL handles, errno (tests only) | `tests` |
 #![deny(missing_docs)]
 
 mod failure;

@@ -39,7 +39,7 @@ impl StreamOptions {
 
 /// A file attached to abissd for the lifetime of this value. Reads come from the page cache,
 /// where the daemon keeps the playout buffer loaded ahead of the position. Reads tell the
-/// daemon the playout point every quarter buffer, seeks at once. Dropping it detaches the
+/// daemon the playout point every batch consumed, seeks at once. Dropping it detaches the
 /// stream.
 #[derive(Debug)]
 pub struct AbissFile {
@@ -83,7 +83,11 @@ impl AbissFile {
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
-        let report_every = (options.buffer.0 / 4).max(PAGE_BYTES);
+        // The daemon moves the window in whole batches, so a message per batch consumed is as
+        // fine as its window can follow. Coarser messages (a quarter buffer) let the window's
+        // next load start late: where the kernel's read tracking is off (kernels before 6.12)
+        // they are all the daemon hears, and a read found its pages still loading.
+        let report_every = (u64::from(options.batch_pages) * PAGE_BYTES).max(PAGE_BYTES);
         Ok(Self {
             file,
             client,

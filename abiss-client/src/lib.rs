@@ -2,11 +2,18 @@
 //!
 //! [`Client`] is a blocking connection to `abissd`. [`AbissFile`] is the application API after
 //! the ABISS slides' `abiss_fopen`/`abiss_fread`: it opens a file, attaches it with a byterate
-//! and a playout buffer, and implements [`Read`] and [`Seek`], telling the daemon its playout
+//! and a playout buffer, and implements [`Read`](std::io::Read) and [`Seek`](std::io::Seek), telling the daemon its playout
 //! point as it goes so the daemon keeps the next buffer's worth of data in memory.
 //!
 //! The file is opened by the caller's process and its descriptor is passed to the daemon
-//! (`SCM_RIGHTS`): the daemon never opens a path on a client's behalf.
+//! (`SCM_RIGHTS`): the daemon never opens a path on a client's behalf. The library speaks only
+//! the protocol of `abiss-proto`; it does not link aya or any part of the daemon, and runs no
+//! async runtime.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | the connection: requests, answers, passed descriptors, position messages ([`Client`], [`ClientError`], [`StatusReport`]) | `client` |
+//! | a file read at a guaranteed byterate ([`AbissFile`], [`StreamOptions`]) | `file` |
 #![deny(missing_docs)]
 
 mod client;

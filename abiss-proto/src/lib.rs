@@ -4,6 +4,18 @@
 //! carries the protocol version; the daemon answers a request of another version with an
 //! [`ErrorKind::VersionMismatch`] error and nothing else. The CLI never links the kernel side:
 //! everything it knows about the daemon is in this crate.
+//!
+//! The protocol only: message types, their encoding, and the units and histogram arithmetic
+//! both sides share. No file system access, no sockets, nothing of the kernel side or of the
+//! device model (`abiss-model`).
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | requests, responses, error kinds, the version, defaults, one JSON line per message ([`encode_line`], [`decode_line`]) | crate root (`lib.rs`) |
+//! | log2 latency histograms, as bcc's biolatency prints them ([`Log2Histogram`]) | `histogram` |
+//! | byte sizes and rates as people write them, `564KiB`, `1MiB/s` ([`ByteSize`], [`ByteRate`]) | `quantity` |
+//! | why abissd said no: each refusal's error kind and sentence in one place ([`Refusal`]) | `refusal` |
+//! | devices, operations and I/O priorities as users name them ([`DeviceNumber`], [`IoPriority`]) | `units` |
 #![deny(missing_docs)]
 
 mod histogram;

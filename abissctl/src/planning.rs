@@ -69,7 +69,7 @@ pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliErro
     Ok(())
 }
 
-/// What the question's streams are, for the answer: "<rate> playback streams (σ <stdev>)".
+/// What the question's streams are, for the answer: "`RATE` playback streams (σ `STDEV`)".
 fn stream_kind(question: &AdmitQuestion) -> String {
     format!(
         "{} {} streams{}",

@@ -1,5 +1,5 @@
 //! `abissctl profile`: measures a disk through the kernel with `O_DIRECT` (no page cache) and
-//! fits an [`abiss_model::DeviceModel`] to the measurements ([`abiss_model::fit`]).
+//! fits an [`abiss_model::DeviceModel`] to the measurements ([`abiss_model::fit()`]).
 //!
 //! The measurements follow Johnson & Miller ("Performance Measurements of Tertiary Storage
 //! Devices", reference 003): sequential transfer rate at many positions (the zone profile),

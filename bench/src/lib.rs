@@ -3,6 +3,31 @@
 //! private lab disk, and the reports. Needs root and Linux 6.x (tested on 6.18).
 //!
 //! A benchmark error is reported, not handled, so this harness uses `anyhow` throughout.
+//! Every benchmark runs on a lab disk or a loop device over memory, never on one of the
+//! machine's disks. abissd runs as its own process from the built binary, driven through
+//! `abiss-client` (and, in some benchmarks, `abissctl`): the harness links neither the daemon
+//! nor aya.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | what a benchmark compares: elevator, readers' I/O class, hooks around runs and readers | [`configuration`] |
+//! | the ABISS rows: abissd manages the lab disk and attaches each reader's file | [`abiss`] |
+//! | one run: N readers and the copy on the lab disk, from a cold page cache | [`trial`] |
+//! | the two loads: paced real-time readers and the best-effort copy loop | [`workload`] |
+//! | the readers' schedule and deadlines (pure) | [`schedule`] |
+//! | where the files sit on the lab disk, and making them | [`layout`] |
+//! | the private lab disk with ext4, taken down on drop | [`lab_disk`] |
+//! | I/O priority classes as configurations name them (`rt/4`, `be/7`, `idle`) | [`ioprio`] |
+//! | Ctrl-C and SIGTERM: stop early, clean up | [`interrupt`] |
+//! | read latency distributions and percentiles | [`latency`] |
+//! | throughput and device activity over a window (pure) | [`throughput`] |
+//! | the ABISS slides' reference measurement | [`reference`](mod@reference) |
+//! | the saturation sweep: more readers until deadlines are missed | [`sweep`] |
+//! | the tracer's own cost (fio on a loop device over memory) | [`overhead`] |
+//! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
+//! | admission control's predictions against measured misses | [`admission`] |
+//! | results as JSON and Markdown under `bench/results/` | [`report`] |
+//! | SVG charts of the results | [`chart`] |
 
 #![deny(missing_docs)]
 

@@ -7,7 +7,23 @@
 //!
 //! Other crates bring a lab up and down with [`Lab::up`] and [`Lab::down`] and read the
 //! per-request statistics with [`Lab::stats_cursor`]. Needs root, `/dev/fuse` and Linux 6.x
-//! (tested on 6.18).
+//! (tested on 6.18). The lab knows nothing of abiss itself (of the abiss crates it uses only
+//! `abiss-os`), and `down` removes everything `up` made, even after a crash.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | bringing a lab up and taking it down: state directory, emulator, loop device, file system ([`Lab`]) | [`lab`] |
+//! | the emulator process: the FUSE file served by the model | [`emulator`] |
+//! | which queued request the emulated device serves next | [`queue`] |
+//! | device models: pure functions from a request to its service time | [`model`] |
+//! | the rotating disk: zoned rate, seek curve, rotational latency | `model::hdd` |
+//! | the cloud volume: byte-rate and IOPS caps, network latency | `model::cloud` |
+//! | waiting until an exact instant: sleep, then spin | [`timing`] |
+//! | per-request statistics and the summary file ([`StatsCursor`]) | [`stats`] |
+//! | measuring a lab's device through the kernel against its model | [`validate`](mod@validate) |
+//! | commands, sysfs, mounts and processes | [`system`] |
+//! | errors, one enum per concern, with exit codes | [`error`] |
+//! | the `abiss-lab` command line (in the binary, `src/main.rs`) | `cli` |
 
 #![deny(missing_docs)]
 

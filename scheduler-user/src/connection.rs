@@ -74,18 +74,39 @@ impl FramedSocket {
     }
 }
 
-/// One `recvmsg`: data into `buffer`, descriptors onto `fds` (close-on-exec).
+/// The most descriptors the kernel passes with one message (`SCM_MAX_FD`): room for all of
+/// them, so the kernel never installs descriptors in the daemon that it then cannot see
+/// (`MSG_CTRUNC`), which would leak them.
+const SCM_MAX_FD: usize = 253;
+
+/// The most descriptors a connection may have waiting for the requests that take them: an
+/// attach takes one, and a client has no reason to send ahead.
+pub const MAX_PENDING_FDS: usize = 4;
+
+/// One `recvmsg`: data into `buffer`, descriptors onto `fds` (close-on-exec). A message with
+/// more than one descriptor, or more waiting than [`MAX_PENDING_FDS`], is refused; every
+/// descriptor it brought is closed.
 fn receive(fd: RawFd, buffer: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Result<usize> {
-    let mut control = nix::cmsg_space!([RawFd; 8]);
+    let mut control = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
     let mut iov = [IoSliceMut::new(buffer)];
     let message = recvmsg::<()>(fd, &mut iov, Some(&mut control), MsgFlags::MSG_CMSG_CLOEXEC)?;
-    for cmsg in message.cmsgs()? {
+    let mut arrived = Vec::new();
+    // With room for SCM_MAX_FD descriptors the control data is never cut short; if it were,
+    // nix cannot list it, and the descriptors in it could not be closed.
+    for cmsg in message.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(received) = cmsg {
-            for raw in received {
-                // SAFETY: the kernel just installed this descriptor for us; nothing else owns it.
-                fds.push_back(unsafe { OwnedFd::from_raw_fd(raw) });
-            }
+            // SAFETY: the kernel just installed these descriptors for us; nothing else owns
+            // them.
+            arrived.extend(received.into_iter().map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }));
         }
     }
+    if arrived.len() > 1 || fds.len() + arrived.len() > MAX_PENDING_FDS {
+        // `arrived` drops here, closing them.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message may carry one descriptor, for the attach request it comes with",
+        ));
+    }
+    fds.extend(arrived);
     Ok(message.bytes)
 }

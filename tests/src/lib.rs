@@ -3,7 +3,26 @@
 //! The tests run as root on the real kernel, one at a time (`cargo xtask test` passes
 //! `--test-threads=1`), because they share kernel state. Every fixture undoes what it made in
 //! `Drop`, so a failing test leaves no loop device, mount or daemon behind. Fixtures panic
-//! rather than return errors, for backtraces.
+//! rather than return errors, for backtraces. The crate has no modules: the fixtures are in
+//! this file, and each concern's tests in one file under `tests/tests/`.
+//!
+//! | concern | file |
+//! | --- | --- |
+//! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`] | `src/lib.rs` |
+//! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
+//! | the guarantee: no missed deadline, pages resident when a read begins | `tests/stream_guarantee.rs` |
+//! | streams: prefetch priority, resident and locked window, rate conformance | `tests/streams.rs` |
+//! | automatic priority upgrades, and putting them back | `tests/upgrades.rs` |
+//! | admission refuses exactly at the capacity `abissctl admit` predicts | `tests/admission_capacity.rs` |
+//! | managed devices: elevator, driver depth, restore, `recover` | `tests/managed_device.rs` |
+//! | `abissctl profile` recovers the emulated disk; bad devices and model files | `tests/device_profile.rs` |
+//! | the tracer counts every request, in the right class, on the right device | `tests/trace_counts.rs` |
+//! | requests attributed to their submitting task and their file | `tests/attribution.rs` |
+//! | optional parts switched off as on older kernels (`--disable`) | `tests/capabilities.rs` |
+//! | the C API from real C programs | `tests/c_example.rs` |
+//! | bad input: one sentence, its exit code, nothing changed | `tests/bad_input.rs` |
+//! | attacks by an unprivileged user, with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
+//! | nothing left behind: bounded records, nothing in flight, no programs | `tests/teardown.rs` |
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -142,6 +161,12 @@ impl Daemon {
         self.dir.path().join("state")
     }
 
+    /// The daemon's process id.
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("abissd runs").id()
+    }
+
     /// Kills the daemon with SIGKILL, as a crash would, and starts a new one with the same
     /// socket, state directory and arguments.
     pub fn crash_and_restart(&mut self) {
@@ -152,9 +177,18 @@ impl Daemon {
         self.spawn();
     }
 
+    /// Waits until abissd answers a request: the socket accepts connections as soon as it is
+    /// bound, before the programs are loaded and the disks taken, and only the main loop
+    /// answers.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&self.socket).is_err() {
+        loop {
+            let answered = abiss_client::Client::connect(&self.socket)
+                .and_then(|mut client| client.call(abiss_proto::Request::Hello))
+                .is_ok();
+            if answered {
+                return;
+            }
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait().expect("poll abissd") {
                     panic!("abissd exited with {status} before serving");

@@ -1,7 +1,18 @@
-//! Project automation: `cargo xtask setup | build | test | demo`.
+//! Project automation: `cargo xtask setup | build | test | bench | demo`.
 //!
 //! Every command first makes sure the machine has what the build needs (Debian packages,
 //! bpf-linker), so a fresh clone needs nothing but `cargo xtask demo` or `cargo xtask test`.
+//! It holds no project logic of its own: the benchmarks live in `abiss-bench`, the integration
+//! tests in `abiss-tests`, the lab in `abiss-lab`, and the eBPF object is built by
+//! `scheduler-user`'s build script.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | arguments; `build` and `test` (unit tests, then the root-only integration tests one at a time) | crate root (`main.rs`) |
+//! | `setup`: the packages, Debian's rustc-web and bpf-linker, idempotently | `setup` |
+//! | `bench`: runs `abiss-bench`, results under `bench/results/` | `bench` |
+//! | `demo`: an emulated laptop hdd, a copy loop and a 1 MB/s player streamed by abissd | `demo` |
+//! | running commands with their output shown and failures named | `shell` |
 use std::path::PathBuf;
 use std::process::ExitCode;
 
