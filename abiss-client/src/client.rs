@@ -1,6 +1,6 @@
 //! A blocking connection to abissd.
 
-use std::io::{BufRead, BufReader, ErrorKind as IoErrorKind, IoSlice, Write};
+use std::io::{BufRead, BufReader, ErrorKind as IoErrorKind, IoSlice};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixStream;
@@ -177,9 +177,20 @@ impl Client {
     /// Sends a request without waiting for an answer.
     pub fn send(&mut self, request: Request) -> Result<(), ClientError> {
         let line = self.line(request)?;
-        self.writer
-            .write_all(&line)
-            .map_err(|error| self.broken(error.to_string()))
+        self.send_all(&line)
+    }
+
+    /// Writes all of `bytes`. `MSG_NOSIGNAL`: once the daemon is gone a write fails with an
+    /// error the caller sees, instead of a SIGPIPE that kills a C program using libabiss.
+    fn send_all(&self, mut bytes: &[u8]) -> Result<(), ClientError> {
+        while !bytes.is_empty() {
+            match nix::sys::socket::send(self.writer.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+                Ok(sent) => bytes = &bytes[sent..],
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(error) => return Err(self.broken(error.to_string())),
+            }
+        }
+        Ok(())
     }
 
     /// Sends a request with a file descriptor attached (`SCM_RIGHTS`), in one message so the
@@ -192,15 +203,13 @@ impl Client {
             self.writer.as_raw_fd(),
             &[IoSlice::new(&line)],
             &control,
-            MsgFlags::empty(),
+            MsgFlags::MSG_NOSIGNAL,
             None,
         )
         .map_err(|error| self.broken(error.to_string()))?;
         if sent < line.len() {
             // The descriptor went with the first part; the rest is plain bytes.
-            self.writer
-                .write_all(&line[sent..])
-                .map_err(|error| self.broken(error.to_string()))?;
+            self.send_all(&line[sent..])?;
             sent = line.len();
         }
         debug_assert_eq!(sent, line.len());
@@ -282,14 +291,11 @@ impl Client {
             offset,
             at_ns: Some(monotonic_ns()),
         })?;
-        match nix::sys::socket::send(self.writer.as_raw_fd(), &line, MsgFlags::MSG_DONTWAIT) {
+        let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+        match nix::sys::socket::send(self.writer.as_raw_fd(), &line, flags) {
             Ok(sent) if sent == line.len() => Ok(true),
             // A partial message must be completed, or the stream of lines would break.
-            Ok(sent) => self
-                .writer
-                .write_all(&line[sent..])
-                .map(|()| true)
-                .map_err(|error| self.broken(error.to_string())),
+            Ok(sent) => self.send_all(&line[sent..]).map(|()| true),
             Err(nix::errno::Errno::EAGAIN) => Ok(false),
             Err(error) => Err(self.broken(error.to_string())),
         }

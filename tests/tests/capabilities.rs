@@ -81,7 +81,7 @@ fn an_unmodified_reader_is_followed_only_with_read_tracking() {
         let path = fs.path().join("movie.bin");
         write_cold_file(&path, 16 << 20);
         let daemon = Daemon::start_managing(fs.device().path(), args);
-        daemon.attach_at_1mb(&path);
+        let _stream = daemon.attach_at_1mb(&path);
         read_plainly(&path, read);
         let point = playout_point(&daemon, 0);
         if followed {

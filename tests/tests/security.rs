@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use abiss_tests::{binary, require_root, Daemon};
+use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
 fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
@@ -66,4 +66,54 @@ fn descriptors_sent_with_a_message_never_stay_in_the_daemon() {
     let status = daemon.ctl(["status"]);
     assert!(status.status.success(), "{status:?}");
     assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_playout_point_at_the_end_of_the_number_line_harms_nothing() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let file = fs.path().join("nobodys.bin");
+    write_cold_file(&file, 4 << 20);
+    // nobody may read the file and reach it: the descriptor proves access.
+    for path in [fs.path(), file.as_path()] {
+        let mode = if path.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .expect("chmod");
+    }
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let output = as_nobody(
+        &binary("abiss-hostile-client"),
+        &[&socket, "overflow", &file.to_string_lossy(), "0"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let started = Instant::now();
+    let status = daemon.ctl(["status"]);
+    assert!(
+        status.status.success(),
+        "abissd still answers root: {status:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn a_client_outlives_the_daemon_without_sigpipe() {
+    require_root!();
+    let mut daemon = Daemon::start();
+    let mut client = Command::new(binary("abiss-hostile-client"))
+        .arg(daemon.socket())
+        .args(["outlive", "0", "0"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("start client");
+    // The client is connected once abissd answers another connection after it.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(daemon.stop(), Some(0));
+    let mut stdin = client.stdin.take().expect("stdin");
+    std::io::Write::write_all(&mut stdin, b"go\n").expect("tell the client");
+    let status = client.wait().expect("wait");
+    assert!(
+        status.success(),
+        "a position message to a dead daemon must fail with an error, not kill the client: {status:?}"
+    );
 }

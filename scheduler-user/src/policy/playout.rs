@@ -222,6 +222,8 @@ impl PlayoutBuffer {
 
     /// The application is at `offset` (an explicit position message).
     pub fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
+        // A client's number: anything past the end of the file is the end of the file.
+        let offset = offset.min(self.file_end());
         let mut actions = Vec::new();
         if self.is_jump(&(offset..offset)) {
             self.seek(offset, now_ns, &mut actions);
@@ -236,6 +238,8 @@ impl PlayoutBuffer {
     /// The application read `range` (inferred from the page cache): a read that starts out of
     /// the window is a seek; otherwise the playout point becomes the end of the read.
     pub fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
+        let start = range.start.min(self.file_end());
+        let range = start..range.end.clamp(start, self.file_end());
         let mut actions = Vec::new();
         if self.is_jump(&range) {
             self.seek(range.start, now_ns, &mut actions);
@@ -533,7 +537,30 @@ mod tests {
         ]
     }
 
+    fn hostile_event() -> impl Strategy<Value = (u8, u64, u64)> {
+        (0u8..4, any::<u64>(), any::<u64>())
+    }
+
     proptest! {
+        /// Numbers from a client or the kernel can be anything (`u64::MAX`, a range that ends
+        /// before it starts, a generation never issued): the buffer neither panics nor breaks
+        /// its bounds.
+        #[test]
+        fn any_numbers_keep_the_bounds(events in proptest::collection::vec(hostile_event(), 1..200)) {
+            let (mut buffer, _) = PlayoutBuffer::new(shape(105 * MB), 0);
+            let mut now = 0u64;
+            for (kind, a, b) in events {
+                let _ = match kind {
+                    0 => buffer.on_position(a, now),
+                    1 => buffer.on_read(a..b, now),
+                    2 => buffer.on_loaded(a.min(b)..a.max(b), u32::try_from(b % 4).unwrap_or(0)),
+                    _ => { now = now.saturating_add(a % 1_000_000_000); buffer.on_tick(now) }
+                };
+                prop_assert!(buffer.locked_bytes() <= B + BATCH);
+                prop_assert!(buffer.app_point() <= (105 * MB).div_ceil(PAGE) * PAGE);
+            }
+        }
+
         /// Whatever the reader and the disk do: locked memory stays within B plus a batch, the
         /// prefetch stays within the credit limit plus rate × time, and everything locked is
         /// in the window.

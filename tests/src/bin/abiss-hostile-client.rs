@@ -1,31 +1,52 @@
 //! A hostile local client, run by the security tests as an unprivileged user (`setpriv`):
 //! it does to abissd's socket what a user who means harm would.
 //!
-//! `abiss-hostile-client SOCKET fds CONNECTIONS FDS`: opens CONNECTIONS connections, one after
-//! another; on each sends a valid `hello` line carrying FDS descriptors (`SCM_RIGHTS`, copies of
-//! /dev/null), reads the answer, and hangs up. Prints how many connections were answered.
+//! - `abiss-hostile-client SOCKET fds CONNECTIONS FDS`: opens CONNECTIONS connections, one
+//!   after another; on each sends a valid `hello` line carrying FDS descriptors (`SCM_RIGHTS`,
+//!   copies of /dev/null), reads the answer, and hangs up. Prints how many were answered.
+//! - `abiss-hostile-client SOCKET overflow FILE`: attaches FILE at 1000 B/s and tells the
+//!   daemon its playout point is at `u64::MAX`, then lists its streams.
+//! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
+//!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
+//!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
+//!   with an error, 3 if all went through; a SIGPIPE kills it instead.
 use std::io::{BufRead, BufReader, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
-use abiss_proto::{encode_line, Envelope, Request};
+use std::path::Path;
+
+use abiss_client::Client;
+use abiss_proto::{encode_line, AttachRequest, ByteRate, ByteSize, Envelope, Request};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let [_, socket, mode, connections, fds] = args.as_slice() else {
-        eprintln!("usage: abiss-hostile-client SOCKET fds CONNECTIONS FDS");
+    let [_, socket, mode, first, second] = args.as_slice() else {
+        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|outlive ARG ARG");
         return ExitCode::from(2);
     };
-    if mode != "fds" {
-        eprintln!("unknown mode {mode}");
-        return ExitCode::from(2);
+    match mode.as_str() {
+        "fds" => {
+            let (Ok(connections), Ok(fds)) = (first.parse::<u32>(), second.parse::<usize>()) else {
+                eprintln!("CONNECTIONS and FDS are numbers");
+                return ExitCode::from(2);
+            };
+            println!("{}", many_descriptors(socket, connections, fds));
+            ExitCode::SUCCESS
+        }
+        "overflow" => overflow(socket, first),
+        "outlive" => outlive(socket),
+        other => {
+            eprintln!("unknown mode {other}");
+            ExitCode::from(2)
+        }
     }
-    let (Ok(connections), Ok(fds)) = (connections.parse::<u32>(), fds.parse::<usize>()) else {
-        eprintln!("CONNECTIONS and FDS are numbers");
-        return ExitCode::from(2);
-    };
+}
+
+/// Connections, each with a hello carrying `fds` descriptors; how many were answered.
+fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
     let null = std::fs::File::open("/dev/null").expect("open /dev/null");
     let raw: Vec<RawFd> = vec![null.as_raw_fd(); fds];
     let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
@@ -51,6 +72,44 @@ fn main() -> ExitCode {
             answered += 1;
         }
     }
-    println!("{answered}");
+    answered
+}
+
+/// A playout point at the end of the number line.
+fn overflow(socket: &str, file: &str) -> ExitCode {
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    let stream = client
+        .attach(
+            std::fs::File::open(file).expect("open"),
+            AttachRequest {
+                rate: ByteRate(1000),
+                buffer: ByteSize(64 << 10),
+                batch_pages: 1,
+                priority: 0,
+                persistent: false,
+            },
+        )
+        .expect("attach");
+    client.position(stream.id, u64::MAX).expect("position");
+    client.position(stream.id, u64::MAX - 1).expect("position");
+    let listed = client.list().expect("list");
+    println!("{}", listed.len());
     ExitCode::SUCCESS
+}
+
+/// Position messages after the daemon went away.
+fn outlive(socket: &str) -> ExitCode {
+    // SAFETY: restoring the default disposition of a signal; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    for offset in 0..20 {
+        // The non-blocking send AbissFile's reads use, and so libabiss's abiss_fread.
+        if client.try_position(1, offset).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ExitCode::from(3)
 }
