@@ -97,7 +97,11 @@ fn receive(fd: RawFd, buffer: &mut [u8], fds: &mut VecDeque<OwnedFd>) -> io::Res
         if let ControlMessageOwned::ScmRights(received) = cmsg {
             // SAFETY: the kernel just installed these descriptors for us; nothing else owns
             // them.
-            arrived.extend(received.into_iter().map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }));
+            arrived.extend(
+                received
+                    .into_iter()
+                    .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }),
+            );
         }
     }
     if arrived.len() > 1 || fds.len() + arrived.len() > MAX_PENDING_FDS {
