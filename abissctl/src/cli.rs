@@ -128,7 +128,7 @@ enum Command {
         #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
         batch: u32,
         /// Evaluate this many more streams.
-        #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        #[arg(long, short = 'n', value_parser = clap::value_parser!(u32).range(1..=10_000))]
         count: Option<u32>,
         /// Admission mode to answer for (abissd's own if not given).
         #[arg(long, short = 'm')]

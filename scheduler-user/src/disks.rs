@@ -17,9 +17,11 @@ use abiss_proto::{
 use log::{info, warn};
 
 use crate::device::{self, resolve_disk, DeviceConfig, DeviceError, Disk, ManagedDevice};
-use crate::policy::admission::{AdmissionControl, StreamDemand, SERVICE_WINDOW_MS};
+use crate::policy::admission::{
+    AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
+};
 use crate::policy::share::ShareAdmission;
-use crate::streams::{StreamTable, MAX_RATE_BPS};
+use crate::streams::{StreamTable, MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
 /// How the daemon admits streams, for every managed disk.
 #[derive(Clone, Debug, PartialEq)]
@@ -327,6 +329,12 @@ impl Disks {
         }
     }
 
+    /// The managed disks' device numbers.
+    #[must_use]
+    pub fn numbers(&self) -> Vec<DeviceNumber> {
+        self.disks.keys().copied().collect()
+    }
+
     /// Gives every disk its original settings back.
     pub fn restore(self) {
         for (_, managed) in self.disks {
@@ -349,6 +357,20 @@ fn planned_demand(request: &AdmitRequest) -> Result<StreamDemand, Refusal> {
         return Err(Refusal::BadRequest(
             "the rate's standard deviation must be below 1 TB/s and the buffer above 0".to_owned(),
         ));
+    }
+    if request.buffer.0 > MAX_BUFFER_BYTES {
+        return Err(Refusal::BadRequest(format!(
+            "a buffer of {} is more than the 1 GiB abissd locks for one stream",
+            request.buffer
+        )));
+    }
+    if request
+        .count
+        .is_some_and(|count| count > MAX_PLANNED_STREAMS)
+    {
+        return Err(Refusal::BadRequest(format!(
+            "plans are for at most {MAX_PLANNED_STREAMS} streams; ask about fewer"
+        )));
     }
     let batch_pages = request.batch_pages.unwrap_or(DEFAULT_BATCH_PAGES);
     if batch_pages == 0 {

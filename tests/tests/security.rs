@@ -117,3 +117,47 @@ fn a_client_outlives_the_daemon_without_sigpipe() {
         "a position message to a dead daemon must fail with an error, not kill the client: {status:?}"
     );
 }
+
+#[test]
+fn capacity_plans_are_bounded_and_never_stall_the_daemon() {
+    require_root!();
+    let device = LoopDevice::new_in("/dev/shm", 64);
+    let daemon = Daemon::start_managing(device.path(), &[]);
+    // A model for the disk, so plans run the statistical model (the costly path).
+    let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
+    let model = abiss_model::DeviceModel {
+        identity,
+        ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
+    };
+    model.save(&daemon.state_dir()).expect("save model");
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let name = device.name();
+    let plan = |count: &str| {
+        let started = Instant::now();
+        let output = as_nobody(
+            &binary("abiss-hostile-client"),
+            &[&socket, "admit", &name, count],
+        );
+        assert!(output.status.success(), "{output:?}");
+        (
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            started.elapsed(),
+        )
+    };
+    // 4294967295 streams once made the daemon allocate 160 GiB and abort.
+    let (answer, _) = plan("4294967295");
+    assert!(answer.contains("at most 10000 streams"), "{answer}");
+    // The largest plan, of the smallest streams (n_max searches up to the bound): answered
+    // while the daemon keeps serving.
+    let (answer, took) = plan("10000");
+    assert!(answer.contains("Admission"), "{answer}");
+    eprintln!("a plan of 10000 streams took {took:?}");
+    let started = Instant::now();
+    let status = daemon.ctl(["status"]);
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        took + started.elapsed() < Duration::from_secs(2),
+        "the plan and root's status after it took {took:?} + {:?}",
+        started.elapsed()
+    );
+}

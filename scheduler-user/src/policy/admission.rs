@@ -41,8 +41,10 @@ pub const SERVICE_WINDOW_S: f64 = 1.0;
 /// deviations.
 pub const PEAK_STDEVS: f64 = 3.0;
 
-/// Most streams `n_max` searches for.
-pub const MAX_PLANNED_STREAMS: u32 = 1_000_000;
+/// Most streams capacity planning considers (`count`, and how far `n_max` searches): far
+/// more real-time streams than any disk serves, and small enough that a plan costs
+/// milliseconds on the daemon's main loop.
+pub const MAX_PLANNED_STREAMS: u32 = 10_000;
 
 /// What one stream asks of the device.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -74,6 +76,15 @@ impl StreamDemand {
             write: false,
         }
     }
+}
+
+/// The model's figures one prediction uses.
+struct ModelMoments {
+    per_byte_mean: f64,
+    per_byte_var: f64,
+    access_mean_ordered: f64,
+    access_mean_random: f64,
+    access_var: f64,
 }
 
 /// Why a stream was refused, with the figures.
@@ -154,11 +165,28 @@ impl AdmissionControl {
         SERVICE_WINDOW_S * f64::from(self.share_percent.clamp(1, 95)) / 100.0
     }
 
-    /// Mean and variance (s, s²) of one access plus the transfer of a load, with `queued`
-    /// requests for the elevator to order (the mean only: the variance is taken unordered,
-    /// the larger one).
-    fn load_moments(&self, demand: &StreamDemand, queued: f64) -> (f64, f64) {
+    /// The model's figures a prediction uses, computed once per prediction: each is an
+    /// integral over the zones or the seek curve, and the same for every stream.
+    fn moments(&self, queued: f64) -> ModelMoments {
         let (per_byte_mean, per_byte_var) = self.model.seconds_per_byte_moments();
+        ModelMoments {
+            per_byte_mean,
+            per_byte_var,
+            access_mean_ordered: self.model.access_mean_s(queued),
+            access_mean_random: self.model.access_mean_s(1.0),
+            access_var: self.model.access_variance_s2(),
+        }
+    }
+
+    /// Mean and variance (s, s²) of one access plus the transfer of a load, with the access
+    /// mean `access_mean` (ordered by the elevator, or random; the variance is taken
+    /// unordered, the larger one).
+    fn load_moments(
+        &self,
+        demand: &StreamDemand,
+        moments: &ModelMoments,
+        access_mean: f64,
+    ) -> (f64, f64) {
         let slow = if demand.write {
             1.0 / self.model.write_read_ratio
         } else {
@@ -166,8 +194,8 @@ impl AdmissionControl {
         };
         let bytes = as_f64(demand.load_bytes);
         (
-            self.model.access_mean_s(queued) + bytes * per_byte_mean * slow,
-            self.model.access_variance_s2() + bytes * bytes * per_byte_var * slow * slow,
+            access_mean + bytes * moments.per_byte_mean * slow,
+            moments.access_var + bytes * bytes * moments.per_byte_var * slow * slow,
         )
     }
 
@@ -191,6 +219,7 @@ impl AdmissionControl {
         } else {
             1.0
         };
+        let moments = self.moments(queued);
         let (mut mean, mut var, mut worst) = (0.0, 0.0, 0.0);
         for demand in streams {
             let load = as_f64(demand.load_bytes.max(1));
@@ -199,8 +228,8 @@ impl AdmissionControl {
             // A constant-rate stream needs ⌊x⌋ or ⌈x⌉ loads in a window; f(1 − f) is that
             // count's variance, bounded here by min(x, 1/4) so it never falls as x grows.
             let quantisation = loads.min(0.25);
-            let (t_mean, _) = self.load_moments(demand, queued);
-            let (t_random, t_var) = self.load_moments(demand, 1.0);
+            let (t_mean, _) = self.load_moments(demand, &moments, moments.access_mean_ordered);
+            let (t_random, t_var) = self.load_moments(demand, &moments, moments.access_mean_random);
             mean += loads * t_mean;
             var += loads * t_var + (quantisation + stdev_loads * stdev_loads) * t_random * t_random;
             let write_slow = if demand.write {

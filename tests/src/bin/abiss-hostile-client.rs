@@ -6,6 +6,9 @@
 //!   copies of /dev/null), reads the answer, and hangs up. Prints how many were answered.
 //! - `abiss-hostile-client SOCKET overflow FILE`: attaches FILE at 1000 B/s and tells the
 //!   daemon its playout point is at `u64::MAX`, then lists its streams.
+//! - `abiss-hostile-client SOCKET admit DEVICE COUNT`: asks for a capacity plan of COUNT
+//!   streams of 1 B/s, straight on the protocol (abissctl would refuse such a count itself);
+//!   prints the answer.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
 //!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
 //!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
@@ -18,13 +21,15 @@ use std::process::ExitCode;
 use std::path::Path;
 
 use abiss_client::Client;
-use abiss_proto::{encode_line, AttachRequest, ByteRate, ByteSize, Envelope, Request};
+use abiss_proto::{
+    encode_line, AdmitRequest, AttachRequest, ByteRate, ByteSize, Envelope, Request,
+};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
-        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|outlive ARG ARG");
+        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|admit|outlive ARG ARG");
         return ExitCode::from(2);
     };
     match mode.as_str() {
@@ -38,6 +43,13 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "outlive" => outlive(socket),
+        "admit" => {
+            let Ok(count) = second.parse::<u32>() else {
+                eprintln!("COUNT is a number");
+                return ExitCode::from(2);
+            };
+            admit(socket, first, count)
+        }
         other => {
             eprintln!("unknown mode {other}");
             ExitCode::from(2)
@@ -94,6 +106,23 @@ fn overflow(socket: &str, file: &str) -> ExitCode {
     client.position(stream.id, u64::MAX - 1).expect("position");
     let listed = client.list().expect("list");
     println!("{}", listed.len());
+    ExitCode::SUCCESS
+}
+
+/// A plan of `count` streams of 1 B/s on `device`.
+fn admit(socket: &str, device: &str, count: u32) -> ExitCode {
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    let answer = client.call(Request::Admit(AdmitRequest {
+        device: device.to_owned(),
+        rate: ByteRate(1),
+        rate_stdev: ByteRate(0),
+        buffer: ByteSize(564 << 10),
+        batch_pages: None,
+        count: Some(count),
+        mode: None,
+        write: false,
+    }));
+    println!("{answer:?}");
     ExitCode::SUCCESS
 }
 
