@@ -120,7 +120,15 @@ pub fn check_file(fd: OwnedFd) -> Result<CheckedFile, AttachError> {
     }
     let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)
         .map_err(|error| AttachError::WrongFile(format!("{path} cannot be examined: {error}")))?;
-    if OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_WRONLY {
+    let flags = OFlag::from_bits_truncate(flags);
+    // An O_PATH descriptor can be had for a file one may not read (search rights on its
+    // directory suffice): it proves nothing, so it attaches nothing and reveals nothing.
+    if flags.contains(OFlag::O_PATH) {
+        return wrong(
+            "was opened with O_PATH, which gives no right to read it; open it for reading",
+        );
+    }
+    if flags & OFlag::O_ACCMODE == OFlag::O_WRONLY {
         return wrong("was opened write-only; open it for reading");
     }
     let bytes = u64::try_from(stat.st_size).unwrap_or(0);

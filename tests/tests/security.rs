@@ -161,3 +161,31 @@ fn capacity_plans_are_bounded_and_never_stall_the_daemon() {
         started.elapsed()
     );
 }
+
+#[test]
+fn a_descriptor_that_proves_no_right_to_read_attaches_nothing() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let secret = fs.path().join("roots-only.bin");
+    write_cold_file(&secret, 1 << 20);
+    std::fs::set_permissions(
+        fs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )
+    .expect("chmod dir");
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .expect("chmod file");
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    // Root's stream on the file: an O_PATH attach must not even learn that it exists.
+    let _roots = daemon.attach_at_1mb(&secret);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let output = as_nobody(
+        &binary("abiss-hostile-client"),
+        &[&socket, "opath", &secret.to_string_lossy(), "0"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let answer = String::from_utf8_lossy(&output.stdout);
+    assert!(answer.contains("O_PATH"), "{answer}");
+    assert!(!answer.contains("already attached"), "{answer}");
+    assert_eq!(daemon.streams().len(), 1, "nothing attached for nobody");
+}

@@ -9,6 +9,8 @@
 //! - `abiss-hostile-client SOCKET admit DEVICE COUNT`: asks for a capacity plan of COUNT
 //!   streams of 1 B/s, straight on the protocol (abissctl would refuse such a count itself);
 //!   prints the answer.
+//! - `abiss-hostile-client SOCKET opath FILE 0`: attaches FILE through an `O_PATH` descriptor,
+//!   which needs no right to read it; prints the answer.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
 //!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
 //!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
@@ -29,7 +31,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
-        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|admit|outlive ARG ARG");
+        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|admit|opath|outlive ARG ARG");
         return ExitCode::from(2);
     };
     match mode.as_str() {
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "outlive" => outlive(socket),
+        "opath" => opath(socket, first),
         "admit" => {
             let Ok(count) = second.parse::<u32>() else {
                 eprintln!("COUNT is a number");
@@ -106,6 +109,32 @@ fn overflow(socket: &str, file: &str) -> ExitCode {
     client.position(stream.id, u64::MAX - 1).expect("position");
     let listed = client.list().expect("list");
     println!("{}", listed.len());
+    ExitCode::SUCCESS
+}
+
+/// An attach with a descriptor that proves no right to read.
+fn opath(socket: &str, file: &str) -> ExitCode {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(handle) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(file)
+    else {
+        eprintln!("cannot open {file} with O_PATH");
+        return ExitCode::from(4);
+    };
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    let answer = client.attach(
+        &handle,
+        AttachRequest {
+            rate: ByteRate(1000),
+            buffer: ByteSize(64 << 10),
+            batch_pages: 1,
+            priority: 0,
+            persistent: true,
+        },
+    );
+    println!("{answer:?}");
     ExitCode::SUCCESS
 }
 
