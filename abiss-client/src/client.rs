@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
-    ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StreamInfo,
-    StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
+    ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StatusReport,
+    StreamInfo, StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
@@ -87,17 +87,6 @@ pub enum ClientError {
         /// What happened.
         message: String,
     },
-}
-
-/// What `Request::Status` answers.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct StatusReport {
-    /// The managed devices.
-    pub devices: Vec<DeviceStatus>,
-    /// Reader upgrades, daemon-wide.
-    pub upgrades: abiss_proto::UpgradeReport,
-    /// What the daemon can do on this kernel.
-    pub capabilities: Vec<abiss_proto::Capability>,
 }
 
 /// One connection to the daemon. Requests are answered in order.
@@ -396,15 +385,7 @@ impl Client {
     /// Everything `abissctl status` shows.
     pub fn status_report(&mut self) -> Result<StatusReport, ClientError> {
         match self.call(Request::Status)? {
-            Response::Devices {
-                devices,
-                upgrades,
-                capabilities,
-            } => Ok(StatusReport {
-                devices,
-                upgrades,
-                capabilities,
-            }),
+            Response::Devices(report) => Ok(report),
             other => Err(self.unexpected(&other)),
         }
     }

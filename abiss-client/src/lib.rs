@@ -19,5 +19,6 @@
 mod client;
 mod file;
 
-pub use client::{Client, ClientError, StatusReport};
+pub use abiss_proto::StatusReport;
+pub use client::{Client, ClientError};
 pub use file::{AbissFile, StreamOptions};

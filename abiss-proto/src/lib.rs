@@ -345,6 +345,40 @@ pub struct Capability {
     pub off_because: Option<String>,
 }
 
+/// What [`Request::Status`] answers: the managed devices, the reader upgrades, what the daemon
+/// can do on this kernel, and locked memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The managed devices.
+    pub devices: Vec<DeviceStatus>,
+    /// Reader upgrades.
+    #[serde(default)]
+    pub upgrades: UpgradeReport,
+    /// What this daemon can do on this kernel.
+    #[serde(default)]
+    pub capabilities: Vec<Capability>,
+    /// Locked memory against its budgets (the asking user's own included).
+    #[serde(default)]
+    pub memory: MemoryReport,
+}
+
+/// Memory locked for playout buffers, against its budgets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Most bytes all streams together may lock.
+    pub budget_bytes: u64,
+    /// Most bytes one user's streams may lock (root's count only against the total).
+    pub per_user_budget_bytes: u64,
+    /// What all streams may lock at most (buffer plus a batch each): what the budget counts.
+    pub reserved_bytes: u64,
+    /// What all streams have locked now.
+    pub locked_bytes: u64,
+    /// What the asking user's streams may lock at most.
+    pub yours_reserved_bytes: u64,
+    /// What the asking user's streams have locked now.
+    pub yours_locked_bytes: u64,
+}
+
 /// Automatic priority upgrades of readers, daemon-wide.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpgradeReport {
@@ -440,16 +474,7 @@ pub enum Response {
     /// Answer to [`Request::Admit`].
     Admission(AdmissionReport),
     /// Answer to [`Request::Status`].
-    Devices {
-        /// The managed devices.
-        devices: Vec<DeviceStatus>,
-        /// Reader upgrades.
-        #[serde(default)]
-        upgrades: UpgradeReport,
-        /// What this daemon can do on this kernel.
-        #[serde(default)]
-        capabilities: Vec<Capability>,
-    },
+    Devices(StatusReport),
     /// The request failed; nothing was changed.
     Error {
         /// What kind of failure, for the client's exit code.

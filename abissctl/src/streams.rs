@@ -208,6 +208,17 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
     }
     let devices = report.devices;
     let _ = writeln!(out, "{}", upgrade_line(&report.upgrades));
+    let memory = &report.memory;
+    let _ = writeln!(
+        out,
+        "locked memory: {} locked, {} reserved of {} (yours: {} locked, {} reserved of {} per user)",
+        ByteSize(memory.locked_bytes),
+        ByteSize(memory.reserved_bytes),
+        ByteSize(memory.budget_bytes),
+        ByteSize(memory.yours_locked_bytes),
+        ByteSize(memory.yours_reserved_bytes),
+        ByteSize(memory.per_user_budget_bytes),
+    );
     for capability in &report.capabilities {
         let _ = match &capability.off_because {
             None => writeln!(out, "{:<18} on   {}", capability.name, capability.gives),

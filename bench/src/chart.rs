@@ -1,5 +1,5 @@
-//! SVG charts of the results (plotters): latency percentile curves per configuration, and
-//! deadline misses against the number of streams.
+//! SVG charts of the results (plotters): latency percentile curves per configuration,
+//! deadline misses against the number of streams, and the tracer's cost per I/O.
 
 use std::path::Path;
 
@@ -179,6 +179,99 @@ pub fn misses_by_streams(
     Ok(())
 }
 
+/// One situation's eBPF cost per I/O.
+#[derive(Debug)]
+pub struct CostBar<'a> {
+    /// The situation, short.
+    pub name: &'a str,
+    /// Run time of all programs per I/O, as the kernel's statistics count it, in ns.
+    pub ns_per_io: f64,
+    /// The same less what the statistics charge an empty program per run.
+    pub net_ns_per_io: f64,
+}
+
+/// ns per I/O per situation, as bars: the statistics' figure, and inside it the figure less
+/// the statistics' own floor; `goals` are drawn as labelled horizontal lines.
+pub fn cost_per_io(
+    path: &Path,
+    title: &str,
+    bars: &[CostBar<'_>],
+    goals: &[(&str, f64)],
+) -> anyhow::Result<()> {
+    let top = bars
+        .iter()
+        .map(|b| b.ns_per_io)
+        .chain(goals.iter().map(|(_, ns)| *ns))
+        .fold(100.0, f64::max)
+        * 1.15;
+    #[expect(clippy::cast_precision_loss, reason = "a handful of bars")]
+    let width = bars.len() as f64;
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..width, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(bars.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let slot = x - x.floor();
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a bar index"
+            )]
+            let index = x.floor() as usize;
+            if (slot - 0.5).abs() < 0.01 {
+                bars.get(index)
+                    .map_or_else(String::new, |b| b.name.to_owned())
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("eBPF run time per I/O (ns)")
+        .draw()?;
+    let total = Palette99::pick(0).to_rgba();
+    let net = Palette99::pick(1).to_rgba();
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, bar)| {
+            #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+            let x = i as f64;
+            Rectangle::new([(x + 0.15, 0.0), (x + 0.85, bar.ns_per_io)], total.filled())
+        }))?
+        .label("as the kernel's statistics count it")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], total.filled()));
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, bar)| {
+            #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+            let x = i as f64;
+            Rectangle::new([(x + 0.3, 0.0), (x + 0.7, bar.net_ns_per_io)], net.filled())
+        }))?
+        .label("less the statistics' floor (an empty program's ns per run)")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], net.filled()));
+    for (name, ns) in goals {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, *ns), (width, *ns)],
+                BLACK.stroke_width(1),
+            ))?
+            .label(format!("{name}: {ns:.0} ns"))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +332,19 @@ mod tests {
         )
         .unwrap();
         assert!(std::fs::read_to_string(&misses).unwrap().contains("none"));
+        let cost = dir.join("cost.svg");
+        cost_per_io(
+            &cost,
+            "test",
+            &[CostBar {
+                name: "idle",
+                ns_per_io: 150.0,
+                net_ns_per_io: 20.0,
+            }],
+            &[("goal", 100.0)],
+        )
+        .unwrap();
+        assert!(std::fs::read_to_string(&cost).unwrap().contains("idle"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

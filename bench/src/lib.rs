@@ -23,7 +23,8 @@
 //! | throughput and device activity over a window (pure) | [`throughput`] |
 //! | the ABISS slides' reference measurement | [`reference`](mod@reference) |
 //! | the saturation sweep: more readers until deadlines are missed | [`sweep`] |
-//! | the tracer's own cost (fio on a loop device over memory) | [`overhead`] |
+//! | the tracer's own cost (fio on loop devices over memory), per situation | [`overhead`] |
+//! | an empty BPF program: the floor of the kernel's BPF statistics | [`empty_program`] |
 //! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
 //! | admission control's predictions against measured misses | [`admission`] |
 //! | results as JSON and Markdown under `bench/results/` | [`report`] |
@@ -35,6 +36,7 @@ pub mod abiss;
 pub mod admission;
 pub mod chart;
 pub mod configuration;
+pub mod empty_program;
 pub mod interrupt;
 pub mod ioprio;
 pub mod lab_disk;

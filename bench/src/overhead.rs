@@ -1,6 +1,16 @@
-//! The tracer's own cost: eBPF run time per event under a 4 KiB random-read load (fio,
-//! `io_uring`, iodepth 32) on a loop device over memory, per elevator, with the load's IOPS with
-//! and without tracing. Needs root, fio and the debug abissd/abissctl (`ABISS_BIN_DIR`).
+//! The tracer's own cost: eBPF run time per I/O under a 4 KiB random-read load (fio,
+//! `io_uring`, iodepth 32, `O_DIRECT`) on loop devices over memory, in each situation abissd
+//! can be in, side by side with the load's IOPS:
+//!
+//! - `floor`: no abissd; an empty program on `block_rq_issue`, to show what the kernel's
+//!   statistics charge a program that does nothing (the clock reads around each run);
+//! - `a`: no abissd (the baseline IOPS);
+//! - `b`: an idle abissd (nothing managed, attached or traced), the load on another disk;
+//! - `b+`: the same, but abissd manages a disk (not the loaded one);
+//! - `c`: the load on a file of a managed disk, a stream attached to another file of it;
+//! - `d`: `abissctl trace` running, the load on a disk abissd does not manage.
+//!
+//! Needs root, fio, mkfs.ext4 and the built abissd/abissctl (`ABISS_BIN_DIR`).
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -10,18 +20,27 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use crate::chart::{self, CostBar};
+use crate::empty_program::{self, EmptyProgram};
 use crate::report;
 
 /// `abiss-bench overhead`.
 #[derive(Debug, clap::Args)]
 pub struct OverheadArgs {
-    /// Seconds of load per elevator (the stats window is 4 s shorter).
+    /// Seconds of load per row (the stats window is 4 s shorter).
     #[arg(long, default_value_t = 12)]
     pub secs: u64,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
 }
+
+/// The elevator of the loaded disk where abissd does not choose it (abissd gives the disks it
+/// manages mq-deadline): with an elevator, all three block events fire per request.
+const ELEVATOR: &str = "mq-deadline";
+
+/// The goals: ns per I/O for row `b` and for row `c`.
+const GOALS: [(&str, &str, f64); 2] = [("b", "goal for b", 100.0), ("c", "goal for c", 400.0)];
 
 fn bin_dir() -> anyhow::Result<PathBuf> {
     std::env::var_os("ABISS_BIN_DIR")
@@ -70,10 +89,27 @@ impl MemoryDisk {
         Ok(Self { device, image })
     }
 
+    fn name(&self) -> &str {
+        self.device.trim_start_matches("/dev/")
+    }
+
     fn set_scheduler(&self, scheduler: &str) -> anyhow::Result<()> {
-        let name = self.device.trim_start_matches("/dev/");
+        let name = self.name();
         std::fs::write(format!("/sys/block/{name}/queue/scheduler"), scheduler)
             .with_context(|| format!("cannot select {scheduler} on {name}"))
+    }
+
+    /// Reads completed on the disk so far (`/sys/block/NAME/stat`, first field), and when.
+    fn reads_completed(&self) -> anyhow::Result<(u64, Instant)> {
+        let name = self.name();
+        let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat"))
+            .with_context(|| format!("cannot read the statistics of {name}"))?;
+        let reads = stat
+            .split_whitespace()
+            .next()
+            .and_then(|field| field.parse().ok())
+            .with_context(|| format!("no read count in /sys/block/{name}/stat"))?;
+        Ok((reads, Instant::now()))
     }
 }
 
@@ -91,7 +127,7 @@ struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    fn start(bin_dir: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+    fn start(bin_dir: &Path, extra: &[String]) -> anyhow::Result<Self> {
         let socket = PathBuf::from(format!("/tmp/abiss-bench-{}.sock", std::process::id()));
         let child = Command::new(bin_dir.join("abissd"))
             .arg("--socket")
@@ -109,19 +145,30 @@ impl BenchDaemon {
         }
         Ok(Self { child, socket })
     }
+
+    fn ctl(&self, bin_dir: &Path) -> Command {
+        let mut command = Command::new(bin_dir.join("abissctl"));
+        command.arg("--socket").arg(&self.socket);
+        command
+    }
+}
+
+/// Stops a child with SIGTERM (abissd's clean shutdown; abissctl's end) and reaps it.
+fn terminate(child: &mut Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+    let _ = child.wait();
 }
 
 impl Drop for BenchDaemon {
     fn drop(&mut self) {
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own child; SIGTERM is abissd's clean shutdown.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
+        terminate(&mut self.child);
     }
 }
 
-fn fio(device: &str, secs: u64) -> Command {
+fn fio(target: &Path, secs: u64) -> Command {
     let mut command = Command::new("fio");
     command
         .args([
@@ -136,7 +183,7 @@ fn fio(device: &str, secs: u64) -> Command {
             "--time_based",
             "--output-format=json",
         ])
-        .arg(format!("--filename={device}"))
+        .arg(format!("--filename={}", target.display()))
         .arg(format!("--runtime={secs}"));
     command
 }
@@ -148,17 +195,17 @@ fn fio_iops(output: &str) -> anyhow::Result<f64> {
         .context("no read IOPS in fio's JSON")
 }
 
-/// A small ext4 on a second memory-backed loop device with one file, for abissd to manage and
-/// attach: while a file is attached, the programs look up every request's file.
-struct AttachedFileDisk {
+/// A small ext4 on a memory-backed loop device for abissd to manage, with a large file to
+/// load and a small one to attach as a stream.
+struct ManagedDisk {
     disk: MemoryDisk,
     mount: PathBuf,
     state: PathBuf,
 }
 
-impl AttachedFileDisk {
+impl ManagedDisk {
     fn new() -> anyhow::Result<Self> {
-        let disk = MemoryDisk::new("attached", 64)?;
+        let disk = MemoryDisk::new("managed", 1024)?;
         output(Command::new("mkfs.ext4").args(["-q", &disk.device]))?;
         let mount = PathBuf::from(format!(
             "/tmp/abiss-bench-overhead-{}.mnt",
@@ -166,12 +213,24 @@ impl AttachedFileDisk {
         ));
         std::fs::create_dir_all(&mount)?;
         output(Command::new("mount").arg(&disk.device).arg(&mount))?;
-        std::fs::write(mount.join("stream.bin"), vec![7u8; 4 << 20])?;
         let state = PathBuf::from(format!(
             "/tmp/abiss-bench-overhead-{}.state",
             std::process::id()
         ));
-        Ok(Self { disk, mount, state })
+        let managed = Self { disk, mount, state };
+        std::fs::write(managed.mount.join("stream.bin"), vec![7u8; 4 << 20])?;
+        // Written, not allocated: reads of unwritten extents never reach the disk.
+        let chunk = vec![3u8; 8 << 20];
+        let mut load = std::fs::File::create(managed.load_file())?;
+        for _ in 0..96 {
+            std::io::Write::write_all(&mut load, &chunk)?;
+        }
+        load.sync_all()?;
+        Ok(managed)
+    }
+
+    fn load_file(&self) -> PathBuf {
+        self.mount.join("load.bin")
     }
 
     fn daemon_args(&self) -> Vec<String> {
@@ -185,9 +244,8 @@ impl AttachedFileDisk {
 
     fn attach(&self, bin_dir: &Path, daemon: &BenchDaemon) -> anyhow::Result<()> {
         output(
-            Command::new(bin_dir.join("abissctl"))
-                .arg("--socket")
-                .arg(&daemon.socket)
+            daemon
+                .ctl(bin_dir)
                 .arg("attach")
                 .arg(self.mount.join("stream.bin"))
                 .args(["--rate", "100kB/s", "--buffer", "64KiB", "--batch", "4"]),
@@ -196,7 +254,7 @@ impl AttachedFileDisk {
     }
 }
 
-impl Drop for AttachedFileDisk {
+impl Drop for ManagedDisk {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.mount).status();
         let _ = std::fs::remove_dir(&self.mount);
@@ -204,9 +262,92 @@ impl Drop for AttachedFileDisk {
     }
 }
 
-/// Per-event cost of the tracer under a 4 KiB random-read load, per elevator, and the load's
-/// IOPS with and without tracing; the last row has a stream attached (on another disk), so
-/// every request's file is looked up.
+/// What a row measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Situation {
+    Floor,
+    NoDaemon,
+    Idle,
+    IdleManaging,
+    ManagedStream,
+    Traced,
+}
+
+impl Situation {
+    const ALL: [Self; 6] = [
+        Self::Floor,
+        Self::NoDaemon,
+        Self::Idle,
+        Self::IdleManaging,
+        Self::ManagedStream,
+        Self::Traced,
+    ];
+
+    fn row(self) -> &'static str {
+        match self {
+            Self::Floor => "floor",
+            Self::NoDaemon => "a",
+            Self::Idle => "b",
+            Self::IdleManaging => "b+",
+            Self::ManagedStream => "c",
+            Self::Traced => "d",
+        }
+    }
+
+    fn description(self) -> &'static str {
+        match self {
+            Self::Floor => "no abissd; an empty BPF program on block_rq_issue",
+            Self::NoDaemon => "no abissd",
+            Self::Idle => "idle abissd (manages nothing), load on another disk, no trace client",
+            Self::IdleManaging => {
+                "idle abissd managing a disk, load on another disk, no trace client"
+            }
+            Self::ManagedStream => {
+                "load on a file of a managed disk, a stream attached to another file of it"
+            }
+            Self::Traced => "abissctl trace running, load on a disk abissd does not manage",
+        }
+    }
+}
+
+/// The eBPF run time over a stats window.
+#[derive(Debug, Default)]
+struct WindowCost {
+    /// Per program, as `abissctl stats --json` prints them (or the empty program's).
+    programs: Vec<Value>,
+    /// Runs of all programs.
+    runs: u64,
+    /// Run time of all programs, in ns.
+    run_time_ns: u64,
+    /// The daemon's report, if a daemon ran.
+    stats: Value,
+}
+
+impl WindowCost {
+    fn from_stats(stats: Value) -> Self {
+        let programs = stats["programs"].as_array().cloned().unwrap_or_default();
+        let sum = |field: &str| -> u64 { programs.iter().filter_map(|p| p[field].as_u64()).sum() };
+        Self {
+            runs: sum("run_count"),
+            run_time_ns: sum("run_time_ns"),
+            programs,
+            stats,
+        }
+    }
+}
+
+/// The disks every row is measured on, and the settings. The load disk is dropped (detached)
+/// before the managed disk, as the fields are declared.
+struct OverheadBench {
+    disk: MemoryDisk,
+    managed: ManagedDisk,
+    bin_dir: PathBuf,
+    secs: u64,
+    /// Seconds of the stats window, inside the load.
+    window: u64,
+}
+
+/// Per-event and per-I/O cost of the programs in each situation; see the module's doc.
 pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
     let secs = args.secs;
     let bin_dir = bin_dir()?;
@@ -215,143 +356,233 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
     }
     let bench = OverheadBench {
         disk: MemoryDisk::new("load", 1024)?,
-        attached_disk: AttachedFileDisk::new()?,
+        managed: ManagedDisk::new()?,
         bin_dir,
         secs,
         window: secs - 4,
     };
-    let window = bench.window;
+    bench.disk.set_scheduler(ELEVATOR)?;
+    let baseline_disk = fio_iops(&output(&mut fio(Path::new(&bench.disk.device), secs))?)?;
+    let baseline_file = fio_iops(&output(&mut fio(&bench.managed.load_file(), secs))?)?;
     let mut rows = Vec::new();
-    for (scheduler, attached) in [
-        ("none", false),
-        ("mq-deadline", false),
-        ("bfq", false),
-        ("mq-deadline", true),
-    ] {
-        rows.push(bench.row(scheduler, attached)?);
+    let mut floor_ns = 0.0;
+    for situation in Situation::ALL {
+        let baseline = if situation == Situation::ManagedStream {
+            baseline_file
+        } else {
+            baseline_disk
+        };
+        let row = bench.row(situation, baseline, floor_ns)?;
+        if situation == Situation::Floor {
+            floor_ns = row["avg_ns_per_event"].as_f64().unwrap_or(0.0);
+        }
+        rows.push(row);
     }
+    let window = bench.window;
     drop(bench);
-
-    let command = format!("cargo xtask bench overhead --secs {secs}");
-    let markdown = markdown(&command, window, &rows);
-    let report = json!({
-        "benchmark": "overhead",
-        "command": command,
-        "machine": report::machine(),
-        "parameters": { "secs": secs, "window_s": window, "block": "4k", "iodepth": 32, "engine": "io_uring" },
-        "rows": rows,
-    });
-    report::write_results(&args.results_dir, "overhead", &report, &markdown)
-}
-
-/// The disks and settings every row is measured with. The load disk is dropped (detached)
-/// before the attached-file disk, as the fields are declared.
-struct OverheadBench {
-    disk: MemoryDisk,
-    attached_disk: AttachedFileDisk,
-    bin_dir: PathBuf,
-    secs: u64,
-    /// Seconds of the stats window, inside the load.
-    window: u64,
+    write_report(&args.results_dir, secs, window, floor_ns, &rows)
 }
 
 impl OverheadBench {
-    /// One row: the load untraced, then traced under a fresh abissd (with a file attached on
-    /// the other disk if `attached`), with the programs' costs over the window.
-    fn row(&self, scheduler: &str, attached: bool) -> anyhow::Result<Value> {
-        self.disk.set_scheduler(scheduler)?;
-        let baseline = fio_iops(&output(&mut fio(&self.disk.device, self.secs))?)?;
-
-        let daemon = self.start_daemon(attached)?;
-        let load = fio(&self.disk.device, self.secs)
+    /// One row: a fresh abissd in `situation` (if it has one), the load, and the programs'
+    /// costs over the window; `floor_ns` is the empty program's ns per run, once measured.
+    fn row(&self, situation: Situation, baseline: f64, floor_ns: f64) -> anyhow::Result<Value> {
+        let daemon = self.start_daemon(situation)?;
+        let trace = match (&daemon, situation) {
+            (Some(daemon), Situation::Traced) => Some(self.start_trace_client(daemon)?),
+            _ => None,
+        };
+        let empty = (situation == Situation::Floor)
+            .then(|| EmptyProgram::attach("block_rq_issue"))
+            .transpose()?;
+        let (target, counted) = if situation == Situation::ManagedStream {
+            (self.managed.load_file(), &self.managed.disk)
+        } else {
+            (PathBuf::from(&self.disk.device), &self.disk)
+        };
+        let load = fio(&target, self.secs)
             .stdout(Stdio::piped())
             .spawn()
             .context("cannot start fio")?;
         std::thread::sleep(Duration::from_secs(2));
-        let stats = output(
-            Command::new(self.bin_dir.join("abissctl"))
-                .arg("--socket")
-                .arg(&daemon.socket)
-                .args(["stats", "--json", "--interval", &self.window.to_string()]),
-        )?;
+        let before = counted.reads_completed()?;
+        let cost = match (&daemon, &empty) {
+            (Some(daemon), _) => self.daemon_window(daemon)?,
+            (None, Some(empty)) => self.empty_window(empty)?,
+            (None, None) => {
+                std::thread::sleep(Duration::from_secs(self.window));
+                WindowCost::default()
+            }
+        };
+        let after = counted.reads_completed()?;
         let output = load.wait_with_output().context("fio failed")?;
-        drop(daemon);
-        let traced = fio_iops(&String::from_utf8_lossy(&output.stdout))?;
+        if let Some(mut trace) = trace {
+            terminate(&mut trace);
+        }
+        drop((daemon, empty));
+        let iops = fio_iops(&String::from_utf8_lossy(&output.stdout))?;
+        #[expect(clippy::cast_precision_loss, reason = "rates for the report")]
+        let reads = (after.0 - before.0) as f64 / after.1.duration_since(before.1).as_secs_f64()
+            * Duration::from_secs(self.window).as_secs_f64();
+        Ok(row_json(situation, baseline, iops, reads, floor_ns, &cost))
+    }
+
+    /// abissd as `situation` wants it: none, idle, managing the managed disk, with a stream.
+    fn start_daemon(&self, situation: Situation) -> anyhow::Result<Option<BenchDaemon>> {
+        let daemon = match situation {
+            Situation::Floor | Situation::NoDaemon => return Ok(None),
+            Situation::Idle => BenchDaemon::start(&self.bin_dir, &[])?,
+            Situation::IdleManaging | Situation::ManagedStream | Situation::Traced => {
+                BenchDaemon::start(&self.bin_dir, &self.managed.daemon_args())?
+            }
+        };
+        if situation == Situation::ManagedStream {
+            self.managed.attach(&self.bin_dir, &daemon)?;
+        }
+        Ok(Some(daemon))
+    }
+
+    /// `abissctl trace` as a user runs it, its output thrown away; running once it has
+    /// asked for the first snapshot (which starts tracing every disk).
+    fn start_trace_client(&self, daemon: &BenchDaemon) -> anyhow::Result<Child> {
+        let child = daemon
+            .ctl(&self.bin_dir)
+            .args(["trace", "--interval", "1"])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("cannot start abissctl trace")?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(child)
+    }
+
+    /// The programs' costs over the window, from `abissctl stats --json`.
+    fn daemon_window(&self, daemon: &BenchDaemon) -> anyhow::Result<WindowCost> {
+        let stats = output(daemon.ctl(&self.bin_dir).args([
+            "stats",
+            "--json",
+            "--interval",
+            &self.window.to_string(),
+        ]))?;
         let stats: Value =
             serde_json::from_str(&stats).context("abissctl stats printed no JSON")?;
-        let cost = ProgramCost::from_stats(&stats);
-        Ok(json!({
-            "scheduler": scheduler,
-            "file_attached": attached,
-            "iops_untraced": baseline,
-            "iops_traced": traced,
-            "events": cost.runs,
-            "avg_ns_per_event": cost.avg_ns,
-            "programs": cost.programs,
-            "daemon_cpu_ns": stats["daemon_cpu_ns"],
-            "daemon_rss_bytes": stats["daemon_rss_bytes"],
-            "window_ns": stats["window_ns"],
-        }))
+        Ok(WindowCost::from_stats(stats))
     }
 
-    /// abissd, managing and with a file attached on the other disk if `attached`.
-    fn start_daemon(&self, attached: bool) -> anyhow::Result<BenchDaemon> {
-        if attached {
-            let args = self.attached_disk.daemon_args();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let daemon = BenchDaemon::start(&self.bin_dir, &args)?;
-            self.attached_disk.attach(&self.bin_dir, &daemon)?;
-            Ok(daemon)
-        } else {
-            BenchDaemon::start(&self.bin_dir, &[])
-        }
-    }
-}
-
-/// The eBPF programs' cost over a stats window, from `abissctl stats --json`.
-struct ProgramCost {
-    /// The per-program entries, as abissctl printed them.
-    programs: Vec<Value>,
-    /// Runs of all programs.
-    runs: u64,
-    /// Mean run time per run, in ns.
-    avg_ns: f64,
-}
-
-impl ProgramCost {
-    fn from_stats(stats: &Value) -> Self {
-        let programs = stats["programs"].as_array().cloned().unwrap_or_default();
-        let runs: u64 = programs
-            .iter()
-            .filter_map(|p| p["run_count"].as_u64())
-            .sum();
-        let time: u64 = programs
-            .iter()
-            .filter_map(|p| p["run_time_ns"].as_u64())
-            .sum();
+    /// The empty program's runs and run time over the window, with statistics on.
+    fn empty_window(&self, empty: &EmptyProgram) -> anyhow::Result<WindowCost> {
+        let stats_on = empty_program::enable_stats()?;
+        let (runs0, time0) = empty.runs()?;
+        std::thread::sleep(Duration::from_secs(self.window));
+        let (runs1, time1) = empty.runs()?;
+        drop(stats_on);
+        let (runs, run_time_ns) = (runs1 - runs0, time1 - time0);
         #[expect(clippy::cast_precision_loss, reason = "a mean for the report")]
-        let avg_ns = if runs == 0 {
-            0.0
-        } else {
-            time as f64 / runs as f64
-        };
-        Self {
-            programs,
+        let avg_ns = run_time_ns as f64 / runs.max(1) as f64;
+        Ok(WindowCost {
+            programs: vec![json!({
+                "name": "empty (r0 = 0; exit)",
+                "run_count": runs,
+                "run_time_ns": run_time_ns,
+                "avg_ns": avg_ns,
+            })],
             runs,
-            avg_ns,
-        }
+            run_time_ns,
+            stats: Value::Null,
+        })
     }
 }
 
-/// The Markdown table of the rows.
-fn markdown(command: &str, window: u64, rows: &[Value]) -> String {
+/// One row of the report; `reads` is the I/Os completed on the loaded disk in the window.
+fn row_json(
+    situation: Situation,
+    baseline: f64,
+    iops: f64,
+    reads: f64,
+    floor_ns: f64,
+    cost: &WindowCost,
+) -> Value {
+    #[expect(clippy::cast_precision_loss, reason = "means for the report")]
+    let (runs, time) = (cost.runs as f64, cost.run_time_ns as f64);
+    let per_io = |value: f64| if reads > 0.0 { value / reads } else { 0.0 };
+    json!({
+        "row": situation.row(),
+        "situation": situation.description(),
+        "scheduler": ELEVATOR,
+        "file_attached": situation == Situation::ManagedStream,
+        "trace_client": situation == Situation::Traced,
+        "iops_untraced": baseline,
+        "iops_traced": iops,
+        "ios_in_window": reads,
+        "events": cost.runs,
+        "avg_ns_per_event": if runs > 0.0 { time / runs } else { 0.0 },
+        "runs_per_io": per_io(runs),
+        "ns_per_io": per_io(time),
+        "ns_per_io_less_floor": per_io((time - floor_ns * runs).max(0.0)),
+        "programs": cost.programs,
+        "daemon_cpu_ns": cost.stats["daemon_cpu_ns"],
+        "daemon_rss_bytes": cost.stats["daemon_rss_bytes"],
+        "window_ns": cost.stats["window_ns"],
+    })
+}
+
+/// Writes overhead.json, overhead.md and overhead.svg.
+fn write_report(
+    dir: &Path,
+    secs: u64,
+    window: u64,
+    floor_ns: f64,
+    rows: &[Value],
+) -> anyhow::Result<()> {
+    let command = format!("cargo xtask bench overhead --secs {secs}");
+    let machine = report::machine();
+    let markdown = markdown(&command, &machine, window, floor_ns, rows);
+    let report = json!({
+        "benchmark": "overhead",
+        "command": command,
+        "machine": machine,
+        "parameters": {
+            "secs": secs, "window_s": window, "block": "4k", "iodepth": 32,
+            "engine": "io_uring", "direct": true, "elevator": ELEVATOR,
+        },
+        "floor_ns_per_run": floor_ns,
+        "goals_ns_per_io": GOALS.iter().map(|(row, _, ns)| json!({"row": row, "ns": ns})).collect::<Vec<_>>(),
+        "rows": rows,
+    });
+    report::write_results(dir, "overhead", &report, &markdown)?;
+    let bars: Vec<CostBar<'_>> = rows
+        .iter()
+        .filter(|row| row["row"] != "a")
+        .map(|row| CostBar {
+            name: row["row"].as_str().unwrap_or("?"),
+            ns_per_io: row["ns_per_io"].as_f64().unwrap_or(0.0),
+            net_ns_per_io: row["ns_per_io_less_floor"].as_f64().unwrap_or(0.0),
+        })
+        .collect();
+    let goals: Vec<(&str, f64)> = GOALS.iter().map(|(_, name, ns)| (*name, *ns)).collect();
+    let chart = dir.join("overhead.svg");
+    chart::cost_per_io(
+        &chart,
+        "eBPF run time per 4 KiB read (fio io_uring, iodepth 32, loop device over memory)",
+        &bars,
+        &goals,
+    )?;
+    println!("written: {}", chart.display());
+    Ok(())
+}
+
+/// The Markdown report: the table, the command, the machine, what the columns mean.
+fn markdown(command: &str, machine: &Value, window: u64, floor_ns: f64, rows: &[Value]) -> String {
     let mut markdown = format!(
-        "### Tracer overhead: 4 KiB random reads, fio io_uring iodepth 32, loop device over memory\n\n\
-         `{command}`; stats window {window} s. \"+ attached file\": a stream is attached on \
-         another disk, so the programs look up the file of every request (these direct reads \
-         carry user pages, which are told apart after two probe reads).\n\n\
-         | elevator | IOPS untraced | IOPS traced | eBPF events/s | avg ns per event | insert ns | issue ns | complete ns | abissd CPU % |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "### Tracer overhead: 4 KiB random reads, fio io_uring iodepth 32, O_DIRECT, loop devices over memory\n\n\
+         `{command}`; stats window {window} s, elevator {ELEVATOR}.\n{}\n\n\
+         ns per I/O: the run time of all abiss programs in the window (the kernel's BPF \
+         statistics) over the reads completed on the loaded disk. The kernel charges every run \
+         its clock reads too: an empty program costs {floor_ns:.0} ns per run here (row floor), \
+         so \"less floor\" takes that off each run. Programs with nothing to do are detached \
+         (row b runs none).\n\n\
+         | row | situation | IOPS without abissd | IOPS | runs per I/O | ns per I/O | less floor | insert ns | issue ns | complete ns | uring submit ns | uring complete ns | abissd CPU % |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        report::machine_line(machine)
     );
     for row in rows {
         let program_ns = |name: &str| {
@@ -359,34 +590,40 @@ fn markdown(command: &str, window: u64, rows: &[Value]) -> String {
                 .as_array()
                 .and_then(|ps| ps.iter().find(|p| p["name"] == name))
                 .and_then(|p| p["avg_ns"].as_f64())
-                .unwrap_or(0.0)
+                .map_or_else(|| "–".to_owned(), |ns| format!("{ns:.0}"))
         };
-        #[expect(clippy::cast_precision_loss, reason = "rates for the report")]
-        let (events_per_s, cpu_percent) = {
-            let window_ns = row["window_ns"].as_u64().unwrap_or(1).max(1) as f64;
-            (
-                row["events"].as_u64().unwrap_or(0) as f64 / (window_ns / 1e9),
-                row["daemon_cpu_ns"].as_u64().unwrap_or(0) as f64 / window_ns * 100.0,
-            )
-        };
-        let attached = if row["file_attached"].as_bool().unwrap_or(false) {
-            " + attached file"
-        } else {
-            ""
+        #[expect(clippy::cast_precision_loss, reason = "a share for the report")]
+        let cpu_percent = row["window_ns"].as_u64().map_or_else(
+            || "–".to_owned(),
+            |window_ns| {
+                let cpu = row["daemon_cpu_ns"].as_u64().unwrap_or(0) as f64;
+                format!("{:.3}", cpu / window_ns.max(1) as f64 * 100.0)
+            },
+        );
+        let number = |field: &str, decimals: usize| {
+            format!("{:.*}", decimals, row[field].as_f64().unwrap_or(0.0))
         };
         let _ = writeln!(
             markdown,
-            "| {}{attached} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.3} |",
-            row["scheduler"].as_str().unwrap_or(""),
-            row["iops_untraced"].as_f64().unwrap_or(0.0),
-            row["iops_traced"].as_f64().unwrap_or(0.0),
-            events_per_s,
-            row["avg_ns_per_event"].as_f64().unwrap_or(0.0),
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cpu_percent} |",
+            row["row"].as_str().unwrap_or(""),
+            row["situation"].as_str().unwrap_or(""),
+            number("iops_untraced", 0),
+            number("iops_traced", 0),
+            number("runs_per_io", 2),
+            number("ns_per_io", 0),
+            number("ns_per_io_less_floor", 0),
             program_ns("abiss_insert"),
             program_ns("abiss_issue"),
             program_ns("abiss_complete"),
-            cpu_percent,
+            program_ns("abiss_uring_submit"),
+            program_ns("abiss_uring_complete"),
         );
     }
+    let _ = writeln!(
+        markdown,
+        "\nGoals: row b under {:.0} ns per I/O, row c at most {:.0} ns.",
+        GOALS[0].2, GOALS[1].2
+    );
     markdown
 }

@@ -4,7 +4,27 @@
 //! is defined here once, as `#[repr(C)]` plain data. The eBPF side uses the types directly; the
 //! user side enables the `user` feature, which implements `aya::Pod` for them.
 //!
-//! Requires Linux 6.1 or newer with BTF (`/sys/kernel/btf/vmlinux`); verified on 6.18.
+//! `no_std`, and nothing but the ABI: sizes, keys, values, events, constants and the few
+//! `const`/inline functions both sides must compute alike. No policy, no allocation, no I/O.
+//! Every layout is pinned by a size assertion, so a change is a deliberate change on both sides.
+//!
+//! Requires Linux 5.15 or newer with BTF (`/sys/kernel/btf/vmlinux`) for the core; the optional
+//! parts need newer kernels (README, "Kernels"). Verified on 6.18.
+//!
+//! | concern | module or item |
+//! | --- | --- |
+//! | kernel struct offsets, filled in from BTF by abissd ([`KernelLayout`]) | crate root |
+//! | switches abissd flips while the programs run ([`Control`]) | crate root |
+//! | latency histograms: [`HistogramKey`], [`LatencyCounters`], [`latency_slot`] | crate root |
+//! | requests in flight and completed: [`InflightRequest`], [`RequestOrigin`], [`RequestEvent`] | crate root |
+//! | attached files and what tasks do with them: [`FileKey`], [`AttachedFile`], [`PlayoutEvent`], [`UringSubmission`] | crate root |
+//! | a request record's life cycle | [`request_state`] |
+//! | which disks the block programs follow, managed or traced (values of the `DISKS` map) | [`disk_flags`] |
+//! | kinds of [`PlayoutEvent`] | [`playout_kind`] |
+//! | kernel block operations (`REQ_OP_*`) | [`op`] |
+//! | kernel I/O priority encoding | [`ioprio`] |
+//! | ABISS levels ↔ kernel I/O priorities | [`abiss_level`] |
+//! | `aya::Pod` for every type (`user` feature) | `pod` |
 #![no_std]
 #![deny(missing_docs)]
 
@@ -35,6 +55,25 @@ pub mod request_state {
     pub const QUEUED: u32 = 1;
     /// Dispatched to the driver.
     pub const ISSUED: u32 = 2;
+    /// Requeued after its dispatch: back to the queue, keeping its queue start, until its
+    /// next insert or issue. Only this state survives an insert: any other record found at
+    /// insert is left over from an earlier request in the slot (one whose completion was not
+    /// traced), and is started afresh.
+    pub const REQUEUED: u32 = 3;
+}
+
+/// Disks the block programs follow, at most (managed disks, and disks traced on their own).
+pub const MAX_DISKS: u32 = 256;
+
+/// What the programs do with a disk's requests (the values of the `DISKS` map, keyed by the
+/// disk's `dev_t` in the kernel's encoding). A disk in neither state costs one lookup per
+/// block event and nothing else.
+pub mod disk_flags {
+    /// Managed by abissd: requests are tagged with their stream and checked against its level.
+    pub const MANAGED: u32 = 1;
+    /// Traced: requests are followed to completion and added to the latency histograms.
+    /// Managed disks always are; with [`super::Control::trace_all`] set, every disk is.
+    pub const TRACED: u32 = 2;
 }
 
 /// Distinct (device, operation, priority) histogram keys kept.
@@ -86,7 +125,7 @@ pub mod playout_kind {
     /// misses the page cache).
     pub const QUEUED_LOW: u32 = 6;
     /// An `io_uring` request on the file completed: the task is its submitter,
-    /// [`PlayoutEvent::ioprio`] its priority and [`PlayoutEvent::latency_ns`] how long it took
+    /// [`super::PlayoutEvent::ioprio`] its priority and [`super::PlayoutEvent::latency_ns`] how long it took
     /// from submission.
     pub const URING_COMPLETE: u32 = 5;
 }
@@ -257,8 +296,15 @@ pub struct Control {
     pub emit_events: u32,
     /// Thread-group id of the daemon itself, so its own I/O can be told apart.
     pub daemon_tgid: u32,
-    /// Number of attached files; while zero the programs skip looking up requests' files.
+    /// Number of attached files; while zero the programs skip looking up requests' files,
+    /// and the page-cache and `io_uring` programs return at once.
     pub attached_files: u32,
+    /// Non-zero while some client traces every disk (`Request::Latency`, `Request::Events`):
+    /// then every disk's requests are traced, not only those of the disks in `DISKS`.
+    pub trace_all: u32,
+    /// Number of entries in `DISKS`; while it and `trace_all` are zero the block programs
+    /// return without looking up the request's disk.
+    pub listed_disks: u32,
     /// Padding.
     pub pad: u32,
 }
@@ -461,7 +507,7 @@ mod pod {
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 28 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<Control>() == 16);
+const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);

@@ -1,8 +1,10 @@
-//! The block-request programs: each request is followed from its first sight (insert, or issue
-//! without an elevator) to its completion, tagged with the stream of the file its pages belong
-//! to, attributed to the task that submitted it, and its queue and service times added to the
-//! per-CPU `LATENCY` histograms; `EVENTS` gets one record per completion while someone streams
-//! them.
+//! The block-request programs: each request on a followed disk (a managed one, or any while a
+//! client traces every disk) is followed from its first sight (insert, or issue without an
+//! elevator) to its completion, tagged with the stream of the file its pages belong to (on
+//! managed disks), attributed to the task that submitted it, and its queue and service times
+//! added to the per-CPU `LATENCY` histograms; `EVENTS` gets one record per completion while
+//! someone streams them. Every program first decides whether the request's disk is followed
+//! (`watched_disk`) and returns at once if not.
 //!
 //! BTF tracepoints: `block_rq_insert`, `block_rq_issue`, `block_rq_complete`, `block_rq_merge`,
 //! `block_rq_requeue`.
@@ -17,19 +19,65 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
-    abiss_level, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile, HistogramKey,
-    InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
+    abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile,
+    Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
 };
 
 use crate::kernel::{attached_file, bio_inode, field, layout, now_ns, read, report_reader};
-use crate::maps::{CONTROL, EVENTS, INFLIGHT, LATENCY, ORIGINS, ZERO_COUNTERS};
+use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, ZERO_COUNTERS};
 
-/// Whether per-request attribution is wanted (someone streams events).
+/// A request's disk, when its requests are followed.
+#[derive(Clone, Copy)]
+struct Watched {
+    /// The disk's `dev_t` (kernel encoding).
+    dev: u32,
+    /// Its `disk_flags` (`TRACED` always set).
+    flags: u32,
+    /// The switches, as read for this decision.
+    control: Control,
+}
+
+/// Whether `rq`'s disk is followed, decided first thing by every block program: one read of
+/// `CONTROL` (an array, inlined by the JIT) returns while no disk is listed and nobody traces
+/// every disk; otherwise the disk's `dev_t` (three loads from the request) and one `DISKS`
+/// lookup, skipped when every disk is traced and none is listed.
 #[inline(always)]
-fn attributing() -> bool {
-    CONTROL
-        .get(0)
-        .is_some_and(|control| control.emit_events != 0)
+fn watched_disk(rq: u64) -> Option<Watched> {
+    if layout!(valid) == 0 {
+        return None;
+    }
+    let control = *CONTROL.get(0)?;
+    let trace_all = control.trace_all != 0;
+    if !trace_all && control.listed_disks == 0 {
+        return None;
+    }
+    let queue: u64 = field(rq, layout!(request_q));
+    if queue == 0 {
+        return None;
+    }
+    let disk: u64 = field(queue, layout!(queue_disk));
+    if disk == 0 {
+        return None;
+    }
+    let major: u32 = field(disk, layout!(gendisk_major));
+    let minor: u32 = field(disk, layout!(gendisk_first_minor));
+    let dev = (major << 20) | minor;
+    let listed = if control.listed_disks == 0 {
+        0
+    } else {
+        // SAFETY: pointer to a live map value, copied.
+        DISKS.get_ptr(&dev).map_or(0, |flags| unsafe { *flags })
+    };
+    let flags = if trace_all {
+        listed | disk_flags::TRACED
+    } else {
+        listed
+    };
+    (flags & disk_flags::TRACED != 0).then_some(Watched {
+        dev,
+        flags,
+        control,
+    })
 }
 
 /// Records the submitter and file of a request seen for the first time. The current task is
@@ -58,19 +106,11 @@ fn record_origin(rq: u64, (ino, ino_dev): (u64, u32)) -> bool {
 }
 
 /// Starts a new request's record: in place in the slot's existing record when the request's
-/// struct was seen before (the common case, since blk-mq recycles them), else inserted.
+/// struct was seen before (the common case, since blk-mq recycles them), else inserted. The
+/// file and stream are looked up on managed disks only (no stream lives elsewhere), and for
+/// the origin while events are streamed.
 #[inline(always)]
-fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u32) {
-    let queue: u64 = field(rq, layout!(request_q));
-    if queue == 0 {
-        return;
-    }
-    let disk: u64 = field(queue, layout!(queue_disk));
-    if disk == 0 {
-        return;
-    }
-    let major: u32 = field(disk, layout!(gendisk_major));
-    let minor: u32 = field(disk, layout!(gendisk_first_minor));
+fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u32, disk: &Watched) {
     let cmd_flags: u32 = field(rq, layout!(request_cmd_flags));
     let bio: u64 = field(rq, layout!(request_bio));
     // Since Linux 6.x a request's priority is its first bio's (req_get_ioprio).
@@ -80,10 +120,9 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
         field(bio, layout!(bio_ioprio))
     };
     let (class, level) = ioprio::split(prio);
-    // One look at the switches for both questions.
-    let control = CONTROL.get(0).copied().unwrap_or_default();
-    let wants_origin = control.emit_events != 0;
-    let file = if wants_origin || control.attached_files != 0 {
+    let wants_origin = disk.control.emit_events != 0;
+    let tags_streams = disk.flags & disk_flags::MANAGED != 0 && disk.control.attached_files != 0;
+    let file = if wants_origin || tags_streams {
         bio_inode(bio)
     } else {
         (0, 0)
@@ -91,7 +130,11 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
     let attributed = wants_origin && record_origin(rq, file);
     // The stream is found by the file the pages belong to, so readahead, io-wq workers and
     // the daemon's prefetch are all tagged, not only the reader's own task.
-    let stream = attached_file(file).unwrap_or_default();
+    let stream = if tags_streams {
+        attached_file(file).unwrap_or_default()
+    } else {
+        AttachedFile::default()
+    };
     #[expect(
         clippy::cast_possible_truncation,
         reason = "REQ_OP_* fits in the low 8 bits"
@@ -111,7 +154,7 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
             0
         },
         sector: field(rq, layout!(request_sector)),
-        dev: (major << 20) | minor,
+        dev: disk.dev,
         bytes: field(rq, layout!(request_data_len)),
         op: operation,
         class,
@@ -133,34 +176,33 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
 
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
-    if layout!(valid) == 0 {
-        return 0;
-    }
     let rq: u64 = ctx.arg(0);
+    let Some(disk) = watched_disk(rq) else {
+        return 0;
+    };
     let slot = INFLIGHT.get_ptr_mut(rq);
     // SAFETY: pointer to a live map value of this type.
-    if let Some(existing) = slot.map(|s| unsafe { (*s).state }) {
-        if existing != request_state::DONE {
-            // Re-inserted after a requeue: it keeps its record and queue start.
-            return 0;
-        }
+    if slot.is_some_and(|s| unsafe { (*s).state } == request_state::REQUEUED) {
+        // Re-inserted after a requeue: it keeps its record and queue start.
+        return 0;
     }
-    start_record(rq, slot, now_ns(), request_state::QUEUED);
+    start_record(rq, slot, now_ns(), request_state::QUEUED, &disk);
     0
 }
 
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
-    if layout!(valid) == 0 {
-        return 0;
-    }
     let rq: u64 = ctx.arg(0);
+    let Some(disk) = watched_disk(rq) else {
+        return 0;
+    };
     let now = now_ns();
     let slot = INFLIGHT.get_ptr_mut(rq);
     if let Some(record) = slot {
         // SAFETY: pointer to a live map value of this type.
         unsafe {
-            if (*record).state == request_state::QUEUED {
+            let state = (*record).state;
+            if state == request_state::QUEUED || state == request_state::REQUEUED {
                 (*record).issued_ns = now;
                 (*record).state = request_state::ISSUED;
                 // Merges after insert grow the request; issue is when its size is final.
@@ -170,13 +212,16 @@ pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
         }
     }
     // No elevator (or a flush that bypasses it): the request is first seen here.
-    start_record(rq, slot, now, request_state::ISSUED);
+    start_record(rq, slot, now, request_state::ISSUED, &disk);
     0
 }
 
 #[btf_tracepoint(function = "block_rq_complete")]
 pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    let Some(disk) = watched_disk(rq) else {
+        return 0;
+    };
     let error: u32 = ctx.arg(1);
     let Some(slot) = INFLIGHT.get_ptr_mut(rq) else {
         return 0;
@@ -194,7 +239,7 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
     let queue_ns = record.issued_ns.saturating_sub(record.queued_ns);
     let service_ns = now.saturating_sub(record.issued_ns);
     account(&record, queue_ns, service_ns);
-    if attributing() {
+    if disk.control.emit_events != 0 {
         let origin = if record.attributed == 0 {
             None
         } else {
@@ -217,6 +262,9 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_merge")]
 pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    if watched_disk(rq).is_none() {
+        return 0;
+    }
     if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
         // SAFETY: pointer to a live map value of this type.
         unsafe { (*slot).state = request_state::DONE };
@@ -229,12 +277,15 @@ pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_requeue")]
 pub fn abiss_requeue(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    if watched_disk(rq).is_none() {
+        return 0;
+    }
     if let Some(slot) = INFLIGHT.get_ptr_mut(rq) {
         // SAFETY: pointer to a live map value of this type.
         unsafe {
             if (*slot).state != request_state::DONE {
                 (*slot).issued_ns = 0;
-                (*slot).state = request_state::QUEUED;
+                (*slot).state = request_state::REQUEUED;
             }
         }
     }

@@ -8,34 +8,30 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission};
 
 use crate::kernel::{
-    attached_file, current_task_unless_daemon, inode_key, layout, now_ns, read, report,
+    attached_file, current_task_unless, files_attached, inode_key, layout, now_ns, read, report,
 };
 use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT};
-
-/// Whether any file is attached, so requests' files are worth looking up.
-#[inline(always)]
-fn files_attached() -> bool {
-    CONTROL
-        .get(0)
-        .is_some_and(|control| control.attached_files != 0)
-}
 
 /// `io_uring_submit_req(req)`: a request leaves the submission queue, in the submitting task
 /// (the ring's owner, or its SQPOLL thread). Its file is not assigned yet, so the submissions
 /// of processes seen reading attached files are remembered until their completion.
 #[btf_tracepoint(function = "io_uring_submit_req")]
 pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
-    if layout!(valid) == 0 || !files_attached() {
+    // One read of the switches: whether any file is attached, and which process is abissd.
+    let Some(control) = CONTROL.get(0) else {
+        return 0;
+    };
+    if control.attached_files == 0 || layout!(valid) == 0 {
         return 0;
     }
-    let req: u64 = ctx.arg(0);
-    let Some((tgid, pid)) = current_task_unless_daemon() else {
+    let Some((tgid, pid)) = current_task_unless(control.daemon_tgid) else {
         return 0;
     };
     // SAFETY: a lookup; the value is not used.
     if unsafe { FILE_READERS.get(&tgid) }.is_none() {
         return 0;
     }
+    let req: u64 = ctx.arg(0);
     let _ = URING_INFLIGHT.insert(
         req,
         UringSubmission {

@@ -53,11 +53,19 @@ pub(crate) fn now_ns() -> u64 {
     unsafe { bpf_ktime_get_ns() }
 }
 
-/// Inode number and filesystem device of the page-cache page a bio starts with, if any.
+/// Inode number and filesystem device of the file a bio reads or writes, if any: through the
+/// kiocb of an iomap direct I/O, else through the page-cache page the bio starts with.
 #[inline(always)]
 pub(crate) fn bio_inode(bio: u64) -> (u64, u32) {
     if bio == 0 {
         return (0, 0);
+    }
+    // Direct I/O first: two plain loads tell it (a function pointer and a `void *` read as
+    // numbers, which the verifier allows), where the page route would cost two probe reads
+    // only to find user memory.
+    let end_io = layout!(iomap_dio_end_io);
+    if end_io != 0 && field::<u64>(bio, layout!(bio_end_io)) == end_io {
+        return direct_io_inode(field(bio, layout!(bio_private)));
     }
     let vec: u64 = field(bio, layout!(bio_io_vec));
     if vec == 0 {
@@ -78,10 +86,10 @@ pub(crate) fn bio_inode(bio: u64) -> (u64, u32) {
     let Some(mapping) = read::<u64>(page, layout!(page_mapping)) else {
         return (0, 0);
     };
-    // Anonymous and KSM pages (direct I/O into user memory) tag the low bits: their file, if
-    // any, is found through the direct I/O's kiocb.
+    // Anonymous and KSM pages (direct I/O into user memory, other than iomap's) tag the low
+    // bits: no file to find.
     if mapping == 0 || mapping & 3 != 0 {
-        return direct_io_inode(bio);
+        return (0, 0);
     }
     let Some(inode) = read::<u64>(mapping, layout!(mapping_host)) else {
         return (0, 0);
@@ -99,17 +107,12 @@ pub(crate) fn inode_key(inode: u64) -> (u64, u32) {
     (ino, dev)
 }
 
-/// The file of a direct I/O bio: iomap's direct I/O (ext4, xfs, btrfs …) completes its bios
-/// in `iomap_dio_bio_end_io` with `bi_private` pointing at its `iomap_dio`, whose kiocb names
-/// the file, whether read(2) or `io_uring` issued it.
+/// The file of an iomap direct I/O (ext4, xfs, btrfs …), from its bio's `bi_private`: the
+/// bio completes in `iomap_dio_bio_end_io` with `bi_private` pointing at its `iomap_dio`,
+/// whose kiocb names the file, whether read(2) or `io_uring` issued it.
 #[inline(always)]
-fn direct_io_inode(bio: u64) -> (u64, u32) {
-    let end_io = layout!(iomap_dio_end_io);
-    if end_io == 0 || read::<u64>(bio, layout!(bio_end_io)) != Some(end_io) {
-        return (0, 0);
-    }
-    let inode = read::<u64>(bio, layout!(bio_private))
-        .and_then(|dio| read::<u64>(dio, layout!(iomap_dio_iocb)))
+fn direct_io_inode(dio: u64) -> (u64, u32) {
+    let inode = read::<u64>(dio, layout!(iomap_dio_iocb))
         .and_then(|iocb| read::<u64>(iocb, layout!(kiocb_filp)))
         .and_then(|file| read::<u64>(file, layout!(file_inode)));
     match inode {
@@ -161,13 +164,27 @@ pub(crate) fn report_reader(event: PlayoutEvent) {
 /// The current task as (tgid, pid), unless it is abissd itself.
 #[inline(always)]
 pub(crate) fn current_task_unless_daemon() -> Option<(u32, u32)> {
+    let daemon_tgid = CONTROL.get(0).map_or(0, |control| control.daemon_tgid);
+    current_task_unless(daemon_tgid)
+}
+
+/// The current task as (tgid, pid), unless its process is `daemon_tgid` (abissd, as the
+/// caller read it from `CONTROL`).
+#[inline(always)]
+pub(crate) fn current_task_unless(daemon_tgid: u32) -> Option<(u32, u32)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     #[expect(clippy::cast_possible_truncation, reason = "the helper packs two u32s")]
     let (tgid, pid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
-    let daemon = CONTROL
+    (tgid != daemon_tgid).then_some((tgid, pid))
+}
+
+/// Whether any file is attached: while none is, the page-cache and `io_uring` programs return
+/// at once (one read of `CONTROL`, an array the JIT inlines).
+#[inline(always)]
+pub(crate) fn files_attached() -> bool {
+    CONTROL
         .get(0)
-        .is_some_and(|control| control.daemon_tgid == tgid);
-    (!daemon).then_some((tgid, pid))
+        .is_some_and(|control| control.attached_files != 0)
 }
 
 /// Sends one event about an attached file to abissd.

@@ -11,8 +11,8 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
-    RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_FILE_READERS,
-    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+    RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS,
+    MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -21,6 +21,12 @@ pub(crate) static KERNEL_LAYOUT: KernelLayout = KernelLayout::UNSET;
 
 #[map]
 pub(crate) static CONTROL: Array<Control> = Array::with_max_entries(1, 0);
+
+/// The disks whose requests the block programs follow, by `dev_t` (kernel encoding), with
+/// their `disk_flags`; written by abissd. Every block program looks the request's disk up here
+/// first (unless `CONTROL` says nothing is listed or traced) and returns if it is neither.
+#[map]
+pub(crate) static DISKS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_DISKS, 0);
 
 /// One record per `struct request` seen (see `MAX_INFLIGHT`): reused in place by the next
 /// request in the same slot, so the hot path does lookups and stores, not map updates.

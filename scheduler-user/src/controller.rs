@@ -7,14 +7,15 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, Capability, DeviceStatus, Refusal, StreamInfo,
-    StreamTarget, UpgradeReport,
+    AdmissionReport, AdmitRequest, AttachRequest, MemoryReport, Refusal, StatusReport, StreamInfo,
+    StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
 use scheduler_common::AttachedFile;
 
 use crate::disks::Disks;
 use crate::kernel_events::{Access, StreamAccess};
+use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
@@ -32,6 +33,7 @@ pub struct Controller {
     prefetch: PrefetchEngine,
     disks: Disks,
     upgrades: ReaderUpgrades,
+    memory: LockedMemoryBudget,
 }
 
 impl Controller {
@@ -42,6 +44,7 @@ impl Controller {
         prefetch: PrefetchEngine,
         disks: Disks,
         upgrades: ReaderUpgrades,
+        memory: LockedMemoryBudget,
     ) -> Self {
         Self {
             tracer,
@@ -49,6 +52,7 @@ impl Controller {
             prefetch,
             disks,
             upgrades,
+            memory,
         }
     }
 
@@ -116,6 +120,18 @@ impl Controller {
             });
         }
         self.disks.admit(&disk, &request, &self.streams)?;
+        let wanted = locked_at_most(
+            request.buffer.0,
+            u64::from(request.batch_pages) * PAGE_BYTES,
+        );
+        self.memory
+            .admit(
+                peer_uid,
+                wanted,
+                self.streams.locked_at_most(None),
+                self.streams.locked_at_most(Some(peer_uid)),
+            )
+            .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = MappedFile::new(file.fd.try_clone().map_err(|e| internal(&e))?, file.bytes)
             .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))?;
@@ -229,14 +245,23 @@ impl Controller {
             .collect()
     }
 
-    /// The managed devices, the daemon's reader upgrades, and what it can do on this kernel.
+    /// The managed devices, the daemon's reader upgrades, what it can do on this kernel,
+    /// and locked memory (with `peer_uid`'s own).
     #[must_use]
-    pub fn status(&self) -> (Vec<DeviceStatus>, UpgradeReport, Vec<Capability>) {
-        (
-            self.disks.status(&self.streams),
-            self.upgrades.report(),
-            self.tracer.capabilities().to_vec(),
-        )
+    pub fn status(&self, peer_uid: u32) -> StatusReport {
+        StatusReport {
+            devices: self.disks.status(&self.streams),
+            upgrades: self.upgrades.report(),
+            capabilities: self.tracer.capabilities().to_vec(),
+            memory: MemoryReport {
+                budget_bytes: self.memory.total_bytes,
+                per_user_budget_bytes: self.memory.per_user_bytes,
+                reserved_bytes: self.streams.locked_at_most(None),
+                locked_bytes: self.streams.locked_now(None),
+                yours_reserved_bytes: self.streams.locked_at_most(Some(peer_uid)),
+                yours_locked_bytes: self.streams.locked_now(Some(peer_uid)),
+            },
+        }
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.
@@ -264,6 +289,12 @@ impl Controller {
             return;
         };
         let reader = &event.reader;
+        // Another user may read the file, but its reads are not the owner's playout: they
+        // neither move the window (a jump would burn the owner's credit) nor show in the
+        // owner's list. Root's streams follow any reader.
+        if stream.owner_uid != 0 && reader.uid != stream.owner_uid {
+            return;
+        }
         stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
         log::debug!(
             "stream {}: {:?} by {} ({})",

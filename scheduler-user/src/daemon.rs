@@ -24,6 +24,7 @@ use crate::device::{DeviceConfig, DeviceError};
 use crate::disks::{AdmissionSettings, Disks, TakeError};
 use crate::kernel_events::{decode_access, decode_request, StreamAccess};
 use crate::kernel_layout::{self, KernelSupport, LayoutError};
+use crate::policy::memory::LockedMemoryBudget;
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::server::{serve_connection, Command, Context};
@@ -59,6 +60,8 @@ pub struct DaemonConfig {
     pub p_req: f64,
     /// Optional parts switched off by the operator (`--disable`), whatever the kernel has.
     pub disabled: Vec<Feature>,
+    /// What playout buffers may lock, in all and per user.
+    pub locked_memory: LockedMemoryBudget,
 }
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
@@ -189,6 +192,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     )?;
     crate::upgrades::restore_leftovers(&config.state_dir);
     let mut tracer = BlockTracer::load(&layout, &config.btf, &off)?;
+    tracer.set_managed_disks(&disks.numbers())?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
 
@@ -207,7 +211,14 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
         config.upgrades,
     );
-    let controller = Controller::new(tracer, PrefetchEngine::new(load_tx), disks, upgrades);
+    let memory = config.locked_memory;
+    let controller = Controller::new(
+        tracer,
+        PrefetchEngine::new(load_tx),
+        disks,
+        upgrades,
+        memory,
+    );
     let pumps = [
         tokio::spawn(pump_ring(event_ring, move |bytes| {
             if let Some(record) = decode_request(bytes) {
@@ -233,9 +244,56 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     Ok((controller, inputs))
 }
 
+/// What a connection watches.
+#[derive(Clone, Copy, Debug)]
+enum Watch {
+    /// Every disk's latency (it asked for latency or events).
+    Disks,
+    /// Per-request events.
+    Events,
+}
+
+/// Connections that watch the disks: they set what the programs record.
+#[derive(Debug, Default)]
+struct Watchers {
+    /// Trace clients: while there is one, every disk is traced, not only the managed ones.
+    tracers: u32,
+    /// Connections that stream per-request events.
+    subscribers: u32,
+}
+
+impl Watchers {
+    /// One more (`joins`) or one fewer watcher of `what`; the programs are told when the
+    /// first one joins and when the last one leaves.
+    fn change(&mut self, controller: &mut Controller, what: Watch, joins: bool) {
+        let count = match what {
+            Watch::Disks => &mut self.tracers,
+            Watch::Events => &mut self.subscribers,
+        };
+        let before = *count;
+        *count = if joins {
+            before.saturating_add(1)
+        } else {
+            before.saturating_sub(1)
+        };
+        if (before == 0) == (*count == 0) {
+            return;
+        }
+        let on = *count != 0;
+        let result = match what {
+            Watch::Disks => controller.tracer().set_trace_all(on),
+            Watch::Events => controller.tracer().set_emit_events(on),
+        };
+        if let Err(error) = result {
+            let state = if on { "on" } else { "off" };
+            warn!("cannot switch {what:?} watching {state}: {error}");
+        }
+    }
+}
+
 /// The main loop, then shutdown.
 async fn serve(mut controller: Controller, mut inputs: Inputs) {
-    let mut subscribers: u32 = 0;
+    let mut watchers = Watchers::default();
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
     // The credit timer wakes the loop only when some window lacks pages its credit will soon
     // cover; a stream whose window is full costs no wakeups at all.
@@ -251,7 +309,7 @@ async fn serve(mut controller: Controller, mut inputs: Inputs) {
                 Err(error) => warn!("accept failed: {error}"),
             },
             Some(command) = inputs.commands.recv() => {
-                handle(&mut controller, command, &mut subscribers);
+                handle(&mut controller, command, &mut watchers);
             }
             Some(done) = inputs.loads.recv() => controller.loaded(done),
             Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_ns()),
@@ -283,7 +341,7 @@ async fn serve(mut controller: Controller, mut inputs: Inputs) {
 }
 
 /// Answers one command of a connection.
-fn handle(controller: &mut Controller, command: Command, subscribers: &mut u32) {
+fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers) {
     match command {
         Command::Latency(reply) => {
             let _ = reply.send(controller.tracer().latency().map_err(|e| e.to_string()));
@@ -291,23 +349,16 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut u32) 
         Command::RequestRecords(reply) => {
             let _ = reply.send(controller.tracer().request_records().unwrap_or((0, 0)));
         }
-        Command::Subscribe(reply) => {
-            *subscribers += 1;
-            if *subscribers == 1 {
-                if let Err(error) = controller.tracer().set_emit_events(true) {
-                    warn!("cannot switch request events on: {error}");
-                }
-            }
+        Command::StartTracing(reply) => {
+            watchers.change(controller, Watch::Disks, true);
             let _ = reply.send(());
         }
-        Command::Unsubscribe => {
-            *subscribers = subscribers.saturating_sub(1);
-            if *subscribers == 0 {
-                if let Err(error) = controller.tracer().set_emit_events(false) {
-                    warn!("cannot switch request events off: {error}");
-                }
-            }
+        Command::StopTracing => watchers.change(controller, Watch::Disks, false),
+        Command::Subscribe(reply) => {
+            watchers.change(controller, Watch::Events, true);
+            let _ = reply.send(());
         }
+        Command::Unsubscribe => watchers.change(controller, Watch::Events, false),
         Command::Attach {
             uid,
             connection,
@@ -332,8 +383,8 @@ fn handle(controller: &mut Controller, command: Command, subscribers: &mut u32) 
         Command::List { uid, reply } => {
             let _ = reply.send(controller.list(uid));
         }
-        Command::Status(reply) => {
-            let _ = reply.send(controller.status());
+        Command::Status { uid, reply } => {
+            let _ = reply.send(controller.status(uid));
         }
         Command::Admit { request, reply } => {
             let _ = reply.send(controller.plan(&request));

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
-    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Capability,
-    DeviceStatus, Envelope, ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response,
-    StreamInfo, StreamTarget, UpgradeReport, PROTOCOL_VERSION,
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Envelope, ErrorKind,
+    LatencyGroup, Refusal, Request, RequestRecord, Response, StatusReport, StreamInfo,
+    StreamTarget, PROTOCOL_VERSION,
 };
 use log::warn;
 use tokio::net::UnixStream;
@@ -34,6 +34,11 @@ pub enum Command {
     Latency(Reply<Result<Vec<LatencyGroup>, String>>),
     /// Requests in flight and records kept, for `stats`.
     RequestRecords(Reply<(u64, u64)>),
+    /// A connection becomes a trace client (its first `Latency` or `Events`): every disk is
+    /// traced while there is one; the answer comes once the programs trace them.
+    StartTracing(Reply<()>),
+    /// A trace client's connection ended.
+    StopTracing,
     /// A client starts streaming events; the answer comes once the programs record them.
     Subscribe(Reply<()>),
     /// A client stopped streaming events.
@@ -79,7 +84,12 @@ pub enum Command {
         reply: Reply<Vec<StreamInfo>>,
     },
     /// The managed devices, the reader upgrades and the capabilities.
-    Status(Reply<(Vec<DeviceStatus>, UpgradeReport, Vec<Capability>)>),
+    Status {
+        /// The peer, whose own locked memory the answer shows.
+        uid: u32,
+        /// The answer.
+        reply: Reply<StatusReport>,
+    },
     /// Capacity planning.
     Admit {
         /// The question.
@@ -157,19 +167,26 @@ pub async fn serve_connection(stream: UnixStream, context: Context) {
     };
     let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let mut socket = FramedSocket::new(stream);
-    serve_requests(&mut socket, &context, peer_uid, connection).await;
+    let mut tracing = false;
+    serve_requests(&mut socket, &context, peer_uid, connection, &mut tracing).await;
+    if tracing {
+        let _ = context.commands.send(Command::StopTracing).await;
+    }
     let _ = context
         .commands
         .send(Command::ConnectionClosed(connection))
         .await;
 }
 
-/// Reads one request after another and answers each, until the client hangs up.
+/// Reads one request after another and answers each, until the client hangs up. A
+/// connection that asks for latency or events becomes a trace client (`tracing`) first: disks
+/// abissd does not manage are traced from then on, until the last such connection ends.
 async fn serve_requests(
     socket: &mut FramedSocket,
     context: &Context,
     peer_uid: u32,
     connection: u64,
+    tracing: &mut bool,
 ) {
     loop {
         let envelope = match next_envelope(socket).await {
@@ -180,6 +197,13 @@ async fn serve_requests(
                 return;
             }
         };
+        if !*tracing && matches!(envelope.request, Request::Latency | Request::Events) {
+            if ask(context, Command::StartTracing).await.is_none() {
+                let _ = send(socket, &shutting_down()).await;
+                return;
+            }
+            *tracing = true;
+        }
         let response = match envelope.request {
             Request::Events => {
                 stream_events(socket, context, peer_uid).await;
@@ -286,12 +310,13 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             Some(streams) => Response::Streams { streams },
             None => shutting_down(),
         },
-        Request::Status => match ask(context, Command::Status).await {
-            Some((devices, upgrades, capabilities)) => Response::Devices {
-                devices,
-                upgrades,
-                capabilities,
-            },
+        Request::Status => match ask(context, |reply| Command::Status {
+            uid: peer_uid,
+            reply,
+        })
+        .await
+        {
+            Some(report) => Response::Devices(report),
             None => shutting_down(),
         },
         Request::Admit(request) => {

@@ -14,6 +14,7 @@ use nix::sys::stat::{fstat, SFlag};
 use scheduler_common::FileKey;
 
 use crate::policy::admission::StreamDemand;
+use crate::policy::memory::locked_at_most;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
 use crate::prefetch::MappedFile;
 
@@ -384,6 +385,31 @@ impl StreamTable {
             .values()
             .filter(|s| s.disk == disk)
             .map(|s| s.granted.rate.0)
+            .sum()
+    }
+
+    /// The most all streams (or those of `uid`) may lock: buffer plus a batch each.
+    #[must_use]
+    pub fn locked_at_most(&self, uid: Option<u32>) -> u64 {
+        self.streams
+            .values()
+            .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
+            .map(|s| {
+                locked_at_most(
+                    s.granted.buffer.0,
+                    u64::from(s.granted.batch_pages) * PAGE_BYTES,
+                )
+            })
+            .sum()
+    }
+
+    /// What all streams (or those of `uid`) have locked now.
+    #[must_use]
+    pub fn locked_now(&self, uid: Option<u32>) -> u64 {
+        self.streams
+            .values()
+            .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
+            .map(|s| s.playout.locked_bytes())
             .sum()
     }
 

@@ -7,12 +7,12 @@ use abiss_proto::{
 };
 use aya::{
     maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, RingBuf},
-    programs::{BtfTracePoint, ProgramError},
+    programs::{tp_btf::BtfTracePointLinkId, BtfTracePoint, ProgramError},
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use scheduler_common::{
-    request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
+    disk_flags, request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest,
+    KernelLayout, LatencyCounters, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
 };
 
 use crate::capabilities::Feature;
@@ -58,6 +58,15 @@ pub enum TracerError {
         #[source]
         source: ProgramError,
     },
+    /// A program could not be detached.
+    #[error("cannot detach {program}: {source}")]
+    Detach {
+        /// Program name.
+        program: &'static str,
+        /// Kernel error.
+        #[source]
+        source: ProgramError,
+    },
     /// A map is missing from the object or has another type.
     #[error("eBPF map {name} is missing or malformed")]
     MissingMap {
@@ -75,34 +84,67 @@ pub enum TracerError {
     },
 }
 
-/// Loads `program` and attaches it to `tracepoint`; its name and kernel id.
+/// A loaded program, and its link while it is attached. Each program is attached only while
+/// it has something to do, so an idle abissd costs the kernel's tracepoints nothing (a
+/// tracepoint without a program is a patched-out branch): the block programs while some disk
+/// is followed (managed, or traced for a client), the others while some file is attached.
+#[derive(Debug)]
+struct Hook {
+    program: &'static str,
+    tracepoint: &'static str,
+    /// One of the block programs (else a file program: page cache, `io_uring`).
+    block: bool,
+    link: Option<BtfTracePointLinkId>,
+}
+
+/// The program `name` of `ebpf`, as the BTF tracepoint program it is.
+fn tracepoint_program<'a>(
+    ebpf: &'a mut Ebpf,
+    program: &'static str,
+    tracepoint: &'static str,
+) -> Result<&'a mut BtfTracePoint, TracerError> {
+    ebpf.program_mut(program)
+        .ok_or(TracerError::MissingMap { name: program })?
+        .try_into()
+        .map_err(|source| TracerError::Attach {
+            program,
+            tracepoint,
+            source,
+        })
+}
+
+/// Loads `program` and attaches it to `tracepoint` (so a kernel that refuses it is known at
+/// start); its name and kernel id, and the hook with its link.
 fn attach(
     ebpf: &mut Ebpf,
     btf: &Btf,
-    program: &'static str,
-    tracepoint: &'static str,
-) -> Result<(String, u32), TracerError> {
+    (program, tracepoint): (&'static str, &'static str),
+    block: bool,
+) -> Result<((String, u32), Hook), TracerError> {
     let attach_error = |source| TracerError::Attach {
         program,
         tracepoint,
         source,
     };
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(program)
-        .ok_or(TracerError::MissingMap { name: program })?
-        .try_into()
-        .map_err(attach_error)?;
+    let prog = tracepoint_program(ebpf, program, tracepoint)?;
     prog.load(tracepoint, btf).map_err(attach_error)?;
-    prog.attach().map_err(attach_error)?;
+    let link = prog.attach().map_err(attach_error)?;
     let id = prog.info().map_err(attach_error)?.id();
-    Ok((program.to_owned(), id))
+    let hook = Hook {
+        program,
+        tracepoint,
+        block,
+        link: Some(link),
+    };
+    Ok(((program.to_owned(), id), hook))
 }
 
-/// The loaded and attached block tracer. Dropping it detaches and unloads everything.
+/// The loaded tracer. Dropping it detaches and unloads everything.
 #[derive(Debug)]
 pub struct BlockTracer {
     ebpf: Ebpf,
     program_ids: Vec<(String, u32)>,
+    hooks: Vec<Hook>,
     control: Control,
     capabilities: Vec<Capability>,
 }
@@ -111,7 +153,7 @@ impl BlockTracer {
     /// Loads the programs with `layout` written into their read-only data, and attaches the
     /// block programs and those of every optional part not in `off`. An optional part whose
     /// programs the kernel refuses is switched off too, with the kernel's reason; a block
-    /// program that cannot attach is an error.
+    /// program that cannot attach is an error. Then each is detached until it has work.
     pub fn load(
         layout: &KernelLayout,
         btf_path: &Path,
@@ -124,9 +166,11 @@ impl BlockTracer {
             .override_global("KERNEL_LAYOUT", layout, true)
             .load(EBPF_OBJECT)
             .map_err(|source| TracerError::Load { source })?;
-        let mut program_ids = Vec::new();
-        for (program, tracepoint) in BLOCK_PROGRAMS {
-            program_ids.push(attach(&mut ebpf, &btf, program, tracepoint)?);
+        let (mut program_ids, mut hooks) = (Vec::new(), Vec::new());
+        for pair in BLOCK_PROGRAMS {
+            let (id, hook) = attach(&mut ebpf, &btf, pair, true)?;
+            program_ids.push(id);
+            hooks.push(hook);
         }
         let mut capabilities = Vec::new();
         for feature in Feature::ALL {
@@ -135,9 +179,12 @@ impl BlockTracer {
                 .find(|(f, _)| *f == feature)
                 .map(|(_, why)| why.clone());
             if why.is_none() {
-                for (program, tracepoint) in feature.programs() {
-                    match attach(&mut ebpf, &btf, program, tracepoint) {
-                        Ok(id) => program_ids.push(id),
+                for &pair in feature.programs() {
+                    match attach(&mut ebpf, &btf, pair, false) {
+                        Ok((id, hook)) => {
+                            program_ids.push(id);
+                            hooks.push(hook);
+                        }
                         Err(error) => {
                             why = Some(error.to_string());
                             break;
@@ -149,6 +196,7 @@ impl BlockTracer {
                 // A part is all or nothing: what did attach goes again.
                 for (program, _) in feature.programs() {
                     program_ids.retain(|(name, _)| name != program);
+                    hooks.retain(|hook| hook.program != *program);
                     if let Some(prog) = ebpf.program_mut(program) {
                         let _ = <&mut BtfTracePoint>::try_from(prog).map(BtfTracePoint::unload);
                     }
@@ -167,6 +215,7 @@ impl BlockTracer {
         let mut tracer = Self {
             ebpf,
             program_ids,
+            hooks,
             control,
             capabilities,
         };
@@ -210,6 +259,8 @@ impl BlockTracer {
         &self.program_ids
     }
 
+    /// Writes the switches, then attaches the programs that now have work and detaches those
+    /// that have none (so a program never runs with switches older than its attachment).
     fn set_control(&mut self, control: Control) -> Result<(), TracerError> {
         let name = "CONTROL";
         let mut array: Array<&mut MapData, Control> = self.typed_map_mut(name)?;
@@ -217,6 +268,41 @@ impl BlockTracer {
             .set(0, control, 0)
             .map_err(|source| TracerError::Map { name, source })?;
         self.control = control;
+        self.sync_hooks()
+    }
+
+    /// Attaches the programs that have work under the current switches, detaches the others.
+    fn sync_hooks(&mut self) -> Result<(), TracerError> {
+        let block = self.control.listed_disks != 0 || self.control.trace_all != 0;
+        let files = self.control.attached_files != 0;
+        let started = std::time::Instant::now();
+        for hook in &mut self.hooks {
+            let wanted = if hook.block { block } else { files };
+            if wanted == hook.link.is_some() {
+                continue;
+            }
+            let prog = tracepoint_program(&mut self.ebpf, hook.program, hook.tracepoint)?;
+            hook.link = match hook.link.take() {
+                None => Some(prog.attach().map_err(|source| TracerError::Attach {
+                    program: hook.program,
+                    tracepoint: hook.tracepoint,
+                    source,
+                })?),
+                Some(link) => {
+                    prog.detach(link).map_err(|source| TracerError::Detach {
+                        program: hook.program,
+                        source,
+                    })?;
+                    None
+                }
+            };
+            log::debug!(
+                "{} {} after {:?}",
+                hook.program,
+                if wanted { "attached" } else { "detached" },
+                started.elapsed()
+            );
+        }
         Ok(())
     }
 
@@ -226,6 +312,83 @@ impl BlockTracer {
             emit_events: u32::from(emit),
             ..self.control
         })
+    }
+
+    /// Lists the managed disks in `DISKS`: their requests are always followed, traced and
+    /// tagged with their streams; every other disk costs the programs one lookup per event.
+    pub fn set_managed_disks(&mut self, disks: &[DeviceNumber]) -> Result<(), TracerError> {
+        let name = "DISKS";
+        let mut listed: HashMap<&mut MapData, u32, u32> = self.typed_map_mut(name)?;
+        for disk in disks {
+            listed
+                .insert(
+                    disk.to_kernel(),
+                    disk_flags::MANAGED | disk_flags::TRACED,
+                    0,
+                )
+                .map_err(|source| TracerError::Map { name, source })?;
+        }
+        let count = u32::try_from(listed.keys().count()).unwrap_or(u32::MAX);
+        self.set_control(Control {
+            listed_disks: count,
+            ..self.control
+        })
+    }
+
+    /// Starts or stops tracing every disk (while some client traces). While on, the programs
+    /// follow every disk's requests into the histograms; when it stops, the records of
+    /// requests still in flight on disks no longer traced are dropped (their completions go
+    /// unseen).
+    pub fn set_trace_all(&mut self, on: bool) -> Result<(), TracerError> {
+        self.set_control(Control {
+            trace_all: u32::from(on),
+            ..self.control
+        })?;
+        if !on {
+            self.forget_untraced()?;
+        }
+        Ok(())
+    }
+
+    /// Drops the request records (and origins) of disks the programs do not trace now: left
+    /// by requests in flight when tracing stopped. Returns how many were dropped.
+    fn forget_untraced(&mut self) -> Result<usize, TracerError> {
+        if self.control.trace_all != 0 {
+            return Ok(0);
+        }
+        let name = "DISKS";
+        let listed: HashMap<&MapData, u32, u32> = self.typed_map(name)?;
+        let traced: Vec<u32> = listed
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, flags)| flags & disk_flags::TRACED != 0)
+            .map(|(dev, _)| dev)
+            .collect();
+        self.forget_records(|record| !traced.contains(&record.dev))
+    }
+
+    /// Drops the request records that `stale` picks, and their origins; how many.
+    fn forget_records(
+        &mut self,
+        stale: impl Fn(&InflightRequest) -> bool,
+    ) -> Result<usize, TracerError> {
+        let name = "INFLIGHT";
+        let mut records: HashMap<&mut MapData, u64, InflightRequest> = self.typed_map_mut(name)?;
+        let dropped: Vec<u64> = records
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, record)| stale(record))
+            .map(|(rq, _)| rq)
+            .collect();
+        for rq in &dropped {
+            let _ = records.remove(rq);
+        }
+        let name = "ORIGINS";
+        let mut origins: HashMap<&mut MapData, u64, RequestOrigin> = self.typed_map_mut(name)?;
+        for rq in &dropped {
+            let _ = origins.remove(rq);
+        }
+        Ok(dropped.len())
     }
 
     /// Takes the ring buffer that carries per-request events (once).
@@ -357,27 +520,14 @@ impl BlockTracer {
         Ok((in_flight, kept))
     }
 
-    /// Drops request records last used before `now_ns - STALE_REQUEST_NS`: slots of devices
-    /// that went idle or away, and requests that vanished without completing or merging.
-    /// Returns how many were dropped.
+    /// Drops request records last used before `now_ns - STALE_REQUEST_NS` (slots of devices
+    /// that went idle or away, and requests that vanished without completing or merging), and
+    /// those of disks no longer traced. Returns how many were dropped.
     pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
-        let name = "INFLIGHT";
-        let mut records: HashMap<&mut MapData, u64, InflightRequest> = self.typed_map_mut(name)?;
-        let stale: Vec<u64> = records
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, record)| record.queued_ns < cutoff)
-            .map(|(rq, _)| rq)
-            .collect();
-        for rq in &stale {
-            let _ = records.remove(rq);
-        }
-        let name = "ORIGINS";
-        let mut origins: HashMap<&mut MapData, u64, RequestOrigin> = self.typed_map_mut(name)?;
-        for rq in &stale {
-            let _ = origins.remove(rq);
-        }
-        Ok(stale.len())
+        let old = self.forget_records(|record| record.queued_ns < cutoff)?;
+        // A program that passed its check just before tracing stopped may have written a
+        // record after `set_trace_all` dropped them.
+        Ok(old + self.forget_untraced()?)
     }
 }

@@ -189,3 +189,154 @@ fn a_descriptor_that_proves_no_right_to_read_attaches_nothing() {
     assert!(!answer.contains("already attached"), "{answer}");
     assert_eq!(daemon.streams().len(), 1, "nothing attached for nobody");
 }
+
+/// Bytes of memory locked on the machine (`Mlocked` in /proc/meminfo).
+fn mlocked_bytes() -> u64 {
+    let info = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    info.lines()
+        .find_map(|line| line.strip_prefix("Mlocked:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("Mlocked")
+        * 1024
+}
+
+#[test]
+fn locked_memory_stays_within_its_budgets() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    std::fs::set_permissions(
+        fs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod dir");
+    // Sparse files: big, yet nothing to write (the attack that locked 23.5 GiB used them).
+    let files: Vec<std::path::PathBuf> = (0..4)
+        .map(|i| {
+            let path = fs.path().join(format!("sparse-{i}.bin"));
+            let file = std::fs::File::create(&path).expect("create");
+            file.set_len(256 << 20).expect("sparse");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .expect("chmod");
+            path
+        })
+        .collect();
+    let daemon = Daemon::start_managing(
+        fs.device().path(),
+        &["--locked-memory", "96MiB", "--user-locked-memory", "40MiB"],
+    );
+    let before = mlocked_bytes();
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let attach = |file: &std::path::Path| {
+        as_nobody(
+            &binary("abissctl"),
+            &[
+                "--socket",
+                &socket,
+                "attach",
+                &file.to_string_lossy(),
+                "--rate",
+                "1000",
+                "--buffer",
+                "16MiB",
+            ],
+        )
+    };
+    // Two buffers of 16 MiB (plus a batch each) fit in nobody's 40 MiB; the third does not.
+    for file in &files[..2] {
+        let output = attach(file);
+        assert!(output.status.success(), "{output:?}");
+    }
+    let refused = attach(&files[2]);
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success(),
+        "a third 16 MiB buffer fits in 40 MiB: {message}"
+    );
+    assert!(
+        message.contains("one user's streams may lock"),
+        "the refusal names the user budget: {message}"
+    );
+    // Let the windows fill, then look at what the machine really locked.
+    std::thread::sleep(Duration::from_secs(2));
+    let locked = mlocked_bytes().saturating_sub(before);
+    assert!(
+        locked <= 40 << 20,
+        "nobody's streams locked {locked} bytes, over the 40 MiB user budget"
+    );
+    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
+    let memory = client.status_report().expect("status").memory;
+    assert_eq!(memory.budget_bytes, 96 << 20);
+    assert_eq!(memory.per_user_budget_bytes, 40 << 20);
+    assert!(memory.reserved_bytes > 32 << 20 && memory.reserved_bytes <= 40 << 20);
+    assert!(memory.locked_bytes <= memory.reserved_bytes);
+}
+
+#[test]
+fn another_users_reads_do_not_steer_a_stream() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    std::fs::set_permissions(
+        fs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod dir");
+    let file = fs.path().join("shared.bin");
+    write_cold_file(&file, 16 << 20);
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .expect("chmod");
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let path = file.to_string_lossy().into_owned();
+    let attached = as_nobody(
+        &binary("abissctl"),
+        &["--socket", &socket, "attach", &path, "--rate", "1MB/s"],
+    );
+    assert!(attached.status.success(), "{attached:?}");
+    let read_as = |uid: &str| {
+        let output = Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            .args([
+                "dd",
+                &format!("if={path}"),
+                "of=/dev/null",
+                "bs=64k",
+                "count=64",
+            ])
+            .output()
+            .expect("dd");
+        assert!(output.status.success(), "{output:?}");
+    };
+    // Another user reads 4 MiB of it: nobody's window stays where it was filled.
+    read_as("65533");
+    std::thread::sleep(Duration::from_millis(500));
+    let stream = daemon.streams().remove(0);
+    assert_eq!(
+        stream.playout_point, 0,
+        "another user's reads moved the window"
+    );
+    assert!(
+        stream.readers.is_empty(),
+        "another user is listed: {:?}",
+        stream.readers
+    );
+    // The owner's own reads move it.
+    read_as("65534");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while daemon.streams()[0].playout_point == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        daemon.streams()[0].playout_point > 0,
+        "the owner's reads move the window"
+    );
+}

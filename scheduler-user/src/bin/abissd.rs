@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use abiss_daemon::capabilities::Feature;
 use abiss_daemon::device::{DeviceConfig, Elevator};
+use abiss_daemon::policy::memory::LockedMemoryBudget;
 use abiss_daemon::{kernel_layout::KERNEL_BTF, DaemonConfig};
-use abiss_proto::{AdmissionMode, ByteRate};
+use abiss_proto::{AdmissionMode, ByteRate, ByteSize};
 use clap::Parser;
 
 /// The ABISS controller daemon: guaranteed-rate streams on managed disks, and block I/O
@@ -64,6 +65,13 @@ struct Args {
     /// direct-io-tagging. `abissctl status` shows what is on.
     #[arg(long = "disable", value_name = "PART", value_enum)]
     disabled: Vec<Feature>,
+    /// Most memory all playout buffers together may lock (default: a quarter of RAM).
+    #[arg(long, value_name = "SIZE")]
+    locked_memory: Option<ByteSize>,
+    /// Most memory one user's playout buffers may lock (default: a quarter of
+    /// --locked-memory). Root's streams count only against the total.
+    #[arg(long, value_name = "SIZE")]
+    user_locked_memory: Option<ByteSize>,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
@@ -92,8 +100,45 @@ fn parse_probability(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The locked-memory budgets: given, or from the machine's RAM.
+fn locked_memory(total: Option<ByteSize>, per_user: Option<ByteSize>) -> LockedMemoryBudget {
+    use procfs::Current as _;
+    let ram = procfs::Meminfo::current().map_or(0, |info| info.mem_total);
+    let mut budget = LockedMemoryBudget::for_ram(ram);
+    if let Some(total) = total {
+        budget = LockedMemoryBudget {
+            total_bytes: total.0,
+            per_user_bytes: total.0 / 4,
+        };
+    }
+    if let Some(per_user) = per_user {
+        budget.per_user_bytes = per_user.0;
+    }
+    budget
+}
+
+/// Raises the soft limit of open descriptors to the hard one: every connection and stream
+/// holds descriptors, and a daemon out of them can no longer even open sysfs to restore a
+/// disk. (The server bounds connections well below it.)
+fn raise_descriptor_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass, nothing else.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut limit) == 0
+            && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &raw const limit);
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    raise_descriptor_limit();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -121,6 +166,7 @@ fn main() -> ExitCode {
         admission_mode: args.admission,
         p_req: args.p_req,
         disabled: args.disabled,
+        locked_memory: locked_memory(args.locked_memory, args.user_locked_memory),
     };
     match runtime.block_on(abiss_daemon::run(config)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod credit;
+pub mod memory;
 pub mod playout;
 pub mod priority;
 pub mod share;
