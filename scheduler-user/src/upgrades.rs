@@ -18,42 +18,75 @@ use crate::policy::upgrade::{may_raise, raised_priority, TaskId, Upgrade, Upgrad
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
 
-/// Thread `pid`'s start time and real user id, from `/proc`.
-fn task_identity(pid: u32) -> io::Result<(TaskId, u32)> {
+/// Who a thread is, from `/proc`.
+struct Identity {
+    task: TaskId,
+    tgid: u32,
+    uid: u32,
+}
+
+/// Thread `pid`'s identity; `Ok(None)` when there is no such thread (any more), an error when
+/// `/proc` could not tell (out of descriptors, say), which is not the same.
+fn task_identity(pid: u32) -> io::Result<Option<Identity>> {
     let pid_i32 = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let process = procfs::process::Process::new(pid_i32).map_err(io::Error::other)?;
-    let stat = process.stat().map_err(io::Error::other)?;
-    let uid = process.uid().map_err(io::Error::other)?;
-    Ok((
-        TaskId {
+    let gone = |error: &procfs::ProcError| matches!(error, procfs::ProcError::NotFound(_));
+    let process = match procfs::process::Process::new(pid_i32) {
+        Ok(process) => process,
+        Err(error) if gone(&error) => return Ok(None),
+        Err(error) => return Err(io::Error::other(error)),
+    };
+    let (stat, status) = match (process.stat(), process.status()) {
+        (Ok(stat), Ok(status)) => (stat, status),
+        (Err(error), _) | (_, Err(error)) if gone(&error) => return Ok(None),
+        (Err(error), _) | (_, Err(error)) => return Err(io::Error::other(error)),
+    };
+    Ok(Some(Identity {
+        task: TaskId {
             pid,
             start_time: stat.starttime,
         },
-        uid,
-    ))
+        tgid: status.tgid.unsigned_abs(),
+        uid: status.ruid,
+    }))
+}
+
+/// What became of a raised thread at restore.
+enum Restored {
+    /// Its priority is back.
+    Yes,
+    /// It is gone, the id names another thread now, or its priority was changed since by
+    /// someone else: nothing to put back.
+    NotNeeded,
+    /// It could not be looked at: it may still be raised, so its record must stay.
+    Unknown,
 }
 
 /// Puts back the priority of an upgraded thread if it is still the same thread and nobody
-/// changed its priority since. Returns whether it was restored.
-fn restore(upgrade: &Upgrade) -> bool {
-    let Ok((task, _)) = task_identity(upgrade.task.pid) else {
-        return false; // gone
+/// changed its priority since.
+fn restore(upgrade: &Upgrade) -> Restored {
+    let identity = match task_identity(upgrade.task.pid) {
+        Ok(Some(identity)) => identity,
+        Ok(None) => return Restored::NotNeeded,
+        Err(error) => {
+            warn!("cannot look at thread {}: {error}", upgrade.task.pid);
+            return Restored::Unknown;
+        }
     };
-    if task != upgrade.task {
-        return false; // the pid belongs to another thread now
+    if identity.task != upgrade.task {
+        return Restored::NotNeeded; // the pid belongs to another thread now
     }
     match ioprio::get(upgrade.task.pid) {
         Ok(current) if current == upgrade.applied => {
             match ioprio::set(upgrade.task.pid, upgrade.previous) {
-                Ok(()) => true,
+                Ok(()) => Restored::Yes,
                 Err(error) => {
                     warn!("cannot restore thread {}: {error}", upgrade.task.pid);
-                    false
+                    Restored::Unknown
                 }
             }
         }
         // Changed by the application (or someone else) since: theirs to keep.
-        _ => false,
+        _ => Restored::NotNeeded,
     }
 }
 
@@ -72,8 +105,26 @@ pub fn restore_leftovers(state_dir: &Path) {
             return;
         }
     };
-    let restored = upgrades.iter().filter(|u| restore(u)).count();
-    let _ = std::fs::remove_file(&path);
+    let mut restored = 0;
+    let mut unknown = Vec::new();
+    for upgrade in &upgrades {
+        match restore(upgrade) {
+            Restored::Yes => restored += 1,
+            Restored::NotNeeded => {}
+            Restored::Unknown => unknown.push(upgrade.clone()),
+        }
+    }
+    // What could not be looked at stays recorded for the next start.
+    let kept = if unknown.is_empty() {
+        std::fs::remove_file(&path)
+    } else {
+        serde_json::to_vec(&unknown)
+            .map_err(io::Error::other)
+            .and_then(|bytes| abiss_os::fs::write_atomically(&path, &bytes))
+    };
+    if let Err(error) = kept {
+        warn!("cannot update {}: {error}", path.display());
+    }
     if !upgrades.is_empty() {
         info!(
             "restored {restored} of {} reader priorities raised by an earlier daemon",
@@ -147,11 +198,19 @@ impl ReaderUpgrades {
         }
         let done = monotonic_ns();
         let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
-        let Ok((task, _)) = task_identity(pid) else {
-            return false; // gone already: nothing to restore
+        // The raise came first, for the reader waiting right now; now make sure the thread id
+        // still names the thread of the event, and not another that took the id since.
+        let identity = match task_identity(pid) {
+            Ok(Some(identity)) if identity.uid == uid && identity.tgid == reader.tgid => identity,
+            Ok(None) => return false, // gone already: nothing to restore
+            _ => {
+                let _ = ioprio::set(pid, current);
+                warn!("stream {stream}: thread {pid} is not the reader of the event; put back");
+                return false;
+            }
         };
         self.table.insert(Upgrade {
-            task,
+            task: identity.task,
             tgid: reader.tgid,
             stream,
             previous: current,
@@ -198,7 +257,7 @@ impl ReaderUpgrades {
             return;
         }
         for upgrade in upgrades {
-            if restore(upgrade) {
+            if matches!(restore(upgrade), Restored::Yes) {
                 self.restored += 1;
                 info!(
                     "stream {}: restored thread {} to ioprio {:#x} ({why})",
