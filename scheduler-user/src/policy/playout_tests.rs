@@ -1,0 +1,215 @@
+//! Unit and property tests of [`super`] (kept apart so the policy file stays readable).
+use super::*;
+use proptest::prelude::*;
+
+const MB: u64 = 1_000_000;
+const B: u64 = 564 * 1024;
+const BATCH: u64 = 20 * PAGE;
+
+fn shape(file_bytes: u64) -> PlayoutShape {
+    PlayoutShape {
+        file_bytes,
+        buffer_bytes: B,
+        batch_bytes: BATCH,
+        rate_bps: MB,
+        credit_limit_bytes: 2 * B,
+    }
+}
+
+/// Completes every load at once, as an infinitely fast disk would.
+fn complete(buffer: &mut PlayoutBuffer, actions: &[WindowAction]) -> Vec<WindowAction> {
+    let mut follow_up = Vec::new();
+    for action in actions {
+        if let WindowAction::Load { range, generation } = action {
+            follow_up.extend(buffer.on_loaded(range.clone(), *generation));
+        }
+    }
+    follow_up
+}
+
+fn loaded(actions: &[WindowAction]) -> u64 {
+    actions
+        .iter()
+        .map(|a| match a {
+            WindowAction::Load { range, .. } => range.end - range.start,
+            _ => 0,
+        })
+        .sum()
+}
+
+#[test]
+fn the_initial_fill_loads_the_whole_buffer_in_one_request() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    assert_eq!(loaded(&actions), B);
+    assert_eq!(actions.len(), 1);
+    complete(&mut buffer, &actions);
+    assert_eq!(buffer.locked_bytes(), B);
+    assert!(buffer.is_resident(0) && buffer.is_resident(B - 1) && !buffer.is_resident(B));
+}
+
+#[test]
+fn a_reader_at_the_rate_always_finds_the_next_buffer_loaded() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    let read = 64 * 1024;
+    let period_ns = read * 1_000_000_000 / MB;
+    for i in 1..1000u64 {
+        let now = i * period_ns;
+        let actions = buffer.on_tick(now);
+        complete(&mut buffer, &actions);
+        // Everything up to the end of the next read is resident before the read is made.
+        assert!(
+            buffer.is_resident(i * read + read - 1),
+            "read {i} would miss"
+        );
+        let actions = buffer.on_position(i * read + read, now);
+        complete(&mut buffer, &actions);
+        assert!(buffer.locked_bytes() <= B + BATCH);
+    }
+}
+
+#[test]
+fn a_reader_at_four_times_the_rate_gets_no_more_than_the_rate() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    let read = 64 * 1024;
+    let period_ns = read * 1_000_000_000 / (4 * MB);
+    let mut now = 0;
+    for i in 1..400u64 {
+        now = i * period_ns;
+        let actions = buffer.on_position(i * read, now);
+        complete(&mut buffer, &actions);
+    }
+    let allowed = 2 * B + MB * now / 1_000_000_000 + BATCH;
+    assert!(
+        buffer.prefetched_bytes() <= allowed,
+        "{} > {allowed}",
+        buffer.prefetched_bytes()
+    );
+    assert_eq!(buffer.seeks(), 0, "reading ahead is not seeking");
+}
+
+#[test]
+fn a_seek_cancels_releases_and_refills_from_the_new_point() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    let target = 50 * MB + 123;
+    let actions = buffer.on_position(target, 1_000_000_000);
+    assert_eq!(actions.first(), Some(&WindowAction::CancelGeneration(0)));
+    assert!(actions.contains(&WindowAction::Release { range: 0..B }));
+    assert_eq!(buffer.window_start(), page_floor(target));
+    // A completion of the old generation arriving late is released, not kept.
+    assert_eq!(
+        buffer.on_loaded(0..BATCH, 0),
+        vec![WindowAction::Release { range: 0..BATCH }]
+    );
+    complete(&mut buffer, &actions);
+    assert!(buffer.is_resident(target) && buffer.is_resident(page_floor(target) + B - 1));
+    assert_eq!(buffer.seeks(), 1);
+}
+
+#[test]
+fn late_reports_of_earlier_reads_are_not_seeks() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    let read = 64 * 1024;
+    // The client's position messages run one read ahead of the kernel's read events.
+    for i in 1..200u64 {
+        let now = i * 65_536_000;
+        let position = buffer.on_position((i + 1) * read, now);
+        complete(&mut buffer, &position);
+        let event = buffer.on_read((i - 1) * read..i * read, now);
+        complete(&mut buffer, &event);
+    }
+    assert_eq!(buffer.seeks(), 0);
+    assert_eq!(buffer.app_point(), 200 * read);
+}
+
+#[test]
+fn nothing_is_loaded_past_the_end_of_the_file() {
+    let file = 300 * 1024 + 17;
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    assert_eq!(loaded(&actions), page_ceil(file));
+    complete(&mut buffer, &actions);
+    let actions = buffer.on_position(file, 10_000_000_000);
+    assert_eq!(loaded(&actions), 0);
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Tick(u64),
+    Read(u64),
+    Seek(u64),
+    CompleteOldest,
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        (1u64..200_000_000).prop_map(Event::Tick),
+        (1u64..300_000).prop_map(Event::Read),
+        (0u64..105 * MB).prop_map(Event::Seek),
+        Just(Event::CompleteOldest),
+    ]
+}
+
+fn hostile_event() -> impl Strategy<Value = (u8, u64, u64)> {
+    (0u8..4, any::<u64>(), any::<u64>())
+}
+
+proptest! {
+    /// Numbers from a client or the kernel can be anything (`u64::MAX`, a range that ends
+    /// before it starts, a generation never issued): the buffer neither panics nor breaks
+    /// its bounds.
+    #[test]
+    fn any_numbers_keep_the_bounds(events in proptest::collection::vec(hostile_event(), 1..200)) {
+        let (mut buffer, _) = PlayoutBuffer::new(shape(105 * MB), 0);
+        let mut now = 0u64;
+        for (kind, a, b) in events {
+            let _ = match kind {
+                0 => buffer.on_position(a, now),
+                1 => buffer.on_read(a..b, now),
+                2 => buffer.on_loaded(a.min(b)..a.max(b), u32::try_from(b % 4).unwrap_or(0)),
+                _ => { now = now.saturating_add(a % 1_000_000_000); buffer.on_tick(now) }
+            };
+            prop_assert!(buffer.locked_bytes() <= B + BATCH);
+            prop_assert!(buffer.app_point() <= (105 * MB).div_ceil(PAGE) * PAGE);
+        }
+    }
+
+    /// Whatever the reader and the disk do: locked memory stays within B plus a batch, the
+    /// prefetch stays within the credit limit plus rate × time, and everything locked is
+    /// in the window.
+    #[test]
+    fn invariants_hold_for_any_event_sequence(events in proptest::collection::vec(event(), 1..300)) {
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        let mut pending: std::collections::VecDeque<(Range<u64>, u32)> = actions
+            .iter()
+            .filter_map(|a| match a { WindowAction::Load { range, generation } => Some((range.clone(), *generation)), _ => None })
+            .collect();
+        let mut now = 0;
+        let mut position = 0u64;
+        for event in events {
+            let actions = match event {
+                Event::Tick(dt) => { now += dt; buffer.on_tick(now) }
+                Event::Read(len) => { position += len; buffer.on_read(position - len..position, now) }
+                Event::Seek(to) => { position = to; buffer.on_position(to, now) }
+                Event::CompleteOldest => match pending.pop_front() {
+                    Some((range, generation)) => buffer.on_loaded(range, generation),
+                    None => Vec::new(),
+                },
+            };
+            for action in actions {
+                if let WindowAction::Load { range, generation } = action {
+                    pending.push_back((range, generation));
+                }
+            }
+            prop_assert!(buffer.locked_bytes() <= B + BATCH);
+            for range in buffer.locked_ranges() {
+                prop_assert!(range.start >= buffer.window_start());
+                prop_assert!(range.end <= buffer.requested_end());
+            }
+            let allowed = 2 * B + MB * now / 1_000_000_000;
+            prop_assert!(buffer.prefetched_bytes() <= allowed);
+        }
+    }
+}
