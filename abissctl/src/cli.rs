@@ -30,6 +30,10 @@ pub struct Cli {
 enum Command {
     /// Live block I/O latency by device, operation and I/O priority (like biolatency -D), or one
     /// line per request with --events (like biosnoop).
+    ///
+    /// Managed disks are always traced. Other disks are measured only while some trace runs
+    /// (abissd then traces every disk): from the moment this one starts, so its first report
+    /// covers the requests that start after it did.
     Trace {
         /// Only this device: NAME (loop0), /dev/NAME or MAJOR:MINOR.
         #[arg(long, short = 'd')]

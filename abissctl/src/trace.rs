@@ -43,12 +43,14 @@ pub enum Grouping {
 /// Prints per-interval histograms until `count` reports are out.
 pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
     let mut names = DeviceNames::load();
+    // This first request makes abissd trace every disk, not only the managed ones, until the
+    // last trace client goes: other disks' first report covers the requests started since.
     let mut previous = snapshot(client, options)?;
     let mut out = std::io::stdout().lock();
     if !options.json {
         let _ = writeln!(
             out,
-            "Tracing block I/O latency by device, operation and I/O priority every {:.1} s... Hit Ctrl-C to end.",
+            "Tracing block I/O latency by device, operation and I/O priority every {:.1} s (disks abissd does not manage: from now)... Hit Ctrl-C to end.",
             options.interval.as_secs_f64()
         );
     }

@@ -234,6 +234,7 @@ pub fn cost_per_io(
             }
         })
         .y_desc("eBPF run time per I/O (ns)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()?;
     let total = Palette99::pick(0).to_rgba();
     let net = Palette99::pick(1).to_rgba();

@@ -415,6 +415,13 @@ impl OverheadBench {
             }
         };
         let after = counted.reads_completed()?;
+        // The floor row is the floor: nothing of it is left above itself.
+        #[expect(clippy::cast_precision_loss, reason = "a mean for the report")]
+        let floor_ns = if situation == Situation::Floor {
+            cost.run_time_ns as f64 / cost.runs.max(1) as f64
+        } else {
+            floor_ns
+        };
         let output = load.wait_with_output().context("fio failed")?;
         if let Some(mut trace) = trace {
             terminate(&mut trace);
@@ -579,7 +586,8 @@ fn markdown(command: &str, machine: &Value, window: u64, floor_ns: f64, rows: &[
          statistics) over the reads completed on the loaded disk. The kernel charges every run \
          its clock reads too: an empty program costs {floor_ns:.0} ns per run here (row floor), \
          so \"less floor\" takes that off each run. Programs with nothing to do are detached \
-         (row b runs none).\n\n\
+         (row b runs none; \"–\": the program did not run). IOPS vary by a few percent from \
+         run to run.\n\n\
          | row | situation | IOPS without abissd | IOPS | runs per I/O | ns per I/O | less floor | insert ns | issue ns | complete ns | uring submit ns | uring complete ns | abissd CPU % |\n\
          | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         report::machine_line(machine)
@@ -589,6 +597,7 @@ fn markdown(command: &str, machine: &Value, window: u64, floor_ns: f64, rows: &[
             row["programs"]
                 .as_array()
                 .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+                .filter(|p| p["run_count"].as_u64().unwrap_or(0) > 0)
                 .and_then(|p| p["avg_ns"].as_f64())
                 .map_or_else(|| "–".to_owned(), |ns| format!("{ns:.0}"))
         };

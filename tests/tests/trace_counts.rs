@@ -164,3 +164,86 @@ fn abissctl_trace_json_reports_the_interval() {
     assert!(service["max_us"].as_f64().unwrap() > 0.0);
     assert!(group["queue"]["slots"].as_array().unwrap().len() == abiss_proto::LATENCY_BUCKETS);
 }
+
+/// abissd's statistics over `window_ms` (a `Stats` request does not make a trace client).
+fn stats(daemon: &Daemon, window_ms: u64) -> abiss_proto::StatsReport {
+    match daemon
+        .connect()
+        .call(abiss_proto::Request::Stats { window_ms })
+    {
+        abiss_proto::Response::Stats(report) => report,
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+/// Requests on `device` in a latency snapshot, in all.
+fn requests_on(groups: &[LatencyGroup], device: abiss_proto::DeviceNumber) -> u64 {
+    groups
+        .iter()
+        .filter(|g| g.device == device)
+        .map(|g| g.requests)
+        .sum()
+}
+
+#[test]
+fn disks_abissd_does_not_manage_are_traced_only_for_trace_clients() {
+    require_root!();
+    let daemon = Daemon::start();
+    let device = LoopDevice::new_in("/dev/shm", 64);
+    let path = device.path().to_path_buf();
+
+    // Nobody traces and nothing is managed: reads leave no record, and the block programs do
+    // not even run (they are detached while they have nothing to do).
+    let reads = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            // Inside the statistics window below.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            direct_reads(&path, BLOCK, 0, READS);
+        })
+    };
+    let during = stats(&daemon, 1000);
+    reads.join().expect("reader thread");
+    let issue_runs: u64 = during
+        .programs
+        .iter()
+        .filter(|p| p.name == "abiss_issue")
+        .map(|p| p.run_count)
+        .sum();
+    assert_eq!(issue_runs, 0, "block programs ran without a trace client");
+    let after = stats(&daemon, 1);
+    assert_eq!(
+        (after.request_records, after.tracked_requests),
+        (0, 0),
+        "request records without a trace client"
+    );
+
+    // The first latency request makes this connection a trace client, from then on: the
+    // reads above are not in its first answer, those below are, exactly.
+    let mut client = daemon.connect();
+    assert_eq!(
+        requests_on(&client.latency(), device.number()),
+        0,
+        "reads made before any trace client was counted"
+    );
+    direct_reads(&path, BLOCK, READS, READS);
+    let traced = requests_on(&client.latency(), device.number());
+    assert_eq!(traced, READS, "reads while a trace client is connected");
+
+    // When the last trace client goes, tracing stops (its records are dropped): reads then
+    // are not counted, as the next client sees.
+    drop(client);
+    assert!(
+        abiss_tests::wait_until(std::time::Duration::from_secs(5), || {
+            stats(&daemon, 1).request_records == 0
+        }),
+        "request records kept after the last trace client left"
+    );
+    direct_reads(&path, BLOCK, 2 * READS, READS);
+    let mut next = daemon.connect();
+    assert_eq!(
+        requests_on(&next.latency(), device.number()),
+        traced,
+        "reads made between trace clients were counted"
+    );
+}
