@@ -10,6 +10,17 @@ use std::path::{Path, PathBuf};
 /// The temporary file is created anew (`O_EXCL`), so a symbolic link planted at its name is
 /// never followed; a leftover temporary file from a crash is removed first.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+    replace_via_temporary(path, contents, true)
+}
+
+/// Replaces `path` with `contents` so that readers see the old file or the whole new one,
+/// without waiting for the disk: for files that are rewritten often and need not survive a
+/// crash (a status summary), where a sync would stall the writer on every rewrite.
+pub fn replace(path: &Path, contents: &[u8]) -> io::Result<()> {
+    replace_via_temporary(path, contents, false)
+}
+
+fn replace_via_temporary(path: &Path, contents: &[u8], durable: bool) -> io::Result<()> {
     let temporary = temporary_for(path);
     match fs::remove_file(&temporary) {
         Err(error) if error.kind() != io::ErrorKind::NotFound => return Err(error),
@@ -21,13 +32,16 @@ pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
         .open(&temporary)?;
     let written = file
         .write_all(contents)
-        .and_then(|()| file.sync_all())
+        .and_then(|()| if durable { file.sync_all() } else { Ok(()) })
         .and_then(|()| fs::rename(&temporary, path));
     if let Err(error) = written {
         let _ = fs::remove_file(&temporary);
         return Err(error);
     }
-    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+    if let Some(dir) = path
+        .parent()
+        .filter(|dir| durable && !dir.as_os_str().is_empty())
+    {
         File::open(dir)?.sync_all()?;
     }
     Ok(())

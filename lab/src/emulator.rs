@@ -715,9 +715,11 @@ impl StatsWriter {
         let mut sorted = self.recent_late_ns.clone();
         sorted.sort_unstable();
         s.late_p99_ns = percentile(&sorted, 99.0).unwrap_or(0);
-        // Readers (`abiss-lab status`, the benchmarks) must never see half a summary.
+        // Readers (`abiss-lab status`, the benchmarks) must never see half a summary; it is
+        // rewritten every second and need not survive a crash, so it is not synced (a sync
+        // would add a journal commit on the emulator's machine every second, for nothing).
         if let Ok(text) = serde_json::to_string_pretty(&s) {
-            let _ = abiss_os::fs::write_atomically(&self.summary_path, text.as_bytes());
+            let _ = abiss_os::fs::replace(&self.summary_path, text.as_bytes());
         }
     }
 }
