@@ -160,6 +160,9 @@ fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow
         "*",
         "--",
         "--test-threads=1",
+        // Timing tests print what they do not assert (p99.9, reads over 1 ms, residency):
+        // the log shows those figures for passing runs too.
+        "--show-output",
     ];
     if let Some(filter) = filter {
         integration.push(filter);
