@@ -165,11 +165,18 @@ struct Inputs {
 
 /// Runs the daemon until SIGINT or SIGTERM. Must be called inside a tokio runtime.
 pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
-    let (controller, inputs) = start(&config)?;
+    let (mut controller, inputs) = start(&config)?;
+    let parts: Vec<String> = controller
+        .tracer()
+        .capabilities()
+        .iter()
+        .map(|c| format!("{} {}", c.name, if c.on { "on" } else { "off" }))
+        .collect();
     info!(
-        "abissd {} listening on {}",
+        "abissd {} listening on {}; {}",
         env!("CARGO_PKG_VERSION"),
-        config.socket.display()
+        config.socket.display(),
+        parts.join(", ")
     );
     serve(controller, inputs).await;
     Ok(())
