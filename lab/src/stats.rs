@@ -206,13 +206,9 @@ mod tests {
         assert_eq!(percentile::<u32>(&[], 50.0), None);
     }
 
-    #[test]
-    fn cursor_returns_only_complete_new_lines() {
-        let dir = std::env::temp_dir().join(format!("abiss-lab-stats-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("stats.jsonl");
-        let record = RequestRecord {
-            seq: 0,
+    fn record(seq: u64) -> RequestRecord {
+        RequestRecord {
+            seq,
             op: Op::Read,
             offset: 0,
             len: 4096,
@@ -229,7 +225,15 @@ mod tests {
             outstanding: 1,
             backing_ns: 0,
             failed: false,
-        };
+        }
+    }
+
+    #[test]
+    fn cursor_returns_only_complete_new_lines() {
+        let dir = std::env::temp_dir().join(format!("abiss-lab-stats-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("stats.jsonl");
+        let record = record(0);
         let line = serde_json::to_string(&record).unwrap();
         std::fs::write(&path, format!("{line}\n")).unwrap();
         let mut cursor = StatsCursor::at_end(&path).unwrap();
@@ -245,25 +249,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("abiss-lab-mid-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stats.jsonl");
-        let record = RequestRecord {
-            seq: 7,
-            op: Op::Read,
-            offset: 0,
-            len: 4096,
-            arrival_ns: 1,
-            start_ns: 2,
-            end_ns: 3,
-            transport_ns: 0,
-            replied_ns: 4,
-            seek_ns: 0,
-            rotation_ns: 0,
-            transfer_ns: 1,
-            latency_ns: 0,
-            occupancy_ns: 1,
-            outstanding: 1,
-            backing_ns: 0,
-            failed: false,
-        };
+        let record = record(7);
         let line = serde_json::to_string(&record).unwrap();
         // Everything of an old line but its newline, as a buffered writer may flush it.
         std::fs::write(&path, &line).unwrap();

@@ -480,6 +480,34 @@ impl Drop for Ext4Mount {
     }
 }
 
+/// A command that runs `program` as `nobody` (uid and gid 65534), without capabilities: how
+/// the tests act as an unprivileged local user.
+#[must_use]
+pub fn as_nobody(program: &Path) -> Command {
+    let mut setpriv = Command::new("setpriv");
+    setpriv
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
+        .arg(program);
+    setpriv
+}
+
+/// `abissd` arguments that switch off what a kernel before 6.4 lacks (as far as abiss can
+/// tell): the tests' stand-in for an older kernel.
+pub const OLD_KERNEL_ARGS: [&str; 6] = [
+    "--disable",
+    "read-tracking",
+    "--disable",
+    "miss-upgrades",
+    "--disable",
+    "uring-reports",
+];
+
 /// Sets the calling thread's I/O priority (class, level).
 pub fn set_thread_ioprio(class: u8, level: u8) {
     let value = abiss_os::ioprio::encode(class, level);

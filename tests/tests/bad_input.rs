@@ -28,15 +28,7 @@ fn daemon_refuses_an_unprivileged_user() {
     require_root!();
     let dir = Scratch::new_in("/tmp", "unpriv");
     let socket = dir.path().join("s.sock");
-    let output = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(binary("abissd"))
+    let output = abiss_tests::as_nobody(&binary("abissd"))
         .arg("--socket")
         .arg(&socket)
         .output()

@@ -5,21 +5,12 @@
 use std::io::Read;
 use std::time::{Duration, Instant};
 
-use abiss_tests::{require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
-
-const OLD_KERNEL: [&str; 6] = [
-    "--disable",
-    "read-tracking",
-    "--disable",
-    "miss-upgrades",
-    "--disable",
-    "uring-reports",
-];
+use abiss_tests::{require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice, OLD_KERNEL_ARGS};
 
 #[test]
 fn status_says_which_parts_are_off_and_why() {
     require_root!();
-    let daemon = Daemon::start_with(&OLD_KERNEL);
+    let daemon = Daemon::start_with(&OLD_KERNEL_ARGS);
     let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
     let report = client.status_report().expect("status");
     let by_name = |name: &str| {
@@ -76,7 +67,7 @@ fn playout_point(daemon: &Daemon, beyond: u64) -> u64 {
 fn an_unmodified_reader_is_followed_only_with_read_tracking() {
     require_root!();
     let read = 4 << 20;
-    for (args, followed) in [(&[][..], true), (&OLD_KERNEL[..], false)] {
+    for (args, followed) in [(&[][..], true), (&OLD_KERNEL_ARGS[..], false)] {
         let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
         let path = fs.path().join("movie.bin");
         write_cold_file(&path, 16 << 20);

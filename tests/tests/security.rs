@@ -9,15 +9,7 @@ use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, Loop
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
 fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
-    Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(program)
+    abiss_tests::as_nobody(program)
         .args(args)
         .output()
         .expect("run setpriv")

@@ -15,7 +15,7 @@ use abiss_client::{AbissFile, Client, StreamOptions};
 use abiss_proto::{ByteRate, ByteSize};
 use abiss_tests::{
     paced_read, require_root, run_at_realtime_cpu_priority, write_cold_file, CopyLoop, Daemon,
-    HddLab, PacedReport,
+    HddLab, PacedReport, OLD_KERNEL_ARGS,
 };
 
 const RATE: u64 = 1_000_000;
@@ -92,16 +92,6 @@ fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
     );
 }
 
-/// What a kernel before 6.4 lacks, as far as abiss can tell.
-const OLD_KERNEL: [&str; 6] = [
-    "--disable",
-    "read-tracking",
-    "--disable",
-    "miss-upgrades",
-    "--disable",
-    "uring-reports",
-];
-
 #[test]
 fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
     require_root!();
@@ -111,7 +101,7 @@ fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
 #[test]
 fn a_library_reader_meets_every_deadline_without_the_newer_kernel_hooks() {
     require_root!();
-    library_reader("library-old-kernel", &OLD_KERNEL);
+    library_reader("library-old-kernel", &OLD_KERNEL_ARGS);
 }
 
 fn library_reader(tag: &str, daemon_args: &[&str]) {
