@@ -3,11 +3,49 @@
 
 use std::path::Path;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::latency::PercentilePoint;
 
 const SIZE: (u32, u32) = (960, 600);
+
+/// A thin black horizontal line at `y` across `[0, width]`, with its legend entry: a deadline
+/// or a goal the curves are read against.
+fn reference_line<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    width: f64,
+    y: f64,
+    label: String,
+) -> anyhow::Result<()>
+where
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, y), (width, y)],
+            BLACK.stroke_width(1),
+        ))?
+        .label(label)
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    Ok(())
+}
+
+/// Draws the legend in the upper left and writes the file.
+fn finish<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    root: &DrawingArea<SVGBackend<'a>, Shift>,
+) -> anyhow::Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
 
 /// One configuration's percentile curve.
 #[derive(Debug)]
@@ -100,21 +138,13 @@ pub fn latency_percentiles(
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
     }
-    chart
-        .draw_series(LineSeries::new(
-            [(0.0, slack_ms), (max_nines, slack_ms)],
-            BLACK.stroke_width(1),
-        ))?
-        .label(format!("deadline slack B/R = {slack_ms:.0} ms"))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    reference_line(
+        &mut chart,
+        max_nines,
+        slack_ms,
+        format!("deadline slack B/R = {slack_ms:.0} ms"),
+    )?;
+    finish(&mut chart, &root)
 }
 
 /// One configuration's misses per step of the sweep.
@@ -169,14 +199,7 @@ pub fn misses_by_streams(
                 .map(move |p| Circle::new(p, 3, color.filled())),
         )?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root)
 }
 
 /// One situation's eBPF cost per I/O.
@@ -255,22 +278,9 @@ pub fn cost_per_io(
         .label("less the statistics' floor (an empty program's ns per run)")
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], net.filled()));
     for (name, ns) in goals {
-        chart
-            .draw_series(LineSeries::new(
-                [(0.0, *ns), (width, *ns)],
-                BLACK.stroke_width(1),
-            ))?
-            .label(format!("{name}: {ns:.0} ns"))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+        reference_line(&mut chart, width, *ns, format!("{name}: {ns:.0} ns"))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    finish(&mut chart, &root)
 }
 
 #[cfg(test)]
