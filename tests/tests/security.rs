@@ -15,6 +15,12 @@ fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
         .expect("run setpriv")
 }
 
+/// Gives `path` `mode`, so that `nobody` may reach (or not reach) what a test prepared as root.
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
+}
+
 /// Open descriptors of process `pid`.
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -69,8 +75,7 @@ fn a_playout_point_at_the_end_of_the_number_line_harms_nothing() {
     // nobody may read the file and reach it: the descriptor proves access.
     for path in [fs.path(), file.as_path()] {
         let mode = if path.is_dir() { 0o755 } else { 0o644 };
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-            .expect("chmod");
+        chmod(path, mode);
     }
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
@@ -160,13 +165,8 @@ fn a_descriptor_that_proves_no_right_to_read_attaches_nothing() {
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
     let secret = fs.path().join("roots-only.bin");
     write_cold_file(&secret, 1 << 20);
-    std::fs::set_permissions(
-        fs.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o711),
-    )
-    .expect("chmod dir");
-    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .expect("chmod file");
+    chmod(fs.path(), 0o711);
+    chmod(&secret, 0o600);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     // Root's stream on the file: an O_PATH attach must not even learn that it exists.
     let _roots = daemon.attach_at_1mb(&secret);
@@ -202,19 +202,14 @@ fn mlocked_bytes() -> u64 {
 fn locked_memory_stays_within_its_budgets() {
     require_root!();
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
-    std::fs::set_permissions(
-        fs.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .expect("chmod dir");
+    chmod(fs.path(), 0o777);
     // Sparse files: big, yet nothing to write (the attack that locked 23.5 GiB used them).
     let files: Vec<std::path::PathBuf> = (0..4)
         .map(|i| {
             let path = fs.path().join(format!("sparse-{i}.bin"));
             let file = std::fs::File::create(&path).expect("create");
             file.set_len(256 << 20).expect("sparse");
-            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-                .expect("chmod");
+            chmod(&path, 0o644);
             path
         })
         .collect();
@@ -273,15 +268,10 @@ fn locked_memory_stays_within_its_budgets() {
 fn another_users_reads_do_not_steer_a_stream() {
     require_root!();
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
-    std::fs::set_permissions(
-        fs.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod dir");
+    chmod(fs.path(), 0o755);
     let file = fs.path().join("shared.bin");
     write_cold_file(&file, 16 << 20);
-    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .expect("chmod");
+    chmod(&file, 0o644);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
     let path = file.to_string_lossy().into_owned();
