@@ -176,8 +176,8 @@ fn status(state_dir: &Path) -> Result<(), LabError> {
 }
 
 fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
-    let lab = Lab::open(state_dir)?;
-    let report = abiss_lab::validate(&lab, tolerance_percent)?;
+    let mut lab = Lab::open(state_dir)?;
+    let report = abiss_lab::validate(&mut lab, tolerance_percent)?;
     println!(
         "(the emulator takes {} µs of measured transport delay off each reply)",
         lab.state().transport_ns / 1000

@@ -61,6 +61,10 @@ pub struct ValidationReport {
     pub checks: Vec<Check>,
     /// Allowed relative error.
     pub tolerance_percent: f64,
+    /// How much longer than the model each small read took, in nanoseconds, sorted: the
+    /// emulator's and the kernel's timing noise (negative where a rotation was shorter than
+    /// the mean the model predicts).
+    pub small_read_excess_ns: Vec<i64>,
 }
 
 impl ValidationReport {
@@ -110,13 +114,38 @@ impl std::fmt::Display for ValidationReport {
                 }
             )?;
         }
-        write!(
+        writeln!(
             f,
             "{} of {} checks within ±{}%",
             self.checks.len() - self.failed(),
             self.checks.len(),
             self.tolerance_percent
-        )
+        )?;
+        let excess = &self.small_read_excess_ns;
+        if let Some(&max) = excess.last() {
+            let at = |q: f64| {
+                #[expect(
+                    clippy::cast_possible_truncation,
+                    clippy::cast_sign_loss,
+                    clippy::cast_precision_loss,
+                    reason = "an index into the sorted samples"
+                )]
+                let i = ((excess.len() - 1) as f64 * q).round() as usize;
+                excess[i] / 1000
+            };
+            write!(
+                f,
+                "4 KiB reads over the model: p10 {:+} µs, p50 {:+} µs, p90 {:+} µs, p99 {:+} µs, \
+                 max {:+} µs over {} reads",
+                at(0.1),
+                at(0.5),
+                at(0.9),
+                at(0.99),
+                max / 1000,
+                excess.len()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -169,17 +198,21 @@ fn align_down(value: u64, alignment: u64) -> u64 {
     value / alignment * alignment
 }
 
-/// Measures the lab's device and compares it with the model.
-pub fn validate(lab: &Lab, tolerance_percent: f64) -> Result<ValidationReport, LabError> {
+/// Measures the lab's device and compares it with the model; first measures the transport
+/// delay again (see [`Lab::recalibrate_transport`]).
+pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationReport, LabError> {
     // Measure from a real-time thread so that a loaded machine delays the measuring process
     // less; without the privilege the measurement simply runs at normal priority.
     let _ = crate::timing::make_current_thread_realtime(5);
+    lab.recalibrate_transport()?;
     let mut probe = Probe::new(lab)?;
     let mut checks = probe.sequential_checks()?;
     checks.extend(probe.random_checks()?);
+    probe.small_read_excess_ns.sort_unstable();
     Ok(ValidationReport {
         checks,
         tolerance_percent,
+        small_read_excess_ns: probe.small_read_excess_ns,
     })
 }
 
@@ -193,6 +226,8 @@ struct Probe<'a> {
     /// latency is taken at its mean, half a revolution.
     predictor: HddModel,
     rng: ChaCha8Rng,
+    /// Measured minus predicted time of each small read, untrimmed.
+    small_read_excess_ns: Vec<i64>,
 }
 
 impl<'a> Probe<'a> {
@@ -207,6 +242,7 @@ impl<'a> Probe<'a> {
             buf: AlignedBuffer::new(usize::try_from(SEQ_REQUEST).unwrap_or(1 << 20)),
             predictor: HddModel::new(state.model.hdd.clone(), size),
             rng: ChaCha8Rng::seed_from_u64(state.model.seed ^ 0x5eed),
+            small_read_excess_ns: Vec::new(),
         })
     }
 
@@ -266,7 +302,7 @@ impl<'a> Probe<'a> {
         let _ = self
             .predictor
             .plan(Op::Read, size - SEQ_REQUEST, SEQ_REQUEST, &mut self.rng);
-        let mut random = (Duration::ZERO, Duration::ZERO);
+        let mut random = Samples::default();
         for &distance in distances {
             #[expect(
                 clippy::cast_possible_truncation,
@@ -275,12 +311,12 @@ impl<'a> Probe<'a> {
                 reason = "a distance within the device"
             )]
             let gap = align_down((size as f64 * distance) as u64, 4096);
-            let mut at_distance = (Duration::ZERO, Duration::ZERO);
+            let mut at_distance = Samples::default();
             for _ in 0..RANDOM_PAIRS {
                 // A random position, then one `gap` further: the second read measures access
                 // time at that distance, the first at a random one.
                 let first = align_down(self.rng.gen_range(0..size - gap - RANDOM_REQUEST), 4096);
-                for (offset, sum) in [(first, &mut random), (first + gap, &mut at_distance)] {
+                for (offset, samples) in [(first, &mut random), (first + gap, &mut at_distance)] {
                     let expected = match model.kind {
                         ModelKind::Hdd => {
                             self.predictor
@@ -291,31 +327,61 @@ impl<'a> Probe<'a> {
                     let _ = self
                         .predictor
                         .plan(Op::Read, offset, RANDOM_REQUEST, &mut self.rng);
-                    sum.0 += timed_read(&self.device, &mut self.buf, offset, RANDOM_REQUEST)?;
-                    sum.1 += expected;
+                    let took = timed_read(&self.device, &mut self.buf, offset, RANDOM_REQUEST)?;
+                    samples.push(took, expected);
                 }
             }
-            checks.push(mean_latency_check(
-                format!("4 KiB read latency at distance {:>3.0}%", distance * 100.0),
-                at_distance,
-                RANDOM_PAIRS,
-            ));
+            self.small_read_excess_ns
+                .extend_from_slice(&at_distance.excess_ns);
+            checks.push(at_distance.check(format!(
+                "4 KiB read latency at distance {:>3.0}%",
+                distance * 100.0
+            )));
         }
-        checks.push(mean_latency_check(
-            "4 KiB read latency at random positions".into(),
-            random,
-            RANDOM_PAIRS * distances.len(),
-        ));
+        self.small_read_excess_ns
+            .extend_from_slice(&random.excess_ns);
+        checks.push(random.check("4 KiB read latency at random positions".into()));
         Ok(checks)
     }
 }
 
-fn mean_latency_check(name: String, (measured, expected): (Duration, Duration), n: usize) -> Check {
-    let n = u32::try_from(n).unwrap_or(u32::MAX);
-    Check {
-        name,
-        measured: (measured / n).as_secs_f64() * 1e3,
-        expected: (expected / n).as_secs_f64() * 1e3,
-        unit: "ms",
+/// Small reads timed against the model's expectation for each.
+#[derive(Default)]
+struct Samples {
+    expected_ns: i64,
+    /// Measured minus expected, per read.
+    excess_ns: Vec<i64>,
+}
+
+impl Samples {
+    fn push(&mut self, took: Duration, expected: Duration) {
+        let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+        self.expected_ns += nanos(expected);
+        self.excess_ns.push(nanos(took) - nanos(expected));
+    }
+
+    /// The mean latency, measured and expected. The measured side is the expected mean plus a
+    /// trimmed mean of the excess (the outer 5% on each side dropped). Now and then one read
+    /// takes ten times its service time outside the model (seen: one 4 KiB read of 12.7 ms
+    /// among 100 of 1.33 ms; in the runs whose emulator records were checked, the emulator
+    /// replied on time, so the delay is in the kernel's path or the vCPU), and one such read
+    /// moves a plain mean of 100 reads by 9%. The report prints the untrimmed spread, so the
+    /// noise stays visible. Trimming both sides alike keeps the estimate unbiased where the
+    /// spread is symmetric, as the rotational latency around its mean is.
+    fn check(&self, name: String) -> Check {
+        let mut excess = self.excess_ns.clone();
+        excess.sort_unstable();
+        let trim = excess.len() / 20;
+        let middle = &excess[trim..excess.len() - trim];
+        let n = |len: usize| i64::try_from(len.max(1)).unwrap_or(i64::MAX);
+        let expected = self.expected_ns / n(self.excess_ns.len());
+        let measured = expected + middle.iter().sum::<i64>() / n(middle.len());
+        #[expect(clippy::cast_precision_loss, reason = "nanoseconds far below 2^52")]
+        Check {
+            name,
+            measured: measured as f64 / 1e6,
+            expected: expected as f64 / 1e6,
+            unit: "ms",
+        }
     }
 }

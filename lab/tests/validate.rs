@@ -13,7 +13,8 @@ fn validate_model(name: &str, kind: ModelKind) {
     let dir = lab.state_dir.to_string_lossy().into_owned();
     let (code, stdout, stderr) = common::run_cli(&["validate", "--state-dir", &dir]);
     println!("{stdout}{stderr}");
-    assert_eq!(code, 0, "validate failed for {kind}");
+    // The report goes into the failure message too: CI logs keep the failure section.
+    assert_eq!(code, 0, "validate failed for {kind}:\n{stdout}{stderr}");
 }
 
 #[test]
