@@ -12,6 +12,10 @@
  * -lm). The daemon's socket is taken from the ABISS_SOCKET environment variable, else
  * /run/abiss/abiss.sock. Files must be on a disk abissd manages (abissd --device).
  *
+ * Units: byterate and app_buffer are plain integers, in bytes per second and bytes: 1 MB/s is
+ * 1000000, 1 MiB/s is 1048576 (what abissctl reads as "1MiB/s" or "1M/s"), 8 Mbit/s is 1000000.
+ * No function takes a rate or a size as text.
+ *
  * Errors: every function returns its documented error value and sets errno; the one-sentence
  * reason is available from abiss_strerror() on the same thread. NULL pointers and arguments
  * out of range fail with EINVAL and never crash. An ABISS_FILE may be used by one thread at a

@@ -12,11 +12,16 @@ use abiss_proto::{
 use crate::client::{Client, ClientError};
 
 /// How a file is streamed.
+///
+/// Rates and sizes are whole bytes (per second): `ByteRate(1_000_000)` is 1 MB/s,
+/// `ByteRate(1 << 20)` 1 MiB/s. Text a user typed is read with `FromStr` by the same rules as
+/// abissctl's (`"64k"` is 65 536 bytes, `"8Mbit/s"` 1 000 000 B/s; see the `abiss-units` crate):
+/// `"1.1MiB/s".parse::<ByteRate>()`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamOptions {
-    /// Guaranteed byterate.
+    /// Guaranteed byterate, in bytes per second.
     pub rate: ByteRate,
-    /// Playout buffer (the application's buffer in the ABISS slides, `app_buffer`).
+    /// Playout buffer in bytes (the application's buffer in the ABISS slides, `app_buffer`).
     pub buffer: ByteSize,
     /// Pages per credit step.
     pub batch_pages: u32,

@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
 
-/// Directory under the daemon's state directory where models live.
-pub const MODELS_DIR: &str = "models";
+/// Where abissd and `abissctl profile --save` keep device models unless told otherwise. It is
+/// persistent state (systemd's `StateDirectory=abiss`): a model takes minutes to measure and
+/// describes the disk, so it must survive a reboot, unlike the crash state under `/run/abiss`.
+pub const DEFAULT_MODEL_DIR: &str = "/var/lib/abiss/models";
 
 /// A stable name of a device: its WWN or serial number if the kernel knows one, else its
 /// device number and size (which a loop device, say, keeps only until it is detached).
@@ -56,12 +58,10 @@ impl DeviceIdentity {
         })
     }
 
-    /// Where the model of this device lives under `state_dir`.
+    /// Where the model of this device lives in the model directory `model_dir`.
     #[must_use]
-    pub fn model_path(&self, state_dir: &Path) -> PathBuf {
-        state_dir
-            .join(MODELS_DIR)
-            .join(format!("{}.json", self.key))
+    pub fn model_path(&self, model_dir: &Path) -> PathBuf {
+        model_dir.join(format!("{}.json", self.key))
     }
 
     /// Whether `other` names the same device.
@@ -105,11 +105,11 @@ mod tests {
     }
 
     #[test]
-    fn the_model_file_is_named_by_the_key_under_the_models_directory() {
+    fn the_model_file_is_named_by_the_key_in_the_model_directory() {
         let identity = crate::fixtures::laptop_identity();
         assert_eq!(
-            identity.model_path(Path::new("/run/abiss")),
-            Path::new("/run/abiss/models/dev-7_0-4294967296.json")
+            identity.model_path(Path::new(DEFAULT_MODEL_DIR)),
+            Path::new("/var/lib/abiss/models/dev-7_0-4294967296.json")
         );
     }
 }

@@ -26,7 +26,7 @@ pub mod identity;
 pub mod model;
 
 pub use fit::{fit, fit_seek_curve, Measurements};
-pub use identity::{DeviceIdentity, MODELS_DIR};
+pub use identity::{DeviceIdentity, DEFAULT_MODEL_DIR};
 pub use model::{
     DeviceModel, ModelError, QueueDepthPoint, RequestSizePoint, SeekCurve, SeekPoint, ZonePoint,
     ASSUMED_WRITE_READ_RATIO, DEVICE_MODEL_VERSION,

@@ -1,8 +1,8 @@
 //! [`DeviceModel`]: what `abissctl profile` measured and fitted, and the arithmetic
 //! admission control does with it.
 //!
-//! A model is saved as JSON per device under the daemon's state directory
-//! (`<state-dir>/models/<identity>.json`). Loading checks the format version and that the file
+//! A model is saved as JSON per device in the model directory
+//! (`/var/lib/abiss/models/<identity>.json` by default). Loading checks the format version and that the file
 //! describes the device it is loaded for: a corrupt file, or one of another device, is an
 //! error and never used. The JSON field names and [`DEVICE_MODEL_VERSION`] are the file
 //! format: models saved earlier must keep loading.
@@ -272,19 +272,19 @@ impl DeviceModel {
         Ok(model)
     }
 
-    /// Loads the model of `identity` from `state_dir` if there is one (`Ok(None)` if not).
-    pub fn find(state_dir: &Path, identity: &DeviceIdentity) -> Result<Option<Self>, ModelError> {
-        let path = identity.model_path(state_dir);
+    /// Loads the model of `identity` from `model_dir` if there is one (`Ok(None)` if not).
+    pub fn find(model_dir: &Path, identity: &DeviceIdentity) -> Result<Option<Self>, ModelError> {
+        let path = identity.model_path(model_dir);
         if !path.exists() {
             return Ok(None);
         }
         Self::load(&path, identity).map(Some)
     }
 
-    /// Writes the model to its place under `state_dir` (atomically: a crash leaves the old file
+    /// Writes the model to its place in `model_dir` (atomically: a crash leaves the old file
     /// or the whole new one); returns the path.
-    pub fn save(&self, state_dir: &Path) -> Result<PathBuf, ModelError> {
-        let path = self.identity.model_path(state_dir);
+    pub fn save(&self, model_dir: &Path) -> Result<PathBuf, ModelError> {
+        let path = self.identity.model_path(model_dir);
         let io = |source| ModelError::Io {
             path: path.clone(),
             source,

@@ -13,18 +13,17 @@
 //! | --- | --- |
 //! | requests, responses, error kinds, the version, defaults, one JSON line per message ([`encode_line`], [`decode_line`]) | crate root (`lib.rs`) |
 //! | log2 latency histograms, as bcc's biolatency prints them ([`Log2Histogram`]) | `histogram` |
-//! | byte sizes and rates as people write them, `564KiB`, `1MiB/s` ([`ByteSize`], [`ByteRate`]) | `quantity` |
+//! | byte sizes and rates as people write them, `564KiB`, `1MiB/s` ([`ByteSize`], [`ByteRate`]) | re-exported from the `abiss-units` crate |
 //! | why abissd said no: each refusal's error kind and sentence in one place ([`Refusal`]) | `refusal` |
 //! | devices, operations and I/O priorities as users name them ([`DeviceNumber`], [`IoPriority`]) | `units` |
 #![deny(missing_docs)]
 
 mod histogram;
-mod quantity;
 mod refusal;
 mod units;
 
+pub use abiss_units::{ByteRate, ByteSize, QuantityError};
 pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
-pub use quantity::{ByteRate, ByteSize, QuantityError};
 pub use refusal::Refusal;
 pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 

@@ -5,15 +5,16 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::devices;
 use crate::error::CliError;
 use crate::planning::{self, AdmitQuestion};
 use crate::profile::{self, ProfileOptions};
 use crate::stats;
 use crate::streams::{self, StreamParameters};
-use crate::trace::{self, Grouping, TraceOptions};
+use crate::top;
+use crate::trace::TraceArgs;
 use abiss_client::Client;
 use abiss_proto::{AdmissionMode, ByteRate, ByteSize, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES};
+use abiss_units::{Quantity, Written};
 
 /// Guaranteed-rate file streaming and block I/O tracing by priority (ABISS).
 #[derive(Debug, Parser)]
@@ -34,33 +35,10 @@ enum Command {
     /// Managed disks are always traced. Other disks are measured only while some trace runs
     /// (abissd then traces every disk): from the moment this one starts, so its first report
     /// covers the requests that start after it did.
-    Trace {
-        /// Only this device: NAME (loop0), /dev/NAME or MAJOR:MINOR.
-        #[arg(long, short = 'd')]
-        device: Option<String>,
-        /// Also show the queue time (elevator insert to dispatch) histogram.
-        #[arg(long, short = 'Q')]
-        queued: bool,
-        /// Seconds between reports.
-        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
-        interval: Duration,
-        /// Stop after this many reports (or events with --events).
-        #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
-        count: Option<u64>,
-        /// One JSON object per report (or event).
-        #[arg(long, short = 'j')]
-        json: bool,
-        /// One line per completed request instead of histograms.
-        #[arg(long, short = 'e')]
-        events: bool,
-        /// Only requests of this stream (its pages belong to the stream's file, whoever
-        /// submitted them).
-        #[arg(long, short = 's')]
-        stream: Option<u64>,
-        /// Group by I/O priority (all requests) or by stream (only requests of streams).
-        #[arg(long, value_enum, default_value_t = Grouping::Priority)]
-        by: Grouping,
-    },
+    ///
+    /// `trace 1 10` reports every second, ten times, as bcc's tools do; `-T` prints the time
+    /// with each report.
+    Trace(TraceArgs),
     /// Attach FILE with a guaranteed byterate until `detach`; prints the stream id.
     Attach {
         /// The file (opened by abissctl as you, and handed to abissd).
@@ -77,6 +55,9 @@ enum Command {
         target: String,
     },
     /// Attach FILE for as long as a command runs: `abissctl run --rate 1MB/s FILE -- CMD ARGS…`.
+    ///
+    /// SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the command; exits
+    /// with the command's code, or 128 + N if signal N killed it.
     Run {
         /// The file.
         file: PathBuf,
@@ -99,6 +80,20 @@ enum Command {
         #[arg(long, short = 'j')]
         json: bool,
     },
+    /// A live view of the streams and the managed disks, refreshed every interval; `q` quits.
+    ///
+    /// Per stream: rate, buffer, loaded window, resident bytes, credit, misses, raised readers
+    /// and readers. Per managed disk: reserved and free rate, and the service time (p50, p99)
+    /// of its real-time and best-effort requests completed in the last interval. `q`, Esc or
+    /// Ctrl-C quits. Needs a terminal; nothing shown depends on colour.
+    Top {
+        /// Seconds between refreshes.
+        #[arg(long, short = 'i', default_value = "1", value_parser = parse_seconds, allow_negative_numbers = true)]
+        interval: Duration,
+        /// No colours (also when `NO_COLOR` is set); nothing shown depends on colour.
+        #[arg(long)]
+        no_color: bool,
+    },
     /// Cost of each eBPF program (runs and mean ns per run) and of the daemon (CPU, RSS),
     /// measured over an interval with kernel BPF statistics switched on only meanwhile.
     Stats {
@@ -119,15 +114,15 @@ enum Command {
         /// The managed disk: NAME, /dev/NAME or MAJOR:MINOR.
         #[arg(long, short = 'd')]
         device: String,
-        /// Mean rate of each stream.
+        /// Mean rate of each stream (units as for attach --rate).
         #[arg(long, short = 'r')]
-        rate: ByteRate,
+        rate: Written<ByteRate>,
         /// Standard deviation of each stream's rate over a window (variable bit rate).
         #[arg(long, short = 's')]
-        stdev: Option<ByteRate>,
+        stdev: Option<Written<ByteRate>>,
         /// Playout buffer of each stream.
-        #[arg(long, short = 'b', default_value_t = ByteSize(DEFAULT_BUFFER_BYTES))]
-        buffer: ByteSize,
+        #[arg(long, short = 'b', default_value_t = Written::from(ByteSize(DEFAULT_BUFFER_BYTES)))]
+        buffer: Written<ByteSize>,
         /// Pages loaded per credit step of each stream (its loads are whole batches).
         #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
         batch: u32,
@@ -149,12 +144,14 @@ enum Command {
 /// How a file is streamed.
 #[derive(Debug, clap::Args)]
 struct StreamArgs {
-    /// Guaranteed byterate: 1MiB/s, 1MB/s (= 1 000 000 B/s), or bytes per second.
+    /// Guaranteed byterate: 1MiB/s (= 1 048 576 B/s, as 1M/s), 1MB/s (= 1 000 000 B/s),
+    /// 8Mbit/s (= 1 000 000 B/s), or bytes per second; a fraction (1.1MiB/s) is rounded up to
+    /// whole bytes.
     #[arg(long, short = 'r')]
-    rate: ByteRate,
-    /// Playout buffer: how much is kept loaded ahead of the reader.
-    #[arg(long, short = 'b', default_value_t = ByteSize(DEFAULT_BUFFER_BYTES))]
-    buffer: ByteSize,
+    rate: Written<ByteRate>,
+    /// Playout buffer: how much is kept loaded ahead of the reader (564KiB; 64k is 64 KiB).
+    #[arg(long, short = 'b', default_value_t = Written::from(ByteSize(DEFAULT_BUFFER_BYTES)))]
+    buffer: Written<ByteSize>,
     /// Pages loaded per credit step.
     #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
@@ -166,16 +163,25 @@ struct StreamArgs {
 impl StreamArgs {
     fn parameters(&self) -> StreamParameters {
         StreamParameters {
-            rate: self.rate,
-            buffer: self.buffer,
+            rate: rounded(&self.rate),
+            buffer: rounded(&self.buffer),
             batch: self.batch,
             priority: self.priority,
         }
     }
 }
 
+/// The value of a size or a rate from the command line; one with a fraction of a byte is
+/// rounded up, and that is said once on stderr.
+fn rounded<T: Quantity>(written: &Written<T>) -> T {
+    if let Some(note) = written.rounding_note() {
+        eprintln!("abissctl: {note}");
+    }
+    written.value()
+}
+
 /// Seconds as a positive number up to a day.
-fn parse_seconds(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_seconds(text: &str) -> Result<Duration, String> {
     let seconds: f64 = text
         .trim()
         .parse()
@@ -191,7 +197,8 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
     let connect = || Client::connect(&cli.socket).map_err(CliError::from);
     match cli.command {
         Command::Attach { file, stream, json } => {
-            streams::attach(&mut connect()?, &file, &stream.parameters(), json)
+            let parameters = stream.parameters();
+            streams::attach(&mut connect()?, &file, &parameters, json)
         }
         Command::Detach { target } => streams::detach(&mut connect()?, &target),
         Command::Run {
@@ -199,37 +206,16 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             stream,
             command,
         } => {
-            let code = streams::run(&mut connect()?, &file, &stream.parameters(), &command)?;
+            let parameters = stream.parameters();
+            let code = streams::run(&mut connect()?, &file, &parameters, &command)?;
             return Ok(u8::try_from(code).unwrap_or(1));
         }
         Command::List { json } => streams::list(&mut connect()?, json),
         Command::Status { json } => streams::status(&mut connect()?, json),
-        Command::Trace {
-            device,
-            queued,
-            interval,
-            count,
-            json,
-            events,
-            stream,
-            by,
-        } => {
-            let device = device.as_deref().map(devices::resolve).transpose()?;
-            let options = TraceOptions {
-                device,
-                queued,
-                interval,
-                count,
-                json,
-                stream,
-                by,
-            };
-            let mut client = connect()?;
-            if events {
-                trace::events(&mut client, &options)
-            } else {
-                trace::histograms(&mut client, &options)
-            }
+        Command::Top { interval, no_color } => top::run(interval, no_color, connect),
+        Command::Trace(args) => {
+            let options = args.options()?;
+            args.run(&mut connect()?, &options)
         }
         Command::Stats { interval, json } => stats::show(&mut connect()?, interval, json),
         Command::Profile(options) => profile::run(&options),
@@ -243,20 +229,20 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             mode,
             write,
             json,
-        } => planning::admit(
-            &mut connect()?,
-            AdmitQuestion {
+        } => {
+            let question = AdmitQuestion {
                 device,
-                rate,
-                stdev: stdev.unwrap_or_default(),
-                buffer,
+                rate: rounded(&rate),
+                stdev: stdev.as_ref().map(rounded).unwrap_or_default(),
+                buffer: rounded(&buffer),
                 batch,
                 count,
                 mode,
                 write,
                 json,
-            },
-        ),
+            };
+            planning::admit(&mut connect()?, question)
+        }
     }
     .map(|()| 0)
 }

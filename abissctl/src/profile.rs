@@ -52,7 +52,7 @@ pub struct ProfileOptions {
     /// Print the model as JSON.
     #[arg(long, short = 'j')]
     pub json: bool,
-    /// Save the model where abissd finds it (`STATE_DIR/models/IDENTITY.json`).
+    /// Save the model where abissd finds it (`MODEL_DIR/IDENTITY.json`).
     #[arg(long)]
     pub save: bool,
     /// Also measure writes, by rewriting in place the data just read (needs a device nobody
@@ -62,9 +62,9 @@ pub struct ProfileOptions {
     /// Do not ask before --write.
     #[arg(long, requires = "write")]
     pub yes: bool,
-    /// abissd's state directory.
-    #[arg(long, default_value = "/run/abiss")]
-    pub state_dir: PathBuf,
+    /// abissd's model directory (its `--model-dir`).
+    #[arg(long, default_value = abiss_model::DEFAULT_MODEL_DIR)]
+    pub model_dir: PathBuf,
 }
 
 /// How much of each measurement a profile takes.
@@ -380,7 +380,7 @@ pub fn run(options: &ProfileOptions) -> Result<(), CliError> {
     }
     if options.save {
         let path = model
-            .save(&options.state_dir)
+            .save(&options.model_dir)
             .map_err(|e| CliError::Profile(e.to_string()))?;
         eprintln!(
             "saved {}; abissd admits by it for streams attached from now on",

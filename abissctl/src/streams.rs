@@ -3,11 +3,15 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 
 use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamInfo, StreamTarget};
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::unistd::Pid;
 
 use crate::error::CliError;
 
@@ -89,7 +93,8 @@ pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Attaches `path` for as long as `command` runs; returns the command's exit status.
+/// Attaches `path` for as long as `command` runs; returns the command's exit code, or 128 + N
+/// when signal N killed it (as a shell reports it).
 pub fn run(
     client: &mut Client,
     path: &Path,
@@ -103,12 +108,76 @@ pub fn run(
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
     client.wait_loaded(info.id, std::time::Duration::from_secs(10))?;
-    let status = Command::new(program)
-        .args(args)
-        .status()
-        .map_err(|error| CliError::Command(format!("cannot run {program}: {error}")))?;
+    let status = supervise(program, args)?;
     let _ = client.detach(StreamTarget::Id(info.id));
-    Ok(status.code().unwrap_or(128))
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|signal| 128 + signal))
+        .unwrap_or(1))
+}
+
+/// The signals `run` passes on to its command, so that `kill`, a service manager or a
+/// terminal's hangup reach the program that does the work.
+const FORWARDED: [Signal; 6] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+];
+
+/// Runs the command and passes the [`FORWARDED`] signals abissctl receives on to it until it
+/// ends.
+///
+/// The signals (and `SIGCHLD`) are blocked before the command starts and read from a
+/// signalfd, so none is lost or handled twice between the start and the first read, and no
+/// handler runs at an awkward moment; the command itself starts with no signal blocked (the
+/// standard library clears the mask in the child). Signals the kernel sent (Ctrl-C, `^\`, a
+/// hangup) went to the whole foreground process group, the command included, so they are not
+/// sent a second time.
+fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
+    let failed = |what: &str, error: &dyn std::fmt::Display| {
+        CliError::Command(format!("cannot run {program}: {what}: {error}"))
+    };
+    let mut signals = SigSet::empty();
+    for signal in FORWARDED {
+        signals.add(signal);
+    }
+    signals.add(Signal::SIGCHLD);
+    signals
+        .thread_block()
+        .map_err(|e| failed("blocking signals", &e))?;
+    let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| failed("signalfd", &e))?;
+    let mut child = Command::new(program)
+        .args(args)
+        .spawn()
+        .map_err(|error| CliError::Command(format!("cannot run {program}: {error}")))?;
+    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    loop {
+        // Checked before each wait: a SIGCHLD that came before this look is still pending.
+        if let Some(status) = child.try_wait().map_err(|e| failed("waiting", &e))? {
+            return Ok(status);
+        }
+        let Some(info) = signalfd
+            .read_signal()
+            .map_err(|e| failed("reading signals", &e))?
+        else {
+            continue;
+        };
+        let signal = i32::try_from(info.ssi_signo)
+            .ok()
+            .and_then(|number| Signal::try_from(number).ok());
+        match signal {
+            Some(Signal::SIGCHLD) | None => {}
+            Some(_) if info.ssi_code == libc::SI_KERNEL => {}
+            Some(signal) => {
+                // The command may just have ended: ESRCH then, and the next look reaps it.
+                let _ = kill(pid, signal);
+            }
+        }
+    }
 }
 
 fn readers(info: &StreamInfo) -> String {

@@ -2,14 +2,90 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, RequestRecord};
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
 use serde::Serialize;
 
-use crate::devices::DeviceNames;
+use crate::cli::parse_seconds;
+use crate::devices::{self, DeviceNames};
 use crate::error::CliError;
 use abiss_client::Client;
+
+/// The arguments of `abissctl trace`, as bcc's tools take them: `trace 1 10` reports every
+/// second, ten times; `--interval` and `--count` say the same by name.
+#[derive(Debug, clap::Args)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent command-line switches, as clap derives them"
+)]
+pub struct TraceArgs {
+    /// Seconds between reports (as `--interval`; default 1).
+    #[arg(value_name = "INTERVAL", value_parser = parse_seconds, conflicts_with = "interval")]
+    interval_seconds: Option<Duration>,
+    /// Reports before stopping (as `--count`).
+    #[arg(value_name = "COUNT", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "count")]
+    reports: Option<u64>,
+    /// Only this device: NAME (loop0), /dev/NAME or MAJOR:MINOR.
+    #[arg(long, short = 'd')]
+    device: Option<String>,
+    /// Also show the queue time (elevator insert to dispatch) histogram.
+    #[arg(long, short = 'Q')]
+    queued: bool,
+    /// Seconds between reports (default 1).
+    #[arg(long, short = 'i', value_parser = parse_seconds, allow_negative_numbers = true)]
+    interval: Option<Duration>,
+    /// Stop after this many reports (or events with --events).
+    #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
+    count: Option<u64>,
+    /// Print the local time (HH:MM:SS) above each report; with --events, the TIME column is
+    /// the wall-clock time of each completion instead of seconds since the first.
+    #[arg(long, short = 'T')]
+    timestamp: bool,
+    /// One JSON object per report (or event), with its time in RFC 3339.
+    #[arg(long, short = 'j')]
+    json: bool,
+    /// One line per completed request instead of histograms.
+    #[arg(long, short = 'e')]
+    events: bool,
+    /// Only requests of this stream (its pages belong to the stream's file, whoever
+    /// submitted them).
+    #[arg(long, short = 's')]
+    stream: Option<u64>,
+    /// Group by I/O priority (all requests) or by stream (only requests of streams).
+    #[arg(long, value_enum, default_value_t = Grouping::Priority)]
+    by: Grouping,
+}
+
+impl TraceArgs {
+    /// What to trace, with the device resolved (an unknown one fails before connecting).
+    pub fn options(&self) -> Result<TraceOptions, CliError> {
+        Ok(TraceOptions {
+            device: self.device.as_deref().map(devices::resolve).transpose()?,
+            queued: self.queued,
+            interval: self
+                .interval_seconds
+                .or(self.interval)
+                .unwrap_or(Duration::from_secs(1)),
+            count: self.reports.or(self.count),
+            json: self.json,
+            timestamp: self.timestamp,
+            stream: self.stream,
+            by: self.by,
+        })
+    }
+
+    /// Traces until `count` reports (or events) are out, or forever.
+    pub fn run(&self, client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
+        if self.events {
+            events(client, options)
+        } else {
+            histograms(client, options)
+        }
+    }
+}
 
 /// What to trace and how to print it.
 #[derive(Debug)]
@@ -24,6 +100,8 @@ pub struct TraceOptions {
     pub count: Option<u64>,
     /// One JSON object per report (or event).
     pub json: bool,
+    /// The local time above each report; wall-clock times of events.
+    pub timestamp: bool,
     /// Only requests of this stream.
     pub stream: Option<u64>,
     /// How requests are grouped.
@@ -41,7 +119,7 @@ pub enum Grouping {
 }
 
 /// Prints per-interval histograms until `count` reports are out.
-pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
+fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
     let mut names = DeviceNames::load();
     // This first request makes abissd trace every disk, not only the managed ones, until the
     // last trace client goes: other disks' first report covers the requests started since.
@@ -74,7 +152,7 @@ pub fn histograms(client: &mut Client, options: &TraceOptions) -> Result<(), Cli
         let written = if options.json {
             write_json(&mut out, &deltas, elapsed, &mut names)
         } else {
-            write_text(&mut out, &deltas, options.queued, &mut names)
+            write_text(&mut out, &deltas, options, &mut names)
         };
         if written.is_err() {
             // stdout closed (e.g. piped into `head`): stop quietly.
@@ -146,26 +224,49 @@ fn regroup(deltas: Vec<LatencyGroup>, by: Grouping) -> Vec<LatencyGroup> {
     }
 }
 
-fn wall_clock() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    format!(
-        "{:02}:{:02}:{:02}",
-        secs / 3600 % 24,
-        secs / 60 % 60,
-        secs % 60
-    )
+/// The local time of day, as bcc's tools print it with `-T`.
+fn local_time(at: Timestamp) -> String {
+    at.to_zoned_datetime(TimeZone::system())
+        .strftime("%H:%M:%S")
+        .to_string()
+}
+
+/// Wall-clock times of `CLOCK_MONOTONIC` instants (the kernel's completion times): the two
+/// clocks' difference now, so a later clock step moves only the events after it.
+struct WallClock {
+    realtime_minus_monotonic_ns: i128,
+}
+
+impl WallClock {
+    fn now() -> Self {
+        let ns = |clock| {
+            nix::time::clock_gettime(clock).map_or(0, |t| {
+                i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+            })
+        };
+        let monotonic = ns(nix::time::ClockId::CLOCK_MONOTONIC);
+        let realtime = ns(nix::time::ClockId::CLOCK_REALTIME);
+        Self {
+            realtime_minus_monotonic_ns: realtime - monotonic,
+        }
+    }
+
+    fn at(&self, monotonic_ns: u64) -> Timestamp {
+        Timestamp::from_nanosecond(i128::from(monotonic_ns) + self.realtime_minus_monotonic_ns)
+            .unwrap_or(Timestamp::UNIX_EPOCH)
+    }
 }
 
 fn write_text(
     out: &mut impl Write,
     deltas: &[LatencyGroup],
-    queued: bool,
+    options: &TraceOptions,
     names: &mut DeviceNames,
 ) -> std::io::Result<()> {
-    writeln!(out, "\n{} UTC", wall_clock())?;
+    writeln!(out)?;
+    if options.timestamp {
+        writeln!(out, "{}", local_time(Timestamp::now()))?;
+    }
     if deltas.is_empty() {
         writeln!(out, "(no completed requests)")?;
     }
@@ -188,7 +289,7 @@ fn write_text(
             group.requests,
             group.bytes
         )?;
-        if queued {
+        if options.queued {
             write_histogram(out, "queue usecs", &group.queue)?;
         }
         write_histogram(out, "service usecs", &group.service)?;
@@ -239,6 +340,7 @@ fn write_histogram(
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
+    /// When the report was taken, RFC 3339 in UTC.
     time: String,
     interval_s: f64,
     groups: Vec<JsonGroup<'a>>,
@@ -315,7 +417,7 @@ fn write_json(
     names: &mut DeviceNames,
 ) -> std::io::Result<()> {
     let report = JsonReport {
-        time: wall_clock(),
+        time: format!("{:.3}", Timestamp::now()),
         interval_s: elapsed.as_secs_f64(),
         groups: deltas
             .iter()
@@ -339,16 +441,27 @@ fn write_json(
     out.flush()
 }
 
+/// An event as `--events --json` prints it: the record with its wall-clock time in RFC 3339
+/// (`completed_ns` stays the kernel's monotonic clock).
+#[derive(Serialize)]
+struct JsonEvent<'a> {
+    time: String,
+    #[serde(flatten)]
+    record: &'a RequestRecord,
+}
+
 /// Streams one line per completed request, like biosnoop.
-pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
+fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliError> {
     let mut names = DeviceNames::load();
     client.subscribe_events()?;
+    let clock = WallClock::now();
+    let time_width = if options.timestamp { 15 } else { 11 };
     let mut out = std::io::stdout().lock();
     if !options.json {
         let _ = writeln!(
             out,
-            "{:<11} {:<16} {:<7} {:<9} T {:<12} {:<7} {:<7} {:<10} {:<6} {:>8} {:>8}",
-            "TIME(s)",
+            "{:<time_width$} {:<16} {:<7} {:<9} T {:<12} {:<7} {:<7} {:<10} {:<6} {:>8} {:>8}",
+            if options.timestamp { "TIME" } else { "TIME(s)" },
             "COMM",
             "PID",
             "DISK",
@@ -375,11 +488,26 @@ pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliErro
         }
         let start = *first_ns.get_or_insert(record.completed_ns);
         let written = if options.json {
-            serde_json::to_writer(&mut out, &record)
+            let event = JsonEvent {
+                time: format!("{:.6}", clock.at(record.completed_ns)),
+                record: &record,
+            };
+            serde_json::to_writer(&mut out, &event)
                 .map_err(std::io::Error::other)
                 .and_then(|()| writeln!(out))
         } else {
-            write_event(&mut out, &record, start, &mut names)
+            let time = if options.timestamp {
+                clock
+                    .at(record.completed_ns)
+                    .to_zoned_datetime(TimeZone::system())
+                    .strftime("%H:%M:%S%.6f")
+                    .to_string()
+            } else {
+                #[expect(clippy::cast_precision_loss, reason = "times for display")]
+                let seconds = record.completed_ns.saturating_sub(start) as f64 / 1e9;
+                format!("{seconds:.6}")
+            };
+            write_event(&mut out, &record, &time, &mut names)
         };
         if written.and_then(|()| out.flush()).is_err() {
             return Ok(());
@@ -393,13 +521,12 @@ pub fn events(client: &mut Client, options: &TraceOptions) -> Result<(), CliErro
 fn write_event(
     out: &mut impl Write,
     record: &RequestRecord,
-    start_ns: u64,
+    time: &str,
     names: &mut DeviceNames,
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<11.6} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:<6} {:>8.3} {:>8.3}",
-        record.completed_ns.saturating_sub(start_ns) as f64 / 1e9,
+        "{time:<11} {:<16} {:<7} {:<9} {} {:<12} {:<7} {:<7} {:<10} {:<6} {:>8.3} {:>8.3}",
         record.comm,
         record.tgid,
         names.name(record.device),

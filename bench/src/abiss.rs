@@ -96,6 +96,8 @@ impl Daemon {
             .arg(&socket)
             .arg("--state-dir")
             .arg(&state)
+            .arg("--model-dir")
+            .arg(state.join("models"))
             .arg("--device")
             .arg(device)
             .args(args)

@@ -105,13 +105,14 @@ fn shuffle(files: &mut BenchFiles, seed: u64) {
     }
 }
 
-/// Profiles the lab disk with abissctl and saves the model under `state_dir`; returns the model.
+/// Profiles the lab disk with abissctl and saves the model in `state_dir/models` (where the
+/// bench's abissd looks); returns the model.
 fn profile(bin_dir: &Path, device: &Path, state_dir: &Path) -> anyhow::Result<serde_json::Value> {
     let output = Command::new(bin_dir.join("abissctl"))
         .arg("profile")
         .arg(device)
-        .args(["--quick", "--json", "--save", "--state-dir"])
-        .arg(state_dir)
+        .args(["--quick", "--json", "--save", "--model-dir"])
+        .arg(state_dir.join("models"))
         .output()
         .context("cannot run abissctl profile")?;
     if !output.status.success() {

@@ -167,10 +167,15 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
             curve: &r.percentile_curve,
         })
         .collect();
+    // Each chart names its own run: the seek storm is not the reference measurement.
+    let readers = args.seek_every.map_or_else(
+        || "4 readers at 1 MB/s".to_owned(),
+        |every| format!("4 readers at 1 MB/s seeking every {every} s"),
+    );
     chart::latency_percentiles(
         &svg,
         &format!(
-            "read(2) latency of 4 readers at 1 MB/s against a 175 MB copy loop, lab hdd ({} s)",
+            "read(2) latency of {readers} against a 175 MB copy loop, lab hdd ({} s)",
             args.secs
         ),
         &series,

@@ -3,14 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use abiss_lab::lab::{self, DEFAULT_BACKING_DIR, DEFAULT_STATE_DIR};
-use abiss_lab::{FilesystemKind, Lab, LabError, LabOptions, ModelFile, ModelKind};
+use crate::lab::{self, DEFAULT_BACKING_DIR, DEFAULT_STATE_DIR};
+use crate::{FilesystemKind, Lab, LabError, LabOptions, ModelFile, ModelKind};
+use abiss_units::ByteSize;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Emulated slow disks as real block devices (FUSE + loop device), for the abiss benchmarks.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -59,7 +60,8 @@ struct UpArgs {
     /// Model file (TOML) with parameters; see lab/models/default.toml.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Size of the emulated disk, e.g. 4G, 512M or a byte count.
+    /// Size of the emulated disk: 4G, 512M (powers of 1024, as in dd), 4GB (powers of 1000)
+    /// or bytes.
     #[arg(long, default_value = "4G", value_parser = parse_size)]
     size: u64,
     /// Make a file system on the device.
@@ -89,27 +91,16 @@ enum MkfsArg {
     Ext4,
 }
 
-/// Parses sizes such as `4G`, `512M`, `64MiB`, `1T` or `4096` (binary multiples).
+/// Parses sizes the way abissctl and abissd do (`abiss-units`): `4G`, `512M`, `64MiB`, `1T`
+/// or `4096`; `k`, `M`, `G`, `T` alone are powers of 1024, `MB` and `GB` powers of 1000.
 fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, suffix) = t.split_at(digits_end);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size such as 4G or 512M"))?;
-    let shift = match suffix.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return Err(format!("`{text}` has an unknown unit (use K, M, G or T)")),
-    };
-    number
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("`{text}` is too large"))
+    text.parse::<ByteSize>()
+        .map(|size| size.0)
+        .map_err(|error| error.to_string())
 }
 
+/// Parses the command line and runs it; the binary's `main`.
+#[must_use]
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -177,7 +168,7 @@ fn status(state_dir: &Path) -> Result<(), LabError> {
 
 fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
     let mut lab = Lab::open(state_dir)?;
-    let report = abiss_lab::validate(&mut lab, tolerance_percent)?;
+    let report = crate::validate(&mut lab, tolerance_percent)?;
     println!(
         "(the emulator takes {} µs of measured transport delay off each reply)",
         lab.state().transport_ns / 1000
@@ -205,7 +196,7 @@ fn serve(state_dir: &Path, foreground: bool) -> ExitCode {
     }
     let result = lab::record_emulator_pid(state_dir)
         .and_then(|()| lab::read_emulator_config(state_dir))
-        .and_then(|config| abiss_lab::emulator::serve(&config));
+        .and_then(|config| crate::emulator::serve(&config));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -226,8 +217,12 @@ mod tests {
         assert_eq!(parse_size("512M"), Ok(512 << 20));
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("4X").is_err());
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        // The decimal units are decimal here too, as everywhere in abiss.
+        assert_eq!(parse_size("4GB"), Ok(4_000_000_000));
+        assert!(parse_size("4X").unwrap_err().contains("'4X'"));
         assert!(parse_size("big").is_err());
+        assert!(parse_size("0").is_err());
     }
 
     #[test]

@@ -23,10 +23,11 @@
 //! | measuring a lab's device through the kernel against its model | [`validate`](mod@validate) |
 //! | commands, sysfs, mounts and processes | [`system`] |
 //! | errors, one enum per concern, with exit codes | [`error`] |
-//! | the `abiss-lab` command line (in the binary, `src/main.rs`) | `cli` |
+//! | the `abiss-lab` command line ([`cli::Cli`]; a library module, so that `cargo xtask man` documents it too) | [`cli`] |
 
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod emulator;
 pub mod error;
 pub mod model;

@@ -56,7 +56,12 @@ impl Controller {
         }
     }
 
-    /// The tracer, for the latency and stats requests.
+    /// The managed disks, for a reload of their admission settings.
+    pub fn disks(&mut self) -> &mut Disks {
+        &mut self.disks
+    }
+
+    /// The loaded programs and their maps.
     pub fn tracer(&mut self) -> &mut BlockTracer {
         &mut self.tracer
     }

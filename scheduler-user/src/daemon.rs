@@ -1,4 +1,5 @@
-//! The daemon's life: preflight, load, the main loop, and a clean shutdown on SIGINT/SIGTERM.
+//! The daemon's life: preflight, load, the main loop, a reload on SIGHUP, and a clean shutdown
+//! on SIGINT/SIGTERM.
 //!
 //! The main loop is the only task that touches the controller (and so the maps, the streams
 //! and the disks). Everything else reaches it over channels: connections send
@@ -12,7 +13,7 @@ use abiss_model::ModelError;
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::AdmissionMode;
 use aya::maps::{MapData, RingBuf};
-use log::{info, warn};
+use log::{error, info, warn};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -41,6 +42,8 @@ pub struct DaemonConfig {
     pub btf: PathBuf,
     /// Where device settings to restore are kept (survives a crash, not a reboot).
     pub state_dir: PathBuf,
+    /// Where device models are kept (survives a reboot).
+    pub model_dir: PathBuf,
     /// Devices to manage, as users name them.
     pub devices: Vec<String>,
     /// Elevator and dispatch depth of managed devices.
@@ -62,7 +65,13 @@ pub struct DaemonConfig {
     pub disabled: Vec<Feature>,
     /// What playout buffers may lock, in all and per user.
     pub locked_memory: LockedMemoryBudget,
+    /// Where Prometheus metrics are served (`--metrics`), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
 }
+
+/// Reads the configuration again (file and command line) for a reload; the error is one
+/// sentence saying what is wrong.
+pub type Reload = Box<dyn Fn() -> Result<DaemonConfig, String>>;
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +96,9 @@ pub enum DaemonError {
     /// A disk's saved model is corrupt or describes another device.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The metrics address could not be taken.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// Anything else.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -106,6 +118,7 @@ impl DaemonError {
             Self::Tracer(_) => 15,
             Self::Device(_) => 16,
             Self::Model(_) => 17,
+            Self::Metrics(_) => 19,
         }
     }
 }
@@ -126,6 +139,7 @@ fn admission_settings(config: &DaemonConfig) -> AdmissionSettings {
         share_percent: config.realtime_share_percent,
         capacity_bps: config.capacity_bps,
         state_dir: config.state_dir.clone(),
+        model_dir: config.model_dir.clone(),
     }
 }
 
@@ -161,10 +175,12 @@ struct Inputs {
     pumps: [tokio::task::JoinHandle<()>; 2],
     sigint: Signal,
     sigterm: Signal,
+    sighup: Signal,
 }
 
-/// Runs the daemon until SIGINT or SIGTERM. Must be called inside a tokio runtime.
-pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
+/// Runs the daemon until SIGINT or SIGTERM; on SIGHUP it applies what `reload` reads. Must
+/// be called inside a tokio runtime.
+pub async fn run(config: DaemonConfig, reload: Reload) -> Result<(), DaemonError> {
     let (mut controller, inputs) = start(&config)?;
     let parts: Vec<String> = controller
         .tracer()
@@ -178,8 +194,58 @@ pub async fn run(config: DaemonConfig) -> Result<(), DaemonError> {
         config.socket.display(),
         parts.join(", ")
     );
-    serve(controller, inputs).await;
+    crate::systemd::ready(&format!("managing {} disks", config.devices.len()));
+    serve(controller, inputs, config, &reload).await;
     Ok(())
+}
+
+/// Applies a new configuration: the admission settings and models of the managed disks take
+/// effect at once; what needs the programs or the disks taken again is reported, not applied.
+fn reconfigure(controller: &mut Controller, running: &mut DaemonConfig, new: DaemonConfig) {
+    let restart_needed: Vec<&str> = [
+        ("--socket", running.socket != new.socket),
+        ("--btf", running.btf != new.btf),
+        ("--state-dir", running.state_dir != new.state_dir),
+        ("--device", running.devices != new.devices),
+        (
+            "--elevator/--dispatch-depth",
+            running.device_config != new.device_config,
+        ),
+        ("--disable", running.disabled != new.disabled),
+        ("--metrics", running.metrics != new.metrics),
+        (
+            "--locked-memory/--user-locked-memory",
+            running.locked_memory != new.locked_memory,
+        ),
+        (
+            "--no-upgrades/--upgrade-idle",
+            running.upgrades != new.upgrades || running.upgrade_idle != new.upgrade_idle,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect();
+    if !restart_needed.is_empty() {
+        warn!(
+            "reload: {} changed, which takes effect only when abissd restarts",
+            restart_needed.join(", ")
+        );
+    }
+    let settings = admission_settings(&new);
+    controller.disks().reconfigure(settings);
+    info!(
+        "reloaded: {} admission, p_req {}, real-time share {}%, capacity {} B/s, models from {}",
+        new.admission_mode,
+        new.p_req,
+        new.realtime_share_percent,
+        new.capacity_bps,
+        new.model_dir.display()
+    );
+    running.admission_mode = new.admission_mode;
+    running.p_req = new.p_req;
+    running.realtime_share_percent = new.realtime_share_percent;
+    running.capacity_bps = new.capacity_bps;
+    running.model_dir = new.model_dir;
 }
 
 /// Checks privileges and the kernel, takes the socket and the disks, loads the programs and
@@ -191,6 +257,9 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     }
     let support = kernel_layout::resolve(&config.btf)?;
     let (layout, off) = switched_off(support, &config.disabled);
+    let metrics = (config.metrics)
+        .map(crate::metrics::MetricsListener::bind)
+        .transpose()?;
     let socket = ControlSocket::bind(&config.socket)?;
     let disks = Disks::take(
         &config.devices,
@@ -204,6 +273,10 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     let playout_ring = tracer.take_playout_ring()?;
 
     let (command_tx, commands) = mpsc::channel(256);
+    if let Some(listener) = metrics {
+        let ids = tracer.program_ids().to_vec();
+        tokio::spawn(crate::metrics::serve(listener, command_tx.clone(), ids));
+    }
     let (events, _) = broadcast::channel(8192);
     let (load_tx, loads) = mpsc::unbounded_channel();
     let (access_tx, accesses) = mpsc::unbounded_channel();
@@ -247,6 +320,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         pumps,
         sigint: signal(SignalKind::interrupt())?,
         sigterm: signal(SignalKind::terminate())?,
+        sighup: signal(SignalKind::hangup())?,
     };
     Ok((controller, inputs))
 }
@@ -299,7 +373,12 @@ impl Watchers {
 }
 
 /// The main loop, then shutdown.
-async fn serve(mut controller: Controller, mut inputs: Inputs) {
+async fn serve(
+    mut controller: Controller,
+    mut inputs: Inputs,
+    mut config: DaemonConfig,
+    reload: &Reload,
+) {
     let mut watchers = Watchers::default();
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
     // The credit timer wakes the loop only when some window lacks pages its credit will soon
@@ -328,6 +407,14 @@ async fn serve(mut controller: Controller, mut inputs: Inputs) {
             },
             _ = inputs.sigint.recv() => break,
             _ = inputs.sigterm.recv() => break,
+            _ = inputs.sighup.recv() => {
+                crate::systemd::reloading();
+                match reload() {
+                    Ok(new) => reconfigure(&mut controller, &mut config, new),
+                    Err(reason) => error!("reload refused, the running configuration stays: {reason}"),
+                }
+                crate::systemd::ready("reloaded");
+            }
         }
         // At least a millisecond, so a timer just short of a page's worth of credit does not spin.
         let wait = controller
@@ -340,6 +427,7 @@ async fn serve(mut controller: Controller, mut inputs: Inputs) {
             .reset(tokio::time::Instant::now() + wait);
     }
     info!("shutting down: ending streams, restoring devices, detaching programs");
+    crate::systemd::stopping();
     for pump in &inputs.pumps {
         pump.abort();
     }

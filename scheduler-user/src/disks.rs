@@ -34,8 +34,10 @@ pub struct AdmissionSettings {
     pub share_percent: u32,
     /// Capacity assumed without a model, B/s.
     pub capacity_bps: u64,
-    /// Where models are found (`<state dir>/models`).
+    /// Where device settings to restore after a crash are kept.
     pub state_dir: PathBuf,
+    /// Where device models are found.
+    pub model_dir: PathBuf,
 }
 
 /// Why the disks could not be taken at start.
@@ -87,11 +89,11 @@ impl ManagedDisk {
         if self.model.is_some() {
             return Ok(());
         }
-        if let Some(model) = DeviceModel::find(&settings.state_dir, &self.identity)? {
+        if let Some(model) = DeviceModel::find(&settings.model_dir, &self.identity)? {
             info!(
                 "{}: admission by its model {} ({} admission)",
                 self.device.disk(),
-                self.identity.model_path(&settings.state_dir).display(),
+                self.identity.model_path(&settings.model_dir).display(),
                 settings.mode
             );
             self.model = Some(AdmissionControl {
@@ -156,6 +158,30 @@ impl Disks {
             disks.insert(managed.device.disk().number, managed);
         }
         Ok(Self { settings, disks })
+    }
+
+    /// Admits by `settings` from now on (a reload): each disk's share and its model are taken
+    /// up again, so a model saved or replaced since is used. Streams already admitted keep
+    /// running; a disk whose model no longer loads keeps admitting by its share, and says why.
+    pub fn reconfigure(&mut self, settings: AdmissionSettings) {
+        for managed in self.disks.values_mut() {
+            managed.share.capacity_bps = settings.capacity_bps;
+            managed.share.share_percent = settings.share_percent;
+            managed.model = None;
+            if let Err(error) = managed.load_model(&settings) {
+                warn!(
+                    "{}: its model is unusable ({error}); admitting by its share of --capacity",
+                    managed.device.disk()
+                );
+            }
+        }
+        self.settings = settings;
+    }
+
+    /// The settings streams are admitted by.
+    #[must_use]
+    pub fn settings(&self) -> &AdmissionSettings {
+        &self.settings
     }
 
     /// The managed disk a file on `file_device` lives on, with any model saved since the

@@ -17,7 +17,10 @@
 //!
 //! | concern | module |
 //! | --- | --- |
-//! | start, main loop, shutdown, exit codes | [`daemon`] |
+//! | start, main loop, reload, shutdown, exit codes | [`daemon`] |
+//! | the command line (`abissd --help`, the man page, the completions) | [`args`] |
+//! | the configuration file (`/etc/abiss/abissd.toml`) | [`config_file`] |
+//! | readiness notification and journald log levels | [`systemd`] |
 //! | serving a connection: commands, answers, event subscriptions, stats | [`server`] |
 //! | protocol lines and passed descriptors on one socket | [`connection`] |
 //! | the control socket's path and lock | [`socket`] |
@@ -33,6 +36,7 @@
 //! | raising and restoring readers' I/O priority | [`upgrades`] |
 //! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
 //! | eBPF and daemon cost | [`stats`] |
+//! | Prometheus metrics on `--metrics ADDR` (asks the main loop, like a connection) | [`metrics`] |
 //! | pure decisions: playout window, credit timer, admission (model, share), levels, upgrades | [`policy`] |
 //!
 //! The device model and its fitting are in `abiss-model`; the shared system calls (ioprio,
@@ -42,7 +46,9 @@
 //! optional parts need newer kernels ([`capabilities`]).
 #![deny(missing_docs)]
 
+pub mod args;
 pub mod capabilities;
+pub mod config_file;
 pub mod connection;
 pub mod controller;
 pub mod daemon;
@@ -50,6 +56,7 @@ pub mod device;
 pub mod disks;
 pub mod kernel_events;
 pub mod kernel_layout;
+pub mod metrics;
 pub mod policy;
 pub mod prefetch;
 pub mod preflight;
@@ -57,7 +64,8 @@ pub mod server;
 pub mod socket;
 pub mod stats;
 pub mod streams;
+pub mod systemd;
 pub mod tracer;
 pub mod upgrades;
 
-pub use daemon::{run, DaemonConfig, DaemonError};
+pub use daemon::{run, DaemonConfig, DaemonError, Reload};

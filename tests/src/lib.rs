@@ -142,6 +142,8 @@ impl Daemon {
             .arg(&self.socket)
             .arg("--state-dir")
             .arg(self.state_dir())
+            .arg("--model-dir")
+            .arg(self.model_dir())
             .args(&self.args)
             // ABISS_DAEMON_LOG=debug shows the daemon's decisions while a test runs.
             .env(
@@ -154,11 +156,17 @@ impl Daemon {
         self.wait_ready();
     }
 
-    /// The daemon's state directory (upgrade records; where `abissctl profile --save
-    /// --state-dir` puts device models).
+    /// The daemon's state directory (device and upgrade records for crash recovery).
     #[must_use]
     pub fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
+    }
+
+    /// The daemon's model directory (where `abissctl profile --save --model-dir` puts
+    /// device models).
+    #[must_use]
+    pub fn model_dir(&self) -> PathBuf {
+        self.dir.path().join("models")
     }
 
     /// The daemon's process id.

@@ -51,17 +51,17 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
     assert_eq!(again["fits"], false);
 }
 
-/// Profiles `device` quickly and saves the model in abissd's state directory.
+/// Profiles `device` quickly and saves the model in abissd's model directory.
 fn save_quick_profile(daemon: &Daemon, device: &str) {
     // Profiled while abissd runs: it takes the model up at the next attach or question.
-    let state = daemon.state_dir();
+    let models = daemon.model_dir();
     let profile = daemon.ctl([
         "profile",
         device,
         "--quick",
         "--save",
-        "--state-dir",
-        state.to_str().unwrap(),
+        "--model-dir",
+        models.to_str().unwrap(),
     ]);
     assert!(
         profile.status.success(),

@@ -45,7 +45,7 @@ fn quick_profile_recovers_the_emulators_zone_rates_and_access_time() {
         "--quick",
         "--json",
         "--save",
-        "--state-dir",
+        "--model-dir",
         state.path().to_str().unwrap(),
     ]);
     let took = started.elapsed();
@@ -142,6 +142,8 @@ fn start_abissd(state: &Path, socket: &Path, device: &Path) -> std::process::Chi
         .arg(socket)
         .arg("--state-dir")
         .arg(state)
+        .arg("--model-dir")
+        .arg(state)
         .arg("--device")
         .arg(device)
         .env("RUST_LOG", "warn")
@@ -193,7 +195,7 @@ fn corrupt_or_foreign_models_are_errors_never_used() {
         .as_str()
         .unwrap()
         .contains("conservative default"));
-    let path = identity.model_path(&daemon.state_dir());
+    let path = identity.model_path(&daemon.model_dir());
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, b"not json").unwrap();
     let file = mounted.path().join("clip.bin");

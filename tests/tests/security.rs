@@ -126,7 +126,7 @@ fn capacity_plans_are_bounded_and_never_stall_the_daemon() {
         identity,
         ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
     };
-    model.save(&daemon.state_dir()).expect("save model");
+    model.save(&daemon.model_dir()).expect("save model");
     let socket = daemon.socket().to_string_lossy().into_owned();
     let name = device.name();
     let plan = |count: &str| {

@@ -125,6 +125,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     let reports = (secs / 3).max(1).to_string();
     shell::run(&mut ctl(&[
         "trace",
+        "-T",
         "--device",
         &device,
         "--interval",
@@ -161,6 +162,8 @@ fn start_daemon(
         .arg(socket)
         .arg("--state-dir")
         .arg(setup.dir.join("state"))
+        .arg("--model-dir")
+        .arg(setup.dir.join("state/models"))
         .args(["--device", device, "--capacity", "30MB/s"])
         .spawn()
         .context("cannot start abissd")?;
@@ -196,7 +199,8 @@ fn start_player(movie: &str, secs: u64, report: &Path) -> anyhow::Result<Child> 
             "--name=player",
             "--rw=read",
             "--bs=64k",
-            "--rate=1m",
+            // fio reads `1m` as 1 MiB/s: the player asks for exactly the stream's 1 MB/s.
+            "--rate=1000000",
             "--ioengine=psync",
         ])
         .args(["--time_based", "--output-format=json"])

@@ -12,6 +12,8 @@
 //! | `setup`: the packages, Debian's rustc-web and bpf-linker, idempotently | `setup` |
 //! | `bench`: runs `abiss-bench`, results under `bench/results/` | `bench` |
 //! | `demo`: an emulated laptop hdd, a copy loop and a 1 MB/s player streamed by abissd | `demo` |
+//! | `install`: binaries, library, header, man pages, completions, systemd unit, configuration | `install` |
+//! | `man`: man pages and shell completions from the binaries' clap definitions | `docs` |
 //! | running commands with their output shown and failures named | `shell` |
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +22,8 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod docs;
+mod install;
 mod setup;
 mod shell;
 
@@ -48,6 +52,12 @@ enum Command {
         /// Passed to the test binaries as a name filter.
         filter: Option<String>,
     },
+    /// Install abiss as a system service: binaries, libabiss (with SONAME and a pkg-config
+    /// file), the header, man pages, completions, the systemd unit and a configuration file.
+    Install(install::InstallArgs),
+    /// Man pages (abissctl, abiss-lab: section 1; abissd: 8) and bash, zsh and fish
+    /// completions, generated from the binaries' clap definitions.
+    Man(docs::ManArgs),
     /// Benchmarks (not tests): results go to bench/results/ as JSON and Markdown.
     Bench {
         #[command(subcommand)]
@@ -118,6 +128,8 @@ fn main() -> ExitCode {
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
+        Command::Install(args) => install::run(&root, &args),
+        Command::Man(args) => docs::run(&args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

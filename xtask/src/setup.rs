@@ -30,6 +30,16 @@ const PACKAGES: &[&str] = &[
     "pkg-config",
     "fio",
     "bpftool",
+    // The metrics test runs a real Prometheus server (its binary, not the packaged service).
+    "prometheus",
+    // `abissctl top` is tested in a tmux pane; the generated man pages are rendered by man.
+    "tmux",
+    "man-db",
+    // The service test boots Debian's systemd in namespaces and checks the installed library
+    // (readelf) and a C program built against it.
+    "systemd",
+    "binutils",
+    "gcc",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -1,0 +1,32 @@
+//! `abissctl`: the ABISS command line.
+//!
+//! It talks to abissd only through the protocol (`abiss-proto`, via `abiss-client`) and never
+//! links aya or the eBPF side. The one thing it does without the daemon is `profile`, which
+//! reads a disk itself and has `abiss-model` fit the model.
+//!
+//! The command line is a library so that its clap definition ([`cli::Cli`]) is one value that
+//! both the binary (`src/main.rs`) and `cargo xtask man` (man pages, shell completions) use.
+//!
+//! | concern | module |
+//! | --- | --- |
+//! | arguments, subcommands, dispatch | `cli` |
+//! | block device names as users type them: `loop0`, `/dev/loop0`, `7:0` | `devices` |
+//! | errors and their exit codes | `error` |
+//! | `admit`: capacity planning answered by abissd's admission control; nothing is attached | `planning` |
+//! | `profile`: measuring a disk with `O_DIRECT` and fitting its model | `profile` |
+//! | what `profile` prints without `--json` | `profile::report` |
+//! | `stats`: what the eBPF programs and the daemon cost | `stats` |
+//! | `attach`, `detach`, `run`, `list`, `status`: streams | `streams` |
+//! | `top`: a live view of the streams and the managed disks | `top` |
+//! | what `top` draws | `top::view` |
+//! | `trace`: live latency by device, operation and I/O priority, or by stream | `trace` |
+
+pub mod cli;
+mod devices;
+mod error;
+mod planning;
+mod profile;
+mod stats;
+mod streams;
+mod top;
+mod trace;

@@ -1,0 +1,170 @@
+//! The little HTTP/1.x the metrics endpoint speaks: find the end of a request head, route its
+//! request line, and write a complete response that closes the connection. Pure: the
+//! sockets, limits and timeouts are the caller's.
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (or `HEAD`, which gets the headers only).
+    Metrics {
+        /// A `HEAD` request: no body.
+        head_only: bool,
+    },
+    /// Another path.
+    NotFound,
+    /// `/metrics` with a method other than `GET` or `HEAD`.
+    MethodNotAllowed,
+    /// Not an HTTP request line.
+    BadRequest,
+}
+
+/// The path of the metrics.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The length of the request head in `buffer` (up to and including its blank line), once it
+/// is all there.
+#[must_use]
+pub fn head_length(buffer: &[u8]) -> Option<usize> {
+    let crlf = buffer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|at| at + 4);
+    // Some clients (and people typing into netcat) end lines with a bare newline.
+    let lf = buffer
+        .windows(2)
+        .position(|w| w == b"\n\n")
+        .map(|at| at + 2);
+    match (crlf, lf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Routes a request by its first line. The query string is ignored.
+#[must_use]
+pub fn route(head: &[u8]) -> Route {
+    let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
+    let Ok(line) = std::str::from_utf8(&head[..line_end]) else {
+        return Route::BadRequest;
+    };
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Route::BadRequest;
+    };
+    if method.is_empty() || !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return Route::BadRequest;
+    }
+    let path = target.split('?').next().unwrap_or(target);
+    if path != METRICS_PATH {
+        return Route::NotFound;
+    }
+    match method {
+        "GET" => Route::Metrics { head_only: false },
+        "HEAD" => Route::Metrics { head_only: true },
+        _ => Route::MethodNotAllowed,
+    }
+}
+
+/// The reason phrase of the statuses the endpoint answers with.
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "Internal Server Error",
+    }
+}
+
+/// A whole response that closes the connection. `head_only` leaves the body out but keeps its
+/// length, as `HEAD` requires.
+#[must_use]
+pub fn response(status: u16, content_type: &str, body: &[u8], head_only: bool) -> Vec<u8> {
+    let allow = if status == 405 {
+        "Allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
+    let mut bytes = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
+        reason(status),
+        body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        bytes.extend_from_slice(body);
+    }
+    bytes
+}
+
+/// A plain-text error response: the status and one line saying what to do.
+#[must_use]
+pub fn error(status: u16, message: &str) -> Vec<u8> {
+    response(
+        status,
+        "text/plain; charset=utf-8",
+        format!("{message}\n").as_bytes(),
+        false,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_by_path_then_method() {
+        assert_eq!(
+            route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n"),
+            Route::Metrics { head_only: false }
+        );
+        assert_eq!(
+            route(b"HEAD /metrics HTTP/1.1\r\n\r\n"),
+            Route::Metrics { head_only: true }
+        );
+        assert_eq!(
+            route(b"POST /metrics HTTP/1.1\r\n\r\n"),
+            Route::MethodNotAllowed
+        );
+        assert_eq!(route(b"GET / HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"POST /other HTTP/1.1\r\n\r\n"), Route::NotFound);
+        assert_eq!(route(b"GET /metrics/ HTTP/1.1\r\n\r\n"), Route::NotFound);
+        for bad in [
+            &b"GET /metrics\r\n\r\n"[..],
+            b"\r\n\r\n",
+            b"GET metrics HTTP/1.1\r\n",
+            b"GET /metrics SPDY/3\r\n",
+            b"\xff /metrics HTTP/1.1\r\n",
+        ] {
+            assert_eq!(route(bad), Route::BadRequest, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_head_ends_at_its_blank_line() {
+        assert_eq!(head_length(b"GET / HTTP/1.1\r\nA: b\r\n"), None);
+        assert_eq!(head_length(b"GET / HTTP/1.1\r\n\r\nbody"), Some(18));
+        assert_eq!(head_length(b"GET / HTTP/1.0\n\n"), Some(16));
+    }
+
+    #[test]
+    fn responses_carry_their_length_and_close() {
+        let text = String::from_utf8(response(200, "text/plain", b"abc", false)).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("Content-Length: 3\r\n") && text.contains("Connection: close\r\n"));
+        assert!(text.ends_with("\r\n\r\nabc"));
+        let head = String::from_utf8(response(200, "text/plain", b"abc", true)).unwrap();
+        assert!(head.contains("Content-Length: 3\r\n") && head.ends_with("\r\n\r\n"));
+        let refused = String::from_utf8(error(405, "only GET")).unwrap();
+        assert!(refused.contains("405 Method Not Allowed") && refused.contains("Allow: GET, HEAD"));
+    }
+}

@@ -1,0 +1,538 @@
+//! abissd as a systemd service, under a real systemd: `cargo xtask install` puts the files in
+//! place, and the unit starts (readiness by `sd_notify`), serves `abissctl` with every
+//! hardening option of the unit on, reloads its configuration file, restarts after a
+//! `kill -9` and puts the disk back on stop; a broken configuration is not restarted in a loop.
+//!
+//! This machine's PID 1 is not systemd, and CI's is not either. The test boots the distribution's
+//! systemd as PID 1 of new PID, mount, UTS and IPC namespaces (as a container would, sharing
+//! the host's devices and file systems), with a private `/run`, `/var/lib` and unit directory,
+//! and drives it with `systemctl` through `nsenter`. On a machine whose PID 1 is systemd the
+//! same unit runs under the host's manager; this test still uses its own.
+//!
+//! That systemd shares the host's `/tmp`, `/sys` and `/dev`, so it must never run the boot
+//! jobs of `sysinit.target`: `systemd-tmpfiles-setup` empties `/tmp` (it did, once, while
+//! this test was written), udev would trigger every device, sysctl would apply the
+//! distribution's settings. The unit under test gets a drop-in with `DefaultDependencies=no`
+//! (its ordering after sysinit is all that changes), and the boot targets and jobs are masked,
+//! so anything that still asked for them would fail rather than run.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use abiss_tests::{binary, require_root, wait_until, Ext4Mount, LoopDevice, Scratch};
+
+const SYSTEMD: &str = "/lib/systemd/systemd";
+
+/// The target the namespace's systemd boots into: nothing but what the test starts.
+const BOOT_TARGET: &str = "[Unit]\nDescription=abiss service test\nDefaultDependencies=no\n";
+
+/// Units masked in the namespace: the boot targets and the jobs that would touch the host.
+const MASKED: [&str; 16] = [
+    "sysinit.target",
+    "basic.target",
+    "local-fs.target",
+    "swap.target",
+    "sockets.target",
+    "timers.target",
+    "paths.target",
+    "systemd-tmpfiles-setup.service",
+    "systemd-tmpfiles-setup-dev.service",
+    "systemd-tmpfiles-clean.timer",
+    "systemd-udevd.service",
+    "systemd-udev-trigger.service",
+    "systemd-sysctl.service",
+    "systemd-modules-load.service",
+    "systemd-remount-fs.service",
+    "systemd-random-seed.service",
+];
+
+/// The test's unit directory: the installed unit with the drop-in, the boot target, masks.
+fn prepare_units(units: &Path) {
+    std::fs::write(units.join("abiss-test.target"), BOOT_TARGET).unwrap();
+    let drop_in = units.join("abissd.service.d");
+    std::fs::create_dir_all(&drop_in).unwrap();
+    std::fs::write(
+        drop_in.join("namespace.conf"),
+        "[Unit]\nDefaultDependencies=no\n",
+    )
+    .unwrap();
+    for unit in MASKED {
+        let link = units.join(unit);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
+    }
+}
+
+/// A systemd running as PID 1 of its own PID and mount namespaces; killed with everything it
+/// started on drop, and the control groups it made removed.
+struct ServiceManager {
+    unshare: Child,
+    /// Its PID as the host sees it.
+    pid: u32,
+    cgroups_before: BTreeSet<PathBuf>,
+}
+
+impl ServiceManager {
+    fn boot(units: &Path, log: &Path) -> Self {
+        let cgroups_before = cgroup_dirs();
+        let script = format!(
+            "set -e; mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /var/lib; \
+             if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
+             mount --bind {units} /etc/systemd/system; \
+             exec {SYSTEMD} --system --unit=abiss-test.target --log-target=console",
+            units = units.display()
+        );
+        let unshare = Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount",
+                "--mount-proc",
+                "--uts",
+                "--ipc",
+            ])
+            .args(["--propagation", "private"])
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(log).expect("log file"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start unshare");
+        let mut pid = None;
+        let found = wait_until(Duration::from_secs(10), || {
+            pid = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id()))
+                .ok()
+                .and_then(|children| children.split_whitespace().next()?.parse().ok());
+            pid.is_some()
+        });
+        let manager = Self {
+            unshare,
+            pid: pid.unwrap_or(0),
+            cgroups_before,
+        };
+        assert!(found, "systemd did not start; its log: {}", read(log));
+        let up = wait_until(Duration::from_secs(30), || {
+            let state = manager.systemctl(&["is-system-running"]);
+            let state = String::from_utf8_lossy(&state.stdout);
+            ["running", "degraded"].contains(&state.trim())
+        });
+        assert!(up, "systemd did not come up; its log: {}", read(log));
+        // The journal, so that the service's log lines and their levels can be read back.
+        manager.systemctl_ok(&[
+            "start",
+            "systemd-journald.socket",
+            "systemd-journald.service",
+        ]);
+        manager
+    }
+
+    /// Runs `program` inside the namespaces.
+    fn run(&self, program: &Path, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .args(["-t", &self.pid.to_string(), "-m", "-p", "-u", "-i", "--"])
+            .arg(program)
+            .args(args)
+            .output()
+            .expect("run nsenter")
+    }
+
+    fn systemctl(&self, args: &[&str]) -> Output {
+        self.run(Path::new("/bin/systemctl"), args)
+    }
+
+    fn systemctl_ok(&self, args: &[&str]) {
+        let output = self.systemctl(args);
+        assert!(
+            output.status.success(),
+            "systemctl {args:?}: {}{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr),
+            self.journal()
+        );
+    }
+
+    fn property(&self, unit: &str, name: &str) -> String {
+        let output = self.systemctl(&["show", "-p", name, "--value", unit]);
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    fn abissctl(&self, args: &[&str]) -> Output {
+        self.run(&binary("abissctl"), args)
+    }
+
+    /// The service's journal, with priorities.
+    fn journal(&self) -> String {
+        let output = self.run(
+            Path::new("/bin/journalctl"),
+            &[
+                "-u",
+                "abissd",
+                "--no-pager",
+                "-o",
+                "json",
+                "--output-fields=PRIORITY,MESSAGE",
+            ],
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+impl Drop for ServiceManager {
+    fn drop(&mut self) {
+        if self.pid > 1 {
+            // PID 1 of a namespace dies only of SIGKILL from outside; everything in the
+            // namespace dies with it.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(self.pid).unwrap_or(0)),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.unshare.kill();
+        let _ = self.unshare.wait();
+        // The control groups systemd made, deepest first, once their processes are gone.
+        let _ = wait_until(Duration::from_secs(5), || {
+            let made: Vec<PathBuf> = cgroup_dirs()
+                .difference(&self.cgroups_before)
+                .cloned()
+                .collect();
+            for dir in made.iter().rev() {
+                let _ = std::fs::remove_dir(dir);
+            }
+            cgroup_dirs().difference(&self.cgroups_before).count() == 0
+        });
+    }
+}
+
+/// Every control group directory (all hierarchies), sorted so that parents come first.
+fn cgroup_dirs() -> BTreeSet<PathBuf> {
+    fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                out.insert(entry.path());
+                walk(&entry.path(), out);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(Path::new("/sys/fs/cgroup"), &mut out);
+    out
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn scheduler_of(disk: &LoopDevice) -> String {
+    let path = format!("/sys/block/{}/queue/scheduler", disk.name());
+    let line = read(Path::new(&path));
+    line.split_whitespace()
+        .find(|s| s.starts_with('['))
+        .map(|s| s.trim_matches(['[', ']']).to_owned())
+        .unwrap_or_default()
+}
+
+/// The optional parts that are on, by name.
+fn switched_on(status: &serde_json::Value) -> Vec<String> {
+    status["capabilities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["on"] == true)
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `abissctl status --json` of an abissd started by hand, outside any unit.
+fn plain_daemon_status() -> serde_json::Value {
+    let daemon = abiss_tests::Daemon::start();
+    let output = daemon.ctl(["status", "--json"]);
+    assert!(output.status.success(), "{}", text(&output));
+    serde_json::from_slice(&output.stdout).expect("status JSON")
+}
+
+fn write_config(etc: &Path, device: &Path, share: &str) {
+    std::fs::write(
+        etc.join("abiss/abissd.toml"),
+        format!(
+            "device = [\"{}\"]\ncapacity = \"20MB/s\"\nrealtime_share = {share}\n",
+            device.display()
+        ),
+    )
+    .expect("write the configuration");
+}
+
+/// The installed tree: `cargo xtask install` into a scratch prefix.
+struct Installed {
+    prefix: PathBuf,
+    etc: PathBuf,
+    units: PathBuf,
+}
+
+fn install(root: &Path) -> Installed {
+    let installed = Installed {
+        prefix: root.join("prefix"),
+        etc: root.join("etc"),
+        units: root.join("units"),
+    };
+    let bin_dir = binary("abissd").parent().unwrap().to_owned();
+    let output = Command::new(binary("xtask"))
+        .arg("install")
+        .arg("--from")
+        .arg(&bin_dir)
+        .arg("--prefix")
+        .arg(&installed.prefix)
+        .arg("--sysconfdir")
+        .arg(&installed.etc)
+        .arg("--unitdir")
+        .arg(&installed.units)
+        .output()
+        .expect("run xtask install");
+    assert!(output.status.success(), "xtask install: {}", text(&output));
+    installed
+}
+
+#[test]
+fn install_puts_a_library_with_soname_and_pkg_config_file() {
+    require_root!();
+    let root = Scratch::new_in(env!("CARGO_TARGET_TMPDIR"), "install");
+    let installed = install(root.path());
+    for file in [
+        "sbin/abissd",
+        "bin/abissctl",
+        "include/abiss.h",
+        "lib/libabiss.a",
+    ] {
+        assert!(installed.prefix.join(file).exists(), "{file} not installed");
+    }
+    let soname = Command::new("readelf")
+        .arg("-d")
+        .arg(installed.prefix.join("lib/libabiss.so"))
+        .output()
+        .expect("readelf");
+    assert!(
+        text(&soname).contains("Library soname: [libabiss.so.0]"),
+        "{}",
+        text(&soname)
+    );
+    // A C program built the way users build: pkg-config for the flags, linked to the SONAME.
+    let pc_dir = installed.prefix.join("lib/pkgconfig");
+    let flags = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "abiss"])
+        .env("PKG_CONFIG_PATH", &pc_dir)
+        .output()
+        .expect("pkg-config");
+    assert!(flags.status.success(), "pkg-config: {}", text(&flags));
+    let program = root.path().join("probe");
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../abiss-c/examples/probe.c");
+    let mut cc = Command::new("cc");
+    cc.arg(&example).arg("-o").arg(&program);
+    cc.args(String::from_utf8_lossy(&flags.stdout).split_whitespace());
+    let built = cc.output().expect("cc");
+    assert!(built.status.success(), "cc: {}", text(&built));
+    let needed = Command::new("readelf")
+        .arg("-d")
+        .arg(&program)
+        .output()
+        .expect("readelf");
+    assert!(
+        text(&needed).contains("Shared library: [libabiss.so.0]"),
+        "{}",
+        text(&needed)
+    );
+    // `man abissctl` finds the installed page, and bash loads the installed completion.
+    let man = Command::new("man")
+        .arg("-M")
+        .arg(installed.prefix.join("share/man"))
+        .args(["-w", "abissctl"])
+        .output()
+        .expect("man");
+    assert!(
+        text(&man).contains("man1/abissctl.1"),
+        "man -w abissctl: {}",
+        text(&man)
+    );
+    let completion = installed
+        .prefix
+        .join("share/bash-completion/completions/abissctl");
+    let bash = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; complete -p abissctl",
+            completion.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        text(&bash).contains("abissctl"),
+        "the bash completion is not registered: {}",
+        text(&bash)
+    );
+    // The configuration is written once; installing again keeps the operator's.
+    let config = installed.etc.join("abiss/abissd.toml");
+    std::fs::write(&config, "capacity = \"25MB/s\"\n").unwrap();
+    let _ = install(root.path());
+    assert_eq!(read(&config), "capacity = \"25MB/s\"\n");
+    let unit = read(&installed.units.join("abissd.service"));
+    assert!(unit.contains(&format!(
+        "ExecStart={}/sbin/abissd --config {}",
+        installed.prefix.display(),
+        config.display()
+    )));
+}
+
+#[test]
+#[expect(clippy::too_many_lines, reason = "one service life, step by step")]
+fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
+    require_root!();
+    assert!(
+        Path::new(SYSTEMD).exists(),
+        "{SYSTEMD} is missing: `cargo xtask setup` installs systemd"
+    );
+    let root = Scratch::new_in(env!("CARGO_TARGET_TMPDIR"), "service");
+    let installed = install(root.path());
+    prepare_units(&installed.units);
+    let disk = LoopDevice::new_in("/dev/shm", 128);
+    disk.set_scheduler("none");
+    let mount = Ext4Mount::new(disk);
+    let media = mount.path().join("media.bin");
+    std::fs::write(&media, vec![7u8; 16 << 20]).unwrap();
+    let device = mount.device().path().to_owned();
+    write_config(&installed.etc, &device, "80");
+
+    let manager = ServiceManager::boot(&installed.units, &root.path().join("systemd.log"));
+    // Type=notify: start returns once abissd said READY=1, after it took the disk.
+    manager.systemctl_ok(&["start", "abissd"]);
+    assert_eq!(manager.property("abissd", "ActiveState"), "active");
+    assert_eq!(scheduler_of(mount.device()), "mq-deadline");
+    let status = manager.abissctl(&["status", "--json"]);
+    assert!(status.status.success(), "status: {}", text(&status));
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(
+        report["devices"][0]["realtime_share_percent"], 80,
+        "{report}"
+    );
+    // The hardening costs no optional part: the service has what a daemon started by hand
+    // has on this kernel (reading kernel addresses needed CAP_SYSLOG, found this way).
+    assert_eq!(
+        switched_on(&report),
+        switched_on(&plain_daemon_status()),
+        "{report}"
+    );
+
+    // A stream works under every hardening option: prefetch through io_uring at the
+    // stream's priority, buffers locked in memory.
+    let media_arg = media.to_string_lossy().into_owned();
+    let attach = manager.abissctl(&["attach", &media_arg, "--rate", "1MB/s", "--json"]);
+    assert!(
+        attach.status.success(),
+        "attach: {}\n{}",
+        text(&attach),
+        manager.journal()
+    );
+    let loaded = wait_until(Duration::from_secs(10), || {
+        let list = manager.abissctl(&["list", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&list.stdout)
+            .ok()
+            .and_then(|v| v[0]["resident_bytes"].as_u64())
+            .is_some_and(|bytes| bytes > 0)
+    });
+    assert!(
+        loaded,
+        "the stream's window was never loaded\n{}",
+        manager.journal()
+    );
+    // Not checked here: raising a reader that misses. The eBPF side reports thread ids of the
+    // initial PID namespace, and this test's abissd lives in the namespace of its systemd, so
+    // it cannot find them (a gap of abissd in any PID namespace, noted on the issue).
+
+    // Reload: the file is read again and the new share applies at once.
+    write_config(&installed.etc, &device, "50");
+    manager.systemctl_ok(&["reload", "abissd"]);
+    let share = wait_until(Duration::from_secs(5), || {
+        let status = manager.abissctl(&["status", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&status.stdout)
+            .is_ok_and(|v| v["devices"][0]["realtime_share_percent"] == 50)
+    });
+    assert!(share, "the reload did not apply\n{}", manager.journal());
+
+    // Log lines reach the journal with their level: info is priority 6, and the `<6>` prefix
+    // journald reads is not left in the message.
+    let journal = manager.journal();
+    let reloaded = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| {
+            v["MESSAGE"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("reloaded:"))
+        })
+        .unwrap_or_else(|| panic!("no reload line in the journal:\n{journal}"));
+    assert_eq!(reloaded["PRIORITY"], "6", "{reloaded}");
+
+    // kill -9: systemd restarts abissd, which first puts back what the dead one left.
+    let before = manager.property("abissd", "MainPID");
+    manager.systemctl_ok(&["kill", "-s", "KILL", "abissd"]);
+    let restarted = wait_until(Duration::from_secs(20), || {
+        manager.property("abissd", "NRestarts") == "1"
+            && manager.property("abissd", "ActiveState") == "active"
+            && manager.property("abissd", "MainPID") != before
+    });
+    assert!(restarted, "abissd was not restarted\n{}", manager.journal());
+    assert!(
+        manager
+            .journal()
+            .contains("left managed by a daemon that did not exit cleanly"),
+        "the restarted daemon did not restore the disk first\n{}",
+        manager.journal()
+    );
+    assert!(manager.abissctl(&["status"]).status.success());
+    // How exposed the unit is, by systemd's own measure (a figure for the log).
+    let exposure = manager.run(
+        Path::new("/bin/systemd-analyze"),
+        &["security", "--no-pager", "abissd.service"],
+    );
+    println!(
+        "{}",
+        text(&exposure)
+            .lines()
+            .filter(|l| l.contains("Overall exposure"))
+            .collect::<String>()
+    );
+    println!("journal of abissd:\n{}", manager.journal());
+
+    // Stop: the disk gets its elevator back.
+    manager.systemctl_ok(&["stop", "abissd"]);
+    assert_eq!(manager.property("abissd", "ActiveState"), "inactive");
+    assert_eq!(scheduler_of(mount.device()), "none");
+
+    // A broken configuration fails the start with its own exit code, and is not restarted.
+    std::fs::write(
+        installed.etc.join("abiss/abissd.toml"),
+        "realtime_share = 99\n",
+    )
+    .unwrap();
+    let started = manager.systemctl(&["start", "abissd"]);
+    assert!(
+        !started.status.success(),
+        "started with a broken configuration"
+    );
+    assert_eq!(manager.property("abissd", "ExecMainStatus"), "18");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(manager.property("abissd", "ActiveState"), "failed");
+    assert_eq!(manager.property("abissd", "NRestarts"), "0");
+    drop(manager);
+    assert_eq!(scheduler_of(mount.device()), "none");
+}
