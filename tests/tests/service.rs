@@ -304,6 +304,35 @@ fn install(root: &Path) -> Installed {
     installed
 }
 
+/// `man abissctl` finds the installed page, and bash loads the installed completion.
+fn assert_docs_installed(prefix: &Path) {
+    let man = Command::new("man")
+        .arg("-M")
+        .arg(prefix.join("share/man"))
+        .args(["-w", "abissctl"])
+        .output()
+        .expect("man");
+    assert!(
+        text(&man).contains("man1/abissctl.1"),
+        "man -w abissctl: {}",
+        text(&man)
+    );
+    let completion = prefix.join("share/bash-completion/completions/abissctl");
+    let bash = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source {}; complete -p abissctl",
+            completion.display()
+        ))
+        .output()
+        .expect("bash");
+    assert!(
+        text(&bash).contains("abissctl"),
+        "the bash completion is not registered: {}",
+        text(&bash)
+    );
+}
+
 #[test]
 fn install_puts_a_library_with_soname_and_pkg_config_file() {
     require_root!();
@@ -352,34 +381,7 @@ fn install_puts_a_library_with_soname_and_pkg_config_file() {
         "{}",
         text(&needed)
     );
-    // `man abissctl` finds the installed page, and bash loads the installed completion.
-    let man = Command::new("man")
-        .arg("-M")
-        .arg(installed.prefix.join("share/man"))
-        .args(["-w", "abissctl"])
-        .output()
-        .expect("man");
-    assert!(
-        text(&man).contains("man1/abissctl.1"),
-        "man -w abissctl: {}",
-        text(&man)
-    );
-    let completion = installed
-        .prefix
-        .join("share/bash-completion/completions/abissctl");
-    let bash = Command::new("bash")
-        .arg("-c")
-        .arg(format!(
-            "source {}; complete -p abissctl",
-            completion.display()
-        ))
-        .output()
-        .expect("bash");
-    assert!(
-        text(&bash).contains("abissctl"),
-        "the bash completion is not registered: {}",
-        text(&bash)
-    );
+    assert_docs_installed(&installed.prefix);
     // The configuration is written once; installing again keeps the operator's.
     let config = installed.etc.join("abiss/abissd.toml");
     std::fs::write(&config, "capacity = \"25MB/s\"\n").unwrap();
