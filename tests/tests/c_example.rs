@@ -53,7 +53,15 @@ fn library_dir() -> PathBuf {
         .filter_map(|name| name.as_str().map(PathBuf::from))
         .find(|name| name.file_name().is_some_and(|n| n == "libabiss.so"))
         .expect("cargo reported no libabiss.so");
-    library.parent().expect("library dir").to_path_buf()
+    let dir = library.parent().expect("library dir").to_path_buf();
+    // Programs record the library's SONAME, libabiss.so.0, and look for that name at run
+    // time; cargo makes only libabiss.so, so give the build tree the link ldconfig would make
+    // in an installed tree (`cargo xtask install` makes it there).
+    let soname = dir.join("libabiss.so.0");
+    if std::fs::symlink_metadata(&soname).is_err() {
+        std::os::unix::fs::symlink("libabiss.so", &soname).expect("link libabiss.so.0");
+    }
+    dir
 }
 
 /// `play` and `probe`, compiled into a scratch directory against the header and library.
