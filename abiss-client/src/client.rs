@@ -354,6 +354,10 @@ impl Client {
             if stream.locked_bytes >= window {
                 return Ok(true);
             }
+            // Started on less credit than its fill: it loads at its rate from here.
+            if stream.start_limited {
+                return Ok(false);
+            }
             if std::time::Instant::now() >= deadline {
                 return Ok(false);
             }

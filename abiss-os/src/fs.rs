@@ -1,14 +1,17 @@
-//! Replacing a file whole.
+//! Replacing a file whole, and checking that a directory root keeps state in is root's alone.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Writes `contents` to `path` so that a crash leaves either the old file or the whole new
 /// one: a temporary file beside it, synced, renamed over it, and the directory synced.
 ///
-/// The temporary file is created anew (`O_EXCL`), so a symbolic link planted at its name is
-/// never followed; a leftover temporary file from a crash is removed first.
+/// The temporary file is created anew (`O_CREAT | O_EXCL | O_NOFOLLOW`, mode 0644), so a
+/// symbolic link planted at its name is never followed; a leftover temporary file from a crash
+/// is removed first (a link is removed, not followed). `rename` replaces a link at `path`
+/// itself, never its target.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     replace_via_temporary(path, contents, true)
 }
@@ -29,6 +32,8 @@ fn replace_via_temporary(path: &Path, contents: &[u8], durable: bool) -> io::Res
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&temporary)?;
     let written = file
         .write_all(contents)
@@ -43,6 +48,53 @@ fn replace_via_temporary(path: &Path, contents: &[u8], durable: bool) -> io::Res
         .filter(|dir| durable && !dir.as_os_str().is_empty())
     {
         File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` (mode 0755) if it is missing, then checks that only root (or this process's
+/// user) can change what is in it: it and every directory above it are owned by root or by
+/// this process's effective user, and none is writable by group or others unless it is
+/// sticky, as `/tmp` is (then nobody else can rename or remove what is in it). A process
+/// that restores settings as root from a directory someone else could write would let them
+/// choose the settings. The error is one sentence naming the directory and the fix.
+pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+    if !dir.exists() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)?;
+    }
+    let dir = fs::canonicalize(dir)?;
+    let me = nix::unistd::geteuid().as_raw();
+    for ancestor in dir.ancestors() {
+        let meta = fs::metadata(ancestor)?;
+        let unsafe_dir = |why: String| {
+            Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "{} {why}, so another user could plant or change the state kept in {}; {}",
+                    ancestor.display(),
+                    dir.display(),
+                    if ancestor == dir {
+                        "make it root's and not writable by group or others (chown root: and chmod go-w), or choose another directory"
+                    } else {
+                        "choose a directory under root-owned directories"
+                    }
+                ),
+            ))
+        };
+        let (owner, mode) = (meta.uid(), meta.mode());
+        if owner != 0 && owner != me {
+            return unsafe_dir(format!("belongs to uid {owner}, not root"));
+        }
+        let sticky = mode & 0o1000 != 0 && ancestor != dir;
+        if mode & 0o022 != 0 && !sticky {
+            return unsafe_dir(format!(
+                "is writable by group or others (mode {:04o})",
+                mode & 0o7777
+            ));
+        }
     }
     Ok(())
 }
@@ -72,6 +124,34 @@ mod tests {
         write_atomically(&path, b"second").expect("rewrite");
         assert_eq!(fs::read(&path).expect("read"), b"second");
         assert_eq!(fs::read_dir(&dir).expect("dir").count(), 1);
+        fs::remove_dir_all(dir).expect("cleanup");
+    }
+
+    #[test]
+    fn a_directory_others_can_write_is_not_private() {
+        let dir = scratch("private");
+        let state = dir.join("state");
+        ensure_private_dir(&state).expect("a fresh directory is private");
+        assert_eq!(fs::metadata(&state).expect("made").mode() & 0o777, 0o755);
+        fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .expect("chmod");
+        let error = ensure_private_dir(&state).unwrap_err().to_string();
+        assert!(
+            error.contains("writable by group or others (mode 0777)"),
+            "{error}"
+        );
+        // A sticky directory above (like /tmp) is fine; the state directory itself is not.
+        fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o1777))
+            .expect("chmod");
+        assert!(ensure_private_dir(&state).is_err());
+        fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        if nix::unistd::geteuid().is_root() {
+            nix::unistd::chown(&state, Some(nix::unistd::Uid::from_raw(65534)), None)
+                .expect("chown");
+            let error = ensure_private_dir(&state).unwrap_err().to_string();
+            assert!(error.contains("belongs to uid 65534"), "{error}");
+        }
         fs::remove_dir_all(dir).expect("cleanup");
     }
 

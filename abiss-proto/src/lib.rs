@@ -314,6 +314,10 @@ pub struct StreamInfo {
     /// Advice when the stream keeps missing: a larger buffer, say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suggestion: Option<String>,
+    /// The owner's start-up allowance could not cover the first fill: the window fills at
+    /// the stream's rate, so waiting for it to be loaded is pointless.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub start_limited: bool,
 }
 
 /// A task that reads a stream's file.
@@ -658,9 +662,55 @@ pub fn decode_line<T: for<'de> Deserialize<'de>>(line: &[u8]) -> Result<T, WireE
     serde_json::from_slice(line.trim_ascii_end()).map_err(|source| WireError::Malformed { source })
 }
 
+/// Why a request line is not a request of this protocol version.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    /// The line is not a message, or not a request.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The client speaks another protocol version (whatever its request looks like).
+    #[error("the client speaks protocol {0} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd")]
+    OtherVersion(u32),
+}
+
+/// Decodes a request line, checking its version before its request: a request kind or
+/// field of another protocol version is that version's, not a malformed message.
+pub fn decode_envelope(line: &[u8]) -> Result<Envelope, EnvelopeError> {
+    /// Only the version; serde skips the rest, whatever it is.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        version: u32,
+    }
+    let VersionOnly { version } = decode_line(line)?;
+    if version != PROTOCOL_VERSION {
+        return Err(EnvelopeError::OtherVersion(version));
+    }
+    Ok(decode_line(line)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_version_is_told_before_its_request_is_read() {
+        let line = br#"{"version":999,"request":{"kind":"teleport","to":"mars"}}"#;
+        assert!(matches!(
+            decode_envelope(line),
+            Err(EnvelopeError::OtherVersion(999))
+        ));
+        let line = format!(r#"{{"version":{PROTOCOL_VERSION},"request":{{"kind":"teleport"}}}}"#);
+        assert!(matches!(
+            decode_envelope(line.as_bytes()),
+            Err(EnvelopeError::Wire(WireError::Malformed { .. }))
+        ));
+        let hello = encode_line(&Envelope::new(Request::Hello)).unwrap();
+        assert_eq!(decode_envelope(&hello).unwrap().request, Request::Hello);
+        assert!(matches!(
+            decode_envelope(br#"{"request":{"kind":"hello"}}"#),
+            Err(EnvelopeError::Wire(_))
+        ));
+    }
 
     #[test]
     fn requests_round_trip_through_a_line() {

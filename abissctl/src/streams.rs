@@ -57,7 +57,9 @@ pub fn attach(
     let info = client.attach(&file, parameters.request(true))?;
     // The stream is ready when its playout buffer is loaded: readers started after this
     // command find their first buffer in memory.
-    client.wait_loaded(info.id, std::time::Duration::from_secs(10))?;
+    if !client.wait_loaded(info.id, std::time::Duration::from_secs(10))? {
+        eprintln!("{}", not_loaded(client, info.id));
+    }
     if json {
         println!("{}", serde_json::to_string(&info).unwrap_or_default());
     } else {
@@ -95,6 +97,23 @@ pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
 
 /// Attaches `path` for as long as `command` runs; returns the command's exit code, or 128 + N
 /// when signal N killed it (as a shell reports it).
+/// Why an attached stream's window is not loaded yet, in one sentence.
+fn not_loaded(client: &mut Client, id: u64) -> String {
+    let limited = client
+        .list()
+        .ok()
+        .and_then(|streams| streams.into_iter().find(|s| s.id == id))
+        .is_some_and(|s| s.start_limited);
+    if limited {
+        format!(
+            "abissctl: stream {id}: your start-up allowance is used up (too many attaches \
+             lately), so its window fills at the stream's rate, not at once"
+        )
+    } else {
+        format!("abissctl: stream {id}: its window is not loaded yet after 10 s; the disk is slow")
+    }
+}
+
 pub fn run(
     client: &mut Client,
     path: &Path,
@@ -107,7 +126,9 @@ pub fn run(
     };
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
-    client.wait_loaded(info.id, std::time::Duration::from_secs(10))?;
+    if !client.wait_loaded(info.id, std::time::Duration::from_secs(10))? {
+        eprintln!("{}", not_loaded(client, info.id));
+    }
     let status = supervise(program, args)?;
     let _ = client.detach(StreamTarget::Id(info.id));
     Ok(status

@@ -27,6 +27,7 @@
 //! | an empty BPF program: the floor of the kernel's BPF statistics | [`empty_program`] |
 //! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
 //! | admission control's predictions against measured misses | [`admission`] |
+//! | the soak: attach/detach cycles by four users, abissd killed on the way, what is left | [`soak`] |
 //! | results as JSON and Markdown under `bench/results/` | [`report`] |
 //! | SVG charts of the results | [`chart`] |
 
@@ -46,6 +47,7 @@ pub mod overhead;
 pub mod reference;
 pub mod report;
 pub mod schedule;
+pub mod soak;
 pub mod sweep;
 pub mod throughput;
 pub mod trial;

@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{admission, interrupt, overhead, reference, sweep, upgrades};
+use abiss_bench::{admission, interrupt, overhead, reference, soak, sweep, upgrades};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -25,6 +25,12 @@ enum Command {
     /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
     /// with admission off (admission.json, .md, .svg).
     Admission(admission::AdmissionArgs),
+    /// Attach/detach cycles by root and three unprivileged users at once, abissd killed and
+    /// restarted on the way; then what is left over (soak.json, .md, .svg).
+    Soak(soak::SoakArgs),
+    /// One user's cycles of `soak` (started by it).
+    #[command(hide = true)]
+    SoakWorker(soak::WorkerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,5 +42,7 @@ fn main() -> anyhow::Result<()> {
         Command::Overhead(args) => overhead::run(&args),
         Command::Upgrades(args) => upgrades::run(&args),
         Command::Admission(args) => admission::run(&args),
+        Command::Soak(args) => soak::run(&args),
+        Command::SoakWorker(args) => soak::worker(&args),
     }
 }

@@ -18,6 +18,7 @@
 //! | latency histograms: [`HistogramKey`], [`LatencyCounters`], [`latency_slot`] | crate root |
 //! | requests in flight and completed: [`InflightRequest`], [`RequestOrigin`], [`RequestEvent`] | crate root |
 //! | attached files and what tasks do with them: [`FileKey`], [`AttachedFile`], [`PlayoutEvent`], [`UringSubmission`] | crate root |
+//! | threads abissd raised, and the tasks they made since ([`RaisedThread`], [`ForkEvent`], [`raised_flags`]) | crate root |
 //! | a request record's life cycle | [`request_state`] |
 //! | which disks the block programs follow, managed or traced (values of the `DISKS` map) | [`disk_flags`] |
 //! | kinds of [`PlayoutEvent`] | [`playout_kind`] |
@@ -76,7 +77,9 @@ pub mod disk_flags {
     pub const TRACED: u32 = 2;
 }
 
-/// Distinct (device, operation, priority) histogram keys kept.
+/// Distinct (device, operation, priority, stream) histogram keys kept. abissd folds the keys
+/// of an ended stream into their stream-less key, so the map holds the live streams' keys
+/// and not those of every stream ever attached.
 pub const MAX_HISTOGRAM_KEYS: u32 = 4_096;
 
 /// Size of the ring buffer that carries per-request events to user space, in bytes.
@@ -109,7 +112,40 @@ pub struct AttachedFile {
     /// ABISS priority level of the stream.
     pub level: u8,
     /// Padding.
-    pub pad: [u8; 7],
+    pub pad: [u8; 3],
+    /// The user whose reads and faults of the file are reported (the stream's owner), or
+    /// [`ANY_READER`]. Reads by other users steer nothing in abissd, so the page-cache programs
+    /// do not spend the shared `PLAYOUT` ring on them: one user reading another's attached file
+    /// in a tight loop would otherwise crowd every stream's misses out of the ring.
+    pub reader_uid: u32,
+}
+
+/// [`AttachedFile::reader_uid`] of a stream whose every reader is reported (root's streams:
+/// root attaches files for services that read them under their own users).
+pub const ANY_READER: u32 = u32::MAX;
+
+impl AttachedFile {
+    /// Stream `stream` at ABISS `level`, whose reads by `reader_uid` are reported.
+    #[must_use]
+    pub const fn new(stream: u64, level: u8, reader_uid: u32) -> Self {
+        Self {
+            stream,
+            level,
+            pad: [0; 3],
+            reader_uid,
+        }
+    }
+
+    /// Whether a read by user `uid` is reported.
+    #[must_use]
+    #[expect(
+        clippy::inline_always,
+        reason = "called from eBPF programs, where a call that is not inlined costs a call frame"
+    )]
+    #[inline(always)]
+    pub const fn reports(&self, uid: u32) -> bool {
+        self.reader_uid == ANY_READER || self.reader_uid == uid
+    }
 }
 
 /// What a task did with an attached file ([`PlayoutEvent::kind`]).
@@ -245,6 +281,10 @@ pub struct KernelLayout {
     pub kiocb_filp: u32,
     /// `struct task_struct.flags`
     pub task_flags: u32,
+    /// `struct task_struct.pid` (the thread id)
+    pub task_pid: u32,
+    /// `struct task_struct.io_context` (a child made with `CLONE_IO` shares its parent's)
+    pub task_io_context: u32,
     /// Padding.
     pub pad: u32,
     /// Address of `iomap_dio_bio_end_io` (from `/proc/kallsyms`), zero if unknown: a bio
@@ -282,6 +322,8 @@ impl KernelLayout {
         iomap_dio_iocb: 0,
         kiocb_filp: 0,
         task_flags: 0,
+        task_pid: 0,
+        task_io_context: 0,
         pad: 0,
         iomap_dio_end_io: 0,
     };
@@ -305,8 +347,63 @@ pub struct Control {
     /// Number of entries in `DISKS`; while it and `trace_all` are zero the block programs
     /// return without looking up the request's disk.
     pub listed_disks: u32,
+    /// Number of threads abissd has raised (its entries in `RAISED`); while zero the fork
+    /// program is detached, and returns at once should it run.
+    pub raised_threads: u32,
+}
+
+/// Threads followed for forks at once: those abissd raised and the tasks they made that it
+/// has not put back yet.
+pub const MAX_RAISED: u32 = 8_192;
+
+/// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
+/// 1638 [`ForkEvent`]s (32 bytes and the ring's 8-byte header each) between two reads by
+/// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
+/// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
+/// it going on).
+pub const FORK_RING_BYTES: u32 = 64 << 10;
+
+/// What a [`RaisedThread`] entry is.
+pub mod raised_flags {
+    /// Made by a raised thread (or by such a task) since its raise, and found by the fork
+    /// program; abissd writes entries without it, for the threads it raises itself.
+    pub const INHERITED: u32 = 1;
+    /// Made with `CLONE_IO`: it shares its parent's I/O context, and so its priority, which
+    /// goes back when the parent's does (an `io_uring` worker, say). Putting it back alone
+    /// would put back the parent too.
+    pub const SHARES_IO_CONTEXT: u32 = 2;
+}
+
+/// A thread whose new tasks the fork program follows (the values of the `RAISED` map, keyed by
+/// thread id): a thread abissd raised, or a task such a thread made (and so may have
+/// inherited the raise) that abissd has not put back yet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaisedThread {
+    /// Thread id of the thread abissd raised, whose raise this is.
+    pub root: u32,
+    /// Its I/O priority before the raise (encoded), what a task made since is put back to.
+    pub previous: u16,
+    /// The priority abissd set (encoded): a task made since that still has it inherited it.
+    pub applied: u16,
+    /// See [`raised_flags`].
+    pub flags: u32,
     /// Padding.
     pub pad: u32,
+}
+
+/// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ForkEvent {
+    /// When (`bpf_ktime_get_ns`).
+    pub ts_ns: u64,
+    /// Thread id of the task that made it.
+    pub parent: u32,
+    /// Thread id of the new task.
+    pub child: u32,
+    /// Its entry in `RAISED`, as the fork program wrote it ([`raised_flags::INHERITED`] set).
+    pub raise: RaisedThread,
 }
 
 /// Kernel block operation (`REQ_OP_*`, the low 8 bits of `cmd_flags`).
@@ -409,6 +506,24 @@ impl LatencyCounters {
     };
 }
 
+impl LatencyCounters {
+    /// Adds `other`'s counts to these (and keeps the longer maxima): a histogram that covers
+    /// both.
+    pub fn add(&mut self, other: &Self) {
+        self.requests += other.requests;
+        self.bytes += other.bytes;
+        self.queue_max_ns = self.queue_max_ns.max(other.queue_max_ns);
+        self.service_max_ns = self.service_max_ns.max(other.service_max_ns);
+        self.inversions += other.inversions;
+        for (sum, slot) in self.queue_slots.iter_mut().zip(other.queue_slots) {
+            *sum += slot;
+        }
+        for (sum, slot) in self.service_slots.iter_mut().zip(other.service_slots) {
+            *sum += slot;
+        }
+    }
+}
+
 impl Default for LatencyCounters {
     fn default() -> Self {
         Self::ZERO
@@ -503,10 +618,14 @@ mod pod {
     unsafe impl aya::Pod for super::AttachedFile {}
     unsafe impl aya::Pod for super::PlayoutEvent {}
     unsafe impl aya::Pod for super::UringSubmission {}
+    unsafe impl aya::Pod for super::RaisedThread {}
+    unsafe impl aya::Pod for super::ForkEvent {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
-const _: () = assert!(core::mem::size_of::<KernelLayout>() == 28 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 16);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 32);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

@@ -7,14 +7,15 @@
 //! priority, stream). They report reads, faults, page-cache misses and `io_uring` requests on
 //! attached files to the daemon. The daemon reads the maps and decides.
 //!
-//! Ten programs on BTF tracepoints, by subsystem; the subsystem modules use `maps` and `kernel`
-//! and never each other:
+//! Eleven programs on BTF tracepoints, by subsystem; the subsystem modules use `maps` and
+//! `kernel` and never each other:
 //!
 //! | module | what |
 //! | --- | --- |
 //! | `block` | `block_rq_insert`, `block_rq_issue`, `block_rq_complete`, `block_rq_merge`, `block_rq_requeue`: requests on followed disks (managed, or all while a client traces every disk) traced, tagged, added to the latency histograms and sent as events |
 //! | `page_cache` | `mm_filemap_get_pages`, `mm_filemap_fault`, `page_cache_sync_ra`: reads, faults and misses of attached files |
 //! | `io_uring` | `io_uring_submit_req`, `io_uring_complete`: `io_uring` requests on attached files |
+//! | `fork` | `sched_process_fork`: tasks made by threads abissd raised, for it to put back |
 //! | `kernel` | helpers shared by the subsystems: kernel field reads, the clock, inode and attached-file lookups, reporting to `PLAYOUT` |
 //! | `maps` | every map shared with abissd, and the `KERNEL_LAYOUT` global |
 //!
@@ -24,6 +25,7 @@
 #![no_main]
 
 mod block;
+mod fork;
 mod io_uring;
 mod kernel;
 mod maps;

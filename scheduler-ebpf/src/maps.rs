@@ -7,12 +7,13 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use scheduler_common::{
     AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
-    RequestOrigin, UringSubmission, EVENT_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS,
-    MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+    RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES,
+    MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED,
+    MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -69,3 +70,18 @@ pub(crate) static FILE_READERS: LruHashMap<u32, u64> =
 #[map]
 pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
     HashMap::with_max_entries(MAX_URING_INFLIGHT, 0);
+
+/// Threads whose new tasks the fork program follows, by thread id: those abissd raised
+/// (written by abissd) and the tasks they made that abissd has not put back yet (written by
+/// the fork program, deleted by abissd).
+#[map]
+pub(crate) static RAISED: HashMap<u32, RaisedThread> = HashMap::with_max_entries(MAX_RAISED, 0);
+
+/// Tasks made by followed threads, for abissd to put back.
+#[map]
+pub(crate) static FORKS: RingBuf = RingBuf::with_byte_size(FORK_RING_BYTES, 0);
+
+/// Tasks made by followed threads that could not be reported (the ring was full): abissd
+/// then looks for them in `RAISED`.
+#[map]
+pub(crate) static FORK_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);

@@ -4,7 +4,9 @@
 //!
 //! BTF tracepoints: `mm_filemap_get_pages`, `mm_filemap_fault`, `page_cache_sync_ra`.
 
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use aya_ebpf::{
+    helpers::bpf_get_current_uid_gid, macros::btf_tracepoint, programs::BtfTracePointContext,
+};
 use scheduler_common::{playout_kind, PlayoutEvent};
 
 use crate::kernel::{attached_stream, field, files_attached, layout, report_reader};
@@ -16,12 +18,23 @@ fn watching_files() -> bool {
     layout!(valid) != 0 && files_attached()
 }
 
-/// Tells abissd that a task other than abissd touched pages of an attached file.
+/// Tells abissd that a task other than abissd touched pages of an attached file, if the
+/// task's user is the one the stream follows (its owner; anyone for root's streams). Other
+/// users' reads steer nothing, and one of them reading in a tight loop would otherwise fill
+/// the shared ring with a record per read(2), so that other streams' misses find no room.
 #[inline(always)]
 fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     let Some(attached) = attached_stream(inode) else {
         return;
     };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the helper packs uid and gid"
+    )]
+    let uid = bpf_get_current_uid_gid() as u32;
+    if !attached.reports(uid) {
+        return;
+    }
     report_reader(PlayoutEvent {
         stream: attached.stream,
         first_page,

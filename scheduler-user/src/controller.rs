@@ -11,15 +11,16 @@ use abiss_proto::{
     StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
-use scheduler_common::AttachedFile;
+use scheduler_common::{AttachedFile, ANY_READER};
 
 use crate::disks::Disks;
-use crate::kernel_events::{Access, StreamAccess};
+use crate::kernel_events::{Access, Fork, StreamAccess};
+use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
-    check_file, check_parameters, Stream, StreamOwner, StreamTable, MAX_STREAMS,
+    check_file, check_parameters, Stream, StreamOwner, StreamStart, StreamTable, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
@@ -34,6 +35,8 @@ pub struct Controller {
     disks: Disks,
     upgrades: ReaderUpgrades,
     memory: LockedMemoryBudget,
+    /// Start-up credit of new streams, per user and shared.
+    burst: BurstAllowance,
 }
 
 impl Controller {
@@ -53,6 +56,8 @@ impl Controller {
             disks,
             upgrades,
             memory,
+            // Full buckets at any time: time 0 is long enough ago.
+            burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
         }
     }
 
@@ -147,6 +152,12 @@ impl Controller {
             uid: peer_uid,
             connection,
         };
+        let start = StreamStart {
+            now_ns,
+            credit_bytes: self
+                .burst
+                .grant(peer_uid, Stream::credit_limit_bytes(&request), now_ns),
+        };
         let (stream, actions) = Stream::new(
             id,
             owner,
@@ -154,13 +165,12 @@ impl Controller {
             file,
             disk.number,
             Arc::new(mapped),
-            now_ns,
+            start,
         );
-        let attached = AttachedFile {
-            stream: id,
-            level,
-            pad: [0; 7],
-        };
+        // Only the owner's reads steer the stream (root's: anyone's), so the kernel reports
+        // no others (see `on_access`).
+        let readers = if peer_uid == 0 { ANY_READER } else { peer_uid };
+        let attached = AttachedFile::new(id, level, readers);
         self.tracer
             .attach_file(key, attached)
             .map_err(|error| internal(&error))?;
@@ -186,7 +196,7 @@ impl Controller {
         if let Err(error) = self.tracer.detach_file(stream.key) {
             warn!("stream {id}: cannot forget its file in the kernel maps: {error}");
         }
-        self.upgrades.end_stream(id);
+        self.upgrades.end_stream(id, &mut self.tracer);
         info!("stream {id}: detached ({})", stream.path);
         // The mapping goes when the last in-flight load lets go of it; unmapping unlocks
         // anything those loads locked.
@@ -313,8 +323,9 @@ impl Controller {
             Access::Miss(range) => {
                 stream.misses += 1;
                 // Raise the reader first: the reads it waits for now are being queued.
-                self.upgrades
-                    .on_miss(stream.id, reader, event.at_ns, level, stream.owner_uid);
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
                 if !stream.newer_evidence(event.at_ns) {
@@ -325,8 +336,9 @@ impl Controller {
             Access::QueuedLow => {
                 // A reader's request queued below the stream's level (direct I/O, or
                 // readahead of a miss): raise it; where it reads is told by its reads.
-                self.upgrades
-                    .on_miss(stream.id, reader, event.at_ns, level, stream.owner_uid);
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
                 return;
             }
             Access::UringComplete { .. } => {
@@ -343,6 +355,11 @@ impl Controller {
             }
         };
         Self::execute(&mut self.prefetch, stream, actions);
+    }
+
+    /// A raised thread made a task, which started with its raise.
+    pub fn on_fork(&mut self, fork: &Fork) {
+        self.upgrades.on_fork(fork);
     }
 
     /// A load finished.
@@ -363,10 +380,12 @@ impl Controller {
             }
             LoadOutcome::Cancelled => {}
             LoadOutcome::Failed(error) => {
-                warn!(
-                    "stream {}: loading {:?} failed: {error}",
-                    stream.id, done.range
-                );
+                if let Some(since) = stream.log_load_failure(abiss_os::clock::monotonic_ns()) {
+                    warn!(
+                        "stream {}: loading {:?} failed: {error} ({since} more failed since the last line; one a minute is logged)",
+                        stream.id, done.range
+                    );
+                }
                 stream.playout.on_failed(&done.range, done.generation);
             }
         }
@@ -391,7 +410,7 @@ impl Controller {
 
     /// Time passed: credit accrued for every stream, idle raises put back.
     pub fn tick(&mut self, now_ns: u64) {
-        self.upgrades.expire(now_ns);
+        self.upgrades.expire(now_ns, &mut self.tracer);
         for stream in self.streams.iter_mut() {
             let actions = stream.playout.on_tick(now_ns);
             Self::execute(&mut self.prefetch, stream, actions);
@@ -404,7 +423,7 @@ impl Controller {
         for id in ids {
             self.end_stream(id);
         }
-        self.upgrades.shutdown();
+        self.upgrades.shutdown(&mut self.tracer);
         // Workers finish their in-flight loads; then the mappings go and the devices are
         // restored (ManagedDevice restores on drop).
         drop(self.prefetch);

@@ -23,11 +23,12 @@ use crate::capabilities::Feature;
 use crate::controller::Controller;
 use crate::device::{DeviceConfig, DeviceError};
 use crate::disks::{AdmissionSettings, Disks, TakeError};
-use crate::kernel_events::{decode_access, decode_request, StreamAccess};
+use crate::kernel_events::{decode_access, decode_fork, decode_request, Fork, StreamAccess};
 use crate::kernel_layout::{self, KernelSupport, LayoutError};
 use crate::policy::memory::LockedMemoryBudget;
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
+use crate::raised_forks::RaisedForks;
 use crate::server::{serve_connection, Command, Context};
 use crate::socket::{ControlSocket, SocketError};
 use crate::tracer::{BlockTracer, TracerError};
@@ -99,6 +100,15 @@ pub enum DaemonError {
     /// The metrics address could not be taken.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    /// The state directory is missing and cannot be made, or others could write to it.
+    #[error("cannot keep state in {path}: {source}")]
+    StateDir {
+        /// The `--state-dir`.
+        path: PathBuf,
+        /// Why, one sentence.
+        #[source]
+        source: std::io::Error,
+    },
     /// Anything else.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -119,6 +129,7 @@ impl DaemonError {
             Self::Device(_) => 16,
             Self::Model(_) => 17,
             Self::Metrics(_) => 19,
+            Self::StateDir { .. } => 20,
         }
     }
 }
@@ -172,7 +183,8 @@ struct Inputs {
     commands: mpsc::Receiver<Command>,
     loads: mpsc::UnboundedReceiver<LoadDone>,
     accesses: mpsc::UnboundedReceiver<StreamAccess>,
-    pumps: [tokio::task::JoinHandle<()>; 2],
+    forks: mpsc::UnboundedReceiver<Fork>,
+    pumps: [tokio::task::JoinHandle<()>; 3],
     sigint: Signal,
     sigterm: Signal,
     sighup: Signal,
@@ -261,16 +273,26 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         .map(crate::metrics::MetricsListener::bind)
         .transpose()?;
     let socket = ControlSocket::bind(&config.socket)?;
+    // Everything in the state directory is restored as root: it must be root's alone.
+    abiss_os::fs::ensure_private_dir(&config.state_dir).map_err(|source| {
+        DaemonError::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        }
+    })?;
+    // Before the disks: a disk that cannot be taken (exit 16, 17) must not leave the readers
+    // a crashed daemon raised at real-time priority.
+    crate::upgrades::restore_leftovers(&config.state_dir);
     let disks = Disks::take(
         &config.devices,
         &config.device_config,
         admission_settings(config),
     )?;
-    crate::upgrades::restore_leftovers(&config.state_dir);
     let mut tracer = BlockTracer::load(&layout, &config.btf, &off)?;
     tracer.set_managed_disks(&disks.numbers())?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
+    let (upgrades, forks, fork_pump) = reader_upgrades(config, &mut tracer)?;
 
     let (command_tx, commands) = mpsc::channel(256);
     if let Some(listener) = metrics {
@@ -285,11 +307,6 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         events.clone(),
         tracer.program_ids().to_vec(),
         kernel_layout::kernel_release(),
-    );
-    let upgrades = ReaderUpgrades::new(
-        &config.state_dir,
-        u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
-        config.upgrades,
     );
     let memory = config.locked_memory;
     let controller = Controller::new(
@@ -310,6 +327,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
                 let _ = access_tx.send(access);
             }
         })),
+        fork_pump,
     ];
     let inputs = Inputs {
         socket,
@@ -317,12 +335,45 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         commands,
         loads,
         accesses,
+        forks,
         pumps,
         sigint: signal(SignalKind::interrupt())?,
         sigterm: signal(SignalKind::terminate())?,
         sighup: signal(SignalKind::hangup())?,
     };
     Ok((controller, inputs))
+}
+
+/// The reader upgrades, with the tasks raised threads make followed: their reports, and the
+/// pump that brings them.
+fn reader_upgrades(
+    config: &DaemonConfig,
+    tracer: &mut BlockTracer,
+) -> Result<
+    (
+        ReaderUpgrades,
+        mpsc::UnboundedReceiver<Fork>,
+        tokio::task::JoinHandle<()>,
+    ),
+    DaemonError,
+> {
+    let map_error = |name| move |source| TracerError::Map { name, source };
+    let ring = RingBuf::try_from(tracer.take_map("FORKS")?).map_err(map_error("FORKS"))?;
+    let raised = (tracer.take_map("RAISED")?, tracer.take_map("FORK_LOST")?);
+    let raised = RaisedForks::new(raised.0, raised.1).map_err(map_error("RAISED"))?;
+    let (fork_tx, forks) = mpsc::unbounded_channel();
+    let pump = tokio::spawn(pump_ring(ring, move |bytes| {
+        if let Some(fork) = decode_fork(bytes) {
+            let _ = fork_tx.send(fork);
+        }
+    }));
+    let upgrades = ReaderUpgrades::new(
+        &config.state_dir,
+        u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
+        config.upgrades,
+        raised,
+    );
+    Ok((upgrades, forks, pump))
 }
 
 /// What a connection watches.
@@ -399,6 +450,7 @@ async fn serve(
             }
             Some(done) = inputs.loads.recv() => controller.loaded(done),
             Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_ns()),
+            Some(fork) = inputs.forks.recv() => controller.on_fork(&fork),
             () = &mut credit_timer => controller.tick(monotonic_ns()),
             _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_ns()) {
                 Ok(0) => {}

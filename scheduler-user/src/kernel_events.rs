@@ -1,14 +1,17 @@
 //! The boundary where ring-buffer records from the eBPF programs become typed events.
 //!
-//! Two rings feed the daemon: EVENTS (one record per completed block request, while a `trace`
-//! client asks for them) and PLAYOUT (a task's access to an attached file). Each record is
-//! decoded here, once, into a Rust type; nothing past this module sees a raw `u32` kind or a
-//! NUL-padded command name.
+//! Three rings feed the daemon: EVENTS (one record per completed block request, while a
+//! `trace` client asks for them), PLAYOUT (a task's access to an attached file) and FORKS (a
+//! task made by a raised thread). Each record is decoded here, once, into a Rust type; nothing
+//! past this module sees a raw `u32` kind, flag word or a NUL-padded command name. The values
+//! of the `RAISED` map are decoded here too ([`inherited_raise`]).
 
 use std::ops::Range;
 
 use abiss_proto::{DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, PAGE_BYTES};
-use scheduler_common::{playout_kind, PlayoutEvent, RequestEvent, COMM_LEN};
+use scheduler_common::{
+    playout_kind, raised_flags, ForkEvent, PlayoutEvent, RaisedThread, RequestEvent, COMM_LEN,
+};
 
 /// The task behind an access, as the kernel saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,6 +58,58 @@ pub struct StreamAccess {
     pub reader: Reader,
     /// What.
     pub access: Access,
+}
+
+/// The raise a task made by a raised thread started with, as the fork program passed it on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InheritedRaise {
+    /// The thread abissd raised, whose raise it is.
+    pub root: u32,
+    /// That thread's priority before the raise (encoded): what the task is put back to.
+    pub previous: u16,
+    /// The priority abissd set (encoded): the task still has it if nobody changed it since.
+    pub applied: u16,
+    /// Made with `CLONE_IO`: it shares its parent's I/O context, so it cannot be put back
+    /// alone; it goes back with its parent.
+    pub shares_io_context: bool,
+}
+
+/// A task made by a thread whose forks are followed (one the daemon raised, or a task such a
+/// thread made).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fork {
+    /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
+    pub at_ns: u64,
+    /// Thread id of the task that made it.
+    pub parent: u32,
+    /// Thread id of the new task.
+    pub child: u32,
+    /// The raise it started with.
+    pub raise: InheritedRaise,
+}
+
+/// A `RAISED` entry the fork program wrote (for a task made by a followed thread); `None`
+/// for the daemon's own entries.
+#[must_use]
+pub fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
+    (entry.flags & raised_flags::INHERITED != 0).then_some(InheritedRaise {
+        root: entry.root,
+        previous: entry.previous,
+        applied: entry.applied,
+        shares_io_context: entry.flags & raised_flags::SHARES_IO_CONTEXT != 0,
+    })
+}
+
+/// Decodes one FORKS record; `None` for a short one, or one that is not an inherited raise.
+#[must_use]
+pub fn decode_fork(bytes: &[u8]) -> Option<Fork> {
+    let event: ForkEvent = read_record(bytes)?;
+    Some(Fork {
+        at_ns: event.ts_ns,
+        parent: event.parent,
+        child: event.child,
+        raise: inherited_raise(&event.raise)?,
+    })
 }
 
 /// A kernel command name (`TASK_COMM_LEN` bytes, NUL-padded) as text.
@@ -196,6 +251,37 @@ mod tests {
         assert!(decode_access(&bytes[..bytes.len() - 1]).is_none());
         assert!(decode_access(&raw(&event(77))).is_none());
         assert!(decode_request(&[0u8; 3]).is_none());
+    }
+
+    #[test]
+    fn a_fork_record_decodes_with_its_raise_and_a_daemon_entry_is_no_inherited_one() {
+        let raise = RaisedThread {
+            root: 7,
+            previous: 0x4005,
+            applied: 0x2000,
+            flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
+            pad: 0,
+        };
+        let event = ForkEvent {
+            ts_ns: 9,
+            parent: 8,
+            child: 12,
+            raise,
+        };
+        let fork = decode_fork(&raw(&event)).expect("fork");
+        assert_eq!((fork.at_ns, fork.parent, fork.child), (9, 8, 12));
+        assert_eq!(
+            fork.raise,
+            InheritedRaise {
+                root: 7,
+                previous: 0x4005,
+                applied: 0x2000,
+                shares_io_context: true
+            }
+        );
+        let own = RaisedThread { flags: 0, ..raise };
+        assert_eq!(inherited_raise(&own), None);
+        assert!(decode_fork(&raw(&event)[..31]).is_none());
     }
 
     #[test]

@@ -120,6 +120,8 @@ pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
         iomap_dio_iocb,
         kiocb_filp,
         task_flags: finder.offset("task_struct", "flags")?,
+        task_pid: finder.offset("task_struct", "pid")?,
+        task_io_context: finder.offset("task_struct", "io_context")?,
         pad: 0,
         iomap_dio_end_io,
     };

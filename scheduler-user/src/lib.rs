@@ -34,6 +34,7 @@
 //! | optional parts and the kernel hooks they need | [`capabilities`] |
 //! | prefetch: a thread and an `io_uring` per ABISS level, `mlock` | [`prefetch`] |
 //! | raising and restoring readers' I/O priority | [`upgrades`] |
+//! | the tasks raised threads make: followed by the fork program, put back | [`raised_forks`] |
 //! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
 //! | eBPF and daemon cost | [`stats`] |
 //! | Prometheus metrics on `--metrics ADDR` (asks the main loop, like a connection) | [`metrics`] |
@@ -60,6 +61,7 @@ pub mod metrics;
 pub mod policy;
 pub mod prefetch;
 pub mod preflight;
+pub mod raised_forks;
 pub mod server;
 pub mod socket;
 pub mod stats;

@@ -11,6 +11,13 @@
 //! reads and pins the pages while they are in the playout window. The mapping is advised
 //! `MADV_RANDOM`, so faulting it in never adds readahead beyond the window. Unmapping the file (when the last user of a
 //! [`MappedFile`] goes) unlocks everything still locked.
+//!
+//! A worker whose ring fails (its setup refused, say while `kernel.io_uring_disabled` is set,
+//! or a submission error) or that panics reports the loads its ring held as failed (their
+//! windows ask for them again) and starts over after a pause, 1 s doubling up to a minute
+//! while it keeps failing. What is sent meanwhile waits for the new ring: failing it at once
+//! would only have the windows ask again in a loop. Its thread stays, so no load sent to it
+//! is lost, and its level loads again once a ring can be set up.
 
 use std::collections::HashMap;
 use std::io;
@@ -21,7 +28,7 @@ use std::ptr::NonNull;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
 use io_uring::{opcode, types, IoUring};
@@ -211,11 +218,7 @@ impl PrefetchEngine {
             let done = self.done.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("abiss-prefetch-{level}"))
-                .spawn(move || {
-                    if let Err(error) = run_worker(level, &receiver, &done) {
-                        warn!("prefetch worker for level {level} stopped: {error}");
-                    }
-                })?;
+                .spawn(move || supervise(level, &receiver, &done))?;
             self.workers.insert(
                 level,
                 Worker {
@@ -258,15 +261,81 @@ impl Drop for PrefetchEngine {
     }
 }
 
+/// First pause before a failed worker starts again; it doubles while the worker keeps failing.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+/// Longest pause between restarts.
+const RESTART_PAUSE_MAX: Duration = Duration::from_secs(60);
+/// A worker that ran this long before failing starts again after the first pause.
+const RESTART_RESET: Duration = Duration::from_secs(60);
+
+/// A level's worker thread: runs its ring until the engine goes, and starts it again when it
+/// fails or panics (see the module documentation).
+fn supervise(
+    level: u8,
+    commands: &Receiver<WorkerCommand>,
+    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+) {
+    let mut pause = RESTART_PAUSE;
+    let mut held = Vec::new();
+    loop {
+        let started = Instant::now();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_worker(level, commands, &mut held, done)
+        }));
+        let why = match run {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "it panicked".to_owned(),
+        };
+        if started.elapsed() > RESTART_RESET {
+            pause = RESTART_PAUSE;
+        }
+        warn!("prefetch worker for level {level} stopped ({why}); starting it again in {pause:?}");
+        if !hold_for(pause, commands, &mut held) {
+            return;
+        }
+        pause = (pause * 2).min(RESTART_PAUSE_MAX);
+    }
+}
+
+/// Keeps what is sent within `pause` (the worker is down) for the next ring, in order; false
+/// once the engine is gone (nothing is waited for then).
+fn hold_for(
+    pause: Duration,
+    commands: &Receiver<WorkerCommand>,
+    held: &mut Vec<WorkerCommand>,
+) -> bool {
+    let until = Instant::now() + pause;
+    loop {
+        match commands.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok(command) => held.push(command),
+            Err(mpsc::RecvTimeoutError::Timeout) => return true,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+}
+
+/// Reports `job` as failed with `error`.
+fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: LoadJob, error: io::Error) {
+    let _ = done.send(LoadDone {
+        stream: job.stream,
+        generation: job.generation,
+        range: job.range,
+        outcome: LoadOutcome::Failed(error),
+    });
+}
+
 /// Marks cancel requests' completions apart from loads'.
 const CANCEL_TAG: u64 = 1 << 63;
 
 struct InFlight {
     job: LoadJob,
 }
+/// One ring's life: serves `held` (what came while the worker was down), then `commands`.
 fn run_worker(
     level: u8,
     commands: &Receiver<WorkerCommand>,
+    held: &mut Vec<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) -> io::Result<()> {
     ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level))?;
@@ -292,7 +361,7 @@ fn run_worker(
                 });
             }
         })?;
-    let result = submit_loads(commands, done, &lock_jobs);
+    let result = submit_loads(commands, held, done, &lock_jobs);
     drop(lock_jobs);
     let _ = locker.join();
     result
@@ -302,6 +371,7 @@ fn run_worker(
 /// hands finished advice to the locker.
 fn submit_loads(
     commands: &Receiver<WorkerCommand>,
+    held: &mut Vec<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
     lock_jobs: &Sender<LoadJob>,
 ) -> io::Result<()> {
@@ -310,15 +380,14 @@ fn submit_loads(
         in_flight: HashMap::new(),
         next_id: 1,
     };
-    while let Some(batch) = ring.next_commands(commands) {
-        for command in batch {
-            ring.queue(command)?;
-        }
-        if !ring.in_flight.is_empty() {
-            ring.reap(done, lock_jobs)?;
+    let result = ring.serve(commands, std::mem::take(held), done, lock_jobs);
+    if let Err(error) = &result {
+        // The ring goes with its requests: their windows must ask for them again.
+        for (_, InFlight { job }) in ring.in_flight.drain() {
+            fail(done, job, io::Error::new(error.kind(), error.to_string()));
         }
     }
-    Ok(())
+    result
 }
 
 /// One worker's ring and the loads it has in flight.
@@ -329,6 +398,37 @@ struct LoadRing {
 }
 
 impl LoadRing {
+    /// Queues and reaps loads, `first` first, until the engine is gone and nothing is left
+    /// to finish.
+    fn serve(
+        &mut self,
+        commands: &Receiver<WorkerCommand>,
+        first: Vec<WorkerCommand>,
+        done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+        lock_jobs: &Sender<LoadJob>,
+    ) -> io::Result<()> {
+        let mut next = Some(first);
+        while let Some(batch) = next {
+            let mut batch = batch.into_iter();
+            while let Some(command) = batch.next() {
+                if let Err(error) = self.queue(command) {
+                    // What the ring never saw fails with it.
+                    for command in batch {
+                        if let WorkerCommand::Load(job) = command {
+                            fail(done, job, io::Error::new(error.kind(), error.to_string()));
+                        }
+                    }
+                    return Err(error);
+                }
+            }
+            if !self.in_flight.is_empty() {
+                self.reap(done, lock_jobs)?;
+            }
+            next = self.next_commands(commands);
+        }
+        Ok(())
+    }
+
     /// The commands waiting now; blocks for one only when nothing is in flight (otherwise the
     /// ring is polled). `None` once the engine is gone and nothing is left to finish.
     fn next_commands(&self, commands: &Receiver<WorkerCommand>) -> Option<Vec<WorkerCommand>> {
@@ -366,9 +466,10 @@ impl LoadRing {
                 .offset(job.range.start)
                 .build()
                 .user_data(self.next_id);
-                push(&mut self.ring, &advise)?;
+                // In flight first: if the push fails, the job fails with the ring.
                 self.in_flight.insert(self.next_id, InFlight { job });
                 self.next_id += 1;
+                push(&mut self.ring, &advise)?;
             }
             WorkerCommand::Cancel { stream, generation } => {
                 let targets: Vec<u64> = self

@@ -4,24 +4,28 @@
 //!
 //! This module knows the protocol and the main loop's [`Command`]s, never the controller: the
 //! daemon's main loop answers the commands (as console-subscriber keeps its server apart from
-//! its aggregator).
+//! its aggregator). What one client may hold (connections, idle time) is in [`limits`].
 
+pub mod limits;
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
-    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Envelope, ErrorKind,
-    LatencyGroup, Refusal, Request, RequestRecord, Response, StatusReport, StreamInfo,
-    StreamTarget, PROTOCOL_VERSION,
+    decode_envelope, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Envelope,
+    EnvelopeError, ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response,
+    StatusReport, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
 use log::warn;
 use tokio::net::UnixStream;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 
 use crate::connection::FramedSocket;
 use crate::stats;
+use limits::{ConnectionLimits, PLANS_AT_ONCE, REFUSAL_WRITE_TIMEOUT};
 
 /// Where the main loop sends its answer.
 pub type Reply<T> = oneshot::Sender<T>;
@@ -109,6 +113,9 @@ pub struct Context {
     program_ids: Arc<Vec<(String, u32)>>,
     kernel: String,
     connections: Arc<AtomicU64>,
+    limits: ConnectionLimits,
+    idle_timeout: Duration,
+    plans: Arc<Semaphore>,
 }
 
 impl Context {
@@ -127,6 +134,9 @@ impl Context {
             program_ids: Arc::new(program_ids),
             kernel,
             connections: Arc::new(AtomicU64::new(0)),
+            limits: ConnectionLimits::default(),
+            idle_timeout: limits::idle_timeout(),
+            plans: Arc::new(Semaphore::new(PLANS_AT_ONCE)),
         }
     }
 }
@@ -156,7 +166,8 @@ fn shutting_down() -> Response {
     error_response(ErrorKind::Internal, "abissd is shutting down")
 }
 
-/// Serves one client until it hangs up; its non-persistent streams end then.
+/// Serves one client until it hangs up; its non-persistent streams end then. A connection
+/// over the [`limits`] is told why and closed.
 pub async fn serve_connection(stream: UnixStream, context: Context) {
     let peer_uid = match stream.peer_cred() {
         Ok(cred) => cred.uid(),
@@ -165,8 +176,17 @@ pub async fn serve_connection(stream: UnixStream, context: Context) {
             return;
         }
     };
-    let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let mut socket = FramedSocket::new(stream);
+    // Counted until this function returns, and the socket closes with it.
+    let _slot = match context.limits.admit(peer_uid) {
+        Ok(slot) => slot,
+        Err(message) => {
+            let refusal = error_response(ErrorKind::Refused, message);
+            let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, send(&mut socket, &refusal)).await;
+            return;
+        }
+    };
+    let connection = context.connections.fetch_add(1, Ordering::Relaxed) + 1;
     let mut tracing = false;
     serve_requests(&mut socket, &context, peer_uid, connection, &mut tracing).await;
     if tracing {
@@ -188,8 +208,21 @@ async fn serve_requests(
     connection: u64,
     tracing: &mut bool,
 ) {
+    // The non-persistent streams attached here: they live as long as the connection, so
+    // while there is one the connection is never idle.
+    let mut held = HashSet::new();
     loop {
-        let envelope = match next_envelope(socket).await {
+        let next = if held.is_empty() {
+            let Ok(next) = tokio::time::timeout(context.idle_timeout, next_envelope(socket)).await
+            else {
+                let _ = send(socket, &idle(context.idle_timeout)).await;
+                return;
+            };
+            next
+        } else {
+            next_envelope(socket).await
+        };
+        let envelope = match next {
             Ok(Some(envelope)) => envelope,
             Ok(None) => return,
             Err(response) => {
@@ -226,51 +259,87 @@ async fn serve_requests(
                     .await;
                 continue;
             }
-            Request::Attach(request) => match socket.take_fd() {
-                None => error_response(
-                    ErrorKind::BadRequest,
-                    "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
-                ),
-                Some(fd) => match ask(context, |reply| Command::Attach {
-                    uid: peer_uid,
-                    connection,
-                    fd,
-                    request,
-                    reply,
-                })
-                .await
-                {
-                    Some(Ok(info)) => Response::Attached(info),
-                    Some(Err(refused)) => Response::from(refused),
-                    None => shutting_down(),
-                },
-            },
+            Request::Attach(request) => {
+                attach(socket, context, peer_uid, connection, request, &mut held).await
+            }
             other => answer(other, context, peer_uid).await,
         };
+        if let Response::Detached { stream } = &response {
+            held.remove(stream);
+        }
         if !send(socket, &response).await {
             return;
         }
     }
 }
 
+/// Attaches the file whose descriptor came with the request; a non-persistent stream is
+/// added to those the connection `held`s.
+async fn attach(
+    socket: &mut FramedSocket,
+    context: &Context,
+    peer_uid: u32,
+    connection: u64,
+    request: AttachRequest,
+    held: &mut HashSet<u64>,
+) -> Response {
+    let Some(fd) = socket.take_fd() else {
+        return error_response(
+            ErrorKind::BadRequest,
+            "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
+        );
+    };
+    let persistent = request.persistent;
+    let answer = ask(context, |reply| Command::Attach {
+        uid: peer_uid,
+        connection,
+        fd,
+        request,
+        reply,
+    })
+    .await;
+    match answer {
+        Some(Ok(info)) => {
+            if !persistent {
+                held.insert(info.id);
+            }
+            Response::Attached(info)
+        }
+        Some(Err(refused)) => Response::from(refused),
+        None => shutting_down(),
+    }
+}
+
+/// The answer that closes a connection that sent nothing for `timeout`.
+fn idle(timeout: Duration) -> Response {
+    error_response(
+        ErrorKind::Refused,
+        format!(
+            "abissd closes a connection that holds no stream and sends nothing for {} s; connect again when there is something to ask",
+            timeout.as_secs_f64()
+        ),
+    )
+}
+
 /// The next request of the current protocol version; `Err` carries the answer that ends the
-/// connection (a malformed line, another version).
+/// connection (a malformed line, another version). The version is read first, so a request
+/// kind this daemon does not know is another version's when the version differs.
 async fn next_envelope(socket: &mut FramedSocket) -> Result<Option<Envelope>, Response> {
     let line = match socket.next_line().await {
         Ok(Some(line)) => line,
         Ok(None) => return Ok(None),
         Err(error) => return Err(error_response(ErrorKind::BadRequest, error.to_string())),
     };
-    let envelope: Envelope = decode_line(&line)
-        .map_err(|error| error_response(ErrorKind::BadRequest, error.to_string()))?;
-    if envelope.version != PROTOCOL_VERSION {
-        let message = format!(
-            "the client speaks protocol {} but this abissd speaks {PROTOCOL_VERSION}; use matching versions of abissctl and abissd",
-            envelope.version
-        );
-        return Err(error_response(ErrorKind::VersionMismatch, message));
+    match decode_envelope(&line) {
+        Ok(envelope) => Ok(Some(envelope)),
+        Err(error @ EnvelopeError::OtherVersion(_)) => Err(error_response(
+            ErrorKind::VersionMismatch,
+            error.to_string(),
+        )),
+        Err(EnvelopeError::Wire(error)) => {
+            Err(error_response(ErrorKind::BadRequest, error.to_string()))
+        }
     }
-    Ok(Some(envelope))
 }
 
 /// Answers the requests that need nothing from the connection but the peer's identity.
@@ -320,6 +389,10 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             None => shutting_down(),
         },
         Request::Admit(request) => {
+            // The main loop computes plans; they queue here, never in front of other requests.
+            let Ok(_turn) = context.plans.acquire().await else {
+                return shutting_down();
+            };
             match ask(context, |reply| Command::Admit { request, reply }).await {
                 Some(Ok(report)) => Response::Admission(report),
                 Some(Err(refused)) => Response::from(refused),
@@ -356,6 +429,10 @@ async fn stats_response(context: &Context, window_ms: u64) -> Response {
     Response::Stats(report)
 }
 
+/// Streams request events to the client until it hangs up. The socket is watched all the
+/// while, so a client that hangs up is let go at once, even one that is never sent an event
+/// (an unprivileged client with no I/O of its own): its task, socket, non-persistent streams
+/// and the programs' event switch are not held for it (issue 9, finding 5).
 async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u32) {
     let mut receiver = context.events.subscribe();
     if ask(context, Command::Subscribe).await.is_none() {
@@ -364,18 +441,22 @@ async fn stream_events(socket: &mut FramedSocket, context: &Context, peer_uid: u
     // From here the programs record events: the client may start the I/O it wants to see.
     let mut subscribed = send(socket, &Response::Subscribed).await;
     while subscribed {
-        match receiver.recv().await {
-            Ok(record) => {
-                // Per-request details of other users' tasks are for root only.
-                if peer_uid != 0 && record.uid != peer_uid {
-                    continue;
+        tokio::select! {
+            event = receiver.recv() => match event {
+                Ok(record) => {
+                    // Per-request details of other users' tasks are for root only.
+                    if peer_uid == 0 || record.uid == peer_uid {
+                        subscribed = send(socket, &Response::Event(record)).await;
+                    }
                 }
-                subscribed = send(socket, &Response::Event(record)).await;
-            }
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                warn!("an event client fell behind and missed {missed} events");
-            }
-            Err(broadcast::error::RecvError::Closed) => subscribed = false,
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    warn!("an event client fell behind and missed {missed} events");
+                }
+                Err(broadcast::error::RecvError::Closed) => subscribed = false,
+            },
+            // A subscriber has nothing more to ask: what it sends is read and dropped (within
+            // the line and descriptor limits); the end of its input is the end of it.
+            line = socket.next_line() => subscribed = matches!(line, Ok(Some(_))),
         }
     }
     let _ = context.commands.send(Command::Unsubscribe).await;

@@ -28,6 +28,9 @@ pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
 /// Tasks not seen reading a stream's file for this long are no longer listed as readers.
 pub const READER_IDLE_NS: u64 = 10_000_000_000;
+/// A stream's failed loads are logged at most once in this long: a file truncated under its
+/// stream fails every load of its window, as often as the window asks again.
+pub const LOAD_FAILURE_LOG_NS: u64 = 60_000_000_000;
 
 /// Why a descriptor or parameters cannot become a stream. Each message is one sentence.
 #[derive(Debug, thiserror::Error)]
@@ -187,6 +190,10 @@ pub struct Stream {
     /// Time of the newest position evidence (a read seen in the kernel, or a position
     /// message), `CLOCK_MONOTONIC` ns.
     pub newest_evidence_ns: u64,
+    /// When a failed load was last logged, and how many failed since without a log line.
+    pub load_failures: (Option<u64>, u64),
+    /// Its start-up credit was cut by the owner's burst allowance.
+    pub start_limited: bool,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -198,7 +205,24 @@ pub struct StreamOwner {
     pub connection: u64,
 }
 
+/// When a stream starts, and the credit its start-up burst was granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamStart {
+    /// Now.
+    pub now_ns: u64,
+    /// Credit granted for the first fill ([`crate::policy::burst`]); the credit limit is the
+    /// most a stream can use.
+    pub credit_bytes: u64,
+}
+
 impl Stream {
+    /// The credit a stream may hold: the initial fill and one seek refill are immediate;
+    /// beyond that the stream loads at its rate (see `CreditTimer`).
+    #[must_use]
+    pub fn credit_limit_bytes(granted: &AttachRequest) -> u64 {
+        granted.buffer.0.saturating_mul(2)
+    }
+
     /// A stream over `file` with the granted parameters; returns the initial fill.
     #[must_use]
     pub fn new(
@@ -208,20 +232,19 @@ impl Stream {
         file: CheckedFile,
         disk: DeviceNumber,
         mapped: Arc<MappedFile>,
-        now_ns: u64,
+        start: StreamStart,
     ) -> (Self, Vec<WindowAction>) {
         let batch_bytes = u64::from(granted.batch_pages) * PAGE_BYTES;
-        let (playout, actions) = PlayoutBuffer::new(
+        let (playout, actions) = PlayoutBuffer::starting_with(
             PlayoutShape {
                 file_bytes: file.bytes,
                 buffer_bytes: granted.buffer.0,
                 batch_bytes,
                 rate_bps: granted.rate.0,
-                // The initial fill and one seek refill are immediate; beyond that the stream
-                // loads at its rate (see CreditTimer).
-                credit_limit_bytes: 2 * granted.buffer.0,
+                credit_limit_bytes: Self::credit_limit_bytes(&granted),
             },
-            now_ns,
+            start.credit_bytes,
+            start.now_ns,
         );
         let stream = Self {
             id,
@@ -238,6 +261,8 @@ impl Stream {
             misses: 0,
             uring_requests: 0,
             newest_evidence_ns: 0,
+            load_failures: (None, 0),
+            start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             granted,
         };
         (stream, actions)
@@ -263,6 +288,18 @@ impl Stream {
         }
         self.newest_evidence_ns = at_ns;
         true
+    }
+
+    /// A load failed at `now_ns`: whether to log it (the first, then one per
+    /// [`LOAD_FAILURE_LOG_NS`]), with the failures not logged since the last line.
+    pub fn log_load_failure(&mut self, now_ns: u64) -> Option<u64> {
+        let (logged_at, unlogged) = &mut self.load_failures;
+        if logged_at.is_some_and(|at| now_ns.saturating_sub(at) < LOAD_FAILURE_LOG_NS) {
+            *unlogged += 1;
+            return None;
+        }
+        *logged_at = Some(now_ns);
+        Some(std::mem::take(unlogged))
     }
 
     /// Notes a reader task.
@@ -311,6 +348,7 @@ impl Stream {
             upgrades: 0,
             uring_requests: self.uring_requests,
             suggestion: crate::policy::upgrade::buffer_suggestion(self.misses, self.granted.buffer),
+            start_limited: self.start_limited,
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Loads, attaches and reads the block-layer tracing programs.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use abiss_proto::{
@@ -29,6 +30,10 @@ const BLOCK_PROGRAMS: [(&str, &str); 5] = [
     ("abiss_merge", "block_rq_merge"),
     ("abiss_requeue", "block_rq_requeue"),
 ];
+
+/// The program that follows the new tasks of raised threads (`crate::upgrades`), required
+/// too: a daemon that raises threads must see what they make.
+const FORK_PROGRAM: (&str, &str) = ("abiss_fork", "sched_process_fork");
 
 /// Failures to load, attach or read the programs.
 #[derive(Debug, thiserror::Error)]
@@ -87,14 +92,23 @@ pub enum TracerError {
 /// A loaded program, and its link while it is attached. Each program is attached only while
 /// it has something to do, so an idle abissd costs the kernel's tracepoints nothing (a
 /// tracepoint without a program is a patched-out branch): the block programs while some disk
-/// is followed (managed, or traced for a client), the others while some file is attached.
+/// is followed (managed, or traced for a client), the fork program while some thread is
+/// raised, the others while some file is attached.
 #[derive(Debug)]
 struct Hook {
     program: &'static str,
     tracepoint: &'static str,
-    /// One of the block programs (else a file program: page cache, `io_uring`).
-    block: bool,
+    work: Work,
     link: Option<BtfTracePointLinkId>,
+}
+
+/// What a program waits for before it is attached: a followed disk (the block programs), an
+/// attached file (page cache, `io_uring`), a raised thread (the fork program).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    Disks,
+    Files,
+    Raised,
 }
 
 /// The program `name` of `ebpf`, as the BTF tracepoint program it is.
@@ -119,7 +133,7 @@ fn attach(
     ebpf: &mut Ebpf,
     btf: &Btf,
     (program, tracepoint): (&'static str, &'static str),
-    block: bool,
+    work: Work,
 ) -> Result<((String, u32), Hook), TracerError> {
     let attach_error = |source| TracerError::Attach {
         program,
@@ -133,7 +147,7 @@ fn attach(
     let hook = Hook {
         program,
         tracepoint,
-        block,
+        work,
         link: Some(link),
     };
     Ok(((program.to_owned(), id), hook))
@@ -147,6 +161,10 @@ pub struct BlockTracer {
     hooks: Vec<Hook>,
     control: Control,
     capabilities: Vec<Capability>,
+    /// The histograms of ended streams, folded into their stream-less keys: taken out of the
+    /// kernel's `LATENCY` map, which holds `MAX_HISTOGRAM_KEYS` keys and would otherwise
+    /// fill up with streams long gone (new streams' requests then went uncounted).
+    retired: BTreeMap<HistogramKey, LatencyCounters>,
 }
 
 impl BlockTracer {
@@ -167,8 +185,9 @@ impl BlockTracer {
             .load(EBPF_OBJECT)
             .map_err(|source| TracerError::Load { source })?;
         let (mut program_ids, mut hooks) = (Vec::new(), Vec::new());
-        for pair in BLOCK_PROGRAMS {
-            let (id, hook) = attach(&mut ebpf, &btf, pair, true)?;
+        let required = BLOCK_PROGRAMS.map(|pair| (pair, Work::Disks));
+        for (pair, work) in required.into_iter().chain([(FORK_PROGRAM, Work::Raised)]) {
+            let (id, hook) = attach(&mut ebpf, &btf, pair, work)?;
             program_ids.push(id);
             hooks.push(hook);
         }
@@ -180,7 +199,7 @@ impl BlockTracer {
                 .map(|(_, why)| why.clone());
             if why.is_none() {
                 for &pair in feature.programs() {
-                    match attach(&mut ebpf, &btf, pair, false) {
+                    match attach(&mut ebpf, &btf, pair, Work::Files) {
                         Ok((id, hook)) => {
                             program_ids.push(id);
                             hooks.push(hook);
@@ -218,6 +237,7 @@ impl BlockTracer {
             hooks,
             control,
             capabilities,
+            retired: BTreeMap::new(),
         };
         tracer.set_control(control)?;
         Ok(tracer)
@@ -274,10 +294,13 @@ impl BlockTracer {
     /// Attaches the programs that have work under the current switches, detaches the others.
     fn sync_hooks(&mut self) -> Result<(), TracerError> {
         let block = self.control.listed_disks != 0 || self.control.trace_all != 0;
-        let files = self.control.attached_files != 0;
         let started = std::time::Instant::now();
         for hook in &mut self.hooks {
-            let wanted = if hook.block { block } else { files };
+            let wanted = match hook.work {
+                Work::Disks => block,
+                Work::Files => self.control.attached_files != 0,
+                Work::Raised => self.control.raised_threads != 0,
+            };
             if wanted == hook.link.is_some() {
                 continue;
             }
@@ -391,24 +414,34 @@ impl BlockTracer {
         Ok(dropped.len())
     }
 
+    /// Takes map `name` out of the object (once), for its own owner.
+    pub fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, TracerError> {
+        self.ebpf
+            .take_map(name)
+            .ok_or(TracerError::MissingMap { name })
+    }
+
     /// Takes the ring buffer that carries per-request events (once).
     pub fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
         let name = "EVENTS";
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
+        RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
     /// Takes the ring buffer that carries reads of attached files (once).
     pub fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
         let name = "PLAYOUT";
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(TracerError::MissingMap { name })?;
-        RingBuf::try_from(map).map_err(|source| TracerError::Map { name, source })
+        RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
+    }
+
+    /// Attaches the fork program while some thread is raised, detaches it once none is.
+    pub fn set_raised(&mut self, raised: bool) -> Result<(), TracerError> {
+        if (self.control.raised_threads != 0) == raised {
+            return Ok(());
+        }
+        self.set_control(Control {
+            raised_threads: u32::from(raised),
+            ..self.control
+        })
     }
 
     /// Tells the programs that `key` is streamed as `file`.
@@ -440,6 +473,7 @@ impl BlockTracer {
             attached_files: count,
             ..self.control
         })?;
+        self.retire_ended_streams()?;
         if count == 0 {
             // The completion program stops looking once no file is attached: what is still
             // remembered would never be taken out.
@@ -468,23 +502,16 @@ impl BlockTracer {
         let name = "LATENCY";
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
             self.typed_map(name)?;
-        let mut groups = Vec::new();
+        let mut totals = self.retired.clone();
         for entry in &histograms {
             let (key, per_cpu) = entry.map_err(|source| TracerError::Map { name, source })?;
-            let mut total = LatencyCounters::ZERO;
+            let total = totals.entry(key).or_default();
             for counters in per_cpu.iter() {
-                total.requests += counters.requests;
-                total.bytes += counters.bytes;
-                total.queue_max_ns = total.queue_max_ns.max(counters.queue_max_ns);
-                total.service_max_ns = total.service_max_ns.max(counters.service_max_ns);
-                total.inversions += counters.inversions;
-                for (sum, slot) in total.queue_slots.iter_mut().zip(counters.queue_slots) {
-                    *sum += slot;
-                }
-                for (sum, slot) in total.service_slots.iter_mut().zip(counters.service_slots) {
-                    *sum += slot;
-                }
+                total.add(counters);
             }
+        }
+        let mut groups = Vec::new();
+        for (key, total) in totals {
             groups.push(LatencyGroup {
                 device: DeviceNumber::from_kernel(key.dev),
                 operation: Operation::from_kernel(key.op),
@@ -502,6 +529,42 @@ impl BlockTracer {
         }
         groups.sort_by_key(LatencyGroup::key);
         Ok(groups)
+    }
+
+    /// Takes the histograms of streams no longer attached out of `LATENCY`, folded into
+    /// `retired` under their stream-less keys (so per-disk figures keep counting them); how
+    /// many keys went. Run at each detach, and at each sweep for the requests of an ended
+    /// stream that completed after its detach.
+    fn retire_ended_streams(&mut self) -> Result<usize, TracerError> {
+        let attached: HashMap<&MapData, FileKey, AttachedFile> = self.typed_map("ATTACHED")?;
+        let live: Vec<u64> = attached
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, file)| file.stream)
+            .collect();
+        let name = "LATENCY";
+        let mut histograms: PerCpuHashMap<&mut MapData, HistogramKey, LatencyCounters> =
+            self.typed_map_mut(name)?;
+        let ended: Vec<HistogramKey> = histograms
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|key| key.stream != 0 && !live.contains(&key.stream))
+            .collect();
+        let mut folded = Vec::new();
+        for key in &ended {
+            // A request of the stream completing between the read and the removal is lost:
+            // at most the last ones of a stream that has ended.
+            if let Ok(per_cpu) = histograms.get(key, 0) {
+                let mut total = LatencyCounters::ZERO;
+                per_cpu.iter().for_each(|counters| total.add(counters));
+                folded.push((HistogramKey { stream: 0, ..*key }, total));
+            }
+            let _ = histograms.remove(key);
+        }
+        for (key, total) in folded {
+            self.retired.entry(key).or_default().add(&total);
+        }
+        Ok(ended.len())
     }
 
     /// Request records: (in flight now, records kept in all).
@@ -526,6 +589,7 @@ impl BlockTracer {
     pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
         let old = self.forget_records(|record| record.queued_ns < cutoff)?;
+        self.retire_ended_streams()?;
         // A program that passed its check just before tracing stopped may have written a
         // record after `set_trace_all` dropped them.
         Ok(old + self.forget_untraced()?)

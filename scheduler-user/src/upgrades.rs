@@ -1,7 +1,8 @@
 //! Raising and restoring readers' I/O priorities: the system calls, `/proc`, and the record in
 //! the state directory that lets a restarted daemon undo what a crashed one did.
 //!
-//! The decisions are in [`crate::policy::upgrade`].
+//! The decisions are in [`crate::policy::upgrade`]. The tasks a raised thread makes are
+//! followed and put back at once by [`crate::raised_forks`], which says why that way.
 
 use std::collections::HashMap;
 use std::io;
@@ -12,11 +13,15 @@ use abiss_proto::UpgradeReport;
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
-use crate::kernel_events::Reader;
+use crate::kernel_events::{Fork, Reader};
 use crate::policy::upgrade::{may_raise, raised_priority, TaskId, Upgrade, UpgradeTable};
+use crate::raised_forks::{ForkHook, RaisedForks};
 
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
+
+/// While the record cannot be written, how often a miss tries again (then raises, if it can).
+const RECORD_RETRY_NS: u64 = 5_000_000_000;
 
 /// Who a thread is, from `/proc`.
 struct Identity {
@@ -75,6 +80,14 @@ fn restore(upgrade: &Upgrade) -> Restored {
     if identity.task != upgrade.task {
         return Restored::NotNeeded; // the pid belongs to another thread now
     }
+    if !lowers(upgrade.previous, upgrade.applied) {
+        // No raise abissd made is undone by raising: this record was not written by abissd.
+        warn!(
+            "not restoring thread {} to ioprio {:#x}: that is above the {:#x} it was raised to",
+            upgrade.task.pid, upgrade.previous, upgrade.applied
+        );
+        return Restored::NotNeeded;
+    }
     match ioprio::get(upgrade.task.pid) {
         Ok(current) if current == upgrade.applied => {
             match ioprio::set(upgrade.task.pid, upgrade.previous) {
@@ -88,6 +101,16 @@ fn restore(upgrade: &Upgrade) -> Restored {
         // Changed by the application (or someone else) since: theirs to keep.
         _ => Restored::NotNeeded,
     }
+}
+
+/// Whether putting a thread back from `applied` to `previous` lowers it: a raise always went
+/// to a strictly higher ABISS level, so its undoing never raises.
+fn lowers(previous: u16, applied: u16) -> bool {
+    let level = |prio: u16| {
+        let (class, level) = scheduler_common::ioprio::split(prio);
+        scheduler_common::abiss_level::from_kernel(class, level)
+    };
+    level(previous) > level(applied)
 }
 
 /// Restores the threads a previous daemon raised and did not restore (it crashed), and
@@ -144,13 +167,19 @@ pub struct ReaderUpgrades {
     total: u64,
     restored: u64,
     per_stream: HashMap<u64, u64>,
+    /// Set while the record cannot be written: no thread is raised then (a crash would leave
+    /// it raised for good), and a miss tries the record again from this time on.
+    unrecorded_retry_ns: Option<u64>,
+    /// The tasks raised threads make.
+    forks: RaisedForks,
 }
 
 impl ReaderUpgrades {
-    /// Upgrades that expire after `idle_ns` without an access, recorded in `state_dir`;
-    /// `enabled` false makes every call a no-op (for comparisons).
+    /// Upgrades that expire after `idle_ns` without an access, recorded in `state_dir`, the
+    /// tasks raised threads make followed by `forks`; `enabled` false makes every call a
+    /// no-op (for comparisons).
     #[must_use]
-    pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool) -> Self {
+    pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool, forks: RaisedForks) -> Self {
         Self {
             table: UpgradeTable::new(idle_ns),
             enabled,
@@ -160,19 +189,21 @@ impl ReaderUpgrades {
             total: 0,
             restored: 0,
             per_stream: HashMap::new(),
+            unrecorded_retry_ns: None,
+            forks,
         }
     }
 
     /// A thread missed the page cache on the file of stream `stream` (owned by `owner_uid`,
-    /// at ABISS `level`): raise it if it needs it and may have it. Returns whether it was
-    /// raised now.
+    /// at ABISS `level`): raise it if it needs it and may have it, its forks followed (`hook`
+    /// attaches the fork program) from before the raise on. Returns whether it was raised now.
     pub fn on_miss(
         &mut self,
         stream: u64,
         reader: &Reader,
-        at_ns: u64,
-        level: u8,
+        (at_ns, level): (u64, u8),
         owner_uid: u32,
+        hook: &mut dyn ForkHook,
     ) -> bool {
         if !self.enabled {
             return false;
@@ -192,8 +223,11 @@ impl ReaderUpgrades {
             self.table.touch(pid, stream, at_ns);
             return false;
         };
-        if let Err(error) = ioprio::set(pid, target) {
-            warn!("stream {stream}: cannot raise thread {pid}: {error}");
+        if !self.can_record(at_ns) {
+            debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
+            return false;
+        }
+        if !self.follow_and_raise(stream, pid, (current, target), hook) {
             return false;
         }
         let done = monotonic_ns();
@@ -202,24 +236,33 @@ impl ReaderUpgrades {
         // still names the thread of the event, and not another that took the id since.
         let identity = match task_identity(pid) {
             Ok(Some(identity)) if identity.uid == uid && identity.tgid == reader.tgid => identity,
-            Ok(None) => return false, // gone already: nothing to restore
+            Ok(None) => return self.not_raised(pid, hook), // gone already: nothing to restore
             _ => {
                 let _ = ioprio::set(pid, current);
                 warn!("stream {stream}: thread {pid} is not the reader of the event; put back");
-                return false;
+                return self.not_raised(pid, hook);
             }
         };
-        self.table.insert(Upgrade {
+        let upgrade = Upgrade {
             task: identity.task,
             tgid: reader.tgid,
             stream,
             previous: current,
             applied: target,
             last_access_ns: done,
-        });
+        };
+        if !self.record_with(&upgrade) {
+            // Unrecorded, a crash would leave it raised for good: put back at once.
+            let _ = ioprio::set(pid, current);
+            return self.not_raised(pid, hook);
+        }
+        self.table.insert(upgrade);
+        if let Some(kept) = self.table.get(pid).map(|u| (u.previous, u.applied)) {
+            // As the table keeps it (the id may have named a thread raised before).
+            let _ = self.forks.follow(pid, kept, hook);
+        }
         self.total += 1;
         *self.per_stream.entry(stream).or_default() += 1;
-        self.persist();
         info!(
             "stream {stream}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
             reader.command,
@@ -228,31 +271,84 @@ impl ReaderUpgrades {
         true
     }
 
+    /// Follows thread `pid`'s forks, then raises it from `current` to `target`; whether it
+    /// was raised. (Followed first: whatever it makes from the raise on is put back.)
+    fn follow_and_raise(
+        &mut self,
+        stream: u64,
+        pid: u32,
+        (current, target): (u16, u16),
+        hook: &mut dyn ForkHook,
+    ) -> bool {
+        // An earlier raise of the thread keeps the priority it had before it.
+        let previous = self
+            .table
+            .get(pid)
+            .map_or(current, |earlier| earlier.previous);
+        if let Err(error) = self.forks.follow(pid, (previous, target), hook) {
+            warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); not raised");
+            return self.not_raised(pid, hook);
+        }
+        if let Err(error) = ioprio::set(pid, target) {
+            warn!("stream {stream}: cannot raise thread {pid}: {error}");
+            return self.not_raised(pid, hook);
+        }
+        true
+    }
+
+    /// Thread `pid` was followed for a raise that did not happen (or was undone at once):
+    /// follows it as its earlier raise has it, or not at all. Always false.
+    fn not_raised(&mut self, pid: u32, hook: &mut dyn ForkHook) -> bool {
+        match self.table.get(pid) {
+            Some(earlier) => {
+                let raise = (earlier.previous, earlier.applied);
+                let _ = self.forks.follow(pid, raise, hook);
+            }
+            None => self.forks.restored(pid),
+        }
+        RaisedForks::sync(hook, !self.table.is_empty());
+        false
+    }
+
+    /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
+    pub fn on_fork(&mut self, fork: &Fork) {
+        let raised_itself = self.table.get(fork.child).is_some();
+        self.forks.on_fork(fork, raised_itself);
+    }
+
     /// Thread `pid` touched stream `stream`'s file.
     pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
         self.table.touch(pid, stream, now_ns);
     }
 
-    /// Restores the threads idle for too long.
-    pub fn expire(&mut self, now_ns: u64) {
+    /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
+    /// program could not report.
+    pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook) {
         let idle = self.table.take_idle(now_ns);
-        self.restore_all(&idle, "idle");
+        self.restore_all(&idle, "idle", hook);
+        if !self.table.is_empty() {
+            self.forks.find_unreported();
+        }
     }
 
     /// Restores the threads raised for a stream that ends.
-    pub fn end_stream(&mut self, stream: u64) {
+    pub fn end_stream(&mut self, stream: u64, hook: &mut dyn ForkHook) {
         let taken = self.table.take_stream(stream);
-        self.restore_all(&taken, "stream ended");
+        self.restore_all(&taken, "stream ended", hook);
         self.per_stream.remove(&stream);
     }
 
-    /// Restores every raised thread (daemon shutdown).
-    pub fn shutdown(&mut self) {
+    /// Restores every raised thread, and every task they made still followed (daemon
+    /// shutdown).
+    pub fn shutdown(&mut self, hook: &mut dyn ForkHook) {
         let all = self.table.take_all();
-        self.restore_all(&all, "daemon stopping");
+        self.restore_all(&all, "daemon stopping", hook);
+        self.forks.shutdown();
     }
 
-    fn restore_all(&mut self, upgrades: &[Upgrade], why: &str) {
+    /// Restores each upgrade, then the tasks its thread made that are still followed;
+    /// detaches the fork program once nothing is raised.
+    fn restore_all(&mut self, upgrades: &[Upgrade], why: &str, hook: &mut dyn ForkHook) {
         if upgrades.is_empty() {
             return;
         }
@@ -264,8 +360,11 @@ impl ReaderUpgrades {
                     upgrade.stream, upgrade.task.pid, upgrade.previous
                 );
             }
+            // After its own restore: from then on what it makes starts at its own priority.
+            self.forks.restored(upgrade.task.pid);
         }
         self.persist();
+        RaisedForks::sync(hook, !self.table.is_empty());
     }
 
     /// Nanoseconds until an upgrade goes idle.
@@ -303,7 +402,7 @@ impl ReaderUpgrades {
     }
 
     /// Rewrites the record of raised threads (removed when there is none).
-    fn persist(&self) {
+    fn persist(&mut self) {
         let all = self.table.all();
         let result = if all.is_empty() {
             match std::fs::remove_file(&self.record) {
@@ -311,15 +410,68 @@ impl ReaderUpgrades {
                 _ => Ok(()),
             }
         } else {
-            serde_json::to_vec(&all)
-                .map_err(io::Error::other)
-                .and_then(|bytes| abiss_os::fs::write_atomically(&self.record, &bytes))
+            self.write_record(&all)
         };
-        if let Err(error) = result {
-            warn!(
-                "cannot record raised threads in {}: {error}; a crash would leave them raised",
-                self.record.display()
-            );
+        self.note_record(result);
+    }
+
+    fn write_record(&self, upgrades: &[Upgrade]) -> io::Result<()> {
+        serde_json::to_vec(upgrades)
+            .map_err(io::Error::other)
+            .and_then(|bytes| abiss_os::fs::write_atomically(&self.record, &bytes))
+    }
+
+    /// Records the raised threads with `upgrade` among them (as the table will hold it),
+    /// before the table holds it; whether the record was written.
+    fn record_with(&mut self, upgrade: &Upgrade) -> bool {
+        let mut all = self.table.all();
+        let mut new = upgrade.clone();
+        if let Some(earlier) = all.iter().find(|u| u.task == new.task) {
+            new.previous = earlier.previous;
+        }
+        all.retain(|u| u.task.pid != new.task.pid);
+        all.push(new);
+        let result = self.write_record(&all);
+        self.note_record(result)
+    }
+
+    /// Whether a raise may be recorded now: yes unless the last write failed, and then only
+    /// if writing works again (tried at most every `RECORD_RETRY_NS`).
+    fn can_record(&mut self, now_ns: u64) -> bool {
+        match self.unrecorded_retry_ns {
+            None => true,
+            Some(retry) if now_ns < retry => false,
+            Some(_) => {
+                let result = self.write_record(&self.table.all());
+                self.note_record(result)
+            }
+        }
+    }
+
+    /// Notes whether a write of the record worked, saying so when that changes; whether it did.
+    fn note_record(&mut self, result: io::Result<()>) -> bool {
+        let was_unrecorded = self.unrecorded_retry_ns.is_some();
+        match result {
+            Ok(()) => {
+                if was_unrecorded {
+                    info!(
+                        "raised threads can be recorded in {} again; raising readers again",
+                        self.record.display()
+                    );
+                }
+                self.unrecorded_retry_ns = None;
+                true
+            }
+            Err(error) => {
+                if !was_unrecorded {
+                    warn!(
+                        "cannot record raised threads in {}: {error}; raising no reader until it can be written, since a crash would leave an unrecorded raise for good",
+                        self.record.display()
+                    );
+                }
+                self.unrecorded_retry_ns = Some(monotonic_ns() + RECORD_RETRY_NS);
+                false
+            }
         }
     }
 }

@@ -79,7 +79,7 @@ fn no_tracked_request_leaks_and_no_program_survives_the_daemon() {
     );
 
     let ids: Vec<u32> = report.programs.iter().map(|p| p.id).collect();
-    assert_eq!(ids.len(), 10, "ten programs attached");
+    assert_eq!(ids.len(), 11, "eleven programs attached");
     assert!(ids.iter().all(|&id| program_loaded(id)));
     assert_eq!(daemon.stop(), Some(0), "clean exit on SIGTERM");
     assert!(

@@ -105,6 +105,13 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// 10 000 attach/detach cycles by four users with abissd killed every 2 000, then what
+    /// is left over (see `abiss-bench soak --help`).
+    Soak {
+        /// Passed to `abiss-bench soak`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -126,6 +133,7 @@ fn main() -> ExitCode {
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
             Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
+            Benchmark::Soak { args } => bench::run_bench_binary(&root, "soak", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
         Command::Install(args) => install::run(&root, &args),

@@ -346,6 +346,7 @@ mod tests {
             upgrades: 1,
             uring_requests: 0,
             suggestion: None,
+            start_limited: false,
         }
     }
 

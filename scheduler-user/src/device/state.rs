@@ -5,6 +5,7 @@
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use abiss_proto::DeviceNumber;
@@ -234,10 +235,12 @@ pub(super) fn create_state_dir(dir: &Path) -> Result<(), DeviceError> {
 /// removing one while another process waits on it would let two processes hold "the" lock.
 pub(super) fn lock_device(devices_dir: &Path, disk: &Disk) -> Result<Flock<File>, DeviceError> {
     let path = devices_dir.join(format!("{}.lock", disk.number));
+    // A link planted at the name is not followed (root would create or open its target).
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
         .map_err(|source| DeviceError::StateFile {
             path: path.clone(),

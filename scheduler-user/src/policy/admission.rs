@@ -43,7 +43,10 @@ pub const PEAK_STDEVS: f64 = 3.0;
 
 /// Most streams capacity planning considers (`count`, and how far `n_max` searches): far
 /// more real-time streams than any disk serves, and small enough that a plan costs
-/// milliseconds on the daemon's main loop.
+/// milliseconds on the daemon's main loop: the costliest plan at this bound (10 000 streams
+/// of 1 B/s on a disk with a model, statistical mode) took 36 ms in a debug build on a 2-core
+/// machine, under the 50 ms at which it would have to move off the loop. The server asks for
+/// one plan at a time (`server::limits::PLANS_AT_ONCE`).
 pub const MAX_PLANNED_STREAMS: u32 = 10_000;
 
 /// What one stream asks of the device.

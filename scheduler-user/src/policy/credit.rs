@@ -23,10 +23,17 @@ impl CreditTimer {
     /// A full timer at `rate_bps` that holds at most `limit_bytes` of credit.
     #[must_use]
     pub fn new(rate_bps: u64, limit_bytes: u64, now_ns: u64) -> Self {
+        Self::starting_with(rate_bps, limit_bytes, limit_bytes, now_ns)
+    }
+
+    /// A timer that starts with `start_bytes` of credit (at most the limit): a stream whose
+    /// start-up burst was cut short ([`super::burst`]).
+    #[must_use]
+    pub fn starting_with(rate_bps: u64, limit_bytes: u64, start_bytes: u64, now_ns: u64) -> Self {
         let limit_scaled = i128::from(limit_bytes) * NS;
         Self {
             rate_bps,
-            scaled: limit_scaled,
+            scaled: (i128::from(start_bytes) * NS).min(limit_scaled),
             limit_scaled,
             last_ns: now_ns,
         }

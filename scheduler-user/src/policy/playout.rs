@@ -95,9 +95,20 @@ pub struct PlayoutBuffer {
 }
 
 impl PlayoutBuffer {
-    /// A stream at the start of its file; returns the initial fill.
+    /// A stream at the start of its file with a full credit timer; returns the initial fill.
     #[must_use]
     pub fn new(shape: PlayoutShape, now_ns: u64) -> (Self, Vec<WindowAction>) {
+        Self::starting_with(shape, shape.credit_limit_bytes, now_ns)
+    }
+
+    /// A stream at the start of its file whose credit timer holds `start_credit_bytes`;
+    /// returns the initial fill, as far as that credit goes.
+    #[must_use]
+    pub fn starting_with(
+        shape: PlayoutShape,
+        start_credit_bytes: u64,
+        now_ns: u64,
+    ) -> (Self, Vec<WindowAction>) {
         let shape = PlayoutShape {
             buffer_bytes: page_ceil(shape.buffer_bytes.max(PAGE)),
             batch_bytes: page_ceil(shape.batch_bytes.max(PAGE)),
@@ -105,7 +116,12 @@ impl PlayoutBuffer {
         };
         let mut buffer = Self {
             shape,
-            credit: CreditTimer::new(shape.rate_bps, shape.credit_limit_bytes, now_ns),
+            credit: CreditTimer::starting_with(
+                shape.rate_bps,
+                shape.credit_limit_bytes,
+                start_credit_bytes,
+                now_ns,
+            ),
             app_point: 0,
             window_start: 0,
             requested_end: 0,

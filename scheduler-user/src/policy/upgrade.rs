@@ -92,6 +92,12 @@ impl UpgradeTable {
         }
     }
 
+    /// Whether no thread is raised.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.upgrades.is_empty()
+    }
+
     /// The upgrade of thread `pid`, if raised.
     #[must_use]
     pub fn get(&self, pid: u32) -> Option<&Upgrade> {

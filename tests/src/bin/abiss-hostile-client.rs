@@ -15,6 +15,19 @@
 //!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
 //!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
 //!   with an error, 3 if all went through; a SIGPIPE kills it instead.
+//! - `abiss-hostile-client SOCKET subscribe CONNECTIONS FILE`: CONNECTIONS times, one after
+//!   another: connects, attaches FILE (a non-persistent stream; `-` for none), subscribes to
+//!   request events, and hangs up once subscribed. A connection refused for the limits is
+//!   tried again. Prints `subscribed N attached A retried R`.
+//! - `abiss-hostile-client SOCKET hold CONNECTIONS 0`: opens CONNECTIONS connections and keeps
+//!   them all, sends `hello` on each and reads the first answer; prints `answered A refused R`
+//!   and the first refusal, then holds them until a line arrives on standard input.
+//! - `abiss-hostile-client SOCKET plans DEVICE CONNECTIONS`: CONNECTIONS connections each ask
+//!   for the costliest capacity plan (10 000 streams of 1 B/s on DEVICE) back to back; prints
+//!   `planning` once all have asked once, and stops when a line arrives on standard input.
+//! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
+//!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
+//!   was still open after SECONDS.
 use std::io::{BufRead, BufReader, IoSlice};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -31,7 +44,9 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
-        eprintln!("usage: abiss-hostile-client SOCKET fds|overflow|admit|opath|outlive ARG ARG");
+        eprintln!(
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+        );
         return ExitCode::from(2);
     };
     match mode.as_str() {
@@ -45,6 +60,24 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "outlive" => outlive(socket),
+        "plans" => {
+            let Ok(connections) = second.parse::<u32>() else {
+                eprintln!("CONNECTIONS is a number");
+                return ExitCode::from(2);
+            };
+            plans_back_to_back(socket, first, connections)
+        }
+        "subscribe" | "hold" | "idle" => {
+            let Ok(number) = first.parse::<u32>() else {
+                eprintln!("the first argument of {mode} is a number");
+                return ExitCode::from(2);
+            };
+            match mode.as_str() {
+                "subscribe" => subscribe_and_hang_up(socket, number, second),
+                "hold" => hold_connections(socket, number),
+                _ => idle(socket, number),
+            }
+        }
         "opath" => opath(socket, first),
         "admit" => {
             let Ok(count) = second.parse::<u32>() else {
@@ -170,4 +203,149 @@ fn outlive(socket: &str) -> ExitCode {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     ExitCode::from(3)
+}
+
+/// Whether `answer` (one protocol line) refuses the connection.
+fn is_refusal(answer: &str) -> bool {
+    answer.contains("\"refused\"")
+}
+
+/// Subscriptions that hang up once they are served; each may first attach `file`.
+fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode {
+    let (mut subscribed, mut attached, mut retried) = (0, 0, 0);
+    while subscribed < connections {
+        let mut client = match Client::connect(Path::new(socket)) {
+            Ok(client) => client,
+            Err(error) => {
+                eprintln!("connect: {error}");
+                return ExitCode::from(4);
+            }
+        };
+        if file != "-" {
+            let request = AttachRequest {
+                rate: ByteRate(1000),
+                buffer: ByteSize(64 << 10),
+                batch_pages: 1,
+                priority: 0,
+                persistent: false,
+            };
+            // Another limit (streams, memory, bursts) may refuse an attach: the subscription
+            // is the attack, the stream only what it would hold.
+            if client
+                .attach(std::fs::File::open(file).expect("open"), request)
+                .is_ok()
+            {
+                attached += 1;
+            }
+        }
+        match client.subscribe_events() {
+            Ok(()) => subscribed += 1,
+            Err(error) if error.to_string().contains("connections") => {
+                retried += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(error) => {
+                eprintln!("subscription refused: {error}");
+                return ExitCode::from(5);
+            }
+        }
+        // Dropping the client hangs up.
+    }
+    println!("subscribed {subscribed} attached {attached} retried {retried}");
+    ExitCode::SUCCESS
+}
+
+/// `connections` connections held open at once, each asked `hello`.
+fn hold_connections(socket: &str, connections: u32) -> ExitCode {
+    let hello = encode_line(&Envelope::new(Request::Hello)).expect("encode");
+    let mut held = Vec::new();
+    let (mut answered, mut refused, mut refusal) = (0, 0, String::new());
+    for _ in 0..connections {
+        let stream = UnixStream::connect(socket).expect("connect");
+        // A refused connection may be closed before the request arrives: that is fine.
+        let _ = std::io::Write::write_all(&mut &stream, &hello);
+        let mut answer = String::new();
+        let _ = BufReader::new(&stream).read_line(&mut answer);
+        if is_refusal(&answer) {
+            refused += 1;
+            if refusal.is_empty() {
+                answer.trim().clone_into(&mut refusal);
+            }
+        } else if answer.contains("hello") {
+            answered += 1;
+        }
+        held.push(stream);
+    }
+    println!("answered {answered} refused {refused}");
+    println!("{refusal}");
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    drop(held);
+    ExitCode::SUCCESS
+}
+
+/// A connection that sends nothing: how long until the daemon closes it.
+fn idle(socket: &str, seconds: u32) -> ExitCode {
+    let stream = UnixStream::connect(socket).expect("connect");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(seconds.into())))
+        .expect("timeout");
+    let started = std::time::Instant::now();
+    let mut reader = BufReader::new(&stream);
+    let mut answer = String::new();
+    let mut rest = String::new();
+    let closed = reader.read_line(&mut answer).is_ok() && reader.read_line(&mut rest).is_ok();
+    if !closed || !rest.is_empty() {
+        println!("still open after {seconds} s: {answer}{rest}");
+        return ExitCode::from(3);
+    }
+    println!(
+        "closed after {} ms: {}",
+        started.elapsed().as_millis(),
+        answer.trim()
+    );
+    ExitCode::SUCCESS
+}
+
+/// Connections asking for the costliest plan, back to back, until standard input has a line.
+fn plans_back_to_back(socket: &str, device: &str, connections: u32) -> ExitCode {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Barrier};
+    let stop = Arc::new(AtomicBool::new(false));
+    let asked = Arc::new(Barrier::new(connections as usize + 1));
+    let workers: Vec<_> = (0..connections)
+        .map(|_| {
+            let (stop, asked) = (Arc::clone(&stop), Arc::clone(&asked));
+            let (socket, device) = (socket.to_owned(), device.to_owned());
+            std::thread::spawn(move || {
+                let mut client = Client::connect(Path::new(&socket)).expect("connect");
+                let plan = Request::Admit(AdmitRequest {
+                    device,
+                    rate: ByteRate(1),
+                    rate_stdev: ByteRate(0),
+                    buffer: ByteSize(564 << 10),
+                    batch_pages: None,
+                    count: Some(10_000),
+                    mode: None,
+                    write: false,
+                });
+                client.send(plan.clone()).expect("ask");
+                asked.wait();
+                while client.receive().is_ok() && !stop.load(Ordering::Relaxed) {
+                    if client.send(plan.clone()).is_err() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    asked.wait();
+    println!("planning");
+    let mut go = String::new();
+    let _ = std::io::stdin().read_line(&mut go);
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        let _ = worker.join();
+    }
+    ExitCode::SUCCESS
 }

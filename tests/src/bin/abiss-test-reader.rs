@@ -3,8 +3,10 @@
 //! a JSON summary per phase.
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
-//! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS]` (`--linger`: stay alive, idle,
-//! that long after the last read; `--direct`: `O_DIRECT` reads).
+//! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]` (`--linger`:
+//! stay alive, idle, that long after the last read; `--direct`: `O_DIRECT` reads; `--fork`:
+//! after the first phase the reading thread forks a child process that reads FILE at the same
+//! pace for SECS, and starts a thread that sleeps SECS; both are waited for before exit).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -114,6 +116,8 @@ struct Options {
     uring: bool,
     direct: bool,
     linger: u64,
+    /// The file a forked child reads, and for how long.
+    fork: Option<(String, u64)>,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -131,6 +135,7 @@ fn parse_options() -> Options {
         uring: false,
         direct: false,
         linger: 0,
+        fork: None,
     };
     let mut i = 6;
     while i < args.len() {
@@ -146,6 +151,10 @@ fn parse_options() -> Options {
             "--linger" => {
                 options.linger = number(i + 1);
                 i += 2;
+            }
+            "--fork" => {
+                options.fork = Some((args[i + 1].clone(), number(i + 2)));
+                i += 3;
             }
             "--direct" => {
                 options.direct = true;
@@ -209,6 +218,10 @@ fn main() {
         Duration::from_secs(options.secs),
     );
     println!("{}", summary(&first));
+    let forked = options
+        .fork
+        .as_ref()
+        .map(|(file, secs)| fork_child_and_thread(file, rate, read, *secs));
     if let Some((offset, secs)) = options.seek {
         reader.seek(SeekFrom::Start(offset)).expect("seek");
         let second = paced_read(
@@ -222,6 +235,43 @@ fn main() {
         println!("{}", summary(&second));
     }
     std::thread::sleep(Duration::from_secs(options.linger));
+    if let Some((child, thread)) = forked {
+        let _ = thread.join();
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(child, &raw mut status, 0) };
+    }
+}
+
+/// From the calling (reading) thread: forks a child process that reads `file` at `rate` for
+/// `secs` and exits, and starts a thread that sleeps `secs`. Both are made by this thread, so
+/// both start with whatever I/O priority it has now.
+fn fork_child_and_thread(
+    file: &str,
+    rate: u64,
+    read: usize,
+    secs: u64,
+) -> (libc::pid_t, std::thread::JoinHandle<()>) {
+    // SAFETY: the process is single-threaded here (the thread starts after the fork), so the
+    // child may allocate and do I/O.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let mut other = File::open(file).expect("open the child's file");
+        let report = paced_read(
+            &mut other,
+            None,
+            rate,
+            1 << 20,
+            read,
+            Duration::from_secs(secs),
+        );
+        eprintln!("child read {} bytes", report.bytes);
+        // SAFETY: ends the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(0) };
+    }
+    let thread = std::thread::spawn(move || std::thread::sleep(Duration::from_secs(secs)));
+    (child, thread)
 }
 
 trait ReadSeek: Read + Seek {}

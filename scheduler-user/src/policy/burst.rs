@@ -1,0 +1,209 @@
+//! The start-up burst allowance: what a new stream may load at once, before its credit timer
+//! paces it.
+//!
+//! A stream's credit timer starts with credit for its first fill, which is loaded at once at
+//! the stream's real-time level. Admission counts a stream's rate, not that fill, so without a
+//! bound an attach/detach loop on a 1 B/s reservation bought a full buffer of real-time reads
+//! per attach: full-disk real-time traffic for any user (issue 9, finding 4). The start-up
+//! credit therefore comes out of token buckets: one per user and one shared by all users but
+//! root. A stream gets the smaller of what it wants and what both hold; anything short of its
+//! fill it loads at its own rate, like any window movement. Over any time `t` all users but
+//! root together start at most `shared capacity + shared rate × t` bytes of real-time fills.
+//!
+//! Root's streams are exempt: root is trusted with the disk anyway (it could run `ionice -c1`).
+
+use std::collections::BTreeMap;
+
+/// Nanoseconds per second.
+const NS: u128 = 1_000_000_000;
+
+/// The sizes of the buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BurstLimits {
+    /// What one user may start at once, in bytes.
+    pub user_bytes: u64,
+    /// How fast a user's allowance comes back, in bytes per second.
+    pub user_rate_bps: u64,
+    /// What all users but root may start at once together.
+    pub shared_bytes: u64,
+    /// How fast the shared allowance comes back.
+    pub shared_rate_bps: u64,
+}
+
+impl BurstLimits {
+    /// The defaults: a user may start a few players with large buffers at once (32 MiB) and
+    /// gets 1 MiB/s back; all users together 128 MiB and 4 MiB/s, a small share of a disk.
+    pub const DEFAULT: Self = Self {
+        user_bytes: 32 << 20,
+        user_rate_bps: 1 << 20,
+        shared_bytes: 128 << 20,
+        shared_rate_bps: 4 << 20,
+    };
+}
+
+/// One token bucket, exact to the byte-nanosecond.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bucket {
+    /// Bytes × 10⁹ held.
+    scaled: u128,
+    last_ns: u64,
+}
+
+impl Bucket {
+    fn full(capacity: u64, now_ns: u64) -> Self {
+        Self {
+            scaled: u128::from(capacity) * NS,
+            last_ns: now_ns,
+        }
+    }
+
+    fn refill(&mut self, capacity: u64, rate_bps: u64, now_ns: u64) {
+        let elapsed = u128::from(now_ns.saturating_sub(self.last_ns));
+        self.last_ns = self.last_ns.max(now_ns);
+        self.scaled = (self.scaled + elapsed * u128::from(rate_bps)).min(u128::from(capacity) * NS);
+    }
+
+    fn bytes(&self) -> u64 {
+        u64::try_from(self.scaled / NS).unwrap_or(u64::MAX)
+    }
+
+    fn take(&mut self, bytes: u64) {
+        self.scaled = self.scaled.saturating_sub(u128::from(bytes) * NS);
+    }
+
+    fn is_full(&self, capacity: u64) -> bool {
+        self.scaled >= u128::from(capacity) * NS
+    }
+}
+
+/// The buckets of every user who started a stream lately.
+#[derive(Clone, Debug)]
+pub struct BurstAllowance {
+    limits: BurstLimits,
+    shared: Bucket,
+    /// Users whose bucket is not full; a full bucket is the same as none, so the map holds
+    /// only users who attached within the last `user_bytes / user_rate_bps` seconds.
+    users: BTreeMap<u32, Bucket>,
+}
+
+impl BurstAllowance {
+    /// Full buckets.
+    #[must_use]
+    pub fn new(limits: BurstLimits, now_ns: u64) -> Self {
+        Self {
+            limits,
+            shared: Bucket::full(limits.shared_bytes, now_ns),
+            users: BTreeMap::new(),
+        }
+    }
+
+    /// Grants a new stream of `uid` up to `wanted` bytes of start-up credit, and takes them
+    /// from the buckets.
+    pub fn grant(&mut self, uid: u32, wanted: u64, now_ns: u64) -> u64 {
+        if uid == 0 {
+            return wanted;
+        }
+        let limits = self.limits;
+        self.shared
+            .refill(limits.shared_bytes, limits.shared_rate_bps, now_ns);
+        let user = self
+            .users
+            .entry(uid)
+            .or_insert_with(|| Bucket::full(limits.user_bytes, now_ns));
+        user.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+        let granted = wanted.min(user.bytes()).min(self.shared.bytes());
+        user.take(granted);
+        self.shared.take(granted);
+        // Forget users whose buckets are full again, so the map stays small.
+        self.users.retain(|_, bucket| {
+            bucket.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+            !bucket.is_full(limits.user_bytes)
+        });
+        granted
+    }
+
+    /// Users with a bucket that is not full.
+    #[must_use]
+    pub fn users_tracked(&self) -> usize {
+        self.users.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn small() -> BurstLimits {
+        BurstLimits {
+            user_bytes: 10_000,
+            user_rate_bps: 1_000,
+            shared_bytes: 25_000,
+            shared_rate_bps: 2_000,
+        }
+    }
+
+    #[test]
+    fn a_user_gets_the_bucket_then_the_rate() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        assert_eq!(burst.grant(7, 6_000, 0), 6_000);
+        assert_eq!(burst.grant(7, 6_000, 0), 4_000);
+        assert_eq!(burst.grant(7, 6_000, 0), 0);
+        assert_eq!(burst.grant(7, 6_000, 2 * S), 2_000);
+    }
+
+    #[test]
+    fn root_is_exempt_and_costs_nobody_anything() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        assert_eq!(burst.grant(0, u64::MAX, 0), u64::MAX);
+        assert_eq!(burst.grant(7, 10_000, 0), 10_000);
+    }
+
+    #[test]
+    fn users_together_are_bounded_by_the_shared_bucket() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        let total: u64 = (1..=5).map(|uid| burst.grant(uid, 10_000, 0)).sum();
+        assert_eq!(total, 25_000);
+    }
+
+    #[test]
+    fn full_buckets_are_forgotten() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        burst.grant(7, 5_000, 0);
+        assert_eq!(burst.users_tracked(), 1);
+        burst.grant(8, 0, 10 * S);
+        assert_eq!(burst.users_tracked(), 0);
+    }
+
+    proptest! {
+        /// Whatever users ask, and whenever, users but root start no more than the shared
+        /// bucket plus its rate over the time, and no user more than its own.
+        #[test]
+        fn grants_never_exceed_the_buckets(
+            asks in proptest::collection::vec((1u32..6, 0u64..20_000, 0u64..(S / 2)), 1..200)
+        ) {
+            let limits = small();
+            let mut burst = BurstAllowance::new(limits, 0);
+            let mut now = 0u64;
+            let mut total = 0u64;
+            let mut per_user = BTreeMap::<u32, u64>::new();
+            for (uid, wanted, step) in asks {
+                now += step;
+                let granted = burst.grant(uid, wanted, now);
+                prop_assert!(granted <= wanted);
+                total += granted;
+                *per_user.entry(uid).or_default() += granted;
+            }
+            let secs = u128::from(now) / u128::from(S) + 1;
+            let bound = |bytes: u64, rate: u64| u128::from(bytes) + u128::from(rate) * secs;
+            prop_assert!(u128::from(total) <= bound(limits.shared_bytes, limits.shared_rate_bps));
+            for granted in per_user.values() {
+                prop_assert!(
+                    u128::from(*granted) <= bound(limits.user_bytes, limits.user_rate_bps)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The tasks a raised thread makes: followed by the fork program, and put back at once.
+//!
+//! A raise ([`crate::upgrades`]) is `ioprio_set` on one thread, and the kernel copies a
+//! thread's I/O priority into every task it makes: a forked child, a new thread, a
+//! `posix_spawn`ed program. Those never asked for the raise, and nothing would put them back.
+//! So a raised thread's forks are followed: before a thread is raised it is written into the
+//! `RAISED` map, and while any thread is raised the fork program (`scheduler-ebpf/src/fork.rs`,
+//! a BTF tracepoint on `sched_process_fork`, which fires for every new task, thread or process)
+//! is attached. For a task made by a thread in the map it notes the task in the map with the
+//! raise it comes from (so the tasks it makes in turn are followed too) and reports it on the
+//! `FORKS` ring; [`RaisedForks::on_fork`] then **puts it back at once** to the priority the
+//! raised thread had before its raise, if it still has the raised one, and takes it out of the
+//! map.
+//!
+//! Putting it back at once, rather than recording it with its parent's raise and restoring
+//! both together, was chosen because:
+//! - a child never keeps, even for the seconds until an idle expiry, a raise it was not given
+//!   (a raise is for one thread's reads of one file);
+//! - nothing about a child needs to survive the daemon: it is never written to
+//!   `upgrades.json`, so a restart has no children to find again (a crash leaves one raised
+//!   only if it falls between its fork and its put-back, a fraction of a millisecond when the
+//!   daemon is not busy);
+//! - a child is not its parent: it may outlive it, exec another program or set its own
+//!   priority, so a recorded child would need identity checks of its own at every restore.
+//!
+//! One kind of task is the exception: one made with `CLONE_IO` (the `io_uring` workers that
+//! carry out a raised reader's requests) shares its parent's I/O context, so its priority *is*
+//! the parent's, and putting it back alone would put back the parent. It stays in the map and
+//! goes back with its parent: at a raised thread's restore every task noted under its raise is
+//! put back if it still has the raised priority (a shared one then only if the parent was
+//! gone) and leaves the map. The same sweep runs at shutdown, and whenever the fork program
+//! counted reports it could not make (`FORK_LOST`: its ring was full), so such a task is
+//! still found in the map.
+//!
+//! The fork program is attached only while some thread is raised ([`ForkHook`]): with nothing
+//! raised a fork costs what it costs without abissd.
+
+use abiss_os::{clock::monotonic_ns, ioprio};
+use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use log::{debug, info, warn};
+use scheduler_common::RaisedThread;
+
+use crate::kernel_events::{inherited_raise, Fork, InheritedRaise};
+use crate::tracer::BlockTracer;
+
+/// Attaches the fork program while some thread is raised and detaches it once none is.
+pub trait ForkHook {
+    /// Whether the new tasks of raised threads are to be followed from now on.
+    fn follow_forks(&mut self, on: bool) -> Result<(), String>;
+}
+
+impl ForkHook for BlockTracer {
+    fn follow_forks(&mut self, on: bool) -> Result<(), String> {
+        self.set_raised(on).map_err(|error| error.to_string())
+    }
+}
+
+/// The `RAISED` map, the fork program's count of reports it could not make, and what was put
+/// back.
+pub struct RaisedForks {
+    raised: HashMap<MapData, u32, RaisedThread>,
+    lost: PerCpuArray<MapData, u64>,
+    /// Tasks made by raised threads and put back.
+    put_back: u64,
+    /// `lost` as last looked at.
+    lost_seen: u64,
+}
+
+impl std::fmt::Debug for RaisedForks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RaisedForks")
+            .field("put_back", &self.put_back)
+            .field("lost_seen", &self.lost_seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RaisedForks {
+    /// Over the `RAISED` and `FORK_LOST` maps of the loaded object.
+    pub fn new(raised: Map, lost: Map) -> Result<Self, MapError> {
+        Ok(Self {
+            raised: HashMap::try_from(raised)?,
+            lost: PerCpuArray::try_from(lost)?,
+            put_back: 0,
+            lost_seen: 0,
+        })
+    }
+
+    /// Follows thread `tid`'s forks under a raise from `previous` to `applied`, with the fork
+    /// program attached: called before the thread is raised.
+    pub fn follow(
+        &mut self,
+        tid: u32,
+        (previous, applied): (u16, u16),
+        hook: &mut dyn ForkHook,
+    ) -> Result<(), String> {
+        let entry = RaisedThread {
+            root: tid,
+            previous,
+            applied,
+            flags: 0,
+            pad: 0,
+        };
+        self.raised
+            .insert(tid, entry, 0)
+            .map_err(|error| error.to_string())?;
+        hook.follow_forks(true)
+    }
+
+    /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): it is
+    /// no longer followed, and the tasks it made still followed are put back.
+    pub fn restored(&mut self, tid: u32) {
+        let _ = self.raised.remove(&tid);
+        self.sweep(Some(tid), true);
+    }
+
+    /// Keeps the fork program attached while `any_raised`, and only then.
+    pub fn sync(hook: &mut dyn ForkHook, any_raised: bool) {
+        if let Err(error) = hook.follow_forks(any_raised) {
+            warn!("cannot switch the fork program: {error}");
+        }
+    }
+
+    /// A followed thread made a task, which started with the raise: put it back at once,
+    /// unless it shares its parent's I/O context (it goes back with its parent) or the daemon
+    /// raised it since for its own reads (`raised_itself`).
+    pub fn on_fork(&mut self, fork: &Fork, raised_itself: bool) {
+        if fork.raise.shares_io_context {
+            debug!(
+                "thread {} made {} with CLONE_IO: it goes back with thread {}",
+                fork.parent, fork.child, fork.raise.root
+            );
+            return;
+        }
+        if raised_itself {
+            return;
+        }
+        if self.put_back(fork.child, &fork.raise) {
+            debug!(
+                "thread {} made {}, put back to ioprio {:#x} {} µs after",
+                fork.parent,
+                fork.child,
+                fork.raise.previous,
+                monotonic_ns().saturating_sub(fork.at_ns) / 1000
+            );
+        }
+    }
+
+    /// Puts back the followed tasks the fork program could not report, if it says there were
+    /// any since the last look.
+    pub fn find_unreported(&mut self) {
+        let lost = self
+            .lost
+            .get(&0, 0)
+            .map_or(0, |per_cpu| per_cpu.iter().sum());
+        if lost != self.lost_seen {
+            warn!(
+                "{} new tasks of raised threads went unreported (ring full); looking for them",
+                lost.wrapping_sub(self.lost_seen)
+            );
+            self.lost_seen = lost;
+            // Not those sharing a raised thread's I/O context: that would put it back too.
+            self.sweep(None, false);
+        }
+    }
+
+    /// Puts back every task still followed (daemon shutdown, once no thread is raised).
+    pub fn shutdown(&mut self) {
+        self.sweep(None, true);
+        if self.put_back > 0 {
+            info!("put back {} tasks made by raised threads", self.put_back);
+        }
+    }
+
+    /// Puts task `tid`, made under `raise`, back to the raised thread's own priority if it
+    /// still has the raised one, then stops following it (in this order: a task it makes
+    /// after the put-back starts at the right priority; one made before is in the map).
+    /// Whether it was put back.
+    fn put_back(&mut self, tid: u32, raise: &InheritedRaise) -> bool {
+        let done = ioprio::get(tid).ok() == Some(raise.applied)
+            && match ioprio::set(tid, raise.previous) {
+                Ok(()) => true,
+                Err(error) => {
+                    warn!("cannot put back task {tid}, made by a raised thread: {error}");
+                    false
+                }
+            };
+        self.put_back += u64::from(done);
+        let _ = self.raised.remove(&tid);
+        done
+    }
+
+    /// Puts back the followed tasks made under `root`'s raise (every raise's for `None`),
+    /// those sharing an I/O context with their parent only if `shared`.
+    fn sweep(&mut self, root: Option<u32>, shared: bool) {
+        let found: Vec<(u32, InheritedRaise)> = self
+            .raised
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(tid, entry)| Some((tid, inherited_raise(&entry)?)))
+            .filter(|(_, raise)| root.is_none_or(|root| raise.root == root))
+            .collect();
+        for (tid, raise) in found {
+            if shared || !raise.shares_io_context {
+                self.put_back(tid, &raise);
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The hands of the protocol fuzzer (`tests/tests/fuzz_protocol.rs`): run as `nobody`, it does
+//! to abissd's socket exactly what each generated case says, so that the daemon meets the cases
+//! as an unprivileged local user's, while the test (root) generates them and checks the daemon.
+//!
+//! `abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE`
+//!
+//! Reads one case per line on standard input, a JSON object:
+//! `{"connections": [{"messages": [{"hex": "…", "fds": ["pipe", …]}], "hang_up": false}]}`.
+//! Every connection of a case runs at once, each in its own thread: it connects, sends each
+//! message (its bytes, given in hex, with a descriptor of each named kind passed by
+//! `SCM_RIGHTS`), then either hangs up at once (`hang_up`) or shuts its sending side and reads
+//! the daemon's answers until the daemon closes or a second has passed. Writes one JSON line
+//! per case: how many connections were made, answer lines read, streams attached, connections the daemon closed
+//! itself, messages whose sending failed, and descriptors sent.
+//!
+//! Descriptor kinds: `file` (`FILE`), `directory` (`DIRECTORY`), `opath` (an `O_PATH` descriptor of
+//! `SECRET_FILE`, which `nobody` may not read), `pipe` (the read end of a new pipe), `socket` (one
+//! end of a new socket pair), `null` (/dev/null), `managed` (`MANAGED_FILE`, on the disk abissd
+//! manages) and `other_disk` (`OTHER_DISK_FILE`, on a disk it does not manage).
+use std::fs::File;
+use std::io::{BufRead, BufReader, IoSlice, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use serde_json::{json, Value};
+
+/// How long a connection waits for the daemon to close after the client stopped sending.
+const ANSWER_WAIT: Duration = Duration::from_secs(1);
+
+/// The paths the descriptor kinds open.
+struct Paths {
+    socket: String,
+    file: String,
+    directory: String,
+    managed: String,
+    other_disk: String,
+    secret: String,
+}
+
+/// What one connection saw.
+#[derive(Default)]
+struct Outcome {
+    connected: u64,
+    answers: u64,
+    attached: u64,
+    closed_by_daemon: u64,
+    send_failed: u64,
+    fds_sent: u64,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, socket, file, directory, managed, other_disk, secret] = args.as_slice() else {
+        eprintln!("usage: abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE");
+        return ExitCode::from(2);
+    };
+    let paths = Paths {
+        socket: socket.clone(),
+        file: file.clone(),
+        directory: directory.clone(),
+        managed: managed.clone(),
+        other_disk: other_disk.clone(),
+        secret: secret.clone(),
+    };
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else {
+            return ExitCode::from(3);
+        };
+        let Ok(case) = serde_json::from_str::<Value>(&line) else {
+            eprintln!("a case is one JSON object per line");
+            return ExitCode::from(2);
+        };
+        let outcome = run_case(&paths, &case);
+        let answer = json!({
+            "connected": outcome.connected,
+            "answers": outcome.answers,
+            "attached": outcome.attached,
+            "closed_by_daemon": outcome.closed_by_daemon,
+            "send_failed": outcome.send_failed,
+            "fds_sent": outcome.fds_sent,
+        });
+        if writeln!(stdout, "{answer}")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return ExitCode::from(3);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Runs every connection of `case` at once; their outcomes summed.
+fn run_case(paths: &Paths, case: &Value) -> Outcome {
+    let connections = case["connections"].as_array().cloned().unwrap_or_default();
+    let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let running: Vec<_> = connections
+            .iter()
+            .map(|connection| scope.spawn(move || run_connection(paths, connection)))
+            .collect();
+        running
+            .into_iter()
+            .map(|thread| thread.join().unwrap_or_default())
+            .collect()
+    });
+    outcomes
+        .into_iter()
+        .fold(Outcome::default(), |sum, one| Outcome {
+            connected: sum.connected + one.connected,
+            answers: sum.answers + one.answers,
+            attached: sum.attached + one.attached,
+            closed_by_daemon: sum.closed_by_daemon + one.closed_by_daemon,
+            send_failed: sum.send_failed + one.send_failed,
+            fds_sent: sum.fds_sent + one.fds_sent,
+        })
+}
+
+/// One connection: send every message, then hang up or read the answers.
+fn run_connection(paths: &Paths, connection: &Value) -> Outcome {
+    let mut outcome = Outcome::default();
+    let Ok(stream) = UnixStream::connect(&paths.socket) else {
+        return outcome;
+    };
+    outcome.connected = 1;
+    // Answers are read while sending: a daemon that answers many requests must never block
+    // on a client that is still sending (nor the client on it).
+    let reader = stream
+        .try_clone()
+        .ok()
+        .map(|read_side| std::thread::spawn(move || read_answers(read_side)));
+    let _ = stream.set_write_timeout(Some(ANSWER_WAIT));
+    for message in connection["messages"].as_array().into_iter().flatten() {
+        let bytes = decode_hex(message["hex"].as_str().unwrap_or_default());
+        let kinds: Vec<&str> = message["fds"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let held: Vec<OwnedFd> = kinds
+            .iter()
+            .filter_map(|kind| open_kind(paths, kind))
+            .collect();
+        let raw: Vec<RawFd> = held.iter().map(AsRawFd::as_raw_fd).collect();
+        if send(&stream, &bytes, &raw) {
+            outcome.fds_sent += raw.len() as u64;
+        } else {
+            outcome.send_failed += 1;
+            break;
+        }
+    }
+    if connection["hang_up"].as_bool().unwrap_or(false) {
+        let _ = stream.shutdown(std::net::Shutdown::Both);
+    } else {
+        let _ = stream.shutdown(std::net::Shutdown::Write);
+    }
+    if let Some(reader) = reader {
+        let (answers, attached, closed) = reader.join().unwrap_or((0, 0, false));
+        outcome.answers = answers;
+        outcome.attached = attached;
+        outcome.closed_by_daemon = u64::from(closed);
+    }
+    outcome
+}
+
+/// Sends `bytes` with `fds` in one message (the whole of it, in as many writes as it takes;
+/// the descriptors go with the first). Whether all of it went.
+fn send(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> bool {
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let rights = [ControlMessage::ScmRights(fds)];
+        let control: &[ControlMessage] = if sent == 0 && !fds.is_empty() {
+            &rights
+        } else {
+            &[]
+        };
+        match sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[IoSlice::new(&bytes[sent..])],
+            control,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(0) | Err(_) => return false,
+            Ok(written) => sent += written,
+        }
+    }
+    true
+}
+
+/// Reads answer lines until the daemon closes or [`ANSWER_WAIT`] passes; the lines read, the
+/// streams attached, and whether the daemon closed.
+fn read_answers(stream: UnixStream) -> (u64, u64, bool) {
+    let deadline = Instant::now() + ANSWER_WAIT;
+    let (mut lines, mut attached) = (0, 0);
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return (lines, attached, false);
+        };
+        if left.is_zero() || reader.get_ref().set_read_timeout(Some(left)).is_err() {
+            return (lines, attached, false);
+        }
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) => return (lines, attached, true),
+            Ok(_) if line.ends_with(b"\n") => {
+                lines += 1;
+                attached += u64::from(line.starts_with(br#"{"kind":"attached""#));
+                line.clear();
+            }
+            Ok(_) => {}
+            // A reset is the daemon closing on a client that still had data in flight.
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (lines, attached, true)
+            }
+            Err(_) => return (lines, attached, false),
+        }
+    }
+}
+
+/// A new descriptor of `kind` (none if it cannot be made: the case goes on without it).
+fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
+    let open = |path: &str| File::open(path).ok().map(OwnedFd::from);
+    match kind {
+        "file" => open(&paths.file),
+        "directory" => open(&paths.directory),
+        "managed" => open(&paths.managed),
+        "other_disk" => open(&paths.other_disk),
+        "null" => open("/dev/null"),
+        "opath" => std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(&paths.secret)
+            .ok()
+            .map(OwnedFd::from),
+        "pipe" => nix::unistd::pipe()
+            .ok()
+            .map(|(read_end, _write_end)| read_end),
+        "socket" => UnixStream::pair()
+            .ok()
+            .map(|(one, _other)| OwnedFd::from(one)),
+        _ => None,
+    }
+}
+
+/// Bytes from hex digits (pairs that are not hex are skipped).
+fn decode_hex(hex: &str) -> Vec<u8> {
+    hex.as_bytes()
+        .chunks(2)
+        .filter_map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|digits| u8::from_str_radix(digits, 16).ok())
+        })
+        .collect()
+}

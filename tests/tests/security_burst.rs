@@ -1,0 +1,124 @@
+//! Start-up fills are bounded per user (issue 9, finding 4): an attach/detach loop on a tiny
+//! reservation must not buy a full buffer of real-time reads per attach.
+//!
+//! What is measured is what the product controls: the bytes the disk read while `nobody`
+//! attached and detached cold files, from the disk's own counters.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
+
+/// What the daemon's per-user start-up allowance holds and gives back (its defaults:
+/// `BurstLimits::DEFAULT`).
+const USER_BURST_BYTES: u64 = 32 << 20;
+const USER_BURST_RATE_BPS: u64 = 1 << 20;
+
+/// Bytes read from block device `name` so far (sectors of 512 bytes in its stat file).
+fn bytes_read(name: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
+    stat.split_whitespace()
+        .nth(2)
+        .and_then(|sectors| sectors.parse::<u64>().ok())
+        .expect("sectors read")
+        * 512
+}
+
+fn nobody_ctl(socket: &Path, args: &[&str]) -> std::process::Output {
+    abiss_tests::as_nobody(&binary("abissctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run abissctl as nobody")
+}
+
+#[test]
+fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    std::fs::set_permissions(
+        fs.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // 60 cold files of 2 MiB: each attach with a 2 MiB buffer wants 4 MiB of start-up credit
+    // (a fill and a seek refill) and would read its whole file at once.
+    let files: Vec<PathBuf> = (0..60)
+        .map(|i| {
+            let path = fs.path().join(format!("clip-{i}.bin"));
+            write_cold_file(&path, 2 << 20);
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .unwrap();
+            path
+        })
+        .collect();
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let disk = fs.device().name();
+    let before = bytes_read(&disk);
+    let started = Instant::now();
+    let mut told = 0;
+    for file in &files {
+        let path = file.to_string_lossy().into_owned();
+        let attached = nobody_ctl(
+            daemon.socket(),
+            &["attach", &path, "--rate", "1000", "--buffer", "2MiB"],
+        );
+        assert!(attached.status.success(), "{attached:?}");
+        if String::from_utf8_lossy(&attached.stderr).contains("start-up allowance is used up") {
+            told += 1;
+        }
+        let detached = nobody_ctl(daemon.socket(), &["detach", &path]);
+        assert!(detached.status.success(), "{detached:?}");
+    }
+    // Loads already issued finish after their detach; let them land before counting.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let elapsed = started.elapsed().as_secs_f64();
+    let read = bytes_read(&disk) - before;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a byte bound from seconds"
+    )]
+    let allowed = USER_BURST_BYTES + (USER_BURST_RATE_BPS as f64 * elapsed) as u64;
+    // Readahead may read up to one window (128 KiB) past a load; allow it per file.
+    let slack = 60 * (128 << 10);
+    println!(
+        "60 attach/detach cycles by nobody in {elapsed:.1} s: the disk read {} MiB \
+         (allowance {} MiB; without it 120 MiB); {told} attaches were told the allowance \
+         was used up",
+        read >> 20,
+        allowed >> 20
+    );
+    // The user is told, and the attach does not hang waiting for a window that fills slowly.
+    assert!(
+        told > 0,
+        "no attach said its start-up allowance was used up"
+    );
+    assert!(
+        elapsed < 60.0,
+        "60 attach/detach cycles took {elapsed:.0} s"
+    );
+    assert!(
+        read <= allowed + slack,
+        "an attach/detach loop read {read} bytes in {elapsed:.1} s; the allowance is {allowed}"
+    );
+    // Root's streams are exempt: its attach still fills at once.
+    let root_file = fs.path().join("root.bin");
+    write_cold_file(&root_file, 2 << 20);
+    let before = bytes_read(&disk);
+    let out = daemon.ctl([
+        "attach",
+        root_file.to_str().unwrap(),
+        "--rate",
+        "1000",
+        "--buffer",
+        "2MiB",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let filled = abiss_tests::wait_until(std::time::Duration::from_secs(5), || {
+        bytes_read(&disk) - before >= 2 << 20
+    });
+    assert!(filled, "root's stream was not filled at once");
+}

@@ -1,0 +1,315 @@
+//! Attacks on abissd's connections by an unprivileged local user (`nobody`, through
+//! `setpriv`): subscriptions that hang up, too many connections, connections that sit idle,
+//! requests of another protocol version, and costly requests back to back (issue 9, findings
+//! 5 and 6, the late version check and the expensive-request rule). After each, the daemon
+//! must hold no more than before and still answer root.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use abiss_proto::{ErrorKind, Response};
+use abiss_tests::{
+    binary, require_root, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+};
+
+/// Runs the hostile client with `args` as `nobody`, without capabilities.
+fn hostile(socket: &Path, args: &[&str]) -> std::process::Output {
+    abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run setpriv")
+}
+
+/// Gives `path` `mode`, so that `nobody` may reach what a test prepared as root.
+fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
+}
+
+/// Open descriptors of process `pid`.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("list fds")
+        .count()
+}
+
+/// Root's `abissctl status` answers, and within a second.
+fn root_is_served(daemon: &Daemon) {
+    let started = Instant::now();
+    let status = daemon.ctl(["status"]);
+    assert!(status.status.success(), "{status:?}");
+    eprintln!("root's status answered in {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "root's status took {:?}",
+        started.elapsed()
+    );
+}
+
+/// `emit_events` and `trace_all` of the daemon's `CONTROL` map (the programs' system-wide
+/// switches), read with bpftool through the map descriptors the daemon holds.
+fn control_switches(pid: u32) -> (u64, u64) {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
+        let info = std::fs::read_to_string(entry.expect("entry").path()).unwrap_or_default();
+        if let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) {
+            ids.push(id.trim().to_owned());
+        }
+    }
+    let bpftool = |args: &[&str]| -> serde_json::Value {
+        let output = Command::new("bpftool")
+            .args(args)
+            .output()
+            .expect("run bpftool");
+        assert!(output.status.success(), "{output:?}");
+        serde_json::from_slice(&output.stdout).expect("bpftool json")
+    };
+    let id = ids
+        .iter()
+        .find(|id| bpftool(&["-j", "map", "show", "id", id])["name"] == "CONTROL")
+        .expect("the daemon holds its CONTROL map");
+    let dump = bpftool(&["-j", "map", "dump", "id", id]);
+    let entry = &dump[0];
+    if let Some(value) = entry.get("formatted").map(|f| &f["value"]) {
+        let field = |name: &str| value[name].as_u64().expect("a number");
+        return (field("emit_events"), field("trace_all"));
+    }
+    // Without BTF the value is raw bytes: `Control` is six u32s, emit_events first and
+    // trace_all fourth.
+    let bytes: Vec<u8> = entry["value"]
+        .as_array()
+        .expect("value bytes")
+        .iter()
+        .map(|b| {
+            u8::from_str_radix(b.as_str().expect("hex").trim_start_matches("0x"), 16).expect("hex")
+        })
+        .collect();
+    let word = |at: usize| {
+        u64::from(u32::from_ne_bytes(
+            bytes[at..at + 4].try_into().expect("4 bytes"),
+        ))
+    };
+    (word(0), word(12))
+}
+
+#[test]
+fn subscriptions_that_hang_up_are_let_go_at_once() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let file = fs.path().join("nobodys.bin");
+    write_cold_file(&file, 1 << 20);
+    chmod(fs.path(), 0o755);
+    chmod(&file, 0o644);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let pid = daemon.pid();
+    let baseline = open_fds(pid);
+    // A subscriber without I/O of its own is never sent an event: before, only a failed send
+    // noticed a hang-up, so each of these kept its task and socket (issue 9, finding 5).
+    let output = hostile(daemon.socket(), &["subscribe", "1000", "-"]);
+    assert!(output.status.success(), "{output:?}");
+    eprintln!("{}", String::from_utf8_lossy(&output.stdout).trim());
+    // Subscribers that hold a non-persistent stream each.
+    let output = hostile(
+        daemon.socket(),
+        &["subscribe", "40", &file.to_string_lossy()],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let report = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{}", report.trim());
+    assert!(
+        !report.contains("attached 0 "),
+        "no stream was attached: {report}"
+    );
+
+    let settled = wait_until(Duration::from_secs(5), || open_fds(pid) <= baseline + 2);
+    let after = open_fds(pid);
+    assert!(
+        settled,
+        "abissd held {baseline} descriptors before 1040 subscriptions that hung up and {after} after"
+    );
+    let ended = wait_until(Duration::from_secs(5), || daemon.streams().is_empty());
+    assert!(
+        ended,
+        "streams of hung-up subscribers remain: {:?}",
+        daemon.streams()
+    );
+    assert_eq!(
+        control_switches(pid),
+        (0, 0),
+        "events and tracing of every disk stay on for nobody"
+    );
+    root_is_served(&daemon);
+}
+
+#[test]
+fn one_user_cannot_take_every_connection() {
+    require_root!();
+    let daemon = Daemon::start();
+    let limit = abiss_daemon::server::limits::MAX_USER_CONNECTIONS;
+    let mut holder = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .arg(daemon.socket())
+        .args(["hold", &(limit + 4).to_string(), "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the hostile client");
+    let mut lines = BufReader::new(holder.stdout.take().expect("stdout")).lines();
+    let counts = lines.next().expect("counts").expect("read");
+    let refusal = lines.next().expect("refusal").expect("read");
+    assert_eq!(counts, format!("answered {limit} refused 4"), "{refusal}");
+    assert!(
+        refusal.contains("the most one user may have") && refusal.contains("\"refused\""),
+        "the refusal says why: {refusal}"
+    );
+    // nobody holds its most; root is still served, at once.
+    root_is_served(&daemon);
+    let mut connection = daemon.connect();
+    assert!(matches!(
+        connection.call(abiss_proto::Request::Hello),
+        Response::Hello { .. }
+    ));
+    holder
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("let the client go");
+    assert!(holder.wait().expect("wait").success());
+    // Hung up, nobody's connections are free again.
+    let freed = wait_until(Duration::from_secs(5), || {
+        let output = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+            .arg(daemon.socket())
+            .args(["hold", "1", "0"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        String::from_utf8_lossy(&output.stdout).starts_with("answered 1 refused 0")
+    });
+    assert!(freed, "nobody's hung-up connections are still counted");
+}
+
+#[test]
+fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let file = fs.path().join("held.bin");
+    write_cold_file(&file, 1 << 20);
+    // The daemon reads the timeout once, at start: the variable is gone again before any
+    // other daemon of this file starts.
+    let timeout_ms = 1500;
+    std::env::set_var(
+        abiss_daemon::server::limits::IDLE_TIMEOUT_ENV,
+        timeout_ms.to_string(),
+    );
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    std::env::remove_var(abiss_daemon::server::limits::IDLE_TIMEOUT_ENV);
+
+    // A non-persistent stream lives as long as its connection: that connection is never idle.
+    let mut holder = abiss_client::Client::connect(daemon.socket()).expect("connect");
+    let stream = holder
+        .attach(
+            std::fs::File::open(&file).expect("open"),
+            abiss_proto::AttachRequest {
+                rate: abiss_proto::ByteRate(1000),
+                buffer: abiss_proto::ByteSize(64 << 10),
+                batch_pages: 1,
+                priority: 0,
+                persistent: false,
+            },
+        )
+        .expect("attach");
+
+    let output = hostile(daemon.socket(), &["idle", "10", "0"]);
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "nobody's idle connection was not closed: {said}"
+    );
+    let closed_ms: u64 = said
+        .strip_prefix("closed after ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(
+        (timeout_ms - 100..timeout_ms + 2000).contains(&closed_ms),
+        "closed after {closed_ms} ms with a timeout of {timeout_ms} ms"
+    );
+    assert!(
+        said.contains("sends nothing"),
+        "the daemon says why: {said}"
+    );
+
+    // The stream's connection, silent for longer than the timeout, still holds it.
+    let listed = holder
+        .list()
+        .expect("the stream's connection is still served");
+    assert!(listed.iter().any(|s| s.id == stream.id), "{listed:?}");
+}
+
+#[test]
+fn another_versions_unknown_request_is_told_the_version() {
+    require_root!();
+    let daemon = Daemon::start();
+    let mut connection = daemon.connect();
+    connection.send_raw(b"{\"version\":999,\"request\":{\"kind\":\"teleport\",\"to\":\"mars\"}}\n");
+    match connection.receive() {
+        Response::Error { error, message } => {
+            assert_eq!(error, ErrorKind::VersionMismatch, "{message}");
+            assert!(message.contains("999"), "{message}");
+        }
+        other => panic!("unexpected answer {other:?}"),
+    }
+    // An unknown kind in this version is still a bad request.
+    let mut connection = daemon.connect();
+    let line = format!(
+        "{{\"version\":{},\"request\":{{\"kind\":\"teleport\"}}}}\n",
+        abiss_proto::PROTOCOL_VERSION
+    );
+    connection.send_raw(line.as_bytes());
+    assert!(matches!(
+        connection.receive(),
+        Response::Error {
+            error: ErrorKind::BadRequest,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn capacity_plans_back_to_back_never_keep_root_waiting() {
+    require_root!();
+    let device = LoopDevice::new_in("/dev/shm", 64);
+    let daemon = Daemon::start_managing(device.path(), &[]);
+    // A model for the disk, so plans run the statistical model (the costly path).
+    let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
+    let model = abiss_model::DeviceModel {
+        identity,
+        ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
+    };
+    model.save(&daemon.model_dir()).expect("save model");
+    // Each plan is tens of ms; 32 of them queued at the main loop once kept root waiting
+    // over a second.
+    let mut flood = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .arg(daemon.socket())
+        .args(["plans", &device.name(), "32"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the hostile client");
+    let mut lines = BufReader::new(flood.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().expect("started").expect("read"), "planning");
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        root_is_served(&daemon);
+    }
+    flood
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("stop the flood");
+    assert!(flood.wait().expect("wait").success());
+}
