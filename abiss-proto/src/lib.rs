@@ -318,6 +318,9 @@ pub struct StreamInfo {
     /// the stream's rate, so waiting for it to be loaded is pointless.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub start_limited: bool,
+    /// Readers whose raise was dropped because they used it for other files.
+    #[serde(default)]
+    pub policed: u64,
 }
 
 /// A task that reads a stream's file.
@@ -399,6 +402,9 @@ pub struct UpgradeReport {
     pub latency_p99_us: Option<u64>,
     /// Longest, µs.
     pub latency_max_us: Option<u64>,
+    /// Raises dropped because the thread used real-time priority for other files.
+    #[serde(default)]
+    pub policed: u64,
 }
 
 /// A managed device and its real-time budget.

@@ -263,6 +263,13 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         if let Some(advice) = &info.suggestion {
             let _ = writeln!(out, "     stream {}: {advice}", info.id);
         }
+        if info.policed > 0 {
+            let _ = writeln!(
+                out,
+                "     stream {}: {} reader(s) lost their raise for real-time reads of other files",
+                info.id, info.policed
+            );
+        }
     }
     Ok(())
 }
@@ -274,10 +281,11 @@ fn upgrade_line(upgrades: &abiss_proto::UpgradeReport) -> String {
     }
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| format!("{us} µs"));
     format!(
-        "reader upgrades: {} raised now, {} in all, {} restored; event to priority p50 {}, p99 {}, max {}",
+        "reader upgrades: {} raised now, {} in all, {} restored, {} dropped for other files' I/O; event to priority p50 {}, p99 {}, max {}",
         upgrades.active,
         upgrades.total,
         upgrades.restored,
+        upgrades.policed,
         micros(upgrades.latency_p50_us),
         micros(upgrades.latency_p99_us),
         micros(upgrades.latency_max_us)

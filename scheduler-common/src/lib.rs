@@ -357,7 +357,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 8_192;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 1638 [`ForkEvent`]s (32 bytes and the ring's 8-byte header each) between two reads by
+/// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -388,8 +388,13 @@ pub struct RaisedThread {
     pub applied: u16,
     /// See [`raised_flags`].
     pub flags: u32,
-    /// Padding.
-    pub pad: u32,
+    /// KiB of real-time requests the raised thread queued for anything but its stream's file,
+    /// as the block program counts them at insert: past an allowance abissd drops the raise (a
+    /// raise is for reading the stream, not for the thread's other I/O). Bytes, not requests:
+    /// a buffered read of 32 MiB was 30 requests on a loop device.
+    pub stray_kib: u32,
+    /// The stream the raise is for.
+    pub stream: u64,
 }
 
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
@@ -624,8 +629,8 @@ mod pod {
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 16);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 32);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

@@ -19,12 +19,12 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use scheduler_common::{
-    abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, request_state, AttachedFile,
-    Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
+    abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, raised_flags, request_state,
+    AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
 };
 
 use crate::kernel::{attached_file, bio_inode, field, layout, now_ns, read, report_reader};
-use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, ZERO_COUNTERS};
+use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
 
 /// A request's disk, when its requests are followed.
 #[derive(Clone, Copy)]
@@ -174,9 +174,42 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
     }
 }
 
+/// Counts the KiB of a real-time request that a thread abissd raised queues for anything but
+/// its stream's file, on any disk with an elevator (where a priority matters at all). Costs
+/// one array read per request while nothing is raised.
+#[inline(always)]
+fn police_raised(rq: u64) {
+    if CONTROL.get(0).is_none_or(|control| control.raised_threads == 0) {
+        return;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(raise) = RAISED.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: pointer to a live map value of this type; a lost update only undercounts.
+    let raise = unsafe { &mut *raise };
+    if raise.flags & raised_flags::INHERITED != 0 {
+        return;
+    }
+    let bio: u64 = field(rq, layout!(request_bio));
+    if bio == 0 {
+        return;
+    }
+    let (class, _) = ioprio::split(field(bio, layout!(bio_ioprio)));
+    if class != ioprio::CLASS_RT {
+        return;
+    }
+    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != raise.stream {
+        let bytes: u32 = field(rq, layout!(request_data_len));
+        raise.stray_kib = raise.stray_kib.saturating_add(bytes.div_ceil(1024));
+    }
+}
+
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    police_raised(rq);
     let Some(disk) = watched_disk(rq) else {
         return 0;
     };

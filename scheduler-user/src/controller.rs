@@ -252,6 +252,7 @@ impl Controller {
             .map(|s| {
                 let mut info = s.info();
                 info.upgrades = self.upgrades.count_for(s.id);
+                info.policed = self.upgrades.policed_for(s.id);
                 for reader in &mut info.readers {
                     reader.upgraded = self.upgrades.raises(reader.pid, s.id);
                 }

@@ -260,7 +260,8 @@ mod tests {
             previous: 0x4005,
             applied: 0x2000,
             flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
-            pad: 0,
+            stray_kib: 0,
+            stream: 3,
         };
         let event = ForkEvent {
             ts_ns: 9,

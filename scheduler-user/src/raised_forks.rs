@@ -91,7 +91,7 @@ impl RaisedForks {
     pub fn follow(
         &mut self,
         tid: u32,
-        (previous, applied): (u16, u16),
+        (previous, applied, stream): (u16, u16, u64),
         hook: &mut dyn ForkHook,
     ) -> Result<(), String> {
         let entry = RaisedThread {
@@ -99,12 +99,20 @@ impl RaisedForks {
             previous,
             applied,
             flags: 0,
-            pad: 0,
+            stray_kib: 0,
+            stream,
         };
         self.raised
             .insert(tid, entry, 0)
             .map_err(|error| error.to_string())?;
         hook.follow_forks(true)
+    }
+
+    /// KiB of real-time requests raised thread `tid` queued for other files than its
+    /// stream's, as the block program counted them (0 if it is not followed).
+    #[must_use]
+    pub fn stray_kib(&self, tid: u32) -> u32 {
+        self.raised.get(&tid, 0).map_or(0, |entry| entry.stray_kib)
     }
 
     /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): it is

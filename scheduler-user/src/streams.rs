@@ -349,6 +349,7 @@ impl Stream {
             uring_requests: self.uring_requests,
             suggestion: crate::policy::upgrade::buffer_suggestion(self.misses, self.granted.buffer),
             start_limited: self.start_limited,
+            policed: 0,
         }
     }
 }

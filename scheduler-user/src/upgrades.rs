@@ -23,6 +23,19 @@ pub const UPGRADES_FILE: &str = "upgrades.json";
 /// While the record cannot be written, how often a miss tries again (then raises, if it can).
 const RECORD_RETRY_NS: u64 = 5_000_000_000;
 
+/// KiB of real-time requests a raised thread may queue for other files than its stream's
+/// before its raise is dropped: a player also reads an index or subtitles now and then, but a
+/// raise is for reading the stream, not a pass to real-time I/O on every disk (issue 9,
+/// finding 2).
+pub const STRAY_ALLOWANCE_KIB: u32 = 4 * 1024;
+
+/// How often raised threads' stray requests are checked while any thread is raised.
+const POLICE_INTERVAL_NS: u64 = 250_000_000;
+
+/// Threads of one stream barred from being raised again, at most: beyond it the stream's
+/// readers are not raised at all.
+const MAX_BARRED_PER_STREAM: usize = 1024;
+
 /// Who a thread is, from `/proc`.
 struct Identity {
     task: TaskId,
@@ -167,6 +180,10 @@ pub struct ReaderUpgrades {
     total: u64,
     restored: u64,
     per_stream: HashMap<u64, u64>,
+    /// Raises dropped for stray real-time requests.
+    policed: u64,
+    /// Per stream, the threads whose raise was dropped: never raised again for it.
+    barred: HashMap<u64, std::collections::HashSet<u32>>,
     /// Set while the record cannot be written: no thread is raised then (a crash would leave
     /// it raised for good), and a miss tries the record again from this time on.
     unrecorded_retry_ns: Option<u64>,
@@ -189,6 +206,8 @@ impl ReaderUpgrades {
             total: 0,
             restored: 0,
             per_stream: HashMap::new(),
+            policed: 0,
+            barred: HashMap::new(),
             unrecorded_retry_ns: None,
             forks,
         }
@@ -214,6 +233,14 @@ impl ReaderUpgrades {
         let uid = reader.uid;
         if !may_raise(owner_uid, uid) {
             debug!("stream {stream}: thread {pid} of uid {uid} is not the owner's; not raised");
+            return false;
+        }
+        if self
+            .barred
+            .get(&stream)
+            .is_some_and(|barred| barred.contains(&pid) || barred.len() >= MAX_BARRED_PER_STREAM)
+        {
+            debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
             return false;
         }
         let Ok(current) = ioprio::get(pid) else {
@@ -257,7 +284,11 @@ impl ReaderUpgrades {
             return self.not_raised(pid, hook);
         }
         self.table.insert(upgrade);
-        if let Some(kept) = self.table.get(pid).map(|u| (u.previous, u.applied)) {
+        if let Some(kept) = self
+            .table
+            .get(pid)
+            .map(|u| (u.previous, u.applied, u.stream))
+        {
             // As the table keeps it (the id may have named a thread raised before).
             let _ = self.forks.follow(pid, kept, hook);
         }
@@ -285,7 +316,7 @@ impl ReaderUpgrades {
             .table
             .get(pid)
             .map_or(current, |earlier| earlier.previous);
-        if let Err(error) = self.forks.follow(pid, (previous, target), hook) {
+        if let Err(error) = self.forks.follow(pid, (previous, target, stream), hook) {
             warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); not raised");
             return self.not_raised(pid, hook);
         }
@@ -301,7 +332,7 @@ impl ReaderUpgrades {
     fn not_raised(&mut self, pid: u32, hook: &mut dyn ForkHook) -> bool {
         match self.table.get(pid) {
             Some(earlier) => {
-                let raise = (earlier.previous, earlier.applied);
+                let raise = (earlier.previous, earlier.applied, earlier.stream);
                 let _ = self.forks.follow(pid, raise, hook);
             }
             None => self.forks.restored(pid),
@@ -326,8 +357,29 @@ impl ReaderUpgrades {
     pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
+        self.police(hook);
         if !self.table.is_empty() {
             self.forks.find_unreported();
+        }
+    }
+
+    /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
+    /// real-time requests for other files, and bars it from the stream's raises.
+    fn police(&mut self, hook: &mut dyn ForkHook) {
+        for upgrade in self.table.all() {
+            let pid = upgrade.task.pid;
+            let stray = self.forks.stray_kib(pid);
+            if stray <= STRAY_ALLOWANCE_KIB {
+                continue;
+            }
+            let taken = self.table.take_thread(pid);
+            let why = format!("{stray} KiB of real-time reads of other files; not raised again");
+            self.restore_all(&taken, &why, hook);
+            self.policed += 1;
+            let barred = self.barred.entry(upgrade.stream).or_default();
+            if barred.len() < MAX_BARRED_PER_STREAM {
+                barred.insert(pid);
+            }
         }
     }
 
@@ -336,6 +388,7 @@ impl ReaderUpgrades {
         let taken = self.table.take_stream(stream);
         self.restore_all(&taken, "stream ended", hook);
         self.per_stream.remove(&stream);
+        self.barred.remove(&stream);
     }
 
     /// Restores every raised thread, and every task they made still followed (daemon
@@ -370,13 +423,27 @@ impl ReaderUpgrades {
     /// Nanoseconds until an upgrade goes idle.
     #[must_use]
     pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
-        self.table.ns_until_next_expiry(now_ns)
+        let expiry = self.table.ns_until_next_expiry(now_ns);
+        // While a thread is raised, its stray requests are looked at this often.
+        if self.table.is_empty() {
+            expiry
+        } else {
+            Some(expiry.map_or(POLICE_INTERVAL_NS, |ns| ns.min(POLICE_INTERVAL_NS)))
+        }
     }
 
     /// Whether a thread of `tgid` is raised for `stream`.
     #[must_use]
     pub fn raises(&self, tgid: u32, stream: u64) -> bool {
         self.table.raises(tgid, stream)
+    }
+
+    /// Readers of `stream` whose raise was dropped for stray real-time I/O.
+    #[must_use]
+    pub fn policed_for(&self, stream: u64) -> u64 {
+        self.barred
+            .get(&stream)
+            .map_or(0, |barred| u64::try_from(barred.len()).unwrap_or(u64::MAX))
     }
 
     /// Upgrades made for `stream` so far.
@@ -398,6 +465,7 @@ impl ReaderUpgrades {
             latency_p50_us: quantile(0.5),
             latency_p99_us: quantile(0.99),
             latency_max_us: (!self.latency.is_empty()).then(|| self.latency.max() / 1000),
+            policed: self.policed,
         }
     }
 

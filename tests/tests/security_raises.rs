@@ -176,3 +176,76 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
 }
+
+/// Bytes read from block device `name` so far (512-byte sectors in its stat file).
+fn bytes_read(name: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
+    stat.split_whitespace()
+        .nth(2)
+        .and_then(|sectors| sectors.parse::<u64>().ok())
+        .expect("sectors read")
+        * 512
+}
+
+#[test]
+fn a_raised_reader_that_reads_other_files_at_real_time_loses_its_raise() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 96));
+    chmod(fs.path(), 0o755);
+    let stream = fs.path().join("nobodys.bin");
+    let other = fs.path().join("bulk.bin");
+    write_cold_file(&stream, 24 << 20);
+    write_cold_file(&other, 32 << 20);
+    chmod(&stream, 0o644);
+    chmod(&other, 0o644);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let attached = ctl_as_nobody(
+        &socket,
+        &["attach", &stream.to_string_lossy(), "--rate", "1MB/s"],
+    );
+    assert!(attached.status.success(), "{attached:?}");
+    // Raised by its misses (2 s from 16 MB on), then the same thread reads 32 MiB of another
+    // file: a raise is for the stream, not for that.
+    let reader = abiss_tests::as_nobody(&binary("abiss-test-reader"))
+        .arg(&stream)
+        .args(["1000000", "65536", "1048576", "2", "--start", "16000000"])
+        .args(["--ioprio", READER_IOPRIO, "--linger", "2", "--stray"])
+        .arg(&other)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the test reader as nobody");
+    let pid = reader.id();
+    assert!(
+        wait_for_ioprio(pid, RT0, Duration::from_secs(2)).is_some(),
+        "nobody's reader of nobody's stream is raised (the premise of the test)"
+    );
+    let disk = fs.device().name();
+    let before = bytes_read(&disk);
+    // The stray phase starts 2 s in; the raise must be gone soon after.
+    let back = wait_for_ioprio(pid, BE5, Duration::from_secs(6));
+    let read_while_raised = bytes_read(&disk) - before;
+    let output = reader.wait_with_output().expect("reader");
+    assert!(output.status.success(), "the reader failed: {output:?}");
+    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
+    let upgrades = client.status_report().expect("status").upgrades;
+    println!(
+        "raise dropped {back:?} after the check began; {} KiB read meanwhile; {}; {upgrades:?}",
+        read_while_raised >> 10,
+        String::from_utf8_lossy(&output.stdout).trim()
+    );
+    assert!(
+        back.is_some(),
+        "the reader kept its raise while reading another file"
+    );
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    let listed = client.list().expect("list");
+    assert_eq!(
+        listed[0].policed, 1,
+        "list shows the policed reader: {listed:?}"
+    );
+    assert!(
+        ioprio::get(pid).is_err() || ioprio::get(pid).ok() == Some(BE5),
+        "it was not raised again"
+    );
+}

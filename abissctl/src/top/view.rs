@@ -347,6 +347,7 @@ mod tests {
             uring_requests: 0,
             suggestion: None,
             start_limited: false,
+            policed: 0,
         }
     }
 

@@ -135,6 +135,11 @@ impl UpgradeTable {
         self.take_where(|u| u.stream == stream)
     }
 
+    /// Removes and returns the upgrade of thread `pid`.
+    pub fn take_thread(&mut self, pid: u32) -> Vec<Upgrade> {
+        self.take_where(|u| u.task.pid == pid)
+    }
+
     /// Removes and returns every upgrade.
     pub fn take_all(&mut self) -> Vec<Upgrade> {
         self.take_where(|_| true)

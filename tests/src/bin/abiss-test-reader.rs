@@ -118,6 +118,8 @@ struct Options {
     linger: u64,
     /// The file a forked child reads, and for how long.
     fork: Option<(String, u64)>,
+    /// Another file this thread reads whole after its paced phases: I/O a raise is not for.
+    stray: Option<String>,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -136,6 +138,7 @@ fn parse_options() -> Options {
         direct: false,
         linger: 0,
         fork: None,
+        stray: None,
     };
     let mut i = 6;
     while i < args.len() {
@@ -155,6 +158,10 @@ fn parse_options() -> Options {
             "--fork" => {
                 options.fork = Some((args[i + 1].clone(), number(i + 2)));
                 i += 3;
+            }
+            "--stray" => {
+                options.stray = Some(args[i + 1].clone());
+                i += 2;
             }
             "--direct" => {
                 options.direct = true;
@@ -233,6 +240,23 @@ fn main() {
             Duration::from_secs(secs),
         );
         println!("{}", summary(&second));
+    }
+    if let Some(stray) = &options.stray {
+        // Same thread, right after the stream's reads: still raised, if it was.
+        let mut other = File::open(stray).expect("open the stray file");
+        let mut sink = vec![0u8; 64 << 10];
+        let started = std::time::Instant::now();
+        let mut bytes = 0u64;
+        while let Ok(n) = std::io::Read::read(&mut other, &mut sink) {
+            if n == 0 {
+                break;
+            }
+            bytes += n as u64;
+        }
+        println!(
+            "{{\"stray_bytes\":{bytes},\"stray_ms\":{}}}",
+            started.elapsed().as_millis()
+        );
     }
     std::thread::sleep(Duration::from_secs(options.linger));
     if let Some((child, thread)) = forked {
