@@ -414,6 +414,13 @@ fn report_queued_low(stream: &AttachedFile, ioprio: u16) {
     if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
         return;
     }
+    // Other users' requests steer nothing in abissd: they must not fill the shared ring (nor,
+    // through the reader it remembers, make their io_uring requests reported).
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the uid")]
+    let uid = bpf_get_current_uid_gid() as u32;
+    if !stream.reports(uid) {
+        return;
+    }
     report_reader(PlayoutEvent {
         stream: stream.stream,
         kind: playout_kind::QUEUED_LOW,
