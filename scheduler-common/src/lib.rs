@@ -357,7 +357,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 8_192;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
+/// 1365 [`ForkEvent`]s (48 bytes and the ring's 8-byte header each: 1170) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -395,6 +395,12 @@ pub struct RaisedThread {
     pub stray_kib: u32,
     /// The stream the raise is for.
     pub stream: u64,
+    /// KiB of real-time requests the raised thread queued for the stream's own file: abissd
+    /// holds them against what the stream was admitted for (its buffer and its rate since the
+    /// raise), so a 1 B/s stream cannot lend its reader real-time reads of a huge file.
+    pub stream_kib: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
@@ -629,8 +635,8 @@ mod pod {
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 32);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

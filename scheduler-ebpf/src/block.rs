@@ -200,9 +200,12 @@ fn police_raised(rq: u64) {
     if class != ioprio::CLASS_RT {
         return;
     }
-    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != raise.stream {
-        let bytes: u32 = field(rq, layout!(request_data_len));
-        raise.stray_kib = raise.stray_kib.saturating_add(bytes.div_ceil(1024));
+    let bytes: u32 = field(rq, layout!(request_data_len));
+    let kib = bytes.div_ceil(1024);
+    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) == raise.stream {
+        raise.stream_kib = raise.stream_kib.saturating_add(kib);
+    } else {
+        raise.stray_kib = raise.stray_kib.saturating_add(kib);
     }
 }
 

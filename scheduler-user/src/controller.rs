@@ -411,7 +411,13 @@ impl Controller {
 
     /// Time passed: credit accrued for every stream, idle raises put back.
     pub fn tick(&mut self, now_ns: u64) {
-        self.upgrades.expire(now_ns, &mut self.tracer);
+        let streams = &self.streams;
+        let admitted = |id: u64| {
+            streams
+                .get(id)
+                .map(|s| (s.granted.rate.0, s.granted.buffer.0))
+        };
+        self.upgrades.expire(now_ns, &mut self.tracer, &admitted);
         for stream in self.streams.iter_mut() {
             let actions = stream.playout.on_tick(now_ns);
             Self::execute(&mut self.prefetch, stream, actions);

@@ -262,6 +262,8 @@ mod tests {
             flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
             stray_kib: 0,
             stream: 3,
+            stream_kib: 0,
+            pad: 0,
         };
         let event = ForkEvent {
             ts_ns: 9,

@@ -101,6 +101,8 @@ impl RaisedForks {
             flags: 0,
             stray_kib: 0,
             stream,
+            stream_kib: 0,
+            pad: 0,
         };
         self.raised
             .insert(tid, entry, 0)
@@ -113,6 +115,13 @@ impl RaisedForks {
     #[must_use]
     pub fn stray_kib(&self, tid: u32) -> u32 {
         self.raised.get(&tid, 0).map_or(0, |entry| entry.stray_kib)
+    }
+
+    /// KiB of real-time requests raised thread `tid` queued for its stream's own file since
+    /// it was followed (0 if it is not followed).
+    #[must_use]
+    pub fn stream_kib(&self, tid: u32) -> u32 {
+        self.raised.get(&tid, 0).map_or(0, |entry| entry.stream_kib)
     }
 
     /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): it is

@@ -14,7 +14,9 @@ use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::kernel_events::{Fork, Reader};
-use crate::policy::upgrade::{may_raise, raised_priority, TaskId, Upgrade, UpgradeTable};
+use crate::policy::upgrade::{
+    may_raise, raised_priority, stream_allowance_kib, TaskId, Upgrade, UpgradeTable,
+};
 use crate::raised_forks::{ForkHook, RaisedForks};
 
 /// The file in the state directory listing the threads to restore.
@@ -277,6 +279,7 @@ impl ReaderUpgrades {
             previous: current,
             applied: target,
             last_access_ns: done,
+            raised_ns: done,
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
@@ -354,26 +357,56 @@ impl ReaderUpgrades {
 
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
     /// program could not report.
-    pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook) {
+    ///
+    /// `admitted` gives a stream's granted rate and buffer (bytes/s, bytes), which bound what
+    /// its raised readers may read of its file at the raised priority.
+    pub fn expire(
+        &mut self,
+        now_ns: u64,
+        hook: &mut dyn ForkHook,
+        admitted: &dyn Fn(u64) -> Option<(u64, u64)>,
+    ) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
-        self.police(hook);
+        self.police(now_ns, hook, admitted);
         if !self.table.is_empty() {
             self.forks.find_unreported();
         }
     }
 
     /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
-    /// real-time requests for other files, and bars it from the stream's raises.
-    fn police(&mut self, hook: &mut dyn ForkHook) {
+    /// real-time requests for other files, or more of its stream's file than the stream was
+    /// admitted for since the raise (its buffer and its rate, plus the same slack), and bars
+    /// it from the stream's raises.
+    fn police(
+        &mut self,
+        now_ns: u64,
+        hook: &mut dyn ForkHook,
+        admitted: &dyn Fn(u64) -> Option<(u64, u64)>,
+    ) {
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
             let stray = self.forks.stray_kib(pid);
-            if stray <= STRAY_ALLOWANCE_KIB {
+            let own = u64::from(self.forks.stream_kib(pid));
+            let allowed = admitted(upgrade.stream).map_or(u64::MAX, |(rate, buffer)| {
+                stream_allowance_kib(
+                    rate,
+                    buffer,
+                    now_ns.saturating_sub(upgrade.raised_ns),
+                    u64::from(STRAY_ALLOWANCE_KIB),
+                )
+            });
+            let why = if stray > STRAY_ALLOWANCE_KIB {
+                format!("{stray} KiB of real-time reads of other files; not raised again")
+            } else if own > allowed {
+                format!(
+                    "{own} KiB of real-time reads of its stream's file, over the {allowed} KiB \
+                     its rate and buffer allow; not raised again"
+                )
+            } else {
                 continue;
-            }
+            };
             let taken = self.table.take_thread(pid);
-            let why = format!("{stray} KiB of real-time reads of other files; not raised again");
             self.restore_all(&taken, &why, hook);
             self.policed += 1;
             let barred = self.barred.entry(upgrade.stream).or_default();

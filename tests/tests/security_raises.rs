@@ -249,3 +249,45 @@ fn a_raised_reader_that_reads_other_files_at_real_time_loses_its_raise() {
         "it was not raised again"
     );
 }
+
+#[test]
+fn a_raise_lends_no_more_of_the_streams_own_file_than_its_rate() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 96));
+    chmod(fs.path(), 0o755);
+    let stream = fs.path().join("huge-but-slow.bin");
+    write_cold_file(&stream, 64 << 20);
+    chmod(&stream, 0o644);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    // Reserved at 1 kB/s, then read as fast as 50 MB/s from 8 MB in: the first miss raises
+    // the reader, and what it then reads at RT must stay within what 1 kB/s was admitted for.
+    let attached = ctl_as_nobody(
+        &socket,
+        &["attach", &stream.to_string_lossy(), "--rate", "1kB/s"],
+    );
+    assert!(attached.status.success(), "{attached:?}");
+    let reader = abiss_tests::as_nobody(&binary("abiss-test-reader"))
+        .arg(&stream)
+        .args(["50000000", "65536", "1048576", "2", "--start", "8000000"])
+        .args(["--ioprio", READER_IOPRIO, "--linger", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the test reader as nobody");
+    let pid = reader.id();
+    assert!(
+        wait_for_ioprio(pid, RT0, Duration::from_secs(2)).is_some(),
+        "the reader is raised by its first miss (the premise of the test)"
+    );
+    let back = wait_for_ioprio(pid, BE5, Duration::from_secs(3));
+    let output = reader.wait_with_output().expect("reader");
+    assert!(output.status.success(), "the reader failed: {output:?}");
+    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
+    let upgrades = client.status_report().expect("status").upgrades;
+    println!("raise dropped {back:?} after it was seen; {upgrades:?}");
+    assert!(
+        back.is_some(),
+        "a 1 kB/s stream lent its reader RT reads at full speed"
+    );
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+}

@@ -36,6 +36,27 @@ pub struct Upgrade {
     pub applied: u16,
     /// Last time it touched the stream's file (`CLOCK_MONOTONIC` ns).
     pub last_access_ns: u64,
+    /// When it was raised (`CLOCK_MONOTONIC` ns): what it may read of the stream's file at the
+    /// raised priority grows from then at the stream's rate.
+    #[serde(default)]
+    pub raised_ns: u64,
+}
+
+/// KiB a thread raised for a stream of `rate_bps` and `buffer_bytes` may read of the stream's
+/// file at the raised priority `elapsed_ns` after its raise: the buffer, what the rate earned
+/// since, and `slack_kib` for readahead beyond what was asked.
+#[must_use]
+pub fn stream_allowance_kib(
+    rate_bps: u64,
+    buffer_bytes: u64,
+    elapsed_ns: u64,
+    slack_kib: u64,
+) -> u64 {
+    let earned = u128::from(rate_bps) * u128::from(elapsed_ns) / 1_000_000_000;
+    let bytes = u128::from(buffer_bytes) + earned;
+    u64::try_from(bytes / 1024)
+        .unwrap_or(u64::MAX)
+        .saturating_add(slack_kib)
 }
 
 /// The priority to raise a thread at `current` (encoded ioprio) to for a stream at ABISS
@@ -187,6 +208,29 @@ impl UpgradeTable {
 }
 
 #[cfg(test)]
+mod allowance_tests {
+    use super::stream_allowance_kib;
+    use proptest::prelude::*;
+
+    #[test]
+    fn the_buffer_then_the_rate() {
+        assert_eq!(stream_allowance_kib(1_024_000, 1 << 20, 0, 0), 1024);
+        assert_eq!(
+            stream_allowance_kib(1_024_000, 1 << 20, 2_000_000_000, 0),
+            1024 + 2000
+        );
+        assert_eq!(stream_allowance_kib(1, 0, u64::MAX, 7), 18_014_398 + 7);
+    }
+
+    proptest! {
+        #[test]
+        fn never_shrinks_with_time(rate in 0u64..1 << 40, buffer in 0u64..1 << 30, t in 0u64..1 << 50, dt in 0u64..1 << 40) {
+            prop_assert!(stream_allowance_kib(rate, buffer, t, 0) <= stream_allowance_kib(rate, buffer, t + dt, 0));
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
@@ -202,6 +246,7 @@ mod tests {
             previous: BE4,
             applied: RT0,
             last_access_ns,
+            raised_ns: 0,
         }
     }
 
