@@ -505,6 +505,42 @@ pub fn as_nobody(program: &Path) -> Command {
     setpriv
 }
 
+/// Gives `path` `mode`, so that `nobody` may reach (or not reach) what a test prepared as root.
+pub fn chmod(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
+}
+
+/// Open descriptors of process `pid`.
+#[must_use]
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("list fds")
+        .count()
+}
+
+/// Bytes read from block device `name` so far (512-byte sectors in its stat file): what
+/// the disk itself was asked for, whoever asked.
+#[must_use]
+pub fn disk_bytes_read(name: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
+    stat.split_whitespace()
+        .nth(2)
+        .and_then(|sectors| sectors.parse::<u64>().ok())
+        .expect("sectors read")
+        * 512
+}
+
+/// `abissctl --socket SOCKET ARGS…` as `nobody`.
+pub fn abissctl_as_nobody(socket: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
+    as_nobody(&binary("abissctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run abissctl as nobody")
+}
+
 /// `abissd` arguments that switch off what a kernel before 6.4 lacks (as far as abiss can
 /// tell): the tests' stand-in for an older kernel.
 pub const OLD_KERNEL_ARGS: [&str; 6] = [

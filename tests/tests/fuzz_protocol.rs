@@ -26,6 +26,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_proto::{Envelope, Request, Response, StreamTarget, MAX_LINE_BYTES, PROTOCOL_VERSION};
+use abiss_tests::chmod;
 use abiss_tests::{
     as_nobody, binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice, Scratch,
 };
@@ -189,11 +190,6 @@ impl Targets {
             self.secret_file.clone(),
         ]
     }
-}
-
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
 }
 
 /// `abiss-fuzz-client` running as `nobody`, one case per line.

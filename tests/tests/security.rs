@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
+use abiss_tests::{chmod, open_fds};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
 fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
@@ -13,19 +14,6 @@ fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run setpriv")
-}
-
-/// Gives `path` `mode`, so that `nobody` may reach (or not reach) what a test prepared as root.
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
-}
-
-/// Open descriptors of process `pid`.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("list fds")
-        .count()
 }
 
 /// Waits up to 5 s for `pid`'s open descriptors to come down to `at_most`; the last count.

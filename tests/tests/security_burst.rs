@@ -4,34 +4,16 @@
 //! What is measured is what the product controls: the bytes the disk read while `nobody`
 //! attached and detached cold files, from the disk's own counters.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
+use abiss_tests::{abissctl_as_nobody, disk_bytes_read};
+use abiss_tests::{require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 
 /// What the daemon's per-user start-up allowance holds and gives back (its defaults:
 /// `BurstLimits::DEFAULT`).
 const USER_BURST_BYTES: u64 = 32 << 20;
 const USER_BURST_RATE_BPS: u64 = 1 << 20;
-
-/// Bytes read from block device `name` so far (sectors of 512 bytes in its stat file).
-fn bytes_read(name: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace()
-        .nth(2)
-        .and_then(|sectors| sectors.parse::<u64>().ok())
-        .expect("sectors read")
-        * 512
-}
-
-fn nobody_ctl(socket: &Path, args: &[&str]) -> std::process::Output {
-    abiss_tests::as_nobody(&binary("abissctl"))
-        .arg("--socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .expect("run abissctl as nobody")
-}
 
 #[test]
 fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() {
@@ -55,12 +37,12 @@ fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() 
         .collect();
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let disk = fs.device().name();
-    let before = bytes_read(&disk);
+    let before = disk_bytes_read(&disk);
     let started = Instant::now();
     let mut told = 0;
     for file in &files {
         let path = file.to_string_lossy().into_owned();
-        let attached = nobody_ctl(
+        let attached = abissctl_as_nobody(
             daemon.socket(),
             &["attach", &path, "--rate", "1000", "--buffer", "2MiB"],
         );
@@ -68,13 +50,13 @@ fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() 
         if String::from_utf8_lossy(&attached.stderr).contains("start-up allowance is used up") {
             told += 1;
         }
-        let detached = nobody_ctl(daemon.socket(), &["detach", &path]);
+        let detached = abissctl_as_nobody(daemon.socket(), &["detach", &path]);
         assert!(detached.status.success(), "{detached:?}");
     }
     // Loads already issued finish after their detach; let them land before counting.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let elapsed = started.elapsed().as_secs_f64();
-    let read = bytes_read(&disk) - before;
+    let read = disk_bytes_read(&disk) - before;
     #[expect(
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss,
@@ -107,7 +89,7 @@ fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() 
     // Root's streams are exempt: its attach still fills at once.
     let root_file = fs.path().join("root.bin");
     write_cold_file(&root_file, 2 << 20);
-    let before = bytes_read(&disk);
+    let before = disk_bytes_read(&disk);
     let out = daemon.ctl([
         "attach",
         root_file.to_str().unwrap(),
@@ -118,7 +100,7 @@ fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() 
     ]);
     assert!(out.status.success(), "{out:?}");
     let filled = abiss_tests::wait_until(std::time::Duration::from_secs(5), || {
-        bytes_read(&disk) - before >= 2 << 20
+        disk_bytes_read(&disk) - before >= 2 << 20
     });
     assert!(filled, "root's stream was not filled at once");
 }

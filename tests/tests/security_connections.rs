@@ -13,6 +13,7 @@ use abiss_proto::{ErrorKind, Response};
 use abiss_tests::{
     binary, require_root, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
 };
+use abiss_tests::{chmod, open_fds};
 
 /// Runs the hostile client with `args` as `nobody`, without capabilities.
 fn hostile(socket: &Path, args: &[&str]) -> std::process::Output {
@@ -21,19 +22,6 @@ fn hostile(socket: &Path, args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run setpriv")
-}
-
-/// Gives `path` `mode`, so that `nobody` may reach what a test prepared as root.
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
-}
-
-/// Open descriptors of process `pid`.
-fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("list fds")
-        .count()
 }
 
 /// Root's `abissctl status` answers, and within a second.

@@ -8,6 +8,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
+use abiss_tests::{abissctl_as_nobody, chmod, disk_bytes_read};
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 
 /// The reader's own priority, set by itself (an unprivileged user may): BE/5, so a put-back
@@ -21,11 +22,6 @@ const RT0: u16 = 1 << 13;
 /// tasks by polling /proc, saw them put back at most 0.6 ms after it first saw them (10 runs).
 /// The bound leaves room for a loaded machine and still fails where nothing puts them back.
 const PUT_BACK_WITHIN: Duration = Duration::from_millis(250);
-
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
-}
 
 /// The child processes of process `pid` (its main thread's children).
 fn children_of(pid: u32) -> Vec<u32> {
@@ -72,15 +68,6 @@ fn wait_for_ioprio(tid: u32, wanted: u16, timeout: Duration) -> Option<Duration>
     None
 }
 
-/// Runs `abissctl` as nobody against `socket`.
-fn ctl_as_nobody(socket: &str, args: &[&str]) -> std::process::Output {
-    abiss_tests::as_nobody(&binary("abissctl"))
-        .args(["--socket", socket])
-        .args(args)
-        .output()
-        .expect("abissctl as nobody")
-}
-
 /// The test reader as nobody: reads `file` from 16 MB on (outside the window loaded at
 /// attach, so it misses and is raised) for 2 s; then forks a child that reads `other` for 6 s
 /// and starts a thread that sleeps 6 s; then reads 3 s more (keeping its raise) and stays 4 s
@@ -111,7 +98,7 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
     chmod(&other, 0o644);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
-    let attached = ctl_as_nobody(
+    let attached = abissctl_as_nobody(
         &socket,
         &["attach", &stream.to_string_lossy(), "--rate", "1MB/s"],
     );
@@ -155,7 +142,7 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
         "the child stays put back"
     );
 
-    let detached = ctl_as_nobody(&socket, &["detach", &id]);
+    let detached = abissctl_as_nobody(&socket, &["detach", &id]);
     assert!(detached.status.success(), "{detached:?}");
     assert!(
         wait_for_ioprio(pid, BE5, Duration::from_secs(1)).is_some(),
@@ -177,58 +164,86 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
     assert!(output.status.success(), "the reader failed: {output:?}");
 }
 
-/// Bytes read from block device `name` so far (512-byte sectors in its stat file).
-fn bytes_read(name: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
-    stat.split_whitespace()
-        .nth(2)
-        .and_then(|sectors| sectors.parse::<u64>().ok())
-        .expect("sectors read")
-        * 512
+/// A managed disk over memory with nobody's stream on `stream_bytes` of cold file at `rate`,
+/// attached by nobody, and another cold file of `other_bytes` nobody may read.
+struct NobodysStream {
+    fs: Ext4Mount,
+    stream: std::path::PathBuf,
+    other: std::path::PathBuf,
+    daemon: Daemon,
+}
+
+impl NobodysStream {
+    fn new(stream_bytes: u64, other_bytes: u64, rate: &str) -> Self {
+        let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+        chmod(fs.path(), 0o755);
+        let stream = fs.path().join("nobodys.bin");
+        let other = fs.path().join("other.bin");
+        write_cold_file(&stream, stream_bytes);
+        write_cold_file(&other, other_bytes);
+        chmod(&stream, 0o644);
+        chmod(&other, 0o644);
+        let daemon = Daemon::start_managing(fs.device().path(), &[]);
+        let attached = abissctl_as_nobody(
+            daemon.socket(),
+            &["attach", &stream.to_string_lossy(), "--rate", rate],
+        );
+        assert!(attached.status.success(), "{attached:?}");
+        Self {
+            fs,
+            stream,
+            other,
+            daemon,
+        }
+    }
+
+    /// Nobody's test reader of the stream with `args` (rate, read size, buffer, seconds,
+    /// options); returns it once it is raised, which is the premise of the tests.
+    fn raised_reader(&self, args: &[&str]) -> Child {
+        let reader = abiss_tests::as_nobody(&binary("abiss-test-reader"))
+            .arg(&self.stream)
+            .args(args)
+            .args(["--ioprio", READER_IOPRIO])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the test reader as nobody");
+        assert!(
+            wait_for_ioprio(reader.id(), RT0, Duration::from_secs(2)).is_some(),
+            "nobody's reader of nobody's stream is raised (the premise of the test)"
+        );
+        reader
+    }
+
+    /// What `status` says of upgrades, and what `list` says of the stream's policed readers.
+    fn policed(&self) -> (abiss_proto::UpgradeReport, u64) {
+        let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
+        let upgrades = client.status_report().expect("status").upgrades;
+        let listed = client.list().expect("list");
+        (upgrades, listed[0].policed)
+    }
 }
 
 #[test]
 fn a_raised_reader_that_reads_other_files_at_real_time_loses_its_raise() {
     require_root!();
-    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 96));
-    chmod(fs.path(), 0o755);
-    let stream = fs.path().join("nobodys.bin");
-    let other = fs.path().join("bulk.bin");
-    write_cold_file(&stream, 24 << 20);
-    write_cold_file(&other, 32 << 20);
-    chmod(&stream, 0o644);
-    chmod(&other, 0o644);
-    let daemon = Daemon::start_managing(fs.device().path(), &[]);
-    let socket = daemon.socket().to_string_lossy().into_owned();
-    let attached = ctl_as_nobody(
-        &socket,
-        &["attach", &stream.to_string_lossy(), "--rate", "1MB/s"],
-    );
-    assert!(attached.status.success(), "{attached:?}");
+    let setup = NobodysStream::new(24 << 20, 32 << 20, "1MB/s");
+    let other = setup.other.to_string_lossy().into_owned();
     // Raised by its misses (2 s from 16 MB on), then the same thread reads 32 MiB of another
     // file: a raise is for the stream, not for that.
-    let reader = abiss_tests::as_nobody(&binary("abiss-test-reader"))
-        .arg(&stream)
-        .args(["1000000", "65536", "1048576", "2", "--start", "16000000"])
-        .args(["--ioprio", READER_IOPRIO, "--linger", "2", "--stray"])
-        .arg(&other)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the test reader as nobody");
+    let reader = setup.raised_reader(&[
+        "1000000", "65536", "1048576", "2", "--start", "16000000", "--linger", "2", "--stray",
+        &other,
+    ]);
     let pid = reader.id();
-    assert!(
-        wait_for_ioprio(pid, RT0, Duration::from_secs(2)).is_some(),
-        "nobody's reader of nobody's stream is raised (the premise of the test)"
-    );
-    let disk = fs.device().name();
-    let before = bytes_read(&disk);
-    // The stray phase starts 2 s in; the raise must be gone soon after.
+    let disk = setup.fs.device().name();
+    let before = disk_bytes_read(&disk);
+    // The stray phase starts 2 s in; the raise must be gone soon after (idle expiry alone
+    // would come 5 s after the stream's last read, past this wait).
     let back = wait_for_ioprio(pid, BE5, Duration::from_secs(6));
-    let read_while_raised = bytes_read(&disk) - before;
+    let read_while_raised = disk_bytes_read(&disk) - before;
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
-    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
-    let upgrades = client.status_report().expect("status").upgrades;
+    let (upgrades, listed) = setup.policed();
     println!(
         "raise dropped {back:?} after the check began; {} KiB read meanwhile; {}; {upgrades:?}",
         read_while_raised >> 10,
@@ -239,55 +254,27 @@ fn a_raised_reader_that_reads_other_files_at_real_time_loses_its_raise() {
         "the reader kept its raise while reading another file"
     );
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
-    let listed = client.list().expect("list");
-    assert_eq!(
-        listed[0].policed, 1,
-        "list shows the policed reader: {listed:?}"
-    );
-    assert!(
-        ioprio::get(pid).is_err() || ioprio::get(pid).ok() == Some(BE5),
-        "it was not raised again"
-    );
+    assert_eq!(listed, 1, "list shows the policed reader");
 }
 
 #[test]
 fn a_raise_lends_no_more_of_the_streams_own_file_than_its_rate() {
     require_root!();
-    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 96));
-    chmod(fs.path(), 0o755);
-    let stream = fs.path().join("huge-but-slow.bin");
-    write_cold_file(&stream, 64 << 20);
-    chmod(&stream, 0o644);
-    let daemon = Daemon::start_managing(fs.device().path(), &[]);
-    let socket = daemon.socket().to_string_lossy().into_owned();
     // Reserved at 1 kB/s, then read as fast as 50 MB/s from 8 MB in: the first miss raises
     // the reader, and what it then reads at RT must stay within what 1 kB/s was admitted for.
-    let attached = ctl_as_nobody(
-        &socket,
-        &["attach", &stream.to_string_lossy(), "--rate", "1kB/s"],
-    );
-    assert!(attached.status.success(), "{attached:?}");
-    let reader = abiss_tests::as_nobody(&binary("abiss-test-reader"))
-        .arg(&stream)
-        .args(["50000000", "65536", "1048576", "2", "--start", "8000000"])
-        .args(["--ioprio", READER_IOPRIO, "--linger", "1"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the test reader as nobody");
-    let pid = reader.id();
-    assert!(
-        wait_for_ioprio(pid, RT0, Duration::from_secs(2)).is_some(),
-        "the reader is raised by its first miss (the premise of the test)"
-    );
-    let back = wait_for_ioprio(pid, BE5, Duration::from_secs(3));
+    let setup = NobodysStream::new(64 << 20, 1 << 20, "1kB/s");
+    let reader = setup.raised_reader(&[
+        "50000000", "65536", "1048576", "2", "--start", "8000000", "--linger", "1",
+    ]);
+    let back = wait_for_ioprio(reader.id(), BE5, Duration::from_secs(3));
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
-    let mut client = abiss_client::Client::connect(daemon.socket()).expect("connect");
-    let upgrades = client.status_report().expect("status").upgrades;
+    let (upgrades, listed) = setup.policed();
     println!("raise dropped {back:?} after it was seen; {upgrades:?}");
     assert!(
         back.is_some(),
         "a 1 kB/s stream lent its reader RT reads at full speed"
     );
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(listed, 1, "list shows the policed reader");
 }

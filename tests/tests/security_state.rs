@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamTarget};
+use abiss_tests::chmod;
 use abiss_tests::{
     binary, require_root, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice, Scratch,
 };
@@ -32,12 +33,6 @@ fn as_user(uid: u32, program: impl AsRef<std::ffi::OsStr>) -> Command {
         ])
         .arg(program);
     setpriv
-}
-
-/// Gives `path` `mode`.
-fn chmod(path: &Path, mode: u32) {
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
 }
 
 /// An ext4 filesystem whose root everybody may enter, with `files` cold files of `bytes`
