@@ -531,6 +531,17 @@ pub fn disk_bytes_read(name: &str) -> u64 {
         * 512
 }
 
+/// Saves the laptop-disk model for `device` in `daemon`'s model directory, so admission and
+/// capacity plans on it run the statistical model (the costly path).
+pub fn save_laptop_model(daemon: &Daemon, device: &LoopDevice) {
+    let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
+    let model = abiss_model::DeviceModel {
+        identity,
+        ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
+    };
+    model.save(&daemon.model_dir()).expect("save model");
+}
+
 /// `abissctl --socket SOCKET ARGS…` as `nobody`.
 pub fn abissctl_as_nobody(socket: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
     as_nobody(&binary("abissctl"))

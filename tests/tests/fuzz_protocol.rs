@@ -283,13 +283,7 @@ impl Harness {
         let targets = Targets::new();
         let daemon = Daemon::start_managing(targets.managed.device().path(), &[]);
         // A model for the disk, so capacity plans run the statistical model (the costly path).
-        let device = targets.managed.device();
-        let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
-        let model = abiss_model::DeviceModel {
-            identity,
-            ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
-        };
-        model.save(&daemon.model_dir()).expect("save model");
+        abiss_tests::save_laptop_model(&daemon, targets.managed.device());
         let hands = Hands::start(daemon.socket(), &targets);
         let mut harness = Self {
             targets,

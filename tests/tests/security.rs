@@ -109,12 +109,7 @@ fn capacity_plans_are_bounded_and_never_stall_the_daemon() {
     let device = LoopDevice::new_in("/dev/shm", 64);
     let daemon = Daemon::start_managing(device.path(), &[]);
     // A model for the disk, so plans run the statistical model (the costly path).
-    let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
-    let model = abiss_model::DeviceModel {
-        identity,
-        ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
-    };
-    model.save(&daemon.model_dir()).expect("save model");
+    abiss_tests::save_laptop_model(&daemon, &device);
     let socket = daemon.socket().to_string_lossy().into_owned();
     let name = device.name();
     let plan = |count: &str| {

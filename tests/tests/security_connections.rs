@@ -272,12 +272,7 @@ fn capacity_plans_back_to_back_never_keep_root_waiting() {
     let device = LoopDevice::new_in("/dev/shm", 64);
     let daemon = Daemon::start_managing(device.path(), &[]);
     // A model for the disk, so plans run the statistical model (the costly path).
-    let identity = abiss_model::DeviceIdentity::of(device.number()).expect("identity");
-    let model = abiss_model::DeviceModel {
-        identity,
-        ..abiss_model::fixtures::laptop_disk(1.0, abiss_model::fixtures::LAPTOP_REVOLUTION_MS)
-    };
-    model.save(&daemon.model_dir()).expect("save model");
+    abiss_tests::save_laptop_model(&daemon, &device);
     // Each plan is tens of ms; 32 of them queued at the main loop once kept root waiting
     // over a second.
     let mut flood = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
