@@ -43,10 +43,16 @@ struct Watched {
 /// lookup, skipped when every disk is traced and none is listed.
 #[inline(always)]
 fn watched_disk(rq: u64) -> Option<Watched> {
+    watched_disk_under(rq, *CONTROL.get(0)?)
+}
+
+/// [`watched_disk`] with `CONTROL` already read (the insert program reads it once for both
+/// the raised-thread check and this).
+#[inline(always)]
+fn watched_disk_under(rq: u64, control: Control) -> Option<Watched> {
     if layout!(valid) == 0 {
         return None;
     }
-    let control = *CONTROL.get(0)?;
     let trace_all = control.trace_all != 0;
     if !trace_all && control.listed_disks == 0 {
         return None;
@@ -176,10 +182,10 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
 
 /// Counts the KiB of a real-time request that a thread abissd raised queues for anything but
 /// its stream's file, on any disk with an elevator (where a priority matters at all). Costs
-/// one array read per request while nothing is raised.
+/// nothing beyond the insert program's one `CONTROL` read while nothing is raised.
 #[inline(always)]
-fn police_raised(rq: u64) {
-    if CONTROL.get(0).is_none_or(|control| control.raised_threads == 0) {
+fn police_raised(rq: u64, control: &Control) {
+    if control.raised_threads == 0 || layout!(valid) == 0 {
         return;
     }
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
@@ -212,8 +218,11 @@ fn police_raised(rq: u64) {
 #[btf_tracepoint(function = "block_rq_insert")]
 pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
-    police_raised(rq);
-    let Some(disk) = watched_disk(rq) else {
+    let Some(control) = CONTROL.get(0).copied() else {
+        return 0;
+    };
+    police_raised(rq, &control);
+    let Some(disk) = watched_disk_under(rq, control) else {
         return 0;
     };
     let slot = INFLIGHT.get_ptr_mut(rq);
