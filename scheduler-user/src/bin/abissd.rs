@@ -3,7 +3,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use abiss_daemon::args::Args;
-use abiss_daemon::config_file::{self, ConfigError, DEFAULT_CONFIG};
+use abiss_daemon::config_file::{self, ConfigError};
 use abiss_daemon::device::DeviceConfig;
 use abiss_daemon::policy::memory::LockedMemoryBudget;
 use abiss_daemon::DaemonConfig;
@@ -49,19 +49,30 @@ fn raise_descriptor_limit() {
 /// Exit code of an unusable configuration file (clap's usage errors exit with 2).
 const CONFIG_EXIT: u8 = 18;
 
-/// The arguments: the configuration file's settings under the command line's.
-fn parse_args(command_line: &[OsString]) -> Result<Args, ConfigError> {
-    // Which file: the command line's (or ABISSD_CONFIG's) `--config`, else the default. A
-    // usage error, --help and --version end here as usual.
-    let matches = Args::command().get_matches_from(command_line);
-    let first = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+/// Why the arguments could not be read.
+enum Unusable {
+    /// The command line (or a usage request: --help, --version), as clap reports it.
+    Usage(clap::Error),
+    /// The configuration file.
+    File(ConfigError),
+}
+
+/// The arguments: the configuration file's settings under the command line's. The same at
+/// start and on SIGHUP.
+fn read_args(command_line: &[OsString]) -> Result<Args, Unusable> {
+    // Which file: the command line's (or ABISSD_CONFIG's) `--config`, else the default; only
+    // a file asked for by name must exist.
+    let matches = Args::command()
+        .try_get_matches_from(command_line)
+        .map_err(Unusable::Usage)?;
+    let first = Args::from_arg_matches(&matches).map_err(Unusable::Usage)?;
     let required = matches!(
         matches.value_source("config"),
         Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
     );
-    let merged = config_file::merge(&Args::command(), &first.config, required, command_line)?;
-    let matches = Args::command().get_matches_from(merged);
-    Ok(Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
+    let merged = config_file::merge(&Args::command(), &first.config, required, command_line)
+        .map_err(Unusable::File)?;
+    Args::try_parse_from(merged).map_err(Unusable::Usage)
 }
 
 fn daemon_config(args: Args) -> DaemonConfig {
@@ -87,29 +98,29 @@ fn daemon_config(args: Args) -> DaemonConfig {
     }
 }
 
-/// Reads the file again for SIGHUP, with the same command line; errors are returned, never
-/// printed as usage (the daemon keeps running).
+/// Reads the file again for SIGHUP, with the same command line; errors are returned as one
+/// sentence, never printed as usage (the daemon keeps running).
 fn reload(command_line: &[OsString]) -> Result<DaemonConfig, String> {
-    let first = Args::try_parse_from(command_line).map_err(|e| e.to_string())?;
-    let required = first.config.as_os_str() != DEFAULT_CONFIG;
-    let merged = config_file::merge(&Args::command(), &first.config, required, command_line)
-        .map_err(|e| e.to_string())?;
-    let args = Args::try_parse_from(merged).map_err(|e| {
-        e.render()
+    match read_args(command_line) {
+        Ok(args) => Ok(daemon_config(args)),
+        Err(Unusable::File(error)) => Err(error.to_string()),
+        Err(Unusable::Usage(error)) => Err(error
+            .render()
             .to_string()
             .lines()
             .next()
             .unwrap_or_default()
-            .to_owned()
-    })?;
-    Ok(daemon_config(args))
+            .to_owned()),
+    }
 }
 
 fn main() -> ExitCode {
     let command_line: Vec<OsString> = std::env::args_os().collect();
-    let args = match parse_args(&command_line) {
+    let args = match read_args(&command_line) {
         Ok(args) => args,
-        Err(error) => {
+        // Usage errors, --help and --version end as clap ends them (exit 2 or 0).
+        Err(Unusable::Usage(error)) => error.exit(),
+        Err(Unusable::File(error)) => {
             eprintln!("abissd: {error}");
             return ExitCode::from(CONFIG_EXIT);
         }
