@@ -147,27 +147,25 @@ fn install_library(
     write(&lib.join("pkgconfig/abiss.pc"), pc.as_bytes(), 0o644)
 }
 
-/// Moves the generated completions where each shell looks for them.
+/// Moves the generated completions where each shell looks for them (`cargo xtask man` names
+/// them as each shell expects: `abissctl`, `_abissctl`, `abissctl.fish`).
 fn place_completions(share: &Path) -> anyhow::Result<()> {
     let staging = share.join("completions-staging");
     let places = [
-        ("bash", "bash-completion/completions", ""),
-        ("zsh", "zsh/site-functions", "_"),
-        ("fish", "fish/vendor_completions.d", ""),
+        ("bash", "bash-completion/completions"),
+        ("zsh", "zsh/site-functions"),
+        ("fish", "fish/vendor_completions.d"),
     ];
-    for (shell, dir, prefix) in places {
-        let from = staging.join(shell);
-        let Ok(entries) = std::fs::read_dir(&from) else {
+    for (shell, dir) in places {
+        let Ok(entries) = std::fs::read_dir(staging.join(shell)) else {
             continue;
         };
         for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let name = if prefix.is_empty() || name.starts_with(prefix) {
-                name
-            } else {
-                format!("{prefix}{name}")
-            };
-            copy(&entry.path(), &share.join(dir).join(name), 0o644)?;
+            copy(
+                &entry.path(),
+                &share.join(dir).join(entry.file_name()),
+                0o644,
+            )?;
         }
     }
     std::fs::remove_dir_all(&staging).context("cannot remove the staging directory")
