@@ -312,6 +312,9 @@ impl Controller {
             return;
         }
         stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
+        if let Err(error) = self.tracer.note_reader() {
+            warn!("cannot follow the io_uring requests of stream readers: {error}");
+        }
         log::debug!(
             "stream {}: {:?} by {} ({})",
             stream.id,

@@ -1,19 +1,19 @@
 //! Loads, attaches and reads the block-layer tracing programs.
 
+mod histograms;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use abiss_proto::{
-    Capability, DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation,
-};
+use abiss_proto::{Capability, DeviceNumber};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, MapData, MapError, RingBuf},
     programs::{tp_btf::BtfTracePointLinkId, BtfTracePoint, ProgramError},
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
 use scheduler_common::{
-    disk_flags, request_state, AttachedFile, Control, FileKey, HistogramKey, InflightRequest,
-    KernelLayout, LatencyCounters, RequestOrigin, UringSubmission, STALE_REQUEST_NS,
+    disk_flags, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
+    LatencyCounters, RequestOrigin, UringSubmission,
 };
 
 use crate::capabilities::Feature;
@@ -103,11 +103,14 @@ struct Hook {
 }
 
 /// What a program waits for before it is attached: a followed disk (the block programs), an
-/// attached file (page cache, `io_uring`), a raised thread (the fork program).
+/// attached file (page cache), a process seen reading an attached file (`io_uring`: until
+/// then its programs would only cost every `io_uring` request on the machine a lookup), a
+/// raised thread (the fork program).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
     Disks,
     Files,
+    Readers,
     Raised,
 }
 
@@ -160,6 +163,9 @@ pub struct BlockTracer {
     program_ids: Vec<(String, u32)>,
     hooks: Vec<Hook>,
     control: Control,
+    /// Whether some process was seen reading an attached file since files were attached (its
+    /// `io_uring` requests are then followed).
+    readers_seen: bool,
     capabilities: Vec<Capability>,
     /// The histograms of ended streams, folded into their stream-less keys: taken out of the
     /// kernel's `LATENCY` map, which holds `MAX_HISTOGRAM_KEYS` keys and would otherwise
@@ -198,8 +204,13 @@ impl BlockTracer {
                 .find(|(f, _)| *f == feature)
                 .map(|(_, why)| why.clone());
             if why.is_none() {
+                let work = if feature == Feature::UringReports {
+                    Work::Readers
+                } else {
+                    Work::Files
+                };
                 for &pair in feature.programs() {
-                    match attach(&mut ebpf, &btf, pair, Work::Files) {
+                    match attach(&mut ebpf, &btf, pair, work) {
                         Ok((id, hook)) => {
                             program_ids.push(id);
                             hooks.push(hook);
@@ -236,6 +247,7 @@ impl BlockTracer {
             program_ids,
             hooks,
             control,
+            readers_seen: false,
             capabilities,
             retired: BTreeMap::new(),
         };
@@ -299,6 +311,7 @@ impl BlockTracer {
             let wanted = match hook.work {
                 Work::Disks => block,
                 Work::Files => self.control.attached_files != 0,
+                Work::Readers => self.control.attached_files != 0 && self.readers_seen,
                 Work::Raised => self.control.raised_threads != 0,
             };
             if wanted == hook.link.is_some() {
@@ -433,6 +446,16 @@ impl BlockTracer {
         RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
+    /// A process was seen reading an attached file: from now on (until no file is attached)
+    /// the `io_uring` programs follow the requests of such processes.
+    pub fn note_reader(&mut self) -> Result<(), TracerError> {
+        if self.readers_seen {
+            return Ok(());
+        }
+        self.readers_seen = true;
+        self.sync_hooks()
+    }
+
     /// Attaches the fork program while some thread is raised, detaches it once none is.
     pub fn set_raised(&mut self, raised: bool) -> Result<(), TracerError> {
         if (self.control.raised_threads != 0) == raised {
@@ -469,6 +492,10 @@ impl BlockTracer {
             Err(source) => return Err(TracerError::Map { name, source }),
         }
         let count = u32::try_from(attached.keys().count()).unwrap_or(u32::MAX);
+        if count == 0 {
+            // The readers are forgotten below: the io_uring programs wait for the next one.
+            self.readers_seen = false;
+        }
         self.set_control(Control {
             attached_files: count,
             ..self.control
@@ -495,103 +522,5 @@ impl BlockTracer {
             let _ = map.remove(key);
         }
         Ok(())
-    }
-
-    /// The cumulative latency histograms, summed over CPUs.
-    pub fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
-        let name = "LATENCY";
-        let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
-            self.typed_map(name)?;
-        let mut totals = self.retired.clone();
-        for entry in &histograms {
-            let (key, per_cpu) = entry.map_err(|source| TracerError::Map { name, source })?;
-            let total = totals.entry(key).or_default();
-            for counters in per_cpu.iter() {
-                total.add(counters);
-            }
-        }
-        let mut groups = Vec::new();
-        for (key, total) in totals {
-            groups.push(LatencyGroup {
-                device: DeviceNumber::from_kernel(key.dev),
-                operation: Operation::from_kernel(key.op),
-                priority: IoPriority {
-                    class: IoClass::from_kernel(key.class),
-                    level: key.level,
-                },
-                stream: (key.stream != 0).then_some(key.stream),
-                requests: total.requests,
-                bytes: total.bytes,
-                inversions: total.inversions,
-                queue: Log2Histogram::from_slots(&total.queue_slots, total.queue_max_ns),
-                service: Log2Histogram::from_slots(&total.service_slots, total.service_max_ns),
-            });
-        }
-        groups.sort_by_key(LatencyGroup::key);
-        Ok(groups)
-    }
-
-    /// Takes the histograms of streams no longer attached out of `LATENCY`, folded into
-    /// `retired` under their stream-less keys (so per-disk figures keep counting them); how
-    /// many keys went. Run at each detach, and at each sweep for the requests of an ended
-    /// stream that completed after its detach.
-    fn retire_ended_streams(&mut self) -> Result<usize, TracerError> {
-        let attached: HashMap<&MapData, FileKey, AttachedFile> = self.typed_map("ATTACHED")?;
-        let live: Vec<u64> = attached
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, file)| file.stream)
-            .collect();
-        let name = "LATENCY";
-        let mut histograms: PerCpuHashMap<&mut MapData, HistogramKey, LatencyCounters> =
-            self.typed_map_mut(name)?;
-        let ended: Vec<HistogramKey> = histograms
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|key| key.stream != 0 && !live.contains(&key.stream))
-            .collect();
-        let mut folded = Vec::new();
-        for key in &ended {
-            // A request of the stream completing between the read and the removal is lost:
-            // at most the last ones of a stream that has ended.
-            if let Ok(per_cpu) = histograms.get(key, 0) {
-                let mut total = LatencyCounters::ZERO;
-                per_cpu.iter().for_each(|counters| total.add(counters));
-                folded.push((HistogramKey { stream: 0, ..*key }, total));
-            }
-            let _ = histograms.remove(key);
-        }
-        for (key, total) in folded {
-            self.retired.entry(key).or_default().add(&total);
-        }
-        Ok(ended.len())
-    }
-
-    /// Request records: (in flight now, records kept in all).
-    pub fn request_records(&self) -> Result<(u64, u64), TracerError> {
-        let name = "INFLIGHT";
-        let records: HashMap<&MapData, u64, InflightRequest> = self.typed_map(name)?;
-        let (mut in_flight, mut kept) = (0, 0);
-        for (_, record) in records.iter().flatten() {
-            kept += 1;
-            // A queue's own flush request completes without a `block_rq_complete` event, so
-            // its record stays open until the next flush reuses it: not a request in flight.
-            if record.state != request_state::DONE && record.op != scheduler_common::op::FLUSH {
-                in_flight += 1;
-            }
-        }
-        Ok((in_flight, kept))
-    }
-
-    /// Drops request records last used before `now_ns - STALE_REQUEST_NS` (slots of devices
-    /// that went idle or away, and requests that vanished without completing or merging), and
-    /// those of disks no longer traced. Returns how many were dropped.
-    pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
-        let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
-        let old = self.forget_records(|record| record.queued_ns < cutoff)?;
-        self.retire_ended_streams()?;
-        // A program that passed its check just before tracing stopped may have written a
-        // record after `set_trace_all` dropped them.
-        Ok(old + self.forget_untraced()?)
     }
 }
