@@ -349,6 +349,10 @@ pub struct Capability {
     /// Why it is off, and what still works without it; `None` while on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub off_because: Option<String>,
+    /// While it is on through an older hook that stands in for a missing one: why, which
+    /// hook, and what it does less.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stand_in: Option<String>,
 }
 
 /// What [`Request::Status`] answers: the managed devices, the reader upgrades, what the daemon

@@ -319,7 +319,14 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
     );
     for capability in &report.capabilities {
         let _ = match &capability.off_because {
-            None => writeln!(out, "{:<18} on   {}", capability.name, capability.gives),
+            None => match &capability.stand_in {
+                None => writeln!(out, "{:<18} on   {}", capability.name, capability.gives),
+                Some(how) => writeln!(
+                    out,
+                    "{:<18} on   {} ({how})",
+                    capability.name, capability.gives
+                ),
+            },
             Some(why) => writeln!(
                 out,
                 "{:<18} OFF  {why} (needs {})",

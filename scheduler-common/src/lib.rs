@@ -164,7 +164,30 @@ pub mod playout_kind {
     /// [`super::PlayoutEvent::ioprio`] its priority and [`super::PlayoutEvent::latency_ns`] how long it took
     /// from submission.
     pub const URING_COMPLETE: u32 = 5;
+    /// The task added pages of the file to the page cache: it missed and reads from the disk
+    /// itself. The stand-in for [`MISS`] on kernels without `page_cache_sync_ra` (before
+    /// 6.18); the pages may be readahead beyond where the task reads, so they tell no position.
+    pub const FILLED: u32 = 7;
 }
+
+/// The last `FILLED` report sent from a CPU: a readahead adds many pages in one go, reported
+/// once (per task and stream, within [`FILL_REPORT_GAP_NS`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FillReport {
+    /// When it was sent.
+    pub ts_ns: u64,
+    /// Its stream.
+    pub stream: u64,
+    /// Its task (thread id).
+    pub pid: u32,
+    /// Explicit padding.
+    pub pad: u32,
+}
+
+/// Pages a task adds to one stream's file within this long of its last `FILLED` report belong
+/// to the same miss (a readahead inserts its pages within microseconds).
+pub const FILL_REPORT_GAP_NS: u64 = 2_000_000;
 
 /// A task's access to an attached file, sent to abissd (the daemon's own reads are left out).
 #[repr(C)]

@@ -23,7 +23,9 @@ use scheduler_common::{
     AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
 };
 
-use crate::kernel::{attached_file, bio_inode, field, layout, now_ns, read, report_reader};
+use crate::kernel::{
+    attached_file, bio_inode, field, layout, now_ns, read, report_reader, PF_KTHREAD,
+};
 use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
 
 /// A request's disk, when its requests are followed.
@@ -412,9 +414,6 @@ fn emit(
         entry.submit(0);
     }
 }
-
-/// `PF_KTHREAD`: the task is a kernel thread.
-const PF_KTHREAD: u32 = 0x0020_0000;
 
 /// Tells abissd that the current task queued a read of a stream's file below the stream's
 /// level: the task is a reader about to wait at the wrong priority. Kernel threads (a

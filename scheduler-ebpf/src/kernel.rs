@@ -13,6 +13,9 @@ use scheduler_common::{AttachedFile, FileKey, PlayoutEvent};
 
 use crate::maps::{ATTACHED, CONTROL, FILE_READERS, PLAYOUT};
 
+/// `PF_KTHREAD`: the task is a kernel thread.
+pub(crate) const PF_KTHREAD: u32 = 0x0020_0000;
+
 /// The offset (or other value) `$field` of `KERNEL_LAYOUT`, as the running kernel has it.
 macro_rules! layout {
     ($field:ident) => {{

@@ -10,7 +10,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use scheduler_common::{
-    AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
+    AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
     RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES,
     MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED,
     MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
@@ -85,3 +85,7 @@ pub(crate) static FORKS: RingBuf = RingBuf::with_byte_size(FORK_RING_BYTES, 0);
 /// then looks for them in `RAISED`.
 #[map]
 pub(crate) static FORK_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// The last page-cache fill report sent from each CPU (see `FillReport`).
+#[map]
+pub(crate) static LAST_FILL: PerCpuArray<FillReport> = PerCpuArray::with_max_entries(1, 0);

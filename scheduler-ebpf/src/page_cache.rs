@@ -2,14 +2,20 @@
 //! reported to abissd (the `PLAYOUT` ring) with the pages they touch, for its playout tracking.
 //! While no file is attached they return at once, before reading anything of the event.
 //!
-//! BTF tracepoints: `mm_filemap_get_pages`, `mm_filemap_fault`, `page_cache_sync_ra`.
+//! BTF tracepoints: `mm_filemap_get_pages`, `mm_filemap_fault`, `page_cache_sync_ra`, and
+//! `mm_filemap_add_to_page_cache` where the kernel lacks `page_cache_sync_ra`.
 
 use aya_ebpf::{
-    helpers::bpf_get_current_uid_gid, macros::btf_tracepoint, programs::BtfTracePointContext,
+    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid},
+    macros::btf_tracepoint,
+    programs::BtfTracePointContext,
 };
-use scheduler_common::{playout_kind, PlayoutEvent};
+use scheduler_common::{playout_kind, FillReport, PlayoutEvent, FILL_REPORT_GAP_NS};
 
-use crate::kernel::{attached_stream, field, files_attached, layout, report_reader};
+use crate::kernel::{
+    attached_stream, field, files_attached, layout, now_ns, read, report_reader, PF_KTHREAD,
+};
+use crate::maps::LAST_FILL;
 
 /// Whether the programs have anything to look for: the layout is filled in and some file is
 /// attached. Checked first, so every other buffered read and fault costs one array read.
@@ -90,5 +96,67 @@ pub fn abiss_sync_ra(ctx: BtfTracePointContext) -> i32 {
         index + count.saturating_sub(1),
         playout_kind::MISS,
     );
+    0
+}
+
+/// `mm_filemap_add_to_page_cache(folio)` (a `struct page` before 5.16, with `mapping` at the
+/// same place): a task added a page of a file to the page cache. The stand-in for
+/// `page_cache_sync_ra` on kernels before 6.18: a reader that adds pages of an attached file
+/// missed and reads from the disk itself. It fires for every page added anywhere, so it is
+/// attached only where the kernel lacks `page_cache_sync_ra`; one burst of pages (a readahead)
+/// is reported once.
+#[btf_tracepoint(function = "mm_filemap_add_to_page_cache")]
+pub fn abiss_cache_fill(ctx: BtfTracePointContext) -> i32 {
+    if !watching_files() {
+        return 0;
+    }
+    let folio: u64 = ctx.arg(0);
+    if folio == 0 {
+        return 0;
+    }
+    let mapping: u64 = field(folio, layout!(page_mapping));
+    if mapping == 0 {
+        return 0;
+    }
+    let Some(attached) = attached_stream(field(mapping, layout!(mapping_host))) else {
+        return 0;
+    };
+    #[expect(clippy::cast_possible_truncation, reason = "the helper packs uid and gid")]
+    let uid = bpf_get_current_uid_gid() as u32;
+    if !attached.reports(uid) {
+        return 0;
+    }
+    // Kernel threads (a flusher, khugepaged) fill pages for nobody's read.
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
+        return 0;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    let pid = bpf_get_current_pid_tgid() as u32;
+    let now = now_ns();
+    let Some(last) = LAST_FILL.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot; nothing else writes it while this program runs here.
+    unsafe {
+        let same_burst = (*last).pid == pid
+            && (*last).stream == attached.stream
+            && now.saturating_sub((*last).ts_ns) < FILL_REPORT_GAP_NS;
+        if same_burst {
+            return 0;
+        }
+        *last = FillReport {
+            ts_ns: now,
+            stream: attached.stream,
+            pid,
+            pad: 0,
+        };
+    }
+    report_reader(PlayoutEvent {
+        stream: attached.stream,
+        kind: playout_kind::FILLED,
+        ..PlayoutEvent::default()
+    });
     0
 }

@@ -75,8 +75,9 @@ pub struct Args {
     #[arg(long, default_value = "0.01", value_parser = parse_probability)]
     pub p_req: f64,
     /// Switch an optional part off, as on a kernel without its hooks (repeatable):
-    /// read-tracking (Linux 6.12), miss-upgrades (6.18), uring-reports (6.4),
-    /// direct-io-tagging. `abissctl status` shows what is on.
+    /// read-tracking (Linux 6.12), miss-upgrades (6.18; an older hook then stands in, as on
+    /// such a kernel), uring-reports (6.4), direct-io-tagging. `abissctl status` shows what
+    /// is on.
     #[arg(long = "disable", value_name = "PART", value_enum)]
     pub disabled: Vec<Feature>,
     /// Most memory all playout buffers together may lock (default: a quarter of RAM).

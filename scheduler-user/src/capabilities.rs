@@ -58,6 +58,19 @@ impl Feature {
         }
     }
 
+    /// Older programs that stand in when [`Self::programs`] cannot run (the kernel lacks
+    /// them, or the operator switched them off as on such a kernel), and what they do less.
+    #[must_use]
+    pub fn stand_in(self) -> Option<(&'static [(&'static str, &'static str)], &'static str)> {
+        match self {
+            Self::MissUpgrades => Some((
+                &[("abiss_cache_fill", "mm_filemap_add_to_page_cache")],
+                "standing in: filemap:mm_filemap_add_to_page_cache (pages a reader adds to the page cache); misses are counted and the reader is raised, but the window does not jump to where it missed",
+            )),
+            Self::ReadTracking | Self::UringReports | Self::DirectIoTagging => None,
+        }
+    }
+
     fn gives(self) -> &'static str {
         match self {
             Self::ReadTracking => "the window follows unmodified readers (read(2), mmap)",
@@ -103,6 +116,18 @@ impl Feature {
             gives: self.gives().to_owned(),
             needs: self.needs().to_owned(),
             off_because: off_because.map(|why| format!("{why}: {}", self.without())),
+            stand_in: None,
+        }
+    }
+
+    /// The capability, on through its stand-in because its own hooks are off for `why`.
+    #[must_use]
+    pub fn report_standing_in(self, why: &str) -> Capability {
+        Capability {
+            stand_in: self
+                .stand_in()
+                .map(|(_, does)| format!("{why}; {does}")),
+            ..self.report(None)
         }
     }
 }

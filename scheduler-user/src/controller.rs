@@ -337,6 +337,15 @@ impl Controller {
                 }
                 stream.playout.on_read(range, now_ns)
             }
+            Access::Filled => {
+                // A miss, on a kernel that does not say where: count it and raise the reader;
+                // the pages may be readahead past it, so the window stays (its reads move it).
+                stream.misses += 1;
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
+                return;
+            }
             Access::QueuedLow => {
                 // A reader's request queued below the stream's level (direct I/O, or
                 // readahead of a miss): raise it; where it reads is told by its reads.

@@ -38,6 +38,9 @@ pub enum Access {
     /// The task queued a read of the file below the stream's level (direct I/O, or the
     /// readahead of a miss).
     QueuedLow,
+    /// The task added pages of the file to the page cache (where the kernel has no miss
+    /// tracepoint): it missed, somewhere at or ahead of where it reads.
+    Filled,
     /// An `io_uring` request of the task on the file completed.
     UringComplete {
         /// The request's I/O priority (encoded).
@@ -173,6 +176,7 @@ pub fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
         playout_kind::FAULT => Access::Fault(pages()),
         playout_kind::MISS => Access::Miss(pages()),
         playout_kind::QUEUED_LOW => Access::QueuedLow,
+        playout_kind::FILLED => Access::Filled,
         playout_kind::URING_COMPLETE => Access::UringComplete {
             ioprio: u16::try_from(event.ioprio).unwrap_or(u16::MAX),
             latency_ns: event.latency_ns,

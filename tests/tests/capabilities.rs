@@ -21,22 +21,61 @@ fn status_says_which_parts_are_off_and_why() {
             .unwrap_or_else(|| panic!("{name} in {:?}", report.capabilities))
             .clone()
     };
-    for name in ["read-tracking", "miss-upgrades", "uring-reports"] {
+    for name in ["read-tracking", "uring-reports"] {
         let capability = by_name(name);
         assert!(!capability.on, "{name} is off");
         let why = capability.off_because.expect("a reason");
         assert!(why.contains(&format!("--disable {name}")), "{why}");
         assert!(capability.needs.contains("Linux"), "{}", capability.needs);
     }
+    // Without page_cache_sync_ra (as before 6.18), page-cache insertions stand in.
+    let misses = by_name("miss-upgrades");
+    assert!(misses.on && misses.off_because.is_none(), "{misses:?}");
+    let how = misses.stand_in.expect("a stand-in");
+    assert!(
+        how.contains("--disable miss-upgrades") && how.contains("mm_filemap_add_to_page_cache"),
+        "{how}"
+    );
     // This kernel (6.18) has what direct I/O tagging needs.
     assert!(by_name("direct-io-tagging").on);
 
     let output = daemon.ctl(["status"]);
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(
-        text.contains("miss-upgrades") && text.contains("OFF") && text.contains("Linux 6.18"),
+        text.contains("read-tracking") && text.contains("OFF") && text.contains("Linux 6.12"),
         "{text}"
     );
+    assert!(text.contains("standing in"), "{text}");
+}
+
+/// Without `page_cache_sync_ra` (switched off as on a kernel before 6.18), a reader that
+/// misses is still counted and raised: the pages it adds to the page cache stand in.
+#[test]
+fn misses_are_counted_and_raised_through_the_stand_in() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let path = fs.path().join("movie.bin");
+    write_cold_file(&path, 32 << 20);
+    let daemon = Daemon::start_managing(fs.device().path(), &["--disable", "miss-upgrades"]);
+    let _stream = daemon.attach_at_1mb(&path);
+    // Far past the window: every read of these cold pages misses.
+    let mut file = std::fs::File::open(&path).expect("open");
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(24 << 20)).expect("seek");
+    let mut chunk = vec![0u8; 64 << 10];
+    for _ in 0..16 {
+        let n = file.read(&mut chunk).expect("read");
+        assert!(n > 0, "file ended");
+    }
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let stream = loop {
+        let stream = daemon.streams().remove(0);
+        if (stream.misses > 0 && stream.upgrades > 0) || Instant::now() > deadline {
+            break stream;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(stream.misses > 0, "the misses were counted: {stream:?}");
+    assert!(stream.upgrades > 0, "the reader was raised: {stream:?}");
 }
 
 /// Reads `bytes` of `path` in 64 KiB reads, as a player that knows nothing of abiss.

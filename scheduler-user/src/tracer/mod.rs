@@ -156,6 +156,40 @@ fn attach(
     Ok(((program.to_owned(), id), hook))
 }
 
+/// The object and the lists an optional part's programs are attached into.
+struct Part<'a> {
+    ebpf: &'a mut Ebpf,
+    btf: &'a Btf,
+    program_ids: &'a mut Vec<(String, u32)>,
+    hooks: &'a mut Vec<Hook>,
+}
+
+impl Part<'_> {
+    /// Attaches `programs`, all or none: on the first refusal, what did attach goes again
+    /// and the kernel's reason is returned.
+    fn attach(&mut self, programs: &[(&'static str, &'static str)], work: Work) -> Result<(), String> {
+        for &pair in programs {
+            match attach(self.ebpf, self.btf, pair, work) {
+                Ok((id, hook)) => {
+                    self.program_ids.push(id);
+                    self.hooks.push(hook);
+                }
+                Err(error) => {
+                    for (program, _) in programs {
+                        self.program_ids.retain(|(name, _)| name != program);
+                        self.hooks.retain(|hook| hook.program != *program);
+                        if let Some(prog) = self.ebpf.program_mut(program) {
+                            let _ = <&mut BtfTracePoint>::try_from(prog).map(BtfTracePoint::unload);
+                        }
+                    }
+                    return Err(error.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The loaded tracer. Dropping it detaches and unloads everything.
 #[derive(Debug)]
 pub struct BlockTracer {
@@ -199,40 +233,29 @@ impl BlockTracer {
         }
         let mut capabilities = Vec::new();
         for feature in Feature::ALL {
-            let mut why = off
-                .iter()
-                .find(|(f, _)| *f == feature)
-                .map(|(_, why)| why.clone());
-            if why.is_none() {
-                let work = if feature == Feature::UringReports {
-                    Work::Readers
-                } else {
-                    Work::Files
-                };
-                for &pair in feature.programs() {
-                    match attach(&mut ebpf, &btf, pair, work) {
-                        Ok((id, hook)) => {
-                            program_ids.push(id);
-                            hooks.push(hook);
-                        }
-                        Err(error) => {
-                            why = Some(error.to_string());
-                            break;
-                        }
-                    }
+            let work = if feature == Feature::UringReports {
+                Work::Readers
+            } else {
+                Work::Files
+            };
+            let mut part = Part {
+                ebpf: &mut ebpf,
+                btf: &btf,
+                program_ids: &mut program_ids,
+                hooks: &mut hooks,
+            };
+            let why = match off.iter().find(|(f, _)| *f == feature) {
+                Some((_, why)) => Some(why.clone()),
+                None => part.attach(feature.programs(), work).err(),
+            };
+            let capability = match (why, feature.stand_in()) {
+                (None, _) => feature.report(None),
+                (Some(why), Some((programs, _))) if part.attach(programs, work).is_ok() => {
+                    log::warn!("{feature} stands in: {why}");
+                    feature.report_standing_in(&why)
                 }
-            }
-            if why.is_some() {
-                // A part is all or nothing: what did attach goes again.
-                for (program, _) in feature.programs() {
-                    program_ids.retain(|(name, _)| name != program);
-                    hooks.retain(|hook| hook.program != *program);
-                    if let Some(prog) = ebpf.program_mut(program) {
-                        let _ = <&mut BtfTracePoint>::try_from(prog).map(BtfTracePoint::unload);
-                    }
-                }
-            }
-            let capability = feature.report(why.as_deref());
+                (Some(why), _) => feature.report(Some(&why)),
+            };
             if let Some(off) = &capability.off_because {
                 log::warn!("{feature} is off: {off}; it needs {}", capability.needs);
             }
