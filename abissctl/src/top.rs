@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use abiss_client::Client;
@@ -15,6 +16,7 @@ use abiss_proto::{
     DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation, StatusReport,
     StreamInfo,
 };
+use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 
 use crate::error::CliError;
@@ -182,6 +184,43 @@ impl Drop for Screen {
     }
 }
 
+/// The signal that asked `top` to end (SIGTERM, SIGHUP, or SIGINT sent with kill(1): in raw
+/// mode Ctrl-C is a key), 0 while none has. The terminal is put back before `top` dies of it.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Longest wait between two looks at [`STOP_SIGNAL`] (a signal need not wake the key poll).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+extern "C" fn note_stop(signal: nix::libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+/// Catches the signals that end `top`, so that the screen is restored before it ends.
+fn catch_stop_signals() -> Result<(), CliError> {
+    let action = SigAction::new(
+        SigHandler::Handler(note_stop),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
+    for stop in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { signal::sigaction(stop, &action) }
+            .map_err(|error| CliError::Usage(format!("`top` cannot catch {stop}: {error}")))?;
+    }
+    Ok(())
+}
+
+/// Dies of the signal that stopped `top`, if one did (the screen is restored by then), so
+/// that its parent sees what ended it, as it would have without `top` catching it.
+fn die_of_stop_signal() {
+    let Ok(stop) = Signal::try_from(STOP_SIGNAL.load(Ordering::Relaxed)) else {
+        return;
+    };
+    // SAFETY: putting back the default action of a signal.
+    let _ = unsafe { signal::signal(stop, SigHandler::SigDfl) };
+    let _ = signal::raise(stop);
+}
+
 /// What ended a wait between refreshes.
 enum Wake {
     /// Time for the next refresh.
@@ -195,9 +234,15 @@ enum Wake {
 /// Waits for a key until `deadline`.
 fn wait(deadline: Instant) -> std::io::Result<Wake> {
     loop {
+        if STOP_SIGNAL.load(Ordering::Relaxed) != 0 {
+            return Ok(Wake::Quit);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || !event::poll(left)? {
+        if left.is_zero() {
             return Ok(Wake::Refresh);
+        }
+        if !event::poll(left.min(SIGNAL_CHECK))? {
+            continue;
         }
         match event::read()? {
             Event::Key(key) if key.kind != KeyEventKind::Release => {
@@ -229,13 +274,30 @@ pub fn run(
     let mut client = connect()?;
     let mut sampler = Sampler::new(&mut client, interval)?;
     let mut sample = sampler.sample(&mut client)?;
-    let mut screen = Screen::take()?;
+    catch_stop_signals()?;
+    let screen = Screen::take()?;
+    let shown = show(screen, &mut client, &mut sampler, &mut sample, colour);
+    // The screen is back to normal here, whatever ended the view.
+    die_of_stop_signal();
+    shown
+}
+
+/// Draws and refreshes until a quit key, a stop signal or an error; drops (so restores) the
+/// screen on the way out.
+fn show(
+    mut screen: Screen,
+    client: &mut Client,
+    sampler: &mut Sampler,
+    sample: &mut Sample,
+    colour: bool,
+) -> Result<(), CliError> {
+    let interval = sampler.interval;
     let mut next = Instant::now() + interval;
     loop {
         // The terminal went away (e.g. its window was closed): nothing left to show.
         if screen
             .terminal
-            .draw(|frame| view::draw(frame, &sample, colour))
+            .draw(|frame| view::draw(frame, sample, colour))
             .is_err()
         {
             return Ok(());
@@ -244,7 +306,7 @@ pub fn run(
             Ok(Wake::Quit) | Err(_) => return Ok(()),
             Ok(Wake::Redraw) => {}
             Ok(Wake::Refresh) => {
-                sample = sampler.sample(&mut client)?;
+                *sample = sampler.sample(client)?;
                 // After a stall (a suspended terminal, a slow daemon), refresh on the interval
                 // from now rather than catching up in a burst.
                 next = (next + interval).max(Instant::now());

@@ -298,6 +298,47 @@ fn top_shows_the_stream_and_the_disk_refreshes_and_quits_on_q() {
     }
 }
 
+/// SIGTERM or SIGHUP (a closed terminal window, `kill`) ends `top` with the terminal put back:
+/// out of raw mode and off the alternate screen, and the shell sees death by that signal.
+#[test]
+fn top_restores_the_terminal_when_killed() {
+    require_root!();
+    let daemon = Daemon::start_with(&[]);
+    for (signal, status) in [("TERM", 143), ("HUP", 129)] {
+        let tmux = Tmux::start(&format!("kill-{signal}"));
+        tmux.type_line(&format!(
+            "{} --socket {} top; echo top-exit=$?",
+            binary("abissctl").display(),
+            daemon.socket().display()
+        ));
+        tmux.wait_for("top's header", Duration::from_secs(10), |screen| {
+            refresh_count(screen).is_some()
+        });
+        let killed = Command::new("pkill")
+            .args([&format!("-{signal}"), "-f", &format!("{} top", daemon.socket().display())])
+            .status()
+            .expect("pkill");
+        assert!(killed.success(), "pkill found abissctl top");
+        let screen = tmux.wait_for("the exit status", Duration::from_secs(5), |screen| {
+            screen.lines().any(|l| l.starts_with("top-exit="))
+        });
+        assert!(
+            screen.lines().any(|l| l == format!("top-exit={status}")),
+            "died of SIG{signal} ({status}):\n{screen}"
+        );
+        // Back on the normal screen: the command line typed before top is visible again.
+        assert!(screen.contains("top-exit=$?"), "normal screen back:\n{screen}");
+        tmux.type_line("stty -a | grep -o -- ' -icanon' ; echo stty-checked");
+        let screen = tmux.wait_for("stty's answer", Duration::from_secs(5), |screen| {
+            screen.lines().any(|l| l == "stty-checked")
+        });
+        assert!(
+            !screen.lines().any(|l| l == " -icanon"),
+            "the terminal left raw mode (canonical input is back):\n{screen}"
+        );
+    }
+}
+
 #[test]
 fn top_says_when_abissd_is_not_running() {
     let tmux = Tmux::start("absent");
