@@ -99,6 +99,16 @@ long abiss_ftell(ABISS_FILE *fp);
 int abiss_position(ABISS_FILE *fp, long offset);
 
 /*
+ * Gives the stream another guaranteed rate, byterate bytes per second (fast-forward, slow
+ * motion), if its disk admits it; the playout buffer stays. Returns 0, or -1 with errno set,
+ * and the stream then keeps its rate:
+ *   EINVAL  fp is NULL, or the rate is not between 1 B/s and 1 TB/s;
+ *   EBUSY   the disk's real-time share cannot take the new rate;
+ *   EIO     the connection to abissd broke.
+ */
+int abiss_set_rate(ABISS_FILE *fp, long byterate);
+
+/*
  * The daemon's id of the stream (as `abissctl list` shows it), or -1 with errno EINVAL (fp is
  * NULL).
  */

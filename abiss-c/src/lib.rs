@@ -192,6 +192,27 @@ pub unsafe extern "C" fn abiss_position(fp: *mut AbissStdioFile, offset: c_long)
     })
 }
 
+/// Gives the stream another guaranteed rate, `byterate` bytes per second (fast-forward, slow
+/// motion), if its disk admits it; its buffer stays. Returns 0, or -1 with `errno` set
+/// (`EINVAL` for a rate outside 1 B/s to 1 TB/s, `EBUSY` when the disk cannot take it); the
+/// stream then keeps its rate.
+///
+/// # Safety
+/// `fp` is NULL or an open handle no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_set_rate(fp: *mut AbissStdioFile, byterate: c_long) -> c_int {
+    entry_point(-1, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        let rate = u64::try_from(byterate)
+            .ok()
+            .filter(|rate| *rate > 0)
+            .ok_or_else(|| Failure::invalid(format!("a rate of {byterate} B/s is not positive")))?;
+        file.set_rate(abiss_proto::ByteRate(rate))?;
+        Ok(0)
+    })
+}
+
 /// The daemon's id of the stream, or -1 with `errno` set.
 ///
 /// # Safety

@@ -187,6 +187,11 @@ impl AbissStdioFile {
     }
 
     /// The daemon's id of the stream.
+    /// Gives the stream another rate; refused, it keeps its rate.
+    pub(crate) fn set_rate(&mut self, rate: abiss_proto::ByteRate) -> Result<(), Failure> {
+        self.file.set_rate(rate).map_err(Failure::from)
+    }
+
     pub(crate) fn stream_id(&self) -> u64 {
         self.file.stream_id()
     }

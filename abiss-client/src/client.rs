@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
-    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, DeviceStatus, Envelope,
-    ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StatusReport,
+    decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceStatus,
+    Envelope, ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StatusReport,
     StreamInfo, StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
@@ -259,6 +259,19 @@ impl Client {
     pub fn detach(&mut self, target: StreamTarget) -> Result<u64, ClientError> {
         match self.call(Request::Detach { target })? {
             Response::Detached { stream } => Ok(stream),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
+    /// Gives a stream another rate (trick play), if its disk admits it; refused, the stream
+    /// keeps its rate.
+    pub fn set_rate(
+        &mut self,
+        target: StreamTarget,
+        rate: ByteRate,
+    ) -> Result<StreamInfo, ClientError> {
+        match self.call(Request::SetRate { target, rate })? {
+            Response::RateChanged(info) => Ok(info),
             other => Err(self.unexpected(&other)),
         }
     }

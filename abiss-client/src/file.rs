@@ -124,6 +124,15 @@ impl AbissFile {
             .map_err(io::Error::other)
     }
 
+    /// Gives the stream another rate (fast-forward, slow motion), if its disk admits it;
+    /// refused, it keeps its rate.
+    pub fn set_rate(&mut self, rate: abiss_proto::ByteRate) -> Result<(), ClientError> {
+        self.stream = self
+            .client
+            .set_rate(StreamTarget::Id(self.stream.id), rate)?;
+        Ok(())
+    }
+
     /// Ends the stream now and returns the file.
     pub fn detach(mut self) -> Result<File, ClientError> {
         self.client.detach(StreamTarget::Id(self.stream.id))?;

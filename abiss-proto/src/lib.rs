@@ -105,6 +105,15 @@ pub enum Request {
         /// Which stream.
         target: StreamTarget,
     },
+    /// Give a stream another rate (trick play: fast-forward, slow motion), if its disk admits
+    /// it; its buffer and window stay. Only its owner or root may. Answered with
+    /// [`Response::RateChanged`]; when refused, the stream keeps its rate.
+    SetRate {
+        /// Which stream.
+        target: StreamTarget,
+        /// The new rate.
+        rate: ByteRate,
+    },
     /// The application's playout point moved to `offset` (ABISS's "position" message). A
     /// notification: the daemon does not answer it, so readers never wait for the daemon.
     Position {
@@ -479,6 +488,8 @@ pub enum Response {
         /// The stream that ended.
         stream: u64,
     },
+    /// Answer to [`Request::SetRate`]: the stream as it is now.
+    RateChanged(StreamInfo),
     /// Answer to [`Request::List`].
     Streams {
         /// The streams.

@@ -54,6 +54,14 @@ enum Command {
         /// Stream id, or the attached file.
         target: String,
     },
+    /// Give a stream another rate (fast-forward, slow motion), if its disk admits it; its
+    /// buffer and window stay. Refused, the stream keeps its rate.
+    SetRate {
+        /// Stream id, or the attached file.
+        target: String,
+        /// The new rate (units as for attach --rate).
+        rate: Written<ByteRate>,
+    },
     /// Attach FILE for as long as a command runs: `abissctl run --rate 1MB/s FILE -- CMD ARGS…`.
     ///
     /// SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are passed on to the command; exits
@@ -201,6 +209,9 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             streams::attach(&mut connect()?, &file, &parameters, json)
         }
         Command::Detach { target } => streams::detach(&mut connect()?, &target),
+        Command::SetRate { target, rate } => {
+            streams::set_rate(&mut connect()?, &target, rounded(&rate))
+        }
         Command::Run {
             file,
             stream,

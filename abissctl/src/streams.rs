@@ -70,6 +70,20 @@ pub fn attach(
 
 /// Ends a stream named by id or by file.
 pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
+    let id = client.detach(stream_target(target)?)?;
+    println!("detached stream {id}");
+    Ok(())
+}
+
+/// `abissctl set-rate`: prints the stream's new rate.
+pub fn set_rate(client: &mut Client, target: &str, rate: ByteRate) -> Result<(), CliError> {
+    let info = client.set_rate(stream_target(target)?, rate)?;
+    println!("stream {} now at {}", info.id, info.rate);
+    Ok(())
+}
+
+/// The stream a command line names: by id, or by its file.
+fn stream_target(target: &str) -> Result<StreamTarget, CliError> {
     let path = Path::new(target);
     // A number names a stream, unless a file of that name exists here.
     let target = if let (Ok(id), false) = (target.parse::<u64>(), path.exists()) {
@@ -90,9 +104,7 @@ pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
             }
         }
     };
-    let id = client.detach(target)?;
-    println!("detached stream {id}");
-    Ok(())
+    Ok(target)
 }
 
 /// Attaches `path` for as long as `command` runs; returns the command's exit code, or 128 + N

@@ -124,9 +124,7 @@ impl Feature {
     #[must_use]
     pub fn report_standing_in(self, why: &str) -> Capability {
         Capability {
-            stand_in: self
-                .stand_in()
-                .map(|(_, does)| format!("{why}; {does}")),
+            stand_in: self.stand_in().map(|(_, does)| format!("{why}; {does}")),
             ..self.report(None)
         }
     }

@@ -7,8 +7,8 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, MemoryReport, Refusal, StatusReport, StreamInfo,
-    StreamTarget, PAGE_BYTES,
+    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, MemoryReport, Refusal, StatusReport,
+    StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
 use scheduler_common::{AttachedFile, ANY_READER};
@@ -129,7 +129,8 @@ impl Controller {
                 max: MAX_STREAMS_PER_USER,
             });
         }
-        self.disks.admit(&disk, &request, &self.streams)?;
+        self.disks
+            .admit(disk.number, &request, &self.streams, None)?;
         let wanted = locked_at_most(
             request.buffer.0,
             u64::from(request.batch_pages) * PAGE_BYTES,
@@ -204,6 +205,51 @@ impl Controller {
 
     /// Detaches a stream on behalf of `peer_uid` (its owner, or root).
     pub fn detach(&mut self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+        let id = self.owned_stream(peer_uid, target)?;
+        self.end_stream(id);
+        Ok(id)
+    }
+
+    /// Gives a stream of `peer_uid` (or any, for root) rate `rate` from `now_ns`, if its disk
+    /// admits the stream at that rate next to the others; refused, nothing changes.
+    pub fn set_rate(
+        &mut self,
+        peer_uid: u32,
+        target: &StreamTarget,
+        rate: ByteRate,
+        now_ns: u64,
+    ) -> Result<StreamInfo, Refusal> {
+        let id = self.owned_stream(peer_uid, target)?;
+        let (disk, request) = match self.streams.get(id) {
+            Some(stream) => (
+                stream.disk,
+                AttachRequest {
+                    rate,
+                    ..stream.granted.clone()
+                },
+            ),
+            None => {
+                return Err(Refusal::NotAttached {
+                    what: format!("stream {id}"),
+                })
+            }
+        };
+        check_parameters(&request)?;
+        self.disks.admit(disk, &request, &self.streams, Some(id))?;
+        let Some(stream) = self.streams.get_mut(id) else {
+            return Err(Refusal::NotAttached {
+                what: format!("stream {id}"),
+            });
+        };
+        let old = stream.granted.rate;
+        let actions = stream.set_rate(rate, now_ns);
+        Self::execute(&mut self.prefetch, stream, actions);
+        info!("stream {id}: rate {old} → {rate}");
+        Ok(stream.info())
+    }
+
+    /// The id of the stream `target` names, if `peer_uid` owns it (root owns all).
+    fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
         let found = match target {
             StreamTarget::Id(id) => self.streams.get(*id),
             StreamTarget::File { device, inode } => self
@@ -221,9 +267,7 @@ impl Controller {
         if peer_uid != 0 && stream.owner_uid != peer_uid {
             return Err(Refusal::NotOwner { stream: stream.id });
         }
-        let id = stream.id;
-        self.end_stream(id);
-        Ok(id)
+        Ok(stream.id)
     }
 
     /// The application's explicit playout point; `at_ns` is when the application was there.

@@ -518,6 +518,14 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
         Command::Detach { uid, target, reply } => {
             let _ = reply.send(controller.detach(uid, &target));
         }
+        Command::SetRate {
+            uid,
+            target,
+            rate,
+            reply,
+        } => {
+            let _ = reply.send(controller.set_rate(uid, &target, rate, monotonic_ns()));
+        }
         Command::Position {
             uid,
             stream,

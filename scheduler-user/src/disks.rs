@@ -114,11 +114,11 @@ impl ManagedDisk {
     }
 }
 
-/// What the streams on `disk` ask of it.
-fn demands_on(streams: &StreamTable, disk: DeviceNumber) -> Vec<StreamDemand> {
+/// What the streams on `disk` ask of it, but stream `except` (one whose rate is being changed).
+fn demands_on(streams: &StreamTable, disk: DeviceNumber, except: Option<u64>) -> Vec<StreamDemand> {
     streams
         .iter()
-        .filter(|s| s.disk == disk)
+        .filter(|s| s.disk == disk && Some(s.id) != except)
         .map(crate::streams::Stream::demand)
         .collect()
 }
@@ -203,15 +203,19 @@ impl Disks {
         Ok(disk)
     }
 
-    /// Admission of a stream of `request` on managed `disk`, next to `streams`: by its model,
-    /// or by the configured capacity until it has one.
+    /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream
+    /// `replacing`, which the request would replace): by its model, or by the configured
+    /// capacity until it has one.
     pub fn admit(
         &self,
-        disk: &Disk,
+        disk: DeviceNumber,
         request: &AttachRequest,
         streams: &StreamTable,
+        replacing: Option<u64>,
     ) -> Result<(), Refusal> {
-        let managed = &self.disks[&disk.number];
+        let Some(managed) = self.disks.get(&disk) else {
+            return Err(Refusal::Internal(format!("device {disk} is not managed")));
+        };
         let demand = StreamDemand::playback(
             request.rate.0,
             request.buffer.0,
@@ -222,7 +226,7 @@ impl Disks {
             (_, AdmissionMode::Off) => {}
             (Some(control), _) => {
                 let prediction = control
-                    .admit(&demands_on(streams, disk.number), &demand)
+                    .admit(&demands_on(streams, disk, replacing), &demand)
                     .map_err(|refusal| refused(&refusal))?;
                 info!(
                     "{}: admitted {} B/s; predicted miss probability {:.4}%",
@@ -233,7 +237,7 @@ impl Disks {
             }
             (None, _) => managed
                 .share
-                .admit(streams.reserved_on(disk.number), request.rate.0)
+                .admit(streams.reserved_on(disk, replacing), request.rate.0)
                 .map_err(|refusal| refused(&refusal))?,
         }
         Ok(())
@@ -258,12 +262,12 @@ impl Disks {
         let demand = planned_demand(request)?;
         let managed = &self.disks[&disk.number];
         let mode = request.mode.unwrap_or(self.settings.mode);
-        let existing = demands_on(streams, disk.number);
+        let existing = demands_on(streams, disk.number, None);
         let Some(control) = &managed.model else {
             let free = managed
                 .share
                 .budget_bps()
-                .saturating_sub(streams.reserved_on(disk.number));
+                .saturating_sub(streams.reserved_on(disk.number, None));
             return Ok(self.share_plan(managed, request, mode, free, existing.len()));
         };
         let control = AdmissionControl {
@@ -319,12 +323,12 @@ impl Disks {
     fn disk_status(&self, managed: &ManagedDisk, streams: &StreamTable) -> DeviceStatus {
         let disk = managed.device.disk();
         let now = managed.device.status().ok();
-        let reserved = streams.reserved_on(disk.number);
+        let reserved = streams.reserved_on(disk.number, None);
         let mode = self.settings.mode;
         let figures = match &managed.model {
             Some(control) => model_figures(
                 control,
-                &demands_on(streams, disk.number),
+                &demands_on(streams, disk.number, None),
                 reserved,
                 &self.settings,
             ),

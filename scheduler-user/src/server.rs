@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
-    decode_envelope, encode_line, AdmissionReport, AdmitRequest, AttachRequest, Envelope,
+    decode_envelope, encode_line, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, Envelope,
     EnvelopeError, ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response,
     StatusReport, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
@@ -68,6 +68,17 @@ pub enum Command {
         target: StreamTarget,
         /// The answer: the stream ended.
         reply: Reply<Result<u64, Refusal>>,
+    },
+    /// Give a stream another rate.
+    SetRate {
+        /// The peer.
+        uid: u32,
+        /// Which stream.
+        target: StreamTarget,
+        /// The new rate.
+        rate: ByteRate,
+        /// The answer: the stream as it is now.
+        reply: Reply<Result<StreamInfo, Refusal>>,
     },
     /// The application's playout point (a notification: no answer).
     Position {
@@ -367,6 +378,18 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
         .await
         {
             Some(Ok(stream)) => Response::Detached { stream },
+            Some(Err(refused)) => Response::from(refused),
+            None => shutting_down(),
+        },
+        Request::SetRate { target, rate } => match ask(context, |reply| Command::SetRate {
+            uid: peer_uid,
+            target,
+            rate,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(stream)) => Response::RateChanged(stream),
             Some(Err(refused)) => Response::from(refused),
             None => shutting_down(),
         },

@@ -268,6 +268,13 @@ impl Stream {
         (stream, actions)
     }
 
+    /// Gives the stream rate `rate` from `now_ns` on (admitted by the caller); returns the
+    /// window's moves.
+    pub fn set_rate(&mut self, rate: abiss_proto::ByteRate, now_ns: u64) -> Vec<WindowAction> {
+        self.granted.rate = rate;
+        self.playout.set_rate(rate.0, now_ns)
+    }
+
     /// What the stream asks of its disk, for admission.
     #[must_use]
     pub fn demand(&self) -> StreamDemand {
@@ -417,12 +424,13 @@ impl StreamTable {
         self.streams.is_empty()
     }
 
-    /// Sum of the granted rates on `disk`.
+    /// Sum of the granted rates on `disk`, but for stream `except` (one whose rate is being
+    /// changed).
     #[must_use]
-    pub fn reserved_on(&self, disk: DeviceNumber) -> u64 {
+    pub fn reserved_on(&self, disk: DeviceNumber, except: Option<u64>) -> u64 {
         self.streams
             .values()
-            .filter(|s| s.disk == disk)
+            .filter(|s| s.disk == disk && Some(s.id) != except)
             .map(|s| s.granted.rate.0)
             .sum()
     }

@@ -39,6 +39,12 @@ impl CreditTimer {
         }
     }
 
+    /// From `now_ns` on, credit accrues at `rate_bps` (what accrued until then stays).
+    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
+        self.accrue(now_ns);
+        self.rate_bps = rate_bps;
+    }
+
     /// Adds the credit earned since the last call.
     pub fn accrue(&mut self, now_ns: u64) {
         let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));
@@ -112,6 +118,36 @@ mod tests {
                 }
             }
             let allowed = u128::from(rate) * u128::from(now) / 1_000_000_000 + u128::from(limit);
+            prop_assert!(spent <= allowed, "spent {} > allowed {}", spent, allowed);
+        }
+
+        /// With the rate changed on the way (trick play), spending never exceeds the limit
+        /// plus each rate times the time it was in force.
+        #[test]
+        fn spending_follows_each_rate_while_it_holds(
+            limit in 0u64..1_000_000,
+            steps in proptest::collection::vec(
+                (0u64..50_000_000, 1u64..200_000, proptest::option::of(1u64..10_000_000)),
+                1..200,
+            ),
+        ) {
+            let mut rate = 1_000_000u64;
+            let mut timer = CreditTimer::new(rate, limit, 0);
+            let (mut now, mut spent, mut earned_scaled) = (0u64, 0u128, 0u128);
+            for (dt, want, new_rate) in steps {
+                now += dt;
+                earned_scaled += u128::from(rate) * u128::from(dt);
+                if let Some(new_rate) = new_rate {
+                    timer.set_rate(new_rate, now);
+                    rate = new_rate;
+                } else {
+                    timer.accrue(now);
+                }
+                if timer.try_spend(want) {
+                    spent += u128::from(want);
+                }
+            }
+            let allowed = earned_scaled / 1_000_000_000 + u128::from(limit);
             prop_assert!(spent <= allowed, "spent {} > allowed {}", spent, allowed);
         }
     }

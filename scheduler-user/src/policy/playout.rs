@@ -269,6 +269,16 @@ impl PlayoutBuffer {
         actions
     }
 
+    /// The stream's rate changed at `now_ns` (trick play): credit accrues at `rate_bps` from
+    /// now on, and the window moves as far as the credit then allows.
+    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {
+        self.credit.set_rate(rate_bps, now_ns);
+        self.shape.rate_bps = rate_bps;
+        let mut actions = Vec::new();
+        self.fill(now_ns, &mut actions);
+        actions
+    }
+
     /// Time passed: credit accrued, so more of the window may be loaded.
     pub fn on_tick(&mut self, now_ns: u64) -> Vec<WindowAction> {
         let mut actions = Vec::new();

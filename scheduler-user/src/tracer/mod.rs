@@ -167,7 +167,11 @@ struct Part<'a> {
 impl Part<'_> {
     /// Attaches `programs`, all or none: on the first refusal, what did attach goes again
     /// and the kernel's reason is returned.
-    fn attach(&mut self, programs: &[(&'static str, &'static str)], work: Work) -> Result<(), String> {
+    fn attach(
+        &mut self,
+        programs: &[(&'static str, &'static str)],
+        work: Work,
+    ) -> Result<(), String> {
         for &pair in programs {
             match attach(self.ebpf, self.btf, pair, work) {
                 Ok((id, hook)) => {

@@ -1,0 +1,117 @@
+//! A rate change is a request on the stream (fast-forward, slow motion), not a detach and an
+//! attach: from then on the window moves at the new rate. The disk's admission decides, only
+//! the owner (or root) may ask, and a refusal changes nothing.
+
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use abiss_client::{Client, ClientError};
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamTarget};
+use abiss_tests::{
+    abissctl_as_nobody, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+};
+
+const BUFFER: u64 = 512 * 1024;
+
+/// Moves the application's playout point forward at `bytes_per_sec` for `secs` seconds (a
+/// position message every 50 ms, as the client library sends them) and returns the new point
+/// and how many bytes the daemon prefetched meanwhile.
+fn play(client: &mut Client, id: u64, from: u64, bytes_per_sec: u64, secs: u64) -> (u64, u64) {
+    let before = prefetched(client, id);
+    let start = Instant::now();
+    let mut point = from;
+    while start.elapsed() < Duration::from_secs(secs) {
+        std::thread::sleep(Duration::from_millis(50));
+        point = from + bytes_per_sec * u64::try_from(start.elapsed().as_millis()).unwrap() / 1000;
+        client.position(id, point).expect("position");
+    }
+    // Loads already queued finish within a few ms on a memory-backed disk.
+    std::thread::sleep(Duration::from_millis(200));
+    (point, prefetched(client, id) - before)
+}
+
+fn prefetched(client: &mut Client, id: u64) -> u64 {
+    stream(client, id).prefetched_bytes
+}
+
+fn stream(client: &mut Client, id: u64) -> abiss_proto::StreamInfo {
+    client
+        .list()
+        .expect("list")
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the stream is listed")
+}
+
+#[test]
+fn a_rate_change_moves_the_window_at_the_new_rate_and_refusals_change_nothing() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    // 10 MB/s for real-time streams.
+    let daemon = Daemon::start_managing(
+        fs.device().path(),
+        &["--capacity", "20MB/s", "--realtime-share", "50"],
+    );
+    let path = fs.path().join("movie.bin");
+    write_cold_file(&path, 128 << 20);
+    let mut client = Client::connect(daemon.socket()).expect("connect");
+    let request = AttachRequest {
+        rate: ByteRate(100_000),
+        buffer: ByteSize(BUFFER),
+        batch_pages: 16,
+        priority: 0,
+        persistent: true,
+    };
+    let id = client
+        .attach(File::open(&path).expect("open"), request)
+        .expect("attach")
+        .id;
+    std::thread::sleep(Duration::from_millis(300));
+
+    // A player at 2 MB/s on a 100 kB/s stream: after the credit left from the start (one
+    // buffer), the window moves at 100 kB/s.
+    let (point, slow) = play(&mut client, id, 0, 2_000_000, 2);
+    let slow_bound = BUFFER + 2 * 100_000 + 128 * 1024;
+    assert!(
+        slow <= slow_bound,
+        "at 100 kB/s the window moved {slow} B in 2 s (at most {slow_bound})"
+    );
+
+    // Fast-forward: 4 MB/s, admitted on the disk; the window now keeps up with the player.
+    let info = client
+        .set_rate(StreamTarget::Id(id), ByteRate(4_000_000))
+        .expect("4 MB/s fits in the disk's 10 MB/s");
+    assert_eq!(info.rate, ByteRate(4_000_000));
+    let (_, fast) = play(&mut client, id, point, 2_000_000, 2);
+    eprintln!("prefetched in 2 s: {slow} B at 100 kB/s, {fast} B at 4 MB/s");
+    assert!(
+        fast >= 3_000_000,
+        "at 4 MB/s the window followed a 2 MB/s player: {fast} B in 2 s"
+    );
+
+    // More than the disk's real-time share: refused, and the stream keeps 4 MB/s.
+    match client.set_rate(StreamTarget::Id(id), ByteRate(20_000_000)) {
+        Err(ClientError::Refused { message }) => {
+            assert!(message.contains("B/s"), "{message}");
+        }
+        other => panic!("20 MB/s must be refused: {other:?}"),
+    }
+    assert_eq!(stream(&mut client, id).rate, ByteRate(4_000_000));
+
+    // Another user may not change root's stream; nor may anyone ask for nothing.
+    let output = abissctl_as_nobody(daemon.socket(), &["set-rate", &id.to_string(), "1MB/s"]);
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("not yours") || stderr.contains("owner"),
+        "{stderr}"
+    );
+    let output = daemon.ctl(["set-rate", &id.to_string(), "0B/s"]);
+    assert!(!output.status.success(), "{output:?}");
+    assert_eq!(stream(&mut client, id).rate, ByteRate(4_000_000));
+
+    // The owner's command line: by file, in bit rates.
+    let output = daemon.ctl(["set-rate", path.to_str().unwrap(), "8Mbit/s"]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(stream(&mut client, id).rate, ByteRate(1_000_000));
+}
