@@ -315,7 +315,11 @@ fn top_restores_the_terminal_when_killed() {
             refresh_count(screen).is_some()
         });
         let killed = Command::new("pkill")
-            .args([&format!("-{signal}"), "-f", &format!("{} top", daemon.socket().display())])
+            .args([
+                &format!("-{signal}"),
+                "-f",
+                &format!("{} top", daemon.socket().display()),
+            ])
             .status()
             .expect("pkill");
         assert!(killed.success(), "pkill found abissctl top");
@@ -327,7 +331,10 @@ fn top_restores_the_terminal_when_killed() {
             "died of SIG{signal} ({status}):\n{screen}"
         );
         // Back on the normal screen: the command line typed before top is visible again.
-        assert!(screen.contains("top-exit=$?"), "normal screen back:\n{screen}");
+        assert!(
+            screen.contains("top-exit=$?"),
+            "normal screen back:\n{screen}"
+        );
         tmux.type_line("stty -a | grep -o -- ' -icanon' ; echo stty-checked");
         let screen = tmux.wait_for("stty's answer", Duration::from_secs(5), |screen| {
             screen.lines().any(|l| l == "stty-checked")

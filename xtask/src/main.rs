@@ -13,6 +13,7 @@
 //! | `bench`: runs `abiss-bench`, results under `bench/results/` | `bench` |
 //! | `demo`: an emulated laptop hdd, a copy loop and a 1 MB/s player streamed by abissd | `demo` |
 //! | `install`: binaries, library, header, man pages, completions, systemd unit, configuration | `install` |
+//! | `kernels`: this build on distribution kernels booted in qemu | `kernels` |
 //! | `man`: man pages and shell completions from the binaries' clap definitions | `docs` |
 //! | running commands with their output shown and failures named | `shell` |
 use std::path::PathBuf;
@@ -24,6 +25,7 @@ mod bench;
 mod demo;
 mod docs;
 mod install;
+mod kernels;
 mod setup;
 mod shell;
 
@@ -63,6 +65,9 @@ enum Command {
         #[command(subcommand)]
         which: Benchmark,
     },
+    /// abissd and abissctl from this build on Debian's and Ubuntu's kernels (5.10 to 6.12),
+    /// each booted in qemu: results go to bench/results/kernels.md and kernels.json.
+    Kernels(kernels::KernelsArgs),
     /// The main job: start abissd on a scratch disk, run a mixed-priority workload and show
     /// live latency per priority, then tear everything down.
     Demo {
@@ -105,6 +110,13 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Real players under a seeky best-effort load on the lab hdd (see `abiss-bench players
+    /// --help`).
+    Players {
+        /// Passed to `abiss-bench players`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// 10 000 attach/detach cycles by four users with abissd killed every 2 000, then what
     /// is left over (see `abiss-bench soak --help`).
     Soak {
@@ -133,11 +145,13 @@ fn main() -> ExitCode {
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
             Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
+            Benchmark::Players { args } => bench::run_bench_binary(&root, "players", &args),
             Benchmark::Soak { args } => bench::run_bench_binary(&root, "soak", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
         Command::Install(args) => install::run(&root, &args),
         Command::Man(args) => docs::run(&args),
+        Command::Kernels(args) => kernels::run(&root, &args),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

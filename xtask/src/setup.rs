@@ -40,6 +40,14 @@ const PACKAGES: &[&str] = &[
     "systemd",
     "binutils",
     "gcc",
+    // `cargo xtask kernels` boots distribution kernels in qemu with a busybox initramfs, from
+    // packages it downloads (curl), unpacks and whose modules it decompresses (xz, zstd).
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "curl",
+    "xz-utils",
+    "zstd",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
