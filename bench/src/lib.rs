@@ -27,6 +27,7 @@
 //! | an empty BPF program: the floor of the kernel's BPF statistics | [`empty_program`] |
 //! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
 //! | admission control's predictions against measured misses | [`admission`] |
+//! | real, unmodified players (GStreamer, ffmpeg, mpv) under a seeky best-effort load | [`players`] |
 //! | the soak: attach/detach cycles by four users, abissd killed on the way, what is left | [`soak`] |
 //! | results as JSON and Markdown under `bench/results/` | [`report`] |
 //! | SVG charts of the results | [`chart`] |
@@ -44,6 +45,7 @@ pub mod lab_disk;
 pub mod latency;
 pub mod layout;
 pub mod overhead;
+pub mod players;
 pub mod reference;
 pub mod report;
 pub mod schedule;

@@ -2,7 +2,7 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{admission, interrupt, overhead, reference, soak, sweep, upgrades};
+use abiss_bench::{admission, interrupt, overhead, players, reference, soak, sweep, upgrades};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -25,6 +25,9 @@ enum Command {
     /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
     /// with admission off (admission.json, .md, .svg).
     Admission(admission::AdmissionArgs),
+    /// Real, unmodified media players (gst playbin, ffmpeg, mpv) under a seeky best-effort
+    /// load: stall per player per configuration (players.json, .md, .svg).
+    Players(players::PlayersArgs),
     /// Attach/detach cycles by root and three unprivileged users at once, abissd killed and
     /// restarted on the way; then what is left over (soak.json, .md, .svg).
     Soak(soak::SoakArgs),
@@ -42,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         Command::Overhead(args) => overhead::run(&args),
         Command::Upgrades(args) => upgrades::run(&args),
         Command::Admission(args) => admission::run(&args),
+        Command::Players(args) => players::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::SoakWorker(args) => soak::worker(&args),
     }

@@ -1,0 +1,315 @@
+//! Real, unmodified players under a seeky best-effort load (issue 12): `GStreamer`'s
+//! `playbin`, `ffmpeg -re` and mpv play 8 Mbit/s MPEG-TS files from the lab hdd while fio
+//! reads and writes at random, per configuration: stock mq-deadline and bfq, bfq with the
+//! players in `ionice -c1`, and abiss (each player under `abissctl run`); then one player
+//! seeking every 10 s, and 8 viewers of one file. Stall is defined in [`stall`].
+
+pub mod load;
+pub mod media;
+pub mod player;
+pub mod session;
+pub mod stall;
+mod table;
+pub mod watch;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::report;
+use player::PlayerKind;
+use session::{Baseline, RowPlan, RowResult, Session};
+
+/// The lab disk: the media copies, the load's 1.25 GiB and room to spare.
+const DISK_BYTES: u64 = 4 << 30;
+/// The players of the main rows, in order (player 0 is the one that seeks in the seek rows).
+const FOUR: [PlayerKind; 4] = [
+    PlayerKind::Gstreamer,
+    PlayerKind::Ffmpeg,
+    PlayerKind::Mpv,
+    PlayerKind::Ffmpeg,
+];
+/// Viewers of one file in the 8-viewer rows, starting this far apart in the media.
+const VIEWERS: u32 = 8;
+const VIEWER_SPACING_S: u32 = 10;
+/// How often the seeking player seeks.
+const SEEK_EVERY_S: u32 = 10;
+
+/// `abiss-bench players`.
+#[derive(Debug, clap::Args)]
+pub struct PlayersArgs {
+    /// Seconds each row's players play (from their launch).
+    #[arg(long, default_value_t = 60)]
+    pub secs: u64,
+    /// Seconds the load runs before the players start.
+    #[arg(long, default_value_t = 3)]
+    pub warmup_secs: u64,
+    /// Rows to run, by name (default: all), e.g. `--rows mq-deadline,abiss`.
+    #[arg(long, value_delimiter = ',')]
+    pub rows: Vec<String>,
+    /// The rate each abiss row's player is attached at (`abissctl run --rate`); the media is
+    /// 1 MB/s.
+    #[arg(long, default_value = "1.1MB/s")]
+    pub rate: String,
+    /// Seconds of each no-load, warm-cache baseline run (three per player).
+    #[arg(long, default_value_t = 8)]
+    pub baseline_secs: u64,
+    /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
+    #[arg(long, default_value_t = 128)]
+    pub read_ahead_kb: u32,
+    /// Where the results go.
+    #[arg(long, default_value = "bench/results")]
+    pub results_dir: PathBuf,
+    /// Also write every player's reports here, one CSV per row and player (`ROW-pN-KIND.csv`:
+    /// seconds since launch, then the media time in seconds or `seek`).
+    #[arg(long)]
+    pub events_dir: Option<PathBuf>,
+}
+
+/// How the players of a row are started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Class {
+    /// As they are (best effort, from their nice value).
+    Default,
+    /// `ionice -c1 -n4`.
+    RealTime,
+    /// Under `abissctl run` with abissd managing the disk.
+    Abiss,
+}
+
+/// Who plays what in a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Four players, four files, from the start.
+    Four,
+    /// The same, player 0 (`GStreamer`) seeking to a random position every 10 s.
+    FourOneSeeking,
+    /// Eight players of one file, started 10 s apart in the media.
+    EightViewers,
+}
+
+/// One row of the benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// Short name (`--rows`).
+    pub name: &'static str,
+    /// What it is.
+    pub description: &'static str,
+    /// The elevator (abissd selects mq-deadline itself in the abiss rows).
+    pub elevator: &'static str,
+    /// How the players are started.
+    pub class: Class,
+    /// Who plays what.
+    pub scenario: Scenario,
+    /// `abissctl run --buffer` (abiss rows; `None`: abissctl's default).
+    pub buffer: Option<&'static str>,
+}
+
+/// Every row, in report order.
+#[must_use]
+pub fn all_rows() -> Vec<Row> {
+    use Class::{Abiss, Default, RealTime};
+    use Scenario::{EightViewers, Four, FourOneSeeking};
+    let row = |name, description, elevator, class, scenario| Row {
+        name,
+        description,
+        elevator,
+        class,
+        scenario,
+        buffer: None,
+    };
+    let mut big_buffer = row(
+        "abiss-6MiB",
+        "abiss, abissctl run --buffer 6MiB: room for the players' start-up reads",
+        "mq-deadline",
+        Abiss,
+        Four,
+    );
+    big_buffer.buffer = Some("6MiB");
+    vec![
+        row(
+            "mq-deadline",
+            "stock mq-deadline",
+            "mq-deadline",
+            Default,
+            Four,
+        ),
+        row("bfq", "stock bfq", "bfq", Default, Four),
+        row(
+            "bfq-rt",
+            "bfq, players in ionice -c1",
+            "bfq",
+            RealTime,
+            Four,
+        ),
+        row(
+            "abiss",
+            "abissd (mq-deadline), players under abissctl run",
+            "mq-deadline",
+            Abiss,
+            Four,
+        ),
+        big_buffer,
+        row(
+            "mq-deadline-seek",
+            "stock mq-deadline, gst seeking every 10 s",
+            "mq-deadline",
+            Default,
+            FourOneSeeking,
+        ),
+        row(
+            "abiss-seek",
+            "abiss, gst seeking every 10 s",
+            "mq-deadline",
+            Abiss,
+            FourOneSeeking,
+        ),
+        row(
+            "mq-deadline-8-viewers",
+            "stock mq-deadline, 8 viewers of one file",
+            "mq-deadline",
+            Default,
+            EightViewers,
+        ),
+        row(
+            "abiss-8-viewers",
+            "abiss, 8 viewers of one file",
+            "mq-deadline",
+            Abiss,
+            EightViewers,
+        ),
+    ]
+}
+
+/// Runs the benchmark and writes players.{json,md,svg}.
+pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
+    let begun = Instant::now();
+    anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
+    let all = all_rows();
+    if let Some(unknown) = args
+        .rows
+        .iter()
+        .find(|n| !all.iter().any(|r| r.name == n.as_str()))
+    {
+        let known: Vec<&str> = all.iter().map(|r| r.name).collect();
+        anyhow::bail!("unknown row {unknown:?}; known: {}", known.join(", "));
+    }
+    let rows: Vec<Row> = all
+        .into_iter()
+        .filter(|r| args.rows.is_empty() || args.rows.iter().any(|n| n == r.name))
+        .collect();
+    let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
+    let session = Session::up(
+        "players",
+        FOUR.len(),
+        media_secs.max(150),
+        args.read_ahead_kb,
+    )?;
+    eprintln!("players: no-load, warm-cache baselines");
+    let baselines = session.baselines(
+        &[PlayerKind::Gstreamer, PlayerKind::Ffmpeg, PlayerKind::Mpv],
+        args.baseline_secs,
+    )?;
+    let mut results = Vec::new();
+    for row in &rows {
+        eprintln!("running {} …", row.name);
+        let result = session
+            .run_row(
+                &RowPlan {
+                    row,
+                    kinds: &FOUR,
+                    warmup: Duration::from_secs(args.warmup_secs),
+                    secs: args.secs,
+                    rate: &args.rate,
+                    events_dir: args.events_dir.as_deref(),
+                },
+                &baselines,
+            )
+            .with_context(|| format!("row {}", row.name))?;
+        eprintln!("  {}", table::progress_line(&result));
+        results.push(result);
+    }
+    let queue = session.queue_settings();
+    drop(session);
+
+    let command = report::command_line("players");
+    let machine = report::machine();
+    let report = json!({
+        "benchmark": "players",
+        "command": command,
+        "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
+        "parameters": {
+            "secs": args.secs,
+            "warmup_secs": args.warmup_secs,
+            "rate": args.rate,
+            "buffer": "abissctl's default (564KiB)",
+            "media": {
+                "bytes_per_s": media::MEDIA_BYTES_PER_S,
+                "resolution": media::RESOLUTION,
+                "frame_rate": media::FRAME_RATE,
+                "codec": "MPEG-2 video 7 Mbit/s, MP2 audio 192 kbit/s, MPEG-TS muxrate 8 Mbit/s",
+                "secs": media_secs.max(150),
+            },
+            "freeze_tolerance_s": stall::FREEZE_TOLERANCE,
+            "queue": queue,
+            "disk_bytes": DISK_BYTES,
+        },
+        "baselines": baselines,
+        "rows": results,
+    });
+    let markdown = table::markdown(&command, &machine, args, &queue, &baselines, &results);
+    report::write_results(&args.results_dir, "players", &report, &markdown)?;
+    let svg = args.results_dir.join("players.svg");
+    table::chart(&svg, args.secs, &results).context("cannot draw players.svg")?;
+    println!("written: {}", svg.display());
+    Ok(())
+}
+
+/// The stall of one `kind` of player under the load for `secs`, under `abissctl run --rate
+/// RATE` with the abissd and abissctl of `abiss` (`Some((bin_dir, rate))`) or plain under
+/// mq-deadline, with its no-load start-up measured first: for the integration test.
+pub fn measure_one(
+    kind: PlayerKind,
+    secs: u64,
+    abiss: Option<(&std::path::Path, &str)>,
+) -> anyhow::Result<(Baseline, RowResult)> {
+    let mut session = Session::up("players-test", 1, 150, 128)?;
+    if let Some((bin_dir, _)) = abiss {
+        session.set_bin_dir(bin_dir);
+    }
+    let baselines = session.baselines(&[kind], 6)?;
+    let row = Row {
+        name: if abiss.is_some() {
+            "abiss"
+        } else {
+            "mq-deadline"
+        },
+        description: "one player under the seeky load",
+        elevator: "mq-deadline",
+        class: if abiss.is_some() {
+            Class::Abiss
+        } else {
+            Class::Default
+        },
+        scenario: Scenario::Four,
+        buffer: None,
+    };
+    let result = session.run_row(
+        &RowPlan {
+            row: &row,
+            kinds: &[kind],
+            warmup: Duration::from_secs(3),
+            secs,
+            rate: abiss.map_or("", |(_, rate)| rate),
+            events_dir: None,
+        },
+        &baselines,
+    )?;
+    Ok((baselines[kind.name()].clone(), result))
+}

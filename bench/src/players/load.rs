@@ -1,0 +1,195 @@
+//! The seeky best-effort load, all from one fio: random 16 KiB `O_DIRECT` reads at iodepth 16,
+//! four buffered random readers (16 KiB read(2) calls; fio's default `fadvise_hint` makes them
+//! random to the kernel, so no readahead), and one random 64 KiB `O_DIRECT` writer (direct, so
+//! that it loads the disk steadily rather than in writeback bursts).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::layout::drop_cached_pages;
+
+/// The file the readers read (1 GiB: their seeks span a quarter of the lab disk).
+const READ_FILE_BYTES: u64 = 1 << 30;
+/// The file the writer writes.
+const WRITE_FILE_BYTES: u64 = 256 << 20;
+
+/// The load's files on the lab disk.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadFiles {
+    /// What the readers read.
+    pub read: PathBuf,
+    /// What the writer writes.
+    pub write: PathBuf,
+}
+
+fn job_file(files: &LoadFiles, runtime: Duration) -> String {
+    format!(
+        "[global]\n\
+         time_based=1\nruntime={runtime}ms\nrandrepeat=0\n\
+         [direct-reader]\nfilename={read}\nsize={read_size}\nrw=randread\nbs=16k\ndirect=1\n\
+         ioengine=libaio\niodepth=16\n\
+         [buffered-readers]\nfilename={read}\nsize={read_size}\nrw=randread\nbs=16k\ndirect=0\n\
+         ioengine=psync\nnumjobs=4\n\
+         [writer]\nfilename={write}\nsize={write_size}\nrw=randwrite\nbs=64k\ndirect=1\n\
+         ioengine=psync\n",
+        runtime = runtime.as_millis(),
+        read = files.read.display(),
+        write = files.write.display(),
+        read_size = READ_FILE_BYTES,
+        write_size = WRITE_FILE_BYTES,
+    )
+}
+
+/// fio running the job file `dir/load.fio`.
+fn fio(dir: &Path, extra: &[&str]) -> Command {
+    let mut command = Command::new("fio");
+    command
+        .arg(dir.join("load.fio"))
+        .args(extra)
+        .stdin(Stdio::null());
+    command
+}
+
+/// Lays the files out (fio writes them once) in `dir` and drops them from the page cache.
+pub fn lay_out(dir: &Path) -> anyhow::Result<LoadFiles> {
+    let files = LoadFiles {
+        read: dir.join("load-read.dat"),
+        write: dir.join("load-write.dat"),
+    };
+    let jobs = dir.join("load.fio");
+    std::fs::write(&jobs, job_file(&files, Duration::from_secs(1)))?;
+    let output = fio(dir, &["--create_only=1"])
+        .output()
+        .context("cannot run fio (cargo xtask setup installs it)")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "fio could not lay out the load's files: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    drop_cached_pages(&files.read)?;
+    drop_cached_pages(&files.write)?;
+    Ok(files)
+}
+
+/// A running load; killed on drop.
+#[derive(Debug)]
+pub struct Load {
+    child: Option<Child>,
+    output: PathBuf,
+}
+
+/// What the load moved.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LoadFigures {
+    /// Seconds fio ran.
+    pub runtime_s: f64,
+    /// MB/s (10^6) of the `O_DIRECT` reader.
+    pub direct_read_mb_s: f64,
+    /// MB/s of the four buffered readers together.
+    pub buffered_read_mb_s: f64,
+    /// MB/s of the writer.
+    pub write_mb_s: f64,
+    /// All of it.
+    pub total_mb_s: f64,
+}
+
+impl Load {
+    /// Starts the load for `runtime` on `files` (job file and output in `dir`), from a cold
+    /// page cache.
+    pub fn start(dir: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Self> {
+        drop_cached_pages(&files.read)?;
+        let jobs = dir.join("load.fio");
+        std::fs::write(&jobs, job_file(files, runtime))?;
+        let output = dir.join("load.json");
+        let _ = std::fs::remove_file(&output);
+        let child = fio(dir, &["--output-format=json"])
+            .arg(format!("--output={}", output.display()))
+            .stdout(Stdio::null())
+            .spawn()
+            .context("cannot run fio")?;
+        Ok(Self {
+            child: Some(child),
+            output,
+        })
+    }
+
+    /// Waits for fio to end and reads what it moved.
+    pub fn finish(mut self) -> anyhow::Result<LoadFigures> {
+        let status = self.child.take().context("finished already")?.wait()?;
+        anyhow::ensure!(status.success(), "fio failed ({status})");
+        let text = std::fs::read_to_string(&self.output)
+            .with_context(|| format!("cannot read {}", self.output.display()))?;
+        // fio may print notes before its JSON.
+        let json = text.find('{').map_or("", |start| &text[start..]);
+        let report: serde_json::Value = serde_json::from_str(json).context("fio's JSON output")?;
+        Ok(figures(&report))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// MB/s per part of the load from fio's JSON report.
+#[must_use]
+pub fn figures(report: &serde_json::Value) -> LoadFigures {
+    let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
+    let runtime_s = jobs
+        .iter()
+        .filter_map(|j| j["job_runtime"].as_f64())
+        .fold(0.0, f64::max)
+        / 1000.0;
+    let bytes = |name: &str, direction: &str| -> f64 {
+        jobs.iter()
+            .filter(|j| j["jobname"] == name)
+            .filter_map(|j| j[direction]["io_bytes"].as_f64())
+            .sum()
+    };
+    let rate = |b: f64| {
+        if runtime_s > 0.0 {
+            b / runtime_s / 1e6
+        } else {
+            0.0
+        }
+    };
+    let direct = rate(bytes("direct-reader", "read"));
+    let buffered = rate(bytes("buffered-readers", "read"));
+    let write = rate(bytes("writer", "write"));
+    LoadFigures {
+        runtime_s,
+        direct_read_mb_s: direct,
+        buffered_read_mb_s: buffered,
+        write_mb_s: write,
+        total_mb_s: direct + buffered + write,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_add_up_the_jobs_by_name() {
+        let report = serde_json::json!({"jobs": [
+            {"jobname": "direct-reader", "job_runtime": 2000, "read": {"io_bytes": 4_000_000}, "write": {"io_bytes": 0}},
+            {"jobname": "buffered-readers", "job_runtime": 2000, "read": {"io_bytes": 1_000_000}, "write": {"io_bytes": 0}},
+            {"jobname": "buffered-readers", "job_runtime": 2000, "read": {"io_bytes": 1_000_000}, "write": {"io_bytes": 0}},
+            {"jobname": "writer", "job_runtime": 2000, "read": {"io_bytes": 0}, "write": {"io_bytes": 6_000_000}},
+        ]});
+        let f = figures(&report);
+        assert!((f.runtime_s - 2.0).abs() < 1e-9);
+        assert!((f.direct_read_mb_s - 2.0).abs() < 1e-9);
+        assert!((f.buffered_read_mb_s - 1.0).abs() < 1e-9);
+        assert!((f.write_mb_s - 3.0).abs() < 1e-9);
+        assert!((f.total_mb_s - 6.0).abs() < 1e-9);
+    }
+}

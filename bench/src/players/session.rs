@@ -1,0 +1,504 @@
+//! One row's run on the lab disk: the session (disk, media, load files), the no-load
+//! baselines, and a row's players under the load, from a cold page cache.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use abiss_os::clock::monotonic_ns;
+use anyhow::Context as _;
+use serde::Serialize;
+
+use super::load::{self, Load, LoadFigures, LoadFiles};
+use super::media;
+use super::player::{PlayerKind, PlayerRun, PlayerSpec, RunningPlayer, Wrapper};
+use super::stall::{self, StallFigures};
+use super::watch::{StreamFigures, StreamWatch};
+use super::{Class, Row, Scenario, DISK_BYTES, FOUR, SEEK_EVERY_S, VIEWERS, VIEWER_SPACING_S};
+use crate::abiss::Daemon;
+use crate::interrupt;
+use crate::lab_disk::LabDisk;
+use crate::layout::drop_cached_pages;
+use crate::trial::sleep_interruptibly;
+
+/// What a row runs: its players, for how long, at what rate under abiss.
+#[derive(Clone, Copy, Debug)]
+pub struct RowPlan<'a> {
+    /// The row.
+    pub row: &'a Row,
+    /// Its players, one file each (the 8-viewer rows ignore them).
+    pub kinds: &'a [PlayerKind],
+    /// Seconds the load runs before the players start.
+    pub warmup: Duration,
+    /// Seconds the players play.
+    pub secs: u64,
+    /// `abissctl run --rate`.
+    pub rate: &'a str,
+    /// Where to write the players' reports, if anywhere.
+    pub events_dir: Option<&'a Path>,
+}
+
+/// The lab disk with the media and the load's files, and where abissd is.
+#[derive(Debug)]
+pub struct Session {
+    disk: LabDisk,
+    media: Vec<PathBuf>,
+    load: LoadFiles,
+    scratch: PathBuf,
+    bin_dir: Option<PathBuf>,
+}
+
+/// A player's no-load, warm-cache runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Baseline {
+    /// The player (`gst-seeking` for the seeking one).
+    pub player: String,
+    /// Start-up of each run, s.
+    pub startups_s: Vec<f64>,
+    /// Their median: what the player needs with its data in memory and the CPU to itself.
+    pub startup_s: f64,
+    /// Freezes (and seek stalls) in those runs: the measurement's floor.
+    pub stall_after_startup_s: f64,
+    /// Mean stall of a seek with the data in memory, s (the seeking player's baseline).
+    pub per_seek_s: Option<f64>,
+    /// The figures of each run.
+    pub runs: Vec<StallFigures>,
+}
+
+/// A player's part of a row.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlayerResult {
+    /// The player and its file.
+    pub spec: PlayerSpec,
+    /// What its reports add up to.
+    pub figures: StallFigures,
+    /// Start-up beyond the player's baseline start-up, s.
+    pub startup_excess_s: Option<f64>,
+    /// Of the start-up, what `abissctl run` took before it started the player (attach, and
+    /// the wait for the window to be loaded), s.
+    pub attach_s: Option<f64>,
+    /// Start-up excess + freezes + seek stalls beyond the no-load seek stall, s (`None` if it
+    /// never played).
+    pub stall_s: Option<f64>,
+    /// CPU time of the player (with its wrapper), s.
+    pub cpu_s: f64,
+    /// How it ended.
+    pub ended: String,
+    /// Why it did not play, if it did not (abissctl's message, say).
+    pub error: Option<String>,
+}
+
+/// One row's results.
+#[derive(Clone, Debug, Serialize)]
+pub struct RowResult {
+    /// The row.
+    pub row: Row,
+    /// Seconds the players played.
+    pub secs: u64,
+    /// Each player.
+    pub players: Vec<PlayerResult>,
+    /// Sum of the stalls of the players that played, s.
+    pub total_stall_s: f64,
+    /// Players that never played.
+    pub failed_players: usize,
+    /// What the best-effort load moved.
+    pub load: LoadFigures,
+    /// Busy share of all CPUs while the players played, %.
+    pub cpu_busy_pct: f64,
+    /// The players' CPU time over their wall time, % of one CPU, summed over players.
+    pub players_cpu_pct: f64,
+    /// The 1-minute load average when the players started.
+    pub load_average_1m: f64,
+    /// What abissd counted per stream (abiss rows).
+    pub streams: Option<Vec<StreamFigures>>,
+}
+
+impl Session {
+    /// Brings the lab hdd up, copies `players` media files of `media_secs` onto it and lays
+    /// out the load.
+    pub fn up(
+        name: &str,
+        players: usize,
+        media_secs: u32,
+        read_ahead_kb: u32,
+    ) -> anyhow::Result<Self> {
+        let source = media::cached_media(media_secs)?;
+        let disk = LabDisk::up(name, DISK_BYTES, read_ahead_kb)?;
+        eprintln!(
+            "lab hdd {} with ext4 at {}; copying the media and laying out the load",
+            disk.device().display(),
+            disk.mount_dir().display()
+        );
+        let media = media::copy_onto(&source, disk.mount_dir(), players)?;
+        let load = load::lay_out(disk.mount_dir())?;
+        let scratch =
+            std::env::temp_dir().join(format!("abiss-bench-players-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch)?;
+        Ok(Self {
+            disk,
+            media,
+            load,
+            scratch,
+            bin_dir: std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from),
+        })
+    }
+
+    /// The players of `scenario`: `kinds` on their own files, or eight viewers.
+    fn specs(&self, scenario: Scenario, kinds: &[PlayerKind]) -> Vec<PlayerSpec> {
+        let spec = |kind, file: &PathBuf, start_s, seek_every_s| PlayerSpec {
+            kind,
+            file: file.clone(),
+            start_s,
+            seek_every_s,
+        };
+        match scenario {
+            Scenario::Four | Scenario::FourOneSeeking => kinds
+                .iter()
+                .zip(&self.media)
+                .enumerate()
+                .map(|(i, (kind, file))| {
+                    let seeks = scenario == Scenario::FourOneSeeking && i == 0;
+                    spec(*kind, file, 0, seeks.then_some(SEEK_EVERY_S))
+                })
+                .collect(),
+            Scenario::EightViewers => (0..VIEWERS)
+                .map(|i| {
+                    let kind = FOUR[i as usize % 3];
+                    spec(kind, &self.media[0], i * VIEWER_SPACING_S, None)
+                })
+                .collect(),
+        }
+    }
+
+    /// No-load, warm-cache runs of each player (three of `secs`), and one of the seeking
+    /// `GStreamer` player over 2.5 seek periods.
+    pub fn baselines(
+        &self,
+        kinds: &[PlayerKind],
+        secs: u64,
+    ) -> anyhow::Result<BTreeMap<String, Baseline>> {
+        self.disk.select_elevator("mq-deadline")?;
+        let file = &self.media[0];
+        std::io::copy(&mut std::fs::File::open(file)?, &mut std::io::sink())?;
+        let mut baselines = BTreeMap::new();
+        let mut plans: Vec<(String, PlayerSpec, u64, usize)> = kinds
+            .iter()
+            .map(|&kind| {
+                let spec = PlayerSpec {
+                    kind,
+                    file: file.clone(),
+                    start_s: 0,
+                    seek_every_s: None,
+                };
+                (kind.name().to_owned(), spec, secs, 3)
+            })
+            .collect();
+        if kinds.contains(&PlayerKind::Gstreamer) {
+            let spec = PlayerSpec {
+                kind: PlayerKind::Gstreamer,
+                file: file.clone(),
+                start_s: 0,
+                seek_every_s: Some(SEEK_EVERY_S),
+            };
+            plans.push((
+                "gst-seeking".to_owned(),
+                spec,
+                u64::from(SEEK_EVERY_S) * 5 / 2,
+                1,
+            ));
+        }
+        for (name, spec, secs, repeats) in plans {
+            let mut runs = Vec::new();
+            for _ in 0..repeats {
+                let player = RunningPlayer::launch(&spec, &Wrapper::Plain, &self.scratch)?;
+                let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
+                anyhow::ensure!(
+                    !run.events.is_empty(),
+                    "{name} reported no media time on an idle machine ({}): {}",
+                    run.ended,
+                    run.stderr
+                );
+                runs.push(stall::analyse(run.launched_ns, run.stopped_ns, &run.events));
+            }
+            let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
+            startups.sort_by(f64::total_cmp);
+            let baseline = Baseline {
+                player: name.clone(),
+                startup_s: startups[startups.len() / 2],
+                startups_s: startups,
+                stall_after_startup_s: runs.iter().map(|r| r.freeze_s + r.seek_stall_s).sum(),
+                per_seek_s: per_seek(&runs),
+                runs,
+            };
+            eprintln!(
+                "  baseline {name}: start-up {:.3} s, stall after start-up {:.3} s",
+                baseline.startup_s, baseline.stall_after_startup_s
+            );
+            baselines.insert(name, baseline);
+        }
+        Ok(baselines)
+    }
+
+    /// Takes abissd and abissctl from `bin_dir` (instead of `$ABISS_BIN_DIR`).
+    pub fn set_bin_dir(&mut self, bin_dir: &Path) {
+        self.bin_dir = Some(bin_dir.to_path_buf());
+    }
+
+    /// The lab disk's queue settings now.
+    #[must_use]
+    pub fn queue_settings(&self) -> crate::lab_disk::QueueSettings {
+        self.disk.queue_settings()
+    }
+
+    /// abissd for an abiss row (managing the lab disk, with its defaults), and how the row's
+    /// players are started.
+    fn wrapper(&self, row: &Row, rate: &str) -> anyhow::Result<(Option<Daemon>, Wrapper)> {
+        Ok(match row.class {
+            Class::Abiss => {
+                let bin_dir = self.bin_dir.as_deref().context(
+                    "abiss rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
+                )?;
+                let daemon = Daemon::start(bin_dir, self.disk.device(), &[], None)?;
+                let wrapper = Wrapper::Abiss {
+                    abissctl: bin_dir.join("abissctl"),
+                    socket: daemon.socket().to_path_buf(),
+                    rate: rate.to_owned(),
+                    buffer: row.buffer.map(str::to_owned),
+                };
+                (Some(daemon), wrapper)
+            }
+            Class::RealTime => (None, Wrapper::RealTime),
+            Class::Default => (None, Wrapper::Plain),
+        })
+    }
+
+    /// Runs `plan`: the load for its warm-up, then the players for its seconds, from a cold
+    /// page cache.
+    pub fn run_row(
+        &self,
+        plan: &RowPlan<'_>,
+        baselines: &BTreeMap<String, Baseline>,
+    ) -> anyhow::Result<RowResult> {
+        interrupt::check()?;
+        let row = plan.row;
+        let players_to_start = self.specs(row.scenario, plan.kinds);
+        self.disk.select_elevator(row.elevator)?;
+        for path in &self.media {
+            drop_cached_pages(path)?;
+        }
+        self.disk
+            .wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
+        let (daemon, wrapper) = self.wrapper(row, plan.rate)?;
+        let watch = daemon.as_ref().map(|d| StreamWatch::start(d.socket()));
+        let request_trace = match (&daemon, plan.events_dir) {
+            (Some(daemon), Some(dir)) => Some(RequestTrace::start(
+                self.bin_dir.as_deref().unwrap_or(Path::new(".")),
+                daemon.socket(),
+                &dir.join(format!("{}-requests.jsonl", row.name)),
+            )?),
+            _ => None,
+        };
+        let runtime = plan.warmup + Duration::from_secs(plan.secs + 1);
+        let load = Load::start(&self.scratch, &self.load, runtime)?;
+        sleep_interruptibly(plan.warmup)?;
+        let load_average_1m = load_average();
+        let cpu_before = cpu_times()?;
+        let running = players_to_start
+            .iter()
+            .map(|spec| RunningPlayer::launch(spec, &wrapper, &self.scratch))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut streams = None;
+        let runs = play_for(running, Duration::from_secs(plan.secs), || {
+            if let Some(watch) = watch {
+                streams = Some(watch.finish()?);
+            }
+            Ok(())
+        })?;
+        let cpu_after = cpu_times()?;
+        drop(request_trace);
+        let load = load.finish()?;
+        if let Some(dir) = plan.events_dir {
+            write_events(dir, row.name, &runs)?;
+        }
+        drop(daemon);
+        let players: Vec<PlayerResult> = runs
+            .iter()
+            .map(|run| player_result(run, baselines))
+            .collect();
+        #[expect(clippy::cast_precision_loss, reason = "seconds")]
+        let wall = plan.secs as f64;
+        Ok(RowResult {
+            row: row.clone(),
+            secs: plan.secs,
+            total_stall_s: players.iter().filter_map(|p| p.stall_s).sum(),
+            failed_players: players.iter().filter(|p| p.stall_s.is_none()).count(),
+            players_cpu_pct: players.iter().map(|p| p.cpu_s).sum::<f64>() / wall * 100.0,
+            players,
+            load,
+            cpu_busy_pct: busy_pct(cpu_before, cpu_after),
+            load_average_1m,
+            streams,
+        })
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// `abissctl trace --events --json` into a file while a row runs (with `--events-dir`): every
+/// block request with its stream, priority, queue and service time. Ended on drop.
+#[derive(Debug)]
+struct RequestTrace(std::process::Child);
+
+impl RequestTrace {
+    fn start(bin_dir: &Path, socket: &Path, output: &Path) -> anyhow::Result<Self> {
+        if let Some(dir) = output.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let child = std::process::Command::new(bin_dir.join("abissctl"))
+            .args(["trace", "--events", "--json"])
+            .env("ABISS_SOCKET", socket)
+            .stdout(std::fs::File::create(output)?)
+            .spawn()
+            .context("cannot start abissctl trace")?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for RequestTrace {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Lets `players` play until `secs` after their launch (or the first ends early), runs
+/// `before_stop`, then stops them all.
+fn play_for(
+    mut players: Vec<RunningPlayer>,
+    secs: Duration,
+    before_stop: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<PlayerRun>> {
+    let until = Instant::now() + secs;
+    while Instant::now() < until {
+        interrupt::check()?;
+        if players.iter_mut().all(RunningPlayer::has_ended) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+    }
+    before_stop()?;
+    let (stopped_ns, signalled) = (monotonic_ns(), Instant::now());
+    let stopping = players
+        .into_iter()
+        .map(|p| p.signal_stop(stopped_ns))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    stopping.into_iter().map(|p| p.collect(signalled)).collect()
+}
+
+/// The mean stall per seek of `runs`, if they seeked.
+fn per_seek(runs: &[StallFigures]) -> Option<f64> {
+    let seeks: u64 = runs.iter().map(|r| r.seeks).sum();
+    #[expect(clippy::cast_precision_loss, reason = "a few seeks")]
+    let per_seek =
+        (seeks > 0).then(|| runs.iter().map(|r| r.seek_stall_s).sum::<f64>() / seeks as f64);
+    per_seek
+}
+
+fn player_result(run: &PlayerRun, baselines: &BTreeMap<String, Baseline>) -> PlayerResult {
+    let figures = stall::analyse(run.launched_ns, run.stopped_ns, &run.events);
+    let baseline = baselines
+        .get(run.spec.kind.name())
+        .map_or(0.0, |b| b.startup_s);
+    // A player still starting when stopped stalled for the whole run; one that ended by
+    // itself without playing (a refused attach) did not play at all.
+    let startup = figures.startup_s.or_else(|| {
+        (!run.ended_early).then(|| {
+            #[expect(clippy::cast_precision_loss, reason = "ns of a run")]
+            let wall = run.stopped_ns.saturating_sub(run.launched_ns) as f64 / 1e9;
+            wall
+        })
+    });
+    let startup_excess_s = startup.map(|s| (s - baseline).max(0.0));
+    // Seeks cost the player time with its data in memory too: count what they took beyond.
+    let per_seek_s = baselines
+        .get("gst-seeking")
+        .and_then(|b| b.per_seek_s)
+        .unwrap_or(0.0);
+    #[expect(clippy::cast_precision_loss, reason = "a few seeks")]
+    let seek_excess_s = (figures.seek_stall_s - per_seek_s * figures.seeks as f64).max(0.0);
+    let stall_s = startup_excess_s.map(|s| s + figures.freeze_s + seek_excess_s);
+    let error = stall_s.is_none().then(|| {
+        if run.stderr.is_empty() {
+            format!("no media time reported ({})", run.ended)
+        } else {
+            format!("{} ({})", run.stderr, run.ended)
+        }
+    });
+    PlayerResult {
+        spec: run.spec.clone(),
+        figures,
+        startup_excess_s,
+        #[expect(clippy::cast_precision_loss, reason = "ns to s")]
+        attach_s: run
+            .exec_ns
+            .map(|at| at.saturating_sub(run.launched_ns) as f64 / 1e9),
+        stall_s,
+        cpu_s: run.cpu_s,
+        ended: run.ended.clone(),
+        error,
+    }
+}
+
+/// Each player's reports as CSV in `dir`.
+fn write_events(dir: &Path, row: &str, runs: &[PlayerRun]) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    std::fs::create_dir_all(dir)?;
+    for (index, run) in runs.iter().enumerate() {
+        let mut text = String::from("t_s,media_s\n");
+        for event in &run.events {
+            #[expect(clippy::cast_precision_loss, reason = "ns to s")]
+            let since = |at: u64| at.saturating_sub(run.launched_ns) as f64 / 1e9;
+            #[expect(clippy::cast_precision_loss, reason = "ns to s")]
+            let _ = match *event {
+                stall::Event::Frame { at_ns, media_ns } => {
+                    writeln!(text, "{:.4},{:.4}", since(at_ns), media_ns as f64 / 1e9)
+                }
+                stall::Event::Seek { at_ns } => writeln!(text, "{:.4},seek", since(at_ns)),
+            };
+        }
+        let name = format!("{row}-p{index}-{}.csv", run.spec.kind.name());
+        std::fs::write(dir.join(name), text)?;
+    }
+    Ok(())
+}
+
+/// (busy, total) jiffies of all CPUs from /proc/stat.
+fn cpu_times() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+#[expect(clippy::cast_precision_loss, reason = "jiffies")]
+fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}

@@ -1,0 +1,322 @@
+//! The players benchmark's Markdown and its chart (total stall per row).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::session::{Baseline, PlayerResult, RowResult};
+use super::watch::StreamFigures;
+use super::{Class, PlayersArgs};
+use crate::lab_disk::QueueSettings;
+use crate::report;
+
+/// The goal of issue 12: total stall of the four players.
+const GOAL_S: f64 = 0.1;
+
+fn seconds(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"))
+}
+
+/// Per player, in order, `what` of it (or why it did not play).
+fn per_player(result: &RowResult, what: impl Fn(&PlayerResult) -> Option<f64>) -> String {
+    result
+        .players
+        .iter()
+        .map(|p| {
+            if p.error.is_some() {
+                "failed".to_owned()
+            } else {
+                seconds(what(p))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// The most a row's streams waited, from abissd: (misses, service p99 ms, queue p99 ms).
+fn daemon_figures(result: &RowResult) -> (String, String, String) {
+    let Some(streams) = &result.streams else {
+        return ("-".into(), "-".into(), "-".into());
+    };
+    let misses: u64 = streams.iter().map(|s| s.misses).sum();
+    let worst = |f: &dyn Fn(&StreamFigures) -> Option<f64>| {
+        streams
+            .iter()
+            .filter_map(f)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+            .map_or_else(|| "-".to_owned(), report::ms)
+    };
+    (
+        misses.to_string(),
+        worst(&|s| s.service_p99_ms),
+        worst(&|s| s.queue_p99_ms),
+    )
+}
+
+/// One line per row while the benchmark runs.
+#[must_use]
+pub fn progress_line(result: &RowResult) -> String {
+    let (misses, service, _) = daemon_figures(result);
+    format!(
+        "stall {} s (per player {}), failed {}, BE {:.2} MB/s, CPU {:.0} %, abiss misses {misses}, RT service p99 {service} ms",
+        seconds(Some(result.total_stall_s)),
+        per_player(result, |p| p.stall_s),
+        result.failed_players,
+        result.load.total_mb_s,
+        result.cpu_busy_pct,
+    )
+}
+
+/// The report.
+#[must_use]
+pub fn markdown(
+    command: &str,
+    machine: &serde_json::Value,
+    args: &PlayersArgs,
+    queue: &QueueSettings,
+    baselines: &BTreeMap<String, Baseline>,
+    results: &[RowResult],
+) -> String {
+    let mut text = format!(
+        "### Real players under a seeky best-effort load, lab hdd (issue 12)\n\n\
+         `{command}`: {secs} s per row, players launched together after {warmup} s of load, from a \
+         cold page cache. Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
+         player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \
+         (bench/players/gst_player.py), `ffmpeg -re … -f null -`, `mpv --vo=null --ao=null \
+         --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-viewer rows: gst, ffmpeg, mpv, … of \
+         one file from 0, 10, … 70 s). Load (fio): random 16 KiB `O_DIRECT` reads at iodepth 16, \
+         4 buffered random 16 KiB readers (one 1 GiB file), one random 64 KiB `O_DIRECT` writer. \
+         abiss rows: abissd with its defaults, each player under `abissctl run --rate {rate}` \
+         (default buffer; the abiss-6MiB row `--buffer 6MiB`). {disk_line} {machine_line}\n\n\
+         **Stall** (per player) = start-up beyond the player's no-load warm start-up + freezes + \
+         seek stalls. Start-up: launch of the command (`abissctl run` included) to the first \
+         media time the player reports (for abiss: `abissctl run` attaches, waits for the window \
+         to be loaded, then starts the player; the column after it shows that part). Freeze: an interval between two reports in which wall \
+         time exceeded the media time advanced by more than {tol:.0} ms (one frame); its whole \
+         excess counts, catching up counts nothing. Seek stall: seek to the first report after \
+         it, less a frame, beyond the no-load mean per seek (gst-seeking baseline). Media time: gst the video sink's frame PTS at render, ffmpeg \
+         `out_time_us` of `-progress` (every 20 ms), mpv `time-pos` events over JSON IPC.\n\n",
+        secs = args.secs,
+        warmup = args.warmup_secs,
+        rate = args.rate,
+        tol = super::stall::FREEZE_TOLERANCE * 1000.0,
+        disk_line = report::disk_line(queue),
+        machine_line = report::machine_line(machine),
+    );
+    text.push_str(
+        "No-load, warm-cache baselines (mq-deadline, file in the page cache, one player alone):\n\n\
+         | player | start-ups s | median start-up s | stall after start-up s | per seek s |\n\
+         | --- | --- | ---: | ---: | ---: |\n",
+    );
+    for baseline in baselines.values() {
+        let startups: Vec<String> = baseline
+            .startups_s
+            .iter()
+            .map(|s| format!("{s:.3}"))
+            .collect();
+        let _ = writeln!(
+            text,
+            "| {} | {} | {:.3} | {:.3} | {} |",
+            baseline.player,
+            startups.join(", "),
+            baseline.startup_s,
+            baseline.stall_after_startup_s,
+            baseline
+                .per_seek_s
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
+        );
+    }
+    rows_table(&mut text, results);
+    streams_table(&mut text, results);
+    errors(&mut text, results);
+    text
+}
+
+fn rows_table(text: &mut String, results: &[RowResult]) {
+    text.push_str(
+        "\n| row | elevator | players | stall per player s | total stall s | start-up per player s | of which abissctl run s | freezes | abiss misses | stream service p99 ms | stream queue p99 ms | BE MB/s (direct / buffered / write) | BE vs mq-deadline | CPU busy % | players' CPU % | load 1 min |\n\
+         | --- | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n",
+    );
+    let attach = |result: &RowResult| {
+        if result.row.class == Class::Abiss {
+            per_player(result, |p| p.attach_s)
+        } else {
+            "-".to_owned()
+        }
+    };
+    let reference = results
+        .iter()
+        .find(|r| r.row.name == "mq-deadline")
+        .map(|r| r.load.total_mb_s);
+    for result in results {
+        let (misses, service, queue) = daemon_figures(result);
+        let class = match result.row.class {
+            Class::Default => "default",
+            Class::RealTime => "ionice -c1",
+            Class::Abiss => "abissctl run",
+        };
+        let class = match result.row.buffer {
+            Some(buffer) => format!("{class} --buffer {buffer}"),
+            None => class.to_owned(),
+        };
+        let relative = reference.filter(|r| *r > 0.0).map_or_else(
+            || "-".to_owned(),
+            |r| format!("{:+.0} %", (result.load.total_mb_s / r - 1.0) * 100.0),
+        );
+        let _ = writeln!(
+            text,
+            "| {} | {} | {class} | {} | **{:.2}**{} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {:.1} | {:.2} |",
+            result.row.name,
+            result.row.elevator,
+            per_player(result, |p| p.stall_s),
+            result.total_stall_s,
+            if result.failed_players > 0 {
+                format!(" ({} failed)", result.failed_players)
+            } else {
+                String::new()
+            },
+            per_player(result, |p| p.figures.startup_s),
+            attach(result),
+            result.players.iter().map(|p| p.figures.freezes).sum::<u64>(),
+            result.load.total_mb_s,
+            result.load.direct_read_mb_s,
+            result.load.buffered_read_mb_s,
+            result.load.write_mb_s,
+            result.cpu_busy_pct,
+            result.players_cpu_pct,
+            result.load_average_1m,
+        );
+    }
+}
+
+fn streams_table(text: &mut String, results: &[RowResult]) {
+    if results.iter().all(|r| r.streams.is_none()) {
+        return;
+    }
+    text.push_str(
+        "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
+         waited for the disk; service = dispatch to completion and queue = insert to dispatch of \
+         the stream's block requests (log2 bucket bounds):\n\n\
+         | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+    );
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), report::ms);
+    for result in results {
+        for stream in result.streams.iter().flatten() {
+            let file = Path::new(&stream.path)
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            let _ = writeln!(
+                text,
+                "| {} | {} | {file} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                result.row.name,
+                stream.id,
+                stream.misses,
+                stream.upgrades,
+                stream.requests,
+                stream.inversions,
+                ms(stream.service_p99_ms),
+                ms(stream.queue_p99_ms),
+                ms(stream.queue_max_ms),
+                stream.suggestion.as_deref().unwrap_or(""),
+            );
+        }
+    }
+}
+
+fn errors(text: &mut String, results: &[RowResult]) {
+    let failed: Vec<String> = results
+        .iter()
+        .flat_map(|r| {
+            r.players.iter().enumerate().filter_map(move |(i, p)| {
+                p.error.as_ref().map(|e| {
+                    format!(
+                        "- {} player {i} ({}, from {} s): {}",
+                        r.row.name,
+                        p.spec.kind.name(),
+                        p.spec.start_s,
+                        e.replace('\n', " ")
+                    )
+                })
+            })
+        })
+        .collect();
+    if !failed.is_empty() {
+        text.push_str("\nPlayers that never played:\n\n");
+        for line in failed {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+}
+
+/// Total stall per row as bars on a log scale, with the goal.
+pub fn chart(path: &Path, secs: u64, results: &[RowResult]) -> anyhow::Result<()> {
+    const FLOOR: f64 = 0.01;
+    let top = results.iter().map(|r| r.total_stall_s).fold(1.0, f64::max) * 2.0;
+    #[expect(clippy::cast_precision_loss, reason = "a handful of rows")]
+    let width = results.len() as f64;
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Total stall of real players under a seeky best-effort load, lab hdd ({secs} s)"
+            ),
+            ("sans-serif", 20),
+        )
+        .margin(20)
+        .x_label_area_size(60)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..width, (FLOOR..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(results.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a bar index"
+            )]
+            let index = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                results
+                    .get(index)
+                    .map_or_else(String::new, |r| r.row.name.to_owned())
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("total stall of the players (s, log scale)")
+        .draw()?;
+    let color = Palette99::pick(0).to_rgba();
+    chart
+        .draw_series(results.iter().enumerate().map(|(i, r)| {
+            #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+            let x = i as f64;
+            Rectangle::new(
+                [(x + 0.15, FLOOR), (x + 0.85, r.total_stall_s.max(FLOOR))],
+                color.filled(),
+            )
+        }))?
+        .label("total stall (start-up beyond baseline + freezes + seek stalls)")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, GOAL_S), (width, GOAL_S)],
+            BLACK.stroke_width(1),
+        ))?
+        .label(format!("goal: {GOAL_S} s"))
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! What abissd counts while the players play: its stream list is polled (a stream ends with
+//! its player, and its figures with it) and, before the players are stopped, the latency
+//! histograms of the streams' requests are taken.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use abiss_client::Client;
+use abiss_proto::{Log2Histogram, StreamInfo};
+use serde::Serialize;
+
+/// Polls abissd's streams until dropped or [`StreamWatch::finish`]ed.
+#[derive(Debug)]
+pub struct StreamWatch {
+    socket: PathBuf,
+    seen: Arc<Mutex<BTreeMap<u64, StreamInfo>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// One stream as abissd last showed it.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamFigures {
+    /// Stream id.
+    pub id: u64,
+    /// The attached file.
+    pub path: String,
+    /// Granted rate, B/s.
+    pub rate_bps: u64,
+    /// Playout buffer, bytes.
+    pub buffer_bytes: u64,
+    /// Reads that waited for the disk, as abissd counts them (its deadline misses).
+    pub misses: u64,
+    /// Reader threads raised.
+    pub upgrades: u64,
+    /// Bytes its prefetch loaded.
+    pub prefetched_bytes: u64,
+    /// abissd's advice, if any.
+    pub suggestion: Option<String>,
+    /// Block requests of the stream (prefetch, readers, readahead).
+    pub requests: u64,
+    /// Of those, the ones that ran below the stream's level.
+    pub inversions: u64,
+    /// Service time (dispatch to completion) p99 of the stream's requests, ms (log2 bucket
+    /// bound).
+    pub service_p99_ms: Option<f64>,
+    /// Queue time (insert to dispatch) p99, ms.
+    pub queue_p99_ms: Option<f64>,
+    /// Queue time max, ms.
+    pub queue_max_ms: Option<f64>,
+}
+
+impl StreamWatch {
+    /// Starts polling the abissd at `socket` every 250 ms.
+    #[must_use]
+    pub fn start(socket: &Path) -> Self {
+        let seen = Arc::new(Mutex::new(BTreeMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (socket, seen, stop) = (socket.to_path_buf(), seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut client = None;
+                while !stop.load(Ordering::Relaxed) {
+                    if client.is_none() {
+                        client = Client::connect(&socket).ok();
+                    }
+                    match client.as_mut().map(Client::list) {
+                        Some(Ok(streams)) => record(&seen, streams),
+                        Some(Err(_)) => client = None,
+                        None => {}
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+            })
+        };
+        Self {
+            socket: socket.to_path_buf(),
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Takes the streams and their latency now (call it before the players stop) and stops
+    /// polling.
+    pub fn finish(mut self) -> anyhow::Result<Vec<StreamFigures>> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        let mut client = Client::connect(&self.socket)?;
+        record(&self.seen, client.list()?);
+        let (_, groups) = client.latency()?;
+        let seen = self.seen.lock().expect("streams").clone();
+        Ok(seen
+            .into_values()
+            .map(|stream| {
+                let mine = groups.iter().filter(|g| g.stream == Some(stream.id));
+                let (mut service, mut queue) = (empty(), empty());
+                let (mut requests, mut inversions) = (0, 0);
+                for group in mine {
+                    service.merge(&group.service);
+                    queue.merge(&group.queue);
+                    requests += group.requests;
+                    inversions += group.inversions;
+                }
+                let ms = |h: &Log2Histogram, q: f64| h.quantile_us(q).map(us_to_ms);
+                StreamFigures {
+                    id: stream.id,
+                    path: stream.path,
+                    rate_bps: stream.rate.0,
+                    buffer_bytes: stream.buffer.0,
+                    misses: stream.misses,
+                    upgrades: stream.upgrades,
+                    prefetched_bytes: stream.prefetched_bytes,
+                    suggestion: stream.suggestion,
+                    requests,
+                    inversions,
+                    service_p99_ms: ms(&service, 0.99),
+                    queue_p99_ms: ms(&queue, 0.99),
+                    queue_max_ms: ms(&queue, 1.0),
+                }
+            })
+            .collect())
+    }
+}
+
+impl Drop for StreamWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn empty() -> Log2Histogram {
+    Log2Histogram::from_slots(&[], 0)
+}
+
+#[expect(clippy::cast_precision_loss, reason = "µs of a latency")]
+fn us_to_ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn record(seen: &Mutex<BTreeMap<u64, StreamInfo>>, streams: Vec<StreamInfo>) {
+    let mut seen = seen.lock().expect("streams");
+    for stream in streams {
+        seen.insert(stream.id, stream);
+    }
+}
