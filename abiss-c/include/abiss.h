@@ -44,10 +44,14 @@ typedef struct abiss_file ABISS_FILE;
  * playout buffer of app_buffer bytes (0 for ABISS_DEFAULT_APP_BUFFER; at least two batches of
  * 20 pages, 160 KiB, and at most 1 GiB).
  *
- * mode must be a read mode: "r" or "rb" ("e" is accepted too).
+ * mode is "r" to read, or "w" (truncate) or "a" (append) to record: the file is opened for
+ * writing, created if missing, and abissd writes what abiss_fwrite() wrote back to the disk
+ * at the stream's priority, keeping at most about app_buffer bytes dirty behind the writer,
+ * and allocates the file a few seconds ahead. "b" and "e" may follow; "+" may not (a stream
+ * is read or written, not both).
  *
  * Returns the stream, or NULL with errno set:
- *   EINVAL        path or mode is NULL, mode is not a read mode, byterate <= 0,
+ *   EINVAL        path or mode is NULL, mode is not a stream mode, byterate <= 0,
  *                 app_buffer < 0, the file is not a regular file or is empty, or the daemon
  *                 refused the request (e.g. the file is on a disk abissd does not manage, or
  *                 app_buffer is out of range)
@@ -74,6 +78,18 @@ ABISS_FILE *abiss_fopen(const char *path, const char *mode, long byterate, long 
  *                 cannot be sent to abissd, in which case the bytes read are lost.
  */
 size_t abiss_fread(void *ptr, size_t size, size_t nmemb, ABISS_FILE *fp);
+
+/*
+ * Writes nmemb items of size bytes from ptr to a stream opened with "w" or "a", as fwrite(3).
+ * Returns the number of whole items written: fewer than nmemb only on an error (abiss_ferror()
+ * nonzero, errno set). Returns 0 if size or nmemb is 0.
+ *
+ * Errors (errno): EINVAL  fp or ptr is NULL, or size * nmemb overflows;
+ *                 EBADF   the stream was opened to read;
+ *                 write(2)'s errors (ENOSPC, EDQUOT, ...).
+ * abiss_fread() on a stream opened to record fails likewise with EBADF.
+ */
+size_t abiss_fwrite(const void *ptr, size_t size, size_t nmemb, ABISS_FILE *fp);
 
 /*
  * Moves the read position as fseek(3) (whence: SEEK_SET, SEEK_CUR or SEEK_END), tells the

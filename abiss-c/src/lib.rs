@@ -64,9 +64,12 @@ unsafe fn c_string<'a>(text: *const c_char, name: &str) -> Result<&'a CStr, Fail
     Ok(unsafe { CStr::from_ptr(text) })
 }
 
-/// Opens `path` for reading and attaches it to `abissd` (socket from `ABISS_SOCKET`, else
-/// `/run/abiss/abiss.sock`) at `byterate` bytes/s with a playout buffer of `app_buffer` bytes
-/// (0: [`DEFAULT_APP_BUFFER_BYTES`]). Returns NULL with `errno` set on failure.
+/// Opens `path` for reading (`mode` "r") and attaches it to `abissd` (socket from
+/// `ABISS_SOCKET`, else `/run/abiss/abiss.sock`) at `byterate` bytes/s with a playout buffer of
+/// `app_buffer` bytes (0: [`DEFAULT_APP_BUFFER_BYTES`]); or, with "w" (truncate) or "a"
+/// (append), opens it for writing, created if missing, as a recording whose dirty pages abissd
+/// writes back `app_buffer` behind the writer ([`abiss_fwrite`]). Returns NULL with `errno` set
+/// on failure.
 ///
 /// # Safety
 /// `path` and `mode` are NULL or NUL-terminated strings.
@@ -130,6 +133,43 @@ pub unsafe extern "C" fn abiss_fread(
             std::slice::from_raw_parts_mut(ptr, bytes)
         };
         Ok(file.read_fully(buffer) / size)
+    })
+}
+
+/// Writes `nmemb` items of `size` bytes from `ptr` to a stream opened to record (`"w"`,
+/// `"a"`), as `fwrite`: returns the number of whole items written, fewer only on an error
+/// (`errno` set, see [`abiss_ferror`]; `EBADF` for a stream opened to read).
+///
+/// # Safety
+/// `ptr` is NULL or points to `size * nmemb` readable bytes; `fp` is NULL or an open handle
+/// no other thread uses during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fwrite(
+    ptr: *const c_void,
+    size: usize,
+    nmemb: usize,
+    fp: *mut AbissStdioFile,
+) -> usize {
+    entry_point(0, || {
+        // SAFETY: the caller passes NULL or an open, unshared handle.
+        let file = unsafe { handle(fp) }?;
+        if size == 0 || nmemb == 0 {
+            return Ok(0);
+        }
+        if ptr.is_null() {
+            return Err(Failure::invalid("the buffer pointer is NULL"));
+        }
+        let bytes = size
+            .checked_mul(nmemb)
+            .filter(|&bytes| isize::try_from(bytes).is_ok())
+            .ok_or_else(|| {
+                Failure::invalid(format!(
+                    "{nmemb} items of {size} bytes do not fit in one buffer"
+                ))
+            })?;
+        // SAFETY: the caller's buffer holds `bytes` readable, initialized bytes.
+        let data = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), bytes) };
+        Ok(file.write_fully(data) / size)
     })
 }
 

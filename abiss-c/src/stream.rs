@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 use std::fs::File;
-use std::io::{ErrorKind as IoErrorKind, Read, Seek, SeekFrom};
+use std::io::{ErrorKind as IoErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -24,6 +24,17 @@ pub struct AbissStdioFile {
     position: u64,
     at_eof: bool,
     failed: bool,
+    /// A recording (`"w"`, `"a"`): written, never read.
+    writing: bool,
+}
+
+/// How `abiss_fopen` opens its file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// `"r"`: a read stream.
+    Read,
+    /// `"w"` (truncate) or `"a"` (append): a write stream, the file created if missing.
+    Write { append: bool },
 }
 
 /// `abiss_fopen`'s checks and the attach. Everything that can be decided locally is, before
@@ -35,7 +46,7 @@ pub(crate) fn open(
     app_buffer: i64,
     connect: impl FnOnce() -> Result<Client, ClientError>,
 ) -> Result<AbissStdioFile, Failure> {
-    check_mode(mode)?;
+    let mode = check_mode(mode)?;
     let rate = u64::try_from(byterate)
         .ok()
         .filter(|&rate| rate > 0)
@@ -54,32 +65,41 @@ pub(crate) fn open(
         }
     };
     let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-    check_file(path)?;
+    check_file(path, mode)?;
     let options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
-    let file = AbissFile::open_with(connect()?, path, &options)?;
+    let file = match mode {
+        Mode::Read => AbissFile::open_with(connect()?, path, &options)?,
+        Mode::Write { append } => AbissFile::record_with(connect()?, path, &options, append)?,
+    };
     Ok(AbissStdioFile {
         file,
         position: 0,
         at_eof: false,
         failed: false,
+        writing: mode != Mode::Read,
     })
 }
 
-/// Read modes only: "r" with stdio's "b" (no meaning on POSIX) and glibc's "e" (close on
-/// exec, which the library's descriptors always are).
-fn check_mode(mode: &CStr) -> Result<(), Failure> {
+/// "r" (a read stream), "w" or "a" (a recording), each with stdio's "b" (no meaning on POSIX)
+/// and glibc's "e" (close on exec, which the library's descriptors always are). A stream is
+/// read or written, never both: no "+".
+fn check_mode(mode: &CStr) -> Result<Mode, Failure> {
     let bytes = mode.to_bytes();
+    let flags_ok = |rest: &[u8]| rest.iter().all(|flag| matches!(flag, b'b' | b'e'));
     match bytes.split_first() {
-        Some((b'r', rest)) if rest.iter().all(|flag| matches!(flag, b'b' | b'e')) => Ok(()),
+        Some((b'r', rest)) if flags_ok(rest) => Ok(Mode::Read),
+        Some((b'w', rest)) if flags_ok(rest) => Ok(Mode::Write { append: false }),
+        Some((b'a', rest)) if flags_ok(rest) => Ok(Mode::Write { append: true }),
         _ => Err(Failure::invalid(format!(
-            "mode \"{}\" is not a read mode; ABISS streams are read-only, open them with \"r\" or \"rb\"",
+            "mode \"{}\" is not a stream mode; open a stream with \"r\" to read, \"w\" or \"a\" to record",
             mode.to_string_lossy()
         ))),
     }
 }
 
-/// The file must exist, be readable by this process and be a regular file.
-fn check_file(path: &Path) -> Result<(), Failure> {
+/// The file must be a regular file this process can open as `mode` asks (to read, it must
+/// exist; to record, it is created if missing).
+fn check_file(path: &Path, mode: Mode) -> Result<(), Failure> {
     let cannot_open =
         |error: &std::io::Error| Failure::io(&format!("cannot open {}", path.display()), error);
     if path.as_os_str().is_empty() {
@@ -88,7 +108,19 @@ fn check_file(path: &Path) -> Result<(), Failure> {
             "the path is empty; give the file to stream",
         ));
     }
-    let metadata = std::fs::metadata(path).map_err(|error| cannot_open(&error))?;
+    let metadata = match std::fs::metadata(path) {
+        Err(error) if mode != Mode::Read && error.kind() == IoErrorKind::NotFound => {
+            // Created as fopen(3) would, so a missing directory fails with its own errno.
+            File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|error| cannot_open(&error))?;
+            return Ok(());
+        }
+        found => found.map_err(|error| cannot_open(&error))?,
+    };
     if metadata.is_dir() {
         return Err(Failure::new(
             libc::EISDIR,
@@ -106,8 +138,13 @@ fn check_file(path: &Path) -> Result<(), Failure> {
         )));
     }
     // The client library reports any open failure as a bad request; opening here first keeps
-    // the system's errno (EACCES, ...).
-    File::open(path).map_err(|error| cannot_open(&error))?;
+    // the system's errno (EACCES, ...). For a recording, without truncating: that is the
+    // attach's to do, once the daemon is reached.
+    match mode {
+        Mode::Read => File::open(path),
+        Mode::Write { .. } => File::options().write(true).truncate(false).open(path),
+    }
+    .map_err(|error| cannot_open(&error))?;
     Ok(())
 }
 
@@ -115,6 +152,15 @@ impl AbissStdioFile {
     /// Fills `buffer` as far as the file goes and returns the bytes read. Stops early only at
     /// the end of the file or on an error, which is recorded (errno, message, error flag).
     pub(crate) fn read_fully(&mut self, buffer: &mut [u8]) -> usize {
+        if self.writing {
+            self.failed = true;
+            Failure::new(
+                libc::EBADF,
+                "the stream was opened to record (\"w\" or \"a\"); it cannot be read",
+            )
+            .record();
+            return 0;
+        }
         let mut filled = 0;
         while let Some(rest) = buffer.get_mut(filled..).filter(|rest| !rest.is_empty()) {
             match self.file.read(rest) {
@@ -136,6 +182,38 @@ impl AbissStdioFile {
             }
         }
         filled
+    }
+
+    /// Writes all of `data` unless an error stops it (recorded as for reads); returns the
+    /// bytes written.
+    pub(crate) fn write_fully(&mut self, data: &[u8]) -> usize {
+        if !self.writing {
+            self.failed = true;
+            Failure::new(
+                libc::EBADF,
+                "the stream was opened to read (\"r\"); open it with \"w\" or \"a\" to record",
+            )
+            .record();
+            return 0;
+        }
+        let mut written = 0;
+        while let Some(rest) = data.get(written..).filter(|rest| !rest.is_empty()) {
+            match self.file.write(rest) {
+                Ok(0) => break,
+                Ok(count) => {
+                    written += count;
+                    self.position += count as u64;
+                }
+                Err(error) if error.kind() == IoErrorKind::Interrupted => {}
+                Err(error) => {
+                    self.failed = true;
+                    let what = format!("cannot write {}", self.file.stream().path);
+                    Failure::io(&what, &error).record();
+                    break;
+                }
+            }
+        }
+        written
     }
 
     /// Moves the read position (and with it the playout point) as `fseek` does.

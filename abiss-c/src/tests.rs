@@ -94,15 +94,20 @@ fn null_pointers_fail_with_einval() {
 }
 
 #[test]
-fn only_read_modes_are_accepted() {
-    for mode in [c"w", c"wb", c"a", c"r+", c"rb+", c"", c"rw", c"x"] {
+fn only_read_and_record_modes_are_accepted() {
+    for mode in [c"r+", c"rb+", c"w+", c"a+", c"", c"rw", c"x", c"wr"] {
         let (errno, message) = fopen_failure(c"/etc/hostname", mode, 1_000_000, 0);
         assert_eq!(errno, libc::EINVAL, "mode {mode:?}");
-        assert!(message.contains("not a read mode"), "{message}");
+        assert!(message.contains("not a stream mode"), "{message}");
     }
     for mode in [c"r", c"rb", c"re", c"rbe"] {
         // Past the mode check, the missing file is what fails.
         let (errno, _) = fopen_failure(c"/nonexistent-abiss-test", mode, 1_000_000, 0);
+        assert_eq!(errno, libc::ENOENT, "mode {mode:?}");
+    }
+    for mode in [c"w", c"wb", c"a", c"ae"] {
+        // A recording's file is created, but not in a directory that does not exist.
+        let (errno, _) = fopen_failure(c"/nonexistent-abiss-dir/rec", mode, 1_000_000, 0);
         assert_eq!(errno, libc::ENOENT, "mode {mode:?}");
     }
 }
@@ -155,17 +160,17 @@ fn a_missing_daemon_is_econnrefused() {
 fn the_message_is_per_thread_and_stays_until_the_next_failure() {
     std::thread::spawn(|| {
         assert_eq!(message(), "no abiss call has failed on this thread");
-        let _ = fopen_failure(c"/", c"w", 1, 0);
+        let _ = fopen_failure(c"/", c"w+", 1, 0);
         let first: *const c_char = abiss_strerror();
         // Asking again neither replaces nor moves it.
         assert_eq!(abiss_strerror(), first);
-        assert!(message().contains("not a read mode"));
+        assert!(message().contains("not a stream mode"));
         std::thread::spawn(|| {
             assert_eq!(message(), "no abiss call has failed on this thread");
         })
         .join()
         .expect("inner thread");
-        assert!(message().contains("not a read mode"));
+        assert!(message().contains("not a stream mode"));
     })
     .join()
     .expect("thread");

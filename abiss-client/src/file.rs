@@ -1,7 +1,7 @@
 //! A file read at a guaranteed byterate.
 
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use abiss_proto::{
@@ -83,6 +83,8 @@ impl AbissFile {
                 batch_pages: options.batch_pages,
                 priority: options.priority,
                 persistent: false,
+                write: false,
+                preallocate: false,
             },
         )?;
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
@@ -100,6 +102,56 @@ impl AbissFile {
             position: 0,
             reported: 0,
             report_every,
+        })
+    }
+
+    /// Opens `path` for writing (created if missing, truncated unless `append`) and attaches
+    /// it as a write stream (a recording) through the daemon at the default socket: abissd
+    /// writes back what is written at the stream's priority, a buffer behind the writer.
+    pub fn record(
+        path: impl AsRef<Path>,
+        options: &StreamOptions,
+        append: bool,
+    ) -> Result<Self, ClientError> {
+        Self::record_with(Client::connect_default()?, path, options, append)
+    }
+
+    /// [`AbissFile::record`] through `client`.
+    pub fn record_with(
+        mut client: Client,
+        path: impl AsRef<Path>,
+        options: &StreamOptions,
+        append: bool,
+    ) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        let file = File::options()
+            .write(true)
+            .create(true)
+            .truncate(!append)
+            .append(append)
+            .open(path)
+            .map_err(|error| ClientError::BadRequest {
+                message: format!("cannot open {} for writing: {error}", path.display()),
+            })?;
+        let stream = client.attach(
+            &file,
+            AttachRequest {
+                rate: options.rate,
+                buffer: options.buffer,
+                batch_pages: options.batch_pages,
+                priority: options.priority,
+                persistent: false,
+                write: true,
+                preallocate: false,
+            },
+        )?;
+        Ok(Self {
+            file,
+            client,
+            stream,
+            position: 0,
+            reported: 0,
+            report_every: u64::MAX,
         })
     }
 
@@ -160,6 +212,20 @@ impl Read for AbissFile {
             }
         }
         Ok(read)
+    }
+}
+
+/// Writes of a recording ([`AbissFile::record`]) go to the page cache; the daemon follows the
+/// file's size, so nothing is sent per write.
+impl Write for AbissFile {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let written = self.file.write(data)?;
+        self.position += written as u64;
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }
 

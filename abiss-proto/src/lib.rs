@@ -252,6 +252,16 @@ pub struct AttachRequest {
     /// Whether the stream outlives the connection (until an explicit detach). Otherwise it ends
     /// when the client's connection closes.
     pub persistent: bool,
+    /// A recording: the application writes the file at the rate, and abissd writes its dirty
+    /// pages back behind it (the write-behind window of `buffer`) instead of reading ahead.
+    /// The descriptor must then be open for writing. Absent (older clients): a read stream.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write: bool,
+    /// For a write stream: allocate the file a few seconds of the rate ahead of the writer
+    /// (`fallocate` with `KEEP_SIZE`, at most 64 MiB), so it is laid out in large extents.
+    /// Off by default: on ext4 it delays the writer's writes (README, "Write streams").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preallocate: bool,
 }
 
 /// A stream named by id, or by the file it streams.
@@ -330,6 +340,31 @@ pub struct StreamInfo {
     /// Readers whose raise was dropped because they used it for other files.
     #[serde(default)]
     pub policed: u64,
+    /// What a write stream has done, `None` for a read stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recording: Option<RecordingInfo>,
+}
+
+/// A write stream's write-behind window, as `abissctl list` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordingInfo {
+    /// How far the application has written (the file's size when abissd last looked).
+    pub written_end: u64,
+    /// Up to where abissd has written the file back and released its pages.
+    pub written_back_end: u64,
+    /// Bytes abissd wrote back so far.
+    pub written_back_bytes: u64,
+    /// Dirty and under-writeback bytes of the file in the page cache (`cachestat`), if the
+    /// kernel can say (Linux 6.5); else what the application wrote beyond the written-back end.
+    pub dirty_bytes: u64,
+    /// Room left in the write-behind window before the application has written more than its
+    /// buffer ahead of what is written back (negative: it is ahead of its reservation, and its
+    /// writes may be throttled with everyone else's).
+    pub headroom_bytes: i64,
+    /// Space allocated ahead of the application's end (`fallocate` with `KEEP_SIZE`).
+    pub preallocated_end: u64,
+    /// Bytes abissd allocated for the stream so far.
+    pub preallocated_bytes: u64,
 }
 
 /// A task that reads a stream's file.
@@ -440,6 +475,9 @@ pub struct DeviceStatus {
     pub realtime_share_percent: u32,
     /// Sum of the admitted streams' rates.
     pub reserved: ByteRate,
+    /// The part of `reserved` that write streams (recordings) hold.
+    #[serde(default)]
+    pub reserved_write: ByteRate,
     /// What is left for new streams: with a model, the highest rate one more stream (with the
     /// default buffer) would be admitted at.
     pub free: ByteRate,

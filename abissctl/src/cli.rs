@@ -166,6 +166,16 @@ struct StreamArgs {
     /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
     #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
     priority: u8,
+    /// Record: FILE is opened for writing (created if missing, never truncated), and abissd
+    /// writes what is written back to the disk at the stream's priority, at most --buffer
+    /// behind the writer, and allocates the file a few seconds of the rate ahead.
+    #[arg(long, short = 'w')]
+    write: bool,
+    /// With --write: allocate the file a few seconds of the rate ahead of the writer (at most
+    /// 64 MiB), so the recording is laid out in large extents. On ext4 this delays writes
+    /// while the journal is busy; see the README.
+    #[arg(long, requires = "write")]
+    preallocate: bool,
 }
 
 impl StreamArgs {
@@ -175,6 +185,8 @@ impl StreamArgs {
             buffer: rounded(&self.buffer),
             batch: self.batch,
             priority: self.priority,
+            write: self.write,
+            preallocate: self.preallocate,
         }
     }
 }

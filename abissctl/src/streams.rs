@@ -3,13 +3,13 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 use std::process::{Command, ExitStatus};
 
 use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamInfo, StreamTarget};
-use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
@@ -26,6 +26,10 @@ pub struct StreamParameters {
     pub batch: u32,
     /// ABISS level.
     pub priority: u8,
+    /// A recording: the file is written, and written back behind the writer.
+    pub write: bool,
+    /// Allocate a recording's file ahead of the writer.
+    pub preallocate: bool,
 }
 
 impl StreamParameters {
@@ -36,14 +40,37 @@ impl StreamParameters {
             batch_pages: self.batch,
             priority: self.priority,
             persistent,
+            write: self.write,
+            preallocate: self.preallocate,
         }
     }
-}
 
-/// Opens `path` as this user: the daemon gets the descriptor, never the path.
-fn open(path: &Path) -> Result<File, CliError> {
-    File::open(path)
-        .map_err(|error| CliError::BadFile(format!("cannot open {}: {error}", path.display())))
+    /// Opens `path` as this user, for reading, or for a recording for writing (created if
+    /// missing, never truncated: a recorder started later decides): the daemon gets the
+    /// descriptor, never the path.
+    fn open(&self, path: &Path) -> Result<File, CliError> {
+        let opened = if self.write {
+            File::options()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+        } else {
+            File::open(path)
+        };
+        let how = if self.write { " for writing" } else { "" };
+        opened.map_err(|error| {
+            CliError::BadFile(format!("cannot open {}{how}: {error}", path.display()))
+        })
+    }
+
+    /// Waits for a read stream's first window (a recording has nothing to load).
+    fn wait_loaded(&self, client: &mut Client, id: u64) -> Result<(), CliError> {
+        if !self.write && !client.wait_loaded(id, std::time::Duration::from_secs(10))? {
+            eprintln!("{}", not_loaded(client, id));
+        }
+        Ok(())
+    }
 }
 
 /// Attaches `path` until it is detached; prints the stream id.
@@ -53,13 +80,11 @@ pub fn attach(
     parameters: &StreamParameters,
     json: bool,
 ) -> Result<(), CliError> {
-    let file = open(path)?;
+    let file = parameters.open(path)?;
     let info = client.attach(&file, parameters.request(true))?;
     // The stream is ready when its playout buffer is loaded: readers started after this
     // command find their first buffer in memory.
-    if !client.wait_loaded(info.id, std::time::Duration::from_secs(10))? {
-        eprintln!("{}", not_loaded(client, info.id));
-    }
+    parameters.wait_loaded(client, info.id)?;
     if json {
         println!("{}", serde_json::to_string(&info).unwrap_or_default());
     } else {
@@ -132,15 +157,13 @@ pub fn run(
     parameters: &StreamParameters,
     command: &[String],
 ) -> Result<i32, CliError> {
-    let file = open(path)?;
+    let file = parameters.open(path)?;
     let Some((program, args)) = command.split_first() else {
         return Err(CliError::Command("no command given after --".into()));
     };
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
-    if !client.wait_loaded(info.id, std::time::Duration::from_secs(10))? {
-        eprintln!("{}", not_loaded(client, info.id));
-    }
+    parameters.wait_loaded(client, info.id)?;
     let status = supervise(program, args)?;
     let _ = client.detach(StreamTarget::Id(info.id));
     Ok(status
@@ -166,7 +189,7 @@ const FORWARDED: [Signal; 6] = [
 /// The signals (and `SIGCHLD`) are blocked before the command starts and read from a
 /// signalfd, so none is lost or handled twice between the start and the first read, and no
 /// handler runs at an awkward moment; the command itself starts with no signal blocked (the
-/// standard library clears the mask in the child). Signals the kernel sent (Ctrl-C, `^\`, a
+/// mask is cleared between fork and exec). Signals the kernel sent (Ctrl-C, `^\`, a
 /// hangup) went to the whole foreground process group, the command included, so they are not
 /// sent a second time.
 fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
@@ -183,8 +206,18 @@ fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
         .map_err(|e| failed("blocking signals", &e))?;
     let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| failed("signalfd", &e))?;
-    let mut child = Command::new(program)
-        .args(args)
+    let mut command = Command::new(program);
+    command.args(args);
+    // The standard library does not clear the mask in the child here (checked: the command
+    // started with these signals blocked, so a player never saw the SIGTERM passed on).
+    // SAFETY: between fork and exec only sigprocmask runs, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = command
         .spawn()
         .map_err(|error| CliError::Command(format!("cannot run {program}: {error}")))?;
     let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
@@ -272,6 +305,14 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
             ByteSize(info.prefetched_bytes).to_string(),
             readers(info)
         );
+        if let Some(recording) = &info.recording {
+            let _ = writeln!(
+                out,
+                "     stream {}: {}",
+                info.id,
+                recording_line(recording)
+            );
+        }
         if let Some(advice) = &info.suggestion {
             let _ = writeln!(out, "     stream {}: {advice}", info.id);
         }
@@ -284,6 +325,33 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// What a write stream did, in one line.
+fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
+    let headroom = if recording.headroom_bytes >= 0 {
+        format!(
+            "{} before the writer is a buffer ahead",
+            ByteSize(recording.headroom_bytes.unsigned_abs())
+        )
+    } else {
+        format!(
+            "the writer is {} beyond its buffer (it may be throttled)",
+            ByteSize(recording.headroom_bytes.unsigned_abs())
+        )
+    };
+    let allocated = if recording.preallocated_bytes == 0 {
+        String::new()
+    } else {
+        format!("; allocated to {}", ByteSize(recording.preallocated_end))
+    };
+    format!(
+        "recording: written {}, written back {} ({} by abissd), {} dirty; {headroom}{allocated}",
+        ByteSize(recording.written_end),
+        ByteSize(recording.written_back_end),
+        ByteSize(recording.written_back_bytes),
+        ByteSize(recording.dirty_bytes),
+    )
 }
 
 /// One line on reader upgrades.
@@ -352,13 +420,23 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
     }
     let _ = writeln!(
         out,
-        "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>7}  CAPACITY FROM",
-        "DEVICE", "DEV", "ELEVATOR", "DEPTH", "CAPACITY", "RT %", "RESERVED", "FREE", "STREAMS"
+        "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>13} {:>13} {:>7}  CAPACITY FROM",
+        "DEVICE",
+        "DEV",
+        "ELEVATOR",
+        "DEPTH",
+        "CAPACITY",
+        "RT %",
+        "RESERVED",
+        "READ",
+        "WRITE",
+        "FREE",
+        "STREAMS"
     );
     for device in &devices {
         let _ = writeln!(
             out,
-            "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>7}  {}",
+            "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>13} {:>13} {:>7}  {}",
             device.name,
             device.device.to_string(),
             device.elevator,
@@ -366,6 +444,8 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
             device.capacity.to_string(),
             device.realtime_share_percent,
             device.reserved.to_string(),
+            ByteRate(device.reserved.0.saturating_sub(device.reserved_write.0)).to_string(),
+            device.reserved_write.to_string(),
             device.free.to_string(),
             device.streams,
             device.capacity_source

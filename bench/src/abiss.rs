@@ -155,6 +155,8 @@ impl RunSetup for AbissRun {
                 batch_pages: BATCH_PAGES,
                 priority: self.level,
                 persistent: false,
+                write: false,
+                preallocate: false,
             },
         )?;
         // Like ABISS's start-up delay: the reader starts once its buffer is loaded.

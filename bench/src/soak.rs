@@ -67,6 +67,8 @@ const STREAM: AttachRequest = AttachRequest {
     batch_pages: 8,
     priority: 0,
     persistent: false,
+    write: false,
+    preallocate: false,
 };
 
 /// Runs the soak and writes soak.{json,md,svg}.

@@ -121,6 +121,8 @@ fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
             batch_pages: 20,
             priority: 0,
             persistent: false,
+            write: false,
+            preallocate: false,
         },
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;

@@ -18,7 +18,7 @@ use crate::kernel_events::{Access, Fork, StreamAccess};
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
-use crate::prefetch::{LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
+use crate::prefetch::{JobKind, LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
 use crate::streams::{
     check_file, check_parameters, Stream, StreamOwner, StreamStart, StreamTable, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
@@ -86,6 +86,7 @@ impl Controller {
                         generation,
                         range,
                         file: Arc::clone(&stream.file),
+                        kind: JobKind::Load,
                     };
                     if let Err(error) = prefetch.load(level, job) {
                         warn!("stream {}: cannot queue a load: {error}", stream.id);
@@ -113,7 +114,7 @@ impl Controller {
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
         check_parameters(&request)?;
-        let file = check_file(fd)?;
+        let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
         if let Some(existing) = self.streams.by_file(&file.key) {
             return Err(Refusal::AlreadyAttached {
@@ -144,8 +145,7 @@ impl Controller {
             )
             .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
-        let mapped = MappedFile::new(file.fd.try_clone().map_err(|e| internal(&e))?, file.bytes)
-            .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))?;
+        let mapped = Self::mapping(&file, request.write)?;
         let id = self.streams.next_id();
         let key = file.key;
         let level = request.priority;
@@ -159,7 +159,7 @@ impl Controller {
                 .burst
                 .grant(peer_uid, Stream::credit_limit_bytes(&request), now_ns),
         };
-        let (stream, actions) = Stream::new(
+        let (mut stream, actions) = Stream::new(
             id,
             owner,
             request,
@@ -176,13 +176,32 @@ impl Controller {
             .attach_file(key, attached)
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
+        Self::record(&mut self.prefetch, &mut stream, now_ns);
         let info = stream.info();
         info!(
-            "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}",
-            info.path, info.rate, info.buffer
+            "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
+            info.path,
+            info.rate,
+            info.buffer,
+            if info.recording.is_some() {
+                ", recording"
+            } else {
+                ""
+            }
         );
         self.streams.insert(stream);
         Ok(info)
+    }
+
+    /// The stream's own mapping of its file (none for a recording: nothing is locked).
+    fn mapping(file: &crate::streams::CheckedFile, write: bool) -> Result<MappedFile, Refusal> {
+        let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
+        let fd = file.fd.try_clone().map_err(|e| internal(&e))?;
+        if write {
+            return Ok(MappedFile::unmapped(fd));
+        }
+        MappedFile::new(fd, file.bytes)
+            .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
@@ -356,6 +375,10 @@ impl Controller {
             return;
         }
         stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
+        if stream.recording.is_some() {
+            // A recording has no window to move; its writer is not raised.
+            return;
+        }
         if let Err(error) = self.tracer.note_reader() {
             warn!("cannot follow the io_uring requests of stream readers: {error}");
         }
@@ -430,6 +453,23 @@ impl Controller {
         let Some(stream) = self.streams.get_mut(done.stream) else {
             return;
         };
+        if let Some(recording) = &mut stream.recording {
+            let failed = match &done.outcome {
+                LoadOutcome::Failed(error) => Some(error),
+                LoadOutcome::Loaded | LoadOutcome::Cancelled => None,
+            };
+            if done.kind == JobKind::Allocate {
+                if let Some(error) = failed {
+                    recording.allocation_failed(stream.id, error);
+                }
+                return;
+            }
+            let now_ns = abiss_os::clock::monotonic_ns();
+            let actions = recording.written_back(stream.id, &done.range, failed, now_ns);
+            let at = (stream.id, stream.granted.priority);
+            recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
+            return;
+        }
         match done.outcome {
             LoadOutcome::Loaded => {
                 let actions = stream.playout.on_loaded(done.range, done.generation);
@@ -456,7 +496,10 @@ impl Controller {
         let loads = self
             .streams
             .iter()
-            .filter_map(|s| s.playout.ns_until_next_load())
+            .filter_map(|s| match &s.recording {
+                Some(recording) => Some(recording.ns_until_due(now_ns)),
+                None => s.playout.ns_until_next_load(),
+            })
             .min();
         let expiry = self.upgrades.ns_until_next_expiry(now_ns);
         match (loads, expiry) {
@@ -477,6 +520,16 @@ impl Controller {
         for stream in self.streams.iter_mut() {
             let actions = stream.playout.on_tick(now_ns);
             Self::execute(&mut self.prefetch, stream, actions);
+            Self::record(&mut self.prefetch, stream, now_ns);
+        }
+    }
+
+    /// A write stream looks at how far its writer is and writes back what is due.
+    fn record(prefetch: &mut PrefetchEngine, stream: &mut Stream, now_ns: u64) {
+        if let Some(recording) = &mut stream.recording {
+            let actions = recording.poll(&stream.file, now_ns);
+            let at = (stream.id, stream.granted.priority);
+            recording.carry_out(prefetch, at, &stream.file, actions);
         }
     }
 

@@ -216,11 +216,8 @@ impl Disks {
         let Some(managed) = self.disks.get(&disk) else {
             return Err(Refusal::Internal(format!("device {disk} is not managed")));
         };
-        let demand = StreamDemand::playback(
-            request.rate.0,
-            request.buffer.0,
-            u64::from(request.batch_pages) * PAGE_BYTES,
-        );
+        // A write stream is priced by the model's write figures, as `admit --write` plans.
+        let demand = crate::streams::demand_of(request);
         let refused = |refusal: &dyn std::fmt::Display| Refusal::DoesNotFit(refusal.to_string());
         match (&managed.model, self.settings.mode) {
             (_, AdmissionMode::Off) => {}
@@ -351,6 +348,7 @@ impl Disks {
             capacity_source: figures.source,
             realtime_share_percent: managed.share.share_percent.clamp(1, 95),
             reserved: ByteRate(reserved),
+            reserved_write: ByteRate(streams.reserved_write_on(disk.number)),
             free: ByteRate(figures.free_bps),
             admission: figures.admission,
             miss_probability_ppm: figures.miss_ppm,

@@ -33,7 +33,9 @@
 //! | privilege checks | [`preflight`] |
 //! | optional parts and the kernel hooks they need | [`capabilities`] |
 //! | prefetch: a thread and an `io_uring` per ABISS level, `mlock` | [`prefetch`] |
+//! | a stream's file held by the daemon: mapped to lock a read window, or only open | [`mapped_file`] |
 //! | raising and restoring readers' I/O priority | [`upgrades`] |
+//! | write streams: how far the writer is, write-back through the level's ring, allocation ahead | [`writeback`] |
 //! | the tasks raised threads make: followed by the fork program, put back | [`raised_forks`] |
 //! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
 //! | eBPF and daemon cost | [`stats`] |
@@ -57,6 +59,7 @@ pub mod device;
 pub mod disks;
 pub mod kernel_events;
 pub mod kernel_layout;
+pub mod mapped_file;
 pub mod metrics;
 pub mod policy;
 pub mod prefetch;
@@ -69,5 +72,6 @@ pub mod streams;
 pub mod systemd;
 pub mod tracer;
 pub mod upgrades;
+pub mod writeback;
 
 pub use daemon::{run, DaemonConfig, DaemonError, Reload};

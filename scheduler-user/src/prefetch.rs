@@ -21,10 +21,8 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::num::NonZeroUsize;
 use std::ops::Range;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::AsRawFd;
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,107 +31,9 @@ use std::time::{Duration, Instant};
 use abiss_os::ioprio;
 use io_uring::{opcode, types, IoUring};
 use log::warn;
-use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
 
+pub use crate::mapped_file::MappedFile;
 use crate::policy::priority::encoded_ioprio;
-
-/// A file a stream reads, mapped read-only so its window's pages can be locked.
-#[derive(Debug)]
-pub struct MappedFile {
-    fd: OwnedFd,
-    map: NonNull<libc::c_void>,
-    map_bytes: usize,
-}
-
-// SAFETY: the mapping is read-only and only used as an address range for mlock/munlock/mincore,
-// never dereferenced; the descriptor is an OwnedFd. Both are safe to use from any thread.
-unsafe impl Send for MappedFile {}
-// SAFETY: see Send; all operations are system calls on the immutable range.
-unsafe impl Sync for MappedFile {}
-
-impl MappedFile {
-    /// Maps `bytes` of `fd` (a readable regular file).
-    pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
-        let page = 4096;
-        let map_bytes = usize::try_from(bytes.div_ceil(page) * page).map_err(io::Error::other)?;
-        let length =
-            NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("the file is empty"))?;
-        // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
-        // the address the kernel picks.
-        let map = unsafe {
-            mmap(
-                None,
-                length,
-                ProtFlags::PROT_READ,
-                MapFlags::MAP_SHARED,
-                fd.as_fd(),
-                0,
-            )
-        }?;
-        let mapped = Self { fd, map, map_bytes };
-        // SAFETY: advice on our own mapping: no readahead when mlock faults pages in.
-        unsafe { madvise(mapped.map, map_bytes, MmapAdvise::MADV_RANDOM) }?;
-        Ok(mapped)
-    }
-
-    /// The descriptor.
-    #[must_use]
-    pub fn fd(&self) -> &OwnedFd {
-        &self.fd
-    }
-
-    fn span(&self, range: &Range<u64>) -> Option<(NonNull<libc::c_void>, usize)> {
-        let start = usize::try_from(range.start).ok()?;
-        let end = usize::try_from(range.end).ok()?.min(self.map_bytes);
-        if start >= end {
-            return None;
-        }
-        // SAFETY: start < map_bytes, so the pointer stays inside the mapping.
-        let address = unsafe { self.map.byte_add(start) };
-        Some((address, end - start))
-    }
-
-    /// Locks the pages of `range` (they are read in first if they are not resident).
-    pub fn lock(&self, range: &Range<u64>) -> io::Result<()> {
-        match self.span(range) {
-            // SAFETY: the span lies within our mapping.
-            Some((address, length)) => unsafe { mlock(address, length) }.map_err(io::Error::from),
-            None => Ok(()),
-        }
-    }
-
-    /// Unlocks the pages of `range`.
-    pub fn unlock(&self, range: &Range<u64>) -> io::Result<()> {
-        match self.span(range) {
-            // SAFETY: the span lies within our mapping.
-            Some((address, length)) => unsafe { munlock(address, length) }.map_err(io::Error::from),
-            None => Ok(()),
-        }
-    }
-
-    /// Bytes of `range` resident in the page cache (`mincore`).
-    pub fn resident_bytes(&self, range: &Range<u64>) -> io::Result<u64> {
-        let Some((address, length)) = self.span(range) else {
-            return Ok(0);
-        };
-        let mut pages = vec![0u8; length.div_ceil(4096)];
-        // SAFETY: the span lies within our mapping and `pages` has one byte per page.
-        let rc = unsafe { libc::mincore(address.as_ptr(), length, pages.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096)
-    }
-}
-
-impl Drop for MappedFile {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, unmapped once; this also unlocks whatever is still locked.
-        if let Err(error) = unsafe { munmap(self.map, self.map_bytes) } {
-            warn!("cannot unmap a stream's file: {error}");
-        }
-    }
-}
 
 /// One window range to load for a stream.
 #[derive(Debug)]
@@ -146,12 +46,30 @@ pub struct LoadJob {
     pub range: Range<u64>,
     /// The stream's file.
     pub file: Arc<MappedFile>,
+    /// What to do with the range.
+    pub kind: JobKind,
+}
+
+/// What a job does with its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobKind {
+    /// Read it into the page cache and lock it (a read stream's window).
+    Load,
+    /// Write its dirty pages back, wait for them, and drop them from the page cache (a write
+    /// stream's window): `sync_file_range` on the ring, run by an `io_uring` worker that shares
+    /// this level's I/O context, so the writes carry the level's priority.
+    WriteBack,
+    /// Allocate the range without changing the file's size (`fallocate` with `KEEP_SIZE`),
+    /// likewise at the level's priority: the allocation's metadata reads and its journal
+    /// handle must not wait behind best-effort I/O while the writer waits for the same journal.
+    Allocate,
 }
 
 /// How a load ended.
 #[derive(Debug)]
 pub enum LoadOutcome {
-    /// Read into the page cache and locked.
+    /// Read into the page cache and locked (a load), or written back and dropped (a
+    /// write-back).
     Loaded,
     /// Cancelled by a seek or a detach.
     Cancelled,
@@ -168,6 +86,8 @@ pub struct LoadDone {
     pub generation: u32,
     /// The range.
     pub range: Range<u64>,
+    /// What the job did.
+    pub kind: JobKind,
     /// How it ended.
     pub outcome: LoadOutcome,
 }
@@ -321,6 +241,7 @@ fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: LoadJob, error
         stream: job.stream,
         generation: job.generation,
         range: job.range,
+        kind: job.kind,
         outcome: LoadOutcome::Failed(error),
     });
 }
@@ -357,6 +278,7 @@ fn run_worker(
                     stream: job.stream,
                     generation: job.generation,
                     range: job.range.clone(),
+                    kind: job.kind,
                     outcome,
                 });
             }
@@ -453,6 +375,9 @@ impl LoadRing {
     fn queue(&mut self, command: WorkerCommand) -> io::Result<()> {
         match command {
             WorkerCommand::Load(job) => {
+                if job.kind != JobKind::Load {
+                    return self.queue_write_back(job);
+                }
                 let length =
                     i64::try_from(job.range.end - job.range.start).map_err(io::Error::other)?;
                 // WILLNEED reads exactly the range, at this thread's priority (its io-wq
@@ -491,6 +416,34 @@ impl LoadRing {
         Ok(())
     }
 
+    /// Puts a write stream's job on the ring: a write-back writes the range's dirty pages and
+    /// waits for them (also for pages the kernel's flushers had already started); an
+    /// allocation allocates the range beyond the file's end.
+    fn queue_write_back(&mut self, job: LoadJob) -> io::Result<()> {
+        let fd = types::Fd(job.file.fd().as_raw_fd());
+        let length = job.range.end - job.range.start;
+        let entry = if job.kind == JobKind::Allocate {
+            opcode::Fallocate::new(fd, length)
+                .offset(job.range.start)
+                .mode(libc::FALLOC_FL_KEEP_SIZE)
+                .build()
+        } else {
+            let length = u32::try_from(length).map_err(io::Error::other)?;
+            opcode::SyncFileRange::new(fd, length)
+                .offset(job.range.start)
+                .flags(
+                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                        | libc::SYNC_FILE_RANGE_WRITE
+                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+                )
+                .build()
+        }
+        .user_data(self.next_id);
+        self.in_flight.insert(self.next_id, InFlight { job });
+        self.next_id += 1;
+        push(&mut self.ring, &entry)
+    }
+
     /// Submits, waits up to 2 ms for a completion, and hands each finished load on: to the
     /// locker when its reads are queued, to the controller when it was cancelled or failed.
     fn reap(
@@ -525,6 +478,11 @@ impl LoadRing {
                 LoadOutcome::Cancelled
             } else if result < 0 {
                 LoadOutcome::Failed(io::Error::from_raw_os_error(-result))
+            } else if job.kind == JobKind::WriteBack {
+                release_written(&job);
+                LoadOutcome::Loaded
+            } else if job.kind == JobKind::Allocate {
+                LoadOutcome::Loaded
             } else {
                 // The reads are queued; the locker faults the pages in (waiting for those
                 // reads) and pins them.
@@ -535,10 +493,38 @@ impl LoadRing {
                 stream: job.stream,
                 generation: job.generation,
                 range: job.range.clone(),
+                kind: job.kind,
                 outcome,
             });
         }
         Ok(())
+    }
+}
+
+/// Drops a written-back range from the page cache, so a recording holds no more memory than
+/// its window. Clean pages only go; the advice writes nothing (they were just written back).
+fn release_written(job: &LoadJob) {
+    let (Ok(start), Ok(length)) = (
+        i64::try_from(job.range.start),
+        i64::try_from(job.range.end - job.range.start),
+    ) else {
+        return;
+    };
+    // SAFETY: advice on a descriptor the job holds open.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            job.file.fd().as_raw_fd(),
+            start,
+            length,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    if rc != 0 {
+        log::debug!(
+            "stream {}: cannot drop {:?} from the page cache: error {rc}",
+            job.stream,
+            job.range
+        );
     }
 }
 

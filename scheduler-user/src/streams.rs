@@ -16,7 +16,9 @@ use scheduler_common::FileKey;
 use crate::policy::admission::StreamDemand;
 use crate::policy::memory::locked_at_most;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
+use crate::policy::write_behind::WriteBehindShape;
 use crate::prefetch::MappedFile;
+use crate::writeback::Recording;
 
 /// Most streams at once, and per user.
 pub const MAX_STREAMS: usize = 256;
@@ -38,7 +40,7 @@ pub enum AttachError {
     /// A parameter is out of range.
     #[error("{0}")]
     BadParameter(String),
-    /// The descriptor is not a readable regular file.
+    /// The descriptor is not a regular file open the way the stream needs it.
     #[error("{0}")]
     WrongFile(String),
 }
@@ -100,8 +102,9 @@ pub struct CheckedFile {
     pub bytes: u64,
 }
 
-/// Checks that `fd` is a non-empty regular file opened for reading.
-pub fn check_file(fd: OwnedFd) -> Result<CheckedFile, AttachError> {
+/// Checks that `fd` is a regular file opened for reading and not empty, or for a write stream
+/// (`write`), opened for writing (it may be empty: a recording starts so).
+pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> {
     let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
         |_| "(unnamed file)".to_owned(),
         |p| p.to_string_lossy().into_owned(),
@@ -132,11 +135,17 @@ pub fn check_file(fd: OwnedFd) -> Result<CheckedFile, AttachError> {
             "was opened with O_PATH, which gives no right to read it; open it for reading",
         );
     }
-    if flags & OFlag::O_ACCMODE == OFlag::O_WRONLY {
+    let access = flags & OFlag::O_ACCMODE;
+    // The descriptor is the proof: abissd writes back and allocates only files the client
+    // could write itself.
+    if write && access == OFlag::O_RDONLY {
+        return wrong("was opened read-only; open it for writing to record into it");
+    }
+    if !write && access == OFlag::O_WRONLY {
         return wrong("was opened write-only; open it for reading");
     }
     let bytes = u64::try_from(stat.st_size).unwrap_or(0);
-    if bytes == 0 {
+    if bytes == 0 && !write {
         return wrong("is empty; there is nothing to stream");
     }
     let file_device = DeviceNumber {
@@ -194,6 +203,8 @@ pub struct Stream {
     pub load_failures: (Option<u64>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
     pub start_limited: bool,
+    /// A write stream's window (then `playout` has nothing to load: its file is unmapped).
+    pub recording: Option<Recording>,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -235,9 +246,20 @@ impl Stream {
         start: StreamStart,
     ) -> (Self, Vec<WindowAction>) {
         let batch_bytes = u64::from(granted.batch_pages) * PAGE_BYTES;
+        let recording = granted.write.then(|| {
+            let shape = WriteBehindShape {
+                buffer_bytes: granted.buffer.0,
+                batch_bytes,
+                rate_bps: granted.rate.0,
+                credit_limit_bytes: Self::credit_limit_bytes(&granted),
+                preallocate: granted.preallocate,
+            };
+            Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns)
+        });
         let (playout, actions) = PlayoutBuffer::starting_with(
             PlayoutShape {
-                file_bytes: file.bytes,
+                // A write stream reads nothing ahead.
+                file_bytes: if granted.write { 0 } else { file.bytes },
                 buffer_bytes: granted.buffer.0,
                 batch_bytes,
                 rate_bps: granted.rate.0,
@@ -263,6 +285,7 @@ impl Stream {
             newest_evidence_ns: 0,
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
+            recording,
             granted,
         };
         (stream, actions)
@@ -272,17 +295,16 @@ impl Stream {
     /// window's moves.
     pub fn set_rate(&mut self, rate: abiss_proto::ByteRate, now_ns: u64) -> Vec<WindowAction> {
         self.granted.rate = rate;
+        if let Some(recording) = &mut self.recording {
+            recording.window.set_rate(rate.0, now_ns);
+        }
         self.playout.set_rate(rate.0, now_ns)
     }
 
     /// What the stream asks of its disk, for admission.
     #[must_use]
     pub fn demand(&self) -> StreamDemand {
-        StreamDemand::playback(
-            self.granted.rate.0,
-            self.granted.buffer.0,
-            u64::from(self.granted.batch_pages) * PAGE_BYTES,
-        )
+        demand_of(&self.granted)
     }
 
     /// Whether position evidence from `at_ns` is no older than what was seen (then it becomes
@@ -348,7 +370,12 @@ impl Stream {
             loaded_end: window.end,
             resident_bytes: self.file.resident_bytes(&window).unwrap_or(0),
             locked_bytes: self.playout.locked_bytes(),
-            credit_bytes: i64::try_from(self.playout.credit_bytes()).unwrap_or(i64::MAX),
+            credit_bytes: i64::try_from(
+                self.recording
+                    .as_ref()
+                    .map_or_else(|| self.playout.credit_bytes(), |r| r.window.credit_bytes()),
+            )
+            .unwrap_or(i64::MAX),
             readers,
             misses: self.misses,
             prefetched_bytes: self.playout.prefetched_bytes(),
@@ -357,7 +384,22 @@ impl Stream {
             suggestion: crate::policy::upgrade::buffer_suggestion(self.misses, self.granted.buffer),
             start_limited: self.start_limited,
             policed: 0,
+            recording: self.recording.as_ref().map(|r| r.info(&self.file)),
         }
+    }
+}
+
+/// What a stream of `request` asks of its disk, for admission: a recording's write-backs are
+/// requests of the same size as a playback's loads, and the model prices them as writes.
+#[must_use]
+pub fn demand_of(request: &AttachRequest) -> StreamDemand {
+    StreamDemand {
+        write: request.write,
+        ..StreamDemand::playback(
+            request.rate.0,
+            request.buffer.0,
+            u64::from(request.batch_pages) * PAGE_BYTES,
+        )
     }
 }
 
@@ -435,6 +477,16 @@ impl StreamTable {
             .sum()
     }
 
+    /// Sum of the granted rates of the write streams on `disk`.
+    #[must_use]
+    pub fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {
+        self.streams
+            .values()
+            .filter(|s| s.disk == disk && s.granted.write)
+            .map(|s| s.granted.rate.0)
+            .sum()
+    }
+
     /// The most all streams (or those of `uid`) may lock: buffer plus a batch each.
     #[must_use]
     pub fn locked_at_most(&self, uid: Option<u32>) -> u64 {
@@ -478,6 +530,8 @@ mod tests {
             batch_pages: batch,
             priority,
             persistent: false,
+            write: false,
+            preallocate: false,
         }
     }
 
@@ -497,28 +551,41 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("abiss-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let directory = std::fs::File::open(&dir).unwrap();
-        assert!(check_file(directory.into())
+        assert!(check_file(directory.into(), false)
             .unwrap_err()
             .to_string()
             .contains("a directory"));
         let empty = dir.join("empty");
         std::fs::write(&empty, b"").unwrap();
-        assert!(check_file(std::fs::File::open(&empty).unwrap().into())
-            .unwrap_err()
-            .to_string()
-            .contains("empty"));
+        assert!(
+            check_file(std::fs::File::open(&empty).unwrap().into(), false)
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
         let data = dir.join("data");
         std::fs::write(&data, b"abc").unwrap();
         let write_only = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-        assert!(check_file(write_only.into())
+        assert!(check_file(write_only.try_clone().unwrap().into(), false)
             .unwrap_err()
             .to_string()
             .contains("write-only"));
-        let checked = check_file(std::fs::File::open(&data).unwrap().into()).unwrap();
+        // A write stream needs a writable descriptor, and may start empty.
+        assert_eq!(check_file(write_only.into(), true).unwrap().bytes, 3);
+        assert!(check_file(std::fs::File::open(&data).unwrap().into(), true)
+            .unwrap_err()
+            .to_string()
+            .contains("read-only"));
+        let empty_for_writing = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&empty)
+            .unwrap();
+        assert_eq!(check_file(empty_for_writing.into(), true).unwrap().bytes, 0);
+        let checked = check_file(std::fs::File::open(&data).unwrap().into(), false).unwrap();
         assert_eq!(checked.bytes, 3);
         assert!(checked.path.ends_with("/data"));
         let (reader, _writer) = nix::unistd::pipe().unwrap();
-        assert!(check_file(reader)
+        assert!(check_file(reader, true)
             .unwrap_err()
             .to_string()
             .contains("a pipe"));

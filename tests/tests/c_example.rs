@@ -259,13 +259,19 @@ fn fopen_fails_with_errno_and_a_sentence() {
     let text = |path: &Path| path.to_string_lossy().into_owned();
 
     let cases: [(String, &str, &str, i32, &str); 7] = [
-        (text(&file), "w", "1000000", libc::EINVAL, "not a read mode"),
+        (
+            text(&file),
+            "w+",
+            "1000000",
+            libc::EINVAL,
+            "not a stream mode",
+        ),
         (
             text(&file),
             "r+",
             "1000000",
             libc::EINVAL,
-            "not a read mode",
+            "not a stream mode",
         ),
         (
             text(mount.path()),

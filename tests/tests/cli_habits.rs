@@ -167,6 +167,29 @@ fn pid_of(child: &Child) -> Pid {
     Pid::from_raw(i32::try_from(child.id()).unwrap())
 }
 
+/// The command starts with no signal blocked, as from a shell: abissctl blocks the signals
+/// it forwards only in itself. A player started with SIGTERM blocked would never see the
+/// SIGTERM abissctl passes on. `grep` reads its own status (sh would clear the mask first).
+#[test]
+fn run_starts_its_command_with_no_signal_blocked() {
+    require_root!();
+    let setup = managed();
+    let output = abissctl(
+        setup.daemon.socket(),
+        &["run", "--rate", "1MB/s", setup.file.to_str().unwrap(), "--"],
+    )
+    .args(["grep", "^SigBlk:", "/proc/self/status"])
+    .output()
+    .expect("abissctl run grep");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let line = String::from_utf8_lossy(&output.stdout);
+    let mask = line.trim().trim_start_matches("SigBlk:").trim();
+    assert!(
+        !mask.is_empty() && mask.chars().all(|c| c == '0'),
+        "the command's blocked signals: {line}"
+    );
+}
+
 #[test]
 fn run_passes_sigterm_to_its_command_and_exits_with_128_plus_the_signal() {
     require_root!();

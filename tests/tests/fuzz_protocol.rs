@@ -314,6 +314,8 @@ impl Harness {
                 batch_pages: 20,
                 priority: level,
                 persistent: false,
+                write: false,
+                preallocate: false,
             };
             let stream = root.attach(&file, request).expect("attach at every level");
             root.detach(StreamTarget::Id(stream.id)).expect("detach");

@@ -206,6 +206,8 @@ fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
                 batch_pages: 1,
                 priority: 0,
                 persistent: false,
+                write: false,
+                preallocate: false,
             },
         )
         .expect("attach");

@@ -60,6 +60,8 @@ fn request(rate: u64, buffer: u64, batch_pages: u32, priority: u8) -> AttachRequ
         batch_pages,
         priority,
         persistent: true,
+        write: false,
+        preallocate: false,
     }
 }
 

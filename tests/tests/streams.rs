@@ -60,6 +60,8 @@ fn request(rate: u64, priority: u8) -> AttachRequest {
         batch_pages: 20,
         priority,
         persistent: true,
+        write: false,
+        preallocate: false,
     }
 }
 

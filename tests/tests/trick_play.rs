@@ -61,6 +61,8 @@ fn a_rate_change_moves_the_window_at_the_new_rate_and_refusals_change_nothing() 
         batch_pages: 16,
         priority: 0,
         persistent: true,
+        write: false,
+        preallocate: false,
     };
     let id = client
         .attach(File::open(&path).expect("open"), request)

@@ -348,6 +348,7 @@ mod tests {
             suggestion: None,
             start_limited: false,
             policed: 0,
+            recording: None,
         }
     }
 
@@ -370,6 +371,7 @@ mod tests {
                     capacity_source: "configured".into(),
                     realtime_share_percent: 80,
                     reserved: ByteRate(1_000_000),
+                    reserved_write: ByteRate(0),
                     free: ByteRate(15_000_000),
                     streams: 1,
                     admission: "share".into(),

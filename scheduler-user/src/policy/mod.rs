@@ -9,3 +9,4 @@ pub mod playout;
 pub mod priority;
 pub mod share;
 pub mod upgrade;
+pub mod write_behind;

@@ -135,6 +135,8 @@ fn overflow(socket: &str, file: &str) -> ExitCode {
                 batch_pages: 1,
                 priority: 0,
                 persistent: false,
+                write: false,
+                preallocate: false,
             },
         )
         .expect("attach");
@@ -165,6 +167,8 @@ fn opath(socket: &str, file: &str) -> ExitCode {
             batch_pages: 1,
             priority: 0,
             persistent: true,
+            write: false,
+            preallocate: false,
         },
     );
     println!("{answer:?}");
@@ -228,6 +232,8 @@ fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode
                 batch_pages: 1,
                 priority: 0,
                 persistent: false,
+                write: false,
+                preallocate: false,
             };
             // Another limit (streams, memory, bursts) may refuse an attach: the subscription
             // is the attack, the stream only what it would hold.

@@ -1,0 +1,137 @@
+/*
+ * record - write a file at a byterate through abiss, as a camera or broadcast recorder would.
+ *
+ *   record FILE BYTERATE BYTES [APP_BUFFER]
+ *
+ * Opens FILE with abiss_fopen(FILE, "w", BYTERATE, APP_BUFFER): a write stream, so abissd
+ * writes what is written back to the disk at the stream's priority, at most about APP_BUFFER
+ * bytes behind the writer (0 or absent for the default). Then writes BYTES in 64 KiB writes on
+ * an absolute schedule, as a capture device hands them over: write i is due at
+ * start + (i + 1) * 64 KiB / BYTERATE. Measures how long each abiss_fwrite takes and prints one
+ * line:
+ *
+ *   record: stream=3 writes=48 bytes=3145728 max_latency_us=212 late=0 elapsed_ms=3000
+ *
+ * "late" counts writes that returned after the next write was due. Exits 0 on success, 1 when
+ * abiss fails (with abiss_strerror()), 2 on bad arguments.
+ *
+ * Build: cc -std=c99 -I abiss-c/include record.c -L target/debug -labiss -Wl,-rpath,target/debug
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "abiss.h"
+
+#define WRITE_BYTES (64 * 1024)
+#define NS_PER_S 1000000000LL
+
+static long long now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * NS_PER_S + ts.tv_nsec;
+}
+
+/* When the data up to byte offset `bytes` has arrived, in ns after the start. */
+static long long due_ns(unsigned long long bytes, unsigned long long rate)
+{
+	unsigned long long whole_s = bytes / rate;
+	double rest_ns = (double)(bytes % rate) * (double)NS_PER_S / (double)rate;
+
+	return (long long)whole_s * NS_PER_S + (long long)rest_ns;
+}
+
+/* Sleeps until the monotonic clock reads `deadline` (ns); returns at once if it has passed. */
+static void sleep_until(long long deadline)
+{
+	for (;;) {
+		long long left = deadline - now_ns();
+		struct timespec ts;
+
+		if (left <= 0)
+			return;
+		ts.tv_sec = (time_t)(left / NS_PER_S);
+		ts.tv_nsec = (long)(left % NS_PER_S);
+		if (nanosleep(&ts, NULL) == 0)
+			return;
+		if (errno != EINTR)
+			return;
+	}
+}
+
+static int parse_long(const char *text, long *value)
+{
+	char *end;
+
+	errno = 0;
+	*value = strtol(text, &end, 10);
+	return errno == 0 && end != text && *end == '\0';
+}
+
+int main(int argc, char **argv)
+{
+	static unsigned char frame[WRITE_BYTES];
+	long rate, total, app_buffer = 0, max_latency_ns = 0, writes = 0, late = 0;
+	unsigned long long bytes = 0;
+	long long start, elapsed;
+	ABISS_FILE *fp;
+
+	if (argc < 4 || argc > 5 || !parse_long(argv[2], &rate) || rate <= 0 ||
+	    !parse_long(argv[3], &total) || total <= 0 ||
+	    (argc == 5 && (!parse_long(argv[4], &app_buffer) || app_buffer < 0))) {
+		fprintf(stderr, "usage: %s FILE BYTERATE BYTES [APP_BUFFER]\n"
+				"  BYTERATE, BYTES and APP_BUFFER in bytes (per second); APP_BUFFER 0 for the default\n",
+			argv[0]);
+		return 2;
+	}
+
+	fp = abiss_fopen(argv[1], "w", rate, app_buffer);
+	if (fp == NULL) {
+		int error = errno;
+
+		fprintf(stderr, "record: cannot record %s: %s (errno %d)\n", argv[1],
+			abiss_strerror(), error);
+		return 1;
+	}
+
+	memset(frame, 0x5a, sizeof(frame));
+	start = now_ns();
+	while (bytes < (unsigned long long)total) {
+		size_t size = sizeof(frame);
+		long long before, latency;
+
+		if ((unsigned long long)total - bytes < size)
+			size = (size_t)((unsigned long long)total - bytes);
+		/* The frame is complete once its last byte has arrived. */
+		sleep_until(start + due_ns(bytes + size, (unsigned long long)rate));
+		before = now_ns();
+		if (abiss_fwrite(frame, 1, size, fp) != size) {
+			fprintf(stderr, "record: write failed after %llu bytes: %s\n", bytes,
+				abiss_strerror());
+			abiss_fclose(fp);
+			return 1;
+		}
+		latency = now_ns() - before;
+		writes++;
+		bytes += size;
+		if (latency > max_latency_ns)
+			max_latency_ns = (long)latency;
+		if (now_ns() > start + due_ns(bytes + sizeof(frame), (unsigned long long)rate))
+			late++;
+	}
+	elapsed = now_ns() - start;
+
+	printf("record: stream=%ld writes=%ld bytes=%llu max_latency_us=%ld late=%ld elapsed_ms=%lld\n",
+	       abiss_stream_id(fp), writes, bytes, max_latency_ns / 1000, late, elapsed / 1000000);
+	if (abiss_fclose(fp) != 0) {
+		fprintf(stderr, "record: cannot detach %s: %s\n", argv[1], abiss_strerror());
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,124 @@
+//! A stream's file as the daemon holds it: a read stream's file mapped read-only, so the pages
+//! of its playout window can be locked (`mlock`), unlocked and counted (`mincore`); a write
+//! stream's file only held open (its window is written back, never locked).
+
+use std::io;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+
+use log::warn;
+use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
+
+/// A file a stream reads, mapped read-only so its window's pages can be locked.
+#[derive(Debug)]
+pub struct MappedFile {
+    fd: OwnedFd,
+    map: NonNull<libc::c_void>,
+    map_bytes: usize,
+}
+
+// SAFETY: the mapping is read-only and only used as an address range for mlock/munlock/mincore,
+// never dereferenced; the descriptor is an OwnedFd. Both are safe to use from any thread.
+unsafe impl Send for MappedFile {}
+// SAFETY: see Send; all operations are system calls on the immutable range.
+unsafe impl Sync for MappedFile {}
+
+impl MappedFile {
+    /// Maps `bytes` of `fd` (a readable regular file).
+    pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
+        let page = 4096;
+        let map_bytes = usize::try_from(bytes.div_ceil(page) * page).map_err(io::Error::other)?;
+        let length =
+            NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("the file is empty"))?;
+        // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
+        // the address the kernel picks.
+        let map = unsafe {
+            mmap(
+                None,
+                length,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        let mapped = Self { fd, map, map_bytes };
+        // SAFETY: advice on our own mapping: no readahead when mlock faults pages in.
+        unsafe { madvise(mapped.map, map_bytes, MmapAdvise::MADV_RANDOM) }?;
+        Ok(mapped)
+    }
+
+    /// A write stream's file: not mapped (its descriptor may be write-only, and its window is
+    /// written back, never locked), so locking, unlocking and residency see nothing.
+    #[must_use]
+    pub fn unmapped(fd: OwnedFd) -> Self {
+        Self {
+            fd,
+            map: NonNull::dangling(),
+            map_bytes: 0,
+        }
+    }
+
+    /// The descriptor.
+    #[must_use]
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    fn span(&self, range: &Range<u64>) -> Option<(NonNull<libc::c_void>, usize)> {
+        let start = usize::try_from(range.start).ok()?;
+        let end = usize::try_from(range.end).ok()?.min(self.map_bytes);
+        if start >= end {
+            return None;
+        }
+        // SAFETY: start < map_bytes, so the pointer stays inside the mapping.
+        let address = unsafe { self.map.byte_add(start) };
+        Some((address, end - start))
+    }
+
+    /// Locks the pages of `range` (they are read in first if they are not resident).
+    pub fn lock(&self, range: &Range<u64>) -> io::Result<()> {
+        match self.span(range) {
+            // SAFETY: the span lies within our mapping.
+            Some((address, length)) => unsafe { mlock(address, length) }.map_err(io::Error::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Unlocks the pages of `range`.
+    pub fn unlock(&self, range: &Range<u64>) -> io::Result<()> {
+        match self.span(range) {
+            // SAFETY: the span lies within our mapping.
+            Some((address, length)) => unsafe { munlock(address, length) }.map_err(io::Error::from),
+            None => Ok(()),
+        }
+    }
+
+    /// Bytes of `range` resident in the page cache (`mincore`).
+    pub fn resident_bytes(&self, range: &Range<u64>) -> io::Result<u64> {
+        let Some((address, length)) = self.span(range) else {
+            return Ok(0);
+        };
+        let mut pages = vec![0u8; length.div_ceil(4096)];
+        // SAFETY: the span lies within our mapping and `pages` has one byte per page.
+        let rc = unsafe { libc::mincore(address.as_ptr(), length, pages.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096)
+    }
+}
+
+impl Drop for MappedFile {
+    fn drop(&mut self) {
+        if self.map_bytes == 0 {
+            return;
+        }
+        // SAFETY: our own mapping, unmapped once; this also unlocks whatever is still locked.
+        if let Err(error) = unsafe { munmap(self.map, self.map_bytes) } {
+            warn!("cannot unmap a stream's file: {error}");
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The write-behind window of one write stream (a recording): which of the application's
+//! written bytes to write back when, and how far to allocate ahead of it.
+//!
+//! The mirror of the playout buffer. The application writes the file at its rate R into the
+//! page cache; everything it wrote beyond the *written-back end* is dirty and is the window.
+//! Writing back costs credit from the stream's [`CreditTimer`] (rate R, the same limit as for
+//! reading), and it is gathered into requests of a third of the buffer (at least a batch), as a
+//! read stream's loads are, so a recording costs few seeks. One write-back is in flight at a
+//! time; once it is on the disk, its pages are released (dropped from the page cache). So a
+//! writer that keeps to its rate has at most a third of the buffer plus what it writes during
+//! one write-back dirty, and never more than its buffer unless it writes faster than it
+//! reserved; then it is ahead of its reservation and the kernel's flushers take the rest.
+//!
+//! A writer that stops with less than a request dirty has it written back once it has been
+//! idle for [`IDLE_FLUSH_NS`].
+//!
+//! Allocation, if the stream asked for it: the file is allocated ahead of the written end by a
+//! few seconds of the rate ([`PREALLOCATE_SECONDS`], at most [`MAX_PREALLOCATE_AHEAD`]), in
+//! steps of at least half of that, so the file system lays the recording out in large extents.
+//! It is asked for, not the default: on ext4 it costs the writer (the allocation holds the
+//! inode's lock while it waits for the journal, and every write into allocated blocks then
+//! updates the on-disk size through the journal), while ext4's delayed allocation of the
+//! window's large sequential write-backs already keeps the recording in few extents.
+
+use std::ops::Range;
+
+use abiss_proto::PAGE_BYTES as PAGE;
+
+use super::credit::CreditTimer;
+use super::playout::min_load_bytes;
+
+/// A writer that has not written for this long has its last partial request written back.
+pub const IDLE_FLUSH_NS: u64 = 1_000_000_000;
+/// Seconds of the rate allocated ahead of the writer.
+pub const PREALLOCATE_SECONDS: u64 = 4;
+/// Most a stream allocates ahead of its writer (it counts against nothing else: bounded here).
+pub const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
+/// Allocation is in whole mebibytes.
+const ALLOCATION_UNIT: u64 = 1 << 20;
+
+fn page_floor(offset: u64) -> u64 {
+    offset / PAGE * PAGE
+}
+
+/// Shape of a write stream's window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteBehindShape {
+    /// The write-behind buffer B in bytes.
+    pub buffer_bytes: u64,
+    /// Batch in bytes.
+    pub batch_bytes: u64,
+    /// Granted rate.
+    pub rate_bps: u64,
+    /// Credit limit in bytes.
+    pub credit_limit_bytes: u64,
+    /// Whether to allocate ahead of the writer.
+    pub preallocate: bool,
+}
+
+impl WriteBehindShape {
+    /// Bytes of one write-back request (a third of the buffer, at least a batch): the unit the
+    /// window is written back in, as a read stream's loads.
+    #[must_use]
+    pub fn request_bytes(&self) -> u64 {
+        min_load_bytes(self.buffer_bytes, self.batch_bytes)
+    }
+
+    /// How far ahead of the written end the file is allocated.
+    #[must_use]
+    pub fn preallocate_ahead(&self) -> u64 {
+        let ahead = self
+            .rate_bps
+            .saturating_mul(PREALLOCATE_SECONDS)
+            .clamp(self.request_bytes(), MAX_PREALLOCATE_AHEAD);
+        ahead.div_ceil(ALLOCATION_UNIT) * ALLOCATION_UNIT
+    }
+}
+
+/// What the daemon has to do for a write stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteAction {
+    /// Write these bytes back at the stream's priority, wait for them, then drop them from
+    /// the page cache.
+    WriteBack(Range<u64>),
+    /// Allocate these bytes of the file without changing its size.
+    Preallocate(Range<u64>),
+}
+
+/// A write stream's window state.
+#[derive(Clone, Debug)]
+pub struct WriteBehind {
+    shape: WriteBehindShape,
+    credit: CreditTimer,
+    /// How far the application has written.
+    written_end: u64,
+    /// When `written_end` last grew.
+    grew_at_ns: u64,
+    /// Written back and released up to here (page aligned).
+    written_back_end: u64,
+    /// The write-back on the disk now.
+    in_flight: Option<Range<u64>>,
+    /// Allocated up to here.
+    allocated_end: u64,
+    /// Whether allocating ahead failed (no room, or a file system without it): not tried again.
+    allocation_off: bool,
+    written_back_bytes: u64,
+    preallocated_bytes: u64,
+}
+
+impl WriteBehind {
+    /// A window over a file of `file_bytes` (written back from its last whole page on: what is
+    /// there already is the kernel's), with `start_credit_bytes` of credit.
+    #[must_use]
+    pub fn new(
+        shape: WriteBehindShape,
+        file_bytes: u64,
+        start_credit_bytes: u64,
+        now_ns: u64,
+    ) -> Self {
+        Self {
+            shape,
+            credit: CreditTimer::starting_with(
+                shape.rate_bps,
+                shape.credit_limit_bytes,
+                start_credit_bytes,
+                now_ns,
+            ),
+            written_end: file_bytes,
+            grew_at_ns: now_ns,
+            written_back_end: page_floor(file_bytes),
+            in_flight: None,
+            allocated_end: file_bytes,
+            allocation_off: !shape.preallocate,
+            written_back_bytes: 0,
+            preallocated_bytes: 0,
+        }
+    }
+
+    /// The application has written up to `file_bytes` (the file's size now).
+    pub fn on_size(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WriteAction> {
+        if file_bytes > self.written_end {
+            self.written_end = file_bytes;
+            self.grew_at_ns = now_ns;
+        } else if file_bytes < self.written_end {
+            // Truncated: what was beyond is gone; write back from the new end.
+            self.written_end = file_bytes;
+            self.grew_at_ns = now_ns;
+            self.written_back_end = self.written_back_end.min(page_floor(file_bytes));
+            self.allocated_end = self.allocated_end.min(file_bytes);
+        }
+        self.on_tick(now_ns)
+    }
+
+    /// Time passed: credit accrued.
+    pub fn on_tick(&mut self, now_ns: u64) -> Vec<WriteAction> {
+        self.credit.accrue(now_ns);
+        let mut actions = Vec::new();
+        if let Some(range) = self.next_write_back(now_ns) {
+            self.in_flight = Some(range.clone());
+            actions.push(WriteAction::WriteBack(range));
+        }
+        if let Some(range) = self.next_allocation() {
+            self.allocated_end = range.end;
+            self.preallocated_bytes += range.end - range.start;
+            actions.push(WriteAction::Preallocate(range));
+        }
+        actions
+    }
+
+    /// Whole pages written and not yet written back (or on their way).
+    fn pending(&self) -> Range<u64> {
+        let start = self
+            .in_flight
+            .as_ref()
+            .map_or(self.written_back_end, |r| r.end);
+        start..page_floor(self.written_end).max(start)
+    }
+
+    fn next_write_back(&mut self, now_ns: u64) -> Option<Range<u64>> {
+        if self.in_flight.is_some() {
+            return None;
+        }
+        let pending = self.pending();
+        let length = pending.end - pending.start;
+        let request = self.shape.request_bytes();
+        let idle = now_ns.saturating_sub(self.grew_at_ns) >= IDLE_FLUSH_NS;
+        if length == 0 || (length < request && !idle) {
+            return None;
+        }
+        // At most a buffer per request, and only what the credit covers, in whole pages (a
+        // full request whenever the credit has one: a third of a buffer per seek).
+        let affordable = page_floor(self.credit.credit_bytes());
+        let mut bytes = length.min(self.shape.buffer_bytes.max(request));
+        if bytes > affordable {
+            bytes = affordable;
+            if bytes < request.min(length) {
+                return None;
+            }
+        }
+        if !self.credit.try_spend(bytes) {
+            return None;
+        }
+        Some(pending.start..pending.start + bytes)
+    }
+
+    fn next_allocation(&self) -> Option<Range<u64>> {
+        if self.allocation_off {
+            return None;
+        }
+        let ahead = self.shape.preallocate_ahead();
+        let target = self.written_end.saturating_add(ahead);
+        // Allocate again once half of what is ahead has been written into.
+        if self.allocated_end.saturating_add(ahead / 2) > target {
+            return None;
+        }
+        let start = self.allocated_end.max(self.written_end);
+        let end = target.div_ceil(ALLOCATION_UNIT) * ALLOCATION_UNIT;
+        (end > start).then_some(start..end)
+    }
+
+    /// A write-back is on the disk: its pages can go.
+    pub fn on_written_back(&mut self, range: &Range<u64>, now_ns: u64) -> Vec<WriteAction> {
+        if self.in_flight.as_ref() == Some(range) {
+            self.in_flight = None;
+            if range.start <= self.written_back_end {
+                self.written_back_end = self.written_back_end.max(range.end);
+            }
+            self.written_back_bytes += range.end - range.start;
+        }
+        self.on_tick(now_ns)
+    }
+
+    /// A write-back failed: it is tried again (its credit is spent; a disk that keeps failing
+    /// must not be asked faster than the rate).
+    pub fn on_failed(&mut self, range: &Range<u64>) {
+        if self.in_flight.as_ref() == Some(range) {
+            self.in_flight = None;
+        }
+    }
+
+    /// Allocating ahead failed: it is not tried again for this stream.
+    pub fn allocation_failed(&mut self) {
+        self.allocation_off = true;
+    }
+
+    /// Nanoseconds until the window may write something back, if anything is waiting.
+    #[must_use]
+    pub fn ns_until_next_write_back(&self, now_ns: u64) -> Option<u64> {
+        if self.in_flight.is_some() {
+            return None;
+        }
+        let pending = self.pending();
+        let length = pending.end - pending.start;
+        if length == 0 {
+            return None;
+        }
+        let request = self.shape.request_bytes();
+        let credit = self.credit.ns_until(length.min(request));
+        if length >= request {
+            return Some(credit);
+        }
+        let idle_at = self.grew_at_ns.saturating_add(IDLE_FLUSH_NS);
+        Some(credit.max(idle_at.saturating_sub(now_ns)))
+    }
+
+    /// How far the application has written.
+    #[must_use]
+    pub fn written_end(&self) -> u64 {
+        self.written_end
+    }
+
+    /// Written back and released up to here.
+    #[must_use]
+    pub fn written_back_end(&self) -> u64 {
+        self.written_back_end
+    }
+
+    /// Bytes written back so far.
+    #[must_use]
+    pub fn written_back_bytes(&self) -> u64 {
+        self.written_back_bytes
+    }
+
+    /// What the application wrote beyond the written-back end: the stream's dirty bytes, as
+    /// far as the stream knows (the kernel may have written some of them back itself).
+    #[must_use]
+    pub fn behind_bytes(&self) -> u64 {
+        self.written_end.saturating_sub(self.written_back_end)
+    }
+
+    /// Room in the window before the application is a buffer ahead of the written-back end.
+    #[must_use]
+    pub fn headroom_bytes(&self) -> i64 {
+        let buffer = i128::from(self.shape.buffer_bytes);
+        let behind = i128::from(self.behind_bytes());
+        i64::try_from(buffer - behind).unwrap_or(i64::MIN)
+    }
+
+    /// Allocated up to here.
+    #[must_use]
+    pub fn allocated_end(&self) -> u64 {
+        self.allocated_end
+    }
+
+    /// Bytes allocated ahead so far.
+    #[must_use]
+    pub fn preallocated_bytes(&self) -> u64 {
+        self.preallocated_bytes
+    }
+
+    /// Credit now, in bytes.
+    #[must_use]
+    pub fn credit_bytes(&self) -> u64 {
+        self.credit.credit_bytes()
+    }
+
+    /// The granted rate changes from `now_ns` on.
+    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
+        self.shape.rate_bps = rate_bps;
+        self.credit.set_rate(rate_bps, now_ns);
+    }
+}
+
+#[cfg(test)]
+#[path = "write_behind_tests.rs"]
+mod tests;
