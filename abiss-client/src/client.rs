@@ -276,6 +276,15 @@ impl Client {
         }
     }
 
+    /// Thread `tid` (of this user) is about to read stream `stream`: the daemon raises it to
+    /// the stream's level now, so its first reads are not queued below it. Whether it did.
+    pub fn reader_starts(&mut self, stream: u64, tid: u32) -> Result<bool, ClientError> {
+        match self.call(Request::ReaderStarts { stream, tid })? {
+            Response::ReaderRaised { raised } => Ok(raised),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
     /// Tells the daemon the application's playout point (no answer is awaited).
     pub fn position(&mut self, stream: u64, offset: u64) -> Result<(), ClientError> {
         self.send(Request::Position {

@@ -90,6 +90,10 @@ impl AbissFile {
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
+        // The opening thread is the reader as a rule: raised now, its first read past the
+        // window is not queued below the stream. An older daemon, or upgrades switched off,
+        // leave it as it is; the stream works either way.
+        let _ = client.reader_starts(stream.id, nix::unistd::gettid().as_raw().unsigned_abs());
         // The daemon moves the window in whole batches, so a message per batch consumed is as
         // fine as its window can follow. Coarser messages (a quarter buffer) let the window's
         // next load start late: where the kernel's read tracking is off (kernels before 6.12)

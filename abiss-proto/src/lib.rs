@@ -114,6 +114,18 @@ pub enum Request {
         /// The new rate.
         rate: ByteRate,
     },
+    /// Thread `tid` of the caller's (its user's) is about to read stream `stream`: raise it
+    /// to the stream's level now, as a miss would, so its first reads are not queued below the
+    /// stream (`abissctl run` for the player it starts; the client library for its reading
+    /// thread). Only the stream's owner or root may ask, and only for a thread of the same
+    /// user; the raise is policed and put back like any other. Answered with
+    /// [`Response::ReaderRaised`].
+    ReaderStarts {
+        /// The stream.
+        stream: u64,
+        /// The thread (a process id names its main thread).
+        tid: u32,
+    },
     /// The application's playout point moved to `offset` (ABISS's "position" message). A
     /// notification: the daemon does not answer it, so readers never wait for the daemon.
     Position {
@@ -525,6 +537,12 @@ pub enum Response {
     Detached {
         /// The stream that ended.
         stream: u64,
+    },
+    /// Answer to [`Request::ReaderStarts`].
+    ReaderRaised {
+        /// Whether the thread is at the stream's level now (false: it was already, or reader
+        /// upgrades are off, or it cannot be raised; the stream works either way).
+        raised: bool,
     },
     /// Answer to [`Request::SetRate`]: the stream as it is now.
     RateChanged(StreamInfo),

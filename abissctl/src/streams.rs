@@ -1,15 +1,17 @@
 //! `abissctl attach | detach | run | list | status`: streams with a guaranteed byterate.
 
+use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, ExitStatus};
+use std::process::ExitStatus;
 
 use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamInfo, StreamTarget};
-use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
 
@@ -164,7 +166,12 @@ pub fn run(
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
     parameters.wait_loaded(client, info.id)?;
-    let status = supervise(program, args)?;
+    // The command is raised to the stream's level before it runs, so its first reads past the
+    // window (a player's probe) are not queued below the stream; its own threads are raised
+    // as they miss.
+    let status = supervise(program, args, |pid| {
+        let _ = client.reader_starts(info.id, pid);
+    })?;
     let _ = client.detach(StreamTarget::Id(info.id));
     Ok(status
         .code()
@@ -188,11 +195,15 @@ const FORWARDED: [Signal; 6] = [
 ///
 /// The signals (and `SIGCHLD`) are blocked before the command starts and read from a
 /// signalfd, so none is lost or handled twice between the start and the first read, and no
-/// handler runs at an awkward moment; the command itself starts with no signal blocked (the
-/// mask is cleared between fork and exec). Signals the kernel sent (Ctrl-C, `^\`, a
+/// handler runs at an awkward moment; the command itself starts with no signal blocked (see
+/// [`start_gated`]). Signals the kernel sent (Ctrl-C, `^\`, a
 /// hangup) went to the whole foreground process group, the command included, so they are not
 /// sent a second time.
-fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
+fn supervise(
+    program: &str,
+    args: &[String],
+    before_exec: impl FnOnce(u32),
+) -> Result<ExitStatus, CliError> {
     let failed = |what: &str, error: &dyn std::fmt::Display| {
         CliError::Command(format!("cannot run {program}: {what}: {error}"))
     };
@@ -206,25 +217,17 @@ fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
         .map_err(|e| failed("blocking signals", &e))?;
     let signalfd = SignalFd::with_flags(&signals, SfdFlags::SFD_CLOEXEC)
         .map_err(|e| failed("signalfd", &e))?;
-    let mut command = Command::new(program);
-    command.args(args);
-    // The standard library does not clear the mask in the child here (checked: the command
-    // started with these signals blocked, so a player never saw the SIGTERM passed on).
-    // SAFETY: between fork and exec only sigprocmask runs, which is async-signal-safe.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
-                .map_err(std::io::Error::from)
-        });
-    }
-    let mut child = command
-        .spawn()
-        .map_err(|error| CliError::Command(format!("cannot run {program}: {error}")))?;
-    let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let pid = start_gated(program, args, before_exec)?;
     loop {
         // Checked before each wait: a SIGCHLD that came before this look is still pending.
-        if let Some(status) = child.try_wait().map_err(|e| failed("waiting", &e))? {
-            return Ok(status);
+        let mut raw_status = 0;
+        // SAFETY: waitpid on our own child, with a status integer that lives through the call.
+        let reaped = unsafe { libc::waitpid(pid.as_raw(), &raw mut raw_status, libc::WNOHANG) };
+        if reaped < 0 {
+            return Err(failed("waiting", &std::io::Error::last_os_error()));
+        }
+        if reaped == pid.as_raw() {
+            return Ok(ExitStatus::from_raw(raw_status));
         }
         let Some(info) = signalfd
             .read_signal()
@@ -242,6 +245,71 @@ fn supervise(program: &str, args: &[String]) -> Result<ExitStatus, CliError> {
                 // The command may just have ended: ESRCH then, and the next look reaps it.
                 let _ = kill(pid, signal);
             }
+        }
+    }
+}
+
+/// Starts `program` with `args` (found on `PATH`, as a shell would), with no signal blocked,
+/// and calls `before_exec` with its process id while it waits between fork and exec; returns
+/// the process id once it runs `program`.
+///
+/// By hand rather than with `std::process::Command`, whose `spawn` returns only after the
+/// exec, so nothing can be done to the child's process before its program runs (abissd
+/// raising it); and it left the signals abissctl blocks blocked in the child.
+fn start_gated(
+    program: &str,
+    args: &[String],
+    before_exec: impl FnOnce(u32),
+) -> Result<Pid, CliError> {
+    let failed = |what: &str, error: &dyn std::fmt::Display| {
+        CliError::Command(format!("cannot run {program}: {what}: {error}"))
+    };
+    let words: Vec<CString> = std::iter::once(program)
+        .chain(args.iter().map(String::as_str))
+        .map(CString::new)
+        .collect::<Result<_, _>>()
+        .map_err(|e| failed("a word holds a NUL byte", &e))?;
+    let mut pointers: Vec<*const libc::c_char> = words.iter().map(|w| w.as_ptr()).collect();
+    pointers.push(std::ptr::null());
+    // The gate holds the child before exec; the report pipe brings back an exec's errno.
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
+    let (gate_read, gate_write) = nix::unistd::pipe2(cloexec).map_err(|e| failed("pipe", &e))?;
+    let (report_read, report_write) =
+        nix::unistd::pipe2(cloexec).map_err(|e| failed("pipe", &e))?;
+    let fds = [
+        gate_read.as_raw_fd(),
+        gate_write.as_raw_fd(),
+        report_write.as_raw_fd(),
+    ];
+    // SAFETY: abissctl has one thread, so the child may run anything; it runs only
+    // async-signal-safe calls all the same, on memory prepared before the fork.
+    match unsafe { nix::unistd::fork() }.map_err(|e| failed("fork", &e))? {
+        nix::unistd::ForkResult::Child => unsafe {
+            let mut empty = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&raw mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
+            libc::close(fds[1]);
+            let mut byte = 0u8;
+            // Any outcome (a byte, end of file, an error) opens the gate.
+            let _ = libc::read(fds[0], (&raw mut byte).cast(), 1);
+            libc::execvp(pointers[0], pointers.as_ptr());
+            let errno = *libc::__errno_location();
+            let _ = libc::write(fds[2], (&raw const errno).cast(), 4);
+            libc::_exit(127)
+        },
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(gate_read);
+            drop(report_write);
+            before_exec(child.as_raw().unsigned_abs());
+            drop(gate_write);
+            let mut errno = [0u8; 4];
+            let mut report = File::from(report_read);
+            if std::io::Read::read(&mut report, &mut errno).unwrap_or(0) == 4 {
+                let _ = nix::sys::wait::waitpid(child, None);
+                let error = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+                return Err(CliError::Command(format!("cannot run {program}: {error}")));
+            }
+            Ok(child)
         }
     }
 }

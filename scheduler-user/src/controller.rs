@@ -267,6 +267,29 @@ impl Controller {
         Ok(stream.info())
     }
 
+    /// `peer_uid`'s thread `tid` is about to read stream `stream`: raised now, as a miss would
+    /// raise it (the same checks: the thread must be the peer's user's).
+    pub fn reader_starts(
+        &mut self,
+        peer_uid: u32,
+        stream: u64,
+        tid: u32,
+        now_ns: u64,
+    ) -> Result<bool, Refusal> {
+        let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
+        let Some(stream) = self.streams.get(id) else {
+            return Err(Refusal::NotAttached {
+                what: format!("stream {id}"),
+            });
+        };
+        let when = (now_ns, stream.granted.priority);
+        let owner = stream.owner_uid;
+        let hook = &mut self.tracer;
+        Ok(self
+            .upgrades
+            .on_reader_start(id, (tid, peer_uid), when, owner, hook))
+    }
+
     /// The id of the stream `target` names, if `peer_uid` owns it (root owns all).
     fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
         let found = match target {

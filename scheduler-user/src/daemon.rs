@@ -518,6 +518,14 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
         Command::Detach { uid, target, reply } => {
             let _ = reply.send(controller.detach(uid, &target));
         }
+        Command::ReaderStarts {
+            uid,
+            stream,
+            tid,
+            reply,
+        } => {
+            let _ = reply.send(controller.reader_starts(uid, stream, tid, monotonic_ns()));
+        }
         Command::SetRate {
             uid,
             target,

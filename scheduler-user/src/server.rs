@@ -80,6 +80,17 @@ pub enum Command {
         /// The answer: the stream as it is now.
         reply: Reply<Result<StreamInfo, Refusal>>,
     },
+    /// A thread of the peer's is about to read a stream.
+    ReaderStarts {
+        /// The peer.
+        uid: u32,
+        /// The stream.
+        stream: u64,
+        /// The thread.
+        tid: u32,
+        /// The answer: whether it was raised now.
+        reply: Reply<Result<bool, Refusal>>,
+    },
     /// The application's playout point (a notification: no answer).
     Position {
         /// The peer.
@@ -370,29 +381,9 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
             None => shutting_down(),
         },
         Request::Stats { window_ms } => stats_response(context, window_ms).await,
-        Request::Detach { target } => match ask(context, |reply| Command::Detach {
-            uid: peer_uid,
-            target,
-            reply,
-        })
-        .await
-        {
-            Some(Ok(stream)) => Response::Detached { stream },
-            Some(Err(refused)) => Response::from(refused),
-            None => shutting_down(),
-        },
-        Request::SetRate { target, rate } => match ask(context, |reply| Command::SetRate {
-            uid: peer_uid,
-            target,
-            rate,
-            reply,
-        })
-        .await
-        {
-            Some(Ok(stream)) => Response::RateChanged(stream),
-            Some(Err(refused)) => Response::from(refused),
-            None => shutting_down(),
-        },
+        Request::Detach { .. } | Request::SetRate { .. } | Request::ReaderStarts { .. } => {
+            stream_request(request, context, peer_uid).await
+        }
         Request::List => match ask(context, |reply| Command::List {
             uid: peer_uid,
             reply,
@@ -425,6 +416,48 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
         Request::Events | Request::Position { .. } | Request::Attach(_) => {
             error_response(ErrorKind::Internal, "request routed to the wrong handler")
         }
+    }
+}
+
+/// The requests that change one of the peer's streams.
+async fn stream_request(request: Request, context: &Context, peer_uid: u32) -> Response {
+    match request {
+        Request::Detach { target } => match ask(context, |reply| Command::Detach {
+            uid: peer_uid,
+            target,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(stream)) => Response::Detached { stream },
+            Some(Err(refused)) => Response::from(refused),
+            None => shutting_down(),
+        },
+        Request::SetRate { target, rate } => match ask(context, |reply| Command::SetRate {
+            uid: peer_uid,
+            target,
+            rate,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(stream)) => Response::RateChanged(stream),
+            Some(Err(refused)) => Response::from(refused),
+            None => shutting_down(),
+        },
+        Request::ReaderStarts { stream, tid } => match ask(context, |reply| Command::ReaderStarts {
+            uid: peer_uid,
+            stream,
+            tid,
+            reply,
+        })
+        .await
+        {
+            Some(Ok(raised)) => Response::ReaderRaised { raised },
+            Some(Err(refused)) => Response::from(refused),
+            None => shutting_down(),
+        },
+        _ => error_response(ErrorKind::Internal, "request routed to the wrong handler"),
     }
 }
 

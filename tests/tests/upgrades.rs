@@ -11,7 +11,9 @@ use abiss_client::Client;
 use abiss_os::clock::monotonic_ns;
 use abiss_os::ioprio;
 use abiss_proto::{IoClass, RequestRecord};
-use abiss_tests::{binary, require_root, wait_until, write_cold_file, CopyLoop, Daemon, HddLab};
+use abiss_tests::{
+    as_nobody, binary, chmod, require_root, wait_until, write_cold_file, CopyLoop, Daemon, HddLab,
+};
 
 const MB: u64 = 1_000_000;
 const BUFFER: u64 = 564 * 1024;
@@ -332,6 +334,57 @@ fn an_io_uring_reader_is_attributed_to_the_stream() {
     assert!(
         !groups.is_empty() && groups.iter().all(|g| g["stream"] == id),
         "trace --by stream shows the stream's requests only: {report}"
+    );
+}
+
+/// `abissctl run` raises its command to the stream's level before the command runs, so a
+/// player's first reads past the window (its probe) are not queued below the stream; it is
+/// put back when the command ends. Asking for another user's thread raises nothing.
+#[test]
+fn a_command_under_abissctl_run_starts_at_the_streams_level() {
+    require_root!();
+    let bench = bench("run");
+    let stream = bench.file("stream.bin");
+    let output = bench.daemon.ctl([
+        "run",
+        "--rate",
+        "1MB/s",
+        stream.to_str().unwrap(),
+        "--",
+        "ionice",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        said.trim(),
+        "realtime: prio 0",
+        "the command's own I/O priority"
+    );
+    // The raise ended with the command (gone threads are dropped at the next look).
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let mut client = Client::connect(bench.daemon.socket()).expect("connect");
+            client.status_and_upgrades().expect("status").1.active == 0
+        }),
+        "no thread stays raised after the command"
+    );
+
+    // A user's stream lends no priority to another user's thread: nobody names this test's
+    // own thread (root's).
+    chmod(&stream, 0o644);
+    let me = nix::unistd::gettid().as_raw().to_string();
+    let output = as_nobody(&binary("abiss-hostile-client"))
+        .arg(bench.daemon.socket())
+        .args(["raise", stream.to_str().unwrap(), &me])
+        .output()
+        .expect("hostile client");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(said.trim(), "raised false", "{output:?}");
+    let class = ioprio::get(ioprio::CALLING_THREAD).expect("ioprio_get") >> 13;
+    assert_ne!(
+        class,
+        u16::from(ioprio::CLASS_RT),
+        "this thread was not raised by nobody's request"
     );
 }
 

@@ -11,6 +11,8 @@
 //!   prints the answer.
 //! - `abiss-hostile-client SOCKET opath FILE 0`: attaches FILE through an `O_PATH` descriptor,
 //!   which needs no right to read it; prints the answer.
+//! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
+//!   TID (someone else's) is about to read it; prints `raised true|false`, or the refusal.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
 //!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
 //!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         "overflow" => overflow(socket, first),
+        "raise" => raise_other(socket, first, second),
         "outlive" => outlive(socket),
         "plans" => {
             let Ok(connections) = second.parse::<u32>() else {
@@ -144,6 +147,34 @@ fn overflow(socket: &str, file: &str) -> ExitCode {
     client.position(stream.id, u64::MAX - 1).expect("position");
     let listed = client.list().expect("list");
     println!("{}", listed.len());
+    ExitCode::SUCCESS
+}
+
+/// Asks for another user's thread to be raised through one's own stream.
+fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
+    let Ok(tid) = tid.parse::<u32>() else {
+        eprintln!("TID is a number");
+        return ExitCode::from(2);
+    };
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    let stream = client
+        .attach(
+            std::fs::File::open(file).expect("open"),
+            AttachRequest {
+                rate: ByteRate(1000),
+                buffer: ByteSize(64 << 10),
+                batch_pages: 1,
+                priority: 0,
+                persistent: false,
+                write: false,
+                preallocate: false,
+            },
+        )
+        .expect("attach");
+    match client.reader_starts(stream.id, tid) {
+        Ok(raised) => println!("raised {raised}"),
+        Err(error) => println!("refused: {error}"),
+    }
     ExitCode::SUCCESS
 }
 

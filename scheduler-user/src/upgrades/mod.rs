@@ -15,9 +15,14 @@ use log::{debug, info, warn};
 
 use crate::kernel_events::{Fork, Reader};
 use crate::policy::upgrade::{
-    may_raise, raised_priority, stream_allowance_kib, TaskId, Upgrade, UpgradeTable,
+    may_raise, raised_priority, stream_allowance_kib, Upgrade, UpgradeTable,
 };
 use crate::raised_forks::{ForkHook, RaisedForks};
+
+mod task;
+
+pub use task::restore_leftovers;
+use task::{restore, task_identity, Restored};
 
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
@@ -37,139 +42,6 @@ const POLICE_INTERVAL_NS: u64 = 250_000_000;
 /// Threads of one stream barred from being raised again, at most: beyond it the stream's
 /// readers are not raised at all.
 const MAX_BARRED_PER_STREAM: usize = 1024;
-
-/// Who a thread is, from `/proc`.
-struct Identity {
-    task: TaskId,
-    tgid: u32,
-    uid: u32,
-}
-
-/// Thread `pid`'s identity; `Ok(None)` when there is no such thread (any more), an error when
-/// `/proc` could not tell (out of descriptors, say), which is not the same.
-fn task_identity(pid: u32) -> io::Result<Option<Identity>> {
-    let pid_i32 = i32::try_from(pid).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    let gone = |error: &procfs::ProcError| matches!(error, procfs::ProcError::NotFound(_));
-    let process = match procfs::process::Process::new(pid_i32) {
-        Ok(process) => process,
-        Err(error) if gone(&error) => return Ok(None),
-        Err(error) => return Err(io::Error::other(error)),
-    };
-    let (stat, status) = match (process.stat(), process.status()) {
-        (Ok(stat), Ok(status)) => (stat, status),
-        (Err(error), _) | (_, Err(error)) if gone(&error) => return Ok(None),
-        (Err(error), _) | (_, Err(error)) => return Err(io::Error::other(error)),
-    };
-    Ok(Some(Identity {
-        task: TaskId {
-            pid,
-            start_time: stat.starttime,
-        },
-        tgid: status.tgid.unsigned_abs(),
-        uid: status.ruid,
-    }))
-}
-
-/// What became of a raised thread at restore.
-enum Restored {
-    /// Its priority is back.
-    Yes,
-    /// It is gone, the id names another thread now, or its priority was changed since by
-    /// someone else: nothing to put back.
-    NotNeeded,
-    /// It could not be looked at: it may still be raised, so its record must stay.
-    Unknown,
-}
-
-/// Puts back the priority of an upgraded thread if it is still the same thread and nobody
-/// changed its priority since.
-fn restore(upgrade: &Upgrade) -> Restored {
-    let identity = match task_identity(upgrade.task.pid) {
-        Ok(Some(identity)) => identity,
-        Ok(None) => return Restored::NotNeeded,
-        Err(error) => {
-            warn!("cannot look at thread {}: {error}", upgrade.task.pid);
-            return Restored::Unknown;
-        }
-    };
-    if identity.task != upgrade.task {
-        return Restored::NotNeeded; // the pid belongs to another thread now
-    }
-    if !lowers(upgrade.previous, upgrade.applied) {
-        // No raise abissd made is undone by raising: this record was not written by abissd.
-        warn!(
-            "not restoring thread {} to ioprio {:#x}: that is above the {:#x} it was raised to",
-            upgrade.task.pid, upgrade.previous, upgrade.applied
-        );
-        return Restored::NotNeeded;
-    }
-    match ioprio::get(upgrade.task.pid) {
-        Ok(current) if current == upgrade.applied => {
-            match ioprio::set(upgrade.task.pid, upgrade.previous) {
-                Ok(()) => Restored::Yes,
-                Err(error) => {
-                    warn!("cannot restore thread {}: {error}", upgrade.task.pid);
-                    Restored::Unknown
-                }
-            }
-        }
-        // Changed by the application (or someone else) since: theirs to keep.
-        _ => Restored::NotNeeded,
-    }
-}
-
-/// Whether putting a thread back from `applied` to `previous` lowers it: a raise always went
-/// to a strictly higher ABISS level, so its undoing never raises.
-fn lowers(previous: u16, applied: u16) -> bool {
-    let level = |prio: u16| {
-        let (class, level) = scheduler_common::ioprio::split(prio);
-        scheduler_common::abiss_level::from_kernel(class, level)
-    };
-    level(previous) > level(applied)
-}
-
-/// Restores the threads a previous daemon raised and did not restore (it crashed), and
-/// removes the record; says in the log what it did.
-pub fn restore_leftovers(state_dir: &Path) {
-    let path = state_dir.join(UPGRADES_FILE);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
-    };
-    let upgrades: Vec<Upgrade> = match serde_json::from_str(&text) {
-        Ok(upgrades) => upgrades,
-        Err(error) => {
-            warn!("{} is corrupt ({error}); setting it aside", path.display());
-            let _ = std::fs::rename(&path, path.with_extension("json.corrupt"));
-            return;
-        }
-    };
-    let mut restored = 0;
-    let mut unknown = Vec::new();
-    for upgrade in &upgrades {
-        match restore(upgrade) {
-            Restored::Yes => restored += 1,
-            Restored::NotNeeded => {}
-            Restored::Unknown => unknown.push(upgrade.clone()),
-        }
-    }
-    // What could not be looked at stays recorded for the next start.
-    let kept = if unknown.is_empty() {
-        std::fs::remove_file(&path)
-    } else {
-        serde_json::to_vec(&unknown)
-            .map_err(io::Error::other)
-            .and_then(|bytes| abiss_os::fs::write_atomically(&path, &bytes))
-    };
-    if let Err(error) = kept {
-        warn!("cannot update {}: {error}", path.display());
-    }
-    if !upgrades.is_empty() {
-        info!(
-            "restored {restored} of {} reader priorities raised by an earlier daemon",
-            upgrades.len()
-        );
-    }
-}
 
 /// The daemon's upgrades of readers.
 #[derive(Debug)]
@@ -222,9 +94,51 @@ impl ReaderUpgrades {
         &mut self,
         stream: u64,
         reader: &Reader,
+        when: (u64, u8),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+    ) -> bool {
+        self.raise(stream, reader, when, owner_uid, hook, true)
+    }
+
+    /// The stream's owner says thread `reader` is about to read the stream (a player that
+    /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
+    /// so that its first reads are not queued below the stream. The same checks, record,
+    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency.
+    pub fn on_reader_start(
+        &mut self,
+        stream: u64,
+        (tid, uid): (u32, u32),
+        when: (u64, u8),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+    ) -> bool {
+        // The thread must be the asking user's; its process comes from /proc.
+        let Ok(Some(identity)) = task_identity(tid) else {
+            return false;
+        };
+        if identity.uid != uid {
+            debug!("stream {stream}: thread {tid} is not uid {uid}'s; not raised");
+            return false;
+        }
+        let reader = Reader {
+            tgid: identity.tgid,
+            pid: tid,
+            uid,
+            command: String::new(),
+        };
+        self.raise(stream, &reader, when, owner_uid, hook, false)
+    }
+
+    /// [`Self::on_miss`], with the event's latency `measured` or not.
+    fn raise(
+        &mut self,
+        stream: u64,
+        reader: &Reader,
         (at_ns, level): (u64, u8),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
+        measured: bool,
     ) -> bool {
         if !self.enabled {
             return false;
@@ -260,7 +174,9 @@ impl ReaderUpgrades {
             return false;
         }
         let done = monotonic_ns();
-        let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
+        if measured {
+            let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
+        }
         // The raise came first, for the reader waiting right now; now make sure the thread id
         // still names the thread of the event, and not another that took the id since.
         let identity = match task_identity(pid) {
