@@ -15,9 +15,10 @@ use abiss_tests::{binary, require_root};
 const GOAL_S: f64 = 0.1;
 
 #[test]
-#[ignore = "fails today: 0.80 s (2026-12-01, HEAD dd6af8c), all of it start-up: ffmpeg's first read \
-            past the 564 KiB window queues at BE/4 and waits 0.53 s behind the load before the \
-            miss raises the reader; 0 freezes after start-up (issue 12, the lead's)"]
+#[ignore = "fails today: 0.20 s (2026-12-01, 03c6f53), all of it start-up (0.32 s against 0.12 s \
+            without load), 0 freezes, 0 inversions: abissctl run now starts ffmpeg at the stream's \
+            level (0.80 s before, when its first read past the window queued 0.53 s at BE/4); what \
+            is left is reading ffmpeg's 5 MB probe from the loaded disk at RT (issue 12)"]
 fn ffmpeg_under_abissctl_run_stalls_at_most_a_tenth_of_a_second_under_a_seeky_load() {
     require_root!();
     let abissd = binary("abissd");
