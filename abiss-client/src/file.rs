@@ -30,6 +30,20 @@ pub struct StreamOptions {
 }
 
 impl StreamOptions {
+    /// The attach request for these options: a non-persistent stream (it ends with the
+    /// connection) for reading, or for `write`.
+    fn request(&self, write: bool) -> AttachRequest {
+        AttachRequest {
+            rate: self.rate,
+            buffer: self.buffer,
+            batch_pages: self.batch_pages,
+            priority: self.priority,
+            persistent: false,
+            write,
+            preallocate: false,
+        }
+    }
+
     /// A real-time stream at `rate` with a `buffer` playout buffer and 20-page batches.
     #[must_use]
     pub fn new(rate: ByteRate, buffer: ByteSize) -> Self {
@@ -75,18 +89,7 @@ impl AbissFile {
         let file = File::open(path).map_err(|error| ClientError::BadRequest {
             message: format!("cannot open {}: {error}", path.display()),
         })?;
-        let stream = client.attach(
-            &file,
-            AttachRequest {
-                rate: options.rate,
-                buffer: options.buffer,
-                batch_pages: options.batch_pages,
-                priority: options.priority,
-                persistent: false,
-                write: false,
-                preallocate: false,
-            },
-        )?;
+        let stream = client.attach(&file, options.request(false))?;
         // Like ABISS's start-up delay: reading begins once the playout buffer is loaded, so no
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
@@ -137,18 +140,7 @@ impl AbissFile {
             .map_err(|error| ClientError::BadRequest {
                 message: format!("cannot open {} for writing: {error}", path.display()),
             })?;
-        let stream = client.attach(
-            &file,
-            AttachRequest {
-                rate: options.rate,
-                buffer: options.buffer,
-                batch_pages: options.batch_pages,
-                priority: options.priority,
-                persistent: false,
-                write: true,
-                preallocate: false,
-            },
-        )?;
+        let stream = client.attach(&file, options.request(true))?;
         Ok(Self {
             file,
             client,

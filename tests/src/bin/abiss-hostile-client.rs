@@ -126,8 +126,8 @@ fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
     answered
 }
 
-/// A playout point at the end of the number line.
-fn overflow(socket: &str, file: &str) -> ExitCode {
+/// Connects and attaches `file` at 1000 B/s with a 64 KiB buffer.
+fn attach_slowly(socket: &str, file: &str) -> (Client, abiss_proto::StreamInfo) {
     let mut client = Client::connect(Path::new(socket)).expect("connect");
     let stream = client
         .attach(
@@ -143,6 +143,12 @@ fn overflow(socket: &str, file: &str) -> ExitCode {
             },
         )
         .expect("attach");
+    (client, stream)
+}
+
+/// A playout point at the end of the number line.
+fn overflow(socket: &str, file: &str) -> ExitCode {
+    let (mut client, stream) = attach_slowly(socket, file);
     client.position(stream.id, u64::MAX).expect("position");
     client.position(stream.id, u64::MAX - 1).expect("position");
     let listed = client.list().expect("list");
@@ -156,21 +162,7 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
         eprintln!("TID is a number");
         return ExitCode::from(2);
     };
-    let mut client = Client::connect(Path::new(socket)).expect("connect");
-    let stream = client
-        .attach(
-            std::fs::File::open(file).expect("open"),
-            AttachRequest {
-                rate: ByteRate(1000),
-                buffer: ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
-                persistent: false,
-                write: false,
-                preallocate: false,
-            },
-        )
-        .expect("attach");
+    let (mut client, stream) = attach_slowly(socket, file);
     match client.reader_starts(stream.id, tid) {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
