@@ -52,6 +52,25 @@ unsafe fn handle<'a>(fp: *mut AbissStdioFile) -> Result<&'a mut AbissStdioFile, 
     unsafe { fp.as_mut() }.ok_or_else(|| Failure::invalid("the ABISS_FILE pointer is NULL"))
 }
 
+/// The bytes of an `fread`/`fwrite` buffer of `nmemb` items of `size` bytes: `None` when there
+/// is nothing to move, `EINVAL` for a NULL buffer or a size that does not fit in memory.
+fn buffer_bytes(null: bool, size: usize, nmemb: usize) -> Result<Option<usize>, Failure> {
+    if size == 0 || nmemb == 0 {
+        return Ok(None);
+    }
+    if null {
+        return Err(Failure::invalid("the buffer pointer is NULL"));
+    }
+    size.checked_mul(nmemb)
+        .filter(|&bytes| isize::try_from(bytes).is_ok())
+        .map(Some)
+        .ok_or_else(|| {
+            Failure::invalid(format!(
+                "{nmemb} items of {size} bytes do not fit in one buffer"
+            ))
+        })
+}
+
 /// A C string argument, or `EINVAL` when NULL.
 ///
 /// # Safety
@@ -111,20 +130,9 @@ pub unsafe extern "C" fn abiss_fread(
     entry_point(0, || {
         // SAFETY: the caller passes NULL or an open, unshared handle.
         let file = unsafe { handle(fp) }?;
-        if size == 0 || nmemb == 0 {
+        let Some(bytes) = buffer_bytes(ptr.is_null(), size, nmemb)? else {
             return Ok(0);
-        }
-        if ptr.is_null() {
-            return Err(Failure::invalid("the buffer pointer is NULL"));
-        }
-        let bytes = size
-            .checked_mul(nmemb)
-            .filter(|&bytes| isize::try_from(bytes).is_ok())
-            .ok_or_else(|| {
-                Failure::invalid(format!(
-                    "{nmemb} items of {size} bytes do not fit in one buffer"
-                ))
-            })?;
+        };
         let ptr = ptr.cast::<u8>();
         // SAFETY: the caller's buffer holds `bytes` writable bytes. Zeroing them first makes
         // every byte initialized, so the slice below is a valid `&mut [u8]`.
@@ -153,20 +161,9 @@ pub unsafe extern "C" fn abiss_fwrite(
     entry_point(0, || {
         // SAFETY: the caller passes NULL or an open, unshared handle.
         let file = unsafe { handle(fp) }?;
-        if size == 0 || nmemb == 0 {
+        let Some(bytes) = buffer_bytes(ptr.is_null(), size, nmemb)? else {
             return Ok(0);
-        }
-        if ptr.is_null() {
-            return Err(Failure::invalid("the buffer pointer is NULL"));
-        }
-        let bytes = size
-            .checked_mul(nmemb)
-            .filter(|&bytes| isize::try_from(bytes).is_ok())
-            .ok_or_else(|| {
-                Failure::invalid(format!(
-                    "{nmemb} items of {size} bytes do not fit in one buffer"
-                ))
-            })?;
+        };
         // SAFETY: the caller's buffer holds `bytes` readable, initialized bytes.
         let data = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), bytes) };
         Ok(file.write_fully(data) / size)

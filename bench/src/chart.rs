@@ -33,7 +33,7 @@ where
 }
 
 /// Draws the legend in the upper left and writes the file.
-fn finish<'a, X: Ranged, Y: Ranged>(
+pub(crate) fn finish<'a, X: Ranged, Y: Ranged>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     root: &DrawingArea<SVGBackend<'a>, Shift>,
 ) -> anyhow::Result<()> {

@@ -1161,12 +1161,5 @@ fn chart_samples(
         }))?
         .label("kill -9")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    crate::chart::finish(&mut chart, &root)
 }

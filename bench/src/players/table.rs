@@ -311,12 +311,5 @@ pub fn chart(path: &Path, secs: u64, results: &[RowResult]) -> anyhow::Result<()
         ))?
         .label(format!("goal: {GOAL_S} s"))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    crate::chart::finish(&mut chart, &root)
 }
