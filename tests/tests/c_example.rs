@@ -10,13 +10,16 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use abiss_proto::{Request, Response};
-use abiss_tests::{require_root, Daemon, Ext4Mount, LoopDevice, Scratch};
+use abiss_tests::{
+    abiss_c_library, compile_c_example, require_root, workspace, Daemon, Ext4Mount, LoopDevice,
+    Scratch,
+};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -28,42 +31,6 @@ const PLAY_RATE_BPS: u64 = 4_000_000;
 /// 8 MiB at 4 MB/s: about 2.1 s of playing.
 const PLAY_FILE_BYTES: usize = 8 << 20;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Builds `abiss-c` and returns the directory holding `libabiss.so`. `cargo xtask test` builds
-/// only binaries, so the library is built here (quick when it is fresh); cargo's own report
-/// says where it went.
-fn library_dir() -> PathBuf {
-    let output = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "abiss-c", "--message-format=json"])
-        .arg("--manifest-path")
-        .arg(workspace().join("Cargo.toml"))
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("run cargo build -p abiss-c");
-    assert!(output.status.success(), "cargo build -p abiss-c failed");
-    let library = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| message["reason"] == "compiler-artifact")
-        .filter_map(|message| message["filenames"].as_array().cloned())
-        .flatten()
-        .filter_map(|name| name.as_str().map(PathBuf::from))
-        .find(|name| name.file_name().is_some_and(|n| n == "libabiss.so"))
-        .expect("cargo reported no libabiss.so");
-    let dir = library.parent().expect("library dir").to_path_buf();
-    // Programs record the library's SONAME, libabiss.so.0, and look for that name at run
-    // time; cargo makes only libabiss.so, so give the build tree the link ldconfig would make
-    // in an installed tree (`cargo xtask install` makes it there).
-    let soname = dir.join("libabiss.so.0");
-    if std::fs::symlink_metadata(&soname).is_err() {
-        std::os::unix::fs::symlink("libabiss.so", &soname).expect("link libabiss.so.0");
-    }
-    dir
-}
-
 /// `play` and `probe`, compiled into a scratch directory against the header and library.
 struct Programs {
     dir: Scratch,
@@ -72,34 +39,9 @@ struct Programs {
 impl Programs {
     fn build(tag: &str) -> Self {
         let dir = Scratch::new_in("/tmp", tag);
-        let library = library_dir();
-        let crate_dir = workspace().join("abiss-c");
+        let library = abiss_c_library();
         for name in ["play", "probe"] {
-            let output = Command::new("cc")
-                .args([
-                    "-std=c99",
-                    "-Wall",
-                    "-Wextra",
-                    "-Wpedantic",
-                    "-Werror",
-                    "-O2",
-                ])
-                .arg("-I")
-                .arg(crate_dir.join("include"))
-                .arg(crate_dir.join("examples").join(format!("{name}.c")))
-                .arg("-o")
-                .arg(dir.path().join(name))
-                .arg("-L")
-                .arg(&library)
-                .arg("-labiss")
-                .arg(format!("-Wl,-rpath,{}", library.display()))
-                .output()
-                .expect("run cc");
-            assert!(
-                output.status.success(),
-                "cc {name}.c failed:\n{}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let _ = compile_c_example(name, &library, dir.path());
         }
         Self { dir }
     }
@@ -358,7 +300,7 @@ fn header_compiles_as_cpp() {
          return fp == nullptr && abiss_strerror() != nullptr ? 0 : 1; }\n",
     )
     .expect("write source");
-    let library = library_dir();
+    let library = abiss_c_library();
     let output = Command::new("c++")
         .args(["-std=c++11", "-Wall", "-Wextra", "-Werror"])
         .arg("-I")

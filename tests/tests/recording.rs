@@ -20,8 +20,8 @@ use abiss_proto::{
     Request, RequestRecord, Response,
 };
 use abiss_tests::{
-    abissctl_as_nobody, assert_fails, binary, chmod, require_root, Daemon, Ext4Mount, HddLab,
-    LoopDevice, Scratch,
+    abiss_c_library, abissctl_as_nobody, assert_fails, binary, chmod, compile_c_example,
+    require_root, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
 };
 
 const MIB: u64 = 1 << 20;
@@ -671,69 +671,15 @@ fn the_rust_client_records_through_a_write_stream() {
     );
 }
 
-/// Builds `abiss-c` (quick when fresh) and returns the directory of `libabiss.so`, as cargo
-/// reports it, with the SONAME link programs look for at run time.
-fn abiss_c_library(root: &Path) -> PathBuf {
-    let built = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "abiss-c", "--message-format=json"])
-        .arg("--manifest-path")
-        .arg(root.join("Cargo.toml"))
-        .output()
-        .expect("cargo build -p abiss-c");
-    assert!(built.status.success(), "cargo build -p abiss-c failed");
-    let library = String::from_utf8_lossy(&built.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|message| message["reason"] == "compiler-artifact")
-        .filter_map(|message| message["filenames"].as_array().cloned())
-        .flatten()
-        .filter_map(|name| name.as_str().map(PathBuf::from))
-        .find(|name| name.file_name().is_some_and(|n| n == "libabiss.so"))
-        .expect("cargo reported no libabiss.so");
-    let library = library.parent().expect("library dir").to_path_buf();
-    // Programs look for the library's SONAME at run time; cargo makes only libabiss.so.
-    let soname = library.join("libabiss.so.0");
-    if std::fs::symlink_metadata(&soname).is_err() {
-        std::os::unix::fs::symlink("libabiss.so", &soname).expect("link libabiss.so.0");
-    }
-    library
-}
-
 /// `abiss-c/examples/record.c`, compiled here against the freshly built library, records a
 /// file through `abiss_fopen(path, "w", …)` and `abiss_fwrite`: while it runs its stream is a
 /// recording whose writes abissd writes back, and it ends with the program.
 #[test]
 fn the_c_example_records() {
     require_root!();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let library = abiss_c_library(&root);
+    let library = abiss_c_library();
     let scratch = Scratch::new_in("/tmp", "c-record");
-    let program = scratch.path().join("record");
-    let compiled = Command::new("cc")
-        .args([
-            "-std=c99",
-            "-Wall",
-            "-Wextra",
-            "-Wpedantic",
-            "-Werror",
-            "-O2",
-            "-I",
-        ])
-        .arg(root.join("abiss-c").join("include"))
-        .arg(root.join("abiss-c").join("examples").join("record.c"))
-        .arg("-o")
-        .arg(&program)
-        .arg("-L")
-        .arg(&library)
-        .arg("-labiss")
-        .arg(format!("-Wl,-rpath,{}", library.display()))
-        .output()
-        .expect("run cc");
-    assert!(
-        compiled.status.success(),
-        "cc record.c: {}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
+    let program = compile_c_example("record", &library, scratch.path());
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let file = fs.path().join("c.ts");
