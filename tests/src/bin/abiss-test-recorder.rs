@@ -27,17 +27,7 @@ fn arg<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> T {
 }
 
 fn quantile_ms(sorted: &[Duration], quantile: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "an index into a short list"
-    )]
-    let index = ((sorted.len() as f64 * quantile).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[index].as_secs_f64() * 1000.0
+    abiss_tests::quantile_of(sorted, quantile).map_or(0.0, |latency| latency.as_secs_f64() * 1000.0)
 }
 
 fn main() {
