@@ -10,3 +10,17 @@ pub mod priority;
 pub mod share;
 pub mod upgrade;
 pub mod write_behind;
+
+use abiss_proto::PAGE_BYTES;
+
+/// `offset` rounded down to a page boundary: windows load, lock and write back whole pages.
+#[must_use]
+pub fn page_floor(offset: u64) -> u64 {
+    offset / PAGE_BYTES * PAGE_BYTES
+}
+
+/// `offset` rounded up to a page boundary.
+#[must_use]
+pub fn page_ceil(offset: u64) -> u64 {
+    offset.div_ceil(PAGE_BYTES) * PAGE_BYTES
+}

@@ -16,14 +16,7 @@ use std::ops::Range;
 use abiss_proto::PAGE_BYTES as PAGE;
 
 use super::credit::CreditTimer;
-
-fn page_floor(offset: u64) -> u64 {
-    offset / PAGE * PAGE
-}
-
-fn page_ceil(offset: u64) -> u64 {
-    offset.div_ceil(PAGE) * PAGE
-}
+use super::{page_ceil, page_floor};
 
 /// Smallest load worth a request: a disk pays a seek per request, so the window's growth is
 /// gathered into loads of a third of the buffer (at least a batch). That keeps the reader two

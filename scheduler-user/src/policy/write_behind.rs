@@ -24,9 +24,8 @@
 
 use std::ops::Range;
 
-use abiss_proto::PAGE_BYTES as PAGE;
-
 use super::credit::CreditTimer;
+use super::page_floor;
 use super::playout::min_load_bytes;
 
 /// A writer that has not written for this long has its last partial request written back.
@@ -37,10 +36,6 @@ pub const PREALLOCATE_SECONDS: u64 = 4;
 pub const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
 /// Allocation is in whole mebibytes.
 const ALLOCATION_UNIT: u64 = 1 << 20;
-
-fn page_floor(offset: u64) -> u64 {
-    offset / PAGE * PAGE
-}
 
 /// Shape of a write stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

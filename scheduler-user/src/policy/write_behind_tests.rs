@@ -1,5 +1,6 @@
 //! Unit and property tests of [`super`].
 use super::*;
+use abiss_proto::PAGE_BYTES as PAGE;
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
