@@ -61,7 +61,7 @@ typedef struct abiss_file ABISS_FILE;
  *   ECONNREFUSED  abissd is not running (no socket, or nobody answers on it)
  *   EACCES        this user may not use abissd
  *   EBUSY         admission control refused: the disk's real-time share cannot take this
- *                 byterate, or the file is already attached as a stream
+ *                 byterate, or the file is already being recorded (writing)
  *   EIO           the connection to abissd broke, the daemon failed, or it speaks another
  *                 protocol version
  */

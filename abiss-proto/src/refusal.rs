@@ -11,13 +11,23 @@ pub enum Refusal {
     /// the sentence names it.
     #[error("{0}")]
     BadRequest(String),
-    /// The file is streamed already.
-    #[error("{path} is already attached as stream {stream}; detach it first")]
-    AlreadyAttached {
+    /// The file is being recorded already: a file has one write stream at most.
+    #[error(
+        "{path} is already being recorded by stream {stream}; a file has one recording at most"
+    )]
+    AlreadyRecording {
         /// The file.
         path: String,
-        /// Its stream.
+        /// Its write stream.
         stream: u64,
+    },
+    /// The file has as many streams as one file may.
+    #[error("{path} already has {max} streams, the most one file may; detach one first")]
+    FileFull {
+        /// The file.
+        path: String,
+        /// The limit.
+        max: usize,
     },
     /// The daemon holds as many streams as it may.
     #[error("abissd already serves {max} streams, its most")]
@@ -63,7 +73,8 @@ impl Refusal {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::BadRequest(_) => ErrorKind::BadRequest,
-            Self::AlreadyAttached { .. }
+            Self::AlreadyRecording { .. }
+            | Self::FileFull { .. }
             | Self::DaemonFull { .. }
             | Self::UserFull { .. }
             | Self::DoesNotFit(_) => ErrorKind::Refused,

@@ -103,36 +103,43 @@ pub struct FileKey {
     pub ino: u64,
 }
 
-/// What the programs know of an attached file.
+/// What the programs know of an attached file. A file may have several streams (viewers of one
+/// file, a recording watched while it is recorded); the programs see one entry for all of them.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AttachedFile {
-    /// Stream id.
+    /// The file's tag: the id of its first stream, kept while any of its streams lives. Block
+    /// requests and page-cache events carry it; abissd finds the stream among the file's.
     pub stream: u64,
-    /// ABISS priority level of the stream.
+    /// The highest ABISS priority level among the file's streams.
     pub level: u8,
     /// Padding.
     pub pad: [u8; 3],
-    /// The user whose reads and faults of the file are reported (the stream's owner), or
-    /// [`ANY_READER`]. Reads by other users steer nothing in abissd, so the page-cache programs
-    /// do not spend the shared `PLAYOUT` ring on them: one user reading another's attached file
-    /// in a tight loop would otherwise crowd every stream's misses out of the ring.
-    pub reader_uid: u32,
+    /// The users whose reads and faults of the file are reported (the streams' owners; two
+    /// slots, the same user twice when one owns them all), or [`ANY_READER`]. Reads by other
+    /// users steer nothing in abissd, so the page-cache programs do not spend the shared
+    /// `PLAYOUT` ring on them: one user reading another's attached file in a tight loop would
+    /// otherwise crowd every stream's misses out of the ring.
+    pub reader_uids: [u32; 2],
+    /// Padding.
+    pub pad2: u32,
 }
 
-/// [`AttachedFile::reader_uid`] of a stream whose every reader is reported (root's streams:
-/// root attaches files for services that read them under their own users).
+/// A [`AttachedFile::reader_uids`] slot under which every reader is reported (root's streams:
+/// root attaches files for services that read them under their own users; and files whose
+/// streams belong to more than two users).
 pub const ANY_READER: u32 = u32::MAX;
 
 impl AttachedFile {
-    /// Stream `stream` at ABISS `level`, whose reads by `reader_uid` are reported.
+    /// File tag `stream` at ABISS `level`, whose reads by the users `reader_uids` are reported.
     #[must_use]
-    pub const fn new(stream: u64, level: u8, reader_uid: u32) -> Self {
+    pub const fn new(stream: u64, level: u8, reader_uids: [u32; 2]) -> Self {
         Self {
             stream,
             level,
             pad: [0; 3],
-            reader_uid,
+            reader_uids,
+            pad2: 0,
         }
     }
 
@@ -144,7 +151,8 @@ impl AttachedFile {
     )]
     #[inline(always)]
     pub const fn reports(&self, uid: u32) -> bool {
-        self.reader_uid == ANY_READER || self.reader_uid == uid
+        let [first, second] = self.reader_uids;
+        first == ANY_READER || second == ANY_READER || first == uid || second == uid
     }
 }
 
@@ -664,7 +672,7 @@ const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
-const _: () = assert!(core::mem::size_of::<AttachedFile>() == 16);
+const _: () = assert!(core::mem::size_of::<AttachedFile>() == 24);
 const _: () = assert!(core::mem::size_of::<PlayoutEvent>() == 80);
 const _: () = assert!(core::mem::size_of::<LatencyCounters>() == 40 + 2 * 8 * LATENCY_SLOTS);
 const _: () = assert!(core::mem::size_of::<RequestOrigin>() == 40);

@@ -21,7 +21,8 @@ use crate::policy::admission::{
     AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
 };
 use crate::policy::share::ShareAdmission;
-use crate::streams::{StreamTable, MAX_BUFFER_BYTES, MAX_RATE_BPS};
+use crate::stream_table::StreamTable;
+use crate::streams::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
 /// How the daemon admits streams, for every managed disk.
 #[derive(Clone, Debug, PartialEq)]

@@ -68,6 +68,7 @@ pub mod raised_forks;
 pub mod server;
 pub mod socket;
 pub mod stats;
+pub mod stream_table;
 pub mod streams;
 pub mod systemd;
 pub mod tracer;

@@ -11,6 +11,11 @@ use std::ptr::NonNull;
 use log::warn;
 use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
 
+/// How far past its size at attach a read stream's file is mapped: a file being recorded grows
+/// while it is watched (timeshift), and its window follows it this far. It is address space,
+/// not memory: only the window's pages are ever locked.
+pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
+
 /// A file a stream reads, mapped read-only so its window's pages can be locked.
 #[derive(Debug)]
 pub struct MappedFile {
@@ -26,12 +31,16 @@ unsafe impl Send for MappedFile {}
 unsafe impl Sync for MappedFile {}
 
 impl MappedFile {
-    /// Maps `bytes` of `fd` (a readable regular file).
+    /// Maps `fd` (a readable regular file of `bytes`), with room to grow by
+    /// [`GROWTH_RESERVE_BYTES`].
     pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
         let page = 4096;
-        let map_bytes = usize::try_from(bytes.div_ceil(page) * page).map_err(io::Error::other)?;
-        let length =
-            NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("the file is empty"))?;
+        if bytes == 0 {
+            return Err(io::Error::other("the file is empty"));
+        }
+        let reach = (bytes.div_ceil(page) * page).saturating_add(GROWTH_RESERVE_BYTES);
+        let map_bytes = usize::try_from(reach).map_err(io::Error::other)?;
+        let length = NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("no length"))?;
         // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
         // the address the kernel picks.
         let map = unsafe {
@@ -65,6 +74,13 @@ impl MappedFile {
     #[must_use]
     pub fn fd(&self) -> &OwnedFd {
         &self.fd
+    }
+
+    /// The most of the file the mapping reaches (pages past the file's end are never
+    /// touched: windows stop at the end of the data).
+    #[must_use]
+    pub fn reach_bytes(&self) -> u64 {
+        self.map_bytes as u64
     }
 
     fn span(&self, range: &Range<u64>) -> Option<(NonNull<libc::c_void>, usize)> {

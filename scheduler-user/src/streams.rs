@@ -1,7 +1,7 @@
 //! Streams: attached files with a granted rate, each with its playout buffer, and the checks a
 //! client's descriptor must pass before it becomes one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -14,8 +14,8 @@ use nix::sys::stat::{fstat, SFlag};
 use scheduler_common::FileKey;
 
 use crate::policy::admission::StreamDemand;
-use crate::policy::memory::locked_at_most;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
+use crate::policy::shared_file::FileStream;
 use crate::policy::write_behind::WriteBehindShape;
 use crate::prefetch::MappedFile;
 use crate::writeback::Recording;
@@ -30,6 +30,9 @@ pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
 /// Tasks not seen reading a stream's file for this long are no longer listed as readers.
 pub const READER_IDLE_NS: u64 = 10_000_000_000;
+/// How often a read stream whose window reaches the end of its file looks whether the file
+/// grew (a recording being watched, by abiss or anything else).
+pub const GROWTH_POLL_NS: u64 = 100_000_000;
 /// A stream's failed loads are logged at most once in this long: a file truncated under its
 /// stream fails every load of its window, as often as the window asks again.
 pub const LOAD_FAILURE_LOG_NS: u64 = 60_000_000_000;
@@ -170,6 +173,9 @@ pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> 
 pub struct Stream {
     /// Stream id.
     pub id: u64,
+    /// Its file's tag in the kernel maps: the id of the file's first stream still attached
+    /// when this one was (see [`crate::policy::shared_file`]).
+    pub file_tag: u64,
     /// User that attached it.
     pub owner_uid: u32,
     /// Connection that attached it (non-persistent streams end with it).
@@ -205,6 +211,8 @@ pub struct Stream {
     pub start_limited: bool,
     /// A write stream's window (then `playout` has nothing to load: its file is unmapped).
     pub recording: Option<Recording>,
+    /// When a read stream at the end of its file last looked whether it grew.
+    pub growth_checked_ns: u64,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -237,7 +245,7 @@ impl Stream {
     /// A stream over `file` with the granted parameters; returns the initial fill.
     #[must_use]
     pub fn new(
-        id: u64,
+        (id, file_tag): (u64, u64),
         owner: StreamOwner,
         granted: AttachRequest,
         file: CheckedFile,
@@ -270,6 +278,7 @@ impl Stream {
         );
         let stream = Self {
             id,
+            file_tag,
             owner_uid: owner.uid,
             connection: owner.connection,
             path: file.path,
@@ -286,6 +295,7 @@ impl Stream {
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             recording,
+            growth_checked_ns: start.now_ns,
             granted,
         };
         (stream, actions)
@@ -329,6 +339,56 @@ impl Stream {
         }
         *logged_at = Some(now_ns);
         Some(std::mem::take(unlogged))
+    }
+
+    /// A read stream whose window reaches the end of its file looks (every
+    /// [`GROWTH_POLL_NS`]) whether the file grew, and extends its window into the new data.
+    pub fn follow_growth(&mut self, now_ns: u64) -> Vec<WindowAction> {
+        if self.recording.is_some()
+            || !self.playout.reaches_file_end()
+            || now_ns.saturating_sub(self.growth_checked_ns) < GROWTH_POLL_NS
+        {
+            return Vec::new();
+        }
+        self.growth_checked_ns = now_ns;
+        let Ok(stat) = fstat(self.file.fd().as_raw_fd()) else {
+            return Vec::new();
+        };
+        let bytes = u64::try_from(stat.st_size)
+            .unwrap_or(0)
+            .min(self.file.reach_bytes());
+        if bytes <= self.file_bytes {
+            return Vec::new();
+        }
+        log::debug!("stream {}: the file grew to {bytes} bytes", self.id);
+        self.file_bytes = bytes;
+        self.playout.file_grew(bytes, now_ns)
+    }
+
+    /// Until a read stream at the end of its file looks again whether the file grew.
+    #[must_use]
+    pub fn ns_until_growth_check(&self, now_ns: u64) -> Option<u64> {
+        (self.recording.is_none() && self.playout.reaches_file_end())
+            .then(|| (self.growth_checked_ns + GROWTH_POLL_NS).saturating_sub(now_ns))
+    }
+
+    /// The stream as routing among its file's streams sees it, for an access by `tgid`.
+    #[must_use]
+    pub fn as_shared(&self, tgid: u32) -> FileStream {
+        let from = self.playout.app_point();
+        let to = self
+            .playout
+            .requested_end()
+            .max(from.saturating_add(self.granted.buffer.0));
+        FileStream {
+            id: self.id,
+            owner_uid: self.owner_uid,
+            level: self.granted.priority,
+            recording: self.recording.is_some(),
+            window: self.playout.window_start().min(from)..to,
+            known_reader: self.readers.contains_key(&tgid),
+            waiting_for_reader: self.readers.is_empty(),
+        }
     }
 
     /// Notes a reader task.
@@ -400,122 +460,6 @@ pub fn demand_of(request: &AttachRequest) -> StreamDemand {
             request.buffer.0,
             u64::from(request.batch_pages) * PAGE_BYTES,
         )
-    }
-}
-
-/// All streams, by id.
-#[derive(Debug, Default)]
-pub struct StreamTable {
-    streams: BTreeMap<u64, Stream>,
-    next_id: u64,
-}
-
-impl StreamTable {
-    /// A fresh id.
-    pub fn next_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
-    /// Adds a stream.
-    pub fn insert(&mut self, stream: Stream) {
-        self.streams.insert(stream.id, stream);
-    }
-
-    /// Removes a stream.
-    pub fn remove(&mut self, id: u64) -> Option<Stream> {
-        self.streams.remove(&id)
-    }
-
-    /// A stream by id.
-    pub fn get_mut(&mut self, id: u64) -> Option<&mut Stream> {
-        self.streams.get_mut(&id)
-    }
-
-    /// A stream by id.
-    #[must_use]
-    pub fn get(&self, id: u64) -> Option<&Stream> {
-        self.streams.get(&id)
-    }
-
-    /// The stream of a file, if attached.
-    #[must_use]
-    pub fn by_file(&self, key: &FileKey) -> Option<&Stream> {
-        self.streams.values().find(|s| s.key == *key)
-    }
-
-    /// All streams.
-    pub fn iter(&self) -> impl Iterator<Item = &Stream> {
-        self.streams.values()
-    }
-
-    /// All streams, mutable.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
-        self.streams.values_mut()
-    }
-
-    /// Number of streams.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.streams.len()
-    }
-
-    /// Whether there are none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
-    }
-
-    /// Sum of the granted rates on `disk`, but for stream `except` (one whose rate is being
-    /// changed).
-    #[must_use]
-    pub fn reserved_on(&self, disk: DeviceNumber, except: Option<u64>) -> u64 {
-        self.streams
-            .values()
-            .filter(|s| s.disk == disk && Some(s.id) != except)
-            .map(|s| s.granted.rate.0)
-            .sum()
-    }
-
-    /// Sum of the granted rates of the write streams on `disk`.
-    #[must_use]
-    pub fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {
-        self.streams
-            .values()
-            .filter(|s| s.disk == disk && s.granted.write)
-            .map(|s| s.granted.rate.0)
-            .sum()
-    }
-
-    /// The most all streams (or those of `uid`) may lock: buffer plus a batch each.
-    #[must_use]
-    pub fn locked_at_most(&self, uid: Option<u32>) -> u64 {
-        self.streams
-            .values()
-            .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
-            .map(|s| {
-                locked_at_most(
-                    s.granted.buffer.0,
-                    u64::from(s.granted.batch_pages) * PAGE_BYTES,
-                )
-            })
-            .sum()
-    }
-
-    /// What all streams (or those of `uid`) have locked now.
-    #[must_use]
-    pub fn locked_now(&self, uid: Option<u32>) -> u64 {
-        self.streams
-            .values()
-            .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
-            .map(|s| s.playout.locked_bytes())
-            .sum()
-    }
-
-    /// Streams held by `uid`.
-    #[must_use]
-    pub fn count_of(&self, uid: u32) -> usize {
-        self.streams.values().filter(|s| s.owner_uid == uid).count()
     }
 }
 

@@ -14,14 +14,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use abiss_client::{Client, ClientError};
+use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
 use abiss_proto::{
     decode_line, encode_line, AttachRequest, ByteRate, ByteSize, Envelope, IoClass, Operation,
     Request, RequestRecord, Response,
 };
 use abiss_tests::{
-    abiss_c_library, abissctl_as_nobody, assert_fails, binary, chmod, compile_c_example,
-    require_root, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
+    abiss_c_library, abissctl_as_nobody, assert_fails, binary, chmod, compile_c_example, evict,
+    paced_read, require_root, resident_bytes, run_at_realtime_cpu_priority, Daemon, Ext4Mount,
+    HddLab, LoopDevice, PacedReport, Scratch,
 };
 
 const MIB: u64 = 1 << 20;
@@ -711,4 +712,105 @@ fn the_c_example_records() {
         abiss_tests::wait_until(Duration::from_secs(2), || daemon.streams().is_empty()),
         "the stream ends with abiss_fclose"
     );
+}
+
+/// Opens a read stream on `path` (being recorded) with the library, as a timeshift player
+/// would, and reads it on the ABISS schedule for `seconds`: the report, and the stream's file
+/// size as abissd knew it at attach and at the end.
+fn watch_recording(daemon: &Daemon, path: &Path, seconds: u64) -> (PacedReport, u64, u64) {
+    let client = Client::connect(daemon.socket()).expect("connect");
+    let options = StreamOptions::new(ByteRate(RATE), ByteSize(BUFFER));
+    let mut file = AbissFile::open_with(client, path, &options).expect("attach the reader");
+    let id = file.stream_id();
+    let size = || {
+        daemon
+            .streams()
+            .into_iter()
+            .find(|s| s.id == id)
+            .map_or(0, |s| s.file_bytes)
+    };
+    let at_attach = size();
+    let watched = File::open(path).expect("open");
+    let report = paced_read(
+        &mut file,
+        Some(&watched),
+        RATE,
+        BUFFER,
+        usize::try_from(WRITE).expect("a read in memory"),
+        Duration::from_secs(seconds),
+    );
+    (report, at_attach, size())
+}
+
+/// Timeshift: a recording on the lab hdd (a write stream, 1 MiB/s) is watched while it is
+/// recorded, by read streams on the same file. A reader 3 s behind reads past the file's size
+/// at its attach (the window follows the file as it grows); a reader 30 s behind, whose data
+/// the write-behind dropped from memory long ago, reads against a best-effort writer. Both
+/// meet every deadline with every page resident before it is read.
+#[test]
+fn a_recording_is_watched_while_it_is_recorded() {
+    const BEHIND: u64 = 30;
+    const WATCH: u64 = 8;
+    require_root!();
+    let lab = HddLab::up("timeshift", 2, "none");
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let path = lab.mount().join("live.ts");
+    let recording = attach_for_writing(&daemon, &path);
+    let recorder = {
+        let path = path.clone();
+        std::thread::spawn(move || record(&path, 1000, BEHIND + WATCH + 2))
+    };
+    let started = Instant::now();
+    run_at_realtime_cpu_priority();
+
+    std::thread::sleep(Duration::from_secs(3));
+    let (near, near_attach, near_end) = watch_recording(&daemon, &path, WATCH);
+    eprintln!(
+        "3 s behind: {} misses, {} reads not resident, {} reads of {} bytes, file {near_attach} → {near_end} bytes",
+        near.misses,
+        near.not_resident.len(),
+        near.latencies_ns.len(),
+        near.bytes
+    );
+    assert!(
+        near.bytes > near_attach + MIB,
+        "the reader went past the file's size at attach ({near_attach}): {}",
+        near.bytes
+    );
+    assert!(near_end > near_attach, "the stream saw the file grow");
+    assert_eq!(near.misses, 0, "3 s behind: {:?}", near.slow);
+    assert!(near.not_resident.is_empty(), "{:?}", near.not_resident);
+
+    std::thread::sleep(Duration::from_secs(BEHIND).saturating_sub(started.elapsed()));
+    // What the first reader left in the page cache goes, as it would have on a busy machine
+    // by now: the second reader finds its part of the recording on the disk only.
+    let file = File::open(&path).expect("open");
+    evict(&file);
+    let cached = resident_bytes(&file, 0, 8 * MIB);
+    assert!(
+        cached < MIB,
+        "the recording's head is cold ({cached} bytes cached)"
+    );
+    let mut writer = BestEffortWriter::start(lab.mount().join("be.bin"));
+    let (far, _, _) = watch_recording(&daemon, &path, WATCH);
+    let written = writer.stop();
+    eprintln!(
+        "{BEHIND} s behind, against a best-effort writer (it dirtied {} MiB): {} misses, {} reads not resident, p99 {} µs",
+        written / MIB,
+        far.misses,
+        far.not_resident.len(),
+        far.quantile_ns(0.99) / 1000
+    );
+    assert!(
+        written > 16 * MIB,
+        "the writer really wrote ({written} bytes)"
+    );
+    assert_eq!(far.misses, 0, "{BEHIND} s behind: {:?}", far.slow);
+    assert!(far.not_resident.is_empty(), "{:?}", far.not_resident);
+    let summary = recorder.join().expect("recorder");
+    eprintln!("recorder: {summary}");
+    assert!(daemon
+        .ctl(["detach", &recording.to_string()])
+        .status
+        .success());
 }

@@ -161,7 +161,7 @@ fn a_descriptor_that_proves_no_right_to_read_attaches_nothing() {
     assert!(output.status.success(), "{output:?}");
     let answer = String::from_utf8_lossy(&output.stdout);
     assert!(answer.contains("O_PATH"), "{answer}");
-    assert!(!answer.contains("already attached"), "{answer}");
+    assert!(!answer.contains("already"), "{answer}");
     assert_eq!(daemon.streams().len(), 1, "nothing attached for nobody");
 }
 

@@ -8,6 +8,7 @@ pub mod memory;
 pub mod playout;
 pub mod priority;
 pub mod share;
+pub mod shared_file;
 pub mod upgrade;
 pub mod write_behind;
 

@@ -262,6 +262,25 @@ impl PlayoutBuffer {
         actions
     }
 
+    /// Whether the window reaches the end of the file: a file that grows (a recording being
+    /// watched) has more to load only once its new size is known.
+    #[must_use]
+    pub fn reaches_file_end(&self) -> bool {
+        self.window_start + self.shape.buffer_bytes >= self.file_end()
+    }
+
+    /// The file now holds `file_bytes` (it grew: it is being written); the window extends
+    /// into the new data as the credit allows. A file never shrinks under a window: a
+    /// truncation fails the loads past its end instead.
+    pub fn file_grew(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        if file_bytes > self.shape.file_bytes {
+            self.shape.file_bytes = file_bytes;
+            self.fill(now_ns, &mut actions);
+        }
+        actions
+    }
+
     /// The stream's rate changed at `now_ns` (trick play): credit accrues at `rate_bps` from
     /// now on, and the window moves as far as the credit then allows.
     pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {

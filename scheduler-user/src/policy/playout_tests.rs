@@ -213,3 +213,38 @@ proptest! {
         }
     }
 }
+
+/// A recording watched a few seconds behind: the file grows at the rate while the reader
+/// follows. The window stops at the data written so far, then takes in what is written next.
+#[test]
+fn a_window_follows_a_file_that_grows_under_it() {
+    let read = 64 * 1024;
+    let period_ns = read * 1_000_000_000 / MB;
+    // The reader starts three seconds behind the writer.
+    let lead = 3 * MB;
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(lead), 0);
+    complete(&mut buffer, &actions);
+    assert!(!buffer.reaches_file_end());
+    for i in 1..400u64 {
+        let now = i * period_ns;
+        let written = lead + i * read;
+        let mut actions = buffer.file_grew(written, now);
+        actions.extend(buffer.on_tick(now));
+        complete(&mut buffer, &actions);
+        let reader_end = i * read;
+        assert!(
+            buffer.requested_end() <= page_ceil(written),
+            "never past the data"
+        );
+        assert!(
+            buffer.is_resident(reader_end.min(written) - 1),
+            "read {i}: the reader's next bytes are loaded"
+        );
+        let more = buffer.on_read((i - 1) * read..reader_end, now);
+        complete(&mut buffer, &more);
+    }
+    // Near the end of the data, the window reaches the file's end; a shrink changes nothing.
+    let end = buffer.requested_end();
+    assert!(buffer.file_grew(MB, 400 * period_ns).is_empty());
+    assert_eq!(buffer.requested_end(), end);
+}

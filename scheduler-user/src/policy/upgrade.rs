@@ -30,6 +30,11 @@ pub struct Upgrade {
     pub tgid: u32,
     /// The stream whose level it was raised to.
     pub stream: u64,
+    /// The tag of that stream's file in the kernel maps: the block program counts the
+    /// thread's real-time requests for the file so tagged as its own (0 in records written
+    /// before files had tags: then the stream's id, which was the tag).
+    #[serde(default)]
+    pub file_tag: u64,
     /// Its I/O priority before (encoded), put back on revert.
     pub previous: u16,
     /// The priority set (encoded); a revert leaves the thread alone if it changed since.
@@ -40,6 +45,19 @@ pub struct Upgrade {
     /// raised priority grows from then at the stream's rate.
     #[serde(default)]
     pub raised_ns: u64,
+}
+
+impl Upgrade {
+    /// What the fork program is told of the raise: (previous, applied, file tag).
+    #[must_use]
+    pub fn followed_as(&self) -> (u16, u16, u64) {
+        let tag = if self.file_tag == 0 {
+            self.stream
+        } else {
+            self.file_tag
+        };
+        (self.previous, self.applied, tag)
+    }
 }
 
 /// KiB a thread raised for a stream of `rate_bps` and `buffer_bytes` may read of the stream's
@@ -243,6 +261,7 @@ mod tests {
             task: TaskId { pid, start_time: 7 },
             tgid: pid,
             stream,
+            file_tag: stream,
             previous: BE4,
             applied: RT0,
             last_access_ns,

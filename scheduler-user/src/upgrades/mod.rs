@@ -43,6 +43,16 @@ const POLICE_INTERVAL_NS: u64 = 250_000_000;
 /// readers are not raised at all.
 const MAX_BARRED_PER_STREAM: usize = 1024;
 
+/// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
+/// program counts the thread's own real-time requests by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaiseFor {
+    /// The stream.
+    pub stream: u64,
+    /// Its file's tag ([`crate::streams::Stream::file_tag`]).
+    pub file_tag: u64,
+}
+
 /// The daemon's upgrades of readers.
 #[derive(Debug)]
 pub struct ReaderUpgrades {
@@ -92,7 +102,7 @@ impl ReaderUpgrades {
     /// attaches the fork program) from before the raise on. Returns whether it was raised now.
     pub fn on_miss(
         &mut self,
-        stream: u64,
+        stream: RaiseFor,
         reader: &Reader,
         when: (u64, u8),
         owner_uid: u32,
@@ -107,7 +117,7 @@ impl ReaderUpgrades {
     /// policing and idle restore as for a miss; not counted in the miss-to-raise latency.
     pub fn on_reader_start(
         &mut self,
-        stream: u64,
+        stream: RaiseFor,
         (tid, uid): (u32, u32),
         when: (u64, u8),
         owner_uid: u32,
@@ -118,7 +128,10 @@ impl ReaderUpgrades {
             return false;
         };
         if identity.uid != uid {
-            debug!("stream {stream}: thread {tid} is not uid {uid}'s; not raised");
+            debug!(
+                "stream {}: thread {tid} is not uid {uid}'s; not raised",
+                stream.stream
+            );
             return false;
         }
         let reader = Reader {
@@ -133,7 +146,7 @@ impl ReaderUpgrades {
     /// [`Self::on_miss`], with the event's latency `measured` or not.
     fn raise(
         &mut self,
-        stream: u64,
+        RaiseFor { stream, file_tag }: RaiseFor,
         reader: &Reader,
         (at_ns, level): (u64, u8),
         owner_uid: u32,
@@ -170,7 +183,8 @@ impl ReaderUpgrades {
             debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
             return false;
         }
-        if !self.follow_and_raise(stream, pid, (current, target), hook) {
+        let raising = RaiseFor { stream, file_tag };
+        if !self.follow_and_raise(raising, pid, (current, target), hook) {
             return false;
         }
         let done = monotonic_ns();
@@ -192,6 +206,7 @@ impl ReaderUpgrades {
             task: identity.task,
             tgid: reader.tgid,
             stream,
+            file_tag,
             previous: current,
             applied: target,
             last_access_ns: done,
@@ -203,11 +218,7 @@ impl ReaderUpgrades {
             return self.not_raised(pid, hook);
         }
         self.table.insert(upgrade);
-        if let Some(kept) = self
-            .table
-            .get(pid)
-            .map(|u| (u.previous, u.applied, u.stream))
-        {
+        if let Some(kept) = self.table.get(pid).map(Upgrade::followed_as) {
             // As the table keeps it (the id may have named a thread raised before).
             let _ = self.forks.follow(pid, kept, hook);
         }
@@ -225,7 +236,7 @@ impl ReaderUpgrades {
     /// was raised. (Followed first: whatever it makes from the raise on is put back.)
     fn follow_and_raise(
         &mut self,
-        stream: u64,
+        RaiseFor { stream, file_tag }: RaiseFor,
         pid: u32,
         (current, target): (u16, u16),
         hook: &mut dyn ForkHook,
@@ -235,7 +246,7 @@ impl ReaderUpgrades {
             .table
             .get(pid)
             .map_or(current, |earlier| earlier.previous);
-        if let Err(error) = self.forks.follow(pid, (previous, target, stream), hook) {
+        if let Err(error) = self.forks.follow(pid, (previous, target, file_tag), hook) {
             warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); not raised");
             return self.not_raised(pid, hook);
         }
@@ -251,8 +262,7 @@ impl ReaderUpgrades {
     fn not_raised(&mut self, pid: u32, hook: &mut dyn ForkHook) -> bool {
         match self.table.get(pid) {
             Some(earlier) => {
-                let raise = (earlier.previous, earlier.applied, earlier.stream);
-                let _ = self.forks.follow(pid, raise, hook);
+                let _ = self.forks.follow(pid, earlier.followed_as(), hook);
             }
             None => self.forks.restored(pid),
         }

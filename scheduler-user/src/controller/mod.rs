@@ -11,16 +11,18 @@ use abiss_proto::{
     StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
-use scheduler_common::{AttachedFile, ANY_READER};
+
+mod access;
 
 use crate::disks::Disks;
-use crate::kernel_events::{Access, Fork, StreamAccess};
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
-use crate::prefetch::{JobKind, LoadDone, LoadJob, LoadOutcome, MappedFile, PrefetchEngine};
+use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
+use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+use crate::stream_table::StreamTable;
 use crate::streams::{
-    check_file, check_parameters, Stream, StreamOwner, StreamStart, StreamTable, MAX_STREAMS,
+    check_file, check_parameters, CheckedFile, Stream, StreamOwner, StreamStart, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
@@ -116,12 +118,7 @@ impl Controller {
         check_parameters(&request)?;
         let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
-        if let Some(existing) = self.streams.by_file(&file.key) {
-            return Err(Refusal::AlreadyAttached {
-                path: file.path.clone(),
-                stream: existing.id,
-            });
-        }
+        let tag = self.may_share(&file, request.write)?;
         if self.streams.len() >= MAX_STREAMS {
             return Err(Refusal::DaemonFull { max: MAX_STREAMS });
         }
@@ -147,6 +144,7 @@ impl Controller {
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
         let id = self.streams.next_id();
+        let tag = tag.unwrap_or(id);
         let key = file.key;
         let level = request.priority;
         let owner = StreamOwner {
@@ -160,7 +158,7 @@ impl Controller {
                 .grant(peer_uid, Stream::credit_limit_bytes(&request), now_ns),
         };
         let (mut stream, actions) = Stream::new(
-            id,
+            (id, tag),
             owner,
             request,
             file,
@@ -168,12 +166,12 @@ impl Controller {
             Arc::new(mapped),
             start,
         );
-        // Only the owner's reads steer the stream (root's: anyone's), so the kernel reports
-        // no others (see `on_access`).
-        let readers = if peer_uid == 0 { ANY_READER } else { peer_uid };
-        let attached = AttachedFile::new(id, level, readers);
+        // Only the owners' reads steer the file's streams (root's: anyone's), so the kernel
+        // reports no others (see `on_access`).
+        let mut sharing = self.streams.sharing(tag, 0);
+        sharing.push(stream.as_shared(0));
         self.tracer
-            .attach_file(key, attached)
+            .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
         Self::record(&mut self.prefetch, &mut stream, now_ns);
@@ -193,8 +191,32 @@ impl Controller {
         Ok(info)
     }
 
+    /// Whether a stream may join the streams the file behind `file` already has, and their
+    /// tag (`None`: it has none): viewers of one file each have their own stream, up to
+    /// [`MAX_STREAMS_PER_FILE`]; a file has one recording at most.
+    fn may_share(&self, file: &CheckedFile, write: bool) -> Result<Option<u64>, Refusal> {
+        let Some(tag) = self.streams.tag_of(&file.key) else {
+            return Ok(None);
+        };
+        if write {
+            if let Some(recording) = self.streams.of_file(tag).find(|s| s.recording.is_some()) {
+                return Err(Refusal::AlreadyRecording {
+                    path: file.path.clone(),
+                    stream: recording.id,
+                });
+            }
+        }
+        if self.streams.of_file(tag).count() >= MAX_STREAMS_PER_FILE {
+            return Err(Refusal::FileFull {
+                path: file.path.clone(),
+                max: MAX_STREAMS_PER_FILE,
+            });
+        }
+        Ok(Some(tag))
+    }
+
     /// The stream's own mapping of its file (none for a recording: nothing is locked).
-    fn mapping(file: &crate::streams::CheckedFile, write: bool) -> Result<MappedFile, Refusal> {
+    fn mapping(file: &CheckedFile, write: bool) -> Result<MappedFile, Refusal> {
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let fd = file.fd.try_clone().map_err(|e| internal(&e))?;
         if write {
@@ -213,8 +235,13 @@ impl Controller {
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(range);
         }
-        if let Err(error) = self.tracer.detach_file(stream.key) {
-            warn!("stream {id}: cannot forget its file in the kernel maps: {error}");
+        // The file's other streams keep it in the kernel maps, at their levels and owners.
+        let kept = match self.streams.kernel_entry(stream.file_tag) {
+            Some(entry) => self.tracer.attach_file(stream.key, entry),
+            None => self.tracer.detach_file(stream.key),
+        };
+        if let Err(error) = kept {
+            warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
         self.upgrades.end_stream(id, &mut self.tracer);
         info!("stream {id}: detached ({})", stream.path);
@@ -267,37 +294,32 @@ impl Controller {
         Ok(stream.info())
     }
 
-    /// `peer_uid`'s thread `tid` is about to read stream `stream`: raised now, as a miss would
-    /// raise it (the same checks: the thread must be the peer's user's).
-    pub fn reader_starts(
-        &mut self,
-        peer_uid: u32,
-        stream: u64,
-        tid: u32,
-        now_ns: u64,
-    ) -> Result<bool, Refusal> {
-        let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
-        let Some(stream) = self.streams.get(id) else {
-            return Err(Refusal::NotAttached {
-                what: format!("stream {id}"),
-            });
-        };
-        let when = (now_ns, stream.granted.priority);
-        let owner = stream.owner_uid;
-        let hook = &mut self.tracer;
-        Ok(self
-            .upgrades
-            .on_reader_start(id, (tid, peer_uid), when, owner, hook))
-    }
-
     /// The id of the stream `target` names, if `peer_uid` owns it (root owns all).
     fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
         let found = match target {
             StreamTarget::Id(id) => self.streams.get(*id),
-            StreamTarget::File { device, inode } => self
-                .streams
-                .iter()
-                .find(|s| s.file_device == *device && s.key.ino == *inode),
+            StreamTarget::File { device, inode } => {
+                let of_file = || {
+                    self.streams
+                        .iter()
+                        .filter(|s| s.file_device == *device && s.key.ino == *inode)
+                };
+                let mine: Vec<u64> = of_file()
+                    .filter(|s| peer_uid == 0 || s.owner_uid == peer_uid)
+                    .map(|s| s.id)
+                    .collect();
+                if let [_, _, ..] = mine.as_slice() {
+                    let ids: Vec<String> = mine.iter().map(u64::to_string).collect();
+                    return Err(Refusal::BadRequest(format!(
+                        "that file has several streams ({}); name one by its id",
+                        ids.join(", ")
+                    )));
+                }
+                // The caller's own, else another's (refused below as not theirs).
+                of_file()
+                    .find(|s| mine.contains(&s.id))
+                    .or_else(|| of_file().next())
+            }
         };
         let Some(stream) = found else {
             let what = match target {
@@ -310,23 +332,6 @@ impl Controller {
             return Err(Refusal::NotOwner { stream: stream.id });
         }
         Ok(stream.id)
-    }
-
-    /// The application's explicit playout point; `at_ns` is when the application was there.
-    pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, at_ns: u64, now_ns: u64) {
-        let Some(stream) = self.streams.get_mut(id) else {
-            return;
-        };
-        if peer_uid != 0 && stream.owner_uid != peer_uid {
-            return;
-        }
-        if !stream.newer_evidence(at_ns) {
-            log::debug!("stream {id}: position {offset} is older than a read seen since");
-            return;
-        }
-        log::debug!("stream {id}: position {offset}");
-        let actions = stream.playout.on_position(offset, now_ns);
-        Self::execute(&mut self.prefetch, stream, actions);
     }
 
     /// The streams `peer_uid` may see.
@@ -384,133 +389,6 @@ impl Controller {
         }
     }
 
-    /// A task read, faulted on or missed pages of an attached file, or queued or completed a
-    /// request on it.
-    pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
-        let Some(stream) = self.streams.get_mut(event.stream) else {
-            return;
-        };
-        let reader = &event.reader;
-        // Another user may read the file, but its reads are not the owner's playout: they
-        // neither move the window (a jump would burn the owner's credit) nor show in the
-        // owner's list. Root's streams follow any reader.
-        if stream.owner_uid != 0 && reader.uid != stream.owner_uid {
-            return;
-        }
-        stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
-        if stream.recording.is_some() {
-            // A recording has no window to move; its writer is not raised.
-            return;
-        }
-        if let Err(error) = self.tracer.note_reader() {
-            warn!("cannot follow the io_uring requests of stream readers: {error}");
-        }
-        log::debug!(
-            "stream {}: {:?} by {} ({})",
-            stream.id,
-            event.access,
-            reader.tgid,
-            reader.pid
-        );
-        let level = stream.granted.priority;
-        let actions = match event.access {
-            Access::Miss(range) => {
-                stream.misses += 1;
-                // Raise the reader first: the reads it waits for now are being queued.
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
-                // The window refills from where the reader is (on_read treats a miss outside
-                // the window as a jump).
-                if !stream.newer_evidence(event.at_ns) {
-                    return;
-                }
-                stream.playout.on_read(range, now_ns)
-            }
-            Access::Filled => {
-                // A miss, on a kernel that does not say where: count it and raise the reader;
-                // the pages may be readahead past it, so the window stays (its reads move it).
-                stream.misses += 1;
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
-                return;
-            }
-            Access::QueuedLow => {
-                // A reader's request queued below the stream's level (direct I/O, or
-                // readahead of a miss): raise it; where it reads is told by its reads.
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(stream.id, reader, when, stream.owner_uid, hook);
-                return;
-            }
-            Access::UringComplete { .. } => {
-                stream.uring_requests += 1;
-                self.upgrades.touch(reader.pid, stream.id, now_ns);
-                return;
-            }
-            Access::Read(range) | Access::Fault(range) => {
-                self.upgrades.touch(reader.pid, stream.id, now_ns);
-                if !stream.newer_evidence(event.at_ns) {
-                    return;
-                }
-                stream.playout.on_read(range, now_ns)
-            }
-        };
-        Self::execute(&mut self.prefetch, stream, actions);
-    }
-
-    /// A raised thread made a task, which started with its raise.
-    pub fn on_fork(&mut self, fork: &Fork) {
-        self.upgrades.on_fork(fork);
-    }
-
-    /// A load finished.
-    pub fn loaded(&mut self, done: LoadDone) {
-        log::debug!(
-            "stream {}: {:?} {:?}",
-            done.stream,
-            done.range,
-            done.outcome
-        );
-        let Some(stream) = self.streams.get_mut(done.stream) else {
-            return;
-        };
-        if let Some(recording) = &mut stream.recording {
-            let failed = match &done.outcome {
-                LoadOutcome::Failed(error) => Some(error),
-                LoadOutcome::Loaded | LoadOutcome::Cancelled => None,
-            };
-            if done.kind == JobKind::Allocate {
-                if let Some(error) = failed {
-                    recording.allocation_failed(stream.id, error);
-                }
-                return;
-            }
-            let now_ns = abiss_os::clock::monotonic_ns();
-            let actions = recording.written_back(stream.id, &done.range, failed, now_ns);
-            let at = (stream.id, stream.granted.priority);
-            recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
-            return;
-        }
-        match done.outcome {
-            LoadOutcome::Loaded => {
-                let actions = stream.playout.on_loaded(done.range, done.generation);
-                Self::execute(&mut self.prefetch, stream, actions);
-            }
-            LoadOutcome::Cancelled => {}
-            LoadOutcome::Failed(error) => {
-                if let Some(since) = stream.log_load_failure(abiss_os::clock::monotonic_ns()) {
-                    warn!(
-                        "stream {}: loading {:?} failed: {error} ({since} more failed since the last line; one a minute is logged)",
-                        stream.id, done.range
-                    );
-                }
-                stream.playout.on_failed(&done.range, done.generation);
-            }
-        }
-    }
-
     /// How long until some stream's credit allows a load its window lacks, or a raised reader
     /// is due to be put back; `None` while neither can happen (then only a reader moving on
     /// can change anything).
@@ -519,9 +397,15 @@ impl Controller {
         let loads = self
             .streams
             .iter()
-            .filter_map(|s| match &s.recording {
-                Some(recording) => Some(recording.ns_until_due(now_ns)),
-                None => s.playout.ns_until_next_load(),
+            .filter_map(|s| {
+                let due = match &s.recording {
+                    Some(recording) => Some(recording.ns_until_due(now_ns)),
+                    None => s.playout.ns_until_next_load(),
+                };
+                match (due, s.ns_until_growth_check(now_ns)) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
             })
             .min();
         let expiry = self.upgrades.ns_until_next_expiry(now_ns);
@@ -541,7 +425,8 @@ impl Controller {
         };
         self.upgrades.expire(now_ns, &mut self.tracer, &admitted);
         for stream in self.streams.iter_mut() {
-            let actions = stream.playout.on_tick(now_ns);
+            let mut actions = stream.follow_growth(now_ns);
+            actions.extend(stream.playout.on_tick(now_ns));
             Self::execute(&mut self.prefetch, stream, actions);
             Self::record(&mut self.prefetch, stream, now_ns);
         }

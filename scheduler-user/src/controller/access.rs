@@ -1,0 +1,201 @@
+//! The controller's answers to what readers do: their reads, faults and misses of attached
+//! files (routed to the right stream of a file), a player about to start, a position told by
+//! the application, a raised thread's fork, and a finished load.
+
+use abiss_proto::{Refusal, StreamTarget};
+use log::warn;
+
+use super::Controller;
+use crate::kernel_events::{Access, Fork, StreamAccess};
+use crate::policy::shared_file::route;
+use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
+use crate::streams::Stream;
+use crate::upgrades::RaiseFor;
+
+/// What a raise for `stream` is for.
+fn raise_for(stream: &Stream) -> RaiseFor {
+    RaiseFor {
+        stream: stream.id,
+        file_tag: stream.file_tag,
+    }
+}
+
+impl Controller {
+    /// `peer_uid`'s thread `tid` is about to read stream `stream`: raised now, as a miss would
+    /// raise it (the same checks: the thread must be the peer's user's).
+    pub fn reader_starts(
+        &mut self,
+        peer_uid: u32,
+        stream: u64,
+        tid: u32,
+        now_ns: u64,
+    ) -> Result<bool, Refusal> {
+        let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
+        let Some(stream) = self.streams.get(id) else {
+            return Err(Refusal::NotAttached {
+                what: format!("stream {id}"),
+            });
+        };
+        let when = (now_ns, stream.granted.priority);
+        let owner = stream.owner_uid;
+        let raising = raise_for(stream);
+        let hook = &mut self.tracer;
+        Ok(self
+            .upgrades
+            .on_reader_start(raising, (tid, peer_uid), when, owner, hook))
+    }
+
+    /// The application's explicit playout point; `at_ns` is when the application was there.
+    pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, at_ns: u64, now_ns: u64) {
+        let Some(stream) = self.streams.get_mut(id) else {
+            return;
+        };
+        if peer_uid != 0 && stream.owner_uid != peer_uid {
+            return;
+        }
+        if !stream.newer_evidence(at_ns) {
+            log::debug!("stream {id}: position {offset} is older than a read seen since");
+            return;
+        }
+        log::debug!("stream {id}: position {offset}");
+        let actions = stream.playout.on_position(offset, now_ns);
+        Self::execute(&mut self.prefetch, stream, actions);
+    }
+
+    /// A task read, faulted on or missed pages of an attached file, or queued or completed a
+    /// request on it.
+    pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
+        let reader = &event.reader;
+        // The event names the file (its tag); which of the file's streams it belongs to
+        // depends on who reads where.
+        let at = match &event.access {
+            Access::Read(range) | Access::Fault(range) | Access::Miss(range) => Some(range),
+            _ => None,
+        };
+        let sharing = self.streams.sharing(event.stream, reader.tgid);
+        let Some(id) = route(&sharing, reader.uid, at) else {
+            return;
+        };
+        let Some(stream) = self.streams.get_mut(id) else {
+            return;
+        };
+        // Another user may read the file, but its reads are not the owner's playout: they
+        // neither move the window (a jump would burn the owner's credit) nor show in the
+        // owner's list. Root's streams follow any reader.
+        if stream.owner_uid != 0 && reader.uid != stream.owner_uid {
+            return;
+        }
+        stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
+        if stream.recording.is_some() {
+            // A recording has no window to move; its writer is not raised.
+            return;
+        }
+        if let Err(error) = self.tracer.note_reader() {
+            warn!("cannot follow the io_uring requests of stream readers: {error}");
+        }
+        log::debug!(
+            "stream {}: {:?} by {} ({})",
+            stream.id,
+            event.access,
+            reader.tgid,
+            reader.pid
+        );
+        let level = stream.granted.priority;
+        let actions = match event.access {
+            Access::Miss(range) => {
+                stream.misses += 1;
+                // Raise the reader first: the reads it waits for now are being queued.
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+                // The window refills from where the reader is (on_read treats a miss outside
+                // the window as a jump).
+                if !stream.newer_evidence(event.at_ns) {
+                    return;
+                }
+                stream.playout.on_read(range, now_ns)
+            }
+            Access::Filled => {
+                // A miss, on a kernel that does not say where: count it and raise the reader;
+                // the pages may be readahead past it, so the window stays (its reads move it).
+                stream.misses += 1;
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+                return;
+            }
+            Access::QueuedLow => {
+                // A reader's request queued below the stream's level (direct I/O, or
+                // readahead of a miss): raise it; where it reads is told by its reads.
+                let when = (event.at_ns, level);
+                let hook = &mut self.tracer;
+                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+                return;
+            }
+            Access::UringComplete { .. } => {
+                stream.uring_requests += 1;
+                self.upgrades.touch(reader.pid, stream.id, now_ns);
+                return;
+            }
+            Access::Read(range) | Access::Fault(range) => {
+                self.upgrades.touch(reader.pid, stream.id, now_ns);
+                if !stream.newer_evidence(event.at_ns) {
+                    return;
+                }
+                stream.playout.on_read(range, now_ns)
+            }
+        };
+        Self::execute(&mut self.prefetch, stream, actions);
+    }
+
+    /// A raised thread made a task, which started with its raise.
+    pub fn on_fork(&mut self, fork: &Fork) {
+        self.upgrades.on_fork(fork);
+    }
+
+    /// A load finished.
+    pub fn loaded(&mut self, done: LoadDone) {
+        log::debug!(
+            "stream {}: {:?} {:?}",
+            done.stream,
+            done.range,
+            done.outcome
+        );
+        let Some(stream) = self.streams.get_mut(done.stream) else {
+            return;
+        };
+        if let Some(recording) = &mut stream.recording {
+            let failed = match &done.outcome {
+                LoadOutcome::Failed(error) => Some(error),
+                LoadOutcome::Loaded | LoadOutcome::Cancelled => None,
+            };
+            if done.kind == JobKind::Allocate {
+                if let Some(error) = failed {
+                    recording.allocation_failed(stream.id, error);
+                }
+                return;
+            }
+            let now_ns = abiss_os::clock::monotonic_ns();
+            let actions = recording.written_back(stream.id, &done.range, failed, now_ns);
+            let at = (stream.id, stream.granted.priority);
+            recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
+            return;
+        }
+        match done.outcome {
+            LoadOutcome::Loaded => {
+                let actions = stream.playout.on_loaded(done.range, done.generation);
+                Self::execute(&mut self.prefetch, stream, actions);
+            }
+            LoadOutcome::Cancelled => {}
+            LoadOutcome::Failed(error) => {
+                if let Some(since) = stream.log_load_failure(abiss_os::clock::monotonic_ns()) {
+                    warn!(
+                        "stream {}: loading {:?} failed: {error} ({since} more failed since the last line; one a minute is logged)",
+                        stream.id, done.range
+                    );
+                }
+                stream.playout.on_failed(&done.range, done.generation);
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Several streams of one file, on the real kernel: viewers of one popular file at different
+//! points each get their own window, which follows their own reads; a viewer leaving keeps the
+//! others served; a second user's stream on the same file takes only that user's reads; and a
+//! file has one recording and a bounded number of streams.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use abiss_tests::{
+    abissctl_as_nobody, as_nobody, assert_fails, chmod, require_root, resident_bytes, wait_until,
+    write_cold_file, Daemon, Ext4Mount, LoopDevice,
+};
+
+const MIB: u64 = 1 << 20;
+const BUFFER: u64 = 564 * 1024;
+/// The window moves in batches of 20 pages.
+const BATCH: u64 = 20 * 4096;
+
+/// Reads `mib` MiB of `path` from MiB `from` in a process of its own (as a player is), as root
+/// or as `nobody`.
+fn read_in_a_process(path: &Path, from: u64, mib: u64, nobody: bool) {
+    let dd = Path::new("/usr/bin/dd");
+    let mut command = if nobody {
+        as_nobody(dd)
+    } else {
+        Command::new(dd)
+    };
+    let status = command
+        .arg(format!("if={}", path.display()))
+        .args([
+            "of=/dev/null",
+            "bs=64k",
+            "status=none",
+            &format!("skip={}", from * 16),
+            &format!("count={}", mib * 16),
+        ])
+        .status()
+        .expect("run dd");
+    assert!(status.success(), "dd from MiB {from}");
+}
+
+/// The stream's playout point.
+fn point(daemon: &Daemon, id: u64) -> u64 {
+    daemon
+        .streams()
+        .into_iter()
+        .find(|s| s.id == id)
+        .map_or(0, |s| s.playout_point)
+}
+
+fn attached(output: &Output) -> u64 {
+    assert!(
+        output.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("stream id")
+}
+
+#[test]
+fn viewers_of_one_file_each_have_their_own_window() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(fs.device().path(), &["--capacity", "40MB/s"]);
+    chmod(fs.path(), 0o755);
+    let path = fs.path().join("popular.ts");
+    write_cold_file(&path, 32 * MIB);
+    chmod(&path, 0o644);
+    let file = std::fs::File::open(&path).expect("open");
+
+    // Two viewers: two streams of one file (it was refused as "already attached" before).
+    let first = daemon.attach_at_1mb(&path);
+    let second = daemon.attach_at_1mb(&path);
+    assert_ne!(first, second);
+    read_in_a_process(&path, 0, 2, false);
+    read_in_a_process(&path, 16, 2, false);
+    assert!(
+        wait_until(Duration::from_secs(5), || point(&daemon, first) == 2 * MIB
+            && point(&daemon, second) == 18 * MIB),
+        "each window follows its own viewer: {:?}",
+        daemon.streams()
+    );
+    // Each holds its buffer ahead of its own viewer.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            resident_bytes(&file, 2 * MIB, BUFFER) == BUFFER
+                && resident_bytes(&file, 18 * MIB, BUFFER) == BUFFER
+        }),
+        "both windows loaded: {:?}",
+        daemon.streams()
+    );
+    // And locked, once the credit a dash through 2 MiB spent has come back at the rate.
+    assert!(
+        wait_until(Duration::from_secs(5), || daemon.streams().iter().all(
+            |s| s.locked_bytes == BUFFER
+                && s.window_start <= s.playout_point
+                && s.playout_point - s.window_start < BATCH
+        )),
+        "each window locked from its own viewer on: {:?}",
+        daemon.streams()
+    );
+
+    // The first viewer leaves; the second keeps its window, and its reads still steer it.
+    assert!(daemon.ctl(["detach", &first.to_string()]).status.success());
+    read_in_a_process(&path, 18, 2, false);
+    assert!(
+        wait_until(Duration::from_secs(5), || point(&daemon, second)
+            == 20 * MIB),
+        "the remaining stream still follows its reader: {:?}",
+        daemon.streams()
+    );
+
+    // Another user attaches the same file with a descriptor of their own: their stream takes
+    // their reads, and root's stream is not moved by them.
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let path_text = path.to_string_lossy().into_owned();
+    let theirs = attached(&abissctl_as_nobody(
+        &socket,
+        &[
+            "attach", &path_text, "--rate", "1MB/s", "--buffer", "564KiB",
+        ],
+    ));
+    read_in_a_process(&path, 8, 1, true);
+    read_in_a_process(&path, 20, 1, true);
+    assert!(
+        wait_until(Duration::from_secs(5), || point(&daemon, theirs)
+            == 21 * MIB),
+        "nobody's reads steer nobody's stream: {:?}",
+        daemon.streams()
+    );
+    assert_eq!(point(&daemon, second), 20 * MIB, "root's stream stayed");
+    // Nobody cannot end root's stream through the shared file.
+    let refused = abissctl_as_nobody(&socket, &["detach", &second.to_string()]);
+    assert_eq!(refused.status.code(), Some(6), "{refused:?}");
+
+    refuses_a_second_recording_and_a_seventeenth_stream(&daemon, &path_text);
+}
+
+/// One recording per file; several of one's own streams are named by id, not by file; at most
+/// 16 streams of one file, and a refusal changes nothing.
+fn refuses_a_second_recording_and_a_seventeenth_stream(daemon: &Daemon, path_text: &str) {
+    let recording = daemon.ctl([
+        "attach", path_text, "--write", "--rate", "1MB/s", "--buffer", "1MiB",
+    ]);
+    let recording = attached(&recording);
+    assert_fails(
+        &daemon.ctl([
+            "attach", path_text, "--write", "--rate", "1MB/s", "--buffer", "1MiB",
+        ]),
+        9,
+        &format!("already being recorded by stream {recording}"),
+    );
+    assert_fails(&daemon.ctl(["detach", path_text]), 8, "name one by its id");
+
+    // At most 16 streams of one file: the 17th is refused and nothing changes.
+    let before = daemon.streams().len();
+    for _ in before..16 {
+        attached(&daemon.ctl([
+            "attach", path_text, "--rate", "10kB/s", "--buffer", "160KiB",
+        ]));
+    }
+    assert_fails(
+        &daemon.ctl([
+            "attach", path_text, "--rate", "10kB/s", "--buffer", "160KiB",
+        ]),
+        9,
+        "the most one file may",
+    );
+    assert_eq!(daemon.streams().len(), 16);
+}
