@@ -53,8 +53,8 @@ typedef struct abiss_file ABISS_FILE;
  * Returns the stream, or NULL with errno set:
  *   EINVAL        path or mode is NULL, mode is not a stream mode, byterate <= 0,
  *                 app_buffer < 0, the file is not a regular file or is empty, or the daemon
- *                 refused the request (e.g. the file is on a disk abissd does not manage, or
- *                 app_buffer is out of range)
+ *                 refused the request (e.g. app_buffer is out of range)
+ *   ENODEV        the file is on a disk abissd does not manage
  *   ENOENT        path does not exist (or is empty); other open(2) errors (EACCES, ENOTDIR,
  *                 ELOOP, ...) as open(2) sets them
  *   EISDIR        path is a directory

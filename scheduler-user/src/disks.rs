@@ -189,7 +189,7 @@ impl Disks {
     /// daemon started taken up (a broken one refuses).
     pub fn serving(&mut self, file_device: DeviceNumber, path: &str) -> Result<Disk, Refusal> {
         let unmanaged = |disk: String| {
-            Refusal::BadRequest(format!(
+            Refusal::UnknownDevice(format!(
                 "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
             ))
         };

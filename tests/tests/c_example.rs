@@ -226,7 +226,7 @@ fn fopen_fails_with_errno_and_a_sentence() {
             text(&unmanaged),
             "r",
             "1000000",
-            libc::EINVAL,
+            libc::ENODEV,
             "does not manage",
         ),
         (text(&empty), "rb", "1000000", libc::EINVAL, "is empty"),

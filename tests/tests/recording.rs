@@ -306,6 +306,23 @@ fn a_recording_is_written_back_at_its_level_within_its_window() {
         list.contains("recording: written 8MiB, written back 8MiB"),
         "{list}"
     );
+    // What `trace --by stream` shows: the stream's writes, with their latency, at its level.
+    let writes: Vec<_> = daemon
+        .connect()
+        .latency()
+        .into_iter()
+        .filter(|g| g.stream == Some(id) && g.operation == Operation::Write)
+        .collect();
+    let requests: u64 = writes.iter().map(|g| g.requests).sum();
+    let bytes: u64 = writes.iter().map(|g| g.bytes).sum();
+    assert!(
+        bytes >= written && requests > 0 && writes.iter().all(|g| g.inversions == 0),
+        "the stream's write latency groups: {writes:?}"
+    );
+    assert!(
+        writes.iter().all(|g| g.priority.class == IoClass::Rt),
+        "{writes:?}"
+    );
     assert!(daemon.ctl(["detach", &id.to_string()]).status.success());
 }
 
@@ -388,7 +405,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
             "--rate".as_ref(),
             "1MB/s".as_ref(),
         ]),
-        8,
+        5,
         "does not manage",
     );
     // Root records; nobody may neither open the file to record into it, nor detach or slow
