@@ -388,6 +388,50 @@ fn a_command_under_abissctl_run_starts_at_the_streams_level() {
     );
 }
 
+/// A player's reading threads are made once it runs: a task the command makes in its start-up
+/// keeps the start raise (it is the player's), and goes back when the stream ends even if it
+/// outlives the command.
+#[test]
+fn the_tasks_a_player_makes_as_it_starts_keep_its_raise_until_the_stream_ends() {
+    require_root!();
+    let bench = bench("adopt");
+    let stream = bench.file("stream.bin");
+    let output = bench.daemon.ctl([
+        "run",
+        "--rate",
+        "1MB/s",
+        stream.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "sleep 6 & echo $!; sleep 1; ionice -p $!",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let said = String::from_utf8_lossy(&output.stdout);
+    let mut lines = said.lines();
+    let child: u32 = lines
+        .next()
+        .and_then(|line| line.trim().parse().ok())
+        .expect("the child's pid");
+    assert_eq!(
+        lines.next().map(str::trim),
+        Some("realtime: prio 0"),
+        "a task made at the start keeps the raise: {said}"
+    );
+    // The command is gone, its child not: the stream ended with `abissctl run`, and the raise
+    // with it.
+    assert!(
+        wait_until(Duration::from_secs(3), || {
+            ioprio::get(child).is_ok_and(|prio| prio >> 13 != u16::from(ioprio::CLASS_RT))
+        }),
+        "task {child} was put back when the stream ended"
+    );
+    assert!(
+        std::path::Path::new(&format!("/proc/{child}")).exists(),
+        "the child outlived the command (else the check above proves nothing)"
+    );
+}
+
 #[test]
 fn only_the_stream_owners_readers_are_raised() {
     require_root!();

@@ -150,7 +150,7 @@ impl Controller {
 
     /// A raised thread made a task, which started with its raise.
     pub fn on_fork(&mut self, fork: &Fork) {
-        self.upgrades.on_fork(fork);
+        self.upgrades.on_fork(fork, &mut self.tracer);
     }
 
     /// A load finished.

@@ -45,6 +45,10 @@ pub struct Upgrade {
     /// raised priority grows from then at the stream's rate.
     #[serde(default)]
     pub raised_ns: u64,
+    /// For a raise at a player's start, and the tasks adopted from it: when the player was
+    /// raised. Tasks it makes in its start-up keep the raise (`upgrades::adoption`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ns: Option<u64>,
 }
 
 impl Upgrade {
@@ -266,6 +270,7 @@ mod tests {
             applied: RT0,
             last_access_ns,
             raised_ns: 0,
+            started_ns: None,
         }
     }
 

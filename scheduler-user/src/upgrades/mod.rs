@@ -24,6 +24,8 @@ mod task;
 pub use task::restore_leftovers;
 use task::{restore, task_identity, Restored};
 
+mod adoption;
+
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
 
@@ -73,6 +75,8 @@ pub struct ReaderUpgrades {
     unrecorded_retry_ns: Option<u64>,
     /// The tasks raised threads make.
     forks: RaisedForks,
+    /// Per stream, the tasks adopted from its players' start raises ([`adoption`]).
+    adopted: HashMap<u64, u64>,
 }
 
 impl ReaderUpgrades {
@@ -94,6 +98,7 @@ impl ReaderUpgrades {
             barred: HashMap::new(),
             unrecorded_retry_ns: None,
             forks,
+            adopted: HashMap::new(),
         }
     }
 
@@ -211,6 +216,8 @@ impl ReaderUpgrades {
             applied: target,
             last_access_ns: done,
             raised_ns: done,
+            // A start raise's player makes its reading threads next ([`adoption`]).
+            started_ns: (!measured).then_some(done),
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
@@ -271,8 +278,11 @@ impl ReaderUpgrades {
     }
 
     /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
-    pub fn on_fork(&mut self, fork: &Fork) {
+    pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook) {
         let raised_itself = self.table.get(fork.child).is_some();
+        if !raised_itself && self.adopt(fork, hook) {
+            return;
+        }
         self.forks.on_fork(fork, raised_itself);
     }
 
@@ -348,6 +358,7 @@ impl ReaderUpgrades {
         self.restore_all(&taken, "stream ended", hook);
         self.per_stream.remove(&stream);
         self.barred.remove(&stream);
+        self.adopted.remove(&stream);
     }
 
     /// Restores every raised thread, and every task they made still followed (daemon
