@@ -202,6 +202,27 @@ fn attach_for_writing(daemon: &Daemon, file: &Path) -> u64 {
         .expect("stream id")
 }
 
+/// What `trace --by stream` shows of recording `id`: its writes (at least `written` bytes),
+/// with their latency, at its level and with no inversion.
+fn traces_the_writes_of(daemon: &Daemon, id: u64, written: u64) {
+    let writes: Vec<_> = daemon
+        .connect()
+        .latency()
+        .into_iter()
+        .filter(|g| g.stream == Some(id) && g.operation == Operation::Write)
+        .collect();
+    let requests: u64 = writes.iter().map(|g| g.requests).sum();
+    let bytes: u64 = writes.iter().map(|g| g.bytes).sum();
+    assert!(
+        bytes >= written && requests > 0 && writes.iter().all(|g| g.inversions == 0),
+        "the stream's write latency groups: {writes:?}"
+    );
+    assert!(
+        writes.iter().all(|g| g.priority.class == IoClass::Rt),
+        "{writes:?}"
+    );
+}
+
 /// The file's write requests among `events`: (bytes at RT/0 tagged with `stream`, all bytes,
 /// the others).
 fn writes_of(
@@ -306,23 +327,7 @@ fn a_recording_is_written_back_at_its_level_within_its_window() {
         list.contains("recording: written 8MiB, written back 8MiB"),
         "{list}"
     );
-    // What `trace --by stream` shows: the stream's writes, with their latency, at its level.
-    let writes: Vec<_> = daemon
-        .connect()
-        .latency()
-        .into_iter()
-        .filter(|g| g.stream == Some(id) && g.operation == Operation::Write)
-        .collect();
-    let requests: u64 = writes.iter().map(|g| g.requests).sum();
-    let bytes: u64 = writes.iter().map(|g| g.bytes).sum();
-    assert!(
-        bytes >= written && requests > 0 && writes.iter().all(|g| g.inversions == 0),
-        "the stream's write latency groups: {writes:?}"
-    );
-    assert!(
-        writes.iter().all(|g| g.priority.class == IoClass::Rt),
-        "{writes:?}"
-    );
+    traces_the_writes_of(&daemon, id, written);
     assert!(daemon.ctl(["detach", &id.to_string()]).status.success());
 }
 
