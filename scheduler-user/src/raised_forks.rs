@@ -23,6 +23,10 @@
 //! - a child is not its parent: it may outlive it, exec another program or set its own
 //!   priority, so a recorded child would need identity checks of its own at every restore.
 //!
+//! A player's own start-up is the other exception: a task made soon after a start raise is
+//! adopted as an upgrade of its own instead (`upgrades::adoption`), with its own record, policing
+//! and put-back, so none of the reasons above applies to it.
+//!
 //! One kind of task is the exception: one made with `CLONE_IO` (the `io_uring` workers that
 //! carry out a raised reader's requests) shares its parent's I/O context, so its priority *is*
 //! the parent's, and putting it back alone would put back the parent. It stays in the map and
