@@ -27,6 +27,9 @@ pub struct StreamOptions {
     pub batch_pages: u32,
     /// ABISS level, 0 (real time) to 7.
     pub priority: u8,
+    /// Load this much of the file's head at once at the start, beyond the buffer (a player's
+    /// start-up probe); `None`: no more than the buffer.
+    pub preroll: Option<ByteSize>,
 }
 
 impl StreamOptions {
@@ -41,6 +44,7 @@ impl StreamOptions {
             persistent: false,
             write,
             preallocate: false,
+            preroll: if write { None } else { self.preroll },
         }
     }
 
@@ -52,6 +56,7 @@ impl StreamOptions {
             buffer,
             batch_pages: DEFAULT_BATCH_PAGES,
             priority: DEFAULT_LEVEL,
+            preroll: None,
         }
     }
 }

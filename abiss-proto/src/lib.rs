@@ -274,6 +274,12 @@ pub struct AttachRequest {
     /// Off by default: on ext4 it delays the writer's writes (README, "Write streams").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preallocate: bool,
+    /// For a read stream: load this much of the file's head at once when the stream starts,
+    /// beyond its buffer (a player's start-up probe), locked until the reader passes it. It
+    /// comes out of the start-up allowance and counts against the locked-memory budgets.
+    /// Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preroll: Option<ByteSize>,
 }
 
 /// A stream named by id, or by the file it streams.

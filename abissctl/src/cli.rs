@@ -176,6 +176,11 @@ struct StreamArgs {
     /// while the journal is busy; see the README.
     #[arg(long, requires = "write")]
     preallocate: bool,
+    /// Load this much of the file's head at once when the stream starts, beyond --buffer (a
+    /// player's start-up probe: ffmpeg reads about 5 MB), locked until the reader passes it.
+    /// It comes out of your start-up allowance and counts against your locked memory.
+    #[arg(long, conflicts_with = "write")]
+    preroll: Option<Written<ByteSize>>,
 }
 
 impl StreamArgs {
@@ -187,6 +192,7 @@ impl StreamArgs {
             priority: self.priority,
             write: self.write,
             preallocate: self.preallocate,
+            preroll: self.preroll.as_ref().map(rounded),
         }
     }
 }

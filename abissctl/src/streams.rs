@@ -32,6 +32,8 @@ pub struct StreamParameters {
     pub write: bool,
     /// Allocate a recording's file ahead of the writer.
     pub preallocate: bool,
+    /// Load this much of the head at once at the start.
+    pub preroll: Option<ByteSize>,
 }
 
 impl StreamParameters {
@@ -44,6 +46,7 @@ impl StreamParameters {
             persistent,
             write: self.write,
             preallocate: self.preallocate,
+            preroll: self.preroll,
         }
     }
 

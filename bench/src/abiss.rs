@@ -157,6 +157,7 @@ impl RunSetup for AbissRun {
                 persistent: false,
                 write: false,
                 preallocate: false,
+                preroll: None,
             },
         )?;
         // Like ABISS's start-up delay: the reader starts once its buffer is loaded.

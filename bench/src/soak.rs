@@ -69,6 +69,7 @@ const STREAM: AttachRequest = AttachRequest {
     persistent: false,
     write: false,
     preallocate: false,
+    preroll: None,
 };
 
 /// Runs the soak and writes soak.{json,md,svg}.

@@ -123,6 +123,7 @@ fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
             persistent: false,
             write: false,
             preallocate: false,
+            preroll: None,
         },
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;

@@ -123,10 +123,12 @@ impl StreamTable {
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
             .map(|s| {
+                // A preroll holds more until its reader passes it.
                 locked_at_most(
                     s.granted.buffer.0,
                     u64::from(s.granted.batch_pages) * PAGE_BYTES,
                 )
+                .max(s.playout.locked_bytes())
             })
             .sum()
     }

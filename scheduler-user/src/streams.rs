@@ -28,6 +28,8 @@ pub const MAX_STREAMS_PER_USER: usize = 32;
 pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 /// Largest playout buffer (1 GiB): it is locked memory.
 pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
+/// Largest start-up preroll (64 MiB): it is locked memory and a real-time burst.
+pub const MAX_PREROLL_BYTES: u64 = 64 << 20;
 /// Tasks not seen reading a stream's file for this long are no longer listed as readers.
 pub const READER_IDLE_NS: u64 = 10_000_000_000;
 /// How often a read stream whose window reaches the end of its file looks whether the file
@@ -86,6 +88,17 @@ pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
             "a buffer of {} is more than the 1 GiB abissd locks for one stream",
             request.buffer
         ));
+    }
+    if let Some(preroll) = request.preroll {
+        if request.write {
+            return bad("a recording has no preroll: it reads nothing ahead".into());
+        }
+        if preroll.0 > MAX_PREROLL_BYTES {
+            return bad(format!(
+                "a preroll of {preroll} is more than the {} abissd loads ahead at a start",
+                ByteSize(MAX_PREROLL_BYTES)
+            ));
+        }
     }
     Ok(())
 }
@@ -476,6 +489,7 @@ mod tests {
             persistent: false,
             write: false,
             preallocate: false,
+            preroll: None,
         }
     }
 

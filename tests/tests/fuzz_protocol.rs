@@ -316,6 +316,7 @@ impl Harness {
                 persistent: false,
                 write: false,
                 preallocate: false,
+                preroll: None,
             };
             let stream = root.attach(&file, request).expect("attach at every level");
             root.detach(StreamTarget::Id(stream.id)).expect("detach");

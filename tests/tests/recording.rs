@@ -389,6 +389,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
         persistent: false,
         write: true,
         preallocate: false,
+        preroll: None,
     };
     // A read-only descriptor proves no right to write.
     let mut client = Client::connect(daemon.socket()).expect("connect");
@@ -438,6 +439,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
     let read_request = AttachRequest {
         write: false,
         preallocate: false,
+        preroll: None,
         ..request
     };
     match client.attach(&write_only, read_request) {

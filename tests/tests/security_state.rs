@@ -62,6 +62,7 @@ fn request(rate: u64, buffer: u64, batch_pages: u32, priority: u8) -> AttachRequ
         persistent: true,
         write: false,
         preallocate: false,
+        preroll: None,
     }
 }
 

@@ -62,6 +62,7 @@ fn request(rate: u64, priority: u8) -> AttachRequest {
         persistent: true,
         write: false,
         preallocate: false,
+        preroll: None,
     }
 }
 
@@ -448,4 +449,74 @@ fn a_user_cannot_hold_more_than_32_streams_and_root_detaches_them_all() {
             .expect("root may detach any stream");
     }
     assert!(client.list().unwrap().is_empty());
+}
+
+/// `--preroll`: the head of the file beyond the buffer is loaded at once when the stream
+/// starts (not at the rate), locked until the reader passes it, and it counts against the
+/// locked-memory budget while it is locked (a preroll that does not fit is refused).
+#[test]
+fn a_preroll_loads_the_head_at_once_until_the_reader_passes_it() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(
+        fs.device().path(),
+        &["--capacity", "20MB/s", "--locked-memory", "16MiB"],
+    );
+    let daemon = &daemon;
+    let path = fs.path().join("movie.ts");
+    write_cold_file(&path, 32 << 20);
+    let file = File::open(&path).expect("open");
+    let path = path.to_str().unwrap();
+    let preroll = 8 << 20;
+    let started = Instant::now();
+    let output = ctl(
+        daemon,
+        &["attach", path, "--rate", "1MB/s", "--preroll", "8MiB"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let locked = || daemon.streams().first().map_or(0, |s| s.locked_bytes);
+    assert!(
+        wait_until(Duration::from_secs(3), || locked() == preroll),
+        "8 MiB locked at once ({} after {:?}); at 1 MB/s it would take 8 s",
+        locked(),
+        started.elapsed()
+    );
+    assert_eq!(resident_bytes(&file, 0, preroll), preroll);
+    // While it is locked, the preroll counts: 8 MiB + 12 MiB do not fit in 16 MiB.
+    expect_refused(
+        daemon,
+        &["attach", path, "--rate", "1MB/s", "--preroll", "12MiB"],
+        9,
+        "does not fit",
+    );
+    // A reader that passes 6 MiB releases what it passed; the window stays B ahead of it.
+    let status = Command::new("dd")
+        .args([
+            &format!("if={path}"),
+            "of=/dev/null",
+            "bs=64k",
+            "count=96",
+            "status=none",
+        ])
+        .status()
+        .expect("dd");
+    assert!(status.success());
+    assert!(
+        wait_until(Duration::from_secs(3), || locked() <= (2 << 20) + 20 * 4096),
+        "the passed part of the preroll is released ({} locked)",
+        locked()
+    );
+    // Now it fits.
+    let output = ctl(
+        daemon,
+        &["attach", path, "--rate", "1MB/s", "--preroll", "12MiB"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    expect_refused(
+        daemon,
+        &["attach", path, "--rate", "1MB/s", "--preroll", "65MiB"],
+        8,
+        "64MiB",
+    );
+    assert_eq!(daemon.streams().len(), 2);
 }

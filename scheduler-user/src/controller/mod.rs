@@ -129,8 +129,12 @@ impl Controller {
         }
         self.disks
             .admit(disk.number, &request, &self.streams, None)?;
+        // A preroll is locked too, until the reader passes it (no more than the file).
+        let preroll = request
+            .preroll
+            .map_or(0, |preroll| preroll.0.min(file.bytes));
         let wanted = locked_at_most(
-            request.buffer.0,
+            request.buffer.0.max(preroll),
             u64::from(request.batch_pages) * PAGE_BYTES,
         );
         self.memory
@@ -157,7 +161,8 @@ impl Controller {
                 .burst
                 .grant(peer_uid, Stream::credit_limit_bytes(&request), now_ns),
         };
-        let (mut stream, actions) = Stream::new(
+        let preroll = request.preroll;
+        let (mut stream, mut actions) = Stream::new(
             (id, tag),
             owner,
             request,
@@ -166,6 +171,9 @@ impl Controller {
             Arc::new(mapped),
             start,
         );
+        if let Some(preroll) = preroll {
+            actions.extend(self.preroll(&mut stream, preroll.0, now_ns));
+        }
         // Only the owners' reads steer the file's streams (root's: anyone's), so the kernel
         // reports no others (see `on_access`).
         let mut sharing = self.streams.sharing(tag, 0);
@@ -189,6 +197,24 @@ impl Controller {
         );
         self.streams.insert(stream);
         Ok(info)
+    }
+
+    /// The start-up preroll of a new stream up to `end` bytes of its head: as much beyond what
+    /// its window asked for as the owner's start-up allowance grants (root's: all).
+    fn preroll(&mut self, stream: &mut Stream, end: u64, now_ns: u64) -> Vec<WindowAction> {
+        let asked = stream.playout.requested_end();
+        let wanted = end.min(stream.file_bytes).saturating_sub(asked);
+        if wanted == 0 {
+            return Vec::new();
+        }
+        let granted = self.burst.grant(stream.owner_uid, wanted, now_ns);
+        if granted < wanted {
+            info!(
+                "stream {}: preroll cut to {granted} of {wanted} bytes by the start-up allowance",
+                stream.id
+            );
+        }
+        stream.playout.preroll(asked + granted)
     }
 
     /// Whether a stream may join the streams the file behind `file` already has, and their

@@ -262,6 +262,23 @@ impl PlayoutBuffer {
         actions
     }
 
+    /// Loads the file's head up to `end` at once, beyond the window (a start-up preroll, paid
+    /// by the caller's start-up allowance, not the credit): locked like the window, and
+    /// released as the reader passes it. Only at the start of the file, before any seek.
+    pub fn preroll(&mut self, end: u64) -> Vec<WindowAction> {
+        let end = page_ceil(end).min(self.file_end());
+        if self.generation != 0 || self.window_start != 0 || end <= self.requested_end {
+            return Vec::new();
+        }
+        let range = self.requested_end..end;
+        self.prefetched_bytes += range.end - range.start;
+        self.requested_end = end;
+        vec![WindowAction::Load {
+            range,
+            generation: self.generation,
+        }]
+    }
+
     /// Whether the window reaches the end of the file: a file that grows (a recording being
     /// watched) has more to load only once its new size is known.
     #[must_use]

@@ -248,3 +248,26 @@ fn a_window_follows_a_file_that_grows_under_it() {
     assert!(buffer.file_grew(MB, 400 * period_ns).is_empty());
     assert_eq!(buffer.requested_end(), end);
 }
+
+/// A start-up preroll loads the head beyond the buffer at once, outside the credit; the window
+/// takes over past it, and it exists only at the start.
+#[test]
+fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    let credit = buffer.credit_bytes();
+    let preroll = buffer.preroll(5 * MB);
+    assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
+    assert_eq!(buffer.credit_bytes(), credit, "not paid from the credit");
+    complete(&mut buffer, &preroll);
+    assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
+    // Nothing more loads while the preroll covers the window.
+    assert_eq!(loaded(&buffer.on_read(0..MB, 1_000_000_000)), 0);
+    // Past it, the window loads from the preroll's end on.
+    let moves = buffer.on_read(MB..5 * MB, 2_000_000_000);
+    assert!(moves.iter().any(|a| matches!(a,
+        WindowAction::Load { range, .. } if range.start == page_ceil(5 * MB))));
+    // After a seek there is no preroll.
+    let _ = buffer.on_read(50 * MB..50 * MB + 4096, 3_000_000_000);
+    assert!(buffer.preroll(60 * MB).is_empty());
+}

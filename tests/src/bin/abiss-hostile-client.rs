@@ -140,6 +140,7 @@ fn attach_slowly(socket: &str, file: &str) -> (Client, abiss_proto::StreamInfo) 
                 persistent: false,
                 write: false,
                 preallocate: false,
+                preroll: None,
             },
         )
         .expect("attach");
@@ -192,6 +193,7 @@ fn opath(socket: &str, file: &str) -> ExitCode {
             persistent: true,
             write: false,
             preallocate: false,
+            preroll: None,
         },
     );
     println!("{answer:?}");
@@ -257,6 +259,7 @@ fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode
                 persistent: false,
                 write: false,
                 preallocate: false,
+                preroll: None,
             };
             // Another limit (streams, memory, bursts) may refuse an attach: the subscription
             // is the attack, the stream only what it would hold.
