@@ -45,6 +45,7 @@ impl StreamOptions {
             write,
             preallocate: false,
             preroll: if write { None } else { self.preroll },
+            buffer_auto: false,
         }
     }
 

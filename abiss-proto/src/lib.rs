@@ -252,6 +252,10 @@ pub struct AdmissionReport {
 
 /// Parameters of a new stream.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "independent wire flags, each absent for older clients; no two form a state machine"
+)]
 pub struct AttachRequest {
     /// Guaranteed byterate.
     pub rate: ByteRate,
@@ -280,6 +284,12 @@ pub struct AttachRequest {
     /// Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preroll: Option<ByteSize>,
+    /// Size the buffer from the disk (`--buffer auto`): `buffer` is then the application's
+    /// own part (it may be 0), and abissd adds what the disk's measured real-time latency
+    /// tail takes at the stream's rate, growing it as the tail grows, within the locked-memory
+    /// budgets. Absent: `buffer` is the whole buffer, fixed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub buffer_auto: bool,
 }
 
 /// A stream named by id, or by the file it streams.
@@ -361,6 +371,24 @@ pub struct StreamInfo {
     /// What a write stream has done, `None` for a read stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recording: Option<RecordingInfo>,
+    /// Why the buffer has its size, for a buffer abissd sizes (`--buffer auto`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_auto: Option<AutoBufferInfo>,
+}
+
+/// How abissd sized a stream's buffer from its disk (`--buffer auto`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoBufferInfo {
+    /// The application's own part.
+    pub app_bytes: u64,
+    /// The real-time latency tail the buffer covers: the disk's measured p99 of queue plus
+    /// service time over the last seconds, or the default while too few real-time requests
+    /// were seen.
+    pub tail_us: u64,
+    /// Whether `tail_us` was measured (else it is the default).
+    pub measured: bool,
+    /// The buffer would be larger but the locked-memory budgets have no room.
+    pub capped: bool,
 }
 
 /// A write stream's write-behind window, as `abissctl list` shows it.

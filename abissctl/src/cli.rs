@@ -157,9 +157,11 @@ struct StreamArgs {
     /// whole bytes.
     #[arg(long, short = 'r')]
     rate: Written<ByteRate>,
-    /// Playout buffer: how much is kept loaded ahead of the reader (564KiB; 64k is 64 KiB).
-    #[arg(long, short = 'b', default_value_t = Written::from(ByteSize(DEFAULT_BUFFER_BYTES)))]
-    buffer: Written<ByteSize>,
+    /// Playout buffer: how much is kept loaded ahead of the reader (564KiB; 64k is 64 KiB), or
+    /// `auto`: abissd sizes it from the real-time latency its disk shows and grows it with
+    /// that latency, within the locked-memory budgets (`auto+256KiB` adds your own part).
+    #[arg(long, short = 'b', default_value_t = BufferArg::Size(Written::from(ByteSize(DEFAULT_BUFFER_BYTES))))]
+    buffer: BufferArg,
     /// Pages loaded per credit step.
     #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
@@ -183,11 +185,65 @@ struct StreamArgs {
     preroll: Option<Written<ByteSize>>,
 }
 
+/// `--buffer`: a size, or `auto` with an optional application part (`auto+256KiB`).
+#[derive(Clone, Debug)]
+enum BufferArg {
+    /// A fixed buffer.
+    Size(Written<ByteSize>),
+    /// Sized by abissd, on top of the application's own part.
+    Auto(Option<Written<ByteSize>>),
+}
+
+impl std::str::FromStr for BufferArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let trimmed = text.trim();
+        let Some(rest) = trimmed
+            .get(..4)
+            .filter(|head| head.eq_ignore_ascii_case("auto"))
+            .map(|_| trimmed[4..].trim())
+        else {
+            return trimmed
+                .parse()
+                .map(Self::Size)
+                .map_err(|error| format!("{error}; or give auto"));
+        };
+        if rest.is_empty() {
+            return Ok(Self::Auto(None));
+        }
+        let Some(app) = rest.strip_prefix('+') else {
+            return Err(format!(
+                "'{trimmed}' is not auto, auto+SIZE or a size such as 564KiB"
+            ));
+        };
+        app.trim()
+            .parse()
+            .map(|size| Self::Auto(Some(size)))
+            .map_err(|error| format!("{error} (after auto+)"))
+    }
+}
+
+impl std::fmt::Display for BufferArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Size(size) => write!(f, "{size}"),
+            Self::Auto(None) => write!(f, "auto"),
+            Self::Auto(Some(app)) => write!(f, "auto+{app}"),
+        }
+    }
+}
+
 impl StreamArgs {
     fn parameters(&self) -> StreamParameters {
+        let (buffer, buffer_auto) = match &self.buffer {
+            BufferArg::Size(size) => (rounded(size), false),
+            BufferArg::Auto(app) => (app.as_ref().map_or(ByteSize(0), rounded), true),
+        };
         StreamParameters {
             rate: rounded(&self.rate),
-            buffer: rounded(&self.buffer),
+            buffer,
+            buffer_auto,
             batch: self.batch,
             priority: self.priority,
             write: self.write,

@@ -22,8 +22,10 @@ use crate::error::CliError;
 pub struct StreamParameters {
     /// Rate.
     pub rate: ByteRate,
-    /// Playout buffer.
+    /// Playout buffer (with `buffer_auto`, the application's part).
     pub buffer: ByteSize,
+    /// abissd sizes the buffer from the disk.
+    pub buffer_auto: bool,
     /// Pages per batch.
     pub batch: u32,
     /// ABISS level.
@@ -47,6 +49,7 @@ impl StreamParameters {
             write: self.write,
             preallocate: self.preallocate,
             preroll: self.preroll,
+            buffer_auto: self.buffer_auto,
         }
     }
 
@@ -384,6 +387,9 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
                 recording_line(recording)
             );
         }
+        if let Some(auto) = &info.buffer_auto {
+            let _ = writeln!(out, "     stream {}: {}", info.id, auto_buffer_line(auto));
+        }
         if let Some(advice) = &info.suggestion {
             let _ = writeln!(out, "     stream {}: {advice}", info.id);
         }
@@ -396,6 +402,32 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// Why an automatic buffer has its size, in one line.
+fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
+    let tail = if auto.measured {
+        format!(
+            "the disk's real-time p99 of {} ms over the last seconds",
+            auto.tail_us.div_ceil(1000)
+        )
+    } else {
+        format!(
+            "a default {} ms until the disk has shown its real-time latency",
+            auto.tail_us / 1000
+        )
+    };
+    let app = if auto.app_bytes == 0 {
+        String::new()
+    } else {
+        format!(" plus your {}", ByteSize(auto.app_bytes))
+    };
+    let capped = if auto.capped {
+        "; it would be larger, but the locked-memory budget has no room"
+    } else {
+        ""
+    };
+    format!("buffer auto: twice the rate over {tail}, plus two batches{app}{capped}")
 }
 
 /// What a write stream did, in one line.

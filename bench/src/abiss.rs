@@ -158,6 +158,7 @@ impl RunSetup for AbissRun {
                 write: false,
                 preallocate: false,
                 preroll: None,
+                buffer_auto: false,
             },
         )?;
         // Like ABISS's start-up delay: the reader starts once its buffer is loaded.

@@ -70,6 +70,7 @@ const STREAM: AttachRequest = AttachRequest {
     write: false,
     preallocate: false,
     preroll: None,
+    buffer_auto: false,
 };
 
 /// Runs the soak and writes soak.{json,md,svg}.

@@ -124,6 +124,7 @@ fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
             write: false,
             preallocate: false,
             preroll: None,
+            buffer_auto: false,
         },
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;

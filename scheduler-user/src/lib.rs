@@ -65,6 +65,7 @@ pub mod policy;
 pub mod prefetch;
 pub mod preflight;
 pub mod raised_forks;
+pub mod rt_tail;
 pub mod server;
 pub mod socket;
 pub mod stats;

@@ -6,8 +6,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use abiss_proto::{
-    AttachRequest, ByteSize, DeviceNumber, ReaderInfo, Refusal, StreamInfo, ABISS_LEVELS,
-    PAGE_BYTES,
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, Refusal, StreamInfo,
+    ABISS_LEVELS, PAGE_BYTES,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::stat::{fstat, SFlag};
@@ -75,7 +75,13 @@ pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
         ));
     }
     let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
-    if request.buffer.0 < 2 * batch_bytes {
+    if request.buffer_auto && request.write {
+        return bad(
+            "a recording's buffer is its dirty-memory bound: give it a size, not auto".into(),
+        );
+    }
+    // An automatic buffer's own part may be anything: abissd adds two batches and more.
+    if request.buffer.0 < 2 * batch_bytes && !request.buffer_auto {
         return bad(format!(
             "a buffer of {} is smaller than two batches of {} pages ({}); give a larger --buffer or a smaller --batch",
             request.buffer,
@@ -226,6 +232,8 @@ pub struct Stream {
     pub recording: Option<Recording>,
     /// When a read stream at the end of its file last looked whether it grew.
     pub growth_checked_ns: u64,
+    /// How abissd sized the buffer from the disk, for `--buffer auto`.
+    pub auto_buffer: Option<AutoBufferInfo>,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
@@ -309,6 +317,7 @@ impl Stream {
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             recording,
             growth_checked_ns: start.now_ns,
+            auto_buffer: None,
             granted,
         };
         (stream, actions)
@@ -352,6 +361,14 @@ impl Stream {
         }
         *logged_at = Some(now_ns);
         Some(std::mem::take(unlogged))
+    }
+
+    /// The buffer is now `bytes` (`--buffer auto`, grown: admitted by the caller); returns the
+    /// window's moves.
+    pub fn set_buffer(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+        self.granted.buffer = ByteSize(bytes);
+        let limit = Self::credit_limit_bytes(&self.granted);
+        self.playout.set_buffer(bytes, limit, now_ns)
     }
 
     /// A read stream whose window reaches the end of its file looks (every
@@ -458,6 +475,7 @@ impl Stream {
             start_limited: self.start_limited,
             policed: 0,
             recording: self.recording.as_ref().map(|r| r.info(&self.file)),
+            buffer_auto: self.auto_buffer.clone(),
         }
     }
 }
@@ -490,6 +508,7 @@ mod tests {
             write: false,
             preallocate: false,
             preroll: None,
+            buffer_auto: false,
         }
     }
 

@@ -317,6 +317,7 @@ impl Harness {
                 write: false,
                 preallocate: false,
                 preroll: None,
+                buffer_auto: false,
             };
             let stream = root.attach(&file, request).expect("attach at every level");
             root.detach(StreamTarget::Id(stream.id)).expect("detach");

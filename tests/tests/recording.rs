@@ -390,6 +390,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
         write: true,
         preallocate: false,
         preroll: None,
+        buffer_auto: false,
     };
     // A read-only descriptor proves no right to write.
     let mut client = Client::connect(daemon.socket()).expect("connect");

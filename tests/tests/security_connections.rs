@@ -209,6 +209,7 @@ fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
                 write: false,
                 preallocate: false,
                 preroll: None,
+                buffer_auto: false,
             },
         )
         .expect("attach");

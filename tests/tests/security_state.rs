@@ -63,6 +63,7 @@ fn request(rate: u64, buffer: u64, batch_pages: u32, priority: u8) -> AttachRequ
         write: false,
         preallocate: false,
         preroll: None,
+        buffer_auto: false,
     }
 }
 

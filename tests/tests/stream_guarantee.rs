@@ -52,7 +52,7 @@ fn bench(tag: &str, daemon_args: &[&str]) -> Bench {
     Bench { daemon, copy, lab }
 }
 
-fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
+fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64, read_for: Duration) {
     assert_eq!(
         daemon.streams()[0].misses,
         0,
@@ -74,7 +74,7 @@ fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64) {
         "{what}: reads that began with pages not resident: {:?}",
         report.not_resident
     );
-    let expected = duration().as_secs() * RATE / READ as u64;
+    let expected = read_for.as_secs() * RATE / READ as u64;
     assert!(
         report.latencies_ns.len() as u64 >= expected * 95 / 100,
         "the reader kept its schedule"
@@ -124,7 +124,7 @@ fn library_reader(tag: &str, daemon_args: &[&str]) {
         duration(),
     );
     let copied = bench.copy.stop();
-    check(&bench.daemon, &report, tag, copied);
+    check(&bench.daemon, &report, tag, copied, duration());
 }
 
 #[test]
@@ -149,5 +149,65 @@ fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
         !bench.daemon.streams()[0].readers.is_empty(),
         "the reader was recognised"
     );
-    check(&bench.daemon, &report, "plain reader", copied);
+    check(&bench.daemon, &report, "plain reader", copied, duration());
+}
+
+/// `--buffer auto`: abissd sizes the buffer from the real-time latency tail its disk shows
+/// (a default until it has seen enough), grows it as the measured tail asks, says why in
+/// `list`, and a plain reader on that buffer meets every deadline against the copy loop.
+#[test]
+fn an_automatic_buffer_follows_the_disks_real_time_tail() {
+    require_root!();
+    let mut bench = bench("auto", &[]);
+    let path = bench.lab.mount().join("stream.bin");
+    let output = bench.daemon.ctl([
+        "attach",
+        path.to_str().unwrap(),
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "auto",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let first = bench.daemon.streams()[0].clone();
+    let auto = first.buffer_auto.clone().expect("an automatic buffer");
+    eprintln!("at attach: buffer {} ({auto:?})", first.buffer);
+    let mut file = File::open(&path).expect("open");
+    run_at_realtime_cpu_priority();
+    // The reader keeps to the buffer it was given at the start: its deadlines are the
+    // tightest the stream has had.
+    let report = paced_read(
+        &mut file,
+        Some(&File::open(&path).expect("open")),
+        RATE,
+        first.buffer.0,
+        READ,
+        Duration::from_secs(20),
+    );
+    let copied = bench.copy.stop();
+    let after = bench.daemon.streams()[0].clone();
+    let auto_after = after.buffer_auto.clone().expect("still automatic");
+    eprintln!("after 20 s: buffer {} ({auto_after:?})", after.buffer);
+    let list = String::from_utf8_lossy(&bench.daemon.ctl(["list"]).stdout).into_owned();
+    eprintln!("{list}");
+    assert!(auto_after.measured, "the tail was measured: {auto_after:?}");
+    // The buffer covers twice the rate over the latest tail and two batches, within the 10 %
+    // it may lag by before it grows (unless the budget stopped it), and it never shrank.
+    let needed = 2 * RATE * auto_after.tail_us / 1_000_000 + 2 * 20 * 4096;
+    assert!(
+        after.buffer.0 * 110 / 100 >= needed || auto_after.capped,
+        "{after:?}"
+    );
+    assert!(after.buffer.0 >= first.buffer.0);
+    assert!(
+        list.contains("buffer auto: twice the rate over the disk's real-time p99"),
+        "{list}"
+    );
+    check(
+        &bench.daemon,
+        &report,
+        "reader on an automatic buffer",
+        copied,
+        Duration::from_secs(20),
+    );
 }

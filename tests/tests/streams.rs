@@ -63,6 +63,7 @@ fn request(rate: u64, priority: u8) -> AttachRequest {
         write: false,
         preallocate: false,
         preroll: None,
+        buffer_auto: false,
     }
 }
 

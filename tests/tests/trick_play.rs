@@ -64,6 +64,7 @@ fn a_rate_change_moves_the_window_at_the_new_rate_and_refusals_change_nothing() 
         write: false,
         preallocate: false,
         preroll: None,
+        buffer_auto: false,
     };
     let id = client
         .attach(File::open(&path).expect("open"), request)

@@ -349,6 +349,7 @@ mod tests {
             start_limited: false,
             policed: 0,
             recording: None,
+            buffer_auto: None,
         }
     }
 

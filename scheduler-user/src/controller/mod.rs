@@ -7,12 +7,13 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, MemoryReport, Refusal, StatusReport,
-    StreamInfo, StreamTarget, PAGE_BYTES,
+    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
+    StatusReport, StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
 
 mod access;
+mod sizing;
 
 use crate::disks::Disks;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
@@ -20,6 +21,7 @@ use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+use crate::rt_tail::RealTimeTails;
 use crate::stream_table::StreamTable;
 use crate::streams::{
     check_file, check_parameters, CheckedFile, Stream, StreamOwner, StreamStart, MAX_STREAMS,
@@ -39,6 +41,8 @@ pub struct Controller {
     memory: LockedMemoryBudget,
     /// Start-up credit of new streams, per user and shared.
     burst: BurstAllowance,
+    /// The disks' recent real-time latency, for `--buffer auto`.
+    tails: RealTimeTails,
 }
 
 impl Controller {
@@ -60,6 +64,7 @@ impl Controller {
             memory,
             // Full buckets at any time: time 0 is long enough ago.
             burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
+            tails: RealTimeTails::default(),
         }
     }
 
@@ -112,39 +117,17 @@ impl Controller {
         peer_uid: u32,
         connection: u64,
         fd: OwnedFd,
-        request: AttachRequest,
+        mut request: AttachRequest,
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
         check_parameters(&request)?;
         let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
+        let auto_buffer = request
+            .buffer_auto
+            .then(|| self.size_buffer(&mut request, disk.number));
         let tag = self.may_share(&file, request.write)?;
-        if self.streams.len() >= MAX_STREAMS {
-            return Err(Refusal::DaemonFull { max: MAX_STREAMS });
-        }
-        if peer_uid != 0 && self.streams.count_of(peer_uid) >= MAX_STREAMS_PER_USER {
-            return Err(Refusal::UserFull {
-                max: MAX_STREAMS_PER_USER,
-            });
-        }
-        self.disks
-            .admit(disk.number, &request, &self.streams, None)?;
-        // A preroll is locked too, until the reader passes it (no more than the file).
-        let preroll = request
-            .preroll
-            .map_or(0, |preroll| preroll.0.min(file.bytes));
-        let wanted = locked_at_most(
-            request.buffer.0.max(preroll),
-            u64::from(request.batch_pages) * PAGE_BYTES,
-        );
-        self.memory
-            .admit(
-                peer_uid,
-                wanted,
-                self.streams.locked_at_most(None),
-                self.streams.locked_at_most(Some(peer_uid)),
-            )
-            .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
+        self.admit(peer_uid, &request, disk.number, &file)?;
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
         let id = self.streams.next_id();
@@ -174,6 +157,7 @@ impl Controller {
         if let Some(preroll) = preroll {
             actions.extend(self.preroll(&mut stream, preroll.0, now_ns));
         }
+        stream.auto_buffer = auto_buffer;
         // Only the owners' reads steer the file's streams (root's: anyone's), so the kernel
         // reports no others (see `on_access`).
         let mut sharing = self.streams.sharing(tag, 0);
@@ -199,22 +183,41 @@ impl Controller {
         Ok(info)
     }
 
-    /// The start-up preroll of a new stream up to `end` bytes of its head: as much beyond what
-    /// its window asked for as the owner's start-up allowance grants (root's: all).
-    fn preroll(&mut self, stream: &mut Stream, end: u64, now_ns: u64) -> Vec<WindowAction> {
-        let asked = stream.playout.requested_end();
-        let wanted = end.min(stream.file_bytes).saturating_sub(asked);
-        if wanted == 0 {
-            return Vec::new();
+    /// Whether a new stream of `request` on `file` (on `disk`) fits: the stream limits, the
+    /// disk's admission control and the locked-memory budgets.
+    fn admit(
+        &self,
+        peer_uid: u32,
+        request: &AttachRequest,
+        disk: DeviceNumber,
+        file: &CheckedFile,
+    ) -> Result<(), Refusal> {
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(Refusal::DaemonFull { max: MAX_STREAMS });
         }
-        let granted = self.burst.grant(stream.owner_uid, wanted, now_ns);
-        if granted < wanted {
-            info!(
-                "stream {}: preroll cut to {granted} of {wanted} bytes by the start-up allowance",
-                stream.id
-            );
+        if peer_uid != 0 && self.streams.count_of(peer_uid) >= MAX_STREAMS_PER_USER {
+            return Err(Refusal::UserFull {
+                max: MAX_STREAMS_PER_USER,
+            });
         }
-        stream.playout.preroll(asked + granted)
+        self.disks.admit(disk, request, &self.streams, None)?;
+        // A preroll is locked too, until the reader passes it (no more than the file).
+        let preroll = request
+            .preroll
+            .map_or(0, |preroll| preroll.0.min(file.bytes));
+        let wanted = locked_at_most(
+            request.buffer.0.max(preroll),
+            u64::from(request.batch_pages) * PAGE_BYTES,
+        );
+        self.memory
+            .admit(
+                peer_uid,
+                wanted,
+                self.streams.locked_at_most(None),
+                self.streams.locked_at_most(Some(peer_uid)),
+            )
+            .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
+        Ok(())
     }
 
     /// Whether a stream may join the streams the file behind `file` already has, and their
@@ -441,8 +444,16 @@ impl Controller {
         }
     }
 
-    /// Time passed: credit accrued for every stream, idle raises put back.
+    /// Time passed: credit accrued for every stream, idle raises put back, automatic
+    /// buffers sized again (once a second).
     pub fn tick(&mut self, now_ns: u64) {
+        if self.tails.due(now_ns) {
+            match self.tracer.latency() {
+                Ok(groups) => self.tails.update(&groups, now_ns),
+                Err(error) => warn!("cannot read the latency histograms: {error}"),
+            }
+            self.grow_auto_buffers(now_ns);
+        }
         let streams = &self.streams;
         let admitted = |id: u64| {
             streams

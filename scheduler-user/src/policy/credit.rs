@@ -45,6 +45,14 @@ impl CreditTimer {
         self.rate_bps = rate_bps;
     }
 
+    /// From `now_ns` on, the timer holds at most `limit_bytes` (a buffer that grew): what
+    /// accrued until then stays, up to the new limit.
+    pub fn set_limit(&mut self, limit_bytes: u64, now_ns: u64) {
+        self.accrue(now_ns);
+        self.limit_scaled = i128::from(limit_bytes) * NS;
+        self.scaled = self.scaled.min(self.limit_scaled);
+    }
+
     /// Adds the credit earned since the last call.
     pub fn accrue(&mut self, now_ns: u64) {
         let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));

@@ -2,6 +2,7 @@
 //! release and admit; the daemon carries the decisions out. Unit and property tests pin them.
 
 pub mod admission;
+pub mod buffer_sizing;
 pub mod burst;
 pub mod credit;
 pub mod memory;

@@ -298,6 +298,22 @@ impl PlayoutBuffer {
         actions
     }
 
+    /// The buffer is now `buffer_bytes` (an automatic buffer that grew; `credit_limit_bytes`
+    /// with it): the window reaches further ahead from `now_ns` on, as the credit allows.
+    pub fn set_buffer(
+        &mut self,
+        buffer_bytes: u64,
+        credit_limit_bytes: u64,
+        now_ns: u64,
+    ) -> Vec<WindowAction> {
+        self.shape.buffer_bytes = page_ceil(buffer_bytes.max(2 * self.shape.batch_bytes));
+        self.shape.credit_limit_bytes = credit_limit_bytes;
+        self.credit.set_limit(credit_limit_bytes, now_ns);
+        let mut actions = Vec::new();
+        self.fill(now_ns, &mut actions);
+        actions
+    }
+
     /// The stream's rate changed at `now_ns` (trick play): credit accrues at `rate_bps` from
     /// now on, and the window moves as far as the credit then allows.
     pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {

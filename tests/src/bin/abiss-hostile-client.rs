@@ -141,6 +141,7 @@ fn attach_slowly(socket: &str, file: &str) -> (Client, abiss_proto::StreamInfo) 
                 write: false,
                 preallocate: false,
                 preroll: None,
+                buffer_auto: false,
             },
         )
         .expect("attach");
@@ -194,6 +195,7 @@ fn opath(socket: &str, file: &str) -> ExitCode {
             write: false,
             preallocate: false,
             preroll: None,
+            buffer_auto: false,
         },
     );
     println!("{answer:?}");
@@ -260,6 +262,7 @@ fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode
                 write: false,
                 preallocate: false,
                 preroll: None,
+                buffer_auto: false,
             };
             // Another limit (streams, memory, bursts) may refuse an attach: the subscription
             // is the attack, the stream only what it would hold.

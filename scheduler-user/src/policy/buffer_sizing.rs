@@ -1,0 +1,83 @@
+//! `--buffer auto`: a stream's buffer sized from what its disk does.
+//!
+//! In the ABISS slides a stream's buffer is the application's part plus the OS and hardware
+//! part. The OS part must hold the data the reader consumes while a refill waits for the disk:
+//! the window asks for more once the reader is within half a buffer of what is loaded (or a
+//! third of the buffer is missing), so half the buffer must last the refill's latency, and the
+//! window moves in batches, which the credit pays one at a time. So
+//! `B = app + 2 · R · tail + 2 · batch`, with `tail` the disk's real-time latency tail (p99 of
+//! queue plus service time of its real-time requests over the last seconds, which the block
+//! programs measure for every request).
+
+use abiss_proto::PAGE_BYTES;
+
+use super::page_ceil;
+
+/// The tail assumed for a disk with too few real-time requests measured yet: a hard disk's
+/// seek and rotation behind a few queued requests.
+pub const DEFAULT_TAIL_NS: u64 = 100_000_000;
+
+/// Real-time requests a disk must have completed in the window before its tail is believed.
+pub const MIN_TAIL_SAMPLES: u64 = 50;
+
+/// Grow an automatic buffer only when the new size is this much larger (in percent), so a
+/// tail that wanders a little does not resize it every second.
+pub const GROW_HYSTERESIS_PERCENT: u64 = 10;
+
+/// The buffer for a stream of `rate_bps` with `app_bytes` of its own, on a disk whose
+/// real-time tail is `tail_ns`, loading in batches of `batch_bytes`: whole pages.
+#[must_use]
+pub fn auto_buffer_bytes(app_bytes: u64, rate_bps: u64, tail_ns: u64, batch_bytes: u64) -> u64 {
+    let during_tail = u128::from(rate_bps) * u128::from(tail_ns) / 1_000_000_000;
+    let os = u64::try_from(during_tail.saturating_mul(2))
+        .unwrap_or(u64::MAX)
+        .saturating_add(batch_bytes.max(PAGE_BYTES).saturating_mul(2));
+    page_ceil(app_bytes.saturating_add(os))
+}
+
+/// Whether a buffer of `now_bytes` should grow to `wanted_bytes`.
+#[must_use]
+pub fn should_grow(now_bytes: u64, wanted_bytes: u64) -> bool {
+    u128::from(wanted_bytes) * 100
+        > u128::from(now_bytes) * u128::from(100 + GROW_HYSTERESIS_PERCENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_1_mb_s_stream_on_a_disk_with_a_100_ms_tail_gets_about_a_third_of_a_megabyte() {
+        let batch = 20 * PAGE_BYTES;
+        let bytes = auto_buffer_bytes(0, 1_000_000, DEFAULT_TAIL_NS, batch);
+        assert_eq!(bytes, page_ceil(200_000 + 2 * batch));
+        // A slower disk, a larger buffer; the application's part comes on top.
+        assert!(auto_buffer_bytes(0, 1_000_000, 250_000_000, batch) > bytes);
+        assert_eq!(
+            auto_buffer_bytes(64 * 1024, 1_000_000, DEFAULT_TAIL_NS, batch),
+            page_ceil(64 * 1024 + 200_000 + 2 * batch)
+        );
+        assert!(!should_grow(1000, 1100) && should_grow(1000, 1101));
+    }
+
+    proptest! {
+        /// The buffer holds the application's part, two batches and twice what the rate
+        /// consumes during the tail, in whole pages, and never shrinks as the tail grows.
+        #[test]
+        fn the_buffer_covers_the_tail_at_the_rate(
+            app in 0u64..(64 << 20),
+            rate in 1u64..100_000_000,
+            tail in 0u64..5_000_000_000,
+            more in 0u64..1_000_000_000,
+            batch_pages in 1u64..256,
+        ) {
+            let batch = batch_pages * PAGE_BYTES;
+            let bytes = auto_buffer_bytes(app, rate, tail, batch);
+            prop_assert_eq!(bytes % PAGE_BYTES, 0);
+            let consumed = u128::from(rate) * u128::from(tail) / 1_000_000_000;
+            prop_assert!(u128::from(bytes) >= u128::from(app) + 2 * consumed + 2 * u128::from(batch));
+            prop_assert!(auto_buffer_bytes(app, rate, tail + more, batch) >= bytes);
+        }
+    }
+}
