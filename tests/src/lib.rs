@@ -248,15 +248,7 @@ impl Daemon {
             OsStr::new("--buffer"),
             OsStr::new("564KiB"),
         ]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse()
-            .expect("abissctl attach prints the stream id")
+        attached_id(&output)
     }
 
     /// The daemon's view of its streams.
@@ -854,6 +846,23 @@ pub fn quantile_of<T: Copy>(sorted: &[T], quantile: f64) -> Option<T> {
     )]
     let index = ((quantile * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
     Some(sorted[index])
+}
+
+/// The stream id `abissctl attach` printed.
+///
+/// # Panics
+/// If the attach failed (with its message) or printed no id.
+#[must_use]
+pub fn attached_id(output: &Output) -> u64 {
+    assert!(
+        output.status.success(),
+        "attach: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("abissctl attach prints the stream id")
 }
 
 /// A command's standard error as text.

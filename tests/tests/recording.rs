@@ -20,9 +20,9 @@ use abiss_proto::{
     Request, RequestRecord, Response,
 };
 use abiss_tests::{
-    abiss_c_library, abissctl_as_nobody, assert_fails, binary, chmod, compile_c_example, evict,
-    paced_read, require_root, resident_bytes, run_at_realtime_cpu_priority, Daemon, Ext4Mount,
-    HddLab, LoopDevice, PacedReport, Scratch,
+    abiss_c_library, abissctl_as_nobody, assert_fails, attached_id, binary, chmod,
+    compile_c_example, evict, paced_read, require_root, resident_bytes,
+    run_at_realtime_cpu_priority, Daemon, Ext4Mount, HddLab, LoopDevice, PacedReport, Scratch,
 };
 
 const MIB: u64 = 1 << 20;
@@ -191,15 +191,7 @@ fn attach_for_writing(daemon: &Daemon, file: &Path) -> u64 {
         "--buffer".as_ref(),
         "1MiB".as_ref(),
     ]);
-    assert!(
-        output.status.success(),
-        "attach --write: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("stream id")
+    attached_id(&output)
 }
 
 /// What `trace --by stream` shows of recording `id`: its writes (at least `written` bytes),

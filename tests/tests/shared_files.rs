@@ -4,12 +4,12 @@
 //! file has one recording and a bounded number of streams.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
 use abiss_tests::{
-    abissctl_as_nobody, as_nobody, assert_fails, chmod, require_root, resident_bytes, wait_until,
-    write_cold_file, Daemon, Ext4Mount, LoopDevice,
+    abissctl_as_nobody, as_nobody, assert_fails, attached_id, chmod, require_root, resident_bytes,
+    wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
 };
 
 const MIB: u64 = 1 << 20;
@@ -47,18 +47,6 @@ fn point(daemon: &Daemon, id: u64) -> u64 {
         .into_iter()
         .find(|s| s.id == id)
         .map_or(0, |s| s.playout_point)
-}
-
-fn attached(output: &Output) -> u64 {
-    assert!(
-        output.status.success(),
-        "attach: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("stream id")
 }
 
 #[test]
@@ -118,7 +106,7 @@ fn viewers_of_one_file_each_have_their_own_window() {
     // their reads, and root's stream is not moved by them.
     let socket = daemon.socket().to_string_lossy().into_owned();
     let path_text = path.to_string_lossy().into_owned();
-    let theirs = attached(&abissctl_as_nobody(
+    let theirs = attached_id(&abissctl_as_nobody(
         &socket,
         &[
             "attach", &path_text, "--rate", "1MB/s", "--buffer", "564KiB",
@@ -146,7 +134,7 @@ fn refuses_a_second_recording_and_a_seventeenth_stream(daemon: &Daemon, path_tex
     let recording = daemon.ctl([
         "attach", path_text, "--write", "--rate", "1MB/s", "--buffer", "1MiB",
     ]);
-    let recording = attached(&recording);
+    let recording = attached_id(&recording);
     assert_fails(
         &daemon.ctl([
             "attach", path_text, "--write", "--rate", "1MB/s", "--buffer", "1MiB",
@@ -159,7 +147,7 @@ fn refuses_a_second_recording_and_a_seventeenth_stream(daemon: &Daemon, path_tex
     // At most 16 streams of one file: the 17th is refused and nothing changes.
     let before = daemon.streams().len();
     for _ in before..16 {
-        attached(&daemon.ctl([
+        let _ = attached_id(&daemon.ctl([
             "attach", path_text, "--rate", "10kB/s", "--buffer", "160KiB",
         ]));
     }
