@@ -7,6 +7,8 @@ use log::warn;
 
 use super::Controller;
 use crate::kernel_events::{Access, Fork, StreamAccess};
+use crate::policy::burst::BurstAllowance;
+use crate::policy::playout::WindowAction;
 use crate::policy::shared_file::route;
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::streams::Stream;
@@ -18,6 +20,26 @@ fn raise_for(stream: &Stream) -> RaiseFor {
         stream: stream.id,
         file_tag: stream.file_tag,
     }
+}
+
+/// After a seek, the new window fills at once as far as the owner's start-up allowance covers
+/// what the banked credit does not: a seek is a burst, bounded per user like a start, not a
+/// window left thin until the credit comes back at the rate.
+fn refill_after_seek(
+    burst: &mut BurstAllowance,
+    stream: &mut Stream,
+    now_ns: u64,
+) -> Vec<WindowAction> {
+    let wanted = stream.playout.refill_shortfall();
+    if wanted == 0 {
+        return Vec::new();
+    }
+    let granted = burst.grant(stream.owner_uid, wanted, now_ns);
+    log::debug!(
+        "stream {}: seek refill of {granted} of {wanted} bytes from the allowance",
+        stream.id
+    );
+    stream.playout.grant_credit(granted, now_ns)
 }
 
 impl Controller {
@@ -58,7 +80,11 @@ impl Controller {
             return;
         }
         log::debug!("stream {id}: position {offset}");
-        let actions = stream.playout.on_position(offset, now_ns);
+        let seeks = stream.playout.seeks();
+        let mut actions = stream.playout.on_position(offset, now_ns);
+        if stream.playout.seeks() > seeks {
+            actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
+        }
         Self::execute(&mut self.prefetch, stream, actions);
     }
 
@@ -113,7 +139,12 @@ impl Controller {
                 if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
-                stream.playout.on_read(range, now_ns)
+                let seeks = stream.playout.seeks();
+                let mut actions = stream.playout.on_read(range, now_ns);
+                if stream.playout.seeks() > seeks {
+                    actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
+                }
+                actions
             }
             Access::Filled => {
                 // A miss, on a kernel that does not say where: count it and raise the reader;
@@ -142,7 +173,12 @@ impl Controller {
                 if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
-                stream.playout.on_read(range, now_ns)
+                let seeks = stream.playout.seeks();
+                let mut actions = stream.playout.on_read(range, now_ns);
+                if stream.playout.seeks() > seeks {
+                    actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
+                }
+                actions
             }
         };
         Self::execute(&mut self.prefetch, stream, actions);

@@ -53,6 +53,12 @@ impl CreditTimer {
         self.scaled = self.scaled.min(self.limit_scaled);
     }
 
+    /// Adds `bytes` of credit from outside the rate (a seek's refill, paid by the owner's
+    /// start-up allowance), up to the limit.
+    pub fn grant(&mut self, bytes: u64) {
+        self.scaled = (self.scaled + i128::from(bytes) * NS).min(self.limit_scaled);
+    }
+
     /// Adds the credit earned since the last call.
     pub fn accrue(&mut self, now_ns: u64) {
         let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));

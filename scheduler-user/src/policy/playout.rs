@@ -279,6 +279,25 @@ impl PlayoutBuffer {
         }]
     }
 
+    /// Credit the window lacks to fill up to a full buffer ahead of the reader now: what a
+    /// refill after a seek asks of the owner's start-up allowance.
+    #[must_use]
+    pub fn refill_shortfall(&self) -> u64 {
+        self.target_end()
+            .saturating_sub(self.requested_end.max(self.window_start))
+            .saturating_sub(self.credit.credit_bytes())
+    }
+
+    /// Takes `bytes` of credit from outside the rate (see [`Self::refill_shortfall`]) and loads
+    /// what it allows.
+    pub fn grant_credit(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+        self.credit.accrue(now_ns);
+        self.credit.grant(bytes);
+        let mut actions = Vec::new();
+        self.fill(now_ns, &mut actions);
+        actions
+    }
+
     /// Whether the window reaches the end of the file: a file that grows (a recording being
     /// watched) has more to load only once its new size is known.
     #[must_use]

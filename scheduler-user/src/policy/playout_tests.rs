@@ -271,3 +271,25 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     let _ = buffer.on_read(50 * MB..50 * MB + 4096, 3_000_000_000);
     assert!(buffer.preroll(60 * MB).is_empty());
 }
+
+/// After seeks that spent the banked credit, the window lacks a buffer; credit granted from
+/// outside the rate (the owner's allowance) fills it at once, and no more than it lacks.
+#[test]
+fn a_seek_refill_granted_from_outside_the_rate_fills_the_window_at_once() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    // Two seeks in a row: the first is paid by the banked credit, the second finds none.
+    let first = buffer.on_read(20 * MB..20 * MB + 4096, 1_000);
+    complete(&mut buffer, &first);
+    let second = buffer.on_read(60 * MB..60 * MB + 4096, 2_000);
+    complete(&mut buffer, &second);
+    let shortfall = buffer.refill_shortfall();
+    assert!(shortfall > B / 2, "a thin window: {shortfall}");
+    let granted = buffer.grant_credit(shortfall, 3_000);
+    complete(&mut buffer, &granted);
+    assert_eq!(buffer.refill_shortfall(), 0);
+    assert!(buffer.is_resident(60 * MB) && buffer.is_resident(60 * MB + B - PAGE - 4096));
+    // Credit beyond the limit is not kept.
+    let _ = buffer.grant_credit(100 * B, 4_000);
+    assert!(buffer.credit_bytes() <= 2 * B);
+}
