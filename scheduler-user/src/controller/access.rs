@@ -8,7 +8,7 @@ use log::warn;
 use super::Controller;
 use crate::kernel_events::{Access, Fork, StreamAccess};
 use crate::policy::burst::BurstAllowance;
-use crate::policy::playout::WindowAction;
+use crate::policy::playout::{PlayoutBuffer, WindowAction};
 use crate::policy::shared_file::route;
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::streams::Stream;
@@ -20,6 +20,22 @@ fn raise_for(stream: &Stream) -> RaiseFor {
         stream: stream.id,
         file_tag: stream.file_tag,
     }
+}
+
+/// Moves `stream`'s window as its reader moved (`step`), refilled from the allowance if the
+/// move was a seek.
+fn moved(
+    burst: &mut BurstAllowance,
+    stream: &mut Stream,
+    now_ns: u64,
+    step: impl FnOnce(&mut PlayoutBuffer) -> Vec<WindowAction>,
+) -> Vec<WindowAction> {
+    let seeks = stream.playout.seeks();
+    let mut actions = step(&mut stream.playout);
+    if stream.playout.seeks() > seeks {
+        actions.extend(refill_after_seek(burst, stream, now_ns));
+    }
+    actions
 }
 
 /// After a seek, the new window fills at once as far as the owner's start-up allowance covers
@@ -80,11 +96,9 @@ impl Controller {
             return;
         }
         log::debug!("stream {id}: position {offset}");
-        let seeks = stream.playout.seeks();
-        let mut actions = stream.playout.on_position(offset, now_ns);
-        if stream.playout.seeks() > seeks {
-            actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
-        }
+        let actions = moved(&mut self.burst, stream, now_ns, |playout| {
+            playout.on_position(offset, now_ns)
+        });
         Self::execute(&mut self.prefetch, stream, actions);
     }
 
@@ -139,12 +153,9 @@ impl Controller {
                 if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
-                let seeks = stream.playout.seeks();
-                let mut actions = stream.playout.on_read(range, now_ns);
-                if stream.playout.seeks() > seeks {
-                    actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
-                }
-                actions
+                moved(&mut self.burst, stream, now_ns, |playout| {
+                    playout.on_read(range, now_ns)
+                })
             }
             Access::Filled => {
                 // A miss, on a kernel that does not say where: count it and raise the reader;
@@ -173,12 +184,9 @@ impl Controller {
                 if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
-                let seeks = stream.playout.seeks();
-                let mut actions = stream.playout.on_read(range, now_ns);
-                if stream.playout.seeks() > seeks {
-                    actions.extend(refill_after_seek(&mut self.burst, stream, now_ns));
-                }
-                actions
+                moved(&mut self.burst, stream, now_ns, |playout| {
+                    playout.on_read(range, now_ns)
+                })
             }
         };
         Self::execute(&mut self.prefetch, stream, actions);
