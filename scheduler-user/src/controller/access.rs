@@ -15,7 +15,7 @@ use crate::streams::Stream;
 use crate::upgrades::RaiseFor;
 
 /// What a raise for `stream` is for.
-fn raise_for(stream: &Stream) -> RaiseFor {
+pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
     RaiseFor {
         stream: stream.id,
         file_tag: stream.file_tag,

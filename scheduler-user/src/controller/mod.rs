@@ -179,6 +179,12 @@ impl Controller {
                 ""
             }
         );
+        if stream.recording.is_some() {
+            // Its writes wait for the file system's journal (see `upgrades::journal`).
+            let at = access::raise_for(&stream);
+            self.upgrades
+                .raise_journal(at, stream.file_device, stream.granted.priority);
+        }
         self.streams.insert(stream);
         Ok(info)
     }
@@ -273,6 +279,18 @@ impl Controller {
             warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
         self.upgrades.end_stream(id, &mut self.tracer);
+        if stream.recording.is_some() {
+            // The journal's raise was this recording's: another on the file system keeps it.
+            if let Some(other) = self
+                .streams
+                .iter()
+                .find(|s| s.recording.is_some() && s.file_device == stream.file_device)
+            {
+                let at = access::raise_for(other);
+                self.upgrades
+                    .raise_journal(at, other.file_device, other.granted.priority);
+            }
+        }
         info!("stream {id}: detached ({})", stream.path);
         // The mapping goes when the last in-flight load lets go of it; unmapping unlocks
         // anything those loads locked.

@@ -49,6 +49,10 @@ pub struct Upgrade {
     /// raised. Tasks it makes in its start-up keep the raise (`upgrades::adoption`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_ns: Option<u64>,
+    /// The journal thread of a recording's file system (`upgrades::journal`): it reads no
+    /// file, so it is not put back for idleness, only when the recording ends.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub journal: bool,
 }
 
 impl Upgrade {
@@ -170,7 +174,7 @@ impl UpgradeTable {
     /// Removes and returns the upgrades idle since before `now_ns - idle`.
     pub fn take_idle(&mut self, now_ns: u64) -> Vec<Upgrade> {
         let idle_ns = self.idle_ns;
-        self.take_where(|u| now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
+        self.take_where(|u| !u.journal && now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
     }
 
     /// Removes and returns the upgrades made for `stream`.
@@ -271,6 +275,7 @@ mod tests {
             last_access_ns,
             raised_ns: 0,
             started_ns: None,
+            journal: false,
         }
     }
 

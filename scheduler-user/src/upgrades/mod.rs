@@ -25,6 +25,7 @@ pub use task::restore_leftovers;
 use task::{restore, task_identity, Restored};
 
 mod adoption;
+mod journal;
 
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
@@ -218,6 +219,7 @@ impl ReaderUpgrades {
             raised_ns: done,
             // A start raise's player makes its reading threads next ([`adoption`]).
             started_ns: (!measured).then_some(done),
+            journal: false,
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
