@@ -28,6 +28,7 @@
 //! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
 //! | admission control's predictions against measured misses | [`admission`] |
 //! | real, unmodified players (GStreamer, ffmpeg, mpv) under a seeky best-effort load | [`players`] |
+//! | real recorders (ffmpeg, GStreamer, the test recorder) next to players under a best-effort writer, per file system | [`recording`] |
 //! | the soak: attach/detach cycles by four users, abissd killed on the way, what is left | [`soak`] |
 //! | results as JSON and Markdown under `bench/results/` | [`report`] |
 //! | SVG charts of the results | [`chart`] |
@@ -46,6 +47,7 @@ pub mod latency;
 pub mod layout;
 pub mod overhead;
 pub mod players;
+pub mod recording;
 pub mod reference;
 pub mod report;
 pub mod schedule;

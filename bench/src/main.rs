@@ -2,7 +2,9 @@
 //! reference|sweep` (which builds this and abiss-lab in release mode and sets
 //! `ABISS_LAB_BIN`). Needs root.
 
-use abiss_bench::{admission, interrupt, overhead, players, reference, soak, sweep, upgrades};
+use abiss_bench::{
+    admission, interrupt, overhead, players, recording, reference, soak, sweep, upgrades,
+};
 use clap::Parser;
 
 /// Benchmarks of abiss on the lab's emulated hdd; results go to bench/results/.
@@ -28,6 +30,10 @@ enum Command {
     /// Real, unmodified media players (gst playbin, ffmpeg, mpv) under a seeky best-effort
     /// load: stall per player per configuration (players.json, .md, .svg).
     Players(players::PlayersArgs),
+    /// Real recorders (ffmpeg, gst-launch, the test recorder) and players next to a best-effort
+    /// writer under a small machine's dirty limits: overflows and write(2) times per
+    /// configuration and file system (recording.json, .md, .svg).
+    Recording(recording::RecordingArgs),
     /// Attach/detach cycles by root and three unprivileged users at once, abissd killed and
     /// restarted on the way; then what is left over (soak.json, .md, .svg).
     Soak(soak::SoakArgs),
@@ -46,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Command::Upgrades(args) => upgrades::run(&args),
         Command::Admission(args) => admission::run(&args),
         Command::Players(args) => players::run(&args),
+        Command::Recording(args) => recording::run(&args),
         Command::Soak(args) => soak::run(&args),
         Command::SoakWorker(args) => soak::worker(&args),
     }

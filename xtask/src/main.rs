@@ -117,6 +117,13 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Real recorders and players next to a best-effort writer on the lab hdd (see
+    /// `abiss-bench recording --help`).
+    Recording {
+        /// Passed to `abiss-bench recording`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// 10 000 attach/detach cycles by four users with abissd killed every 2 000, then what
     /// is left over (see `abiss-bench soak --help`).
     Soak {
@@ -146,6 +153,7 @@ fn main() -> ExitCode {
             Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
             Benchmark::Players { args } => bench::run_bench_binary(&root, "players", &args),
+            Benchmark::Recording { args } => bench::run_bench_binary(&root, "recording", &args),
             Benchmark::Soak { args } => bench::run_bench_binary(&root, "soak", &args),
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),

@@ -48,6 +48,20 @@ const PACKAGES: &[&str] = &[
     "curl",
     "xz-utils",
     "zstd",
+    // Real players and recorders (the players test, `cargo xtask bench players` and
+    // `recording`): ffmpeg, GStreamer with its libav plugins, mpv; xfs for the recording
+    // benchmark's file-system rows, perf for its recorders' write(2) times.
+    "ffmpeg",
+    "gstreamer1.0-tools",
+    "gstreamer1.0-plugins-base",
+    "gstreamer1.0-plugins-good",
+    "gstreamer1.0-plugins-bad",
+    "gstreamer1.0-libav",
+    "python3-gi",
+    "gir1.2-gstreamer-1.0",
+    "mpv",
+    "xfsprogs",
+    "linux-perf",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

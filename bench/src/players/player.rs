@@ -386,7 +386,7 @@ fn watch_exec(pid: u32, stopping: &AtomicBool) -> Option<u64> {
 }
 
 /// Whether our child `pid` has ended and waits to be reaped.
-fn is_zombie(pid: i32) -> bool {
+pub(crate) fn is_zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
         stat.rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))

@@ -377,7 +377,7 @@ impl Drop for RequestTrace {
 
 /// Lets `players` play until `secs` after their launch (or the first ends early), runs
 /// `before_stop`, then stops them all.
-fn play_for(
+pub(crate) fn play_for(
     mut players: Vec<RunningPlayer>,
     secs: Duration,
     before_stop: impl FnOnce() -> anyhow::Result<()>,
@@ -408,7 +408,10 @@ fn per_seek(runs: &[StallFigures]) -> Option<f64> {
     per_seek
 }
 
-fn player_result(run: &PlayerRun, baselines: &BTreeMap<String, Baseline>) -> PlayerResult {
+pub(crate) fn player_result(
+    run: &PlayerRun,
+    baselines: &BTreeMap<String, Baseline>,
+) -> PlayerResult {
     let figures = stall::analyse(run.launched_ns, run.stopped_ns, &run.events);
     let baseline = baselines
         .get(run.spec.kind.name())
@@ -477,7 +480,7 @@ fn write_events(dir: &Path, row: &str, runs: &[PlayerRun]) -> anyhow::Result<()>
 }
 
 /// (busy, total) jiffies of all CPUs from /proc/stat.
-fn cpu_times() -> anyhow::Result<(u64, u64)> {
+pub(crate) fn cpu_times() -> anyhow::Result<(u64, u64)> {
     let stat = std::fs::read_to_string("/proc/stat")?;
     let line = stat.lines().next().context("empty /proc/stat")?;
     let fields: Vec<u64> = line
@@ -491,12 +494,12 @@ fn cpu_times() -> anyhow::Result<(u64, u64)> {
 }
 
 #[expect(clippy::cast_precision_loss, reason = "jiffies")]
-fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+pub(crate) fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
     let total = after.1.saturating_sub(before.1).max(1);
     after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0
 }
 
-fn load_average() -> f64 {
+pub(crate) fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))

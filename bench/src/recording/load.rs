@@ -1,0 +1,184 @@
+//! The best-effort load, all from one fio: a sequential writer of 1 MiB buffered write(2)
+//! calls into a new file (a copy or a download: every block newly allocated, its pages dirty
+//! until writeback), and two random 16 KiB `O_DIRECT` readers of one 512 MiB file.
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde::Serialize;
+
+use crate::layout::drop_cached_pages;
+
+/// The readers' file.
+const READ_FILE_BYTES: u64 = 512 << 20;
+/// How far the writer writes before it starts over in its file (more than a row writes).
+const WRITE_FILE_BYTES: u64 = 2 << 30;
+
+/// The load's files on the lab disk.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadFiles {
+    /// What the readers read.
+    pub read: PathBuf,
+    /// What the writer writes (removed before each row, so its blocks are allocated anew).
+    pub write: PathBuf,
+}
+
+fn reader_job(files: &LoadFiles) -> String {
+    format!(
+        "[be-readers]\nfilename={}\nsize={READ_FILE_BYTES}\nrw=randread\nbs=16k\ndirect=1\n\
+         ioengine=psync\nnumjobs=2\n",
+        files.read.display()
+    )
+}
+
+fn job_file(files: &LoadFiles, runtime: Duration) -> String {
+    format!(
+        "[global]\ntime_based=1\nruntime={runtime}ms\nrandrepeat=0\n\
+         [be-writer]\nfilename={write}\nsize={WRITE_FILE_BYTES}\nrw=write\nbs=1m\ndirect=0\n\
+         ioengine=psync\nfallocate=none\ncreate_on_open=1\n{readers}",
+        runtime = runtime.as_millis(),
+        write = files.write.display(),
+        readers = reader_job(files),
+    )
+}
+
+/// Lays out the readers' file in `dir` (fio writes it once) and drops it from the page cache.
+pub fn lay_out(dir: &Path, scratch: &Path) -> anyhow::Result<LoadFiles> {
+    let files = LoadFiles {
+        read: dir.join("load-read.dat"),
+        write: dir.join("load-write.dat"),
+    };
+    let jobs = scratch.join("layout.fio");
+    std::fs::write(&jobs, reader_job(&files))?;
+    let output = Command::new("fio")
+        .arg(&jobs)
+        .arg("--create_only=1")
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run fio (cargo xtask setup installs it)")?;
+    anyhow::ensure!(
+        output.status.success(),
+        "fio could not lay out the readers' file: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    std::fs::File::open(&files.read)?.sync_all()?;
+    drop_cached_pages(&files.read)?;
+    Ok(files)
+}
+
+/// A running load; killed on drop.
+#[derive(Debug)]
+pub struct Load {
+    child: Option<Child>,
+    output: PathBuf,
+}
+
+/// What the load moved.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LoadFigures {
+    /// Seconds fio ran.
+    pub runtime_s: f64,
+    /// MB/s (10^6) the writer wrote (into the page cache: over a run, what the dirty limits
+    /// let through to the disk, give or take the 64 MB they hold).
+    pub write_mb_s: f64,
+    /// MB/s the two readers read together.
+    pub read_mb_s: f64,
+    /// Reads of 16 KiB per second, both readers.
+    pub read_iops: f64,
+}
+
+impl Load {
+    /// Starts the load for `runtime` on `files` (job file and output in `scratch`), from a
+    /// cold page cache and a new file for the writer.
+    pub fn start(scratch: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Self> {
+        drop_cached_pages(&files.read)?;
+        let jobs = scratch.join("load.fio");
+        std::fs::write(&jobs, job_file(files, runtime))?;
+        let output = scratch.join("load.json");
+        let _ = std::fs::remove_file(&output);
+        let child = Command::new("fio")
+            .arg(&jobs)
+            .arg("--output-format=json")
+            .arg(format!("--output={}", output.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("cannot run fio")?;
+        Ok(Self {
+            child: Some(child),
+            output,
+        })
+    }
+
+    /// Waits for fio to end and reads what it moved.
+    pub fn finish(mut self) -> anyhow::Result<LoadFigures> {
+        let status = self.child.take().context("finished already")?.wait()?;
+        anyhow::ensure!(status.success(), "fio failed ({status})");
+        let text = std::fs::read_to_string(&self.output)
+            .with_context(|| format!("cannot read {}", self.output.display()))?;
+        let json = text.find('{').map_or("", |start| &text[start..]);
+        let report: serde_json::Value = serde_json::from_str(json).context("fio's JSON output")?;
+        Ok(figures(&report))
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        // Only on an error or an interrupt: fio's jobs are processes of their own, in its group.
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                // SAFETY: killpg(2) of the group fio leads.
+                unsafe { libc::killpg(pid, libc::SIGKILL) };
+            }
+            let _ = child.wait();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+/// MB/s per part of the load from fio's JSON report.
+#[must_use]
+pub fn figures(report: &serde_json::Value) -> LoadFigures {
+    let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
+    let runtime_s = jobs
+        .iter()
+        .filter_map(|j| j["job_runtime"].as_f64())
+        .fold(0.0, f64::max)
+        / 1000.0;
+    let sum = |name: &str, direction: &str, field: &str| -> f64 {
+        jobs.iter()
+            .filter(|j| j["jobname"] == name)
+            .filter_map(|j| j[direction][field].as_f64())
+            .sum()
+    };
+    let per_s = |v: f64| if runtime_s > 0.0 { v / runtime_s } else { 0.0 };
+    LoadFigures {
+        runtime_s,
+        write_mb_s: per_s(sum("be-writer", "write", "io_bytes")) / 1e6,
+        read_mb_s: per_s(sum("be-readers", "read", "io_bytes")) / 1e6,
+        read_iops: per_s(sum("be-readers", "read", "total_ios")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_add_up_the_jobs_by_name() {
+        let report = serde_json::json!({"jobs": [
+            {"jobname": "be-writer", "job_runtime": 2000, "read": {"io_bytes": 0, "total_ios": 0}, "write": {"io_bytes": 40_000_000}},
+            {"jobname": "be-readers", "job_runtime": 2000, "read": {"io_bytes": 1_000_000, "total_ios": 61}, "write": {"io_bytes": 0}},
+            {"jobname": "be-readers", "job_runtime": 1900, "read": {"io_bytes": 1_000_000, "total_ios": 61}, "write": {"io_bytes": 0}},
+        ]});
+        let f = figures(&report);
+        assert!((f.runtime_s - 2.0).abs() < 1e-9);
+        assert!((f.write_mb_s - 20.0).abs() < 1e-9);
+        assert!((f.read_mb_s - 1.0).abs() < 1e-9);
+        assert!((f.read_iops - 61.0).abs() < 1e-9);
+    }
+}
