@@ -106,8 +106,8 @@ pub struct Row {
     pub class: Class,
     /// Who plays what.
     pub scenario: Scenario,
-    /// `abissctl run --buffer` (abiss rows; `None`: abissctl's default).
-    pub buffer: Option<&'static str>,
+    /// More `abissctl run` options (abiss rows): `--buffer 6MiB`, `--preroll 6MiB`.
+    pub run_options: &'static [&'static str],
 }
 
 /// Every row, in report order.
@@ -121,16 +121,12 @@ pub fn all_rows() -> Vec<Row> {
         elevator,
         class,
         scenario,
-        buffer: None,
+        run_options: &[],
     };
-    let mut big_buffer = row(
-        "abiss-6MiB",
-        "abiss, abissctl run --buffer 6MiB: room for the players' start-up reads",
-        "mq-deadline",
-        Abiss,
-        Four,
-    );
-    big_buffer.buffer = Some("6MiB");
+    let abiss_with = |name, description, run_options| Row {
+        run_options,
+        ..row(name, description, "mq-deadline", Abiss, Four)
+    };
     vec![
         row(
             "mq-deadline",
@@ -147,14 +143,26 @@ pub fn all_rows() -> Vec<Row> {
             RealTime,
             Four,
         ),
-        row(
+        abiss_with(
             "abiss",
             "abissd (mq-deadline), players under abissctl run",
-            "mq-deadline",
-            Abiss,
-            Four,
+            &[],
         ),
-        big_buffer,
+        abiss_with(
+            "abiss-6MiB",
+            "abiss, abissctl run --buffer 6MiB: room for the players' start-up reads",
+            &["--buffer", "6MiB"],
+        ),
+        abiss_with(
+            "abiss-preroll",
+            "abiss, abissctl run --preroll 6MiB: the players' start-up reads loaded at once",
+            &["--preroll", "6MiB"],
+        ),
+        abiss_with(
+            "abiss-auto",
+            "abiss, abissctl run --buffer auto --preroll 6MiB",
+            &["--buffer", "auto", "--preroll", "6MiB"],
+        ),
         row(
             "mq-deadline-seek",
             "stock mq-deadline, gst seeking every 10 s",
@@ -272,15 +280,16 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
 }
 
 /// The stall of one `kind` of player under the load for `secs`, under `abissctl run --rate
-/// RATE` with the abissd and abissctl of `abiss` (`Some((bin_dir, rate))`) or plain under
-/// mq-deadline, with its no-load start-up measured first: for the integration test.
+/// RATE OPTIONS…` with the abissd and abissctl of `abiss` (`Some((bin_dir, rate, options))`)
+/// or plain under mq-deadline, with its no-load start-up measured first: for the integration
+/// test.
 pub fn measure_one(
     kind: PlayerKind,
     secs: u64,
-    abiss: Option<(&std::path::Path, &str)>,
+    abiss: Option<(&std::path::Path, &str, &'static [&'static str])>,
 ) -> anyhow::Result<(Baseline, RowResult)> {
     let mut session = Session::up("players-test", 1, 150, 128)?;
-    if let Some((bin_dir, _)) = abiss {
+    if let Some((bin_dir, _, _)) = abiss {
         session.set_bin_dir(bin_dir);
     }
     let baselines = session.baselines(&[kind], 6)?;
@@ -298,7 +307,7 @@ pub fn measure_one(
             Class::Default
         },
         scenario: Scenario::Four,
-        buffer: None,
+        run_options: abiss.map_or(&[], |(_, _, options)| options),
     };
     let result = session.run_row(
         &RowPlan {
@@ -306,7 +315,7 @@ pub fn measure_one(
             kinds: &[kind],
             warmup: Duration::from_secs(3),
             secs,
-            rate: abiss.map_or("", |(_, rate)| rate),
+            rate: abiss.map_or("", |(_, rate, _)| rate),
             events_dir: None,
         },
         &baselines,

@@ -1,5 +1,6 @@
 //! Issue 12's goal with a real, unmodified player: `ffmpeg -re` playing an 8 Mbit/s MPEG-TS
-//! from the lab hdd under `abissctl run --rate 1.1MB/s` (default buffer) for 20 s, while fio
+//! from the lab hdd under `abissctl run --rate 1.1MB/s --preroll 6MiB` (default buffer; the
+//! preroll loads ffmpeg's 5 MB start-up probe at once) for 20 s, while fio
 //! loads the same disk with random 16 KiB `O_DIRECT` reads at iodepth 16, four buffered random
 //! readers and a random 64 KiB writer, stalls at most 0.1 s in all.
 //!
@@ -15,16 +16,21 @@ use abiss_tests::{binary, require_root};
 const GOAL_S: f64 = 0.1;
 
 #[test]
-#[ignore = "fails today: 0.20 s (2026-12-01, 03c6f53), all of it start-up (0.32 s against 0.12 s \
-            without load), 0 freezes, 0 inversions: abissctl run now starts ffmpeg at the stream's \
-            level (0.80 s before, when its first read past the window queued 0.53 s at BE/4); what \
-            is left is reading ffmpeg's 5 MB probe from the loaded disk at RT (issue 12)"]
+#[ignore = "fails today: 0.237 s (2026-12-01, with --preroll 6MiB), all of it start-up (0.369 s \
+            against 0.132 s without load from a warm cache), 0 freezes, 0 inversions, 2 misses; \
+            the preroll is queued at once at RT, so what is left is reading ffmpeg's 5 MB probe \
+            cold from the lab hdd (about 0.12 s at its 48 MiB/s sequential rate) behind the best \
+            effort requests already in the driver (issue 12)"]
 fn ffmpeg_under_abissctl_run_stalls_at_most_a_tenth_of_a_second_under_a_seeky_load() {
     require_root!();
     let abissd = binary("abissd");
     let bin_dir = abissd.parent().expect("the binaries' directory");
-    let (baseline, row) = measure_one(PlayerKind::Ffmpeg, 20, Some((bin_dir, "1.1MB/s")))
-        .expect("the player ran under the load");
+    let (baseline, row) = measure_one(
+        PlayerKind::Ffmpeg,
+        20,
+        Some((bin_dir, "1.1MB/s", &["--preroll", "6MiB"])),
+    )
+    .expect("the player ran under the load");
     let player = &row.players[0];
     eprintln!(
         "ffmpeg: no-load start-up {:.3} s; under the load start-up {:?} s, freezes {} ({:.3} s), \

@@ -15,6 +15,23 @@ use abiss_tests::{require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 const USER_BURST_BYTES: u64 = 32 << 20;
 const USER_BURST_RATE_BPS: u64 = 1 << 20;
 
+/// Half a second after the loop (for loads already issued to land): the seconds since
+/// `started`, the bytes `disk` read since its count was `before`, and what the user's
+/// allowance let them read in that time.
+fn read_since(started: Instant, disk: &str, before: u64) -> (f64, u64, u64) {
+    std::thread::sleep(Duration::from_millis(500));
+    let elapsed = started.elapsed().as_secs_f64();
+    let read = disk_bytes_read(disk) - before;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a byte bound from seconds"
+    )]
+    let allowed = USER_BURST_BYTES + (USER_BURST_RATE_BPS as f64 * elapsed) as u64;
+    (elapsed, read, allowed)
+}
+
 #[test]
 fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() {
     require_root!();
@@ -54,16 +71,7 @@ fn an_attach_detach_loop_gets_no_more_start_up_reads_than_the_users_allowance() 
         assert!(detached.status.success(), "{detached:?}");
     }
     // Loads already issued finish after their detach; let them land before counting.
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let elapsed = started.elapsed().as_secs_f64();
-    let read = disk_bytes_read(&disk) - before;
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "a byte bound from seconds"
-    )]
-    let allowed = USER_BURST_BYTES + (USER_BURST_RATE_BPS as f64 * elapsed) as u64;
+    let (elapsed, read, allowed) = read_since(started, &disk, before);
     // Readahead may read up to one window (128 KiB) past a load; allow it per file.
     let slack = 60 * (128 << 10);
     println!(
@@ -156,16 +164,7 @@ fn seek_refills_come_from_the_users_allowance_and_a_seek_loop_gets_no_more() {
     for i in 0..100 {
         read_at(100 + 3 * i);
     }
-    std::thread::sleep(Duration::from_millis(500));
-    let elapsed = started.elapsed().as_secs_f64();
-    let read = disk_bytes_read(&disk) - before;
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "a byte bound from seconds"
-    )]
-    let allowed = USER_BURST_BYTES + (USER_BURST_RATE_BPS as f64 * elapsed) as u64;
+    let (elapsed, read, allowed) = read_since(started, &disk, before);
     // Each dd's own read, with the kernel's readahead (up to 128 KiB), is not the stream's.
     let own_reads = 102 * (128 << 10);
     println!(

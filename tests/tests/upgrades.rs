@@ -337,6 +337,15 @@ fn an_io_uring_reader_is_attributed_to_the_stream() {
     );
 }
 
+/// What `command` printed, run by `abissctl run --rate 1MB/s STREAM -- COMMAND…`.
+fn run_at_1mb(bench: &Bench, stream: &std::path::Path, command: &[&str]) -> String {
+    let mut args = vec!["run", "--rate", "1MB/s", stream.to_str().unwrap(), "--"];
+    args.extend_from_slice(command);
+    let output = bench.daemon.ctl(args);
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 /// `abissctl run` raises its command to the stream's level before the command runs, so a
 /// player's first reads past the window (its probe) are not queued below the stream; it is
 /// put back when the command ends. Asking for another user's thread raises nothing.
@@ -345,16 +354,7 @@ fn a_command_under_abissctl_run_starts_at_the_streams_level() {
     require_root!();
     let bench = bench("run");
     let stream = bench.file("stream.bin");
-    let output = bench.daemon.ctl([
-        "run",
-        "--rate",
-        "1MB/s",
-        stream.to_str().unwrap(),
-        "--",
-        "ionice",
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let said = String::from_utf8_lossy(&output.stdout);
+    let said = run_at_1mb(&bench, &stream, &["ionice"]);
     assert_eq!(
         said.trim(),
         "realtime: prio 0",
@@ -396,18 +396,11 @@ fn the_tasks_a_player_makes_as_it_starts_keep_its_raise_until_the_stream_ends() 
     require_root!();
     let bench = bench("adopt");
     let stream = bench.file("stream.bin");
-    let output = bench.daemon.ctl([
-        "run",
-        "--rate",
-        "1MB/s",
-        stream.to_str().unwrap(),
-        "--",
-        "sh",
-        "-c",
-        "sleep 6 & echo $!; sleep 1; ionice -p $!",
-    ]);
-    assert!(output.status.success(), "{output:?}");
-    let said = String::from_utf8_lossy(&output.stdout);
+    let said = run_at_1mb(
+        &bench,
+        &stream,
+        &["sh", "-c", "sleep 6 & echo $!; sleep 1; ionice -p $!"],
+    );
     let mut lines = said.lines();
     let child: u32 = lines
         .next()

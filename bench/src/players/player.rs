@@ -81,8 +81,8 @@ pub enum Wrapper {
         socket: PathBuf,
         /// The rate, as abissctl reads it (`1.1MB/s`).
         rate: String,
-        /// The playout buffer (`None`: abissctl's default).
-        buffer: Option<String>,
+        /// More `abissctl run` options (`--buffer 6MiB`).
+        options: Vec<String>,
     },
 }
 
@@ -182,13 +182,13 @@ impl RunningPlayer {
                 abissctl,
                 socket,
                 rate,
-                buffer,
+                options,
             } => {
                 let mut command = Command::new(abissctl);
                 command
                     .env("ABISS_SOCKET", socket)
                     .args(["run", "--rate", rate])
-                    .args(buffer.iter().flat_map(|b| ["--buffer", b.as_str()]))
+                    .args(options)
                     .arg(&spec.file)
                     .arg("--")
                     .arg(&line[0]);

@@ -263,7 +263,7 @@ impl Session {
                     abissctl: bin_dir.join("abissctl"),
                     socket: daemon.socket().to_path_buf(),
                     rate: rate.to_owned(),
-                    buffer: row.buffer.map(str::to_owned),
+                    options: row.run_options.iter().map(|o| (*o).to_owned()).collect(),
                 };
                 (Some(daemon), wrapper)
             }

@@ -89,7 +89,7 @@ pub fn markdown(
          one file from 0, 10, … 70 s). Load (fio): random 16 KiB `O_DIRECT` reads at iodepth 16, \
          4 buffered random 16 KiB readers (one 1 GiB file), one random 64 KiB `O_DIRECT` writer. \
          abiss rows: abissd with its defaults, each player under `abissctl run --rate {rate}` \
-         (default buffer; the abiss-6MiB row `--buffer 6MiB`). {disk_line} {machine_line}\n\n\
+         (default buffer; the rows' own options are in their players column). {disk_line} {machine_line}\n\n\
          **Stall** (per player) = start-up beyond the player's no-load warm start-up + freezes + \
          seek stalls. Start-up: launch of the command (`abissctl run` included) to the first \
          media time the player reports (for abiss: `abissctl run` attaches, waits for the window \
@@ -157,9 +157,10 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             Class::RealTime => "ionice -c1",
             Class::Abiss => "abissctl run",
         };
-        let class = match result.row.buffer {
-            Some(buffer) => format!("{class} --buffer {buffer}"),
-            None => class.to_owned(),
+        let class = if result.row.run_options.is_empty() {
+            class.to_owned()
+        } else {
+            format!("{class} {}", result.row.run_options.join(" "))
         };
         let relative = reference.filter(|r| *r > 0.0).map_or_else(
             || "-".to_owned(),

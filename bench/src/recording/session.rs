@@ -239,7 +239,7 @@ impl Bench {
                     abissctl: abissctl.clone(),
                     socket: socket.clone(),
                     rate: plan.player_rate.to_owned(),
-                    buffer: None,
+                    options: Vec::new(),
                 };
                 let recorder = RecorderWrapper::Abiss {
                     abissctl,
