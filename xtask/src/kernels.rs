@@ -429,7 +429,8 @@ fn module_load_order(modules_dir: &Path, wanted: &[&str]) -> anyhow::Result<Vec<
             Command::new("modinfo")
                 .args(["-F", "depends"])
                 .arg(modules_dir.join(path)),
-        )?;
+        )
+        .context("modinfo reads the modules' dependencies: `cargo xtask setup` installs kmod")?;
         for need in depends.trim().split(',').filter(|n| !n.is_empty()) {
             pending.push((need.to_owned(), false));
         }

@@ -41,8 +41,10 @@ const PACKAGES: &[&str] = &[
     "binutils",
     "gcc",
     // `cargo xtask kernels` boots distribution kernels in qemu with a busybox initramfs, from
-    // packages it downloads (curl), unpacks and whose modules it decompresses (xz, zstd).
+    // packages it downloads (curl), unpacks and whose modules it decompresses (xz, zstd) and
+    // orders by their dependencies (modinfo, from kmod: a fresh container has none).
     "qemu-system-x86",
+    "kmod",
     "busybox-static",
     "cpio",
     "curl",
