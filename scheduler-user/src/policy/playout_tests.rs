@@ -272,6 +272,26 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     assert!(buffer.preroll(60 * MB).is_empty());
 }
 
+/// A preroll asked for while the first window is still loading waits for it, so the window's
+/// reads are not queued behind the preroll's; it loads once the window is locked.
+#[test]
+fn a_preroll_waits_for_the_first_window_then_loads() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    assert!(buffer.preroll(5 * MB).is_empty(), "held back");
+    let preroll = complete(&mut buffer, &actions);
+    assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
+    complete(&mut buffer, &preroll);
+    assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
+    // A seek before the window was locked drops a waiting preroll.
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    assert!(buffer.preroll(5 * MB).is_empty());
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    let after = complete(&mut buffer, &actions);
+    assert_eq!(loaded(&after), 0, "{after:?}");
+    let _ = complete(&mut buffer, &seek);
+    assert!(buffer.locked_bytes() <= B);
+}
+
 /// After seeks that spent the banked credit, the window lacks a buffer; credit granted from
 /// outside the rate (the owner's allowance) fills it at once, and no more than it lacks.
 #[test]
