@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
@@ -33,9 +34,9 @@ where
 }
 
 /// Draws the legend in the upper left and writes the file.
-pub(crate) fn finish<'a, X: Ranged, Y: Ranged>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
-    root: &DrawingArea<SVGBackend<'a>, Shift>,
+pub(crate) fn finish<'a, 'b: 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+    root: &DrawingArea<SVGBackend<'b>, Shift>,
 ) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
@@ -45,6 +46,57 @@ pub(crate) fn finish<'a, X: Ranged, Y: Ranged>(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// A bar chart with one slot per row, as the players and recording benchmarks draw it.
+pub(crate) type RowChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, LogCoord<f64>>>;
+
+/// Draws a bar chart with one slot per row into `path`: `caption` in sans-serif of
+/// `font_size`, x from 0 to the number of `rows`, each slot named under its middle, and a
+/// log-scale y axis over `y_range` described by `y_desc`; `draw` adds the bars and lines, then
+/// the legend goes in and the file is written.
+pub(crate) fn row_bars(
+    path: &Path,
+    caption: String,
+    font_size: u32,
+    rows: &[&str],
+    (floor, top): (f64, f64),
+    y_desc: &str,
+    draw: impl FnOnce(&mut RowChart<'_, '_>) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    #[expect(clippy::cast_precision_loss, reason = "a handful of rows")]
+    let width = rows.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", font_size))
+        .margin(20)
+        .x_label_area_size(60)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..width, (floor..top).log_scale())?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a bar index"
+            )]
+            let index = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.01 {
+                rows.get(index)
+                    .map_or_else(String::new, |r| (*r).to_owned())
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_desc)
+        .draw()?;
+    draw(&mut chart)?;
+    finish(&mut chart, &root)
 }
 
 /// One configuration's percentile curve.

@@ -14,6 +14,8 @@
 //! | the ABISS rows: abissd manages the lab disk and attaches each reader's file | [`abiss`] |
 //! | one run: N readers and the copy on the lab disk, from a cold page cache | [`trial`] |
 //! | the two loads: paced real-time readers and the best-effort copy loop | [`workload`] |
+//! | fio behind the players and recording loads: lay out, run, add up its report | [`fio`] |
+//! | programs started in a group of their own: reaping with CPU time, the tail of stderr | [`process`] |
 //! | the readers' schedule and deadlines (pure) | [`schedule`] |
 //! | where the files sit on the lab disk, and making them | [`layout`] |
 //! | the private lab disk with ext4, taken down on drop | [`lab_disk`] |
@@ -40,6 +42,7 @@ pub mod admission;
 pub mod chart;
 pub mod configuration;
 pub mod empty_program;
+pub mod fio;
 pub mod interrupt;
 pub mod ioprio;
 pub mod lab_disk;
@@ -47,6 +50,7 @@ pub mod latency;
 pub mod layout;
 pub mod overhead;
 pub mod players;
+pub mod process;
 pub mod recording;
 pub mod reference;
 pub mod report;

@@ -81,6 +81,18 @@ pub enum Class {
     Abiss,
 }
 
+impl Class {
+    /// How the report's tables show it.
+    #[must_use]
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::RealTime => "ionice -c1",
+            Self::Abiss => "abissctl run",
+        }
+    }
+}
+
 /// Who plays what in a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -194,23 +206,32 @@ pub fn all_rows() -> Vec<Row> {
     ]
 }
 
+/// The rows of `all` named in `wanted` (`--rows`), in `all`'s order; all of them if `wanted` is
+/// empty. A name that is not a row is an error that lists the known ones. The recording
+/// benchmark picks its rows this way too.
+pub(crate) fn select_rows<R>(
+    all: Vec<R>,
+    wanted: &[String],
+    name: impl Fn(&R) -> &str,
+) -> anyhow::Result<Vec<R>> {
+    if let Some(unknown) = wanted
+        .iter()
+        .find(|n| !all.iter().any(|r| name(r) == n.as_str()))
+    {
+        let known: Vec<&str> = all.iter().map(&name).collect();
+        anyhow::bail!("unknown row {unknown:?}; known: {}", known.join(", "));
+    }
+    Ok(all
+        .into_iter()
+        .filter(|r| wanted.is_empty() || wanted.iter().any(|n| n == name(r)))
+        .collect())
+}
+
 /// Runs the benchmark and writes players.{json,md,svg}.
 pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
-    let all = all_rows();
-    if let Some(unknown) = args
-        .rows
-        .iter()
-        .find(|n| !all.iter().any(|r| r.name == n.as_str()))
-    {
-        let known: Vec<&str> = all.iter().map(|r| r.name).collect();
-        anyhow::bail!("unknown row {unknown:?}; known: {}", known.join(", "));
-    }
-    let rows: Vec<Row> = all
-        .into_iter()
-        .filter(|r| args.rows.is_empty() || args.rows.iter().any(|n| n == r.name))
-        .collect();
+    let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
     let session = Session::up(
         "players",
@@ -247,6 +268,9 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
 
     let command = report::command_line("players");
     let machine = report::machine();
+    let mut media_parameters = media::parameters(media_secs.max(150));
+    media_parameters["codec"] =
+        json!("MPEG-2 video 7 Mbit/s, MP2 audio 192 kbit/s, MPEG-TS muxrate 8 Mbit/s");
     let report = json!({
         "benchmark": "players",
         "command": command,
@@ -257,13 +281,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
             "warmup_secs": args.warmup_secs,
             "rate": args.rate,
             "buffer": "abissctl's default (564KiB)",
-            "media": {
-                "bytes_per_s": media::MEDIA_BYTES_PER_S,
-                "resolution": media::RESOLUTION,
-                "frame_rate": media::FRAME_RATE,
-                "codec": "MPEG-2 video 7 Mbit/s, MP2 audio 192 kbit/s, MPEG-TS muxrate 8 Mbit/s",
-                "secs": media_secs.max(150),
-            },
+            "media": media_parameters,
             "freeze_tolerance_s": stall::FREEZE_TOLERANCE,
             "queue": queue,
             "disk_bytes": DISK_BYTES,
@@ -272,11 +290,9 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
         "rows": results,
     });
     let markdown = table::markdown(&command, &machine, args, &queue, &baselines, &results);
-    report::write_results(&args.results_dir, "players", &report, &markdown)?;
-    let svg = args.results_dir.join("players.svg");
-    table::chart(&svg, args.secs, &results).context("cannot draw players.svg")?;
-    println!("written: {}", svg.display());
-    Ok(())
+    report::write_results_and_chart(&args.results_dir, "players", &report, &markdown, |svg| {
+        table::chart(svg, args.secs, &results)
+    })
 }
 
 /// The stall of one `kind` of player under the load for `secs`, under `abissctl run --rate

@@ -23,7 +23,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::players::{media, Class};
+use crate::players::{media, select_rows, Class};
 use crate::report;
 use filesystem::{DirtyLimits, FileSystem};
 use recorder::RecorderKind;
@@ -166,19 +166,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 10, "--secs must be at least 10");
     anyhow::ensure!(args.capture_ms > 0, "--capture-ms must be positive");
-    let all = all_rows();
-    if let Some(unknown) = args
-        .rows
-        .iter()
-        .find(|n| !all.iter().any(|r| r.name == n.as_str()))
-    {
-        let known: Vec<&str> = all.iter().map(|r| r.name).collect();
-        anyhow::bail!("unknown row {unknown:?}; known: {}", known.join(", "));
-    }
-    let rows: Vec<Row> = all
-        .into_iter()
-        .filter(|r| args.rows.is_empty() || args.rows.iter().any(|n| n == r.name))
-        .collect();
+    let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
     let media_secs = u32::try_from(args.secs)? + 30;
     let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb)?;
     eprintln!("recording: what timing write(2) costs");
@@ -269,12 +257,7 @@ fn write_report(args: &RecordingArgs, outcome: &Outcome) -> anyhow::Result<()> {
             "abiss_recorder_buffer": args.recorder_buffer,
             "players": PLAYERS,
             "abiss_player_rate": args.player_rate,
-            "media": {
-                "bytes_per_s": media::MEDIA_BYTES_PER_S,
-                "resolution": media::RESOLUTION,
-                "frame_rate": media::FRAME_RATE,
-                "secs": outcome.media_secs,
-            },
+            "media": media::parameters(outcome.media_secs),
             "vm_dirty_bytes": DIRTY_BYTES,
             "vm_dirty_background_bytes": DIRTY_BACKGROUND_BYTES,
             "vm_settings_before": outcome.saved_vm.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>(),
@@ -295,10 +278,7 @@ fn write_report(args: &RecordingArgs, outcome: &Outcome) -> anyhow::Result<()> {
         baselines: &outcome.baselines,
         results: &outcome.results,
     });
-    report::write_results(&args.results_dir, "recording", &report, &markdown)?;
-    let svg = args.results_dir.join("recording.svg");
-    table::chart(&svg, args.secs, args.capture_ms, &outcome.results)
-        .context("cannot draw recording.svg")?;
-    println!("written: {}", svg.display());
-    Ok(())
+    report::write_results_and_chart(&args.results_dir, "recording", &report, &markdown, |svg| {
+        table::chart(svg, args.secs, args.capture_ms, &outcome.results)
+    })
 }

@@ -71,6 +71,22 @@ pub fn write_results(dir: &Path, name: &str, report: &Value, markdown: &str) -> 
     Ok(())
 }
 
+/// Writes `name.json` and `name.md` as [`write_results`] does, then `name.svg` under `dir`
+/// with `chart`, and says so.
+pub fn write_results_and_chart(
+    dir: &Path,
+    name: &str,
+    report: &Value,
+    markdown: &str,
+    chart: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    write_results(dir, name, report, markdown)?;
+    let svg = dir.join(format!("{name}.svg"));
+    chart(&svg).with_context(|| format!("cannot draw {name}.svg"))?;
+    println!("written: {}", svg.display());
+    Ok(())
+}
+
 /// A latency in milliseconds with three significant digits (sub-millisecond page-cache hits
 /// and second-long stalls both stay readable).
 #[must_use]

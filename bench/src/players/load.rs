@@ -4,12 +4,11 @@
 //! that it loads the disk steadily rather than in writeback bursts).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::fio::{self, OnDrop};
 use crate::layout::drop_cached_pages;
 
 /// The file the readers read (1 GiB: their seeks span a quarter of the lab disk).
@@ -44,16 +43,6 @@ fn job_file(files: &LoadFiles, runtime: Duration) -> String {
     )
 }
 
-/// fio running the job file `dir/load.fio`.
-fn fio(dir: &Path, extra: &[&str]) -> Command {
-    let mut command = Command::new("fio");
-    command
-        .arg(dir.join("load.fio"))
-        .args(extra)
-        .stdin(Stdio::null());
-    command
-}
-
 /// Lays the files out (fio writes them once) in `dir` and drops them from the page cache.
 pub fn lay_out(dir: &Path) -> anyhow::Result<LoadFiles> {
     let files = LoadFiles {
@@ -62,24 +51,10 @@ pub fn lay_out(dir: &Path) -> anyhow::Result<LoadFiles> {
     };
     let jobs = dir.join("load.fio");
     std::fs::write(&jobs, job_file(&files, Duration::from_secs(1)))?;
-    let output = fio(dir, &["--create_only=1"])
-        .output()
-        .context("cannot run fio (cargo xtask setup installs it)")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "fio could not lay out the load's files: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
+    fio::create_only(&jobs, "the load's files")?;
     drop_cached_pages(&files.read)?;
     drop_cached_pages(&files.write)?;
     Ok(files)
-}
-
-/// A running load; killed on drop.
-#[derive(Debug)]
-pub struct Load {
-    child: Option<Child>,
-    output: PathBuf,
 }
 
 /// What the load moved.
@@ -97,75 +72,27 @@ pub struct LoadFigures {
     pub total_mb_s: f64,
 }
 
-impl Load {
-    /// Starts the load for `runtime` on `files` (job file and output in `dir`), from a cold
-    /// page cache.
-    pub fn start(dir: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Self> {
-        drop_cached_pages(&files.read)?;
-        let jobs = dir.join("load.fio");
-        std::fs::write(&jobs, job_file(files, runtime))?;
-        let output = dir.join("load.json");
-        let _ = std::fs::remove_file(&output);
-        let child = fio(dir, &["--output-format=json"])
-            .arg(format!("--output={}", output.display()))
-            .stdout(Stdio::null())
-            .spawn()
-            .context("cannot run fio")?;
-        Ok(Self {
-            child: Some(child),
-            output,
-        })
-    }
+/// A running load; killed on drop.
+pub type Load = fio::Load<LoadFigures>;
 
-    /// Waits for fio to end and reads what it moved.
-    pub fn finish(mut self) -> anyhow::Result<LoadFigures> {
-        let status = self.child.take().context("finished already")?.wait()?;
-        anyhow::ensure!(status.success(), "fio failed ({status})");
-        let text = std::fs::read_to_string(&self.output)
-            .with_context(|| format!("cannot read {}", self.output.display()))?;
-        // fio may print notes before its JSON.
-        let json = text.find('{').map_or("", |start| &text[start..]);
-        let report: serde_json::Value = serde_json::from_str(json).context("fio's JSON output")?;
-        Ok(figures(&report))
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
+/// Starts the load for `runtime` on `files` (job file and output in `dir`), from a cold page
+/// cache.
+pub fn start(dir: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Load> {
+    drop_cached_pages(&files.read)?;
+    Load::start(dir, &job_file(files, runtime), OnDrop::Kill, figures)
 }
 
 /// MB/s per part of the load from fio's JSON report.
 #[must_use]
 pub fn figures(report: &serde_json::Value) -> LoadFigures {
-    let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
-    let runtime_s = jobs
-        .iter()
-        .filter_map(|j| j["job_runtime"].as_f64())
-        .fold(0.0, f64::max)
-        / 1000.0;
-    let bytes = |name: &str, direction: &str| -> f64 {
-        jobs.iter()
-            .filter(|j| j["jobname"] == name)
-            .filter_map(|j| j[direction]["io_bytes"].as_f64())
-            .sum()
-    };
-    let rate = |b: f64| {
-        if runtime_s > 0.0 {
-            b / runtime_s / 1e6
-        } else {
-            0.0
-        }
-    };
-    let direct = rate(bytes("direct-reader", "read"));
-    let buffered = rate(bytes("buffered-readers", "read"));
-    let write = rate(bytes("writer", "write"));
+    let report = fio::Report::new(report);
+    let rate =
+        |name: &str, direction: &str| report.per_s(report.sum(name, direction, "io_bytes")) / 1e6;
+    let direct = rate("direct-reader", "read");
+    let buffered = rate("buffered-readers", "read");
+    let write = rate("writer", "write");
     LoadFigures {
-        runtime_s,
+        runtime_s: report.runtime_s,
         direct_read_mb_s: direct,
         buffered_read_mb_s: buffered,
         write_mb_s: write,

@@ -15,8 +15,53 @@ pub const MEDIA_BYTES_PER_S: u64 = 1_000_000;
 pub const RESOLUTION: &str = "640x360";
 /// Frames per second of the video (the freeze tolerance is one frame period).
 pub const FRAME_RATE: u32 = 25;
+/// How the media is encoded, as ffmpeg options (the recording benchmark's ffmpeg recorder
+/// writes its recordings the same way): a GOP of half a second; video at 7 Mbit/s with the
+/// rate held (testsrc2 is easy to code), MP2 audio; the mux rate pads the rest with null
+/// packets: 1 MB/s exactly.
+pub const ENCODING: [&str; 20] = [
+    "-c:v",
+    "mpeg2video",
+    "-g",
+    "12",
+    "-b:v",
+    "7M",
+    "-minrate",
+    "7M",
+    "-maxrate",
+    "7M",
+    "-bufsize",
+    "1835k",
+    "-c:a",
+    "mp2",
+    "-b:a",
+    "192k",
+    "-f",
+    "mpegts",
+    "-muxrate",
+    "8M",
+];
+/// ffmpeg's lavfi source of the media's sound.
+pub const AUDIO_SOURCE: &str = "sine=frequency=440:sample_rate=48000";
 /// Where the generated media is kept between runs.
 const CACHE_DIR: &str = "/var/tmp/abiss-bench/players";
+
+/// ffmpeg's lavfi source of the media's picture.
+#[must_use]
+pub fn video_source() -> String {
+    format!("testsrc2=size={RESOLUTION}:rate={FRAME_RATE}")
+}
+
+/// The media as the reports describe it, `secs` long.
+#[must_use]
+pub fn parameters(secs: u32) -> serde_json::Value {
+    serde_json::json!({
+        "bytes_per_s": MEDIA_BYTES_PER_S,
+        "resolution": RESOLUTION,
+        "frame_rate": FRAME_RATE,
+        "secs": secs,
+    })
+}
 
 /// The cached media file of `secs` seconds, generated if missing.
 pub fn cached_media(secs: u32) -> anyhow::Result<PathBuf> {
@@ -31,24 +76,10 @@ pub fn cached_media(secs: u32) -> anyhow::Result<PathBuf> {
     let status = Command::new("ffmpeg")
         .args(["-nostdin", "-hide_banner", "-loglevel", "error", "-y"])
         .args(["-f", "lavfi", "-i"])
-        .arg(format!("testsrc2=size={RESOLUTION}:rate={FRAME_RATE}"))
-        .args(["-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"])
+        .arg(video_source())
+        .args(["-f", "lavfi", "-i", AUDIO_SOURCE])
         .args(["-t", &secs.to_string()])
-        // A GOP of half a second; video at 7 Mbit/s with the rate held (testsrc2 is easy to
-        // code), MP2 audio; the mux rate pads the rest with null packets: 1 MB/s exactly.
-        .args([
-            "-c:v",
-            "mpeg2video",
-            "-g",
-            "12",
-            "-b:v",
-            "7M",
-            "-minrate",
-            "7M",
-        ])
-        .args(["-maxrate", "7M", "-bufsize", "1835k"])
-        .args(["-c:a", "mp2", "-b:a", "192k"])
-        .args(["-f", "mpegts", "-muxrate", "8M"])
+        .args(ENCODING)
         .arg(&partial)
         .status()
         .context("cannot run ffmpeg (cargo xtask setup installs it)")?;

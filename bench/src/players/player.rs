@@ -8,7 +8,7 @@
 //! | ffmpeg | `ffmpeg -re -i FILE -progress pipe:1 -stats_period 0.02 -f null -` | `out_time_us` of each progress report, stamped on arrival |
 //! | mpv | `mpv --vo=null --ao=null --cache=no --input-ipc-server=SOCK FILE` | `time-pos` change events (one per displayed frame) over its JSON IPC, stamped on arrival |
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::stall::Event;
+use crate::process::{self, is_zombie};
 
 /// The `GStreamer` helper (playbin from Python: gst-launch cannot report positions).
 const GST_PLAYER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/players/gst_player.py");
@@ -66,24 +67,52 @@ pub struct PlayerSpec {
     pub seek_every_s: Option<u32>,
 }
 
-/// How the player is started.
+/// How a player (or, in the recording benchmark, a recorder) is started.
 #[derive(Clone, Debug)]
 pub enum Wrapper {
     /// As it is.
     Plain,
     /// `ionice -c1 -n4`: the real-time I/O class at its default level.
     RealTime,
-    /// `abissctl run --rate RATE FILE -- …` against the abissd at `socket`.
+    /// `abissctl run ARGS… FILE -- …` against the abissd at `socket`.
     Abiss {
         /// The abissctl executable.
         abissctl: PathBuf,
         /// abissd's socket.
         socket: PathBuf,
-        /// The rate, as abissctl reads it (`1.1MB/s`).
-        rate: String,
-        /// More `abissctl run` options (`--buffer 6MiB`).
-        options: Vec<String>,
+        /// What follows `run`: `--rate 1.1MB/s`, then options such as `--buffer 6MiB` (a
+        /// recorder's start with `--write`).
+        args: Vec<String>,
     },
+}
+
+impl Wrapper {
+    /// The wrapper's part of the command line that runs a program on `file`, up to where the
+    /// program follows: `ionice -c1 -n4 --`, `abissctl run ARGS… FILE --`; `None` when plain.
+    pub(crate) fn command(&self, file: &Path) -> Option<Command> {
+        match self {
+            Self::Plain => None,
+            Self::RealTime => {
+                let mut command = Command::new("ionice");
+                command.args(["-c1", "-n4", "--"]);
+                Some(command)
+            }
+            Self::Abiss {
+                abissctl,
+                socket,
+                args,
+            } => {
+                let mut command = Command::new(abissctl);
+                command
+                    .env("ABISS_SOCKET", socket)
+                    .arg("run")
+                    .args(args)
+                    .arg(file)
+                    .arg("--");
+                Some(command)
+            }
+        }
+    }
 }
 
 impl PlayerSpec {
@@ -171,29 +200,12 @@ impl RunningPlayer {
         let ipc = scratch.join(format!("mpv-{}.sock", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&ipc);
         let line = spec.command_line(&ipc);
-        let mut command = match wrapper {
-            Wrapper::Plain => Command::new(&line[0]),
-            Wrapper::RealTime => {
-                let mut command = Command::new("ionice");
-                command.args(["-c1", "-n4", "--"]).arg(&line[0]);
+        let mut command = match wrapper.command(&spec.file) {
+            Some(mut command) => {
+                command.arg(&line[0]);
                 command
             }
-            Wrapper::Abiss {
-                abissctl,
-                socket,
-                rate,
-                options,
-            } => {
-                let mut command = Command::new(abissctl);
-                command
-                    .env("ABISS_SOCKET", socket)
-                    .args(["run", "--rate", rate])
-                    .args(options)
-                    .arg(&spec.file)
-                    .arg("--")
-                    .arg(&line[0]);
-                command
-            }
+            None => Command::new(&line[0]),
         };
         command
             .args(&line[1..])
@@ -208,7 +220,7 @@ impl RunningPlayer {
         let events = Arc::new(Mutex::new(Vec::new()));
         let stopping = Arc::new(AtomicBool::new(false));
         let stdout = child.stdout.take().context("no stdout")?;
-        let mut stderr = child.stderr.take().context("no stderr")?;
+        let stderr = child.stderr.take().context("no stderr")?;
         let collector = {
             let (events, stopping, kind) = (events.clone(), stopping.clone(), spec.kind);
             std::thread::spawn(move || match kind {
@@ -222,15 +234,7 @@ impl RunningPlayer {
                 }
             })
         };
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
-            let mut start = text.len().saturating_sub(2000);
-            while !text.is_char_boundary(start) {
-                start += 1;
-            }
-            text[start..].trim().to_owned()
-        });
+        let stderr = process::stderr_tail(stderr);
         let exec = matches!(wrapper, Wrapper::Abiss { .. }).then(|| {
             let (pid, stopping) = (child.id(), stopping.clone());
             std::thread::spawn(move || watch_exec(pid, &stopping))
@@ -339,16 +343,7 @@ impl Drop for RunningPlayer {
 /// descendants used.
 fn wait_with_usage(pid: i32, started: Instant) -> anyhow::Result<(String, f64)> {
     let (mut children_killed, mut group_killed) = (false, false);
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: wait4 on our own child, with valid pointers.
-        let waited = unsafe { libc::wait4(pid, &raw mut status, libc::WNOHANG, &raw mut usage) };
-        if waited == pid {
-            break;
-        }
-        anyhow::ensure!(waited == 0, "wait4: {}", std::io::Error::last_os_error());
+    process::reap(pid, || {
         if !children_killed && started.elapsed() > Duration::from_secs(1) {
             children_killed = true;
             for child in children(pid) {
@@ -361,16 +356,7 @@ fn wait_with_usage(pid: i32, started: Instant) -> anyhow::Result<(String, f64)> 
             // SAFETY: killpg(2) of the group this player leads.
             unsafe { libc::killpg(pid, libc::SIGKILL) };
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let ended = if libc::WIFEXITED(status) {
-        format!("exit {}", libc::WEXITSTATUS(status))
-    } else {
-        format!("signal {}", libc::WTERMSIG(status))
-    };
-    #[expect(clippy::cast_precision_loss, reason = "CPU seconds")]
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok((ended, seconds(usage.ru_utime) + seconds(usage.ru_stime)))
+    })
 }
 
 /// When `pid` (`abissctl run`) started its command: its first child, looked for every 2 ms.
@@ -383,14 +369,6 @@ fn watch_exec(pid: u32, stopping: &AtomicBool) -> Option<u64> {
         std::thread::sleep(Duration::from_millis(2));
     }
     None
-}
-
-/// Whether our child `pid` has ended and waits to be reaped.
-pub(crate) fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
-    })
 }
 
 /// The children of `pid` (of its main thread, which starts them in the wrappers).

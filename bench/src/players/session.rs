@@ -9,7 +9,7 @@ use abiss_os::clock::monotonic_ns;
 use anyhow::Context as _;
 use serde::Serialize;
 
-use super::load::{self, Load, LoadFigures, LoadFiles};
+use super::load::{self, LoadFigures, LoadFiles};
 use super::media;
 use super::player::{PlayerKind, PlayerRun, PlayerSpec, RunningPlayer, Wrapper};
 use super::stall::{self, StallFigures};
@@ -208,32 +208,7 @@ impl Session {
             ));
         }
         for (name, spec, secs, repeats) in plans {
-            let mut runs = Vec::new();
-            for _ in 0..repeats {
-                let player = RunningPlayer::launch(&spec, &Wrapper::Plain, &self.scratch)?;
-                let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
-                anyhow::ensure!(
-                    !run.events.is_empty(),
-                    "{name} reported no media time on an idle machine ({}): {}",
-                    run.ended,
-                    run.stderr
-                );
-                runs.push(stall::analyse(run.launched_ns, run.stopped_ns, &run.events));
-            }
-            let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
-            startups.sort_by(f64::total_cmp);
-            let baseline = Baseline {
-                player: name.clone(),
-                startup_s: startups[startups.len() / 2],
-                startups_s: startups,
-                stall_after_startup_s: runs.iter().map(|r| r.freeze_s + r.seek_stall_s).sum(),
-                per_seek_s: per_seek(&runs),
-                runs,
-            };
-            eprintln!(
-                "  baseline {name}: start-up {:.3} s, stall after start-up {:.3} s",
-                baseline.startup_s, baseline.stall_after_startup_s
-            );
+            let baseline = baseline(&name, &spec, secs, repeats, &self.scratch)?;
             baselines.insert(name, baseline);
         }
         Ok(baselines)
@@ -262,8 +237,11 @@ impl Session {
                 let wrapper = Wrapper::Abiss {
                     abissctl: bin_dir.join("abissctl"),
                     socket: daemon.socket().to_path_buf(),
-                    rate: rate.to_owned(),
-                    options: row.run_options.iter().map(|o| (*o).to_owned()).collect(),
+                    args: ["--rate", rate]
+                        .iter()
+                        .chain(row.run_options)
+                        .map(|a| (*a).to_owned())
+                        .collect(),
                 };
                 (Some(daemon), wrapper)
             }
@@ -299,7 +277,7 @@ impl Session {
             _ => None,
         };
         let runtime = plan.warmup + Duration::from_secs(plan.secs + 1);
-        let load = Load::start(&self.scratch, &self.load, runtime)?;
+        let load = load::start(&self.scratch, &self.load, runtime)?;
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
@@ -397,6 +375,46 @@ pub(crate) fn play_for(
         .map(|p| p.signal_stop(stopped_ns))
         .collect::<anyhow::Result<Vec<_>>>()?;
     stopping.into_iter().map(|p| p.collect(signalled)).collect()
+}
+
+/// `repeats` no-load runs of `spec` for `secs` each, started plainly (`scratch` holds the
+/// player's IPC socket), as the baseline `name`; says what it found on stderr. The recording
+/// benchmark measures its player's baseline this way too.
+pub(crate) fn baseline(
+    name: &str,
+    spec: &PlayerSpec,
+    secs: u64,
+    repeats: usize,
+    scratch: &Path,
+) -> anyhow::Result<Baseline> {
+    let mut runs = Vec::new();
+    for _ in 0..repeats {
+        let player = RunningPlayer::launch(spec, &Wrapper::Plain, scratch)?;
+        let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
+        anyhow::ensure!(
+            !run.events.is_empty(),
+            "{name} reported no media time on an idle machine ({}): {}",
+            run.ended,
+            run.stderr
+        );
+        runs.push(stall::analyse(run.launched_ns, run.stopped_ns, &run.events));
+    }
+    let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
+    startups.sort_by(f64::total_cmp);
+    let baseline = Baseline {
+        player: name.to_owned(),
+        startup_s: startups[startups.len() / 2],
+        startups_s: startups,
+        stall_after_startup_s: runs.iter().map(|r| r.freeze_s + r.seek_stall_s).sum(),
+        // None for players that do not seek: they report no seeks.
+        per_seek_s: per_seek(&runs),
+        runs,
+    };
+    eprintln!(
+        "  baseline {name}: start-up {:.3} s, stall after start-up {:.3} s",
+        baseline.startup_s, baseline.stall_after_startup_s
+    );
+    Ok(baseline)
 }
 
 /// The mean stall per seek of `runs`, if they seeked.

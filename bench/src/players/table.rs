@@ -7,7 +7,7 @@ use std::path::Path;
 use plotters::prelude::*;
 
 use super::session::{Baseline, PlayerResult, RowResult};
-use super::watch::StreamFigures;
+use super::watch::{self, StreamFigures};
 use super::{Class, PlayersArgs};
 use crate::lab_disk::QueueSettings;
 use crate::report;
@@ -129,7 +129,11 @@ pub fn markdown(
         );
     }
     rows_table(&mut text, results);
-    streams_table(&mut text, results);
+    let streams: Vec<(&str, Option<&[StreamFigures]>)> = results
+        .iter()
+        .map(|r| (r.row.name, r.streams.as_deref()))
+        .collect();
+    watch::streams_table(&mut text, STREAMS_INTRO, &streams, true);
     errors(&mut text, results);
     text
 }
@@ -152,11 +156,7 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
         .map(|r| r.load.total_mb_s);
     for result in results {
         let (misses, service, queue) = daemon_figures(result);
-        let class = match result.row.class {
-            Class::Default => "default",
-            Class::RealTime => "ionice -c1",
-            Class::Abiss => "abissctl run",
-        };
+        let class = result.row.class.label();
         let class = if result.row.run_options.is_empty() {
             class.to_owned()
         } else {
@@ -192,40 +192,12 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
     }
 }
 
-fn streams_table(text: &mut String, results: &[RowResult]) {
-    if results.iter().all(|r| r.streams.is_none()) {
-        return;
-    }
-    text.push_str(
-        "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
-         waited for the disk; service = dispatch to completion and queue = insert to dispatch of \
-         the stream's block requests (log2 bucket bounds):\n\n\
-         | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
-         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
-    );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), report::ms);
-    for result in results {
-        for stream in result.streams.iter().flatten() {
-            let file = Path::new(&stream.path)
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            let _ = writeln!(
-                text,
-                "| {} | {} | {file} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                result.row.name,
-                stream.id,
-                stream.misses,
-                stream.upgrades,
-                stream.requests,
-                stream.inversions,
-                ms(stream.service_p99_ms),
-                ms(stream.queue_p99_ms),
-                ms(stream.queue_max_ms),
-                stream.suggestion.as_deref().unwrap_or(""),
-            );
-        }
-    }
-}
+/// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
+const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
+     waited for the disk; service = dispatch to completion and queue = insert to dispatch of \
+     the stream's block requests (log2 bucket bounds):\n\n\
+     | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {
     let failed: Vec<String> = results
@@ -259,58 +231,37 @@ pub fn chart(path: &Path, secs: u64, results: &[RowResult]) -> anyhow::Result<()
     let top = results.iter().map(|r| r.total_stall_s).fold(1.0, f64::max) * 2.0;
     #[expect(clippy::cast_precision_loss, reason = "a handful of rows")]
     let width = results.len() as f64;
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Total stall of real players under a seeky best-effort load, lab hdd ({secs} s)"
-            ),
-            ("sans-serif", 20),
-        )
-        .margin(20)
-        .x_label_area_size(60)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..width, (FLOOR..top).log_scale())?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(results.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a bar index"
-            )]
-            let index = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 {
-                results
-                    .get(index)
-                    .map_or_else(String::new, |r| r.row.name.to_owned())
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("total stall of the players (s, log scale)")
-        .draw()?;
-    let color = Palette99::pick(0).to_rgba();
-    chart
-        .draw_series(results.iter().enumerate().map(|(i, r)| {
-            #[expect(clippy::cast_precision_loss, reason = "a bar index")]
-            let x = i as f64;
-            Rectangle::new(
-                [(x + 0.15, FLOOR), (x + 0.85, r.total_stall_s.max(FLOOR))],
-                color.filled(),
-            )
-        }))?
-        .label("total stall (start-up beyond baseline + freezes + seek stalls)")
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
-    chart
-        .draw_series(LineSeries::new(
-            [(0.0, GOAL_S), (width, GOAL_S)],
-            BLACK.stroke_width(1),
-        ))?
-        .label(format!("goal: {GOAL_S} s"))
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    crate::chart::finish(&mut chart, &root)
+    let names: Vec<&str> = results.iter().map(|r| r.row.name).collect();
+    crate::chart::row_bars(
+        path,
+        format!("Total stall of real players under a seeky best-effort load, lab hdd ({secs} s)"),
+        20,
+        &names,
+        (FLOOR, top),
+        "total stall of the players (s, log scale)",
+        |chart| {
+            let color = Palette99::pick(0).to_rgba();
+            chart
+                .draw_series(results.iter().enumerate().map(|(i, r)| {
+                    #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+                    let x = i as f64;
+                    Rectangle::new(
+                        [(x + 0.15, FLOOR), (x + 0.85, r.total_stall_s.max(FLOOR))],
+                        color.filled(),
+                    )
+                }))?
+                .label("total stall (start-up beyond baseline + freezes + seek stalls)")
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
+                });
+            chart
+                .draw_series(LineSeries::new(
+                    [(0.0, GOAL_S), (width, GOAL_S)],
+                    BLACK.stroke_width(1),
+                ))?
+                .label(format!("goal: {GOAL_S} s"))
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+            Ok(())
+        },
+    )
 }

@@ -153,3 +153,46 @@ fn record(seen: &Mutex<BTreeMap<u64, StreamInfo>>, streams: Vec<StreamInfo>) {
         seen.insert(stream.id, stream);
     }
 }
+
+/// Appends to `text` the per-stream table of the rows that have streams: `intro` (the
+/// paragraph and the table's head) and a line per stream, `| row | id | file | counts… |
+/// service p99 | queue p99 | queue max | suggestion |`. The counts are misses and requests,
+/// with upgrades and inversions between them if `with_upgrades` (the players benchmark's
+/// table; the recording benchmark's leaves them out). Nothing if no row has streams.
+pub(crate) fn streams_table(
+    text: &mut String,
+    intro: &str,
+    rows: &[(&str, Option<&[StreamFigures]>)],
+    with_upgrades: bool,
+) {
+    use std::fmt::Write as _;
+    if rows.iter().all(|(_, streams)| streams.is_none()) {
+        return;
+    }
+    text.push_str(intro);
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), crate::report::ms);
+    for (row, streams) in rows {
+        for stream in streams.iter().copied().flatten() {
+            let file = Path::new(&stream.path)
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            let counts = if with_upgrades {
+                format!(
+                    "{} | {} | {} | {}",
+                    stream.misses, stream.upgrades, stream.requests, stream.inversions
+                )
+            } else {
+                format!("{} | {}", stream.misses, stream.requests)
+            };
+            let _ = writeln!(
+                text,
+                "| {row} | {} | {file} | {counts} | {} | {} | {} | {} |",
+                stream.id,
+                ms(stream.service_p99_ms),
+                ms(stream.queue_p99_ms),
+                ms(stream.queue_max_ms),
+                stream.suggestion.as_deref().unwrap_or(""),
+            );
+        }
+    }
+}

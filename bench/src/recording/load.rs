@@ -2,14 +2,12 @@
 //! calls into a new file (a copy or a download: every block newly allocated, its pages dirty
 //! until writeback), and two random 16 KiB `O_DIRECT` readers of one 512 MiB file.
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use serde::Serialize;
 
+use crate::fio::{self, OnDrop};
 use crate::layout::drop_cached_pages;
 
 /// The readers' file.
@@ -53,27 +51,10 @@ pub fn lay_out(dir: &Path, scratch: &Path) -> anyhow::Result<LoadFiles> {
     };
     let jobs = scratch.join("layout.fio");
     std::fs::write(&jobs, reader_job(&files))?;
-    let output = Command::new("fio")
-        .arg(&jobs)
-        .arg("--create_only=1")
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run fio (cargo xtask setup installs it)")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "fio could not lay out the readers' file: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
-    );
+    fio::create_only(&jobs, "the readers' file")?;
     std::fs::File::open(&files.read)?.sync_all()?;
     drop_cached_pages(&files.read)?;
     Ok(files)
-}
-
-/// A running load; killed on drop.
-#[derive(Debug)]
-pub struct Load {
-    child: Option<Child>,
-    output: PathBuf,
 }
 
 /// What the load moved.
@@ -90,77 +71,32 @@ pub struct LoadFigures {
     pub read_iops: f64,
 }
 
-impl Load {
-    /// Starts the load for `runtime` on `files` (job file and output in `scratch`), from a
-    /// cold page cache and a new file for the writer.
-    pub fn start(scratch: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Self> {
-        drop_cached_pages(&files.read)?;
-        let jobs = scratch.join("load.fio");
-        std::fs::write(&jobs, job_file(files, runtime))?;
-        let output = scratch.join("load.json");
-        let _ = std::fs::remove_file(&output);
-        let child = Command::new("fio")
-            .arg(&jobs)
-            .arg("--output-format=json")
-            .arg(format!("--output={}", output.display()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("cannot run fio")?;
-        Ok(Self {
-            child: Some(child),
-            output,
-        })
-    }
+/// A running load; killed on drop, with fio's jobs (processes of their own, in its group).
+pub type Load = fio::Load<LoadFigures>;
 
-    /// Waits for fio to end and reads what it moved.
-    pub fn finish(mut self) -> anyhow::Result<LoadFigures> {
-        let status = self.child.take().context("finished already")?.wait()?;
-        anyhow::ensure!(status.success(), "fio failed ({status})");
-        let text = std::fs::read_to_string(&self.output)
-            .with_context(|| format!("cannot read {}", self.output.display()))?;
-        let json = text.find('{').map_or("", |start| &text[start..]);
-        let report: serde_json::Value = serde_json::from_str(json).context("fio's JSON output")?;
-        Ok(figures(&report))
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        // Only on an error or an interrupt: fio's jobs are processes of their own, in its group.
-        if let Some(mut child) = self.child.take() {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                // SAFETY: killpg(2) of the group fio leads.
-                unsafe { libc::killpg(pid, libc::SIGKILL) };
-            }
-            let _ = child.wait();
-            std::thread::sleep(std::time::Duration::from_millis(200));
-        }
-    }
+/// Starts the load for `runtime` on `files` (job file and output in `scratch`), from a cold
+/// page cache and a new file for the writer.
+pub fn start(scratch: &Path, files: &LoadFiles, runtime: Duration) -> anyhow::Result<Load> {
+    drop_cached_pages(&files.read)?;
+    Load::start(
+        scratch,
+        &job_file(files, runtime),
+        OnDrop::KillGroup,
+        figures,
+    )
 }
 
 /// MB/s per part of the load from fio's JSON report.
 #[must_use]
 pub fn figures(report: &serde_json::Value) -> LoadFigures {
-    let jobs = report["jobs"].as_array().cloned().unwrap_or_default();
-    let runtime_s = jobs
-        .iter()
-        .filter_map(|j| j["job_runtime"].as_f64())
-        .fold(0.0, f64::max)
-        / 1000.0;
-    let sum = |name: &str, direction: &str, field: &str| -> f64 {
-        jobs.iter()
-            .filter(|j| j["jobname"] == name)
-            .filter_map(|j| j[direction][field].as_f64())
-            .sum()
-    };
-    let per_s = |v: f64| if runtime_s > 0.0 { v / runtime_s } else { 0.0 };
+    let report = fio::Report::new(report);
+    let per_s =
+        |name: &str, direction: &str, field: &str| report.per_s(report.sum(name, direction, field));
     LoadFigures {
-        runtime_s,
-        write_mb_s: per_s(sum("be-writer", "write", "io_bytes")) / 1e6,
-        read_mb_s: per_s(sum("be-readers", "read", "io_bytes")) / 1e6,
-        read_iops: per_s(sum("be-readers", "read", "total_ios")),
+        runtime_s: report.runtime_s,
+        write_mb_s: per_s("be-writer", "write", "io_bytes") / 1e6,
+        read_mb_s: per_s("be-readers", "read", "io_bytes") / 1e6,
+        read_iops: per_s("be-readers", "read", "total_ios"),
     }
 }
 

@@ -37,6 +37,8 @@ use serde::Serialize;
 
 use super::writes::{self, WriteFigures};
 use crate::players::media;
+use crate::players::player::Wrapper;
+use crate::process;
 
 /// The rate every recorder writes at, B/s (8 Mbit/s).
 pub const RATE_BPS: u64 = 1_000_000;
@@ -70,26 +72,6 @@ impl RecorderKind {
     }
 }
 
-/// How a row starts its recorders.
-#[derive(Clone, Debug)]
-pub enum RecorderWrapper {
-    /// As they are.
-    Plain,
-    /// `ionice -c1 -n4`.
-    RealTime,
-    /// `abissctl run --write --rate RATE --buffer BUFFER FILE -- …`.
-    Abiss {
-        /// The abissctl executable.
-        abissctl: PathBuf,
-        /// abissd's socket.
-        socket: PathBuf,
-        /// `--rate`.
-        rate: String,
-        /// `--buffer`.
-        buffer: String,
-    },
-}
-
 /// The recorder's own command line.
 fn command_line(kind: RecorderKind, file: &Path, bin_dir: &Path, secs: u64) -> Vec<String> {
     let file = file.display().to_string();
@@ -98,37 +80,11 @@ fn command_line(kind: RecorderKind, file: &Path, bin_dir: &Path, secs: u64) -> V
         RecorderKind::Ffmpeg => {
             let mut line = strings(&["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error"]);
             line.extend(strings(&["-re", "-f", "lavfi", "-i"]));
-            line.push(format!(
-                "testsrc2=size={}:rate={}",
-                media::RESOLUTION,
-                media::FRAME_RATE
-            ));
-            line.extend(strings(&["-re", "-f", "lavfi", "-i"]));
-            line.push("sine=frequency=440:sample_rate=48000".to_owned());
+            line.push(media::video_source());
+            line.extend(strings(&["-re", "-f", "lavfi", "-i", media::AUDIO_SOURCE]));
             // As the players' media: MPEG-2 at 7 Mbit/s held, MP2, padded to 8 Mbit/s.
-            line.extend(strings(&[
-                "-c:v",
-                "mpeg2video",
-                "-g",
-                "12",
-                "-b:v",
-                "7M",
-                "-minrate",
-                "7M",
-                "-maxrate",
-                "7M",
-                "-bufsize",
-                "1835k",
-                "-c:a",
-                "mp2",
-                "-b:a",
-                "192k",
-                "-f",
-                "mpegts",
-                "-muxrate",
-                "8M",
-                "-y",
-            ]));
+            line.extend(strings(&media::ENCODING));
+            line.push("-y".to_owned());
             line.push(file);
             line
         }
@@ -374,33 +330,13 @@ impl RunningRecorder {
     pub fn launch(
         kind: RecorderKind,
         file: &Path,
-        wrapper: &RecorderWrapper,
+        wrapper: &Wrapper,
         tracer: Tracer,
         bin_dir: &Path,
         secs: u64,
     ) -> anyhow::Result<Self> {
-        let mut command = match wrapper {
-            RecorderWrapper::Plain => Command::new("env"),
-            RecorderWrapper::RealTime => {
-                let mut command = Command::new("ionice");
-                command.args(["-c1", "-n4", "--"]);
-                command
-            }
-            RecorderWrapper::Abiss {
-                abissctl,
-                socket,
-                rate,
-                buffer,
-            } => {
-                let mut command = Command::new(abissctl);
-                command
-                    .env("ABISS_SOCKET", socket)
-                    .args(["run", "--write", "--rate", rate, "--buffer", buffer])
-                    .arg(file)
-                    .arg("--");
-                command
-            }
-        };
+        // Plain, the recorder starts under env(1): it is the tracer's cgroup entry that follows.
+        let mut command = wrapper.command(file).unwrap_or_else(|| Command::new("env"));
         command
             .args(tracer.enter())
             .args(command_line(kind, file, bin_dir, secs))
@@ -412,21 +348,13 @@ impl RunningRecorder {
             .spawn()
             .with_context(|| format!("cannot start the {} recorder", kind.name()))?;
         let mut stdout = child.stdout.take().context("no stdout")?;
-        let mut stderr = child.stderr.take().context("no stderr")?;
+        let stderr = child.stderr.take().context("no stderr")?;
         let stdout = std::thread::spawn(move || {
             let mut text = String::new();
             let _ = stdout.read_to_string(&mut text);
             text
         });
-        let stderr = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stderr.read_to_string(&mut text);
-            let mut start = text.len().saturating_sub(2000);
-            while !text.is_char_boundary(start) {
-                start += 1;
-            }
-            text[start..].trim().to_owned()
-        });
+        let stderr = process::stderr_tail(stderr);
         Ok(Self {
             kind,
             file: file.to_path_buf(),
@@ -453,7 +381,7 @@ impl RunningRecorder {
         let pid = i32::try_from(child.id())?;
         while Instant::now() < until {
             crate::interrupt::check()?;
-            if crate::players::player::is_zombie(pid) {
+            if process::is_zombie(pid) {
                 return Ok(true);
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -559,29 +487,11 @@ impl Drop for RunningRecorder {
 /// ended, and the CPU time of it and its descendants.
 fn wait_for(pid: i32, signalled: Instant) -> anyhow::Result<(String, f64)> {
     let mut killed = false;
-    let mut status = 0;
-    // SAFETY: an all-zero rusage is a valid value for wait4 to fill.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    loop {
-        // SAFETY: wait4 on our own child, with valid pointers.
-        let waited = unsafe { libc::wait4(pid, &raw mut status, libc::WNOHANG, &raw mut usage) };
-        if waited == pid {
-            break;
-        }
-        anyhow::ensure!(waited == 0, "wait4: {}", std::io::Error::last_os_error());
+    process::reap(pid, || {
         if !killed && signalled.elapsed() > Duration::from_secs(10) {
             killed = true;
             // SAFETY: killpg(2) of the group this recorder leads.
             unsafe { libc::killpg(pid, libc::SIGKILL) };
         }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let ended = if libc::WIFEXITED(status) {
-        format!("exit {}", libc::WEXITSTATUS(status))
-    } else {
-        format!("signal {}", libc::WTERMSIG(status))
-    };
-    #[expect(clippy::cast_precision_loss, reason = "CPU seconds")]
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    Ok((ended, seconds(usage.ru_utime) + seconds(usage.ru_stime)))
+    })
 }

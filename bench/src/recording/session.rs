@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::filesystem::FileSystem;
-use super::load::{self, Load, LoadFigures, LoadFiles};
-use super::recorder::{RecorderKind, RecorderResult, RecorderWrapper, RunningRecorder, Tracer};
+use super::load::{self, LoadFigures, LoadFiles};
+use super::recorder::{RecorderKind, RecorderResult, RunningRecorder, Tracer};
 use super::writes::quantile;
 use super::{Row, DISK_BYTES, PLAYERS, RECORDERS};
 use crate::abiss::Daemon;
@@ -21,9 +21,8 @@ use crate::layout::drop_cached_pages;
 use crate::players::media;
 use crate::players::player::{PlayerKind, PlayerSpec, RunningPlayer, Wrapper};
 use crate::players::session::{
-    busy_pct, cpu_times, load_average, play_for, player_result, Baseline, PlayerResult,
+    baseline, busy_pct, cpu_times, load_average, play_for, player_result, Baseline, PlayerResult,
 };
-use crate::players::stall;
 use crate::players::watch::{StreamFigures, StreamWatch};
 use crate::players::Class;
 use crate::trial::sleep_interruptibly;
@@ -195,40 +194,12 @@ impl Bench {
             start_s: 0,
             seek_every_s: None,
         };
-        let mut runs = Vec::new();
-        for _ in 0..3 {
-            let player = RunningPlayer::launch(&spec, &Wrapper::Plain, &self.scratch)?;
-            let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
-            anyhow::ensure!(
-                !run.events.is_empty(),
-                "ffmpeg reported no media time on an idle machine ({}): {}",
-                run.ended,
-                run.stderr
-            );
-            runs.push(stall::analyse(run.launched_ns, run.stopped_ns, &run.events));
-        }
-        let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
-        startups.sort_by(f64::total_cmp);
-        let baseline = Baseline {
-            player: "ffmpeg".to_owned(),
-            startup_s: startups[startups.len() / 2],
-            startups_s: startups,
-            stall_after_startup_s: runs.iter().map(|r| r.freeze_s + r.seek_stall_s).sum(),
-            per_seek_s: None,
-            runs,
-        };
-        eprintln!(
-            "  baseline ffmpeg: start-up {:.3} s, stall after start-up {:.3} s",
-            baseline.startup_s, baseline.stall_after_startup_s
-        );
+        let baseline = baseline("ffmpeg", &spec, secs, 3, &self.scratch)?;
         Ok(BTreeMap::from([("ffmpeg".to_owned(), baseline)]))
     }
 
     /// abissd for an abiss row, and how the row starts its players and recorders.
-    fn wrappers(
-        &self,
-        plan: &RowPlan<'_>,
-    ) -> anyhow::Result<(Option<Daemon>, Wrapper, RecorderWrapper)> {
+    fn wrappers(&self, plan: &RowPlan<'_>) -> anyhow::Result<(Option<Daemon>, Wrapper, Wrapper)> {
         Ok(match plan.row.class {
             Class::Abiss => {
                 let bin_dir = self.bin_dir()?;
@@ -238,19 +209,25 @@ impl Bench {
                 let player = Wrapper::Abiss {
                     abissctl: abissctl.clone(),
                     socket: socket.clone(),
-                    rate: plan.player_rate.to_owned(),
-                    options: Vec::new(),
+                    args: vec!["--rate".to_owned(), plan.player_rate.to_owned()],
                 };
-                let recorder = RecorderWrapper::Abiss {
+                let recorder = Wrapper::Abiss {
                     abissctl,
                     socket,
-                    rate: plan.recorder_rate.to_owned(),
-                    buffer: plan.recorder_buffer.to_owned(),
+                    args: [
+                        "--write",
+                        "--rate",
+                        plan.recorder_rate,
+                        "--buffer",
+                        plan.recorder_buffer,
+                    ]
+                    .map(str::to_owned)
+                    .to_vec(),
                 };
                 (Some(daemon), player, recorder)
             }
-            Class::RealTime => (None, Wrapper::RealTime, RecorderWrapper::RealTime),
-            Class::Default => (None, Wrapper::Plain, RecorderWrapper::Plain),
+            Class::RealTime => (None, Wrapper::RealTime, Wrapper::RealTime),
+            Class::Default => (None, Wrapper::Plain, Wrapper::Plain),
         })
     }
 
@@ -284,7 +261,7 @@ impl Bench {
         let (daemon, player_wrapper, recorder_wrapper) = self.wrappers(plan)?;
         let watch = daemon.as_ref().map(|d| StreamWatch::start(d.socket()));
         let runtime = plan.warmup + Duration::from_secs(plan.secs + 3);
-        let load = Load::start(&self.scratch, files, runtime)?;
+        let load = load::start(&self.scratch, files, runtime)?;
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
@@ -345,7 +322,7 @@ impl Bench {
 
     fn launch_recorders(
         &self,
-        wrapper: &RecorderWrapper,
+        wrapper: &Wrapper,
         bin_dir: &Path,
         secs: u64,
     ) -> anyhow::Result<Vec<RunningRecorder>> {

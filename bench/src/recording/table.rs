@@ -12,6 +12,7 @@ use super::tracer_cost::MethodCost;
 use super::{RecordingArgs, DIRTY_BACKGROUND_BYTES, DIRTY_BYTES, GOAL_P999_MS, RECORDERS};
 use crate::lab_disk::QueueSettings;
 use crate::players::session::Baseline;
+use crate::players::watch::{self, StreamFigures};
 use crate::players::Class;
 use crate::report;
 
@@ -176,7 +177,12 @@ pub fn markdown(context: &Context<'_>) -> String {
     rows_table(&mut text, context.results);
     goal_summary(&mut text, context.results);
     recorders_table(&mut text, context.results);
-    streams_table(&mut text, context.results);
+    let streams: Vec<(&str, Option<&[StreamFigures]>)> = context
+        .results
+        .iter()
+        .map(|r| (r.row.name, r.streams.as_deref()))
+        .collect();
+    watch::streams_table(&mut text, STREAMS_INTRO, &streams, false);
     errors(&mut text, context.results);
     text
 }
@@ -227,11 +233,7 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
          | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for result in results {
-        let class = match result.row.class {
-            Class::Default => "default",
-            Class::RealTime => "ionice -c1",
-            Class::Abiss => "abissctl run",
-        };
+        let class = result.row.class.label();
         let worst_lag = result
             .recorders
             .iter()
@@ -364,38 +366,12 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
     }
 }
 
-fn streams_table(text: &mut String, results: &[RowResult]) {
-    if results.iter().all(|r| r.streams.is_none()) {
-        return;
-    }
-    text.push_str(
-        "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
-         waited for the disk (read streams); service = dispatch to completion and queue = insert \
-         to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
-         | row | stream | file | misses | requests | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
-         | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
-    );
-    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), report::ms);
-    for result in results {
-        for stream in result.streams.iter().flatten() {
-            let file = Path::new(&stream.path)
-                .file_name()
-                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            let _ = writeln!(
-                text,
-                "| {} | {} | {file} | {} | {} | {} | {} | {} | {} |",
-                result.row.name,
-                stream.id,
-                stream.misses,
-                stream.requests,
-                ms(stream.service_p99_ms),
-                ms(stream.queue_p99_ms),
-                ms(stream.queue_max_ms),
-                stream.suggestion.as_deref().unwrap_or(""),
-            );
-        }
-    }
-}
+/// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
+const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
+     waited for the disk (read streams); service = dispatch to completion and queue = insert \
+     to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
+     | row | stream | file | misses | requests | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {
     let mut lines = Vec::new();
@@ -445,71 +421,54 @@ pub fn chart(path: &Path, secs: u64, capture_ms: u64, results: &[RowResult]) -> 
         * 2.0;
     #[expect(clippy::cast_precision_loss, reason = "a handful of rows")]
     let width = results.len() as f64;
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("Recorders' write(2) time next to players and a best-effort writer, lab hdd ({secs} s)"),
-            ("sans-serif", 18),
-        )
-        .margin(20)
-        .x_label_area_size(60)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..width, (FLOOR..top).log_scale())?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(results.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            #[expect(
-                clippy::cast_possible_truncation,
-                clippy::cast_sign_loss,
-                reason = "a bar index"
-            )]
-            let index = x.floor() as usize;
-            if (x - x.floor() - 0.5).abs() < 0.01 {
-                results
-                    .get(index)
-                    .map_or_else(String::new, |r| r.row.name.to_owned())
-            } else {
-                String::new()
-            }
-        })
-        .y_desc("write(2) time of the recorders, ms (log scale)")
-        .draw()?;
-    let bars: [Bar; 2] = [
-        ("p99.9", |r| r.recorder_writes.p999_ms, 0.1),
-        ("max", |r| r.recorder_writes.max_ms, 0.5),
-    ];
-    for (index, (label, value, offset)) in bars.into_iter().enumerate() {
-        let color = Palette99::pick(index).to_rgba();
-        chart
-            .draw_series(results.iter().enumerate().map(|(i, r)| {
-                #[expect(clippy::cast_precision_loss, reason = "a bar index")]
-                let x = i as f64 + offset;
-                Rectangle::new(
-                    [(x, FLOOR), (x + 0.38, value(r).max(FLOOR))],
-                    color.filled(),
-                )
-            }))?
-            .label(format!("recorder write {label}, all recorders"))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled()));
-    }
-    for (y, label, style) in [
-        (
-            GOAL_P999_MS,
-            format!("goal: p99.9 < {GOAL_P999_MS} ms"),
-            BLACK,
+    let names: Vec<&str> = results.iter().map(|r| r.row.name).collect();
+    crate::chart::row_bars(
+        path,
+        format!(
+            "Recorders' write(2) time next to players and a best-effort writer, lab hdd ({secs} s)"
         ),
-        (capture, format!("capture buffer: {capture_ms} ms"), RED),
-    ] {
-        chart
-            .draw_series(LineSeries::new(
-                [(0.0, y), (width, y)],
-                style.stroke_width(1),
-            ))?
-            .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
-    }
-    crate::chart::finish(&mut chart, &root)
+        18,
+        &names,
+        (FLOOR, top),
+        "write(2) time of the recorders, ms (log scale)",
+        |chart| {
+            let bars: [Bar; 2] = [
+                ("p99.9", |r| r.recorder_writes.p999_ms, 0.1),
+                ("max", |r| r.recorder_writes.max_ms, 0.5),
+            ];
+            for (index, (label, value, offset)) in bars.into_iter().enumerate() {
+                let color = Palette99::pick(index).to_rgba();
+                chart
+                    .draw_series(results.iter().enumerate().map(|(i, r)| {
+                        #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+                        let x = i as f64 + offset;
+                        Rectangle::new(
+                            [(x, FLOOR), (x + 0.38, value(r).max(FLOOR))],
+                            color.filled(),
+                        )
+                    }))?
+                    .label(format!("recorder write {label}, all recorders"))
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
+                    });
+            }
+            for (y, label, style) in [
+                (
+                    GOAL_P999_MS,
+                    format!("goal: p99.9 < {GOAL_P999_MS} ms"),
+                    BLACK,
+                ),
+                (capture, format!("capture buffer: {capture_ms} ms"), RED),
+            ] {
+                chart
+                    .draw_series(LineSeries::new(
+                        [(0.0, y), (width, y)],
+                        style.stroke_width(1),
+                    ))?
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            }
+            Ok(())
+        },
+    )
 }
