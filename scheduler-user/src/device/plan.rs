@@ -5,19 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{DeviceConfig, Elevator};
+use super::config::DeviceConfig;
 
 /// The scheduler name that means "no elevator".
 pub(super) const NO_ELEVATOR: &str = "none";
-
-/// Most writes mq-deadline holds at once (`iosched/async_depth`; the kernel's default is its
-/// whole depth, 256 on the lab disk). Best-effort writeback otherwise fills the elevator with
-/// seconds of writes, and a journal commit that must wait for some of them (ext4 `data=ordered`)
-/// holds every recorder's `write(2)` that long. Measured with the recorder test on the lab hdd
-/// (`a_recorder_meets_its_deadlines_against_a_best_effort_writer`, 4 runs): with a write stream
-/// 0 overflows of 480 in all 4 and write p99 0.7 to 56 ms, against 0, 2 and 10 overflows and
-/// p99 61 to 784 ms at 256; the best-effort writer wrote as much (1520 MiB in 30 s).
-pub(super) const MAX_QUEUED_WRITES: u32 = 32;
 
 /// How a driver depth was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,16 +52,13 @@ pub(super) enum QueueWrite {
     ElevatorDepth(u32),
     /// `queue/iosched/<name>`.
     Tunable(String, String),
-    /// `queue/iosched/<name>` where the kernel has it (`async_depth` is Linux 5.14).
-    OptionalTunable(String, String),
 }
 
-/// The writes that give a disk `config`, from its `original` settings. No scheduler writes
-/// when it already has the elevator and a driver depth no deeper than asked, so its other
-/// tunables survive.
+/// The writes that give a disk `config`, from its `original` settings. Empty when it already
+/// has the elevator and a driver depth no deeper than asked, so its tunables survive.
 pub(super) fn plan_take(original: &QueueSettings, config: DeviceConfig) -> Vec<QueueWrite> {
     let elevator = config.elevator.sysfs_name().to_owned();
-    let mut writes = if original.driver_depth > config.dispatch_depth {
+    if original.driver_depth > config.dispatch_depth {
         vec![
             QueueWrite::Scheduler(NO_ELEVATOR.to_owned()),
             QueueWrite::DriverDepth(config.dispatch_depth),
@@ -80,14 +68,7 @@ pub(super) fn plan_take(original: &QueueSettings, config: DeviceConfig) -> Vec<Q
         Vec::new()
     } else {
         vec![QueueWrite::Scheduler(elevator)]
-    };
-    if config.elevator == Elevator::MqDeadline {
-        writes.push(QueueWrite::OptionalTunable(
-            "async_depth".to_owned(),
-            MAX_QUEUED_WRITES.to_string(),
-        ));
     }
-    writes
 }
 
 /// A disk's settings now, as far as restoring needs them.
@@ -141,6 +122,7 @@ pub(super) fn plan_restore(
 
 #[cfg(test)]
 mod tests {
+    use super::super::config::Elevator;
     use super::*;
 
     fn settings(elevator: &str, nr_requests: u32, driver_depth: u32) -> QueueSettings {
@@ -175,18 +157,11 @@ mod tests {
             elevator: Elevator::MqDeadline,
             dispatch_depth: 16,
         };
-        let queued_writes = QueueWrite::OptionalTunable("async_depth".into(), "32".into());
         assert_eq!(
             plan_take(&settings("none", 4, 4), config),
-            [
-                QueueWrite::Scheduler("mq-deadline".into()),
-                queued_writes.clone()
-            ]
+            [QueueWrite::Scheduler("mq-deadline".into())]
         );
-        assert_eq!(
-            plan_take(&settings("mq-deadline", 256, 16), config),
-            [queued_writes]
-        );
+        assert_eq!(plan_take(&settings("mq-deadline", 256, 16), config), []);
     }
 
     fn now(elevator: &str, nr_requests: u32, driver_depth: Option<u32>) -> QueueNow {

@@ -204,12 +204,6 @@ impl DiskQueue {
                         write_value(&path, value)?;
                     }
                 }
-                QueueWrite::OptionalTunable(name, value) => {
-                    let path = self.queue_dir.join("iosched").join(name);
-                    if path.exists() && read_trimmed(&path)? != *value {
-                        write_value(&path, value)?;
-                    }
-                }
             }
         }
         Ok(())
