@@ -9,6 +9,7 @@
 //! must keep the same guarantee.
 
 use std::fs::File;
+use std::path::Path;
 use std::time::Duration;
 
 use abiss_client::{AbissFile, Client, StreamOptions};
@@ -127,23 +128,28 @@ fn library_reader(tag: &str, daemon_args: &[&str]) {
     check(&bench.daemon, &report, tag, copied, duration());
 }
 
+/// A plain reader of `path` at the rate with `buffer`: it knows nothing of abiss; its reads
+/// tell the daemon where it is.
+fn plain_paced_read(path: &Path, buffer: u64, duration: Duration) -> PacedReport {
+    let mut file = File::open(path).expect("open");
+    run_at_realtime_cpu_priority();
+    paced_read(
+        &mut file,
+        Some(&File::open(path).expect("open")),
+        RATE,
+        buffer,
+        READ,
+        duration,
+    )
+}
+
 #[test]
 fn an_unmodified_reader_attached_by_abissctl_meets_every_deadline() {
     require_root!();
     let mut bench = bench("plain", &[]);
     let path = bench.lab.mount().join("stream.bin");
     let _stream = bench.daemon.attach_at_1mb(&path);
-    // A plain reader: it knows nothing of abiss; its reads tell the daemon where it is.
-    let mut file = File::open(&path).expect("open");
-    run_at_realtime_cpu_priority();
-    let report = paced_read(
-        &mut file,
-        Some(&File::open(&path).expect("open")),
-        RATE,
-        BUFFER,
-        READ,
-        duration(),
-    );
+    let report = plain_paced_read(&path, BUFFER, duration());
     let copied = bench.copy.stop();
     assert!(
         !bench.daemon.streams()[0].readers.is_empty(),
@@ -172,18 +178,9 @@ fn an_automatic_buffer_follows_the_disks_real_time_tail() {
     let first = bench.daemon.streams()[0].clone();
     let auto = first.buffer_auto.clone().expect("an automatic buffer");
     eprintln!("at attach: buffer {} ({auto:?})", first.buffer);
-    let mut file = File::open(&path).expect("open");
-    run_at_realtime_cpu_priority();
     // The reader keeps to the buffer it was given at the start: its deadlines are the
     // tightest the stream has had.
-    let report = paced_read(
-        &mut file,
-        Some(&File::open(&path).expect("open")),
-        RATE,
-        first.buffer.0,
-        READ,
-        Duration::from_secs(20),
-    );
+    let report = plain_paced_read(&path, first.buffer.0, Duration::from_secs(20));
     let copied = bench.copy.stop();
     let after = bench.daemon.streams()[0].clone();
     let auto_after = after.buffer_auto.clone().expect("still automatic");
