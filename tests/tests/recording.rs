@@ -590,15 +590,12 @@ fn recorder_against_writer(
     let mut writer = BestEffortWriter::start(lab.mount().join(format!("{name}.be")));
     // Let the writer reach the dirty limit first.
     std::thread::sleep(Duration::from_secs(3));
-    let started = Instant::now();
     let summary = record(&file, 1000, recorder_seconds());
-    let elapsed = started.elapsed();
     let written = writer.stop();
     if let Some(id) = id {
         let _ = daemon.ctl(["detach", &id.to_string()]);
     }
     let _ = std::fs::remove_file(lab.mount().join(format!("{name}.be")));
-    let _ = elapsed;
     (summary, written)
 }
 
