@@ -389,6 +389,12 @@ pub struct AutoBufferInfo {
     pub measured: bool,
     /// The buffer would be larger but the locked-memory budgets have no room.
     pub capped: bool,
+    /// The buffer was made larger than the tail asks so that the disk's admission holds the
+    /// stream next to the others: fewer, larger loads spend less of the disk on seeks. The
+    /// size it was given for that (the owner's other automatic streams on the disk were grown
+    /// to it too); absent from older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_capacity_bytes: Option<u64>,
 }
 
 /// A write stream's write-behind window, as `abissctl list` shows it.

@@ -159,7 +159,9 @@ struct StreamArgs {
     rate: Written<ByteRate>,
     /// Playout buffer: how much is kept loaded ahead of the reader (564KiB; 64k is 64 KiB), or
     /// `auto`: abissd sizes it from the real-time latency its disk shows and grows it with
-    /// that latency, within the locked-memory budgets (`auto+256KiB` adds your own part).
+    /// that latency, and on a disk with a model makes your automatic buffers there as large as
+    /// the disk's admission needs to take the stream, within the locked-memory budgets
+    /// (`auto+256KiB` adds your own part).
     #[arg(long, short = 'b', default_value_t = BufferArg::Size(Written::from(ByteSize(DEFAULT_BUFFER_BYTES))))]
     buffer: BufferArg,
     /// Pages loaded per credit step.

@@ -427,7 +427,13 @@ fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
     } else {
         ""
     };
-    format!("buffer auto: twice the rate over {tail}, plus two batches{app}{capped}")
+    let capacity = auto.for_capacity_bytes.map_or_else(String::new, |bytes| {
+        format!(
+            "; enlarged to {} so that the disk admits it next to the other streams (larger loads, fewer seeks)",
+            ByteSize(bytes)
+        )
+    });
+    format!("buffer auto: twice the rate over {tail}, plus two batches{app}{capped}{capacity}")
 }
 
 /// What a write stream did, in one line.

@@ -4,6 +4,7 @@
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
@@ -13,7 +14,7 @@ use anyhow::{bail, Context};
 use crate::configuration::{ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup};
 
 /// Pages per credit step, as in the ABISS measurement (20-page batches).
-const BATCH_PAGES: u32 = 20;
+pub const BATCH_PAGES: u32 = 20;
 
 /// Runs abissd around a run and attaches each reader's file.
 #[derive(Clone, Debug)]
@@ -24,7 +25,13 @@ pub struct AbissHook {
     /// slides' "prefetch without real-time priority".
     pub level: u8,
     /// More abissd arguments (e.g. `--admission off`).
-    pub daemon_args: &'static [&'static str],
+    pub daemon_args: Vec<String>,
+    /// Attach with `--buffer auto`, the reader's buffer being the application's own part:
+    /// abissd sizes the rest.
+    pub buffer_auto: bool,
+    /// abissd's state directory (its `models` holding the disk's model), instead of a fresh
+    /// one without a model.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// What abissd counted over a run, for the rows that run it.
@@ -40,6 +47,9 @@ pub struct DaemonFigures {
     pub upgrade_latency_p50_us: Option<u64>,
     /// See `upgrade_latency_p50_us`.
     pub upgrade_latency_p99_us: Option<u64>,
+    /// The smallest and the largest playout buffer abissd gave the streams, bytes (it sizes
+    /// them itself with `--buffer auto`).
+    pub buffer_bytes: Option<(u64, u64)>,
 }
 
 impl RunHook for AbissHook {
@@ -53,19 +63,17 @@ impl RunHook for AbissHook {
         )?;
         // Capacity well above what any run asks: the benchmarks measure the guarantee, not
         // admission (the admission benchmark switches it off and predicts separately).
-        let mut args = vec![
-            "--elevator",
-            self.elevator,
-            "--capacity",
-            "100MB/s",
-            "--realtime-share",
-            "95",
-        ];
-        args.extend_from_slice(self.daemon_args);
-        let daemon = Daemon::start(bin_dir, run.device, &args, None)?;
+        let mut args = vec!["--elevator", self.elevator, "--capacity", "100MB/s"];
+        if !self.daemon_args.iter().any(|a| a == "--realtime-share") {
+            args.extend(["--realtime-share", "95"]);
+        }
+        args.extend(self.daemon_args.iter().map(String::as_str));
+        let daemon = Daemon::start(bin_dir, run.device, &args, self.state_dir.as_deref())?;
         Ok(Box::new(AbissRun {
             daemon,
             level: self.level,
+            buffer_auto: self.buffer_auto,
+            buffers: Arc::default(),
         }))
     }
 }
@@ -142,6 +150,10 @@ impl Drop for Daemon {
 struct AbissRun {
     daemon: Daemon,
     level: u8,
+    buffer_auto: bool,
+    /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
+    /// after the attach).
+    buffers: Arc<Mutex<Vec<u64>>>,
 }
 
 impl RunSetup for AbissRun {
@@ -158,7 +170,7 @@ impl RunSetup for AbissRun {
                 write: false,
                 preallocate: false,
                 preroll: None,
-                buffer_auto: false,
+                buffer_auto: self.buffer_auto,
             },
         )?;
         // Like ABISS's start-up delay: the reader starts once its buffer is loaded.
@@ -166,6 +178,7 @@ impl RunSetup for AbissRun {
         Ok(Box::new(AbissReader {
             client,
             stream: stream.id,
+            buffers: Arc::clone(&self.buffers),
         }))
     }
 
@@ -173,6 +186,7 @@ impl RunSetup for AbissRun {
         let mut client = Client::connect(&self.daemon.socket).ok()?;
         let (_, groups) = client.latency().ok()?;
         let (_, upgrades) = client.status_and_upgrades().ok()?;
+        let buffers = self.buffers.lock().map(|b| b.clone()).unwrap_or_default();
         let streams = groups.iter().filter(|g| g.stream.is_some());
         Some(DaemonFigures {
             stream_requests: streams.clone().map(|g| g.requests).sum(),
@@ -180,6 +194,11 @@ impl RunSetup for AbissRun {
             upgrades: upgrades.total,
             upgrade_latency_p50_us: upgrades.latency_p50_us,
             upgrade_latency_p99_us: upgrades.latency_p99_us,
+            buffer_bytes: buffers
+                .iter()
+                .min()
+                .zip(buffers.iter().max())
+                .map(|(min, max)| (*min, *max)),
         })
     }
 }
@@ -189,6 +208,21 @@ impl RunSetup for AbissRun {
 struct AbissReader {
     client: Client,
     stream: u64,
+    buffers: Arc<Mutex<Vec<u64>>>,
+}
+
+impl Drop for AbissReader {
+    fn drop(&mut self) {
+        let buffer = self.client.list().ok().and_then(|streams| {
+            streams
+                .into_iter()
+                .find(|s| s.id == self.stream)
+                .map(|s| s.buffer.0)
+        });
+        if let (Some(buffer), Ok(mut buffers)) = (buffer, self.buffers.lock()) {
+            buffers.push(buffer);
+        }
+    }
 }
 
 impl ReaderSetup for AbissReader {

@@ -107,7 +107,11 @@ fn shuffle(files: &mut BenchFiles, seed: u64) {
 
 /// Profiles the lab disk with abissctl and saves the model in `state_dir/models` (where the
 /// bench's abissd looks); returns the model.
-fn profile(bin_dir: &Path, device: &Path, state_dir: &Path) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn profile(
+    bin_dir: &Path,
+    device: &Path,
+    state_dir: &Path,
+) -> anyhow::Result<serde_json::Value> {
     let output = Command::new(bin_dir.join("abissctl"))
         .arg("profile")
         .arg(device)
@@ -356,7 +360,9 @@ fn run_on(
     .with_hook(AbissHook {
         elevator: "mq-deadline",
         level: 0,
-        daemon_args: &["--admission", "off"],
+        daemon_args: vec!["--admission".to_owned(), "off".to_owned()],
+        buffer_auto: false,
+        state_dir: None,
     });
     let mut rows = Vec::new();
     let mut after_miss: Option<usize> = None;

@@ -153,7 +153,9 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
-            daemon_args: &[],
+            daemon_args: Vec::new(),
+            buffer_auto: false,
+            state_dir: None,
         }),
         Configuration::new(
             "abiss-mq-deadline-no-upgrades",
@@ -163,13 +165,17 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 0,
-            daemon_args: &["--no-upgrades"],
+            daemon_args: vec!["--no-upgrades".to_owned()],
+            buffer_auto: false,
+            state_dir: None,
         }),
         Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
             AbissHook {
                 elevator: "bfq",
                 level: 0,
-                daemon_args: &[],
+                daemon_args: Vec::new(),
+                buffer_auto: false,
+                state_dir: None,
             },
         ),
         Configuration::new(
@@ -180,7 +186,9 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         .with_hook(AbissHook {
             elevator: "mq-deadline",
             level: 6,
-            daemon_args: &[],
+            daemon_args: Vec::new(),
+            buffer_auto: false,
+            state_dir: None,
         }),
     ]
 }

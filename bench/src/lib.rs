@@ -29,6 +29,7 @@
 //! | an empty BPF program: the floor of the kernel's BPF statistics | [`empty_program`] |
 //! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
 //! | admission control's predictions against measured misses | [`admission`] |
+//! | zero-miss streams against the locked-memory budget the buffers come from | [`memory`] |
 //! | real, unmodified players (GStreamer, ffmpeg, mpv) under a seeky best-effort load | [`players`] |
 //! | real recorders (ffmpeg, GStreamer, the test recorder) next to players under a best-effort writer, per file system | [`recording`] |
 //! | the soak: attach/detach cycles by four users, abissd killed on the way, what is left | [`soak`] |
@@ -48,6 +49,7 @@ pub mod ioprio;
 pub mod lab_disk;
 pub mod latency;
 pub mod layout;
+pub mod memory;
 pub mod overhead;
 pub mod players;
 pub mod process;

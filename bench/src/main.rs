@@ -3,7 +3,7 @@
 //! `ABISS_LAB_BIN`). Needs root.
 
 use abiss_bench::{
-    admission, interrupt, overhead, players, recording, reference, soak, sweep, upgrades,
+    admission, interrupt, memory, overhead, players, recording, reference, soak, sweep, upgrades,
 };
 use clap::Parser;
 
@@ -27,6 +27,9 @@ enum Command {
     /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
     /// with admission off (admission.json, .md, .svg).
     Admission(admission::AdmissionArgs),
+    /// The saturation sweep's readers with buffers shared out of a locked-memory budget, per
+    /// budget, with admission's prediction for each (memory.json, .md, .svg).
+    Memory(memory::MemoryArgs),
     /// Real, unmodified media players (gst playbin, ffmpeg, mpv) under a seeky best-effort
     /// load: stall per player per configuration (players.json, .md, .svg).
     Players(players::PlayersArgs),
@@ -51,6 +54,7 @@ fn main() -> anyhow::Result<()> {
         Command::Overhead(args) => overhead::run(&args),
         Command::Upgrades(args) => upgrades::run(&args),
         Command::Admission(args) => admission::run(&args),
+        Command::Memory(args) => memory::run(&args),
         Command::Players(args) => players::run(&args),
         Command::Recording(args) => recording::run(&args),
         Command::Soak(args) => soak::run(&args),

@@ -78,8 +78,10 @@ pub fn run_reader(
             prepared
         }
         Err(error) => {
-            let _ = ready.send(Err(anyhow!("reader {}: {error:#}", plan.reader)));
-            return Err(error);
+            // The run reports this error, with its cause kept (a benchmark may look for the
+            // daemon's refusal in it); the thread's own result only says it ended.
+            let _ = ready.send(Err(error.context(format!("reader {}", plan.reader))));
+            return Err(anyhow!("reader {} could not start", plan.reader));
         }
     };
     let t0 = start

@@ -241,6 +241,22 @@ impl Disks {
         Ok(())
     }
 
+    /// Whether `disk`'s model admits `demand` next to `existing`: `None` when the disk has no
+    /// model yet or admission is off, where a stream's buffer changes nothing.
+    #[must_use]
+    pub fn model_admits(
+        &self,
+        disk: DeviceNumber,
+        existing: &[StreamDemand],
+        demand: &StreamDemand,
+    ) -> Option<bool> {
+        if self.settings.mode == AdmissionMode::Off {
+            return None;
+        }
+        let control = self.disks.get(&disk)?.model.as_ref()?;
+        Some(control.admit(existing, demand).is_ok())
+    }
+
     /// Capacity planning: how many streams like the request's fit on its device.
     pub fn plan(
         &mut self,

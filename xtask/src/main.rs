@@ -110,6 +110,13 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Zero-miss streams against the locked-memory budget their buffers share (see
+    /// `abiss-bench memory --help`).
+    Memory {
+        /// Passed to `abiss-bench memory`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Real players under a seeky best-effort load on the lab hdd (see `abiss-bench players
     /// --help`).
     Players {
@@ -152,6 +159,7 @@ fn main() -> ExitCode {
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
             Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
+            Benchmark::Memory { args } => bench::run_bench_binary(&root, "memory", &args),
             Benchmark::Players { args } => bench::run_bench_binary(&root, "players", &args),
             Benchmark::Recording { args } => bench::run_bench_binary(&root, "recording", &args),
             Benchmark::Soak { args } => bench::run_bench_binary(&root, "soak", &args),

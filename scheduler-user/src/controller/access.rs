@@ -33,15 +33,16 @@ fn moved(
     let seeks = stream.playout.seeks();
     let mut actions = step(&mut stream.playout);
     if stream.playout.seeks() > seeks {
-        actions.extend(refill_after_seek(burst, stream, now_ns));
+        actions.extend(fill_from_allowance(burst, stream, now_ns));
     }
     actions
 }
 
-/// After a seek, the new window fills at once as far as the owner's start-up allowance covers
-/// what the banked credit does not: a seek is a burst, bounded per user like a start, not a
-/// window left thin until the credit comes back at the rate.
-fn refill_after_seek(
+/// Fills the window at once as far as the owner's start-up allowance covers what the banked
+/// credit does not. After a seek: a seek is a burst, bounded per user like a start, not a
+/// window left thin until the credit comes back at the rate. After a buffer grew: the credit
+/// only keeps pace with the reader, so without it the larger window would never fill.
+pub(super) fn fill_from_allowance(
     burst: &mut BurstAllowance,
     stream: &mut Stream,
     now_ns: u64,
@@ -52,7 +53,7 @@ fn refill_after_seek(
     }
     let granted = burst.grant(stream.owner_uid, wanted, now_ns);
     log::debug!(
-        "stream {}: seek refill of {granted} of {wanted} bytes from the allowance",
+        "stream {}: filled {granted} of {wanted} bytes from the allowance",
         stream.id
     );
     stream.playout.grant_credit(granted, now_ns)

@@ -123,11 +123,21 @@ impl Controller {
         check_parameters(&request)?;
         let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
-        let auto_buffer = request
-            .buffer_auto
-            .then(|| self.size_buffer(&mut request, disk.number));
+        let (auto_buffer, for_capacity) = self.size_auto(peer_uid, &mut request, disk.number);
         let tag = self.may_share(&file, request.write)?;
-        self.admit(peer_uid, &request, disk.number, &file)?;
+        // The disk admits the stream with the owner's other automatic streams grown to its
+        // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
+        // everything else has said yes, so a refusal changes nothing.
+        self.admit(
+            peer_uid,
+            &request,
+            disk.number,
+            &file,
+            for_capacity.is_none(),
+        )?;
+        if let Some(bytes) = for_capacity {
+            self.grow_for_capacity(peer_uid, disk.number, bytes, now_ns);
+        }
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
         let id = self.streams.next_id();
@@ -190,13 +200,15 @@ impl Controller {
     }
 
     /// Whether a new stream of `request` on `file` (on `disk`) fits: the stream limits, the
-    /// disk's admission control and the locked-memory budgets.
+    /// disk's admission control (unless `check_disk` is false: already checked for a set grown
+    /// for capacity) and the locked-memory budgets.
     fn admit(
         &self,
         peer_uid: u32,
         request: &AttachRequest,
         disk: DeviceNumber,
         file: &CheckedFile,
+        check_disk: bool,
     ) -> Result<(), Refusal> {
         if self.streams.len() >= MAX_STREAMS {
             return Err(Refusal::DaemonFull { max: MAX_STREAMS });
@@ -206,7 +218,9 @@ impl Controller {
                 max: MAX_STREAMS_PER_USER,
             });
         }
-        self.disks.admit(disk, request, &self.streams, None)?;
+        if check_disk {
+            self.disks.admit(disk, request, &self.streams, None)?;
+        }
         // A preroll is locked too, until the reader passes it (no more than the file).
         let preroll = request
             .preroll

@@ -1,23 +1,23 @@
 //! How much a stream holds: its buffer sized from its disk (`--buffer auto`, grown as the
-//! disk's real-time tail grows, within the locked-memory budgets) and its start-up preroll.
+//! disk's real-time tail grows, and grown for the disk's capacity, within the locked-memory
+//! budgets) and its start-up preroll.
 
 use abiss_proto::{AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, PAGE_BYTES};
 use log::info;
 
+use super::access::fill_from_allowance;
 use super::Controller;
-use crate::policy::buffer_sizing::{auto_buffer_bytes, should_grow, DEFAULT_TAIL_NS};
+use crate::policy::buffer_sizing::{
+    auto_buffer_bytes, should_grow, smallest_fitting_buffer, DEFAULT_TAIL_NS,
+};
 use crate::policy::memory::locked_at_most;
 use crate::policy::playout::WindowAction;
-use crate::streams::{Stream, MAX_BUFFER_BYTES};
+use crate::streams::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
     /// Sizes the buffer of `request` (`--buffer auto`, its `buffer` the application's part)
     /// from the real-time tail of `disk`.
-    pub(super) fn size_buffer(
-        &self,
-        request: &mut AttachRequest,
-        disk: DeviceNumber,
-    ) -> AutoBufferInfo {
+    fn size_buffer(&self, request: &mut AttachRequest, disk: DeviceNumber) -> AutoBufferInfo {
         let measured = self.tails.tail_ns(disk);
         let tail_ns = measured.unwrap_or(DEFAULT_TAIL_NS);
         let app_bytes = request.buffer.0;
@@ -29,6 +29,7 @@ impl Controller {
             tail_us: tail_ns / 1000,
             measured: measured.is_some(),
             capped: bytes > MAX_BUFFER_BYTES,
+            for_capacity_bytes: None,
         }
     }
 
@@ -82,9 +83,135 @@ impl Controller {
                     ByteSize(wanted),
                     tail_ns / 1_000_000
                 );
-                let actions = stream.set_buffer(wanted, now_ns);
+                let mut actions = stream.set_buffer(wanted, now_ns);
+                actions.extend(fill_from_allowance(&mut self.burst, stream, now_ns));
                 Self::execute(&mut self.prefetch, stream, actions);
             }
+        }
+    }
+
+    /// Sizes an automatic buffer (`--buffer auto`; nothing for others): from the disk's
+    /// real-time tail, and larger where the disk's admission needs it (then the size the
+    /// owner's other automatic streams on the disk must grow to, too).
+    pub(super) fn size_auto(
+        &self,
+        peer_uid: u32,
+        request: &mut AttachRequest,
+        disk: DeviceNumber,
+    ) -> (Option<AutoBufferInfo>, Option<u64>) {
+        if !request.buffer_auto {
+            return (None, None);
+        }
+        let mut info = self.size_buffer(request, disk);
+        let for_capacity = self.buffer_for_capacity(peer_uid, request, disk);
+        if let Some(bytes) = for_capacity {
+            request.buffer = ByteSize(bytes);
+            info.for_capacity_bytes = Some(bytes);
+        }
+        (Some(info), for_capacity)
+    }
+
+    /// Memory buys disk time: when `disk`'s model would refuse the automatic stream of
+    /// `request` at its latency-sized buffer, the smallest common buffer for it and its
+    /// owner's other automatic streams on the disk at which the disk admits them all and the
+    /// locked-memory budgets hold the growth (see [`crate::policy::buffer_sizing`]). Only the
+    /// owner's own streams grow, so no user's attach spends another's budget. `None` when the
+    /// buffer is not what stops the stream: no model, admission off, it fits as it is, or no
+    /// buffer within the budgets would do.
+    pub(super) fn buffer_for_capacity(
+        &self,
+        peer_uid: u32,
+        request: &AttachRequest,
+        disk: DeviceNumber,
+    ) -> Option<u64> {
+        let grows = |stream: &Stream, buffer: u64| {
+            stream.disk == disk
+                && stream.owner_uid == peer_uid
+                && stream.auto_buffer.is_some()
+                && stream.granted.buffer.0 < buffer
+        };
+        let with_buffer = |granted: &AttachRequest, buffer: u64| AttachRequest {
+            buffer: ByteSize(buffer.max(granted.buffer.0)),
+            ..granted.clone()
+        };
+        let admits_at = |buffer: u64| {
+            let existing: Vec<_> = self
+                .streams
+                .iter()
+                .filter(|s| s.disk == disk)
+                .map(|s| {
+                    if grows(s, buffer) {
+                        demand_of(&with_buffer(&s.granted, buffer))
+                    } else {
+                        s.demand()
+                    }
+                })
+                .collect();
+            self.disks
+                .model_admits(disk, &existing, &demand_of(&with_buffer(request, buffer)))
+        };
+        if admits_at(request.buffer.0)? {
+            return None;
+        }
+        let batch = u64::from(request.batch_pages) * PAGE_BYTES;
+        let preroll = request.preroll.map_or(0, |preroll| preroll.0);
+        let locked_for = |buffer: u64| {
+            let growth: u64 = self
+                .streams
+                .iter()
+                .filter(|s| grows(s, buffer))
+                .map(|s| {
+                    let batch = u64::from(s.granted.batch_pages) * PAGE_BYTES;
+                    locked_at_most(buffer, batch) - locked_at_most(s.granted.buffer.0, batch)
+                })
+                .sum();
+            growth.saturating_add(locked_at_most(
+                buffer.max(request.buffer.0).max(preroll),
+                batch,
+            ))
+        };
+        let (locked_total, locked_by_user) = (
+            self.streams.locked_at_most(None),
+            self.streams.locked_at_most(Some(peer_uid)),
+        );
+        smallest_fitting_buffer(request.buffer.0, MAX_BUFFER_BYTES, |buffer| {
+            admits_at(buffer) == Some(true)
+                && self
+                    .memory
+                    .admit(peer_uid, locked_for(buffer), locked_total, locked_by_user)
+                    .is_ok()
+        })
+    }
+
+    /// Grows `owner`'s automatic streams on `disk` to `buffer_bytes`, as
+    /// [`Self::buffer_for_capacity`] found they must be for one more stream.
+    pub(super) fn grow_for_capacity(
+        &mut self,
+        owner: u32,
+        disk: DeviceNumber,
+        buffer_bytes: u64,
+        now_ns: u64,
+    ) {
+        for stream in self.streams.iter_mut() {
+            if stream.disk != disk
+                || stream.owner_uid != owner
+                || stream.granted.buffer.0 >= buffer_bytes
+            {
+                continue;
+            }
+            let Some(info) = &mut stream.auto_buffer else {
+                continue;
+            };
+            info.for_capacity_bytes = Some(buffer_bytes);
+            info!(
+                "stream {}: buffer {} → {} so that its disk admits one more stream",
+                stream.id,
+                stream.granted.buffer,
+                ByteSize(buffer_bytes)
+            );
+            let mut actions = stream.set_buffer(buffer_bytes, now_ns);
+            actions.extend(fill_from_allowance(&mut self.burst, stream, now_ns));
+            Self::execute(&mut self.prefetch, stream, actions);
         }
     }
 

@@ -8,10 +8,17 @@
 //! `B = app + 2 · R · tail + 2 · batch`, with `tail` the disk's real-time latency tail (p99 of
 //! queue plus service time of its real-time requests over the last seconds, which the block
 //! programs measure for every request).
+//!
+//! Memory also buys disk time. A window is refilled in loads of a third of its buffer, one
+//! disk access each, so a larger buffer means fewer seeks per second of media: with the
+//! reference 564 KiB buffers a laptop disk spends most of its time seeking and serves about 16
+//! streams of 1 MB/s, with 8 MiB buffers it serves 32. When a disk's admission would refuse an
+//! automatic stream at its latency-sized buffer, [`smallest_fitting_buffer`] finds the
+//! smallest common buffer at which the disk admits it, within the memory budgets.
 
 use abiss_proto::PAGE_BYTES;
 
-use super::page_ceil;
+use super::{page_ceil, page_floor};
 
 /// The tail assumed for a disk with too few real-time requests measured yet: a hard disk's
 /// seek and rotation behind a few queued requests.
@@ -40,6 +47,54 @@ pub fn auto_buffer_bytes(app_bytes: u64, rate_bps: u64, tail_ns: u64, batch_byte
 pub fn should_grow(now_bytes: u64, wanted_bytes: u64) -> bool {
     u128::from(wanted_bytes) * 100
         > u128::from(now_bytes) * u128::from(100 + GROW_HYSTERESIS_PERCENT)
+}
+
+/// Halvings of the gap between a buffer that does not fit and one that does: the buffer
+/// found is within 1/256 of that gap of the smallest that fits, in at most as many tries.
+pub const FITTING_SEARCH_HALVINGS: u32 = 8;
+
+/// The smallest buffer from `from_bytes` up to `cap_bytes` (whole pages) for which `fits`
+/// holds, `None` if not even `cap_bytes` does. `fits` is the disk's admission and the memory
+/// budgets for a buffer of that size, which only get easier as the buffer grows (fewer loads
+/// a second, more held ahead). Doubling from `from_bytes` finds one that fits, then
+/// [`FITTING_SEARCH_HALVINGS`] halvings of the gap close in on the smallest: at most about 40
+/// admissions for any sizes, each a few microseconds for the streams one disk holds.
+pub fn smallest_fitting_buffer(
+    from_bytes: u64,
+    cap_bytes: u64,
+    mut fits: impl FnMut(u64) -> bool,
+) -> Option<u64> {
+    let cap = page_floor(cap_bytes);
+    let mut low = page_ceil(from_bytes.max(PAGE_BYTES));
+    if low > cap {
+        return None;
+    }
+    if fits(low) {
+        return Some(low);
+    }
+    // `low` does not fit: double until something does.
+    let mut high = loop {
+        let next = low.saturating_mul(2).min(cap);
+        if fits(next) {
+            break next;
+        }
+        if next == cap {
+            return None;
+        }
+        low = next;
+    };
+    for _ in 0..FITTING_SEARCH_HALVINGS {
+        let middle = page_ceil(low + (high - low) / 2);
+        if middle >= high || middle <= low {
+            break;
+        }
+        if fits(middle) {
+            high = middle;
+        } else {
+            low = middle;
+        }
+    }
+    Some(high)
 }
 
 #[cfg(test)]
@@ -79,5 +134,46 @@ mod tests {
             prop_assert!(u128::from(bytes) >= u128::from(app) + 2 * consumed + 2 * u128::from(batch));
             prop_assert!(auto_buffer_bytes(app, rate, tail + more, batch) >= bytes);
         }
+    }
+
+    proptest! {
+        /// Against a threshold (the disk fits the set from some buffer size on), the search
+        /// finds a fitting buffer in whole pages, no larger than the cap, within 1/256 of the
+        /// doubling's last gap of the threshold, and `None` only when the cap is below it.
+        #[test]
+        fn the_smallest_fitting_buffer_is_found_near_the_threshold(
+            from in 0u64..(4 << 20),
+            threshold in 0u64..(2 << 30),
+            cap in 0u64..(2 << 30),
+        ) {
+            let mut tries = 0;
+            let found = smallest_fitting_buffer(from, cap, |b| {
+                tries += 1;
+                b >= threshold
+            });
+            prop_assert!(tries <= 64 + FITTING_SEARCH_HALVINGS);
+            let start = page_ceil(from.max(PAGE_BYTES));
+            match found {
+                None => prop_assert!(page_floor(cap) < threshold.max(start)),
+                Some(b) => {
+                    prop_assert_eq!(b % PAGE_BYTES, 0);
+                    prop_assert!(b >= threshold && b >= start && b <= page_floor(cap).max(start));
+                    // Close to the smallest: the doubling's gap was at most the threshold,
+                    // and 8 halvings leave a 256th of it, plus the page rounding.
+                    let slack = threshold.max(start) / 256 + 2 * PAGE_BYTES;
+                    prop_assert!(b <= page_ceil(threshold.max(start)) + slack, "{} for {}", b, threshold);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_disk_that_fits_at_once_keeps_the_latency_sized_buffer() {
+        assert_eq!(
+            smallest_fitting_buffer(356 << 10, 1 << 30, |_| true),
+            Some(356 << 10)
+        );
+        assert_eq!(smallest_fitting_buffer(356 << 10, 1 << 30, |_| false), None);
+        assert_eq!(smallest_fitting_buffer(2 << 20, 1 << 20, |_| true), None);
     }
 }
