@@ -8,7 +8,8 @@
 //! and that must not delay replies. The service thread alone decides the order (through a
 //! [`DeviceQueue`]), keeps the device's virtual clock and sends each reply at the instant the
 //! model says the request completes, less the lab's measured transport delay (see
-//! [`TRANSPORT_NAME`]). A fourth thread writes the statistics.
+//! [`TRANSPORT_NAME`]). A fourth thread writes the statistics. While [`UNMODELLED_NAME`] holds
+//! 1, requests bypass the model: the data thread replies to them itself.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -17,7 +18,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -49,6 +50,19 @@ pub const IMAGE_NAME: &str = "disk";
 /// never moves a reply before the request's start.
 pub const TRANSPORT_NAME: &str = "transport_ns";
 
+/// Name of the control file at the root of the FUSE mount that switches the model off for
+/// setting up: `1` or `0`, as decimal text (anything else is refused with `EINVAL`).
+///
+/// It stands for data that is already on the disk before the experiment starts: a test's
+/// files, written through the loop device and its file system so that they are where the
+/// kernel would put them, but without paying the model's time for it (200 MB takes 5 s at an
+/// hdd's rate, for nothing the test measures). While it is 1, each request that arrives is
+/// served as soon as its data has moved: it does not occupy the actuator, does not move the
+/// model's head and is not recorded in the statistics, which show only modelled requests. It
+/// is not for measuring anything: whoever sets it must make sure nothing else uses the disk
+/// meanwhile, and bring everything it wrote to the disk before setting it back to 0.
+pub const UNMODELLED_NAME: &str = "unmodelled";
+
 /// Largest request the kernel may send, so that a loop request of up to 1 MiB reaches the
 /// model as one request rather than as pieces.
 const MAX_REQUEST_BYTES: u32 = 1 << 20;
@@ -61,6 +75,7 @@ const DATA_PRIORITY: i32 = 15;
 const ROOT_INO: u64 = fuser::FUSE_ROOT_ID;
 const IMAGE_INO: u64 = 2;
 const TRANSPORT_INO: u64 = 3;
+const UNMODELLED_INO: u64 = 4;
 const ATTR_TTL: Duration = Duration::from_secs(3600);
 
 /// Everything the emulator process needs; `up` writes it as JSON into the state directory.
@@ -90,6 +105,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
     let epoch = Instant::now();
     let outstanding = Arc::new(AtomicU32::new(0));
     let transport_ns = Arc::new(AtomicU64::new(0));
+    let unmodelled = Arc::new(AtomicBool::new(false));
 
     let (record_tx, record_rx) = mpsc::channel();
     let stats_writer = StatsWriter::create(config, epoch)?;
@@ -125,6 +141,7 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
         next_seq: 0,
         outstanding,
         transport_ns,
+        unmodelled,
         created: SystemTime::now(),
     };
     let options = [
@@ -162,6 +179,9 @@ struct PendingIo {
     len: u64,
     arrival: Instant,
     outstanding: u32,
+    /// Arrived while the model was off (see [`UNMODELLED_NAME`]): replied to once its data has
+    /// moved, not counted as outstanding, not recorded.
+    unmodelled: bool,
     payload: Payload,
 }
 
@@ -235,6 +255,11 @@ impl DataMover {
                     Completion::Write(reply, result)
                 }
             };
+            if io.unmodelled {
+                // Data already on the disk before the experiment: no actuator, no record.
+                completion.reply();
+                continue;
+            }
             let io = ReadyIo {
                 seq: io.seq,
                 op,
@@ -260,6 +285,7 @@ struct DiskImageFs {
     next_seq: u64,
     outstanding: Arc<AtomicU32>,
     transport_ns: Arc<AtomicU64>,
+    unmodelled: Arc<AtomicBool>,
     created: SystemTime,
 }
 
@@ -268,7 +294,7 @@ impl DiskImageFs {
         let (kind, perm, nlink, size) = match ino {
             ROOT_INO => (FileType::Directory, 0o755, 2, 0),
             IMAGE_INO => (FileType::RegularFile, 0o600, 1, self.size_bytes),
-            TRANSPORT_INO => (FileType::RegularFile, 0o600, 1, 0),
+            TRANSPORT_INO | UNMODELLED_INO => (FileType::RegularFile, 0o600, 1, 0),
             _ => return None,
         };
         Some(FileAttr {
@@ -294,13 +320,21 @@ impl DiskImageFs {
         let arrival = Instant::now();
         let offset = u64::try_from(offset).unwrap_or(0).min(self.size_bytes);
         let len = requested.min(self.size_bytes - offset);
-        let outstanding = self.outstanding.fetch_add(1, Ordering::Relaxed) + 1;
+        // Read here, on the one thread that also serves writes of the control file: a request
+        // is unmodelled exactly when it arrived between a 1 and the next 0.
+        let unmodelled = self.unmodelled.load(Ordering::Relaxed);
+        let outstanding = if unmodelled {
+            0
+        } else {
+            self.outstanding.fetch_add(1, Ordering::Relaxed) + 1
+        };
         let io = PendingIo {
             seq: self.next_seq,
             offset,
             len,
             arrival,
             outstanding,
+            unmodelled,
             payload,
         };
         self.next_seq += 1;
@@ -332,6 +366,8 @@ impl Filesystem for DiskImageFs {
             IMAGE_INO
         } else if name == TRANSPORT_NAME {
             TRANSPORT_INO
+        } else if name == UNMODELLED_NAME {
+            UNMODELLED_INO
         } else {
             0
         };
@@ -353,7 +389,7 @@ impl Filesystem for DiskImageFs {
     fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
         if ino == IMAGE_INO {
             reply.opened(0, 0);
-        } else if ino == TRANSPORT_INO {
+        } else if ino == TRANSPORT_INO || ino == UNMODELLED_INO {
             // Direct I/O: reads see the current value whatever the (zero) size says.
             reply.opened(0, fuser::consts::FOPEN_DIRECT_IO);
         } else {
@@ -372,8 +408,13 @@ impl Filesystem for DiskImageFs {
         _lock_owner: Option<u64>,
         reply: ReplyData,
     ) {
-        if ino == TRANSPORT_INO {
-            let text = format!("{}\n", self.transport_ns.load(Ordering::Relaxed));
+        let control = match ino {
+            TRANSPORT_INO => Some(self.transport_ns.load(Ordering::Relaxed)),
+            UNMODELLED_INO => Some(u64::from(self.unmodelled.load(Ordering::Relaxed))),
+            _ => None,
+        };
+        if let Some(value) = control {
+            let text = format!("{value}\n");
             let start = usize::try_from(offset)
                 .unwrap_or(usize::MAX)
                 .min(text.len());
@@ -403,6 +444,21 @@ impl Filesystem for DiskImageFs {
             match value {
                 Some(nanos) if offset == 0 => {
                     self.transport_ns.store(nanos, Ordering::Relaxed);
+                    reply.written(u32::try_from(data.len()).unwrap_or(u32::MAX));
+                }
+                _ => reply.error(libc::EINVAL),
+            }
+            return;
+        }
+        if ino == UNMODELLED_INO {
+            let value = match std::str::from_utf8(data).map(str::trim) {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            };
+            match value {
+                Some(on) if offset == 0 => {
+                    self.unmodelled.store(on, Ordering::Relaxed);
                     reply.written(u32::try_from(data.len()).unwrap_or(u32::MAX));
                 }
                 _ => reply.error(libc::EINVAL),
@@ -440,6 +496,7 @@ impl Filesystem for DiskImageFs {
             (ROOT_INO, FileType::Directory, ".."),
             (IMAGE_INO, FileType::RegularFile, IMAGE_NAME),
             (TRANSPORT_INO, FileType::RegularFile, TRANSPORT_NAME),
+            (UNMODELLED_INO, FileType::RegularFile, UNMODELLED_NAME),
         ];
         let skip = usize::try_from(offset).unwrap_or(0);
         for (index, (ino, kind, name)) in entries.iter().enumerate().skip(skip) {
@@ -465,6 +522,25 @@ struct InFlight {
 enum Completion {
     Read(ReplyData, Result<Vec<u8>, i32>),
     Write(ReplyWrite, Result<u32, i32>),
+}
+
+impl Completion {
+    /// Sends the reply; returns whether the request succeeded.
+    fn reply(self) -> bool {
+        match self {
+            Completion::Read(reply, Ok(data)) => reply.data(&data),
+            Completion::Write(reply, Ok(written)) => reply.written(written),
+            Completion::Read(reply, Err(errno)) => {
+                reply.error(errno);
+                return false;
+            }
+            Completion::Write(reply, Err(errno)) => {
+                reply.error(errno);
+                return false;
+            }
+        }
+        true
+    }
 }
 
 impl PartialEq for InFlight {
@@ -608,18 +684,7 @@ impl ServiceThread {
     fn complete(&self, done: InFlight) {
         let mut record = done.record;
         record.replied_ns = self.since_epoch(Instant::now());
-        match done.completion {
-            Completion::Read(reply, Ok(data)) => reply.data(&data),
-            Completion::Write(reply, Ok(written)) => reply.written(written),
-            Completion::Read(reply, Err(errno)) => {
-                record.failed = true;
-                reply.error(errno);
-            }
-            Completion::Write(reply, Err(errno)) => {
-                record.failed = true;
-                reply.error(errno);
-            }
-        }
+        record.failed = !done.completion.reply();
         self.outstanding.fetch_sub(1, Ordering::Relaxed);
         // The stats thread ends only after this thread; a failed send cannot happen.
         let _ = self.records.send(record);

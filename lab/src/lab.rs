@@ -263,6 +263,38 @@ impl Lab {
         Ok(self.state.transport_ns)
     }
 
+    /// Switches the device model off (`true`) or back on (`false`): while it is off, requests
+    /// are served as fast as the backing file allows and are not recorded in the statistics.
+    ///
+    /// This is for putting an experiment's starting data on the disk (see
+    /// [`crate::emulator::UNMODELLED_NAME`]), never for measuring. Whoever switches the model
+    /// off keeps other users off the disk meanwhile, and syncs what it wrote (the file system
+    /// too) before switching it back on, so that none of its writes reaches the model later.
+    pub fn set_unmodelled(&self, unmodelled: bool) -> Result<(), LabError> {
+        let control = self.unmodelled_control();
+        // Without truncation: the control file has no size to truncate.
+        OpenOptions::new()
+            .write(true)
+            .open(&control)
+            .and_then(|mut file| {
+                std::io::Write::write_all(&mut file, if unmodelled { b"1\n" } else { b"0\n" })
+            })
+            .map_err(LabError::io(&control))
+    }
+
+    /// Whether the device model is off (see [`Lab::set_unmodelled`]).
+    pub fn unmodelled(&self) -> Result<bool, LabError> {
+        let control = self.unmodelled_control();
+        let text = std::fs::read_to_string(&control).map_err(LabError::io(&control))?;
+        Ok(text.trim() == "1")
+    }
+
+    fn unmodelled_control(&self) -> PathBuf {
+        self.state
+            .fuse_mountpoint
+            .join(crate::emulator::UNMODELLED_NAME)
+    }
+
     /// A cursor that returns the requests served from now on.
     pub fn stats_cursor(&self) -> Result<StatsCursor, LabError> {
         StatsCursor::at_end(&self.state.stats_path)

@@ -121,6 +121,37 @@ impl DirectReader {
         Self { file, buf, start }
     }
 
+    /// Like [`DirectReader::open`], also for writing.
+    pub fn open_writable(device: &Path, max_len: usize) -> Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(device)
+            .expect("open O_DIRECT for writing");
+        let buf = vec![0; max_len + 4096];
+        let start = buf.as_ptr().align_offset(4096);
+        Self { file, buf, start }
+    }
+
+    /// The bytes of the last read, or of the next write.
+    pub fn buffer(&mut self, len: usize) -> &mut [u8] {
+        &mut self.buf[self.start..self.start + len]
+    }
+
+    /// Writes the first `len` bytes of [`DirectReader::buffer`] at `offset`; returns how long
+    /// it took.
+    pub fn write(&mut self, offset: u64, len: usize) -> std::time::Duration {
+        use std::os::unix::fs::FileExt;
+        let slice = &self.buf[self.start..self.start + len];
+        let started = std::time::Instant::now();
+        self.file
+            .write_all_at(slice, offset)
+            .expect("O_DIRECT write");
+        started.elapsed()
+    }
+
     /// Reads `len` bytes at `offset`; returns how long it took.
     pub fn read(&mut self, offset: u64, len: usize) -> std::time::Duration {
         use std::os::unix::fs::FileExt;
