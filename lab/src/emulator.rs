@@ -725,6 +725,9 @@ impl StatsWriter {
     }
 
     fn run(mut self, records: &Receiver<RequestRecord>) {
+        // The summary exists from the start: a lab that is up has one to read, also before
+        // its first second (a lab whose file system was made unmodelled is up in less).
+        self.write_summary();
         let mut last_summary = Instant::now();
         loop {
             match records.recv_timeout(Duration::from_millis(100)) {

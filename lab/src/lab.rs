@@ -40,7 +40,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FilesystemKind {
-    /// ext4, made without discard and with lazy inode table initialisation.
+    /// ext4, made whole (inode tables and journal written, not left to lazy initialisation)
+    /// with the model off, without discard.
     Ext4,
 }
 
@@ -271,15 +272,7 @@ impl Lab {
     /// off keeps other users off the disk meanwhile, and syncs what it wrote (the file system
     /// too) before switching it back on, so that none of its writes reaches the model later.
     pub fn set_unmodelled(&self, unmodelled: bool) -> Result<(), LabError> {
-        let control = self.unmodelled_control();
-        // Without truncation: the control file has no size to truncate.
-        OpenOptions::new()
-            .write(true)
-            .open(&control)
-            .and_then(|mut file| {
-                std::io::Write::write_all(&mut file, if unmodelled { b"1\n" } else { b"0\n" })
-            })
-            .map_err(LabError::io(&control))
+        set_unmodelled(&self.state.fuse_mountpoint, unmodelled)
     }
 
     /// Whether the device model is off (see [`Lab::set_unmodelled`]).
@@ -381,6 +374,30 @@ fn bring_up(state: &mut LabState, options: &LabOptions) -> Result<(), LabError> 
     state.transport_ns = calibrate_transport(state, Path::new(&device))?;
     state.save()?;
 
+    // A new file system is made with the model off, whole (no lazy inode tables or journal):
+    // a disk bought with a file system on it. Made lazily, ext4 zeroes its inode tables from a
+    // kernel thread in the first seconds after the mount, under the model, in every
+    // experiment's first measurements.
+    let made = options.mkfs.is_some();
+    if made {
+        set_unmodelled(&state.fuse_mountpoint, true)?;
+    }
+    let result = make_and_mount(state, options, &device);
+    if made {
+        // What the mount wrote reaches the disk before the model is back (mkfs syncs its own).
+        if let Some(dir) = state.mount_dir.as_ref().filter(|_| result.is_ok()) {
+            system::run("sync", &["-f", &dir.to_string_lossy()])?;
+        }
+        set_unmodelled(&state.fuse_mountpoint, false)?;
+    }
+    result
+}
+
+fn make_and_mount(
+    state: &mut LabState,
+    options: &LabOptions,
+    device: &str,
+) -> Result<(), LabError> {
     if let Some(FilesystemKind::Ext4) = options.mkfs {
         system::run(
             "mkfs.ext4",
@@ -388,8 +405,8 @@ fn bring_up(state: &mut LabState, options: &LabOptions) -> Result<(), LabError> 
                 "-q",
                 "-F",
                 "-E",
-                "nodiscard,lazy_itable_init=1,lazy_journal_init=1",
-                &device,
+                "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
+                device,
             ],
         )?;
     }
@@ -400,9 +417,23 @@ fn bring_up(state: &mut LabState, options: &LabOptions) -> Result<(), LabError> 
         }
         state.mount_dir = Some(dir.clone());
         state.save()?;
-        system::run("mount", &[&device, &dir.to_string_lossy()])?;
+        system::run("mount", &[device, &dir.to_string_lossy()])?;
     }
     Ok(())
+}
+
+/// Switches the model of the emulator whose FUSE file system is at `fuse_mountpoint` off or
+/// back on (see [`Lab::set_unmodelled`]).
+fn set_unmodelled(fuse_mountpoint: &Path, unmodelled: bool) -> Result<(), LabError> {
+    let control = fuse_mountpoint.join(crate::emulator::UNMODELLED_NAME);
+    // Without truncation: the control file has no size to truncate.
+    OpenOptions::new()
+        .write(true)
+        .open(&control)
+        .and_then(|mut file| {
+            std::io::Write::write_all(&mut file, if unmodelled { b"1\n" } else { b"0\n" })
+        })
+        .map_err(LabError::io(&control))
 }
 
 /// Reads this many blocks to measure the transport delay.

@@ -9,6 +9,8 @@ use abiss_proto::{DeviceNumber, StreamInfo};
 use abiss_tests::{abissctl_as_nobody, chmod, require_root, write_cold_file, Daemon, HddLab};
 
 const BUDGET: u64 = 96 << 20;
+/// More files than the budget can hold streams of.
+const FILES: usize = 48;
 
 fn json(output: &std::process::Output) -> serde_json::Value {
     assert!(
@@ -38,6 +40,15 @@ fn buffers(streams: &[StreamInfo]) -> Vec<(u64, u64)> {
 fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     require_root!();
     let lab = HddLab::up("capacity", 2, "mq-deadline");
+    // Written before abissd starts: the files are on the disk before the experiment.
+    let files: Vec<_> = (0..FILES)
+        .map(|i| lab.mount().join(format!("stream-{i}.bin")))
+        .collect();
+    for file in &files {
+        write_cold_file(file, 4 << 20);
+    }
+    let nobody_file = lab.mount().join("nobody.bin");
+    write_cold_file(&nobody_file, 4 << 20);
     let budget = BUDGET.to_string();
     let daemon = Daemon::start_managing(lab.device(), &["--locked-memory", &budget]);
     // The lab hdd is the laptop disk the fixture models (5400 rpm, 4 requests at once).
@@ -55,8 +66,7 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
 
     let mut attached = 0;
     let refusal = loop {
-        let file = lab.mount().join(format!("stream-{attached}.bin"));
-        write_cold_file(&file, 4 << 20);
+        let file = &files[attached];
         let before = buffers(&daemon.streams());
         let output = daemon.ctl([
             "attach",
@@ -72,7 +82,7 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
             break output;
         }
         attached += 1;
-        assert!(attached < 80, "no refusal within the budget");
+        assert!(attached < FILES, "no refusal within the budget");
     };
     let message = String::from_utf8_lossy(&refusal.stderr);
     assert_eq!(refusal.status.code(), Some(9), "{message}");
@@ -114,12 +124,14 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     let miss_ppm = status["miss_probability_ppm"].as_u64().unwrap();
     assert!(miss_ppm <= 10_000, "admitted at {miss_ppm} ppm: {status}");
 
-    // Another user's automatic stream may only grow its own buffer: here it does not fit, and
-    // root's buffers stay as they are.
-    let file = lab.mount().join("nobody.bin");
-    write_cold_file(&file, 4 << 20);
-    chmod(&file, 0o644);
-    chmod(lab.mount(), 0o755);
+    nobody_grows_no_buffer_of_roots(&daemon, &nobody_file, lab.mount());
+}
+
+/// Another user's automatic stream may only grow its own buffer: on a disk that root's
+/// streams fill, it does not fit, and root's buffers stay as they are.
+fn nobody_grows_no_buffer_of_roots(daemon: &Daemon, file: &Path, mount: &Path) {
+    chmod(file, 0o644);
+    chmod(mount, 0o755);
     let before = buffers(&daemon.streams());
     let output = abissctl_as_nobody(
         daemon.socket(),

@@ -96,16 +96,22 @@ fn check(daemon: &Daemon, report: &PacedReport, what: &str, copied: u64, read_fo
 #[test]
 fn a_library_reader_meets_every_deadline_under_a_copy_loop() {
     require_root!();
-    library_reader("library", &[]);
+    library_reader("library", &[], duration());
 }
 
 #[test]
 fn a_library_reader_meets_every_deadline_without_the_newer_kernel_hooks() {
     require_root!();
-    library_reader("library-old-kernel", &OLD_KERNEL_ARGS);
+    // The same prefetch as above, steered by position messages alone: 20 s of it (306 reads)
+    // show the path keeps the guarantee; the long run's tail figures are the test above's.
+    library_reader(
+        "library-old-kernel",
+        &OLD_KERNEL_ARGS,
+        Duration::from_secs(20).min(duration()),
+    );
 }
 
-fn library_reader(tag: &str, daemon_args: &[&str]) {
+fn library_reader(tag: &str, daemon_args: &[&str], read_for: Duration) {
     let mut bench = bench(tag, daemon_args);
     let path = bench.lab.mount().join("stream.bin");
     let client = Client::connect(bench.daemon.socket()).expect("connect");
@@ -122,10 +128,10 @@ fn library_reader(tag: &str, daemon_args: &[&str]) {
         RATE,
         BUFFER,
         READ,
-        duration(),
+        read_for,
     );
     let copied = bench.copy.stop();
-    check(&bench.daemon, &report, tag, copied, duration());
+    check(&bench.daemon, &report, tag, copied, read_for);
 }
 
 /// A plain reader of `path` at the rate with `buffer`: it knows nothing of abiss; its reads
