@@ -120,7 +120,27 @@ struct BudgetSweep {
     /// The most streams with zero misses (steps before the first with misses).
     sustained_streams: Option<usize>,
     first_streams_with_misses: Option<usize>,
+    /// The most streams whose reads came from memory: zero misses and a read p99 under
+    /// [`FROM_MEMORY_P99_MS`], in every step up to it. A larger buffer is a longer deadline
+    /// slack, so misses alone would let a read wait seconds for the disk unseen.
+    from_memory_streams: Option<usize>,
     steps: Vec<TrialRow>,
+}
+
+/// A read p99 under this means at least 99 % of the reads found their pages in memory: a
+/// 64 KiB read from the page cache takes well under a millisecond, one from the lab hdd at
+/// least a seek and a rotation.
+pub const FROM_MEMORY_P99_MS: f64 = 10.0;
+
+/// The most streams of the steps before the first with a miss or a read p99 of
+/// [`FROM_MEMORY_P99_MS`] or more; `steps` are (streams, misses, read p99 ms) in order.
+#[must_use]
+pub fn from_memory_streams(steps: &[(usize, u64, f64)]) -> Option<usize> {
+    steps
+        .iter()
+        .take_while(|(_, misses, p99_ms)| *misses == 0 && *p99_ms < FROM_MEMORY_P99_MS)
+        .last()
+        .map(|(n, _, _)| *n)
 }
 
 /// Runs the benchmark and writes memory.{json,md,svg}.
@@ -287,6 +307,12 @@ fn sweep_budget(
         .map(|r| (r.streams, r.deadlines.misses))
         .collect();
     let (sustained, first_miss) = sustained_streams(&counts);
+    let from_memory = from_memory_streams(
+        &rows
+            .iter()
+            .map(|r| (r.streams, r.deadlines.misses, r.latency.p99_ms))
+            .collect::<Vec<_>>(),
+    );
     Ok(BudgetSweep {
         sizing,
         budget_bytes: budget.0,
@@ -296,6 +322,7 @@ fn sweep_budget(
         refused_at,
         sustained_streams: sustained,
         first_streams_with_misses: first_miss,
+        from_memory_streams: from_memory,
         steps: rows,
     })
 }
@@ -455,8 +482,11 @@ fn markdown(
          copy loop (175 MB in 128 KiB calls); steps of {secs} s after {warmup} s of copy \
          warm-up, from {min} streams, stopping {after} step(s) after the first with misses. The \
          disk's model: `abissctl profile --quick`. {disk_line} {machine_line}\n\n\
-         | sizing | budget | buffer per stream | admission predicts (statistical / deterministic) | most streams with zero misses | first streams with misses | abissd refused a stream at | buffers abissd gave at the most streams | BE copy MB/s at the most streams |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         **From memory** counts a step only while its reads' p99 stays under {from_memory} ms as \
+         well: a larger buffer is a longer slack, so a read may wait seconds for the disk and \
+         still not miss.\n\n\
+         | sizing | budget | buffer per stream | admission predicts (statistical / deterministic) | most streams with zero misses | first streams with misses | most streams from memory | abissd refused a stream at | buffers abissd gave at the most streams | BE copy MB/s at the most streams |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         max = args.max_streams,
         batch = BATCH_PAGES,
         app = ByteSize(STREAM.buffer_bytes),
@@ -466,53 +496,63 @@ fn markdown(
         min = args.min_streams,
         after = args.steps_after_miss,
         p_req = args.p_req,
+        from_memory = FROM_MEMORY_P99_MS,
         disk_line = report::disk_line(queue),
         machine_line = report::machine_line(machine),
     );
     for sweep in sweeps {
-        let most = sweep
-            .sustained_streams
-            .and_then(|n| sweep.steps.iter().find(|r| r.streams == n));
-        let clean_copy = most.map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.be_copy_mb_s));
-        let given = most
-            .and_then(|r| r.daemon.as_ref())
-            .and_then(|d| d.buffer_bytes)
-            .map_or_else(|| "-".to_owned(), buffer_range);
-        let predicted = sweep
-            .predicted_n_max_statistical
-            .zip(sweep.predicted_n_max_deterministic)
-            .map_or_else(|| "-".to_owned(), |(s, d)| format!("{s} / {d}"));
-        let buffer = match sweep.sizing {
-            Sizing::Equal => ByteSize(sweep.buffer_bytes).to_string(),
-            Sizing::Abissd => format!("auto+{}", ByteSize(sweep.buffer_bytes)),
-        };
-        let _ = writeln!(
-            text,
-            "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            sweep.sizing,
-            ByteSize(sweep.budget_bytes),
-            buffer,
-            predicted,
-            match (sweep.sustained_streams, sweep.first_streams_with_misses) {
-                (None, _) => format!("none from {}", args.min_streams),
-                (Some(n), None) => format!("≥ {n}"),
-                (Some(n), Some(_)) => n.to_string(),
-            },
-            sweep.first_streams_with_misses.map_or_else(
-                || format!("none up to {}", args.max_streams),
-                |n| n.to_string()
-            ),
-            sweep
-                .refused_at
-                .as_ref()
-                .map_or_else(|| "-".to_owned(), |(n, _)| n.to_string()),
-            given,
-            clean_copy,
-        );
+        summary_row(&mut text, sweep, args);
     }
     steps_table(&mut text, sweeps);
     text.push_str("\nStreams against the budget: memory.svg.\n");
     text
+}
+
+/// One budget's line of the summary table.
+fn summary_row(text: &mut String, sweep: &BudgetSweep, args: &MemoryArgs) {
+    let most = sweep
+        .sustained_streams
+        .and_then(|n| sweep.steps.iter().find(|r| r.streams == n));
+    let clean_copy = most.map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.be_copy_mb_s));
+    let given = most
+        .and_then(|r| r.daemon.as_ref())
+        .and_then(|d| d.buffer_bytes)
+        .map_or_else(|| "-".to_owned(), buffer_range);
+    let predicted = sweep
+        .predicted_n_max_statistical
+        .zip(sweep.predicted_n_max_deterministic)
+        .map_or_else(|| "-".to_owned(), |(s, d)| format!("{s} / {d}"));
+    let buffer = match sweep.sizing {
+        Sizing::Equal => ByteSize(sweep.buffer_bytes).to_string(),
+        Sizing::Abissd => format!("auto+{}", ByteSize(sweep.buffer_bytes)),
+    };
+    let _ = writeln!(
+        text,
+        "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        sweep.sizing,
+        ByteSize(sweep.budget_bytes),
+        buffer,
+        predicted,
+        match (sweep.sustained_streams, sweep.first_streams_with_misses) {
+            (None, _) => format!("none from {}", args.min_streams),
+            (Some(n), None) => format!("≥ {n}"),
+            (Some(n), Some(_)) => n.to_string(),
+        },
+        sweep.first_streams_with_misses.map_or_else(
+            || format!("none up to {}", args.max_streams),
+            |n| n.to_string()
+        ),
+        sweep.from_memory_streams.map_or_else(
+            || format!("none from {}", args.min_streams),
+            |n| n.to_string()
+        ),
+        sweep
+            .refused_at
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |(n, _)| n.to_string()),
+        given,
+        clean_copy,
+    );
 }
 
 /// Every step of every sweep, a line each.
@@ -567,13 +607,65 @@ fn buffer_range((min, max): (u64, u64)) -> String {
     }
 }
 
-/// memory.svg: zero-miss streams (measured) and admission's `n_max` against the budget.
-fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Result<()> {
+/// A budget in MiB, for the chart's axis.
+fn mib(bytes: u64) -> f64 {
     #[expect(
         clippy::cast_precision_loss,
-        reason = "budgets in MiB and stream counts are far below 2^52"
+        reason = "budgets in MiB are far below 2^52"
     )]
-    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let mib = bytes as f64 / f64::from(1 << 20);
+    mib
+}
+
+/// The chart's lines: (name, points of budget MiB and streams).
+fn chart_series(sweeps: &[BudgetSweep], max_streams: u32) -> [(&'static str, Vec<(f64, f64)>); 4] {
+    let measured = |sizing: Sizing, from_memory: bool| -> Vec<(f64, f64)> {
+        sweeps
+            .iter()
+            .filter(|s| s.sizing == sizing)
+            .map(|s| {
+                let n = if from_memory {
+                    s.from_memory_streams
+                } else {
+                    s.sustained_streams
+                }
+                .unwrap_or(0);
+                (
+                    mib(s.budget_bytes),
+                    f64::from(u32::try_from(n).unwrap_or(0)),
+                )
+            })
+            .collect()
+    };
+    let predicted: Vec<(f64, f64)> = sweeps
+        .iter()
+        .filter_map(|s| {
+            s.predicted_n_max_statistical
+                .map(|n| (mib(s.budget_bytes), f64::from(n.min(max_streams + 1))))
+        })
+        .collect();
+    [
+        (
+            "equal shares: most streams with zero misses",
+            measured(Sizing::Equal, false),
+        ),
+        (
+            "equal shares: most streams from memory (read p99 < 10 ms)",
+            measured(Sizing::Equal, true),
+        ),
+        (
+            "equal shares: admission predicts (statistical n_max)",
+            predicted,
+        ),
+        (
+            "abissd sizes --buffer auto: most streams with zero misses",
+            measured(Sizing::Abissd, false),
+        ),
+    ]
+}
+
+/// memory.svg: zero-miss streams (measured) and admission's `n_max` against the budget.
+fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Result<()> {
     let max_mib = sweeps
         .iter()
         .map(|s| mib(s.budget_bytes))
@@ -595,40 +687,7 @@ fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Resul
         .x_desc("locked-memory budget (MiB), shared by the streams")
         .y_desc("streams")
         .draw()?;
-    let measured = |sizing: Sizing| -> Vec<(f64, f64)> {
-        sweeps
-            .iter()
-            .filter(|s| s.sizing == sizing)
-            .map(|s| {
-                let n = s.sustained_streams.unwrap_or(0);
-                (
-                    mib(s.budget_bytes),
-                    f64::from(u32::try_from(n).unwrap_or(0)),
-                )
-            })
-            .collect()
-    };
-    let predicted: Vec<(f64, f64)> = sweeps
-        .iter()
-        .filter_map(|s| {
-            s.predicted_n_max_statistical
-                .map(|n| (mib(s.budget_bytes), f64::from(n.min(max_streams + 1))))
-        })
-        .collect();
-    let series = [
-        (
-            "equal shares: most streams with zero misses",
-            measured(Sizing::Equal),
-        ),
-        (
-            "equal shares: admission predicts (statistical n_max)",
-            predicted,
-        ),
-        (
-            "abissd sizes --buffer auto: most streams with zero misses",
-            measured(Sizing::Abissd),
-        ),
-    ];
+    let series = chart_series(sweeps, max_streams);
     for (index, (name, points)) in series
         .into_iter()
         .filter(|(_, points)| !points.is_empty())
@@ -653,6 +712,18 @@ fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_memory_ends_at_the_first_step_with_a_miss_or_a_slow_p99() {
+        let steps = [(12, 0, 0.05), (16, 0, 0.07), (20, 0, 101.0), (24, 0, 0.06)];
+        assert_eq!(from_memory_streams(&steps), Some(16));
+        assert_eq!(from_memory_streams(&[(12, 1, 0.05)]), None);
+        assert_eq!(
+            from_memory_streams(&[(12, 0, 0.05), (16, 0, 9.9)]),
+            Some(16)
+        );
+        assert_eq!(from_memory_streams(&[]), None);
+    }
 
     #[test]
     fn each_stream_gets_an_equal_share_less_its_batch_in_pages() {
