@@ -1,10 +1,11 @@
 /*
  * play - read a file at its byterate through abiss, as a media player would.
  *
- *   play FILE BYTERATE [APP_BUFFER]
+ *   play [--preroll PREROLL] FILE BYTERATE [APP_BUFFER]
  *
  * Attaches FILE to abissd at BYTERATE bytes/s (with a playout buffer of APP_BUFFER bytes, 0 or
- * absent for the default), then reads it to the end in 64 KiB reads on an absolute schedule:
+ * absent for the default; with --preroll, its first PREROLL bytes loaded at once, as a player's
+ * start-up probe wants them), then reads it to the end in 64 KiB reads on an absolute schedule:
  * read i is due at start + i * 64 KiB / BYTERATE, so a late read does not push back the
  * ones after it. Measures how long each abiss_fread takes and prints one line:
  *
@@ -20,6 +21,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "abiss.h"
@@ -30,24 +32,32 @@
 int main(int argc, char **argv)
 {
 	static unsigned char buffer[READ_BYTES];
-	long rate, app_buffer = 0, max_latency_ns = 0, reads = 0, late = 0;
+	struct abiss_options opts = ABISS_OPTIONS_INIT;
+	long rate, max_latency_ns = 0, reads = 0, late = 0;
 	unsigned long long bytes = 0;
 	long long start, elapsed;
+	const char *path;
 	ABISS_FILE *fp;
+	int bad = 0;
 
-	if (argc < 3 || argc > 4 || !parse_long(argv[2], &rate) || rate <= 0 ||
-	    (argc == 4 && (!parse_long(argv[3], &app_buffer) || app_buffer < 0))) {
-		fprintf(stderr, "usage: %s FILE BYTERATE [APP_BUFFER]\n"
-				"  BYTERATE and APP_BUFFER in bytes (per second); APP_BUFFER 0 for the default\n",
-			argv[0]);
+	if (argc >= 3 && strcmp(argv[1], "--preroll") == 0) {
+		bad = !parse_long(argv[2], &opts.preroll) || opts.preroll < 0;
+		argc -= 2;
+		argv += 2;
+	}
+	if (bad || argc < 3 || argc > 4 || !parse_long(argv[2], &rate) || rate <= 0 ||
+	    (argc == 4 && (!parse_long(argv[3], &opts.app_buffer) || opts.app_buffer < 0))) {
+		fprintf(stderr, "usage: play [--preroll PREROLL] FILE BYTERATE [APP_BUFFER]\n"
+				"  in bytes (per second); APP_BUFFER 0 for the default\n");
 		return 2;
 	}
+	path = argv[1];
 
-	fp = abiss_fopen(argv[1], "rb", rate, app_buffer);
+	fp = abiss_fopen_opts(path, "rb", rate, &opts);
 	if (fp == NULL) {
 		int error = errno;
 
-		fprintf(stderr, "play: cannot stream %s: %s (errno %d)\n", argv[1], abiss_strerror(),
+		fprintf(stderr, "play: cannot stream %s: %s (errno %d)\n", path, abiss_strerror(),
 			error);
 		return 1;
 	}
@@ -86,7 +96,7 @@ int main(int argc, char **argv)
 	       abiss_stream_id(fp), reads, bytes, max_latency_ns / 1000, late,
 	       elapsed / 1000000);
 	if (abiss_fclose(fp) != 0) {
-		fprintf(stderr, "play: cannot detach %s: %s\n", argv[1], abiss_strerror());
+		fprintf(stderr, "play: cannot detach %s: %s\n", path, abiss_strerror());
 		return 1;
 	}
 	return 0;

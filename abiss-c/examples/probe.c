@@ -1,11 +1,15 @@
 /*
  * probe - exercise the abiss C API on one file, for tests and for checking a setup.
  *
- *   probe FILE MODE BYTERATE [APP_BUFFER]
- *       Opens FILE with abiss_fopen(). On failure prints
+ *   probe [--preroll N] [--flags N] [--hold] FILE MODE BYTERATE [APP_BUFFER]
+ *       Opens FILE with abiss_fopen(), or with --preroll or --flags with abiss_fopen_opts()
+ *       (those options, APP_BUFFER as app_buffer). On failure prints
  *           probe: errno=22 message=<abiss_strerror()>
- *       and exits 3. On success checks abiss_fread/abiss_ftell/abiss_fseek/abiss_feof/
- *       abiss_position/abiss_stream_id on the stream, closes it and prints
+ *       and exits 3. With --hold, prints
+ *           probe: opened stream=3
+ *       and waits until its standard input is closed, so that the caller can look at the
+ *       stream as the open left it. Then checks abiss_fread/abiss_ftell/abiss_fseek/
+ *       abiss_feof/abiss_position/abiss_stream_id on the stream, closes it and prints
  *           probe: stream=3 size=8388608 ok
  *       exiting 0, or 1 if a check fails.
  *   probe --null
@@ -47,6 +51,8 @@ static int null_arguments(void)
 
 	EXPECT_EINVAL(abiss_fopen(NULL, "r", 1000, 0), == NULL);
 	EXPECT_EINVAL(abiss_fopen("/etc/hostname", NULL, 1000, 0), == NULL);
+	EXPECT_EINVAL(abiss_fopen_opts(NULL, "r", 1000, NULL), == NULL);
+	EXPECT_EINVAL(abiss_fopen_opts("/etc/hostname", NULL, 1000, NULL), == NULL);
 	EXPECT_EINVAL(abiss_fread(buffer, 1, sizeof(buffer), NULL), == 0);
 	EXPECT_EINVAL(abiss_fseek(NULL, 0, SEEK_SET), == -1);
 	EXPECT_EINVAL(abiss_ftell(NULL), == -1);
@@ -102,24 +108,55 @@ static void stream_checks(ABISS_FILE *fp)
 
 int main(int argc, char **argv)
 {
-	long rate, app_buffer = 0;
+	struct abiss_options opts = ABISS_OPTIONS_INIT;
+	int use_opts = 0, hold = 0;
+	long rate;
 	ABISS_FILE *fp;
 
 	if (argc == 2 && strcmp(argv[1], "--null") == 0)
 		return null_arguments();
+	/* Values are passed on unchecked: refusing them is the library's job. */
+	while (argc >= 3 && strncmp(argv[1], "--", 2) == 0) {
+		if (strcmp(argv[1], "--hold") == 0) {
+			hold = 1;
+			argc -= 1;
+			argv += 1;
+		} else if (strcmp(argv[1], "--preroll") == 0) {
+			opts.preroll = strtol(argv[2], NULL, 10);
+			use_opts = 1;
+			argc -= 2;
+			argv += 2;
+		} else if (strcmp(argv[1], "--flags") == 0) {
+			opts.flags = strtoul(argv[2], NULL, 0);
+			use_opts = 1;
+			argc -= 2;
+			argv += 2;
+		} else {
+			break;
+		}
+	}
 	if (argc < 4 || argc > 5) {
-		fprintf(stderr, "usage: %s FILE MODE BYTERATE [APP_BUFFER] | %s --null\n", argv[0],
-			argv[0]);
+		fprintf(stderr, "usage: probe [--preroll N] [--flags N] [--hold] FILE MODE BYTERATE "
+				"[APP_BUFFER] | probe --null\n");
 		return 2;
 	}
 	rate = strtol(argv[3], NULL, 10);
 	if (argc == 5)
-		app_buffer = strtol(argv[4], NULL, 10);
+		opts.app_buffer = strtol(argv[4], NULL, 10);
 
-	fp = abiss_fopen(argv[1], argv[2], rate, app_buffer);
+	if (use_opts)
+		fp = abiss_fopen_opts(argv[1], argv[2], rate, &opts);
+	else
+		fp = abiss_fopen(argv[1], argv[2], rate, opts.app_buffer);
 	if (fp == NULL) {
 		printf("probe: errno=%d message=%s\n", errno, abiss_strerror());
 		return 3;
+	}
+	if (hold) {
+		printf("probe: opened stream=%ld\n", abiss_stream_id(fp));
+		fflush(stdout);
+		while (getchar() != EOF)
+			;
 	}
 	stream_checks(fp);
 	check(abiss_fclose(fp) == 0, "abiss_fclose");

@@ -12,9 +12,12 @@
  * -lm). The daemon's socket is taken from the ABISS_SOCKET environment variable, else
  * /run/abiss/abiss.sock. Files must be on a disk abissd manages (abissd --device).
  *
- * Units: byterate and app_buffer are plain integers, in bytes per second and bytes: 1 MB/s is
- * 1000000, 1 MiB/s is 1048576 (what abissctl reads as "1MiB/s" or "1M/s"), 8 Mbit/s is 1000000.
- * No function takes a rate or a size as text.
+ * abiss_fopen_opts() is abiss_fopen() with a struct abiss_options for what the slides' call
+ * has no argument for: a start-up preroll (abissctl attach --preroll).
+ *
+ * Units: byterate, app_buffer and preroll are plain integers, in bytes per second and bytes:
+ * 1 MB/s is 1000000, 1 MiB/s is 1048576 (what abissctl reads as "1MiB/s" or "1M/s"), 8 Mbit/s
+ * is 1000000. No function takes a rate or a size as text.
  *
  * Errors: every function returns its documented error value and sets errno; the one-sentence
  * reason is available from abiss_strerror() on the same thread. NULL pointers and arguments
@@ -66,6 +69,67 @@ typedef struct abiss_file ABISS_FILE;
  *                 protocol version
  */
 ABISS_FILE *abiss_fopen(const char *path, const char *mode, long byterate, long app_buffer);
+
+/* The largest preroll abissd loads at a stream's start: 64 MiB. */
+#define ABISS_MAX_PREROLL (64L * 1024L * 1024L)
+
+/*
+ * Options of abiss_fopen_opts(). Initialise every instance with ABISS_OPTIONS_INIT, which sets
+ * size and gives every option its default, then set the fields you need:
+ *
+ *     struct abiss_options opts = ABISS_OPTIONS_INIT;
+ *     opts.preroll = 6L * 1024L * 1024L;
+ *     fp = abiss_fopen_opts(path, "r", 1100000L, &opts);
+ *
+ * (or memset() it to 0 and set size to sizeof(struct abiss_options)). Later versions of this
+ * header may add fields at the end, never change or move these: size tells the library which
+ * version the program was compiled with, so an old program keeps working with a newer library
+ * (the fields it does not know take their defaults), and a program that sets a field an older
+ * library does not know fails with E2BIG instead of silently getting less. There is no
+ * initialising function on purpose: the library could only fill in its own, possibly larger,
+ * struct. Every field is a size_t, long or unsigned long, so the struct has no padding.
+ */
+struct abiss_options {
+	/* sizeof(struct abiss_options), as ABISS_OPTIONS_INIT sets it. */
+	size_t size;
+	/* Playout buffer in bytes, as abiss_fopen()'s app_buffer: 0 (the default) for
+	 * ABISS_DEFAULT_APP_BUFFER, else at least 160 KiB and at most 1 GiB. */
+	long app_buffer;
+	/* Bytes of the file's head that abissd loads at once when the stream starts, beyond the
+	 * playout buffer and outside the byterate: what a player reads before it plays (its
+	 * start-up probe). Locked in memory until the reader passes it, and released when it
+	 * seeks away before that. 0 (the default) for none, at most ABISS_MAX_PREROLL; more than
+	 * the file loads the whole file. Read streams only: a recording reads nothing ahead. It
+	 * comes out of the user's start-up allowance (a smaller one is loaded when that is
+	 * short) and counts against abissd's locked-memory budgets while it is locked. */
+	long preroll;
+	/* Room for ABISS_* flags, none defined yet: 0 (the default); a set bit fails with
+	 * EINVAL. */
+	unsigned long flags;
+};
+
+/* Initialiser of a struct abiss_options: this header's size, every option at its default. */
+#define ABISS_OPTIONS_INIT { sizeof(struct abiss_options), 0L, 0L, 0UL }
+
+/*
+ * abiss_fopen() with options: opens path as mode ("r", "w" or "a", as for abiss_fopen()) and
+ * attaches it at byterate bytes per second with the playout buffer and preroll of opts. NULL
+ * opts means every option at its default, the same as abiss_fopen(path, mode, byterate, 0).
+ * The options are checked before the file is touched: when this library refuses them (the
+ * EINVAL and E2BIG cases below that are not the daemon's), nothing is attached, and a
+ * recording's file is neither created nor truncated.
+ *
+ * Returns the stream, or NULL with errno set: as abiss_fopen(), and
+ *   EINVAL  opts->size is smaller than the first struct abiss_options or not set (above
+ *           4096), app_buffer < 0, preroll < 0, preroll > 0 with mode "w" or "a", flags has a
+ *           bit this library does not know, or the daemon refused the request (e.g. preroll
+ *           > ABISS_MAX_PREROLL, app_buffer out of range);
+ *   E2BIG   opts is a later version's struct that sets fields this library does not know;
+ *   EBUSY   as for abiss_fopen(), and when the preroll does not fit in abissd's locked-memory
+ *           budgets next to the other streams.
+ */
+ABISS_FILE *abiss_fopen_opts(const char *path, const char *mode, long byterate,
+			     const struct abiss_options *opts);
 
 /*
  * Reads up to nmemb items of size bytes into ptr, as fread(3), and tells the daemon the new

@@ -17,7 +17,7 @@
 //!
 //! | concern | module |
 //! | --- | --- |
-//! | the `extern "C"` entry points (`abiss_fopen` … `abiss_strerror`) | crate root (`lib.rs`) |
+//! | the `extern "C"` entry points (`abiss_fopen` … `abiss_strerror`) and `struct abiss_options` ([`AbissOptions`]) | crate root (`lib.rs`) |
 //! | the handle behind `ABISS_FILE`: stdio's position, end-of-file and error state ([`AbissStdioFile`]) | `stream` |
 //! | how a failure reaches C: `errno` and the per-thread message | `failure` |
 //! | the entry points without a daemon: argument checks, NULL handles, errno (tests only) | `tests` |
@@ -26,12 +26,98 @@
 mod failure;
 mod stream;
 
-use std::ffi::{c_char, c_int, c_long, c_void, CStr};
+use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr};
 
 use abiss_client::Client;
 
 use crate::failure::{entry_point, Failure};
+use crate::stream::OpenOptions;
 pub use crate::stream::{AbissStdioFile, DEFAULT_APP_BUFFER_BYTES};
+
+/// `struct abiss_options` of `abiss.h`: what [`abiss_fopen_opts`] asks for beyond the path,
+/// mode and rate. Every field is a `size_t`, `long` or `unsigned long`, so the struct has no
+/// padding on Linux's ILP32 and LP64 ABIs: no uninitialised bytes a later version could
+/// mistake for a field it added.
+///
+/// Versions: `size` is the size of the struct the caller was compiled with
+/// (`ABISS_OPTIONS_INIT` sets it). A later library that adds fields at the end reads the
+/// fields `size` covers and takes the defaults for the others; this one refuses a larger
+/// struct whose extra bytes are not all zero (`E2BIG`), since it cannot do what they ask.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AbissOptions {
+    /// `sizeof(struct abiss_options)` as the caller's header declared it.
+    pub size: usize,
+    /// Playout buffer in bytes, 0 for [`DEFAULT_APP_BUFFER_BYTES`] (`abiss_fopen`'s
+    /// `app_buffer`).
+    pub app_buffer: c_long,
+    /// Bytes of the file's head loaded at once when a read stream starts, beyond the buffer
+    /// (a player's start-up probe); 0 for none.
+    pub preroll: c_long,
+    /// `ABISS_*` flags; none is defined yet, so it must be 0.
+    pub flags: c_ulong,
+}
+
+impl Default for AbissOptions {
+    /// `ABISS_OPTIONS_INIT`: this version's size, every option at its default.
+    fn default() -> Self {
+        Self {
+            size: OPTIONS_SIZE_V1,
+            app_buffer: 0,
+            preroll: 0,
+            flags: 0,
+        }
+    }
+}
+
+/// The size of the first published `struct abiss_options`: nothing smaller is one.
+const OPTIONS_SIZE_V1: usize = std::mem::size_of::<AbissOptions>();
+
+/// The largest `size` taken for a struct of a later version; a larger one is a struct whose
+/// `size` was never set (not initialised with `ABISS_OPTIONS_INIT`), and reading that far
+/// past it could fault.
+const OPTIONS_SIZE_MAX: usize = 4096;
+
+/// The options behind `opts`, NULL meaning the defaults, checked for their size (see
+/// [`AbissOptions`]); their values are checked by `stream::open`.
+///
+/// # Safety
+/// `opts` is NULL or points to a `struct abiss_options` whose `size` bytes are readable.
+unsafe fn read_options(opts: *const AbissOptions) -> Result<OpenOptions, Failure> {
+    if opts.is_null() {
+        return Ok(OpenOptions::default());
+    }
+    // SAFETY: a non-NULL opts starts with its size field; only that field is read here.
+    let size = unsafe { std::ptr::addr_of!((*opts).size).read() };
+    if !(OPTIONS_SIZE_V1..=OPTIONS_SIZE_MAX).contains(&size) {
+        return Err(Failure::invalid(format!(
+            "the options' size is {size}, not that of a struct abiss_options ({OPTIONS_SIZE_V1} bytes here); initialise them with ABISS_OPTIONS_INIT"
+        )));
+    }
+    // SAFETY: the caller's struct has `size` readable bytes, at least this version's.
+    let (options, later) = unsafe {
+        (
+            opts.read(),
+            std::slice::from_raw_parts(
+                opts.cast::<u8>().add(OPTIONS_SIZE_V1),
+                size - OPTIONS_SIZE_V1,
+            ),
+        )
+    };
+    if later.iter().any(|&byte| byte != 0) {
+        return Err(Failure::new(
+            libc::E2BIG,
+            format!(
+                "the options ({size} bytes) set fields this libabiss ({OPTIONS_SIZE_V1} bytes) does not know; link a newer libabiss or leave those fields 0"
+            ),
+        ));
+    }
+    Ok(OpenOptions {
+        app_buffer: long(options.app_buffer),
+        preroll: long(options.preroll),
+        flags: ulong(options.flags),
+    })
+}
 
 /// A C `long` as `i64`.
 #[allow(
@@ -40,6 +126,15 @@ pub use crate::stream::{AbissStdioFile, DEFAULT_APP_BUFFER_BYTES};
 )]
 fn long(value: c_long) -> i64 {
     i64::from(value)
+}
+
+/// A C `unsigned long` as `u64`.
+#[allow(
+    clippy::useless_conversion,
+    reason = "unsigned long is u64 here but u32 on 32-bit targets"
+)]
+fn ulong(value: c_ulong) -> u64 {
+    u64::from(value)
 }
 
 /// The handle behind a non-NULL `fp`, or `EINVAL`.
@@ -88,7 +183,7 @@ unsafe fn c_string<'a>(text: *const c_char, name: &str) -> Result<&'a CStr, Fail
 /// `app_buffer` bytes (0: [`DEFAULT_APP_BUFFER_BYTES`]); or, with "w" (truncate) or "a"
 /// (append), opens it for writing, created if missing, as a recording whose dirty pages abissd
 /// writes back `app_buffer` behind the writer ([`abiss_fwrite`]). Returns NULL with `errno` set
-/// on failure.
+/// on failure. [`abiss_fopen_opts`] with only `app_buffer` set.
 ///
 /// # Safety
 /// `path` and `mode` are NULL or NUL-terminated strings.
@@ -99,16 +194,40 @@ pub unsafe extern "C" fn abiss_fopen(
     byterate: c_long,
     app_buffer: c_long,
 ) -> *mut AbissStdioFile {
+    let options = AbissOptions {
+        app_buffer,
+        ..AbissOptions::default()
+    };
+    // SAFETY: the caller passes NULL or NUL-terminated strings; the options are this
+    // version's struct.
+    unsafe { abiss_fopen_opts(path, mode, byterate, &raw const options) }
+}
+
+/// [`abiss_fopen`] with the options of a `struct abiss_options` ([`AbissOptions`]; NULL for
+/// the defaults): the buffer, a start-up preroll for a read stream, flags. Returns NULL with
+/// `errno` set on failure.
+///
+/// # Safety
+/// `path` and `mode` are NULL or NUL-terminated strings; `opts` is NULL or points to a
+/// `struct abiss_options` whose `size` bytes are readable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn abiss_fopen_opts(
+    path: *const c_char,
+    mode: *const c_char,
+    byterate: c_long,
+    opts: *const AbissOptions,
+) -> *mut AbissStdioFile {
     entry_point(std::ptr::null_mut(), || {
-        // SAFETY: the caller passes NULL or NUL-terminated strings.
-        let (path, mode) = unsafe { (c_string(path, "path")?, c_string(mode, "mode")?) };
-        let file = stream::open(
-            path,
-            mode,
-            long(byterate),
-            long(app_buffer),
-            Client::connect_default,
-        )?;
+        // SAFETY: the caller passes NULL or NUL-terminated strings, and NULL or options of
+        // their declared size.
+        let (path, mode, options) = unsafe {
+            (
+                c_string(path, "path")?,
+                c_string(mode, "mode")?,
+                read_options(opts)?,
+            )
+        };
+        let file = stream::open(path, mode, long(byterate), options, Client::connect_default)?;
         Ok(Box::into_raw(Box::new(file)))
     })
 }
@@ -306,7 +425,7 @@ pub unsafe extern "C" fn abiss_fclose(fp: *mut AbissStdioFile) -> c_int {
         if fp.is_null() {
             return Err(Failure::invalid("the ABISS_FILE pointer is NULL"));
         }
-        // SAFETY: fp came from Box::into_raw in abiss_fopen and is given back exactly once.
+        // SAFETY: fp came from Box::into_raw in abiss_fopen_opts and is given back exactly once.
         let file = unsafe { Box::from_raw(fp) };
         file.close()?;
         Ok(0)

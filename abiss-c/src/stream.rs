@@ -37,15 +37,39 @@ enum Mode {
     Write { append: bool },
 }
 
-/// `abiss_fopen`'s checks and the attach. Everything that can be decided locally is, before
-/// the daemon is asked, so a wrong path or mode fails with the precise `errno`.
+/// What `abiss_fopen` and `abiss_fopen_opts` ask for beyond the path, mode and rate: the
+/// fields of `struct abiss_options` (`abiss_fopen` gives only `app_buffer`), still as C gave
+/// them, so that [`open`] checks them all in one place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OpenOptions {
+    /// Playout buffer in bytes, 0 for the default.
+    pub(crate) app_buffer: i64,
+    /// Bytes of the file's head to load at once at the start, 0 for none.
+    pub(crate) preroll: i64,
+    /// `ABISS_*` flags; none is defined yet.
+    pub(crate) flags: u64,
+}
+
+/// The flags `struct abiss_options` may carry. None yet: every set bit is refused, so a
+/// program that asks for an option this library does not have learns it (`EINVAL`) instead
+/// of being silently given less.
+const KNOWN_FLAGS: u64 = 0;
+
+/// `abiss_fopen`'s and `abiss_fopen_opts`'s checks and the attach. Everything that can be
+/// decided locally is, before the daemon is asked and before a recording's file is created,
+/// so a wrong path, mode or option fails with the precise `errno` and leaves nothing behind.
 pub(crate) fn open(
     path: &CStr,
     mode: &CStr,
     byterate: i64,
-    app_buffer: i64,
+    options: OpenOptions,
     connect: impl FnOnce() -> Result<Client, ClientError>,
 ) -> Result<AbissStdioFile, Failure> {
+    let OpenOptions {
+        app_buffer,
+        preroll,
+        flags,
+    } = options;
     let mode = check_mode(mode)?;
     let rate = u64::try_from(byterate)
         .ok()
@@ -64,9 +88,30 @@ pub(crate) fn open(
             )))
         }
     };
+    let preroll = match u64::try_from(preroll) {
+        Ok(0) => None,
+        Ok(_) if mode != Mode::Read => {
+            return Err(Failure::invalid(format!(
+                "a recording has no preroll (it reads nothing ahead), but a preroll of {preroll} bytes was given; give preroll 0 with \"w\" or \"a\""
+            )))
+        }
+        Ok(bytes) => Some(ByteSize(bytes)),
+        Err(_) => {
+            return Err(Failure::invalid(format!(
+                "a preroll of {preroll} bytes is negative; give 0 for none"
+            )))
+        }
+    };
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(Failure::invalid(format!(
+            "flags {:#x} are unknown to this libabiss; leave the options' flags at 0",
+            flags & !KNOWN_FLAGS
+        )));
+    }
     let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
     check_file(path, mode)?;
-    let options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
+    let mut options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
+    options.preroll = preroll;
     let file = match mode {
         Mode::Read => AbissFile::open_with(connect()?, path, &options)?,
         Mode::Write { append } => AbissFile::record_with(connect()?, path, &options, append)?,

@@ -1,8 +1,9 @@
 //! The C entry points without a daemon: argument checks, NULL handles, errno and messages.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, CStr, CString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 
 use abiss_client::Client;
 
@@ -36,11 +37,25 @@ fn fopen_failure(path: &CStr, mode: &CStr, byterate: c_long, app_buffer: c_long)
     (errno(), message())
 }
 
+/// `abiss_fopen_opts` at 1 MB/s with Rust strings; the errno and message of a failure.
+fn fopen_opts_failure(path: &CStr, mode: &CStr, opts: *const AbissOptions) -> (i32, String) {
+    set_errno(0);
+    // SAFETY: NUL-terminated strings; opts is NULL or points to at least its size's bytes.
+    let fp = unsafe { abiss_fopen_opts(path.as_ptr(), mode.as_ptr(), 1_000_000, opts) };
+    assert!(
+        fp.is_null(),
+        "abiss_fopen_opts({path:?}, {mode:?}) succeeded"
+    );
+    (errno(), message())
+}
+
 /// `stream::open` against a socket where no daemon runs.
 fn open_without_daemon(path: &CStr) -> Failure {
     let socket = Path::new("/nonexistent-abiss-test/abiss.sock");
-    stream::open(path, c"r", 1_000_000, 0, || Client::connect(socket))
-        .expect_err("no daemon, so no stream")
+    stream::open(path, c"r", 1_000_000, OpenOptions::default(), || {
+        Client::connect(socket)
+    })
+    .expect_err("no daemon, so no stream")
 }
 
 #[test]
@@ -58,6 +73,13 @@ fn null_pointers_fail_with_einval() {
         assert!(abiss_fopen(c"/etc/hostname".as_ptr(), std::ptr::null(), 1000, 0).is_null());
         assert_eq!(errno(), libc::EINVAL);
         assert!(message().contains("mode pointer is NULL"), "{}", message());
+        let options = AbissOptions::default();
+        set_errno(0);
+        assert!(
+            abiss_fopen_opts(std::ptr::null(), c"r".as_ptr(), 1000, &raw const options).is_null()
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(message().contains("path pointer is NULL"), "{}", message());
         let calls: [(&str, Call<'_>, i64); 8] = [
             (
                 "abiss_fread",
@@ -122,6 +144,110 @@ fn rates_and_buffers_out_of_range_fail_with_einval() {
     let (errno, message) = fopen_failure(c"/etc/hostname", c"r", 1_000_000, -1);
     assert_eq!(errno, libc::EINVAL);
     assert!(message.contains("negative"), "{message}");
+}
+
+#[test]
+fn options_out_of_range_fail_with_einval_before_the_file_is_touched() {
+    // The file is missing: were it looked at first, these would fail with ENOENT.
+    let missing = c"/nonexistent-abiss-test";
+    let cases = [
+        (-1, 0, 0, "app_buffer of -1 bytes is negative"),
+        (0, -1, 0, "preroll of -1 bytes is negative"),
+        (0, c_long::MIN, 0, "is negative"),
+        (0, 0, 1, "flags 0x1 are unknown"),
+        (0, 0, 1 << (c_ulong::BITS - 1), "are unknown"),
+    ];
+    for (app_buffer, preroll, flags, words) in cases {
+        let options = AbissOptions {
+            app_buffer,
+            preroll,
+            flags,
+            ..AbissOptions::default()
+        };
+        let (errno, message) = fopen_opts_failure(missing, c"r", &raw const options);
+        assert_eq!(errno, libc::EINVAL, "{options:?}: {message}");
+        assert!(message.contains(words), "{options:?}: {message}");
+    }
+    // A recording has no preroll: refused before its file is created.
+    let path = std::env::temp_dir().join(format!("abiss-c-preroll-{}", std::process::id()));
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("no NUL");
+    for mode in [c"w", c"a", c"wb"] {
+        let options = AbissOptions {
+            preroll: 1 << 20,
+            ..AbissOptions::default()
+        };
+        let (errno, message) = fopen_opts_failure(&c_path, mode, &raw const options);
+        assert_eq!(errno, libc::EINVAL, "{mode:?}: {message}");
+        assert!(
+            message.contains("recording has no preroll"),
+            "{mode:?}: {message}"
+        );
+        assert!(!path.exists(), "{mode:?} created {}", path.display());
+    }
+}
+
+/// A `struct abiss_options` of a later version, with two fields added.
+#[repr(C)]
+struct Later {
+    options: AbissOptions,
+    added: [c_long; 2],
+}
+
+#[test]
+fn the_options_size_tells_their_version() {
+    // The layout abiss.h declares: four words, no padding.
+    assert_eq!(OPTIONS_SIZE_V1, 4 * std::mem::size_of::<usize>());
+    assert_eq!(
+        std::mem::offset_of!(AbissOptions, app_buffer),
+        OPTIONS_SIZE_V1 / 4
+    );
+    assert_eq!(
+        std::mem::offset_of!(AbissOptions, preroll),
+        OPTIONS_SIZE_V1 / 2
+    );
+    assert_eq!(
+        std::mem::offset_of!(AbissOptions, flags),
+        OPTIONS_SIZE_V1 / 4 * 3
+    );
+    // Past the options, the missing file is what fails.
+    let missing = c"/nonexistent-abiss-test";
+    let (errno, message) = fopen_opts_failure(missing, c"r", null());
+    assert_eq!(
+        errno,
+        libc::ENOENT,
+        "NULL options are the defaults: {message}"
+    );
+    let (errno, message) = fopen_opts_failure(missing, c"r", &AbissOptions::default());
+    assert_eq!(errno, libc::ENOENT, "{message}");
+    for size in [0, 8, OPTIONS_SIZE_V1 - 1, OPTIONS_SIZE_MAX + 1, usize::MAX] {
+        let options = AbissOptions {
+            size,
+            ..AbissOptions::default()
+        };
+        let (errno, message) = fopen_opts_failure(missing, c"r", &raw const options);
+        assert_eq!(errno, libc::EINVAL, "size {size}: {message}");
+        assert!(message.contains("ABISS_OPTIONS_INIT"), "{message}");
+    }
+    // A later version's struct: its own fields are read, and its new ones must be zero.
+    let mut later = Later {
+        options: AbissOptions {
+            size: std::mem::size_of::<Later>(),
+            ..AbissOptions::default()
+        },
+        added: [0, 0],
+    };
+    let opts = |later: &Later| std::ptr::from_ref(later).cast::<AbissOptions>();
+    let (errno, message) = fopen_opts_failure(missing, c"r", opts(&later));
+    assert_eq!(errno, libc::ENOENT, "{message}");
+    later.options.preroll = -1;
+    let (errno, message) = fopen_opts_failure(missing, c"r", opts(&later));
+    assert_eq!(errno, libc::EINVAL, "{message}");
+    assert!(message.contains("preroll of -1"), "{message}");
+    later.options.preroll = 0;
+    later.added[1] = 1;
+    let (errno, message) = fopen_opts_failure(missing, c"r", opts(&later));
+    assert_eq!(errno, libc::E2BIG, "{message}");
+    assert!(message.contains("does not know"), "{message}");
 }
 
 #[test]

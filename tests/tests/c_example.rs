@@ -1,14 +1,15 @@
 //! The C API (`abiss-c`: `libabiss.so` with `include/abiss.h`) from real C programs: the
 //! example player `play.c` reads a file on a managed loop device at its byterate, and
 //! `probe.c` checks the API's errors (errno and message) and stdio semantics against a real
-//! abissd.
+//! abissd, and the options of `abiss_fopen_opts` (a preroll) as the daemon applies them.
 //!
 //! The programs are compiled here with `cc` against the freshly built library. Tests that
 //! create loop devices take [`SERIAL`]: the fixtures name their scratch directories by
 //! process id, so two at once in one process would share an image.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use abiss_proto::{Request, Response};
 use abiss_tests::{
-    abiss_c_library, compile_c_example, require_root, workspace, Daemon, Ext4Mount, LoopDevice,
-    Scratch,
+    abiss_c_library, compile_c_example, require_root, resident_bytes, wait_until, workspace,
+    Daemon, Ext4Mount, LoopDevice, Scratch,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -267,6 +268,169 @@ fn fopen_fails_with_errno_and_a_sentence() {
     assert_eq!(streams(&daemon), 0, "the stream outlived abiss_fclose");
 }
 
+/// `abiss_fopen_opts` with a preroll: abissd loads and locks the file's head beyond the
+/// buffer at once (at 1 MB/s the 8 MiB would take 8 s), and a second preroll that does not fit
+/// in the locked-memory budget next to it is refused with `EBUSY`, attaching nothing.
+#[test]
+fn fopen_opts_prerolls_the_head_of_the_file() {
+    require_root!();
+    let _serial = serial();
+    let programs = Programs::build("c-preroll-programs");
+    let mount = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(mount.device().path(), &["--locked-memory", "16MiB"]);
+    let path = mount.path().join("movie.ts");
+    write_cold_file(&path, 12 << 20);
+    let file = File::open(&path).expect("open the file");
+    let path_text = path.to_str().expect("a UTF-8 path");
+    let socket = daemon.socket();
+    let preroll: u64 = 8 << 20;
+
+    let preroll_text = preroll.to_string();
+    let mut command = programs.command("probe", socket);
+    command.args([
+        "--preroll",
+        preroll_text.as_str(),
+        "--hold",
+        path_text,
+        "r",
+        "1000000",
+    ]);
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn probe");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("probe's stdout"))
+        .read_line(&mut line)
+        .expect("read probe's first line");
+    let id: u64 = line
+        .trim()
+        .strip_prefix("probe: opened stream=")
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("probe did not open the file: {line}"));
+    let stream = || daemon.streams().into_iter().find(|s| s.id == id);
+    let locked = || stream().map_or(0, |s| s.locked_bytes);
+    let started = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(3), || locked() == preroll),
+        "the 8 MiB preroll locked at once ({} bytes locked after {:?})",
+        locked(),
+        started.elapsed()
+    );
+    assert_eq!(resident_bytes(&file, 0, preroll), preroll);
+    let info = stream().expect("the stream");
+    assert_eq!(
+        info.buffer.0,
+        abiss_proto::DEFAULT_BUFFER_BYTES,
+        "app_buffer 0 is the default buffer, the preroll lies beyond it"
+    );
+
+    // 8 MiB locked + 12 MiB do not fit in 16 MiB.
+    let (errno, message) = probe_failure(
+        &programs,
+        socket,
+        &["--preroll", "12582912", path_text, "r", "1000000"],
+    );
+    assert_eq!(errno, libc::EBUSY, "{message}");
+    assert!(message.contains("abissd may lock"), "{message}");
+    assert_eq!(streams(&daemon), 1, "the refused stream was attached");
+
+    // Closing probe's stdin lets it check the stream and close it.
+    drop(child.stdin.take());
+    let output = child.wait_with_output().expect("probe");
+    assert!(
+        output.status.success(),
+        "probe after the preroll: {} {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(streams(&daemon), 0, "the stream outlived abiss_fclose");
+
+    // The example player's --preroll.
+    let mut command = programs.command("play", socket);
+    command.args(["--preroll", "2097152", path_text, "4000000"]);
+    let output = run(command, Duration::from_secs(30));
+    assert!(
+        output.status.success(),
+        "play --preroll: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(number(&fields(&output, "play:"), "bytes"), 12 << 20);
+}
+
+/// `abiss_fopen_opts` refuses options out of range with `EINVAL` and a sentence, attaching
+/// nothing; a recording given a preroll is refused before its file is created or truncated.
+#[test]
+fn fopen_opts_refuses_options_out_of_range() {
+    require_root!();
+    let _serial = serial();
+    let programs = Programs::build("c-options-programs");
+    let mount = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(mount.device().path(), &[]);
+    let file = mount.path().join("clip.ts");
+    write_cold_file(&file, 1 << 20);
+    let recording = mount.path().join("recording.ts");
+    let socket = daemon.socket();
+    let file_text = file.to_str().expect("a UTF-8 path");
+    let recording_text = recording.to_str().expect("a UTF-8 path");
+
+    let cases: [(&[&str], &str); 8] = [
+        (&["--preroll", "-1", file_text, "r", "1000000"], "negative"),
+        (
+            &["--preroll", "1048576", recording_text, "w", "1000000"],
+            "recording has no preroll",
+        ),
+        (
+            &["--preroll", "1048576", recording_text, "a", "1000000"],
+            "recording has no preroll",
+        ),
+        // An existing file given "w": not truncated.
+        (
+            &["--preroll", "1", file_text, "w", "1000000"],
+            "recording has no preroll",
+        ),
+        (&["--flags", "1", file_text, "r", "1000000"], "unknown"),
+        (&["--flags", "0x80", file_text, "w", "1000000"], "unknown"),
+        // Refused by the daemon: more than it loads ahead, a buffer under two batches.
+        (
+            &["--preroll", "67108865", file_text, "r", "1000000"],
+            "more than the",
+        ),
+        (
+            &["--preroll", "0", file_text, "r", "1000000", "4096"],
+            "smaller than two batches",
+        ),
+    ];
+    for (args, words) in cases {
+        let (errno, message) = probe_failure(&programs, socket, args);
+        assert_eq!(errno, libc::EINVAL, "probe {args:?}: {message}");
+        assert!(message.contains(words), "probe {args:?}: {message}");
+        assert_eq!(streams(&daemon), 0, "probe {args:?} attached a stream");
+    }
+    assert!(!recording.exists(), "a refused recording created its file");
+    assert_eq!(
+        std::fs::metadata(&file).expect("the file").len(),
+        1 << 20,
+        "a refused recording truncated its file"
+    );
+    // Options in range: the whole probe passes through abiss_fopen_opts.
+    let mut command = programs.command("probe", socket);
+    command
+        .args(["--preroll", "0", "--flags", "0"])
+        .arg(&file)
+        .args(["r", "1000000", "0"]);
+    let output = run(command, Duration::from_secs(10));
+    assert!(
+        output.status.success(),
+        "probe with default options: {} {}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(streams(&daemon), 0, "the stream outlived abiss_fclose");
+}
+
 #[test]
 fn null_arguments_and_a_missing_daemon_fail_cleanly() {
     let programs = Programs::build("c-null-programs");
@@ -297,7 +461,9 @@ fn header_compiles_as_cpp() {
         &source,
         "#include \"abiss.h\"\n\
          int main() { ABISS_FILE *fp = abiss_fopen(nullptr, \"r\", 1, 0); \
-         return fp == nullptr && abiss_strerror() != nullptr ? 0 : 1; }\n",
+         struct abiss_options opts = ABISS_OPTIONS_INIT; opts.preroll = 1; \
+         ABISS_FILE *with_opts = abiss_fopen_opts(nullptr, \"r\", 1, &opts); \
+         return fp == nullptr && with_opts == nullptr && abiss_strerror() != nullptr ? 0 : 1; }\n",
     )
     .expect("write source");
     let library = abiss_c_library();
