@@ -13,7 +13,8 @@
  * /run/abiss/abiss.sock. Files must be on a disk abissd manages (abissd --device).
  *
  * abiss_fopen_opts() is abiss_fopen() with a struct abiss_options for what the slides' call
- * has no argument for: a start-up preroll (abissctl attach --preroll).
+ * has no argument for: a start-up preroll (abissctl attach --preroll) and a buffer abissd
+ * sizes (ABISS_BUFFER_AUTO, abissctl attach --buffer auto).
  *
  * Units: byterate, app_buffer and preroll are plain integers, in bytes per second and bytes:
  * 1 MB/s is 1000000, 1 MiB/s is 1048576 (what abissctl reads as "1MiB/s" or "1M/s"), 8 Mbit/s
@@ -93,7 +94,9 @@ struct abiss_options {
 	/* sizeof(struct abiss_options), as ABISS_OPTIONS_INIT sets it. */
 	size_t size;
 	/* Playout buffer in bytes, as abiss_fopen()'s app_buffer: 0 (the default) for
-	 * ABISS_DEFAULT_APP_BUFFER, else at least 160 KiB and at most 1 GiB. */
+	 * ABISS_DEFAULT_APP_BUFFER, else at least 160 KiB and at most 1 GiB. With
+	 * ABISS_BUFFER_AUTO: the application's own part, which abissd adds to the size it
+	 * chooses (0 for none). */
 	long app_buffer;
 	/* Bytes of the file's head that abissd loads at once when the stream starts, beyond the
 	 * playout buffer and outside the byterate: what a player reads before it plays (its
@@ -103,10 +106,17 @@ struct abiss_options {
 	 * comes out of the user's start-up allowance (a smaller one is loaded when that is
 	 * short) and counts against abissd's locked-memory budgets while it is locked. */
 	long preroll;
-	/* Room for ABISS_* flags, none defined yet: 0 (the default); a set bit fails with
-	 * EINVAL. */
+	/* ABISS_* flags, or-ed: 0 (the default) for none; a bit this library does not know
+	 * fails with EINVAL. */
 	unsigned long flags;
 };
+
+/* Flag: abissd sizes the playout buffer (abissctl attach --buffer auto): twice the rate over
+ * the real-time latency its disk shows, grown as that latency grows, and on a disk with a
+ * model as large as the disk's admission needs to take the stream next to the others
+ * (larger loads, fewer seeks), within abissd's locked-memory budgets. app_buffer is then the
+ * application's own part on top. Read streams only: with "w" or "a" it fails with EINVAL. */
+#define ABISS_BUFFER_AUTO 0x1UL
 
 /* Initialiser of a struct abiss_options: this header's size, every option at its default. */
 #define ABISS_OPTIONS_INIT { sizeof(struct abiss_options), 0L, 0L, 0UL }
@@ -121,9 +131,9 @@ struct abiss_options {
  *
  * Returns the stream, or NULL with errno set: as abiss_fopen(), and
  *   EINVAL  opts->size is smaller than the first struct abiss_options or not set (above
- *           4096), app_buffer < 0, preroll < 0, preroll > 0 with mode "w" or "a", flags has a
- *           bit this library does not know, or the daemon refused the request (e.g. preroll
- *           > ABISS_MAX_PREROLL, app_buffer out of range);
+ *           4096), app_buffer < 0, preroll < 0, preroll > 0 or ABISS_BUFFER_AUTO with mode
+ *           "w" or "a", flags has a bit this library does not know, or the daemon refused
+ *           the request (e.g. preroll > ABISS_MAX_PREROLL, app_buffer out of range);
  *   E2BIG   opts is a later version's struct that sets fields this library does not know;
  *   EBUSY   as for abiss_fopen(), and when the preroll does not fit in abissd's locked-memory
  *           budgets next to the other streams.

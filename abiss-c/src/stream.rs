@@ -46,14 +46,17 @@ pub(crate) struct OpenOptions {
     pub(crate) app_buffer: i64,
     /// Bytes of the file's head to load at once at the start, 0 for none.
     pub(crate) preroll: i64,
-    /// `ABISS_*` flags; none is defined yet.
+    /// `ABISS_*` flags.
     pub(crate) flags: u64,
 }
 
-/// The flags `struct abiss_options` may carry. None yet: every set bit is refused, so a
-/// program that asks for an option this library does not have learns it (`EINVAL`) instead
-/// of being silently given less.
-const KNOWN_FLAGS: u64 = 0;
+/// `ABISS_BUFFER_AUTO`: abissd sizes the buffer; `app_buffer` is the application's own part.
+pub(crate) const BUFFER_AUTO: u64 = 0x1;
+
+/// The flags `struct abiss_options` may carry. Every other set bit is refused, so a program
+/// that asks for an option this library does not have learns it (`EINVAL`) instead of being
+/// silently given less.
+const KNOWN_FLAGS: u64 = BUFFER_AUTO;
 
 /// `abiss_fopen`'s and `abiss_fopen_opts`'s checks and the attach. Everything that can be
 /// decided locally is, before the daemon is asked and before a recording's file is created,
@@ -79,8 +82,15 @@ pub(crate) fn open(
                 "a byterate of {byterate} bytes/s is not positive; give the stream's rate in bytes per second"
             ))
         })?;
+    let buffer_auto = flags & BUFFER_AUTO != 0;
+    if buffer_auto && mode != Mode::Read {
+        return Err(Failure::invalid(
+            "a recording's buffer is what it keeps dirty, not sized by abissd: leave ABISS_BUFFER_AUTO out with \"w\" or \"a\"".to_owned(),
+        ));
+    }
     let buffer = match u64::try_from(app_buffer) {
-        Ok(0) => DEFAULT_APP_BUFFER_BYTES,
+        // With ABISS_BUFFER_AUTO, app_buffer is the application's own part, and 0 is none.
+        Ok(0) if !buffer_auto => DEFAULT_APP_BUFFER_BYTES,
         Ok(bytes) => bytes,
         Err(_) => {
             return Err(Failure::invalid(format!(
@@ -112,6 +122,7 @@ pub(crate) fn open(
     check_file(path, mode)?;
     let mut options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
     options.preroll = preroll;
+    options.buffer_auto = buffer_auto;
     let file = match mode {
         Mode::Read => AbissFile::open_with(connect()?, path, &options)?,
         Mode::Write { append } => AbissFile::record_with(connect()?, path, &options, append)?,

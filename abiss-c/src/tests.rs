@@ -154,7 +154,8 @@ fn options_out_of_range_fail_with_einval_before_the_file_is_touched() {
         (-1, 0, 0, "app_buffer of -1 bytes is negative"),
         (0, -1, 0, "preroll of -1 bytes is negative"),
         (0, c_long::MIN, 0, "is negative"),
-        (0, 0, 1, "flags 0x1 are unknown"),
+        (0, 0, 2, "flags 0x2 are unknown"),
+        (0, 0, 3, "flags 0x2 are unknown"),
         (0, 0, 1 << (c_ulong::BITS - 1), "are unknown"),
     ];
     for (app_buffer, preroll, flags, words) in cases {
@@ -182,6 +183,15 @@ fn options_out_of_range_fail_with_einval_before_the_file_is_touched() {
             message.contains("recording has no preroll"),
             "{mode:?}: {message}"
         );
+        assert!(!path.exists(), "{mode:?} created {}", path.display());
+        // Nor a buffer abissd sizes.
+        let options = AbissOptions {
+            flags: 1,
+            ..AbissOptions::default()
+        };
+        let (errno, message) = fopen_opts_failure(&c_path, mode, &raw const options);
+        assert_eq!(errno, libc::EINVAL, "{mode:?}: {message}");
+        assert!(message.contains("ABISS_BUFFER_AUTO"), "{mode:?}: {message}");
         assert!(!path.exists(), "{mode:?} created {}", path.display());
     }
 }

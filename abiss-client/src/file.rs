@@ -30,6 +30,11 @@ pub struct StreamOptions {
     /// Load this much of the file's head at once at the start, beyond the buffer (a player's
     /// start-up probe); `None`: no more than the buffer.
     pub preroll: Option<ByteSize>,
+    /// abissd sizes the buffer (`abissctl attach --buffer auto`): from the real-time latency
+    /// its disk shows, and on a disk with a model as large as its admission needs, within the
+    /// locked-memory budgets; `buffer` is then the application's own part on top (0 for
+    /// none). Read streams only.
+    pub buffer_auto: bool,
 }
 
 impl StreamOptions {
@@ -45,7 +50,7 @@ impl StreamOptions {
             write,
             preallocate: false,
             preroll: if write { None } else { self.preroll },
-            buffer_auto: false,
+            buffer_auto: self.buffer_auto,
         }
     }
 
@@ -58,6 +63,7 @@ impl StreamOptions {
             batch_pages: DEFAULT_BATCH_PAGES,
             priority: DEFAULT_LEVEL,
             preroll: None,
+            buffer_auto: false,
         }
     }
 }

@@ -270,7 +270,8 @@ fn fopen_fails_with_errno_and_a_sentence() {
 
 /// `abiss_fopen_opts` with a preroll: abissd loads and locks the file's head beyond the
 /// buffer at once (at 1 MB/s the 8 MiB would take 8 s), and a second preroll that does not fit
-/// in the locked-memory budget next to it is refused with `EBUSY`, attaching nothing.
+/// in the locked-memory budget next to it is refused with `EBUSY`, attaching nothing. With
+/// `ABISS_BUFFER_AUTO` abissd sizes the buffer on top of the application's part.
 #[test]
 fn fopen_opts_prerolls_the_head_of_the_file() {
     require_root!();
@@ -358,6 +359,37 @@ fn fopen_opts_prerolls_the_head_of_the_file() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert_eq!(number(&fields(&output, "play:"), "bytes"), 12 << 20);
+
+    abissd_sizes_the_buffer(&programs, &daemon, path_text);
+}
+
+/// `ABISS_BUFFER_AUTO`: abissd sizes the buffer, and `app_buffer` is the application's part.
+fn abissd_sizes_the_buffer(programs: &Programs, daemon: &Daemon, path_text: &str) {
+    let socket = daemon.socket();
+    let mut command = programs.command("probe", socket);
+    command.args(["--flags", "1", "--hold", path_text, "r", "1000000", "65536"]);
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn probe");
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("probe's stdout"))
+        .read_line(&mut line)
+        .expect("read probe's first line");
+    assert!(line.starts_with("probe: opened stream="), "{line}");
+    let info = daemon.streams().pop().expect("the stream");
+    let auto = info.buffer_auto.clone().expect("an automatic buffer");
+    assert_eq!(auto.app_bytes, 65536, "{auto:?}");
+    assert!(info.buffer.0 > 65536, "{info:?}");
+    drop(child.stdin.take());
+    let output = child.wait_with_output().expect("probe");
+    assert!(
+        output.status.success(),
+        "probe with ABISS_BUFFER_AUTO: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 /// `abiss_fopen_opts` refuses options out of range with `EINVAL` and a sentence, attaching
@@ -376,7 +408,7 @@ fn fopen_opts_refuses_options_out_of_range() {
     let file_text = file.to_str().expect("a UTF-8 path");
     let recording_text = recording.to_str().expect("a UTF-8 path");
 
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["--preroll", "-1", file_text, "r", "1000000"], "negative"),
         (
             &["--preroll", "1048576", recording_text, "w", "1000000"],
@@ -391,7 +423,11 @@ fn fopen_opts_refuses_options_out_of_range() {
             &["--preroll", "1", file_text, "w", "1000000"],
             "recording has no preroll",
         ),
-        (&["--flags", "1", file_text, "r", "1000000"], "unknown"),
+        (&["--flags", "2", file_text, "r", "1000000"], "unknown"),
+        (
+            &["--flags", "1", recording_text, "w", "1000000"],
+            "ABISS_BUFFER_AUTO",
+        ),
         (&["--flags", "0x80", file_text, "w", "1000000"], "unknown"),
         // Refused by the daemon: more than it loads ahead, a buffer under two batches.
         (
