@@ -906,6 +906,18 @@ fn sync_file_system(file: &File) {
     let _ = unsafe { libc::ioctl(fd, EXT4_IOC_CHECKPOINT, &raw const flags) };
 }
 
+/// The JSON a successful command printed (`abissctl … --json`); fails the test with the
+/// command's stderr otherwise.
+#[must_use]
+pub fn json_of(output: &Output) -> serde_json::Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
 /// Drops a file's pages from the page cache.
 pub fn evict(file: &File) {
     use std::os::unix::io::AsRawFd;

@@ -3,16 +3,7 @@
 
 use std::path::Path;
 
-use abiss_tests::{require_root, write_cold_file, Daemon, HddLab};
-
-fn json(output: &std::process::Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("JSON")
-}
+use abiss_tests::{json_of, require_root, write_cold_file, Daemon, HddLab};
 
 #[test]
 fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
@@ -33,7 +24,7 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
         assert_refused_with_figures(&daemon, &file);
     }
     assert_eq!(daemon.streams().len(), n_max);
-    let status = json(&daemon.ctl(["status", "--json"]))["devices"].clone();
+    let status = json_of(&daemon.ctl(["status", "--json"]))["devices"].clone();
     assert!(status[0]["admission"]
         .as_str()
         .unwrap()
@@ -44,7 +35,7 @@ fn attaching_one_by_one_is_refused_at_the_predicted_capacity() {
         "admitted streams predicted at {miss_ppm} ppm"
     );
     // One more does not fit, and `admit` says so too.
-    let again = json(&daemon.ctl([
+    let again = json_of(&daemon.ctl([
         "admit", "--device", &device, "--rate", "1MB/s", "--count", "1", "--json",
     ]));
     assert_eq!(again["n_max"], 0);
@@ -73,7 +64,7 @@ fn save_quick_profile(daemon: &Daemon, device: &str) {
 /// How many 1 MB/s streams `abissctl admit` says fit with the profiled model; fewer fit by
 /// deterministic admission.
 fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
-    let plan = json(&daemon.ctl(["admit", "--device", device, "--rate", "1MB/s", "--json"]));
+    let plan = json_of(&daemon.ctl(["admit", "--device", device, "--rate", "1MB/s", "--json"]));
     assert_eq!(plan["mode"], "statistical");
     assert!(plan["model_source"]
         .as_str()
@@ -81,7 +72,7 @@ fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
         .contains("quick profile"));
     let n_max = usize::try_from(plan["n_max"].as_u64().expect("n_max")).unwrap();
     assert!((4..40).contains(&n_max), "n_max {n_max}");
-    let deterministic = json(&daemon.ctl([
+    let deterministic = json_of(&daemon.ctl([
         "admit",
         "--device",
         device,

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -287,30 +287,18 @@ fn fopen_opts_prerolls_the_head_of_the_file() {
     let preroll: u64 = 8 << 20;
 
     let preroll_text = preroll.to_string();
-    let mut command = programs.command("probe", socket);
-    command.args([
-        "--preroll",
-        preroll_text.as_str(),
-        "--hold",
-        path_text,
-        "r",
-        "1000000",
-    ]);
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn probe");
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("probe's stdout"))
-        .read_line(&mut line)
-        .expect("read probe's first line");
-    let id: u64 = line
-        .trim()
-        .strip_prefix("probe: opened stream=")
-        .and_then(|id| id.parse().ok())
-        .unwrap_or_else(|| panic!("probe did not open the file: {line}"));
+    let (mut child, id) = holding_probe(
+        &programs,
+        socket,
+        &[
+            "--preroll",
+            preroll_text.as_str(),
+            "--hold",
+            path_text,
+            "r",
+            "1000000",
+        ],
+    );
     let stream = || daemon.streams().into_iter().find(|s| s.id == id);
     let locked = || stream().map_or(0, |s| s.locked_bytes);
     let started = Instant::now();
@@ -363,12 +351,12 @@ fn fopen_opts_prerolls_the_head_of_the_file() {
     abissd_sizes_the_buffer(&programs, &daemon, path_text);
 }
 
-/// `ABISS_BUFFER_AUTO`: abissd sizes the buffer, and `app_buffer` is the application's part.
-fn abissd_sizes_the_buffer(programs: &Programs, daemon: &Daemon, path_text: &str) {
-    let socket = daemon.socket();
-    let mut command = programs.command("probe", socket);
-    command.args(["--flags", "1", "--hold", path_text, "r", "1000000", "65536"]);
-    let mut child = command
+/// `probe ARGS` (with `--hold`), started and read up to the line that says its stream is open:
+/// the running probe and its stream's id.
+fn holding_probe(programs: &Programs, socket: &Path, args: &[&str]) -> (Child, u64) {
+    let mut child = programs
+        .command("probe", socket)
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -378,8 +366,27 @@ fn abissd_sizes_the_buffer(programs: &Programs, daemon: &Daemon, path_text: &str
     BufReader::new(child.stdout.as_mut().expect("probe's stdout"))
         .read_line(&mut line)
         .expect("read probe's first line");
-    assert!(line.starts_with("probe: opened stream="), "{line}");
-    let info = daemon.streams().pop().expect("the stream");
+    let id = line
+        .trim()
+        .strip_prefix("probe: opened stream=")
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("probe did not open the file: {line}"));
+    (child, id)
+}
+
+/// `ABISS_BUFFER_AUTO`: abissd sizes the buffer, and `app_buffer` is the application's part.
+fn abissd_sizes_the_buffer(programs: &Programs, daemon: &Daemon, path_text: &str) {
+    let socket = daemon.socket();
+    let (mut child, id) = holding_probe(
+        programs,
+        socket,
+        &["--flags", "1", "--hold", path_text, "r", "1000000", "65536"],
+    );
+    let info = daemon
+        .streams()
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the stream");
     let auto = info.buffer_auto.clone().expect("an automatic buffer");
     assert_eq!(auto.app_bytes, 65536, "{auto:?}");
     assert!(info.buffer.0 > 65536, "{info:?}");

@@ -6,20 +6,13 @@
 use std::path::Path;
 
 use abiss_proto::{DeviceNumber, StreamInfo};
-use abiss_tests::{abissctl_as_nobody, chmod, require_root, write_cold_file, Daemon, HddLab};
+use abiss_tests::{
+    abissctl_as_nobody, chmod, json_of, require_root, write_cold_file, Daemon, HddLab,
+};
 
 const BUDGET: u64 = 96 << 20;
 /// More files than the budget can hold streams of.
 const FILES: usize = 48;
-
-fn json(output: &std::process::Output) -> serde_json::Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).expect("JSON")
-}
 
 /// The device number of a block device node, from sysfs.
 fn device_number(device: &Path) -> DeviceNumber {
@@ -58,7 +51,7 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     };
     model.save(&daemon.model_dir()).expect("save the model");
     let device = lab.device().to_str().unwrap().to_owned();
-    let fixed = json(&daemon.ctl([
+    let fixed = json_of(&daemon.ctl([
         "admit", "--device", &device, "--rate", "1MB/s", "--buffer", "564KiB", "--json",
     ]));
     let fixed_n_max = usize::try_from(fixed["n_max"].as_u64().expect("n_max")).unwrap();
@@ -120,7 +113,7 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
         list.contains("so that the disk admits it next to the other streams"),
         "{list}"
     );
-    let status = json(&daemon.ctl(["status", "--json"]))["devices"][0].clone();
+    let status = json_of(&daemon.ctl(["status", "--json"]))["devices"][0].clone();
     let miss_ppm = status["miss_probability_ppm"].as_u64().unwrap();
     assert!(miss_ppm <= 10_000, "admitted at {miss_ppm} ppm: {status}");
 
