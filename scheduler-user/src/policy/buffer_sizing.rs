@@ -11,8 +11,9 @@
 //!
 //! Memory also buys disk time. A window is refilled in loads of a third of its buffer, one
 //! disk access each, so a larger buffer means fewer seeks per second of media: with the
-//! reference 564 KiB buffers a laptop disk spends most of its time seeking and serves about 16
-//! streams of 1 MB/s, with 8 MiB buffers it serves 32. When a disk's admission would refuse an
+//! reference 564 KiB buffers the lab's laptop disk spends most of its time seeking and serves
+//! 12 to 16 streams of 1 MB/s from memory next to a copy loop, with 2 MiB buffers 28
+//! (`bench/results/memory.md`). When a disk's admission would refuse an
 //! automatic stream at its latency-sized buffer, [`smallest_fitting_buffer`] finds the
 //! smallest common buffer at which the disk admits it, within the memory budgets.
 
