@@ -234,23 +234,27 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     let n_max_measured = measured_n_max(&measured, args.p_req);
     let command = report::command_line("admission");
     let machine = report::machine();
-    let report = json!({
-        "benchmark": "admission",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
+    let parameters = report::step_parameters(
+        args.secs,
+        args.warmup_secs,
+        args.max_streams,
+        &steps,
+        args.steps_after_miss,
+        json!({
+            "p_req": args.p_req,
+            "realtime_share_percent": args.realtime_share,
+            "daemon_admission": "off",
+            "file_order": "random (fixed permutation)",
+        }),
+    );
+    let report = report::document(
+        "admission",
+        &command,
+        &machine,
+        begun,
+        json!({
         "parameters": workload_parameters(
-            json!({
-                "secs_per_step": args.secs,
-                "warmup_secs": args.warmup_secs,
-                "max_streams": args.max_streams,
-                "steps": steps,
-                "steps_after_miss": args.steps_after_miss,
-                "p_req": args.p_req,
-                "realtime_share_percent": args.realtime_share,
-                "daemon_admission": "off",
-                "file_order": "random (fixed permutation)",
-            }),
+            parameters,
             stream_file_bytes,
             &lab_model,
             &queue,
@@ -264,7 +268,8 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
             "measured": n_max_measured,
         },
         "steps": rows,
-    });
+        }),
+    );
     let markdown = markdown(
         &command,
         &machine,

@@ -186,29 +186,31 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
 
     let command = report::command_line("memory");
     let machine = report::machine();
-    let report = json!({
-        "benchmark": "memory",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": workload_parameters(
-            json!({
-                "secs_per_step": args.secs,
-                "warmup_secs": args.warmup_secs,
-                "max_streams": args.max_streams,
-                "steps": steps,
-                "steps_after_miss": args.steps_after_miss,
-                "p_req": args.p_req,
-                "batch_pages": BATCH_PAGES,
-            }),
-            stream_file_bytes,
-            &lab_model,
-            &queue,
-            &files,
-        ),
-        "device_model": model,
-        "budgets": sweeps,
-    });
+    let parameters = report::step_parameters(
+        args.secs,
+        args.warmup_secs,
+        args.max_streams,
+        &steps,
+        args.steps_after_miss,
+        json!({ "p_req": args.p_req, "batch_pages": BATCH_PAGES }),
+    );
+    let report = report::document(
+        "memory",
+        &command,
+        &machine,
+        begun,
+        json!({
+            "parameters": workload_parameters(
+                parameters,
+                stream_file_bytes,
+                &lab_model,
+                &queue,
+                &files,
+            ),
+            "device_model": model,
+            "budgets": sweeps,
+        }),
+    );
     let markdown = markdown(&command, &machine, args, &queue, &sweeps);
     report::write_results(&args.results_dir, "memory", &report, &markdown)?;
     let svg = args.results_dir.join("memory.svg");

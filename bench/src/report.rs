@@ -58,6 +58,52 @@ pub fn command_line(benchmark: &str) -> String {
     command
 }
 
+/// A benchmark's JSON document: its name, the command that ran it, the machine and the wall
+/// time since `begun`, then the entries of `fields` (an object: parameters and results).
+#[must_use]
+pub fn document(
+    benchmark: &str,
+    command: &str,
+    machine: &Value,
+    begun: std::time::Instant,
+    fields: Value,
+) -> Value {
+    let mut document = json!({
+        "benchmark": benchmark,
+        "command": command,
+        "machine": machine,
+        "wall_s": begun.elapsed().as_secs_f64(),
+    });
+    if let (Some(document), Value::Object(fields)) = (document.as_object_mut(), fields) {
+        document.extend(fields);
+    }
+    document
+}
+
+/// The parameters of a benchmark that steps through stream counts, with `more` (an object)
+/// of its own.
+#[must_use]
+pub fn step_parameters(
+    secs_per_step: u64,
+    warmup_secs: u64,
+    max_streams: usize,
+    steps: &[usize],
+    steps_after_miss: usize,
+    more: Value,
+) -> Value {
+    let mut parameters = json!({
+        "secs_per_step": secs_per_step,
+        "warmup_secs": warmup_secs,
+        "max_streams": max_streams,
+        "steps": steps,
+        "steps_after_miss": steps_after_miss,
+    });
+    if let (Some(parameters), Value::Object(more)) = (parameters.as_object_mut(), more) {
+        parameters.extend(more);
+    }
+    parameters
+}
+
 /// Writes `name.json` and `name.md` under `dir` and prints the Markdown.
 pub fn write_results(dir: &Path, name: &str, report: &Value, markdown: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -143,5 +189,27 @@ mod tests {
         assert_eq!(ms(42.56), "42.6");
         assert_eq!(ms(391.2), "391");
         assert_eq!(ms(1234.4), "1234");
+    }
+
+    #[test]
+    fn a_document_has_the_run_then_its_fields_and_steps_their_parameters() {
+        let begun = std::time::Instant::now();
+        let machine = json!({ "cores": 2 });
+        let parameters = step_parameters(20, 3, 32, &[12, 14], 1, json!({ "p_req": 0.01 }));
+        assert_eq!(parameters["steps"], json!([12, 14]));
+        assert_eq!(parameters["p_req"], 0.01);
+        assert_eq!(parameters["secs_per_step"], 20);
+        let document = document(
+            "memory",
+            "cargo xtask bench memory",
+            &machine,
+            begun,
+            json!({ "parameters": parameters, "budgets": [] }),
+        );
+        assert_eq!(document["benchmark"], "memory");
+        assert_eq!(document["machine"]["cores"], 2);
+        assert!(document["wall_s"].as_f64().is_some());
+        assert_eq!(document["parameters"]["max_streams"], 32);
+        assert_eq!(document["budgets"], json!([]));
     }
 }

@@ -168,26 +168,24 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
 
     let command = report::command_line("sweep");
     let machine = report::machine();
-    let report = json!({
-        "benchmark": "sweep",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": workload_parameters(
-            json!({
-                "secs_per_step": args.secs,
-                "warmup_secs": args.warmup_secs,
-                "max_streams": args.max_streams,
-                "steps": steps,
-                "steps_after_miss": args.steps_after_miss,
-            }),
-            stream_file_bytes,
-            &model,
-            &queue,
-            &files,
-        ),
-        "configurations": sweeps,
-    });
+    let parameters = report::step_parameters(
+        args.secs,
+        args.warmup_secs,
+        args.max_streams,
+        &steps,
+        args.steps_after_miss,
+        json!({}),
+    );
+    let report = report::document(
+        "sweep",
+        &command,
+        &machine,
+        begun,
+        json!({
+            "parameters": workload_parameters(parameters, stream_file_bytes, &model, &queue, &files),
+            "configurations": sweeps,
+        }),
+    );
     let markdown = markdown(&command, &machine, args, &queue, &sweeps);
     report::write_results(&args.results_dir, "sweep", &report, &markdown)?;
     draw_chart(args, &sweeps)
