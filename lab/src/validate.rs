@@ -65,6 +65,10 @@ pub struct ValidationReport {
     /// emulator's and the kernel's timing noise (negative where a rotation was shorter than
     /// the mean the model predicts).
     pub small_read_excess_ns: Vec<i64>,
+    /// CPU time the hypervisor took from this machine while the checks ran (all CPUs, the
+    /// kernel's steal time), in milliseconds; `None` where the kernel does not count it. A
+    /// virtual machine whose CPUs are taken away delays replies beyond the model.
+    pub stolen_ms: Option<u64>,
 }
 
 impl ValidationReport {
@@ -145,6 +149,12 @@ impl std::fmt::Display for ValidationReport {
                 excess.len()
             )?;
         }
+        if let Some(stolen) = self.stolen_ms {
+            write!(
+                f,
+                "\nCPU time the hypervisor took from this machine during the checks: {stolen} ms"
+            )?;
+        }
         Ok(())
     }
 }
@@ -204,6 +214,7 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
     // Measure from a real-time thread so that a loaded machine delays the measuring process
     // less; without the privilege the measurement simply runs at normal priority.
     let _ = crate::timing::make_current_thread_realtime(5);
+    let stolen_before = stolen_ms();
     lab.recalibrate_transport()?;
     let mut probe = Probe::new(lab)?;
     let mut checks = probe.sequential_checks()?;
@@ -213,7 +224,17 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
         checks,
         tolerance_percent,
         small_read_excess_ns: probe.small_read_excess_ns,
+        stolen_ms: stolen_before
+            .zip(stolen_ms())
+            .map(|(before, after)| after.saturating_sub(before)),
     })
+}
+
+/// The kernel's count of CPU time stolen by the hypervisor so far, all CPUs, in milliseconds.
+fn stolen_ms() -> Option<u64> {
+    use procfs::CurrentSI as _;
+    let steal_ticks = procfs::KernelStats::current().ok()?.total.steal?;
+    Some(steal_ticks * 1000 / procfs::ticks_per_second())
 }
 
 /// The device opened for measuring, and the model predicting each measurement.
