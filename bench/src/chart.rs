@@ -237,21 +237,38 @@ pub fn misses_by_streams(
         .y_desc("reads that missed their deadline (%)")
         .draw()?;
     for (index, one) in series.iter().enumerate() {
-        let color = Palette99::pick(index).to_rgba();
         let points: Vec<(usize, f64)> = one.steps.iter().map(|(n, f)| (*n, f * 100.0)).collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(one.name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(move |p| Circle::new(p, 3, color.filled())),
-        )?;
+        marked_line(&mut chart, index, one.name, points, 3)?;
     }
     finish(&mut chart, &root)
+}
+
+/// Draws `points` as the `index`th line of a chart, in the palette's `index`th colour, with a
+/// dot of `radius` at each point and `name` in the legend.
+pub(crate) fn marked_line<X, Y>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
+    index: usize,
+    name: &str,
+    points: Vec<(X::ValueType, Y::ValueType)>,
+    radius: u32,
+) -> anyhow::Result<()>
+where
+    X: Ranged,
+    Y: Ranged,
+    X::ValueType: Clone + 'static,
+    Y::ValueType: Clone + 'static,
+{
+    let color = Palette99::pick(index).to_rgba();
+    chart
+        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart.draw_series(
+        points
+            .into_iter()
+            .map(move |p| Circle::new(p, radius, color.filled())),
+    )?;
+    Ok(())
 }
 
 /// One situation's eBPF cost per I/O.
@@ -338,6 +355,27 @@ pub fn cost_per_io(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_series_is_drawn_as_a_marked_line_with_its_legend() {
+        let path = std::env::temp_dir().join(format!("abiss-chart-{}.svg", std::process::id()));
+        let series = [
+            MissSeries {
+                name: "first row",
+                steps: vec![(1, 0.0), (2, 0.01), (4, 0.2)],
+            },
+            MissSeries {
+                name: "second row",
+                steps: vec![(1, 0.0), (2, 0.0)],
+            },
+        ];
+        misses_by_streams(&path, "misses", &series).expect("draw");
+        let svg = std::fs::read_to_string(&path).expect("the chart");
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.contains("first row") && svg.contains("second row"));
+        // One dot per step.
+        assert_eq!(svg.matches("<circle").count(), 5, "{svg}");
+    }
 
     #[test]
     fn nines_are_labelled_at_whole_positions_only() {

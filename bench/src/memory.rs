@@ -695,18 +695,7 @@ fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Resul
         .filter(|(_, points)| !points.is_empty())
         .enumerate()
     {
-        let color = Palette99::pick(index).to_rgba();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart.draw_series(
-            points
-                .into_iter()
-                .map(move |p| Circle::new(p, 4, color.filled())),
-        )?;
+        crate::chart::marked_line(&mut chart, index, name, points, 4)?;
     }
     crate::chart::finish(&mut chart, &root)
 }

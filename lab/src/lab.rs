@@ -277,15 +277,9 @@ impl Lab {
 
     /// Whether the device model is off (see [`Lab::set_unmodelled`]).
     pub fn unmodelled(&self) -> Result<bool, LabError> {
-        let control = self.unmodelled_control();
+        let control = unmodelled_control(&self.state.fuse_mountpoint);
         let text = std::fs::read_to_string(&control).map_err(LabError::io(&control))?;
         Ok(text.trim() == "1")
-    }
-
-    fn unmodelled_control(&self) -> PathBuf {
-        self.state
-            .fuse_mountpoint
-            .join(crate::emulator::UNMODELLED_NAME)
     }
 
     /// A cursor that returns the requests served from now on.
@@ -422,10 +416,16 @@ fn make_and_mount(
     Ok(())
 }
 
+/// The control file that switches the model of the emulator whose FUSE file system is at
+/// `fuse_mountpoint`.
+fn unmodelled_control(fuse_mountpoint: &Path) -> PathBuf {
+    fuse_mountpoint.join(crate::emulator::UNMODELLED_NAME)
+}
+
 /// Switches the model of the emulator whose FUSE file system is at `fuse_mountpoint` off or
 /// back on (see [`Lab::set_unmodelled`]).
 fn set_unmodelled(fuse_mountpoint: &Path, unmodelled: bool) -> Result<(), LabError> {
-    let control = fuse_mountpoint.join(crate::emulator::UNMODELLED_NAME);
+    let control = unmodelled_control(fuse_mountpoint);
     // Without truncation: the control file has no size to truncate.
     OpenOptions::new()
         .write(true)

@@ -124,12 +124,8 @@ impl Controller {
         request: &AttachRequest,
         disk: DeviceNumber,
     ) -> Option<u64> {
-        let grows = |stream: &Stream, buffer: u64| {
-            stream.disk == disk
-                && stream.owner_uid == peer_uid
-                && stream.auto_buffer.is_some()
-                && stream.granted.buffer.0 < buffer
-        };
+        let grows =
+            |stream: &Stream, buffer: u64| grows_for_capacity(stream, peer_uid, disk, buffer);
         let with_buffer = |granted: &AttachRequest, buffer: u64| AttachRequest {
             buffer: ByteSize(buffer.max(granted.buffer.0)),
             ..granted.clone()
@@ -193,10 +189,7 @@ impl Controller {
         now_ns: u64,
     ) {
         for stream in self.streams.iter_mut() {
-            if stream.disk != disk
-                || stream.owner_uid != owner
-                || stream.granted.buffer.0 >= buffer_bytes
-            {
+            if !grows_for_capacity(stream, owner, disk, buffer_bytes) {
                 continue;
             }
             let Some(info) = &mut stream.auto_buffer else {
@@ -237,4 +230,14 @@ impl Controller {
         }
         stream.playout.preroll(asked + granted)
     }
+}
+
+/// Whether `stream` grows when `owner`'s automatic streams on `disk` take a common buffer of
+/// `buffer_bytes` for the disk's capacity: only the owner's own automatic streams, and only
+/// upwards.
+fn grows_for_capacity(stream: &Stream, owner: u32, disk: DeviceNumber, buffer_bytes: u64) -> bool {
+    stream.disk == disk
+        && stream.owner_uid == owner
+        && stream.auto_buffer.is_some()
+        && stream.granted.buffer.0 < buffer_bytes
 }
