@@ -1,6 +1,8 @@
 //! Upgrade latency: how long abissd takes from a reader's page-cache miss on an attached file
-//! (the kernel's event) to the reader's raised I/O priority, over many misses, with the copy
-//! loop loading the lab hdd.
+//! (the kernel's event) to the reader's raised I/O priority, over many misses, under each of two
+//! best-effort loads on the lab hdd: the reference copy loop, and the players benchmark's seeky
+//! load (fio's random direct and buffered readers and a random writer: five busy processes on
+//! the CPUs as well as on the disk, which is where issue 12 saw upgrades slow down).
 //!
 //! Each miss is made by a new thread (so each is a new upgrade): it drops a random 64 KiB of the
 //! attached file from the page cache, reads it back, and checks whether it was raised by the
@@ -17,6 +19,7 @@ use abiss_proto::{AttachRequest, ByteRate, ByteSize};
 use anyhow::Context as _;
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 use rand::{Rng as _, SeedableRng as _};
+use serde::Serialize;
 use serde_json::json;
 
 use crate::abiss::Daemon;
@@ -33,9 +36,37 @@ pub struct UpgradesArgs {
     /// Misses to make (one new reader thread each).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub misses: u32,
+    /// The best-effort loads to measure under, one row each.
+    #[arg(long, value_delimiter = ',', default_value = "copy,seeky")]
+    pub loads: Vec<BestEffortLoad>,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
+}
+
+/// What loads the lab hdd while the misses are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BestEffortLoad {
+    /// The reference measurement's copy loop (64 KiB reads and writes, one process).
+    Copy,
+    /// The players benchmark's seeky load (`players::load`).
+    Seeky,
+}
+
+impl BestEffortLoad {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Copy => "copy loop",
+            Self::Seeky => "seeky load (fio: 16 KiB random direct reads at iodepth 16, 4 buffered random readers, a random 64 KiB writer)",
+        }
+    }
+}
+
+/// A load running while the misses are made; stopped (or killed) when it is dropped.
+enum RunningLoad {
+    Copy(CopyLoop),
+    Seeky(crate::players::load::Load),
 }
 
 const READ_BYTES: u64 = 64 << 10;
@@ -48,7 +79,11 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
         .map(PathBuf::from)
         .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
-    let figures = measure(&bin_dir, args.misses)?;
+    let mut rows = Vec::new();
+    for &load in &args.loads {
+        eprintln!("upgrades: {} misses under the {}", args.misses, load.describe());
+        rows.push(measure(&bin_dir, args.misses, load)?);
+    }
 
     let command = report::command_line("upgrades");
     let machine = report::machine();
@@ -64,18 +99,23 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
             "copy_file_bytes": COPY_FILE_BYTES,
             "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
         },
-        "upgrades": figures.upgrades,
-        "raised_before_the_read_returned": figures.raised_in_time,
-        "miss_read_latency": figures.read_summary,
-        "program_costs_with_a_file_attached": figures.costs,
+        "rows": rows.iter().map(|row| json!({
+            "load": row.load,
+            "upgrades": row.upgrades,
+            "raised_before_the_read_returned": row.raised_in_time,
+            "miss_read_latency": row.read_summary,
+            "program_costs_with_a_file_attached": row.costs,
+        })).collect::<Vec<_>>(),
     });
-    let markdown = markdown(&command, &machine, args.misses, &figures);
+    let markdown = markdown(&command, &machine, args.misses, &rows);
     report::write_results(&args.results_dir, "upgrades", &report, &markdown)?;
     Ok(())
 }
 
 /// What [`measure`] found.
 struct UpgradeFigures {
+    /// The load it was measured under.
+    load: BestEffortLoad,
     /// abissd's upgrade count and latencies.
     upgrades: abiss_proto::UpgradeReport,
     /// Miss threads raised by the time their read returned.
@@ -86,10 +126,16 @@ struct UpgradeFigures {
     costs: abiss_proto::StatsReport,
 }
 
-/// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts the copy loop,
-/// and makes `misses` misses on the stream's file; everything is torn down before it returns.
-fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
+/// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts `load`, and makes
+/// `misses` misses on the stream's file; everything is torn down before it returns.
+fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<UpgradeFigures> {
     let disk = LabDisk::up("upgrades", DISK_BYTES, 128)?;
+    // The seeky load's files go first: the stream and copy files are then spread over what is
+    // left, and a reserve fills the rest of the disk.
+    let seeky_files = match load {
+        BestEffortLoad::Copy => None,
+        BestEffortLoad::Seeky => Some(crate::players::load::lay_out(disk.mount_dir())?),
+    };
     let files = layout::make_files(
         disk.mount_dir(),
         disk.size_bytes(),
@@ -128,15 +174,28 @@ fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
         },
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;
-    let copy = CopyLoop::start(
-        files.copy_source.clone(),
-        files.copy_destination.clone(),
-        COPY_CHUNK_BYTES,
-    );
+    let running = match load {
+        BestEffortLoad::Copy => RunningLoad::Copy(CopyLoop::start(
+            files.copy_source.clone(),
+            files.copy_destination.clone(),
+            COPY_CHUNK_BYTES,
+        )),
+        BestEffortLoad::Seeky => {
+            let files = seeky_files.context("the seeky load's files were laid out")?;
+            // Longer than any run of the misses (200 under this load take about a minute);
+            // the load is killed when the misses are done.
+            let runtime = Duration::from_secs(60) + Duration::from_secs(u64::from(misses));
+            RunningLoad::Seeky(crate::players::load::start(
+                disk.mount_dir(),
+                &files,
+                runtime,
+            )?)
+        }
+    };
     std::thread::sleep(Duration::from_secs(3));
 
     // The programs' cost while a file is attached (every request's file is looked up), over
-    // the copy load and the misses.
+    // the load and the misses.
     let mut stats_client = daemon.connect()?;
     let costs = std::thread::spawn(move || stats_client.stats(10_000));
     let (reads, raised_in_time) = make_misses(&stream_file, misses)?;
@@ -144,11 +203,15 @@ fn measure(bin_dir: &Path, misses: u32) -> anyhow::Result<UpgradeFigures> {
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
     let (_, upgrades) = client.status_and_upgrades()?;
-    copy.stop()?;
+    match running {
+        RunningLoad::Copy(copy) => copy.stop()?,
+        RunningLoad::Seeky(seeky) => drop(seeky),
+    }
     drop(client);
     drop(daemon);
     drop(disk);
     Ok(UpgradeFigures {
+        load,
         upgrades,
         raised_in_time,
         read_summary: reads.summary(),
@@ -195,49 +258,50 @@ fn markdown(
     command: &str,
     machine: &serde_json::Value,
     misses: u32,
-    figures: &UpgradeFigures,
+    rows: &[UpgradeFigures],
 ) -> String {
-    let UpgradeFigures {
-        upgrades,
-        raised_in_time,
-        read_summary,
-        costs,
-    } = figures;
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
     let mut markdown = format!(
         "### Upgrade latency: page-cache miss on an attached file to raised I/O priority\n\n\
-         `{command}`: {} misses, each by a new thread reading 64 KiB it first dropped from the \
-         page cache, on a 1 MB/s level-0 stream of the lab hdd while the copy loop runs. \
-         Latency is measured by abissd from the kernel event's timestamp to the return of \
-         `ioprio_set` (debug build of abissd). {}\n\n\
-         | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         `{command}`: {} misses per load, each by a new thread reading 64 KiB it first dropped \
+         from the page cache, on a 1 MB/s level-0 stream of the lab hdd. Latency is measured by \
+         abissd from the kernel event's timestamp to the return of `ioprio_set` (debug build of \
+         abissd), and read back from `abissctl status`. {}\n\n\
+         | load | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         misses,
         report::machine_line(machine)
     );
-    let _ = writeln!(
-        markdown,
-        "| {} | {} | {} | {} | {} | {} | {} | {} |",
-        misses,
-        upgrades.total,
-        micros(upgrades.latency_p50_us),
-        micros(upgrades.latency_p99_us),
-        micros(upgrades.latency_max_us),
-        raised_in_time,
-        report::ms(read_summary.p50_ms),
-        report::ms(read_summary.p99_ms)
-    );
-    markdown.push_str(
-        "\nCost of the eBPF programs over the first 10 s of it, with the stream's file attached \
-         (each request's file is then looked up and tagged): \n\n\
-         | program | runs | mean ns |\n| --- | ---: | ---: |\n",
-    );
-    for program in &costs.programs {
+    for row in rows {
         let _ = writeln!(
             markdown,
-            "| {} | {} | {:.0} |",
-            program.name, program.run_count, program.avg_ns
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            row.load.describe(),
+            misses,
+            row.upgrades.total,
+            micros(row.upgrades.latency_p50_us),
+            micros(row.upgrades.latency_p99_us),
+            micros(row.upgrades.latency_max_us),
+            row.raised_in_time,
+            report::ms(row.read_summary.p50_ms),
+            report::ms(row.read_summary.p99_ms)
         );
+    }
+    for row in rows {
+        let _ = write!(
+            markdown,
+            "\nCost of the eBPF programs over the first 10 s under the {}, with the stream's \
+             file attached (each request's file is then looked up and tagged):\n\n\
+             | program | runs | mean ns |\n| --- | ---: | ---: |\n",
+            row.load.describe()
+        );
+        for program in &row.costs.programs {
+            let _ = writeln!(
+                markdown,
+                "| {} | {} | {:.0} |",
+                program.name, program.run_count, program.avg_ns
+            );
+        }
     }
     markdown
 }
