@@ -157,13 +157,14 @@ struct StreamArgs {
     /// whole bytes.
     #[arg(long, short = 'r')]
     rate: Written<ByteRate>,
-    /// Playout buffer: how much is kept loaded ahead of the reader (564KiB; 64k is 64 KiB), or
-    /// `auto`: abissd sizes it from the real-time latency its disk shows and grows it with
-    /// that latency, and on a disk with a model makes your automatic buffers there as large as
-    /// the disk's admission needs to take the stream, within the locked-memory budgets
-    /// (`auto+256KiB` adds your own part).
-    #[arg(long, short = 'b', default_value_t = BufferArg::Size(Written::from(ByteSize(DEFAULT_BUFFER_BYTES))))]
-    buffer: BufferArg,
+    /// Playout buffer: how much is kept loaded ahead of the reader, `auto` (the default when
+    /// reading) or a size (564KiB; 64k is 64 KiB). With `auto`, abissd sizes it from the
+    /// real-time latency its disk shows and grows it with that latency, and on a disk with a
+    /// model makes your automatic buffers there as large as the disk's admission needs to take
+    /// the stream, within the locked-memory budgets; `auto+256KiB` adds your own part (what
+    /// your player buffers itself). A recording takes a size only [default: 564KiB].
+    #[arg(long, short = 'b')]
+    buffer: Option<BufferArg>,
     /// Pages loaded per credit step.
     #[arg(long, default_value_t = DEFAULT_BATCH_PAGES, value_parser = clap::value_parser!(u32).range(1..))]
     batch: u32,
@@ -239,8 +240,12 @@ impl std::fmt::Display for BufferArg {
 impl StreamArgs {
     fn parameters(&self) -> StreamParameters {
         let (buffer, buffer_auto) = match &self.buffer {
-            BufferArg::Size(size) => (rounded(size), false),
-            BufferArg::Auto(app) => (app.as_ref().map_or(ByteSize(0), rounded), true),
+            Some(BufferArg::Size(size)) => (rounded(size), false),
+            Some(BufferArg::Auto(app)) => (app.as_ref().map_or(ByteSize(0), rounded), true),
+            // abissd sizes a reader's buffer unless told a size; a recording's is a size
+            // (automatic sizing follows the real-time read tail, which says nothing of writes).
+            None if self.write => (ByteSize(DEFAULT_BUFFER_BYTES), false),
+            None => (ByteSize(0), true),
         };
         StreamParameters {
             rate: rounded(&self.rate),

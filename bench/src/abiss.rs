@@ -26,12 +26,36 @@ pub struct AbissHook {
     pub level: u8,
     /// More abissd arguments (e.g. `--admission off`).
     pub daemon_args: Vec<String>,
-    /// Attach with `--buffer auto`, the reader's buffer being the application's own part:
-    /// abissd sizes the rest.
-    pub buffer_auto: bool,
+    /// How each stream's playout buffer is sized.
+    pub buffer: StreamBuffer,
     /// abissd's state directory (its `models` holding the disk's model), instead of a fresh
     /// one without a model.
     pub state_dir: Option<std::path::PathBuf>,
+}
+
+/// How the ABISS rows size a stream's playout buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamBuffer {
+    /// The reader's own buffer as a fixed size (`--buffer 564KiB`, the default before
+    /// abissd sized buffers itself).
+    Fixed,
+    /// abissd sizes it (`--buffer auto`, abissctl's default for a reader).
+    Auto,
+    /// abissd sizes it on top of the reader's buffer as the application's own part
+    /// (`--buffer auto+564KiB`).
+    AutoOnReader,
+}
+
+impl StreamBuffer {
+    /// The attach request's `buffer` and `buffer_auto` for a reader buffering `reader_bytes`.
+    #[must_use]
+    pub fn request(self, reader_bytes: u64) -> (ByteSize, bool) {
+        match self {
+            Self::Fixed => (ByteSize(reader_bytes), false),
+            Self::Auto => (ByteSize(0), true),
+            Self::AutoOnReader => (ByteSize(reader_bytes), true),
+        }
+    }
 }
 
 /// What abissd counted over a run, for the rows that run it.
@@ -72,7 +96,7 @@ impl RunHook for AbissHook {
         Ok(Box::new(AbissRun {
             daemon,
             level: self.level,
-            buffer_auto: self.buffer_auto,
+            buffer: self.buffer,
             buffers: Arc::default(),
         }))
     }
@@ -150,7 +174,7 @@ impl Drop for Daemon {
 struct AbissRun {
     daemon: Daemon,
     level: u8,
-    buffer_auto: bool,
+    buffer: StreamBuffer,
     /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
     /// after the attach).
     buffers: Arc<Mutex<Vec<u64>>>,
@@ -159,18 +183,19 @@ struct AbissRun {
 impl RunSetup for AbissRun {
     fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>> {
         let mut client = Client::connect(&self.daemon.socket)?;
+        let (buffer, buffer_auto) = self.buffer.request(reader.stream.buffer_bytes);
         let stream = client.attach(
             reader.file,
             AttachRequest {
                 rate: ByteRate(reader.stream.rate_bps),
-                buffer: ByteSize(reader.stream.buffer_bytes),
+                buffer,
                 batch_pages: BATCH_PAGES,
                 priority: self.level,
                 persistent: false,
                 write: false,
                 preallocate: false,
                 preroll: None,
-                buffer_auto: self.buffer_auto,
+                buffer_auto,
             },
         )?;
         // Like ABISS's start-up delay: the reader starts once its buffer is loaded.

@@ -18,7 +18,7 @@ use anyhow::{bail, Context as _};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::abiss::{AbissHook, Daemon};
+use crate::abiss::{AbissHook, Daemon, StreamBuffer};
 use crate::chart::{self, MissSeries};
 use crate::configuration::Configuration;
 use crate::lab_disk::LabDisk;
@@ -366,7 +366,7 @@ fn run_on(
         elevator: "mq-deadline",
         level: 0,
         daemon_args: vec!["--admission".to_owned(), "off".to_owned()],
-        buffer_auto: false,
+        buffer: StreamBuffer::Fixed,
         state_dir: None,
     });
     let mut rows = Vec::new();

@@ -143,7 +143,7 @@ pub fn stock_configurations() -> Vec<Configuration> {
 /// The ABISS rows: abissd attaches every real-time reader's file as a stream.
 #[must_use]
 pub fn abiss_configurations() -> Vec<Configuration> {
-    use crate::abiss::AbissHook;
+    use crate::abiss::{AbissHook, StreamBuffer};
     vec![
         Configuration::new(
             "abiss-mq-deadline",
@@ -154,7 +154,19 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             elevator: "mq-deadline",
             level: 0,
             daemon_args: Vec::new(),
-            buffer_auto: false,
+            buffer: StreamBuffer::Auto,
+            state_dir: None,
+        }),
+        Configuration::new(
+            "abiss-mq-deadline-fixed",
+            "ABISS over mq-deadline, real-time streams, fixed buffers of the reader's size (the default before abissd sized buffers)",
+            "mq-deadline",
+        )
+        .with_hook(AbissHook {
+            elevator: "mq-deadline",
+            level: 0,
+            daemon_args: Vec::new(),
+            buffer: StreamBuffer::Fixed,
             state_dir: None,
         }),
         Configuration::new(
@@ -166,7 +178,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             elevator: "mq-deadline",
             level: 0,
             daemon_args: vec!["--no-upgrades".to_owned()],
-            buffer_auto: false,
+            buffer: StreamBuffer::Auto,
             state_dir: None,
         }),
         Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
@@ -174,7 +186,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
                 elevator: "bfq",
                 level: 0,
                 daemon_args: Vec::new(),
-                buffer_auto: false,
+                buffer: StreamBuffer::Auto,
                 state_dir: None,
             },
         ),
@@ -187,7 +199,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             elevator: "mq-deadline",
             level: 6,
             daemon_args: Vec::new(),
-            buffer_auto: false,
+            buffer: StreamBuffer::Auto,
             state_dir: None,
         }),
     ]

@@ -31,7 +31,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::abiss::{AbissHook, Daemon, BATCH_PAGES};
+use crate::abiss::{AbissHook, Daemon, StreamBuffer, BATCH_PAGES};
 use crate::configuration::Configuration;
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
@@ -358,7 +358,7 @@ fn row_setup(
                 elevator: "mq-deadline",
                 level: 0,
                 daemon_args: vec!["--locked-memory".to_owned(), budget.to_string()],
-                buffer_auto: false,
+                buffer: StreamBuffer::Fixed,
                 state_dir: None,
             };
             (buffer, Some(predicted), hook)
@@ -377,7 +377,7 @@ fn row_setup(
                     "--realtime-share".to_owned(),
                     "80".to_owned(),
                 ],
-                buffer_auto: true,
+                buffer: StreamBuffer::AutoOnReader,
                 state_dir: Some(state_dir.to_path_buf()),
             };
             (STREAM.buffer_bytes, None, hook)

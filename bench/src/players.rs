@@ -157,8 +157,13 @@ pub fn all_rows() -> Vec<Row> {
         ),
         abiss_with(
             "abiss",
-            "abissd (mq-deadline), players under abissctl run",
+            "abissd (mq-deadline), players under abissctl run (buffers sized by abissd)",
             &[],
+        ),
+        abiss_with(
+            "abiss-fixed",
+            "abiss, abissctl run --buffer 564KiB (the default before abissd sized buffers)",
+            &["--buffer", "564KiB"],
         ),
         abiss_with(
             "abiss-6MiB",
@@ -170,11 +175,7 @@ pub fn all_rows() -> Vec<Row> {
             "abiss, abissctl run --preroll 6MiB: the players' start-up reads loaded at once",
             &["--preroll", "6MiB"],
         ),
-        abiss_with(
-            "abiss-auto",
-            "abiss, abissctl run --buffer auto --preroll 6MiB",
-            &["--buffer", "auto", "--preroll", "6MiB"],
-        ),
+
         row(
             "mq-deadline-seek",
             "stock mq-deadline, gst seeking every 10 s",
@@ -280,7 +281,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
             "secs": args.secs,
             "warmup_secs": args.warmup_secs,
             "rate": args.rate,
-            "buffer": "abissctl's default (564KiB)",
+            "buffer": "abissctl's default (auto: sized by abissd)",
             "media": media_parameters,
             "freeze_tolerance_s": stall::FREEZE_TOLERANCE,
             "queue": queue,

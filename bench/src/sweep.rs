@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use abiss_proto::ByteSize;
 use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
@@ -312,14 +313,14 @@ fn markdown(
         );
     }
     text.push_str(
-        "\n| configuration | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | BE copy MB/s | disk busy % |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "\n| configuration | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | BE copy MB/s | disk busy % | playout buffer |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for sweep in sweeps {
         for row in &sweep.steps {
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {} |",
                 sweep.configuration.name,
                 row.streams,
                 row.deadlines.reads,
@@ -330,11 +331,22 @@ fn markdown(
                 report::ms(row.deadlines.worst_overrun_ms),
                 row.be_copy_mb_s,
                 row.device.busy_fraction * 100.0,
+                buffer_range(row.daemon.as_ref().and_then(|d| d.buffer_bytes)),
             );
         }
     }
     text.push_str("\nMisses against streams: sweep.svg.\n");
     text
+}
+
+/// The smallest to the largest playout buffer abissd gave a step's streams (they differ where
+/// it sized them itself), or `-` for the stock rows.
+fn buffer_range(bytes: Option<(u64, u64)>) -> String {
+    match bytes {
+        None => "-".to_owned(),
+        Some((low, high)) if low == high => ByteSize(low).to_string(),
+        Some((low, high)) => format!("{} to {}", ByteSize(low), ByteSize(high)),
+    }
 }
 
 #[cfg(test)]

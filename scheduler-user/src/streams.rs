@@ -471,7 +471,11 @@ impl Stream {
             prefetched_bytes: self.playout.prefetched_bytes(),
             upgrades: 0,
             uring_requests: self.uring_requests,
-            suggestion: crate::policy::upgrade::buffer_suggestion(self.misses, self.granted.buffer),
+            suggestion: crate::policy::upgrade::buffer_suggestion(
+                self.misses,
+                self.granted.buffer,
+                self.auto_buffer.as_ref().map(|auto| auto.app_bytes),
+            ),
             start_limited: self.start_limited,
             policed: 0,
             recording: self.recording.as_ref().map(|r| r.info(&self.file)),

@@ -277,17 +277,41 @@ fn fractional_and_bit_rates_are_accepted_and_the_rounding_is_told_once() {
     ]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(!stderr(&output).contains("rounded"), "8Mbit/s is exact");
-    let mut rates: Vec<(u64, u64)> = setup
+    let mut rates: Vec<(u64, Option<u64>)> = setup
         .daemon
         .streams()
         .iter()
-        .map(|info| (info.rate.0, info.buffer.0))
+        .map(|info| {
+            // A reader attached without --buffer has abissd size it (auto, no part of its own).
+            let fixed = info.buffer_auto.is_none().then_some(info.buffer.0);
+            (info.rate.0, fixed)
+        })
         .collect();
     rates.sort_unstable();
     assert_eq!(
         rates,
-        [(1_000_000, 1 << 20), (1_153_434, 564 * 1024)],
-        "8Mbit/s is 1 000 000 B/s, 1M is 1 MiB"
+        [(1_000_000, Some(1 << 20)), (1_153_434, None)],
+        "8Mbit/s is 1 000 000 B/s, 1M is 1 MiB, and no --buffer is auto"
+    );
+    // A recording's buffer bounds its dirty memory, so without --buffer it is the fixed
+    // default, not auto (which abissd refuses for a recording).
+    let recording = setup.fs.path().join("recording.ts");
+    let output = setup.daemon.ctl([
+        "attach",
+        recording.to_str().unwrap(),
+        "--write",
+        "--rate",
+        "1MB/s",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let streams = setup.daemon.streams();
+    let recorded = streams
+        .iter()
+        .find(|info| info.recording.is_some())
+        .expect("the recording is listed");
+    assert_eq!(
+        (recorded.buffer.0, recorded.buffer_auto.is_some()),
+        (abiss_proto::DEFAULT_BUFFER_BYTES, false)
     );
 
     let output = setup.daemon.ctl([

@@ -111,14 +111,24 @@ pub fn may_raise(owner_uid: u32, reader_uid: u32) -> bool {
 pub const MISSES_BEFORE_ADVICE: u64 = 3;
 
 /// Advice for a stream whose readers keep missing the page cache (and so keep needing
-/// upgrades): a buffer twice as large absorbs twice the jitter or burst.
+/// upgrades): a buffer twice as large absorbs twice the jitter or burst. An automatic buffer
+/// (`auto_app`: its application's part) already follows the disk's latency, so what is left is
+/// the reader's own burst: the advice is an application part as large as the whole buffer now.
 #[must_use]
-pub fn buffer_suggestion(misses: u64, buffer: abiss_proto::ByteSize) -> Option<String> {
-    (misses >= MISSES_BEFORE_ADVICE).then(|| {
-        format!(
+pub fn buffer_suggestion(
+    misses: u64,
+    buffer: abiss_proto::ByteSize,
+    auto_app: Option<u64>,
+) -> Option<String> {
+    (misses >= MISSES_BEFORE_ADVICE).then(|| match auto_app {
+        None => format!(
             "{misses} reads missed the window; try a larger buffer (--buffer {})",
             abiss_proto::ByteSize(buffer.0.saturating_mul(2))
-        )
+        ),
+        Some(app) => format!(
+            "{misses} reads missed the window; try a larger part of your own (--buffer auto+{})",
+            abiss_proto::ByteSize(buffer.0.max(app.saturating_mul(2)))
+        ),
     })
 }
 
@@ -342,9 +352,14 @@ mod tests {
     #[test]
     fn repeated_misses_suggest_a_larger_buffer() {
         let buffer = abiss_proto::ByteSize(564 * 1024);
-        assert_eq!(buffer_suggestion(2, buffer), None);
-        let advice = buffer_suggestion(3, buffer).unwrap();
-        assert!(advice.contains("--buffer"), "{advice}");
+        assert_eq!(buffer_suggestion(2, buffer, None), None);
+        let advice = buffer_suggestion(3, buffer, None).unwrap();
+        assert!(advice.contains("--buffer 1128KiB"), "{advice}");
+        // An automatic buffer is told to add a part of its own as large as it is now.
+        let advice = buffer_suggestion(3, buffer, Some(0)).unwrap();
+        assert!(advice.contains("--buffer auto+564KiB"), "{advice}");
+        let advice = buffer_suggestion(3, buffer, Some(400 * 1024)).unwrap();
+        assert!(advice.contains("--buffer auto+800KiB"), "{advice}");
     }
 
     proptest! {
