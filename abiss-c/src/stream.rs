@@ -119,13 +119,23 @@ pub(crate) fn open(
         )));
     }
     let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
-    check_file(path, mode)?;
+    let created = check_file(path, mode)?;
     let mut options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
     options.preroll = preroll;
     options.buffer_auto = buffer_auto;
-    let file = match mode {
-        Mode::Read => AbissFile::open_with(connect()?, path, &options)?,
-        Mode::Write { append } => AbissFile::record_with(connect()?, path, &options, append)?,
+    let attached = connect().and_then(|client| match mode {
+        Mode::Read => AbissFile::open_with(client, path, &options),
+        Mode::Write { append } => AbissFile::record_with(client, path, &options, append),
+    });
+    let file = match attached {
+        Ok(file) => file,
+        Err(error) => {
+            // A refused recording leaves nothing behind, not even the file fopen would make.
+            if created {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(error.into());
+        }
     };
     Ok(AbissStdioFile {
         file,
@@ -154,8 +164,8 @@ fn check_mode(mode: &CStr) -> Result<Mode, Failure> {
 }
 
 /// The file must be a regular file this process can open as `mode` asks (to read, it must
-/// exist; to record, it is created if missing).
-fn check_file(path: &Path, mode: Mode) -> Result<(), Failure> {
+/// exist; to record, it is created if missing); whether it was created.
+fn check_file(path: &Path, mode: Mode) -> Result<bool, Failure> {
     let cannot_open =
         |error: &std::io::Error| Failure::io(&format!("cannot open {}", path.display()), error);
     if path.as_os_str().is_empty() {
@@ -173,7 +183,7 @@ fn check_file(path: &Path, mode: Mode) -> Result<(), Failure> {
                 .truncate(false)
                 .open(path)
                 .map_err(|error| cannot_open(&error))?;
-            return Ok(());
+            return Ok(true);
         }
         found => found.map_err(|error| cannot_open(&error))?,
     };
@@ -201,7 +211,7 @@ fn check_file(path: &Path, mode: Mode) -> Result<(), Failure> {
         Mode::Write { .. } => File::options().write(true).truncate(false).open(path),
     }
     .map_err(|error| cannot_open(&error))?;
-    Ok(())
+    Ok(false)
 }
 
 impl AbissStdioFile {

@@ -143,16 +143,41 @@ impl AbissFile {
         append: bool,
     ) -> Result<Self, ClientError> {
         let path = path.as_ref();
-        let file = File::options()
-            .write(true)
-            .create(true)
-            .truncate(!append)
-            .append(append)
-            .open(path)
-            .map_err(|error| ClientError::BadRequest {
-                message: format!("cannot open {} for writing: {error}", path.display()),
+        let cannot_open = |error: io::Error| ClientError::BadRequest {
+            message: format!("cannot open {} for writing: {error}", path.display()),
+        };
+        // Opened without truncating, and emptied only once abissd took the stream: a refused
+        // recording leaves the file as it was (and one this call made is removed again).
+        let open = |create_new: bool| {
+            File::options()
+                .write(true)
+                .create_new(create_new)
+                .append(append)
+                .open(path)
+        };
+        let (file, created) = match open(true) {
+            Ok(file) => (file, true),
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                (open(false).map_err(cannot_open)?, false)
+            }
+            Err(error) => return Err(cannot_open(error)),
+        };
+        let stream = match client.attach(&file, options.request(true)) {
+            Ok(stream) => stream,
+            Err(error) => {
+                if created {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(error);
+            }
+        };
+        if !append {
+            // The daemon follows a file that shrinks: its write-behind starts over from the
+            // new end (`write_behind`'s truncation case).
+            file.set_len(0).map_err(|error| ClientError::BadRequest {
+                message: format!("cannot truncate {}: {error}", path.display()),
             })?;
-        let stream = client.attach(&file, options.request(true))?;
+        }
         Ok(Self {
             file,
             client,

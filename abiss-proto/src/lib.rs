@@ -285,8 +285,8 @@ pub struct AttachRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preroll: Option<ByteSize>,
     /// Size the buffer from the disk (`--buffer auto`): `buffer` is then the application's
-    /// own part (it may be 0), and abissd adds what the disk's measured real-time latency
-    /// tail takes at the stream's rate, growing it as the tail grows, within the locked-memory
+    /// own part (it may be 0), and abissd adds what the disk's measured latency tail in the
+    /// stream's priority class takes at the stream's rate, growing it as the tail grows, within the locked-memory
     /// budgets. Absent: `buffer` is the whole buffer, fixed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub buffer_auto: bool,
@@ -381,9 +381,9 @@ pub struct StreamInfo {
 pub struct AutoBufferInfo {
     /// The application's own part.
     pub app_bytes: u64,
-    /// The real-time latency tail the buffer covers: the disk's measured p99 of queue plus
-    /// service time over the last seconds, or the default while too few real-time requests
-    /// were seen.
+    /// The latency tail the buffer covers: the disk's measured p99 of queue plus service time
+    /// of the requests in the stream's priority class over the last seconds, or the default
+    /// while too few such requests were seen.
     pub tail_us: u64,
     /// Whether `tail_us` was measured (else it is the default).
     pub measured: bool,

@@ -159,7 +159,7 @@ struct StreamArgs {
     rate: Written<ByteRate>,
     /// Playout buffer: how much is kept loaded ahead of the reader, `auto` (the default when
     /// reading) or a size (564KiB; 64k is 64 KiB). With `auto`, abissd sizes it from the
-    /// real-time latency its disk shows and grows it with that latency, and on a disk with a
+    /// latency its disk shows at the stream's priority and grows it with that latency, and on a disk with a
     /// model makes your automatic buffers there as large as the disk's admission needs to take
     /// the stream, within the locked-memory budgets; `auto+256KiB` adds your own part (what
     /// your player buffers itself). A recording takes a size only [default: 564KiB].

@@ -171,7 +171,13 @@ pub fn run(
     };
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
-    parameters.wait_loaded(client, info.id)?;
+    // ABISS's start-up delay: a reader started after its first window is loaded finds its
+    // data in memory. A stream with a preroll is a player that probes its file as fast as it
+    // can before it plays: it waits for those pages whatever it does, so it starts at once,
+    // and its own start (loading its libraries, opening its decoders) overlaps the loading.
+    if parameters.preroll.is_none() {
+        parameters.wait_loaded(client, info.id)?;
+    }
     // The command is raised to the stream's level before it runs, so its first reads past the
     // window (a player's probe) are not queued below the stream; its own threads are raised
     // as they miss.
@@ -408,12 +414,12 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
 fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
     let tail = if auto.measured {
         format!(
-            "the disk's real-time p99 of {} ms over the last seconds",
+            "the disk's p99 of {} ms at the stream's priority class over the last seconds",
             auto.tail_us.div_ceil(1000)
         )
     } else {
         format!(
-            "a default {} ms until the disk has shown its real-time latency",
+            "a default {} ms until the disk has shown its latency at the stream's priority class",
             auto.tail_us / 1000
         )
     };

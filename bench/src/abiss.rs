@@ -133,7 +133,11 @@ impl Daemon {
             .arg("--device")
             .arg(device)
             .args(args)
-            .env("RUST_LOG", "warn")
+            // `ABISSD_LOG=info` shows what abissd did, for looking into a run.
+            .env(
+                "RUST_LOG",
+                std::env::var("ABISSD_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .spawn()
             .context("cannot start abissd")?;
         let daemon = Self { child, socket, dir };

@@ -49,6 +49,8 @@ pub struct Configuration {
     pub reader_class: Option<IoClass>,
     /// What else the row does around a run and around each reader.
     pub hook: Box<dyn RunHook>,
+    /// Run only when named in `--configs` (a comparison row, not part of every run).
+    pub on_request: bool,
 }
 
 impl Configuration {
@@ -61,7 +63,15 @@ impl Configuration {
             elevator: elevator.to_owned(),
             reader_class: None,
             hook: Box::new(NoHook),
+            on_request: false,
         }
+    }
+
+    /// The same row, run only when named.
+    #[must_use]
+    pub fn on_request(mut self) -> Self {
+        self.on_request = true;
+        self
     }
 
     /// The same row with the readers in `class`.
@@ -143,66 +153,71 @@ pub fn stock_configurations() -> Vec<Configuration> {
 /// The ABISS rows: abissd attaches every real-time reader's file as a stream.
 #[must_use]
 pub fn abiss_configurations() -> Vec<Configuration> {
-    use crate::abiss::{AbissHook, StreamBuffer};
+    use crate::abiss::StreamBuffer::{Auto, Fixed};
+    let fixed = "fixed buffers of the reader's size (the default before abissd sized buffers)";
     vec![
-        Configuration::new(
+        abiss_row(
             "abiss-mq-deadline",
             "ABISS over mq-deadline, real-time streams",
-            "mq-deadline",
-        )
-        .with_hook(AbissHook {
-            elevator: "mq-deadline",
-            level: 0,
-            daemon_args: Vec::new(),
-            buffer: StreamBuffer::Auto,
-            state_dir: None,
-        }),
-        Configuration::new(
+            ("mq-deadline", 0, Auto),
+            &[],
+        ),
+        abiss_row(
             "abiss-mq-deadline-fixed",
-            "ABISS over mq-deadline, real-time streams, fixed buffers of the reader's size (the default before abissd sized buffers)",
-            "mq-deadline",
-        )
-        .with_hook(AbissHook {
-            elevator: "mq-deadline",
-            level: 0,
-            daemon_args: Vec::new(),
-            buffer: StreamBuffer::Fixed,
-            state_dir: None,
-        }),
-        Configuration::new(
+            &format!("ABISS over mq-deadline, real-time streams, {fixed}"),
+            ("mq-deadline", 0, Fixed),
+            &[],
+        ),
+        abiss_row(
             "abiss-mq-deadline-no-upgrades",
             "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-upgrades)",
-            "mq-deadline",
-        )
-        .with_hook(AbissHook {
-            elevator: "mq-deadline",
-            level: 0,
-            daemon_args: vec!["--no-upgrades".to_owned()],
-            buffer: StreamBuffer::Auto,
-            state_dir: None,
-        }),
-        Configuration::new("abiss-bfq", "ABISS over bfq, real-time streams", "bfq").with_hook(
-            AbissHook {
-                elevator: "bfq",
-                level: 0,
-                daemon_args: Vec::new(),
-                buffer: StreamBuffer::Auto,
-                state_dir: None,
-            },
+            ("mq-deadline", 0, Auto),
+            &["--no-upgrades"],
         ),
-        Configuration::new(
+        abiss_row(
+            "abiss-bfq",
+            "ABISS over bfq, real-time streams",
+            ("bfq", 0, Auto),
+            &[],
+        ),
+        abiss_row(
+            "abiss-bfq-fixed",
+            &format!("ABISS over bfq, real-time streams, {fixed}"),
+            ("bfq", 0, Fixed),
+            &[],
+        )
+        .on_request(),
+        abiss_row(
             "abiss-be",
             "ABISS at best-effort priority (level 6 = BE/4), over mq-deadline",
-            "mq-deadline",
+            ("mq-deadline", 6, Auto),
+            &[],
+        ),
+        abiss_row(
+            "abiss-be-fixed",
+            &format!("ABISS at best-effort priority (level 6 = BE/4), over mq-deadline, {fixed}"),
+            ("mq-deadline", 6, Fixed),
+            &[],
         )
-        .with_hook(AbissHook {
-            elevator: "mq-deadline",
-            level: 6,
-            daemon_args: Vec::new(),
-            buffer: StreamBuffer::Auto,
-            state_dir: None,
-        }),
+        .on_request(),
     ]
+}
+
+/// An ABISS row: abissd over `elevator`, the streams at ABISS `level` with buffers sized as
+/// `buffer`, and `daemon_args` for abissd.
+fn abiss_row(
+    name: &str,
+    description: &str,
+    (elevator, level, buffer): (&'static str, u8, crate::abiss::StreamBuffer),
+    daemon_args: &[&str],
+) -> Configuration {
+    Configuration::new(name, description, elevator).with_hook(crate::abiss::AbissHook {
+        elevator,
+        level,
+        daemon_args: daemon_args.iter().map(|&a| a.to_owned()).collect(),
+        buffer,
+        state_dir: None,
+    })
 }
 
 /// Every row the benchmarks know, in report order: the stock rows, then the ABISS rows.
@@ -214,7 +229,8 @@ pub fn all_configurations() -> Vec<Configuration> {
     all
 }
 
-/// The configurations named in `names` (all of them for an empty list), in `all`'s order.
+/// The configurations named in `names` (for an empty list, all but the ones run on request),
+/// in `all`'s order.
 pub fn select(all: Vec<Configuration>, names: &[String]) -> anyhow::Result<Vec<Configuration>> {
     if let Some(unknown) = names.iter().find(|n| !all.iter().any(|c| &c.name == *n)) {
         let known: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
@@ -225,7 +241,13 @@ pub fn select(all: Vec<Configuration>, names: &[String]) -> anyhow::Result<Vec<C
     }
     Ok(all
         .into_iter()
-        .filter(|c| names.is_empty() || names.contains(&c.name))
+        .filter(|c| {
+            if names.is_empty() {
+                !c.on_request
+            } else {
+                names.contains(&c.name)
+            }
+        })
         .collect())
 }
 
@@ -361,5 +383,14 @@ mod tests {
         assert_eq!(select(stock_configurations(), &[]).unwrap().len(), 6);
         let error = select(stock_configurations(), &["cfq".to_owned()]).unwrap_err();
         assert!(error.to_string().contains("unknown configuration \"cfq\""));
+        // Comparison rows run only when named.
+        let everything = names(&select(all_configurations(), &[]).unwrap())
+            .iter()
+            .map(|n| (*n).to_owned())
+            .collect::<Vec<_>>();
+        assert!(!everything.contains(&"abiss-bfq-fixed".to_owned()));
+        assert!(everything.contains(&"abiss-mq-deadline-fixed".to_owned()));
+        let named = select(all_configurations(), &["abiss-bfq-fixed".to_owned()]).unwrap();
+        assert_eq!(names(&named), ["abiss-bfq-fixed"]);
     }
 }

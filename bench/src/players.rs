@@ -175,7 +175,6 @@ pub fn all_rows() -> Vec<Row> {
             "abiss, abissctl run --preroll 6MiB: the players' start-up reads loaded at once",
             &["--preroll", "6MiB"],
         ),
-
         row(
             "mq-deadline-seek",
             "stock mq-deadline, gst seeking every 10 s",

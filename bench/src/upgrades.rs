@@ -81,7 +81,11 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
         .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
     let mut rows = Vec::new();
     for &load in &args.loads {
-        eprintln!("upgrades: {} misses under the {}", args.misses, load.describe());
+        eprintln!(
+            "upgrades: {} misses under the {}",
+            args.misses,
+            load.describe()
+        );
         rows.push(measure(&bin_dir, args.misses, load)?);
     }
 
@@ -174,24 +178,7 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
         },
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;
-    let running = match load {
-        BestEffortLoad::Copy => RunningLoad::Copy(CopyLoop::start(
-            files.copy_source.clone(),
-            files.copy_destination.clone(),
-            COPY_CHUNK_BYTES,
-        )),
-        BestEffortLoad::Seeky => {
-            let files = seeky_files.context("the seeky load's files were laid out")?;
-            // Longer than any run of the misses (200 under this load take about a minute);
-            // the load is killed when the misses are done.
-            let runtime = Duration::from_secs(60) + Duration::from_secs(u64::from(misses));
-            RunningLoad::Seeky(crate::players::load::start(
-                disk.mount_dir(),
-                &files,
-                runtime,
-            )?)
-        }
-    };
+    let running = start_load(load, &files, seeky_files, disk.mount_dir(), misses)?;
     std::thread::sleep(Duration::from_secs(3));
 
     // The programs' cost while a file is attached (every request's file is looked up), over
@@ -216,6 +203,30 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
         raised_in_time,
         read_summary: reads.summary(),
         costs,
+    })
+}
+
+/// Starts `load` on the lab disk mounted at `mount_dir` (its files laid out already).
+fn start_load(
+    load: BestEffortLoad,
+    files: &layout::BenchFiles,
+    seeky_files: Option<crate::players::load::LoadFiles>,
+    mount_dir: &Path,
+    misses: u32,
+) -> anyhow::Result<RunningLoad> {
+    Ok(match load {
+        BestEffortLoad::Copy => RunningLoad::Copy(CopyLoop::start(
+            files.copy_source.clone(),
+            files.copy_destination.clone(),
+            COPY_CHUNK_BYTES,
+        )),
+        BestEffortLoad::Seeky => {
+            let files = seeky_files.context("the seeky load's files were laid out")?;
+            // Longer than any run of the misses (200 under this load take about a minute);
+            // the load is killed when the misses are done.
+            let runtime = Duration::from_secs(60) + Duration::from_secs(u64::from(misses));
+            RunningLoad::Seeky(crate::players::load::start(mount_dir, &files, runtime)?)
+        }
     })
 }
 

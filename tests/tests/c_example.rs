@@ -400,7 +400,8 @@ fn abissd_sizes_the_buffer(programs: &Programs, daemon: &Daemon, path_text: &str
 }
 
 /// `abiss_fopen_opts` refuses options out of range with `EINVAL` and a sentence, attaching
-/// nothing; a recording given a preroll is refused before its file is created or truncated.
+/// nothing; a refused recording, by the library or by abissd, neither creates nor truncates
+/// its file.
 #[test]
 fn fopen_opts_refuses_options_out_of_range() {
     require_root!();
@@ -415,7 +416,7 @@ fn fopen_opts_refuses_options_out_of_range() {
     let file_text = file.to_str().expect("a UTF-8 path");
     let recording_text = recording.to_str().expect("a UTF-8 path");
 
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["--preroll", "-1", file_text, "r", "1000000"], "negative"),
         (
             &["--preroll", "1048576", recording_text, "w", "1000000"],
@@ -443,6 +444,16 @@ fn fopen_opts_refuses_options_out_of_range() {
         ),
         (
             &["--preroll", "0", file_text, "r", "1000000", "4096"],
+            "smaller than two batches",
+        ),
+        // Recordings abissd refuses: the existing file keeps its bytes, the missing one is
+        // not left behind.
+        (
+            &["--preroll", "0", file_text, "w", "1000000", "4096"],
+            "smaller than two batches",
+        ),
+        (
+            &["--preroll", "0", recording_text, "w", "1000000", "4096"],
             "smaller than two batches",
         ),
     ];

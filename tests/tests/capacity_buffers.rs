@@ -3,7 +3,8 @@
 //! until the disk admits streams it would refuse at their latency-sized buffers, within the
 //! locked-memory budget. Only the asking user's streams grow, and a refusal changes nothing.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use abiss_proto::{DeviceNumber, StreamInfo};
 use abiss_tests::{
@@ -57,26 +58,7 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     let fixed_n_max = usize::try_from(fixed["n_max"].as_u64().expect("n_max")).unwrap();
     assert!((2..40).contains(&fixed_n_max), "{fixed}");
 
-    let mut attached = 0;
-    let refusal = loop {
-        let file = &files[attached];
-        let before = buffers(&daemon.streams());
-        let output = daemon.ctl([
-            "attach",
-            file.to_str().unwrap(),
-            "--rate",
-            "1MB/s",
-            "--buffer",
-            "auto+564KiB",
-        ]);
-        if !output.status.success() {
-            // A refusal grows nobody's buffer.
-            assert_eq!(buffers(&daemon.streams()), before);
-            break output;
-        }
-        attached += 1;
-        assert!(attached < FILES, "no refusal within the budget");
-    };
+    let (attached, refusal) = attach_until_refused(&daemon, &files);
     let message = String::from_utf8_lossy(&refusal.stderr);
     assert_eq!(refusal.status.code(), Some(9), "{message}");
     eprintln!(
@@ -86,6 +68,12 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     assert!(
         attached > fixed_n_max,
         "automatic buffers admitted {attached}, fixed ones {fixed_n_max}"
+    );
+    // With buffers large enough the disk takes more 1 MB/s streams than the budget can lock
+    // buffers for: the refusal names memory as what stopped this one, not only the disk.
+    assert!(
+        message.contains("would make room on the disk") && message.contains("--locked-memory"),
+        "{message}"
     );
 
     let streams = daemon.streams();
@@ -118,6 +106,30 @@ fn automatic_buffers_grow_until_the_disk_admits_more_streams() {
     assert!(miss_ppm <= 10_000, "admitted at {miss_ppm} ppm: {status}");
 
     nobody_grows_no_buffer_of_roots(&daemon, &nobody_file, lab.mount());
+}
+
+/// Attaches the files at 1 MB/s with automatic buffers until abissd refuses one; how many it
+/// took, and the refusal. A refusal grows nobody's buffer.
+fn attach_until_refused(daemon: &Daemon, files: &[PathBuf]) -> (usize, Output) {
+    let mut attached = 0;
+    loop {
+        let file = &files[attached];
+        let before = buffers(&daemon.streams());
+        let output = daemon.ctl([
+            "attach",
+            file.to_str().unwrap(),
+            "--rate",
+            "1MB/s",
+            "--buffer",
+            "auto+564KiB",
+        ]);
+        if !output.status.success() {
+            assert_eq!(buffers(&daemon.streams()), before);
+            return (attached, output);
+        }
+        attached += 1;
+        assert!(attached < FILES, "no refusal within the budget");
+    }
 }
 
 /// Another user's automatic stream may only grow its own buffer: on a disk that root's

@@ -240,7 +240,7 @@ fn an_automatic_buffer_follows_the_disks_real_time_tail() {
     );
     assert!(after.buffer.0 >= first.buffer.0);
     assert!(
-        list.contains("buffer auto: twice the rate over the disk's real-time p99"),
+        list.contains("buffer auto: twice the rate over the disk's p99"),
         "{list}"
     );
     check(

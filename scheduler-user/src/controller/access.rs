@@ -22,6 +22,17 @@ pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
     }
 }
 
+/// A reader of `stream` waited for the disk: a miss, unless the stream is still loading its
+/// first window (a player started at once, as `abissctl run --preroll` does, waits for its
+/// start there, which is not a miss; the reader is raised either way).
+fn count_miss(stream: &mut Stream) {
+    if stream.playout.is_starting() {
+        log::debug!("stream {}: a reader waits for the first window", stream.id);
+    } else {
+        stream.misses += 1;
+    }
+}
+
 /// Moves `stream`'s window as its reader moved (`step`), refilled from the allowance if the
 /// move was a seek.
 fn moved(
@@ -144,7 +155,7 @@ impl Controller {
         let level = stream.granted.priority;
         let actions = match event.access {
             Access::Miss(range) => {
-                stream.misses += 1;
+                count_miss(stream);
                 // Raise the reader first: the reads it waits for now are being queued.
                 let when = (event.at_ns, level);
                 let hook = &mut self.tracer;
@@ -161,7 +172,7 @@ impl Controller {
             Access::Filled => {
                 // A miss, on a kernel that does not say where: count it and raise the reader;
                 // the pages may be readahead past it, so the window stays (its reads move it).
-                stream.misses += 1;
+                count_miss(stream);
                 let when = (event.at_ns, level);
                 let hook = &mut self.tracer;
                 (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);

@@ -16,12 +16,12 @@ mod access;
 mod sizing;
 
 use crate::disks::Disks;
+use crate::latency_tail::LatencyTails;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
-use crate::rt_tail::RealTimeTails;
 use crate::stream_table::StreamTable;
 use crate::streams::{
     check_file, check_parameters, CheckedFile, Stream, StreamOwner, StreamStart, MAX_STREAMS,
@@ -42,7 +42,7 @@ pub struct Controller {
     /// Start-up credit of new streams, per user and shared.
     burst: BurstAllowance,
     /// The disks' recent real-time latency, for `--buffer auto`.
-    tails: RealTimeTails,
+    tails: LatencyTails,
 }
 
 impl Controller {
@@ -64,7 +64,7 @@ impl Controller {
             memory,
             // Full buckets at any time: time 0 is long enough ago.
             burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
-            tails: RealTimeTails::default(),
+            tails: LatencyTails::default(),
         }
     }
 
@@ -123,7 +123,8 @@ impl Controller {
         check_parameters(&request)?;
         let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
-        let (auto_buffer, for_capacity) = self.size_auto(peer_uid, &mut request, disk.number);
+        let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
+        let for_capacity = sizing.grown();
         let tag = self.may_share(&file, request.write)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
         // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
@@ -134,7 +135,8 @@ impl Controller {
             disk.number,
             &file,
             for_capacity.is_none(),
-        )?;
+        )
+        .map_err(|refusal| sizing.explain(refusal))?;
         if let Some(bytes) = for_capacity {
             self.grow_for_capacity(peer_uid, disk.number, bytes, now_ns);
         }

@@ -1,8 +1,10 @@
 //! How much a stream holds: its buffer sized from its disk (`--buffer auto`, grown as the
-//! disk's real-time tail grows, and grown for the disk's capacity, within the locked-memory
+//! disk's latency tail in its class grows, and grown for the disk's capacity, within the locked-memory
 //! budgets) and its start-up preroll.
 
-use abiss_proto::{AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, PAGE_BYTES};
+use abiss_proto::{
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, PAGE_BYTES,
+};
 use log::info;
 
 use super::access::fill_from_allowance;
@@ -16,9 +18,9 @@ use crate::streams::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
     /// Sizes the buffer of `request` (`--buffer auto`, its `buffer` the application's part)
-    /// from the real-time tail of `disk`.
+    /// from the tail of `disk`'s requests in the class of the stream's level.
     fn size_buffer(&self, request: &mut AttachRequest, disk: DeviceNumber) -> AutoBufferInfo {
-        let measured = self.tails.tail_ns(disk);
+        let measured = self.tails.tail_ns(disk, level_class(request.priority));
         let tail_ns = measured.unwrap_or(DEFAULT_TAIL_NS);
         let app_bytes = request.buffer.0;
         let batch = u64::from(request.batch_pages) * PAGE_BYTES;
@@ -33,7 +35,7 @@ impl Controller {
         }
     }
 
-    /// Grows the automatic buffers whose disk's real-time tail grew, as far as the
+    /// Grows the automatic buffers whose disk's tail in their class grew, as far as the
     /// locked-memory budgets allow (see [`crate::policy::buffer_sizing`]).
     pub(super) fn grow_auto_buffers(&mut self, now_ns: u64) {
         let auto: Vec<u64> = self
@@ -47,7 +49,8 @@ impl Controller {
             let Some(stream) = self.streams.get(id) else {
                 continue;
             };
-            let Some(tail_ns) = self.tails.tail_ns(stream.disk) else {
+            let class = level_class(stream.granted.priority);
+            let Some(tail_ns) = self.tails.tail_ns(stream.disk, class) else {
                 continue;
             };
             let locked_by_user = self.streams.locked_at_most(Some(stream.owner_uid));
@@ -78,7 +81,7 @@ impl Controller {
             }
             if grow && fits {
                 info!(
-                    "stream {id}: buffer {} → {} for a real-time tail of {} ms on its disk",
+                    "stream {id}: buffer {} → {} for a {class} tail of {} ms on its disk",
                     stream.granted.buffer,
                     ByteSize(wanted),
                     tail_ns / 1_000_000
@@ -91,39 +94,39 @@ impl Controller {
     }
 
     /// Sizes an automatic buffer (`--buffer auto`; nothing for others): from the disk's
-    /// real-time tail, and larger where the disk's admission needs it (then the size the
+    /// latency tail, and larger where the disk's admission needs it (then the size the
     /// owner's other automatic streams on the disk must grow to, too).
     pub(super) fn size_auto(
         &self,
         peer_uid: u32,
         request: &mut AttachRequest,
         disk: DeviceNumber,
-    ) -> (Option<AutoBufferInfo>, Option<u64>) {
+    ) -> (Option<AutoBufferInfo>, CapacitySizing) {
         if !request.buffer_auto {
-            return (None, None);
+            return (None, CapacitySizing::AsIs);
         }
         let mut info = self.size_buffer(request, disk);
-        let for_capacity = self.buffer_for_capacity(peer_uid, request, disk);
-        if let Some(bytes) = for_capacity {
+        let sizing = self.buffer_for_capacity(peer_uid, request, disk);
+        if let CapacitySizing::Grow(bytes) = sizing {
             request.buffer = ByteSize(bytes);
             info.for_capacity_bytes = Some(bytes);
         }
-        (Some(info), for_capacity)
+        (Some(info), sizing)
     }
 
     /// Memory buys disk time: when `disk`'s model would refuse the automatic stream of
     /// `request` at its latency-sized buffer, the smallest common buffer for it and its
     /// owner's other automatic streams on the disk at which the disk admits them all and the
     /// locked-memory budgets hold the growth (see [`crate::policy::buffer_sizing`]). Only the
-    /// owner's own streams grow, so no user's attach spends another's budget. `None` when the
-    /// buffer is not what stops the stream: no model, admission off, it fits as it is, or no
-    /// buffer within the budgets would do.
+    /// owner's own streams grow, so no user's attach spends another's budget.
+    /// [`CapacitySizing::AsIs`] when the buffer is not what stops the stream: no model,
+    /// admission off, it fits as it is, or no buffer would do.
     pub(super) fn buffer_for_capacity(
         &self,
         peer_uid: u32,
         request: &AttachRequest,
         disk: DeviceNumber,
-    ) -> Option<u64> {
+    ) -> CapacitySizing {
         let grows =
             |stream: &Stream, buffer: u64| grows_for_capacity(stream, peer_uid, disk, buffer);
         let with_buffer = |granted: &AttachRequest, buffer: u64| AttachRequest {
@@ -146,8 +149,8 @@ impl Controller {
             self.disks
                 .model_admits(disk, &existing, &demand_of(&with_buffer(request, buffer)))
         };
-        if admits_at(request.buffer.0)? {
-            return None;
+        if admits_at(request.buffer.0).unwrap_or(true) {
+            return CapacitySizing::AsIs;
         }
         let batch = u64::from(request.batch_pages) * PAGE_BYTES;
         let preroll = request.preroll.map_or(0, |preroll| preroll.0);
@@ -170,12 +173,26 @@ impl Controller {
             self.streams.locked_at_most(None),
             self.streams.locked_at_most(Some(peer_uid)),
         );
-        smallest_fitting_buffer(request.buffer.0, MAX_BUFFER_BYTES, |buffer| {
-            admits_at(buffer) == Some(true)
-                && self
-                    .memory
-                    .admit(peer_uid, locked_for(buffer), locked_total, locked_by_user)
-                    .is_ok()
+        let fits_memory = |buffer: u64| {
+            self.memory
+                .admit(peer_uid, locked_for(buffer), locked_total, locked_by_user)
+                .is_ok()
+        };
+        if let Some(bytes) = smallest_fitting_buffer(request.buffer.0, MAX_BUFFER_BYTES, |b| {
+            admits_at(b) == Some(true) && fits_memory(b)
+        }) {
+            return CapacitySizing::Grow(bytes);
+        }
+        // Nothing fits both: if the disk alone would take a larger buffer, memory is what
+        // stops the stream, and the refusal should say so.
+        smallest_fitting_buffer(request.buffer.0, MAX_BUFFER_BYTES, |b| {
+            admits_at(b) == Some(true)
+        })
+        .map_or(CapacitySizing::AsIs, |buffer_bytes| {
+            CapacitySizing::HeldByMemory {
+                buffer_bytes,
+                locked_bytes: locked_for(buffer_bytes),
+            }
         })
     }
 
@@ -232,6 +249,58 @@ impl Controller {
     }
 }
 
+/// The class the requests of a stream at ABISS `level` are queued in.
+fn level_class(level: u8) -> IoClass {
+    IoClass::from_kernel(scheduler_common::abiss_level::to_kernel(level).0)
+}
+
+/// What the disk's capacity asks of a new automatic stream's buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CapacitySizing {
+    /// Nothing: the buffer is not what decides (no model, admission off, it fits, or no buffer
+    /// would do).
+    AsIs,
+    /// The stream and its owner's other automatic streams on the disk take this common buffer.
+    Grow(u64),
+    /// The disk would take the stream with automatic buffers of `buffer_bytes`, but growing
+    /// them would lock `locked_bytes` more than the locked-memory budgets have free.
+    HeldByMemory {
+        /// The common buffer the disk would take.
+        buffer_bytes: u64,
+        /// What the stream and the growth would lock.
+        locked_bytes: u64,
+    },
+}
+
+impl CapacitySizing {
+    /// The buffer to grow to, if any.
+    pub(super) fn grown(self) -> Option<u64> {
+        match self {
+            Self::Grow(bytes) => Some(bytes),
+            Self::AsIs | Self::HeldByMemory { .. } => None,
+        }
+    }
+
+    /// The disk's refusal of the stream, with what memory would have bought where memory is
+    /// what stopped it.
+    pub(super) fn explain(self, refusal: Refusal) -> Refusal {
+        match (self, refusal) {
+            (
+                Self::HeldByMemory {
+                    buffer_bytes,
+                    locked_bytes,
+                },
+                Refusal::DoesNotFit(disk),
+            ) => Refusal::DoesNotFit(format!(
+                "{disk}; automatic buffers of {} would make room on the disk, but the stream and the growth of yours there would lock {}, more than the locked-memory budgets have free: ask the administrator for a larger --locked-memory or --user-locked-memory, or detach a stream",
+                ByteSize(buffer_bytes),
+                ByteSize(locked_bytes)
+            )),
+            (_, refusal) => refusal,
+        }
+    }
+}
+
 /// Whether `stream` grows when `owner`'s automatic streams on `disk` take a common buffer of
 /// `buffer_bytes` for the disk's capacity: only the owner's own automatic streams, and only
 /// upwards.
@@ -240,4 +309,37 @@ fn grows_for_capacity(stream: &Stream, owner: u32, disk: DeviceNumber, buffer_by
         && stream.owner_uid == owner
         && stream.auto_buffer.is_some()
         && stream.granted.buffer.0 < buffer_bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_says_when_memory_is_what_stopped_the_stream() {
+        let disk = || Refusal::DoesNotFit("the disk would need 820 ms of every 1000 ms".into());
+        let held = CapacitySizing::HeldByMemory {
+            buffer_bytes: 2 << 20,
+            locked_bytes: 40 << 20,
+        };
+        let Refusal::DoesNotFit(message) = held.explain(disk()) else {
+            panic!("still the disk's refusal");
+        };
+        assert!(
+            message.starts_with("the disk would need 820 ms"),
+            "{message}"
+        );
+        assert!(message.contains("automatic buffers of 2MiB"), "{message}");
+        assert!(message.contains("would lock 40MiB"), "{message}");
+        assert!(message.contains("--locked-memory"), "{message}");
+        // Where memory is not the reason, the refusal is as it was.
+        assert_eq!(CapacitySizing::AsIs.explain(disk()), disk());
+        assert_eq!(CapacitySizing::Grow(1 << 20).explain(disk()), disk());
+        assert_eq!(
+            held.explain(Refusal::DaemonFull { max: 256 }),
+            Refusal::DaemonFull { max: 256 }
+        );
+        assert_eq!(held.grown(), None);
+        assert_eq!(CapacitySizing::Grow(4096).grown(), Some(4096));
+    }
 }

@@ -33,7 +33,7 @@ pub const MIN_TAIL_SAMPLES: u64 = 50;
 pub const GROW_HYSTERESIS_PERCENT: u64 = 10;
 
 /// The buffer for a stream of `rate_bps` with `app_bytes` of its own, on a disk whose
-/// real-time tail is `tail_ns`, loading in batches of `batch_bytes`: whole pages.
+/// latency tail (in the stream's class) is `tail_ns`, loading in batches of `batch_bytes`: whole pages.
 #[must_use]
 pub fn auto_buffer_bytes(app_bytes: u64, rate_bps: u64, tail_ns: u64, batch_bytes: u64) -> u64 {
     let during_tail = u128::from(rate_bps) * u128::from(tail_ns) / 1_000_000_000;

@@ -19,7 +19,7 @@ pub struct LockedMemoryBudget {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MemoryRefusal {
     /// The machine-wide budget is spent.
-    #[error("a buffer locking {wanted_bytes} bytes does not fit: {free_bytes} of the {budget_bytes} bytes abissd may lock for all streams are free; ask for a smaller --buffer, or detach a stream")]
+    #[error("a stream locking {wanted_bytes} bytes (its buffer, a batch and any preroll) does not fit: {free_bytes} of the {budget_bytes} bytes abissd may lock for all streams are free; ask for a smaller --buffer or --preroll, or detach a stream")]
     Total {
         /// What the stream would lock.
         wanted_bytes: u64,
@@ -29,7 +29,7 @@ pub enum MemoryRefusal {
         budget_bytes: u64,
     },
     /// The user's budget is spent.
-    #[error("a buffer locking {wanted_bytes} bytes does not fit: {free_bytes} of the {budget_bytes} bytes one user's streams may lock are free; ask for a smaller --buffer, or detach one of yours")]
+    #[error("a stream locking {wanted_bytes} bytes (its buffer, a batch and any preroll) does not fit: {free_bytes} of the {budget_bytes} bytes one user's streams may lock are free; ask for a smaller --buffer or --preroll, or detach one of yours")]
     User {
         /// What the stream would lock.
         wanted_bytes: u64,

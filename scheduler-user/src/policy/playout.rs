@@ -87,6 +87,9 @@ pub struct PlayoutBuffer {
     seeks: u64,
     /// A start-up preroll up to here waits for the first window to be locked (0: none).
     preroll_end: u64,
+    /// The first window was loaded and locked. Until then a reader that waits for the disk
+    /// waits for the stream's start, which is part of its contract, not a miss.
+    started: bool,
 }
 
 impl PlayoutBuffer {
@@ -125,6 +128,7 @@ impl PlayoutBuffer {
             prefetched_bytes: 0,
             seeks: 0,
             preroll_end: 0,
+            started: false,
         };
         let mut actions = Vec::new();
         buffer.fill(now_ns, &mut actions);
@@ -286,6 +290,13 @@ impl PlayoutBuffer {
         self.load_preroll(end)
     }
 
+    /// Whether the stream is still loading its first window: a reader's wait for the disk
+    /// now is its start, not a miss.
+    #[must_use]
+    pub fn is_starting(&self) -> bool {
+        !self.started && !self.window_locked()
+    }
+
     /// Whether everything the window asked for is loaded and locked.
     fn window_locked(&self) -> bool {
         self.requested_end <= self.window_start
@@ -399,6 +410,7 @@ impl PlayoutBuffer {
             });
         }
         self.insert_locked(keep);
+        self.started |= self.window_locked();
         if self.preroll_end > self.requested_end && self.generation == 0 && self.window_locked() {
             let end = std::mem::take(&mut self.preroll_end);
             actions.extend(self.load_preroll(end));

@@ -292,6 +292,19 @@ fn a_preroll_waits_for_the_first_window_then_loads() {
     assert!(buffer.locked_bytes() <= B);
 }
 
+/// A stream is starting until its first window is locked; after that, a window that is not
+/// yet locked again (it moved) is a miss, not a start.
+#[test]
+fn a_stream_starts_until_its_first_window_is_locked() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    assert!(buffer.is_starting());
+    complete(&mut buffer, &actions);
+    assert!(!buffer.is_starting());
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    assert!(!seek.is_empty());
+    assert!(!buffer.is_starting(), "a seek is not a start");
+}
+
 /// After seeks that spent the banked credit, the window lacks a buffer; credit granted from
 /// outside the rate (the owner's allowance) fills it at once, and no more than it lacks.
 #[test]

@@ -1,8 +1,11 @@
-//! The real-time latency tail of each managed disk, over the last seconds: what `--buffer
-//! auto` sizes buffers from. Fed the cumulative latency histograms the block programs keep
-//! (every completed request's queue and service time, by device and priority), it keeps one
-//! difference per second for the last [`WINDOW_SECONDS`] and answers the p99 of queue plus
-//! service time of the real-time requests among them.
+//! The latency tail of each managed disk per priority class, over the last seconds: what
+//! `--buffer auto` sizes buffers from. Fed the cumulative latency histograms the block programs
+//! keep (every completed request's queue and service time, by device and priority), it keeps
+//! one difference per second for the last [`WINDOW_SECONDS`] and answers the p99 of queue
+//! plus service time of a class's requests among them. A stream's loads are queued in its
+//! level's class, so that class's tail is what its buffer must cover: the real-time one for
+//! levels 0 to 3, the best-effort one (requests with no class set count there, as the kernel
+//! serves them) for levels 4 to 7.
 //!
 //! The histograms have power-of-two buckets, and the two quantiles are added, so the tail is
 //! an upper bound (up to about twice the true p99): a buffer sized from it errs on the large
@@ -20,18 +23,31 @@ pub const WINDOW_SECONDS: usize = 10;
 /// How often the histograms are looked at.
 pub const UPDATE_NS: u64 = 1_000_000_000;
 
-/// One disk's real-time (queue, service) histograms.
+/// One disk's and class's (queue, service) histograms.
 type Pair = (Log2Histogram, Log2Histogram);
 
-/// The recent real-time latency of every disk.
+/// A disk and a priority class: [`IoClass::Rt`], [`IoClass::Be`] or [`IoClass::Idle`].
+type Key = (DeviceNumber, IoClass);
+
+/// The class a request of `class` is served in: no class set is best effort.
+fn served_as(class: IoClass) -> Option<IoClass> {
+    match class {
+        IoClass::Rt => Some(IoClass::Rt),
+        IoClass::Be | IoClass::None => Some(IoClass::Be),
+        IoClass::Idle => Some(IoClass::Idle),
+        IoClass::Invalid => None,
+    }
+}
+
+/// The recent latency of every disk, per class.
 #[derive(Debug, Default)]
-pub struct RealTimeTails {
-    cumulative: BTreeMap<DeviceNumber, Pair>,
-    recent: BTreeMap<DeviceNumber, VecDeque<Pair>>,
+pub struct LatencyTails {
+    cumulative: BTreeMap<Key, Pair>,
+    recent: BTreeMap<Key, VecDeque<Pair>>,
     updated_ns: Option<u64>,
 }
 
-impl RealTimeTails {
+impl LatencyTails {
     /// Whether it is time to look at the histograms again.
     #[must_use]
     pub fn due(&self, now_ns: u64) -> bool {
@@ -42,33 +58,36 @@ impl RealTimeTails {
     /// Takes in the cumulative histograms as they are at `now_ns`.
     pub fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
         self.updated_ns = Some(now_ns);
-        let mut totals: BTreeMap<DeviceNumber, Pair> = BTreeMap::new();
-        for group in groups.iter().filter(|g| g.priority.class == IoClass::Rt) {
-            let (queue, service) = totals.entry(group.device).or_default();
+        let mut totals: BTreeMap<Key, Pair> = BTreeMap::new();
+        for group in groups {
+            let Some(class) = served_as(group.priority.class) else {
+                continue;
+            };
+            let (queue, service) = totals.entry((group.device, class)).or_default();
             queue.merge(&group.queue);
             service.merge(&group.service);
         }
-        for (device, (queue, service)) in totals {
-            let delta = match self.cumulative.get(&device) {
+        for (key, (queue, service)) in totals {
+            let delta = match self.cumulative.get(&key) {
                 Some((queue_before, service_before)) => {
                     (queue.since(queue_before), service.since(service_before))
                 }
                 None => (queue.clone(), service.clone()),
             };
-            let recent = self.recent.entry(device).or_default();
+            let recent = self.recent.entry(key).or_default();
             recent.push_back(delta);
             while recent.len() > WINDOW_SECONDS {
                 recent.pop_front();
             }
-            self.cumulative.insert(device, (queue, service));
+            self.cumulative.insert(key, (queue, service));
         }
     }
 
-    /// The p99 of queue plus service time of `device`'s real-time requests over the window,
-    /// in ns; `None` while fewer than [`MIN_TAIL_SAMPLES`] completed in it.
+    /// The p99 of queue plus service time of `device`'s requests served in `class` over the
+    /// window, in ns; `None` while fewer than [`MIN_TAIL_SAMPLES`] completed in it.
     #[must_use]
-    pub fn tail_ns(&self, device: DeviceNumber) -> Option<u64> {
-        let recent = self.recent.get(&device)?;
+    pub fn tail_ns(&self, device: DeviceNumber, class: IoClass) -> Option<u64> {
+        let recent = self.recent.get(&(device, served_as(class)?))?;
         let mut queue = Log2Histogram::default();
         let mut service = Log2Histogram::default();
         for (q, s) in recent {
@@ -108,26 +127,32 @@ mod tests {
     }
 
     #[test]
-    fn the_tail_follows_the_recent_real_time_requests_of_each_disk() {
+    fn the_tail_follows_the_recent_requests_of_each_disk_and_class() {
         let disk = DeviceNumber { major: 8, minor: 0 };
-        let mut tails = RealTimeTails::default();
+        let mut tails = LatencyTails::default();
         assert!(tails.due(0));
-        // Too few samples: no tail; best-effort requests do not count.
+        // Too few real-time samples: no real-time tail; best-effort requests do not count
+        // there, but they have their own (with the requests of no class).
         tails.update(
             &[
                 group(disk, IoClass::Rt, 5_000, 10),
                 group(disk, IoClass::Be, 900_000, 1000),
+                group(disk, IoClass::None, 900_000, 1000),
             ],
             0,
         );
-        assert_eq!(tails.tail_ns(disk), None);
+        assert_eq!(tails.tail_ns(disk, IoClass::Rt), None);
+        let be = tails.tail_ns(disk, IoClass::Be).unwrap();
+        assert!((900_000_000..=2_000_000_000).contains(&be), "{be}");
+        assert_eq!(tails.tail_ns(disk, IoClass::None), Some(be));
+        assert_eq!(tails.tail_ns(disk, IoClass::Idle), None);
         assert!(!tails.due(UPDATE_NS - 1) && tails.due(UPDATE_NS));
         // 100 more at about 60 ms: the tail is their bucket's top.
         let mut cumulative = group(disk, IoClass::Rt, 5_000, 10);
         let slow = group(disk, IoClass::Rt, 60_000, 100);
         cumulative.service.merge(&slow.service);
         tails.update(&[cumulative.clone()], UPDATE_NS);
-        let tail = tails.tail_ns(disk).unwrap();
+        let tail = tails.tail_ns(disk, IoClass::Rt).unwrap();
         assert!((60_000_000..=140_000_000).contains(&tail), "{tail}");
         // Ten quiet seconds of fast requests later, the slow ones are out of the window.
         for second in 2..=12u64 {
@@ -136,6 +161,6 @@ mod tests {
                 .merge(&group(disk, IoClass::Rt, 1_000, 10).service);
             tails.update(&[cumulative.clone()], second * UPDATE_NS);
         }
-        assert!(tails.tail_ns(disk).unwrap() < 10_000_000);
+        assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() < 10_000_000);
     }
 }
