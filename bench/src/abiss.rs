@@ -133,10 +133,10 @@ impl Daemon {
             .arg("--device")
             .arg(device)
             .args(args)
-            // `ABISSD_LOG=info` shows what abissd did, for looking into a run.
+            // `ABISS_DAEMON_LOG=info` shows what abissd did, as in the tests.
             .env(
                 "RUST_LOG",
-                std::env::var("ABISSD_LOG").unwrap_or_else(|_| "warn".to_owned()),
+                std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".to_owned()),
             )
             .spawn()
             .context("cannot start abissd")?;
