@@ -253,15 +253,19 @@ impl Daemon {
     /// buffer; returns the stream id.
     #[must_use]
     pub fn attach_at_1mb(&self, file: &Path) -> u64 {
-        let output = self.ctl([
+        attached_id(&self.attach_1mb_output(file, "564KiB"))
+    }
+
+    /// `abissctl attach FILE --rate 1MB/s --buffer BUFFER`, as it ended.
+    pub fn attach_1mb_output(&self, file: &Path, buffer: &str) -> Output {
+        self.ctl([
             OsStr::new("attach"),
             file.as_os_str(),
             OsStr::new("--rate"),
             OsStr::new("1MB/s"),
             OsStr::new("--buffer"),
-            OsStr::new("564KiB"),
-        ]);
-        attached_id(&output)
+            OsStr::new(buffer),
+        ])
     }
 
     /// The daemon's view of its streams.

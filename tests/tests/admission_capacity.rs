@@ -92,14 +92,7 @@ fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
 
 /// Attaching `file` at 1 MB/s is refused (exit code 9), with the figures in the message.
 fn assert_refused_with_figures(daemon: &Daemon, file: &Path) {
-    let output = daemon.ctl([
-        "attach",
-        file.to_str().unwrap(),
-        "--rate",
-        "1MB/s",
-        "--buffer",
-        "564KiB",
-    ]);
+    let output = daemon.attach_1mb_output(file, "564KiB");
     let message = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(9), "{message}");
     for figure in [

@@ -115,14 +115,7 @@ fn attach_until_refused(daemon: &Daemon, files: &[PathBuf]) -> (usize, Output) {
     loop {
         let file = &files[attached];
         let before = buffers(&daemon.streams());
-        let output = daemon.ctl([
-            "attach",
-            file.to_str().unwrap(),
-            "--rate",
-            "1MB/s",
-            "--buffer",
-            "auto+564KiB",
-        ]);
+        let output = daemon.attach_1mb_output(file, "auto+564KiB");
         if !output.status.success() {
             assert_eq!(buffers(&daemon.streams()), before);
             return (attached, output);

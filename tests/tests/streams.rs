@@ -224,7 +224,11 @@ fn bad_input_is_refused_and_changes_nothing() {
     write_cold_file(&file, 2 << 20);
     let path = file.to_str().unwrap();
     let pid = daemon_pid(daemon);
-    let existing = ctl(daemon, &["attach", path, "--rate", "1MB/s"]);
+    // A fixed buffer, so that what is locked is known (a reader's default is automatic).
+    let existing = ctl(
+        daemon,
+        &["attach", path, "--rate", "1MB/s", "--buffer", "564KiB"],
+    );
     assert!(existing.status.success());
     assert!(wait_until(Duration::from_secs(5), || locked_kib(pid) == BUFFER / 1024));
 
