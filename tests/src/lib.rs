@@ -257,6 +257,7 @@ impl Daemon {
     }
 
     /// `abissctl attach FILE --rate 1MB/s --buffer BUFFER`, as it ended.
+    #[must_use]
     pub fn attach_1mb_output(&self, file: &Path, buffer: &str) -> Output {
         self.ctl([
             OsStr::new("attach"),
