@@ -159,10 +159,11 @@ struct StreamArgs {
     rate: Written<ByteRate>,
     /// Playout buffer: how much is kept loaded ahead of the reader, `auto` (the default when
     /// reading) or a size (564KiB; 64k is 64 KiB). With `auto`, abissd sizes it from the
-    /// latency its disk shows at the stream's priority and grows it with that latency, and on a disk with a
-    /// model makes your automatic buffers there as large as the disk's admission needs to take
-    /// the stream, within the locked-memory budgets; `auto+256KiB` adds your own part (what
-    /// your player buffers itself). A recording takes a size only [default: 564KiB].
+    /// latency its disk shows at the stream's priority and grows it with that latency, and on
+    /// a disk with a model makes your automatic buffers there as large as the disk's admission
+    /// needs to take the stream, within the locked-memory budgets; `auto+256KiB` adds your own
+    /// part (what your player buffers itself). A recording takes a size only [default:
+    /// 564KiB].
     #[arg(long, short = 'b')]
     buffer: Option<BufferArg>,
     /// Pages loaded per credit step.
@@ -183,7 +184,9 @@ struct StreamArgs {
     preallocate: bool,
     /// Load this much of the file's head at once when the stream starts, beyond --buffer (a
     /// player's start-up probe: ffmpeg reads about 5 MB), locked until the reader passes it.
-    /// It comes out of your start-up allowance and counts against your locked memory.
+    /// It comes out of your start-up allowance and counts against your locked memory. With
+    /// `run`, the command starts at once instead of after the first window: it waits for the
+    /// pages it probes as they load.
     #[arg(long, conflicts_with = "write")]
     preroll: Option<Written<ByteSize>>,
 }
@@ -242,8 +245,8 @@ impl StreamArgs {
         let (buffer, buffer_auto) = match &self.buffer {
             Some(BufferArg::Size(size)) => (rounded(size), false),
             Some(BufferArg::Auto(app)) => (app.as_ref().map_or(ByteSize(0), rounded), true),
-            // abissd sizes a reader's buffer unless told a size; a recording's is a size
-            // (automatic sizing follows the real-time read tail, which says nothing of writes).
+            // abissd sizes a reader's buffer unless told a size; a recording's is a size (it
+            // bounds the dirty memory, and the latency tail of reads says nothing of that).
             None if self.write => (ByteSize(DEFAULT_BUFFER_BYTES), false),
             None => (ByteSize(0), true),
         };
