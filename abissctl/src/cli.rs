@@ -230,16 +230,6 @@ impl std::str::FromStr for BufferArg {
     }
 }
 
-impl std::fmt::Display for BufferArg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Size(size) => write!(f, "{size}"),
-            Self::Auto(None) => write!(f, "auto"),
-            Self::Auto(Some(app)) => write!(f, "auto+{app}"),
-        }
-    }
-}
-
 impl StreamArgs {
     fn parameters(&self) -> StreamParameters {
         let (buffer, buffer_auto) = match &self.buffer {
