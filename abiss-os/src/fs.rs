@@ -52,6 +52,15 @@ fn replace_via_temporary(path: &Path, contents: &[u8], durable: bool) -> io::Res
     Ok(())
 }
 
+/// Whether `dir` is on tmpfs (as `/run` is), where writing a file never waits for a disk.
+///
+/// # Errors
+/// If `dir` cannot be looked at.
+pub fn is_in_memory(dir: &Path) -> io::Result<bool> {
+    let fs_type = nix::sys::statfs::statfs(dir)?.filesystem_type();
+    Ok(fs_type == nix::sys::statfs::TMPFS_MAGIC)
+}
+
 /// Creates `dir` (mode 0755) if it is missing, then checks that only root (or this process's
 /// user) can change what is in it: it and every directory above it are owned by root or by
 /// this process's effective user, and none is writable by group or others unless it is
@@ -114,6 +123,13 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("scratch dir");
         dir
+    }
+
+    #[test]
+    fn tmpfs_is_told_from_other_file_systems() {
+        assert!(is_in_memory(Path::new("/dev/shm")).expect("statfs /dev/shm"));
+        assert!(!is_in_memory(Path::new("/proc")).expect("statfs /proc"));
+        assert!(is_in_memory(Path::new("/no/such/dir")).is_err());
     }
 
     #[test]

@@ -119,7 +119,9 @@ impl Daemon {
         args: &[&str],
         state_dir: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let dir = std::env::temp_dir().join(format!("abiss-bench-daemon-{}", std::process::id()));
+        // On tmpfs, as abissd's default /run/abiss is on a systemd machine: each raise writes its record there, and
+        // on the root disk (which holds the lab disk's image) that write waited up to 68 ms.
+        let dir = Path::new("/dev/shm").join(format!("abiss-bench-daemon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
         let socket = dir.join("abiss.sock");
         let state = state_dir.map_or_else(|| dir.join("state"), Path::to_path_buf);

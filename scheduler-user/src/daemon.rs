@@ -280,6 +280,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
             source,
         }
     })?;
+    warn_unless_in_memory(&config.state_dir);
     // Before the disks: a disk that cannot be taken (exit 16, 17) must not leave the readers
     // a crashed daemon raised at real-time priority.
     crate::upgrades::restore_leftovers(&config.state_dir);
@@ -342,6 +343,18 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         sighup: signal(SignalKind::hangup())?,
     };
     Ok((controller, inputs))
+}
+
+/// Says so if the state directory is not on tmpfs: a raise writes its record there before the
+/// next event is handled, and on a disk's file system that waits for the journal (up to 68 ms
+/// measured on ext4 under load).
+fn warn_unless_in_memory(state_dir: &std::path::Path) {
+    if let Ok(false) = abiss_os::fs::is_in_memory(state_dir) {
+        warn!(
+            "the state directory {} is not on tmpfs: raising a reader writes a record there and waits for that disk's journal; use a tmpfs such as /run/abiss",
+            state_dir.display()
+        );
+    }
 }
 
 /// The reader upgrades, with the tasks raised threads make followed: their reports, and the

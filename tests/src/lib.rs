@@ -128,7 +128,9 @@ impl Daemon {
     /// Starts abissd with extra arguments (its socket and state directory are private).
     #[must_use]
     pub fn start_with(args: &[&str]) -> Self {
-        let dir = Scratch::new_in("/tmp", "daemon");
+        // On tmpfs, as abissd's default /run/abiss is on a systemd machine: a raise writes its
+        // record there.
+        let dir = Scratch::new_in("/dev/shm", "daemon");
         let socket = dir.path().join("abiss.sock");
         let mut daemon = Self {
             child: None,
