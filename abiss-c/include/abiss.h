@@ -100,8 +100,9 @@ struct abiss_options {
 	long app_buffer;
 	/* Bytes of the file's head that abissd loads at once when the stream starts, beyond the
 	 * playout buffer and outside the byterate: what a player reads before it plays (its
-	 * start-up probe). Locked in memory until the reader passes it, and released when it
-	 * seeks away before that. 0 (the default) for none, at most ABISS_MAX_PREROLL; more than
+	 * start-up probe), and with it the file's last 512 KiB, which players read to find the
+	 * duration. Locked in memory until the reader passes it, and released when it seeks
+	 * away before that. 0 (the default) for none, at most ABISS_MAX_PREROLL; more than
 	 * the file loads the whole file. Read streams only: a recording reads nothing ahead. It
 	 * comes out of the user's start-up allowance (a smaller one is loaded when that is
 	 * short) and counts against abissd's locked-memory budgets while it is locked. */

@@ -279,8 +279,9 @@ pub struct AttachRequest {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preallocate: bool,
     /// For a read stream: load this much of the file's head at once when the stream starts,
-    /// beyond its buffer (a player's start-up probe), locked until the reader passes it. It
-    /// comes out of the start-up allowance and counts against the locked-memory budgets.
+    /// beyond its buffer (a player's start-up probe), locked until the reader passes it, and
+    /// the file's last 512 KiB with it (players read the end for the duration). It comes out
+    /// of the start-up allowance and counts against the locked-memory budgets.
     /// Absent: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preroll: Option<ByteSize>,

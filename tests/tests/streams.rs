@@ -456,11 +456,29 @@ fn a_user_cannot_hold_more_than_32_streams_and_root_detaches_them_all() {
     assert!(client.list().unwrap().is_empty());
 }
 
+/// Reads `count` 64 KiB blocks of `path` from block `skip` on, as a player's reader would.
+fn dd(path: &str, skip: u64, count: u64) {
+    let status = Command::new("dd")
+        .args([
+            &format!("if={path}"),
+            "of=/dev/null",
+            "bs=64k",
+            &format!("skip={skip}"),
+            &format!("count={count}"),
+            "status=none",
+        ])
+        .status()
+        .expect("dd");
+    assert!(status.success());
+}
+
 /// `--preroll`: the head of the file beyond the buffer is loaded at once when the stream
-/// starts (not at the rate), locked until the reader passes it, and it counts against the
-/// locked-memory budget while it is locked (a preroll that does not fit is refused).
+/// starts (not at the rate), and the file's last 512 KiB with it (players read the end for the
+/// duration). Both are locked until the reader passes the head, a read of the tail is no
+/// seek, and they count against the locked-memory budget while they are locked (a preroll
+/// that does not fit is refused).
 #[test]
-fn a_preroll_loads_the_head_at_once_until_the_reader_passes_it() {
+fn a_preroll_loads_the_head_and_the_tail_at_once_until_the_reader_passes_the_head() {
     require_root!();
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
     let daemon = Daemon::start_managing(
@@ -469,46 +487,58 @@ fn a_preroll_loads_the_head_at_once_until_the_reader_passes_it() {
     );
     let daemon = &daemon;
     let path = fs.path().join("movie.ts");
-    write_cold_file(&path, 32 << 20);
+    let file_bytes = 32 << 20;
+    write_cold_file(&path, file_bytes);
     let file = File::open(&path).expect("open");
     let path = path.to_str().unwrap();
-    let preroll = 8 << 20;
+    let (preroll, tail) = (8 << 20, 512 << 10);
     let started = Instant::now();
     let output = ctl(
         daemon,
         &["attach", path, "--rate", "1MB/s", "--preroll", "8MiB"],
     );
     assert!(output.status.success(), "{output:?}");
-    let locked = || daemon.streams().first().map_or(0, |s| s.locked_bytes);
+    let stream = || daemon.streams().first().cloned().expect("the stream");
+    let locked = || stream().locked_bytes;
     assert!(
-        wait_until(Duration::from_secs(3), || locked() == preroll),
-        "8 MiB locked at once ({} after {:?}); at 1 MB/s it would take 8 s",
+        wait_until(Duration::from_secs(3), || locked() == preroll + tail),
+        "8 MiB of the head and 512 KiB of the tail locked at once ({} after {:?}); at 1 MB/s \
+         it would take 8 s",
         locked(),
         started.elapsed()
     );
     assert_eq!(resident_bytes(&file, 0, preroll), preroll);
-    // While it is locked, the preroll counts: 8 MiB + 12 MiB do not fit in 16 MiB.
+    assert_eq!(resident_bytes(&file, file_bytes - tail, tail), tail);
+    // While it is locked, the preroll counts: 8.5 MiB + 12.5 MiB do not fit in 16 MiB.
     expect_refused(
         daemon,
         &["attach", path, "--rate", "1MB/s", "--preroll", "12MiB"],
         9,
         "does not fit",
     );
-    // A reader that passes 6 MiB releases what it passed; the window stays B ahead of it.
-    let status = Command::new("dd")
-        .args([
-            &format!("if={path}"),
-            "of=/dev/null",
-            "bs=64k",
-            "count=96",
-            "status=none",
-        ])
-        .status()
-        .expect("dd");
-    assert!(status.success());
+    // The player's look at the end: no seek, nothing released.
+    dd(path, (file_bytes - (256 << 10)) / (64 << 10), 4);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        (stream().window_start, locked()),
+        (0, preroll + tail),
+        "reading the tail left the window and the preroll alone"
+    );
+    // A reader that passes 6 MiB releases what it passed; the window stays B ahead of it and
+    // the tail stays while the head preroll is ahead.
+    dd(path, 0, 96);
     assert!(
-        wait_until(Duration::from_secs(3), || locked() <= (2 << 20) + 20 * 4096),
+        wait_until(Duration::from_secs(3), || locked()
+            <= (2 << 20) + 20 * 4096 + tail),
         "the passed part of the preroll is released ({} locked)",
+        locked()
+    );
+    assert_eq!(resident_bytes(&file, file_bytes - tail, tail), tail);
+    // Past the head preroll, the tail goes too.
+    dd(path, 96, 48);
+    assert!(
+        wait_until(Duration::from_secs(3), || locked() <= 2 << 20),
+        "past the head, the tail is released ({} locked)",
         locked()
     );
     // Now it fits.

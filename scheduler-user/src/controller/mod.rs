@@ -20,6 +20,7 @@ use crate::latency_tail::LatencyTails;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
+use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream_table::StreamTable;
@@ -223,10 +224,11 @@ impl Controller {
         if check_disk {
             self.disks.admit(disk, request, &self.streams, None)?;
         }
-        // A preroll is locked too, until the reader passes it (no more than the file).
+        // A preroll is locked too, until the reader passes it (no more than the file), and
+        // with it the file's tail, for the player's probe.
         let preroll = request
             .preroll
-            .map_or(0, |preroll| preroll.0.min(file.bytes));
+            .map_or(0, |preroll| preroll_locked_bytes(preroll.0, file.bytes));
         let wanted = locked_at_most(
             request.buffer.0.max(preroll),
             u64::from(request.batch_pages) * PAGE_BYTES,
@@ -284,7 +286,7 @@ impl Controller {
         };
         self.prefetch.cancel(stream.granted.priority, id, None);
         for range in stream.playout.locked_ranges() {
-            let _ = stream.file.unlock(range);
+            let _ = stream.file.unlock(&range);
         }
         // The file's other streams keep it in the kernel maps, at their levels and owners.
         let kept = match self.streams.kernel_entry(stream.file_tag) {

@@ -13,7 +13,9 @@ use crate::policy::buffer_sizing::{
     auto_buffer_bytes, should_grow, smallest_fitting_buffer, DEFAULT_TAIL_NS,
 };
 use crate::policy::memory::locked_at_most;
+use crate::policy::page_ceil;
 use crate::policy::playout::WindowAction;
+use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::streams::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
@@ -153,7 +155,9 @@ impl Controller {
             return CapacitySizing::AsIs;
         }
         let batch = u64::from(request.batch_pages) * PAGE_BYTES;
-        let preroll = request.preroll.map_or(0, |preroll| preroll.0);
+        let preroll = request
+            .preroll
+            .map_or(0, |preroll| preroll_locked_bytes(preroll.0, u64::MAX));
         let locked_for = |buffer: u64| {
             let growth: u64 = self
                 .streams
@@ -234,10 +238,14 @@ impl Controller {
         now_ns: u64,
     ) -> Vec<WindowAction> {
         let asked = stream.playout.requested_end();
-        let wanted = end.min(stream.file_bytes).saturating_sub(asked);
-        if wanted == 0 {
+        let head = end.min(stream.file_bytes).saturating_sub(asked);
+        if head == 0 {
             return Vec::new();
         }
+        // The file's tail comes with the head (the player's probe), out of the same allowance.
+        let wanted = preroll_locked_bytes(end, stream.file_bytes)
+            .saturating_sub(page_ceil(asked.min(end)))
+            .max(head);
         let granted = self.burst.grant(stream.owner_uid, wanted, now_ns);
         if granted < wanted {
             info!(
@@ -245,7 +253,10 @@ impl Controller {
                 stream.id
             );
         }
-        stream.playout.preroll(asked + granted)
+        // Cut short, the preroll keeps its head: the tail only comes whole.
+        stream
+            .playout
+            .preroll(asked + granted.min(head), granted >= wanted)
     }
 }
 

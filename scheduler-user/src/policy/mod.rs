@@ -8,6 +8,7 @@ pub mod credit;
 pub mod memory;
 pub mod playout;
 pub mod priority;
+pub mod probe_tail;
 pub mod share;
 pub mod shared_file;
 pub mod upgrade;

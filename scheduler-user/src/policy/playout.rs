@@ -16,6 +16,7 @@ use std::ops::Range;
 use abiss_proto::PAGE_BYTES as PAGE;
 
 use super::credit::CreditTimer;
+use super::probe_tail::ProbeTail;
 use super::{page_ceil, page_floor};
 
 /// Smallest load worth a request: a disk pays a seek per request, so the window's growth is
@@ -85,8 +86,11 @@ pub struct PlayoutBuffer {
     generation: u32,
     prefetched_bytes: u64,
     seeks: u64,
-    /// A start-up preroll up to here waits for the first window to be locked (0: none).
-    preroll_end: u64,
+    /// A start-up preroll up to here (with the file's tail or not) waits for the first window
+    /// to be locked.
+    pending_preroll: Option<(u64, bool)>,
+    /// The file's end, loaded with a preroll for the player's probe.
+    tail: Option<ProbeTail>,
     /// The first window was loaded and locked. Until then a reader that waits for the disk
     /// waits for the stream's start, which is part of its contract, not a miss.
     started: bool,
@@ -127,7 +131,8 @@ impl PlayoutBuffer {
             generation: 0,
             prefetched_bytes: 0,
             seeks: 0,
-            preroll_end: 0,
+            pending_preroll: None,
+            tail: None,
             started: false,
         };
         let mut actions = Vec::new();
@@ -215,8 +220,9 @@ impl PlayoutBuffer {
     fn seek(&mut self, offset: u64, now_ns: u64, actions: &mut Vec<WindowAction>) {
         actions.push(WindowAction::CancelGeneration(self.generation));
         self.release_below(u64::MAX, actions);
+        self.let_go_of_tail(actions);
         self.generation = self.generation.wrapping_add(1);
-        self.preroll_end = 0;
+        self.pending_preroll = None;
         self.window_start = page_floor(offset.min(self.file_end()));
         self.requested_end = self.window_start;
         self.app_point = offset;
@@ -234,6 +240,23 @@ impl PlayoutBuffer {
         }
         if self.window_start > before {
             self.release_below(self.window_start, actions);
+        }
+        if self
+            .tail
+            .as_ref()
+            .is_some_and(|tail| tail.is_passed(self.window_start))
+        {
+            self.let_go_of_tail(actions);
+        }
+    }
+
+    /// Releases the probe tail (what of it the window has not loaded itself).
+    fn let_go_of_tail(&mut self, actions: &mut Vec<WindowAction>) {
+        if let Some(tail) = self.tail.take() {
+            let window = self.window_start..self.requested_end;
+            for range in tail.release(&window) {
+                actions.push(WindowAction::Release { range });
+            }
         }
     }
 
@@ -258,6 +281,11 @@ impl PlayoutBuffer {
         let start = range.start.min(self.file_end());
         let range = start..range.end.clamp(start, self.file_end());
         let mut actions = Vec::new();
+        if self.tail.as_ref().is_some_and(|tail| tail.holds(&range)) {
+            // The player's look at the end of the file: the window stays where it plays.
+            self.fill(now_ns, &mut actions);
+            return actions;
+        }
         if self.is_jump(&range) {
             self.seek(range.start, now_ns, &mut actions);
         }
@@ -272,22 +300,23 @@ impl PlayoutBuffer {
 
     /// Loads the file's head up to `end` beyond the window (a start-up preroll, paid by the
     /// caller's start-up allowance, not the credit): locked like the window, and released as
-    /// the reader passes it. Only at the start of the file, before any seek.
+    /// the reader passes it. Only at the start of the file, before any seek. `with_tail`: the
+    /// file's end comes with it ([`ProbeTail`]).
     ///
     /// It is queued once the window's first loads are locked, not with them: queued together
     /// at the same level, several players' prerolls held every player's first window behind
     /// them (`abissctl run` waited 0.4 to 0.97 s for the window instead of 0.1 s with four
     /// 6 MiB prerolls, bench/results/players-preroll-auto).
-    pub fn preroll(&mut self, end: u64) -> Vec<WindowAction> {
+    pub fn preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
         let end = page_ceil(end).min(self.file_end());
         if self.generation != 0 || self.window_start != 0 || end <= self.requested_end {
             return Vec::new();
         }
         if !self.window_locked() {
-            self.preroll_end = end;
+            self.pending_preroll = Some((end, with_tail));
             return Vec::new();
         }
-        self.load_preroll(end)
+        self.load_preroll(end, with_tail)
     }
 
     /// Whether the stream is still loading its first window: a reader's wait for the disk
@@ -305,14 +334,27 @@ impl PlayoutBuffer {
             })
     }
 
-    fn load_preroll(&mut self, end: u64) -> Vec<WindowAction> {
+    /// Loads the probe tail, then the head up to `end`: players read the tail right after a
+    /// short look at the head (`GStreamer` after 135 kB).
+    fn load_preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
+        let mut actions = Vec::new();
+        self.tail = ProbeTail::for_preroll(self.shape.file_bytes, end).filter(|_| with_tail);
+        if let Some(tail) = &self.tail {
+            let range = tail.range();
+            self.prefetched_bytes += range.end - range.start;
+            actions.push(WindowAction::Load {
+                range,
+                generation: self.generation,
+            });
+        }
         let range = self.requested_end..end;
         self.prefetched_bytes += range.end - range.start;
         self.requested_end = end;
-        vec![WindowAction::Load {
+        actions.push(WindowAction::Load {
             range,
             generation: self.generation,
-        }]
+        });
+        actions
     }
 
     /// Credit the window lacks to fill up to a full buffer ahead of the reader now: what a
@@ -394,6 +436,13 @@ impl PlayoutBuffer {
             actions.push(WindowAction::Release { range });
             return actions;
         }
+        if self
+            .tail
+            .as_mut()
+            .is_some_and(|tail| tail.on_loaded(&range))
+        {
+            return actions;
+        }
         let keep = range.start.max(self.window_start)..range.end.min(self.requested_end);
         if keep.start >= keep.end {
             actions.push(WindowAction::Release { range });
@@ -411,9 +460,12 @@ impl PlayoutBuffer {
         }
         self.insert_locked(keep);
         self.started |= self.window_locked();
-        if self.preroll_end > self.requested_end && self.generation == 0 && self.window_locked() {
-            let end = std::mem::take(&mut self.preroll_end);
-            actions.extend(self.load_preroll(end));
+        let pending = self.pending_preroll;
+        if let Some((end, with_tail)) = pending.filter(|&(end, _)| {
+            end > self.requested_end && self.generation == 0 && self.window_locked()
+        }) {
+            self.pending_preroll = None;
+            actions.extend(self.load_preroll(end, with_tail));
         }
         actions
     }
@@ -446,7 +498,8 @@ impl PlayoutBuffer {
     /// Bytes loaded and locked now.
     #[must_use]
     pub fn locked_bytes(&self) -> u64 {
-        self.locked.iter().map(|r| r.end - r.start).sum()
+        let tail = self.tail.as_ref().map_or(0, ProbeTail::locked_bytes);
+        self.locked.iter().map(|r| r.end - r.start).sum::<u64>() + tail
     }
 
     /// The application's playout point.
@@ -508,8 +561,14 @@ impl PlayoutBuffer {
 
     /// Every range still locked (to release when the stream ends).
     #[must_use]
-    pub fn locked_ranges(&self) -> &[Range<u64>] {
-        &self.locked
+    pub fn locked_ranges(&self) -> Vec<Range<u64>> {
+        let window = self.window_start..self.requested_end;
+        let tail = self.tail.clone().map(|tail| tail.release(&window));
+        self.locked
+            .iter()
+            .cloned()
+            .chain(tail.into_iter().flatten())
+            .collect()
     }
 }
 

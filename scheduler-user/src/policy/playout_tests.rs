@@ -256,7 +256,7 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
     complete(&mut buffer, &actions);
     let credit = buffer.credit_bytes();
-    let preroll = buffer.preroll(5 * MB);
+    let preroll = buffer.preroll(5 * MB, false);
     assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
     assert_eq!(buffer.credit_bytes(), credit, "not paid from the credit");
     complete(&mut buffer, &preroll);
@@ -269,7 +269,71 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
         WindowAction::Load { range, .. } if range.start == page_ceil(5 * MB))));
     // After a seek there is no preroll.
     let _ = buffer.on_read(50 * MB..50 * MB + 4096, 3_000_000_000);
-    assert!(buffer.preroll(60 * MB).is_empty());
+    assert!(buffer.preroll(60 * MB, false).is_empty());
+}
+
+/// A preroll with the file's tail loads the tail first; the player's probe of it is no seek,
+/// and the tail is let go once the window passes the head preroll, or at a seek.
+#[test]
+fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
+    let file = 90 * MB;
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    complete(&mut buffer, &actions);
+    let preroll = buffer.preroll(5 * MB, true);
+    let tail = match preroll.first() {
+        Some(WindowAction::Load { range, .. }) => range.clone(),
+        other => panic!("the tail loads first: {other:?}"),
+    };
+    assert_eq!(tail.end, page_ceil(file));
+    assert_eq!(
+        loaded(&preroll),
+        page_ceil(5 * MB) - B + (tail.end - tail.start)
+    );
+    complete(&mut buffer, &preroll);
+    assert_eq!(
+        buffer.locked_bytes(),
+        page_ceil(5 * MB) + (tail.end - tail.start)
+    );
+    assert_eq!(buffer.locked_ranges().len(), 2);
+
+    // GStreamer: a look at the head, the last 56 kB, then the head again (ffmpeg reads the
+    // last 250,000 bytes after 5 MB of the head, and its return to the start is a seek).
+    let _ = buffer.on_read(0..135_168, 1_000_000_000);
+    let probe = buffer.on_read(file - 56_400..file, 1_100_000_000);
+    assert!(
+        probe.iter().all(|a| !matches!(
+            a,
+            WindowAction::Release { .. } | WindowAction::CancelGeneration(_)
+        )),
+        "{probe:?}"
+    );
+    assert_eq!(buffer.seeks(), 0);
+    let _ = buffer.on_read(0..64 * 1024, 1_200_000_000);
+    assert_eq!(buffer.seeks(), 0, "the window stayed at the head");
+    assert!(buffer.locked_ranges().contains(&tail));
+
+    // Past the head preroll the tail goes.
+    let moves = buffer.on_read(5 * MB - MB..5 * MB + 8192, 2_000_000_000);
+    assert!(
+        moves.contains(&WindowAction::Release {
+            range: tail.clone()
+        }),
+        "{moves:?}"
+    );
+    assert!(!buffer.locked_ranges().contains(&tail));
+
+    // At a seek, too.
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    complete(&mut buffer, &actions);
+    let preroll = buffer.preroll(5 * MB, true);
+    complete(&mut buffer, &preroll);
+    let seek = buffer.on_read(40 * MB..40 * MB + 4096, 1_000_000_000);
+    assert!(
+        seek.contains(&WindowAction::Release { range: tail }),
+        "{seek:?}"
+    );
+    complete(&mut buffer, &seek);
+    assert!(buffer.locked_bytes() <= B + BATCH);
 }
 
 /// A preroll asked for while the first window is still loading waits for it, so the window's
@@ -277,14 +341,14 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
 #[test]
 fn a_preroll_waits_for_the_first_window_then_loads() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    assert!(buffer.preroll(5 * MB).is_empty(), "held back");
+    assert!(buffer.preroll(5 * MB, false).is_empty(), "held back");
     let preroll = complete(&mut buffer, &actions);
     assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
     complete(&mut buffer, &preroll);
     assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
     // A seek before the window was locked drops a waiting preroll.
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    assert!(buffer.preroll(5 * MB).is_empty());
+    assert!(buffer.preroll(5 * MB, false).is_empty());
     let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
     let after = complete(&mut buffer, &actions);
     assert_eq!(loaded(&after), 0, "{after:?}");
