@@ -6,7 +6,8 @@
 //! the submitting thread's I/O context. So there is one worker thread, with its own ring and its
 //! own `ioprio_set`, per ABISS level in use; a stream's loads go to its level's worker.
 //!
-//! A load is an `FADVISE(WILLNEED)` of exactly the window range (it queues the reads), then
+//! A load is an `FADVISE(WILLNEED)` of exactly the window range, in pieces the kernel reads
+//! whole ([`ring`]; it queues the reads), then
 //! `mlock` of the same range of a read-only shared mapping of the file, which waits for those
 //! reads and pins the pages while they are in the playout window. The mapping is advised
 //! `MADV_RANDOM`, so faulting it in never adds readahead beyond the window. Unmapping the file (when the last user of a
@@ -22,18 +23,19 @@
 use std::collections::HashMap;
 use std::io;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
-use io_uring::{opcode, types, IoUring};
 use log::warn;
 
 pub use crate::mapped_file::MappedFile;
+
+mod ring;
 use crate::policy::priority::encoded_ioprio;
+use ring::submit_loads;
 
 /// One window range to load for a stream.
 #[derive(Debug)]
@@ -246,12 +248,6 @@ fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: LoadJob, error
     });
 }
 
-/// Marks cancel requests' completions apart from loads'.
-const CANCEL_TAG: u64 = 1 << 63;
-
-struct InFlight {
-    job: LoadJob,
-}
 /// One ring's life: serves `held` (what came while the worker was down), then `commands`.
 fn run_worker(
     level: u8,
@@ -287,251 +283,4 @@ fn run_worker(
     drop(lock_jobs);
     let _ = locker.join();
     result
-}
-
-/// The ring side of a worker: queues WILLNEED advice for every load as soon as it arrives and
-/// hands finished advice to the locker.
-fn submit_loads(
-    commands: &Receiver<WorkerCommand>,
-    held: &mut Vec<WorkerCommand>,
-    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-    lock_jobs: &Sender<LoadJob>,
-) -> io::Result<()> {
-    let mut ring = LoadRing {
-        ring: IoUring::new(256)?,
-        in_flight: HashMap::new(),
-        next_id: 1,
-    };
-    let result = ring.serve(commands, std::mem::take(held), done, lock_jobs);
-    if let Err(error) = &result {
-        // The ring goes with its requests: their windows must ask for them again.
-        for (_, InFlight { job }) in ring.in_flight.drain() {
-            fail(done, job, io::Error::new(error.kind(), error.to_string()));
-        }
-    }
-    result
-}
-
-/// One worker's ring and the loads it has in flight.
-struct LoadRing {
-    ring: IoUring,
-    in_flight: HashMap<u64, InFlight>,
-    next_id: u64,
-}
-
-impl LoadRing {
-    /// Queues and reaps loads, `first` first, until the engine is gone and nothing is left
-    /// to finish.
-    fn serve(
-        &mut self,
-        commands: &Receiver<WorkerCommand>,
-        first: Vec<WorkerCommand>,
-        done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-        lock_jobs: &Sender<LoadJob>,
-    ) -> io::Result<()> {
-        let mut next = Some(first);
-        while let Some(batch) = next {
-            let mut batch = batch.into_iter();
-            while let Some(command) = batch.next() {
-                if let Err(error) = self.queue(command) {
-                    // What the ring never saw fails with it.
-                    for command in batch {
-                        if let WorkerCommand::Load(job) = command {
-                            fail(done, job, io::Error::new(error.kind(), error.to_string()));
-                        }
-                    }
-                    return Err(error);
-                }
-            }
-            if !self.in_flight.is_empty() {
-                self.reap(done, lock_jobs)?;
-            }
-            next = self.next_commands(commands);
-        }
-        Ok(())
-    }
-
-    /// The commands waiting now; blocks for one only when nothing is in flight (otherwise the
-    /// ring is polled). `None` once the engine is gone and nothing is left to finish.
-    fn next_commands(&self, commands: &Receiver<WorkerCommand>) -> Option<Vec<WorkerCommand>> {
-        let mut batch = Vec::new();
-        if self.in_flight.is_empty() {
-            batch.push(commands.recv().ok()?);
-        }
-        loop {
-            match commands.try_recv() {
-                Ok(command) => batch.push(command),
-                Err(TryRecvError::Disconnected)
-                    if self.in_flight.is_empty() && batch.is_empty() =>
-                {
-                    return None
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return Some(batch),
-            }
-        }
-    }
-
-    /// Puts a load's advice, or a stream's cancellations, on the ring.
-    fn queue(&mut self, command: WorkerCommand) -> io::Result<()> {
-        match command {
-            WorkerCommand::Load(job) => {
-                if job.kind != JobKind::Load {
-                    return self.queue_write_back(job);
-                }
-                let length =
-                    i64::try_from(job.range.end - job.range.start).map_err(io::Error::other)?;
-                // WILLNEED reads exactly the range, at this thread's priority (its io-wq
-                // worker inherits our I/O context). A buffered READ would add the kernel's
-                // readahead beyond the window, unmetered and at the wrong time.
-                let advise = opcode::Fadvise::new(
-                    types::Fd(job.file.fd().as_raw_fd()),
-                    length,
-                    libc::POSIX_FADV_WILLNEED,
-                )
-                .offset(job.range.start)
-                .build()
-                .user_data(self.next_id);
-                // In flight first: if the push fails, the job fails with the ring.
-                self.in_flight.insert(self.next_id, InFlight { job });
-                self.next_id += 1;
-                push(&mut self.ring, &advise)?;
-            }
-            WorkerCommand::Cancel { stream, generation } => {
-                let targets: Vec<u64> = self
-                    .in_flight
-                    .iter()
-                    .filter(|(_, f)| {
-                        f.job.stream == stream && generation.is_none_or(|g| g == f.job.generation)
-                    })
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in targets {
-                    let entry = opcode::AsyncCancel::new(id)
-                        .build()
-                        .user_data(id | CANCEL_TAG);
-                    push(&mut self.ring, &entry)?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Puts a write stream's job on the ring: a write-back writes the range's dirty pages and
-    /// waits for them (also for pages the kernel's flushers had already started); an
-    /// allocation allocates the range beyond the file's end.
-    fn queue_write_back(&mut self, job: LoadJob) -> io::Result<()> {
-        let fd = types::Fd(job.file.fd().as_raw_fd());
-        let length = job.range.end - job.range.start;
-        let entry = if job.kind == JobKind::Allocate {
-            opcode::Fallocate::new(fd, length)
-                .offset(job.range.start)
-                .mode(libc::FALLOC_FL_KEEP_SIZE)
-                .build()
-        } else {
-            let length = u32::try_from(length).map_err(io::Error::other)?;
-            opcode::SyncFileRange::new(fd, length)
-                .offset(job.range.start)
-                .flags(
-                    libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                        | libc::SYNC_FILE_RANGE_WRITE
-                        | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                )
-                .build()
-        }
-        .user_data(self.next_id);
-        self.in_flight.insert(self.next_id, InFlight { job });
-        self.next_id += 1;
-        push(&mut self.ring, &entry)
-    }
-
-    /// Submits, waits up to 2 ms for a completion, and hands each finished load on: to the
-    /// locker when its reads are queued, to the controller when it was cancelled or failed.
-    fn reap(
-        &mut self,
-        done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-        lock_jobs: &Sender<LoadJob>,
-    ) -> io::Result<()> {
-        let timeout = types::Timespec::from(Duration::from_millis(2));
-        let args = types::SubmitArgs::new().timespec(&timeout);
-        match self.ring.submitter().submit_with_args(1, &args) {
-            Ok(_) => {}
-            Err(error)
-                if matches!(
-                    error.raw_os_error(),
-                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
-                ) => {}
-            Err(error) => return Err(error),
-        }
-        let finished: Vec<(u64, i32)> = self
-            .ring
-            .completion()
-            .map(|cqe| (cqe.user_data(), cqe.result()))
-            .collect();
-        for (id, result) in finished {
-            if id & CANCEL_TAG != 0 {
-                continue;
-            }
-            let Some(InFlight { job, .. }) = self.in_flight.remove(&id) else {
-                continue;
-            };
-            let outcome = if result == -libc::ECANCELED {
-                LoadOutcome::Cancelled
-            } else if result < 0 {
-                LoadOutcome::Failed(io::Error::from_raw_os_error(-result))
-            } else if job.kind == JobKind::WriteBack {
-                release_written(&job);
-                LoadOutcome::Loaded
-            } else if job.kind == JobKind::Allocate {
-                LoadOutcome::Loaded
-            } else {
-                // The reads are queued; the locker faults the pages in (waiting for those
-                // reads) and pins them.
-                let _ = lock_jobs.send(job);
-                continue;
-            };
-            let _ = done.send(LoadDone {
-                stream: job.stream,
-                generation: job.generation,
-                range: job.range.clone(),
-                kind: job.kind,
-                outcome,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// Drops a written-back range from the page cache, so a recording holds no more memory than
-/// its window. Clean pages only go; the advice writes nothing (they were just written back).
-fn release_written(job: &LoadJob) {
-    let (Ok(start), Ok(length)) = (
-        i64::try_from(job.range.start),
-        i64::try_from(job.range.end - job.range.start),
-    ) else {
-        return;
-    };
-    // SAFETY: advice on a descriptor the job holds open.
-    let rc = unsafe {
-        libc::posix_fadvise(
-            job.file.fd().as_raw_fd(),
-            start,
-            length,
-            libc::POSIX_FADV_DONTNEED,
-        )
-    };
-    if rc != 0 {
-        log::debug!(
-            "stream {}: cannot drop {:?} from the page cache: error {rc}",
-            job.stream,
-            job.range
-        );
-    }
-}
-
-fn push(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io::Result<()> {
-    // SAFETY: every buffer an entry points to lives in `in_flight` until its completion.
-    while unsafe { ring.submission().push(entry) }.is_err() {
-        ring.submit()?;
-    }
-    Ok(())
 }

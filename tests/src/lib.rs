@@ -545,6 +545,17 @@ pub fn disk_bytes_read(name: &str) -> u64 {
         * 512
 }
 
+/// Read requests block device `name` completed so far (its stat file's first field, after the
+/// elevator merged what it could).
+#[must_use]
+pub fn disk_reads(name: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("disk stat");
+    stat.split_whitespace()
+        .next()
+        .and_then(|reads| reads.parse::<u64>().ok())
+        .expect("reads completed")
+}
+
 /// Saves the laptop-disk model for `device` in `daemon`'s model directory, so admission and
 /// capacity plans on it run the statistical model (the costly path).
 pub fn save_laptop_model(daemon: &Daemon, device: &LoopDevice) {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, IoClass};
 use abiss_tests::{
-    binary, require_root, resident_bytes, wait_until, write_cold_file, Daemon, Ext4Mount,
-    LoopDevice,
+    binary, disk_reads, require_root, resident_bytes, wait_until, write_cold_file, Daemon,
+    Ext4Mount, LoopDevice,
 };
 
 const BUFFER: u64 = 564 * 1024;
@@ -474,7 +474,7 @@ fn dd(path: &str, skip: u64, count: u64) {
 
 /// `--preroll`: the head of the file beyond the buffer is loaded at once when the stream
 /// starts (not at the rate), and the file's last 512 KiB with it (players read the end for the
-/// duration). Both are locked until the reader passes the head, a read of the tail is no
+/// duration), in large requests. Both are locked until the reader passes the head, a read of the tail is no
 /// seek, and they count against the locked-memory budget while they are locked (a preroll
 /// that does not fit is refused).
 #[test]
@@ -492,6 +492,7 @@ fn a_preroll_loads_the_head_and_the_tail_at_once_until_the_reader_passes_the_hea
     let file = File::open(&path).expect("open");
     let path = path.to_str().unwrap();
     let (preroll, tail) = (8 << 20, 512 << 10);
+    let reads_before = disk_reads(&fs.device().name());
     let started = Instant::now();
     let output = ctl(
         daemon,
@@ -509,6 +510,14 @@ fn a_preroll_loads_the_head_and_the_tail_at_once_until_the_reader_passes_the_hea
     );
     assert_eq!(resident_bytes(&file, 0, preroll), preroll);
     assert_eq!(resident_bytes(&file, file_bytes - tail, tail), tail);
+    // In large requests: one advice reads no more than the disk's readahead or largest
+    // request, and what it left was read a page at a time (1,326 requests before the advice
+    // was cut in 128 KiB pieces).
+    let reads = disk_reads(&fs.device().name()) - reads_before;
+    assert!(
+        reads <= (preroll + tail) / (32 << 10),
+        "{reads} read requests for 8.5 MiB; at most one per 32 KiB expected"
+    );
     // While it is locked, the preroll counts: 8.5 MiB + 12.5 MiB do not fit in 16 MiB.
     expect_refused(
         daemon,
