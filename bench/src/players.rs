@@ -120,6 +120,68 @@ pub struct Row {
     pub scenario: Scenario,
     /// More `abissctl run` options (abiss rows): `--buffer 6MiB`, `--preroll 6MiB`.
     pub run_options: &'static [&'static str],
+    /// No best-effort load: what the players' cold start costs the disk alone, the floor
+    /// under every row's start-up.
+    pub no_load: bool,
+}
+
+/// A row with no `abissctl run` options.
+fn row(
+    name: &'static str,
+    description: &'static str,
+    elevator: &'static str,
+    class: Class,
+    scenario: Scenario,
+) -> Row {
+    Row {
+        name,
+        description,
+        elevator,
+        class,
+        scenario,
+        run_options: &[],
+        no_load: false,
+    }
+}
+
+/// Four players under `abissctl run` with `run_options`.
+fn abiss_with(
+    name: &'static str,
+    description: &'static str,
+    run_options: &'static [&'static str],
+) -> Row {
+    Row {
+        run_options,
+        ..row(
+            name,
+            description,
+            "mq-deadline",
+            Class::Abiss,
+            Scenario::Four,
+        )
+    }
+}
+
+/// The rows without the load: the floor a cold start costs the disk.
+fn no_load_rows() -> Vec<Row> {
+    let no_load = |row: Row| Row {
+        no_load: true,
+        ..row
+    };
+    vec![
+        no_load(row(
+            "mq-deadline-no-load",
+            "stock mq-deadline, no best-effort load: the cold start-up's floor",
+            "mq-deadline",
+            Class::Default,
+            Scenario::Four,
+        )),
+        no_load(abiss_with(
+            "abiss-preroll-no-load",
+            "abiss, abissctl run --preroll 6MiB, no best-effort load",
+            &["--preroll", "6MiB"],
+        )),
+    ]
 }
 
 /// Every row, in report order.
@@ -127,19 +189,7 @@ pub struct Row {
 pub fn all_rows() -> Vec<Row> {
     use Class::{Abiss, Default, RealTime};
     use Scenario::{EightViewers, Four, FourOneSeeking};
-    let row = |name, description, elevator, class, scenario| Row {
-        name,
-        description,
-        elevator,
-        class,
-        scenario,
-        run_options: &[],
-    };
-    let abiss_with = |name, description, run_options| Row {
-        run_options,
-        ..row(name, description, "mq-deadline", Abiss, Four)
-    };
-    vec![
+    let loaded = vec![
         row(
             "mq-deadline",
             "stock mq-deadline",
@@ -203,7 +253,8 @@ pub fn all_rows() -> Vec<Row> {
             Abiss,
             EightViewers,
         ),
-    ]
+    ];
+    no_load_rows().into_iter().chain(loaded).collect()
 }
 
 /// The rows of `all` named in `wanted` (`--rows`), in `all`'s order; all of them if `wanted` is
@@ -323,6 +374,7 @@ pub fn measure_one(
             Class::Default
         },
         scenario: Scenario::Four,
+        no_load: false,
         run_options: abiss.map_or(&[], |(_, _, options)| options),
     };
     let result = session.run_row(

@@ -277,7 +277,9 @@ impl Session {
             _ => None,
         };
         let runtime = plan.warmup + Duration::from_secs(plan.secs + 1);
-        let load = load::start(&self.scratch, &self.load, runtime)?;
+        let load = (!row.no_load)
+            .then(|| load::start(&self.scratch, &self.load, runtime))
+            .transpose()?;
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
@@ -294,7 +296,10 @@ impl Session {
         })?;
         let cpu_after = cpu_times()?;
         drop(request_trace);
-        let load = load.finish()?;
+        let load = load
+            .map(load::Load::finish)
+            .transpose()?
+            .unwrap_or_default();
         if let Some(dir) = plan.events_dir {
             write_events(dir, row.name, &runs)?;
         }

@@ -82,7 +82,7 @@ pub fn markdown(
     let mut text = format!(
         "### Real players under a seeky best-effort load, lab hdd (issue 12)\n\n\
          `{command}`: {secs} s per row, players launched together after {warmup} s of load, from a \
-         cold page cache. Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
+         cold page cache (the no-load rows: no load, the floor a cold start costs the disk). Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
          player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \
          (bench/players/gst_player.py), `ffmpeg -re … -f null -`, `mpv --vo=null --ao=null \
          --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-viewer rows: gst, ffmpeg, mpv, … of \
@@ -91,7 +91,8 @@ pub fn markdown(
          abiss rows: abissd with its defaults, each player under `abissctl run --rate {rate}` \
          (default buffer; the rows' own options are in their players column). {disk_line} {machine_line}\n\n\
          **Stall** (per player) = start-up beyond the player's no-load warm start-up + freezes + \
-         seek stalls. Start-up: launch of the command (`abissctl run` included) to the first \
+         seek stalls. Its start-up part includes reading the player's probe cold from the disk, \
+         which the no-load rows measure with nothing else on it. Start-up: launch of the command (`abissctl run` included) to the first \
          media time the player reports (for abiss: `abissctl run` attaches, waits for the window \
          to be loaded, then starts the player; the column after it shows that part). Freeze: an interval between two reports in which wall \
          time exceeded the media time advanced by more than {tol:.0} ms (one frame); its whole \
@@ -162,10 +163,12 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
         } else {
             format!("{class} {}", result.row.run_options.join(" "))
         };
-        let relative = reference.filter(|r| *r > 0.0).map_or_else(
-            || "-".to_owned(),
-            |r| format!("{:+.0} %", (result.load.total_mb_s / r - 1.0) * 100.0),
-        );
+        let relative = reference
+            .filter(|r| *r > 0.0 && !result.row.no_load)
+            .map_or_else(
+                || "-".to_owned(),
+                |r| format!("{:+.0} %", (result.load.total_mb_s / r - 1.0) * 100.0),
+            );
         let _ = writeln!(
             text,
             "| {} | {} | {class} | {} | **{:.2}**{} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {:.1} | {:.2} |",
