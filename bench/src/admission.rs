@@ -218,8 +218,9 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     let stream_file_bytes =
         (STREAM.rate_bps * args.secs + STREAM.buffer_bytes).next_multiple_of(1_000_000) + 1_000_000;
     let disk = LabDisk::up("admission", DISK_BYTES, args.read_ahead_kb)?;
-    let state_dir =
-        std::env::temp_dir().join(format!("abiss-bench-admission-{}", std::process::id()));
+    // On tmpfs, as abissd's default /run/abiss is on a systemd machine (see bench::abiss).
+    let state_dir = std::path::Path::new("/dev/shm")
+        .join(format!("abiss-bench-admission-{}", std::process::id()));
     let result = run_on(args, &bin_dir, &disk, &state_dir, &steps, stream_file_bytes);
     let _ = std::fs::remove_dir_all(&state_dir);
     let (model, predictions, rows, files) = result?;
