@@ -16,11 +16,12 @@ use abiss_tests::{binary, require_root};
 const GOAL_S: f64 = 0.1;
 
 #[test]
-#[ignore = "at the goal's edge: 0.080 s and 0.100 s (just over) in two runs (2026-12-01, \
-            abissctl run --preroll starting ffmpeg at once), all of it start-up: 0.234 s under \
-            the load against 0.134 to 0.153 s without load from a warm cache, 0 freezes; 0.137 s \
-            when run waited for the first window. What is left is reading ffmpeg's 5 MB probe \
-            cold from the lab hdd (about 0.1 s at its 48 MiB/s sequential rate) (issue 12)"]
+#[ignore = "over the goal: 0.207 s (one 41 ms freeze), 0.126 s and 0.106 s in three runs \
+            (2026-12-01, with the tail preroll and the prefetch fix), against 0.080 s and \
+            0.100 s the session before: the rest is start-up, 0.27 to 0.33 s under the load \
+            against 0.15 to 0.18 s without load from a warm cache. A cold start costs the lab \
+            hdd that much without any load too (the players benchmark's no-load rows: four \
+            players with --preroll 1.14 s in all, with the load 0.96 s) (issue 12)"]
 fn ffmpeg_under_abissctl_run_stalls_at_most_a_tenth_of_a_second_under_a_seeky_load() {
     require_root!();
     let abissd = binary("abissd");
