@@ -194,6 +194,8 @@ struct Inputs {
 /// be called inside a tokio runtime.
 pub async fn run(config: DaemonConfig, reload: Reload) -> Result<(), DaemonError> {
     let (mut controller, inputs) = start(&config)?;
+    // Once started: a start that fails says one sentence, its error.
+    warn_unless_in_memory(&config.state_dir);
     let parts: Vec<String> = controller
         .tracer()
         .capabilities()
@@ -280,7 +282,6 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
             source,
         }
     })?;
-    warn_unless_in_memory(&config.state_dir);
     // Before the disks: a disk that cannot be taken (exit 16, 17) must not leave the readers
     // a crashed daemon raised at real-time priority.
     crate::upgrades::restore_leftovers(&config.state_dir);

@@ -72,13 +72,18 @@ fn viewers_of_one_file_each_have_their_own_window() {
         "each window follows its own viewer: {:?}",
         daemon.streams()
     );
-    // Each holds its buffer ahead of its own viewer.
+    // Each holds what its window promises ahead of its own viewer, resident: at least half a
+    // buffer (a window asks for more before its reader comes that close to what is loaded).
+    // A full buffer past the point is not promised: the window starts at a batch boundary
+    // behind the reader, and it loads in thirds of the buffer as the credit comes back.
     assert!(
-        wait_until(Duration::from_secs(5), || {
-            resident_bytes(&file, 2 * MIB, BUFFER) == BUFFER
-                && resident_bytes(&file, 18 * MIB, BUFFER) == BUFFER
-        }),
-        "both windows loaded: {:?}",
+        wait_until(Duration::from_secs(5), || daemon.streams().iter().all(
+            |s| {
+                let ahead = s.loaded_end.saturating_sub(s.playout_point);
+                ahead >= BUFFER / 2 && resident_bytes(&file, s.playout_point, ahead) == ahead
+            }
+        )),
+        "both windows loaded ahead of their viewers: {:?}",
         daemon.streams()
     );
     // And locked, once the credit a dash through 2 MiB spent has come back at the rate.
