@@ -545,6 +545,27 @@ pub fn disk_bytes_read(name: &str) -> u64 {
         * 512
 }
 
+/// A persistent read stream's request at `rate_bps` with a fixed buffer of `buffer_bytes`, in
+/// batches of `batch_pages`, at level 0: what most tests attach.
+#[must_use]
+pub fn read_request(
+    rate_bps: u64,
+    buffer_bytes: u64,
+    batch_pages: u32,
+) -> abiss_proto::AttachRequest {
+    abiss_proto::AttachRequest {
+        rate: abiss_proto::ByteRate(rate_bps),
+        buffer: abiss_proto::ByteSize(buffer_bytes),
+        batch_pages,
+        priority: 0,
+        persistent: true,
+        write: false,
+        preallocate: false,
+        preroll: None,
+        buffer_auto: false,
+    }
+}
+
 /// Read requests block device `name` completed so far (its stat file's first field, after the
 /// elevator merged what it could).
 #[must_use]

@@ -6,9 +6,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use abiss_client::{Client, ClientError};
-use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamTarget};
+use abiss_proto::{ByteRate, StreamTarget};
 use abiss_tests::{
-    abissctl_as_nobody, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+    abissctl_as_nobody, read_request, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice,
 };
 
 const BUFFER: u64 = 512 * 1024;
@@ -55,17 +55,7 @@ fn a_rate_change_moves_the_window_at_the_new_rate_and_refusals_change_nothing() 
     let path = fs.path().join("movie.bin");
     write_cold_file(&path, 128 << 20);
     let mut client = Client::connect(daemon.socket()).expect("connect");
-    let request = AttachRequest {
-        rate: ByteRate(100_000),
-        buffer: ByteSize(BUFFER),
-        batch_pages: 16,
-        priority: 0,
-        persistent: true,
-        write: false,
-        preallocate: false,
-        preroll: None,
-        buffer_auto: false,
-    };
+    let request = read_request(100_000, BUFFER, 16);
     let id = client
         .attach(File::open(&path).expect("open"), request)
         .expect("attach")

@@ -7,9 +7,10 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+
 use abiss_tests::{
-    require_root, resident_bytes, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+    read_request, require_root, resident_bytes, wait_until, write_cold_file, Daemon, Ext4Mount,
+    LoopDevice,
 };
 
 const BUFFER: u64 = 512 << 10;
@@ -47,17 +48,7 @@ fn pages_behind_the_window_are_neither_locked_nor_mapped_by_abissd() {
     let path = fs.path().join("movie.bin");
     write_cold_file(&path, FILE_BYTES);
     let mut client = Client::connect(daemon.socket()).expect("connect");
-    let request = AttachRequest {
-        rate: ByteRate(10_000_000),
-        buffer: ByteSize(BUFFER),
-        batch_pages: 16,
-        priority: 0,
-        persistent: true,
-        write: false,
-        preallocate: false,
-        preroll: None,
-        buffer_auto: false,
-    };
+    let request = read_request(10_000_000, BUFFER, 16);
     let id = client
         .attach(File::open(&path).expect("open"), request)
         .expect("attach")
