@@ -127,6 +127,11 @@ impl LoadRing {
                 if job.kind != JobKind::Load {
                     return self.queue_write_back(job);
                 }
+                if job.range.is_empty() {
+                    // No piece to advise, so nothing would ever complete it (and a length of
+                    // 0 would advise the whole file): there is nothing to load or lock.
+                    return Ok(());
+                }
                 // WILLNEED reads exactly the range, at this thread's priority (its io-wq
                 // worker inherits our I/O context). A buffered READ would add the kernel's
                 // readahead beyond the window, unmetered and at the wrong time.

@@ -184,20 +184,7 @@ fn opath(socket: &str, file: &str) -> ExitCode {
         return ExitCode::from(4);
     };
     let mut client = Client::connect(Path::new(socket)).expect("connect");
-    let answer = client.attach(
-        &handle,
-        AttachRequest {
-            rate: ByteRate(1000),
-            buffer: ByteSize(64 << 10),
-            batch_pages: 1,
-            priority: 0,
-            persistent: true,
-            write: false,
-            preallocate: false,
-            preroll: None,
-            buffer_auto: false,
-        },
-    );
+    let answer = client.attach(&handle, abiss_tests::read_request(1000, 64 << 10, 1));
     println!("{answer:?}");
     ExitCode::SUCCESS
 }
