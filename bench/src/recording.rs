@@ -13,6 +13,7 @@ pub mod load;
 pub mod recorder;
 pub mod session;
 mod table;
+pub mod throttle;
 pub mod tracer_cost;
 pub mod writes;
 
@@ -70,6 +71,10 @@ pub struct RecordingArgs {
     /// `abissctl run --rate` of each player in the abiss rows (the media is 1 MB/s).
     #[arg(long, default_value = "1.1MB/s")]
     pub player_rate: String,
+    /// `abissctl run --preroll` of each player in the abiss rows, as the README advises for
+    /// players (`0`: none), so their start-up probe is loaded at once.
+    #[arg(long, default_value = "6MiB")]
+    pub player_preroll: String,
     /// Seconds of each no-load, warm-cache baseline run of the player (three).
     #[arg(long, default_value_t = 8)]
     pub baseline_secs: u64,
@@ -194,6 +199,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
                     warmup: Duration::from_secs(args.warmup_secs),
                     secs: args.secs,
                     player_rate: &args.player_rate,
+                    player_preroll: &args.player_preroll,
                     recorder_rate: &args.recorder_rate,
                     recorder_buffer: &args.recorder_buffer,
                     capture_ms: args.capture_ms,
@@ -257,6 +263,7 @@ fn write_report(args: &RecordingArgs, outcome: &Outcome) -> anyhow::Result<()> {
             "abiss_recorder_buffer": args.recorder_buffer,
             "players": PLAYERS,
             "abiss_player_rate": args.player_rate,
+            "abiss_player_preroll": args.player_preroll,
             "media": media::parameters(outcome.media_secs),
             "vm_dirty_bytes": DIRTY_BYTES,
             "vm_dirty_background_bytes": DIRTY_BACKGROUND_BYTES,

@@ -35,7 +35,9 @@ use abiss_os::clock::monotonic_ns;
 use anyhow::Context as _;
 use serde::Serialize;
 
+use super::throttle::{self, ThrottleFigures};
 use super::writes::{self, WriteFigures};
+use super::GOAL_P999_MS;
 use crate::players::media;
 use crate::players::player::Wrapper;
 use crate::process;
@@ -46,7 +48,8 @@ pub const RATE_BPS: u64 = 1_000_000;
 const TEST_WRITE_BYTES: u64 = 64 << 10;
 /// The syscalls traced: the recorders write with write(2) (ffmpeg, the test recorder) or
 /// writev(2) (`GStreamer`'s filesink).
-const TRACED: &str = "write,writev,pwrite64,pwritev";
+/// The calls timed, and the kernel's dirty-page throttle ([`throttle`]) met in them.
+const TRACED: &str = "write,writev,pwrite64,pwritev,writeback:balance_dirty_pages";
 
 /// Which program records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -230,7 +233,7 @@ impl Tracer {
         &mut self,
         stopped_ns: u64,
         keep_as: Option<&Path>,
-    ) -> anyhow::Result<(writes::Trace, f64)> {
+    ) -> anyhow::Result<(writes::Trace, Vec<throttle::ThrottleEvent>, f64)> {
         if let Some(mut perf) = self.perf.take() {
             if let Ok(pid) = i32::try_from(perf.id()) {
                 // SAFETY: killpg(2) of the group perf leads.
@@ -252,12 +255,13 @@ impl Tracer {
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
         let trace = writes::parse(&text);
+        let throttled = throttle::parse(&text);
         let marker = trace.marker_ms.zip(self.marker_ns).context(
             "perf trace did not see the marker: it was not tracing yet, or not the cgroup",
         )?;
         #[expect(clippy::cast_precision_loss, reason = "ns of a run")]
         let stop_ms = marker.0 + stopped_ns.saturating_sub(marker.1) as f64 / 1e6;
-        Ok((trace, stop_ms))
+        Ok((trace, throttled, stop_ms))
     }
 }
 
@@ -301,7 +305,9 @@ pub struct RecorderResult {
     pub file_bytes: u64,
     /// Its write calls up to the stop, from `perf trace`.
     pub figures: WriteFigures,
-    /// Of those, calls still blocked when the recorder was told to stop.
+    /// What the kernel's dirty-page throttle cost it.
+    pub throttle: ThrottleFigures,
+    /// Of its write calls, those still blocked when the recorder was told to stop.
     pub blocked_at_stop: usize,
     /// All bytes its traced write calls wrote, the end of its file included (against
     /// `file_bytes`: a check that the trace saw every write).
@@ -423,9 +429,10 @@ impl RunningRecorder {
             .take()
             .and_then(|t| t.join().ok())
             .unwrap_or_default();
-        let (trace, stop_ms) = self.tracer.finish(signalled_ns, keep_trace_as)?;
+        let (trace, throttled, stop_ms) = self.tracer.finish(signalled_ns, keep_trace_as)?;
         let recording = writes::recording_writes(&trace, stop_ms);
         let figures = writes::figures(&recording, buffer_ms);
+        let throttle = throttle::figures(&throttled, &recording, GOAL_P999_MS);
         let own_report = stdout
             .lines()
             .rev()
@@ -455,6 +462,7 @@ impl RunningRecorder {
                 .sum(),
             untimed_writes: recording.iter().filter(|w| w.duration_ms.is_nan()).count(),
             figures,
+            throttle,
             lost_events: trace.lost_events,
             own_report,
             cpu_s,

@@ -41,6 +41,8 @@ pub struct RowPlan<'a> {
     pub secs: u64,
     /// `abissctl run --rate` of the players.
     pub player_rate: &'a str,
+    /// `abissctl run --preroll` of each player (`0`: none).
+    pub player_preroll: &'a str,
     /// `abissctl run --write --rate` of the recorders.
     pub recorder_rate: &'a str,
     /// `abissctl run --write --buffer` of the recorders.
@@ -209,7 +211,7 @@ impl Bench {
                 let player = Wrapper::Abiss {
                     abissctl: abissctl.clone(),
                     socket: socket.clone(),
-                    args: vec!["--rate".to_owned(), plan.player_rate.to_owned()],
+                    args: player_args(plan.player_rate, plan.player_preroll),
                 };
                 let recorder = Wrapper::Abiss {
                     abissctl,
@@ -389,4 +391,13 @@ impl Drop for Bench {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.scratch);
     }
+}
+
+/// `abissctl run` options of a player in an abiss row.
+pub fn player_args(rate: &str, preroll: &str) -> Vec<String> {
+    let mut args = vec!["--rate".to_owned(), rate.to_owned()];
+    if preroll != "0" {
+        args.extend(["--preroll".to_owned(), preroll.to_owned()]);
+    }
+    args
 }

@@ -125,7 +125,7 @@ pub fn markdown(context: &Context<'_>) -> String {
          `vm.dirty_bytes` = {dirty} MiB, `vm.dirty_background_bytes` = {background} MiB (the \
          previous values are put back at the end, also after an error or Ctrl-C). **abiss rows**: \
          abissd with its defaults; each recorder under `abissctl run --write --rate {rrate} \
-         --buffer {rbuffer} FILE -- …`, each player under `abissctl run --rate {prate} FILE -- …`. \
+         --buffer {rbuffer} FILE -- …`, each player under `abissctl run {pargs} FILE -- …`. \
          bfq-rt: recorders and players under `ionice -c1 -n4`. {disk_line} {machine_line}\n\n",
         command = context.command,
         secs = args.secs,
@@ -140,7 +140,7 @@ pub fn markdown(context: &Context<'_>) -> String {
         background = DIRTY_BACKGROUND_BYTES >> 20,
         rrate = args.recorder_rate,
         rbuffer = args.recorder_buffer,
-        prate = args.player_rate,
+        pargs = super::session::player_args(&args.player_rate, &args.player_preroll).join(" "),
         disk_line = disk_line(context.queue),
         machine_line = report::machine_line(context.machine),
     );
@@ -297,8 +297,19 @@ fn goal_summary(text: &mut String, results: &[RowResult]) {
             misses.push(format!("{overflows} overflows"));
         }
         if result.recorder_writes.p999_ms >= GOAL_P999_MS {
+            let slow: usize = result
+                .recorders
+                .iter()
+                .map(|r| r.throttle.slow_writes)
+                .sum();
+            let throttled: usize = result
+                .recorders
+                .iter()
+                .map(|r| r.throttle.slow_writes_throttled)
+                .sum();
             misses.push(format!(
-                "write p99.9 {} ms",
+                "write p99.9 {} ms ({throttled} of the {slow} writes over {GOAL_P999_MS} ms \
+                 slept in the kernel's dirty-page throttle)",
                 report::ms(result.recorder_writes.p999_ms)
             ));
         }
@@ -319,13 +330,17 @@ fn goal_summary(text: &mut String, results: &[RowResult]) {
 }
 
 fn recorders_table(text: &mut String, results: &[RowResult]) {
-    text.push_str(
+    let _ = write!(
+        text,
         "\nPer recorder (write times from `perf trace`; `untimed`: calls whose return perf's \
          report did not show, counted with their bytes but not timed; `blocked at stop`: calls \
          that had not returned when the recorder was told to stop, timed until then; `own`: the \
-         test recorder's own count and times, taken around its write(2) calls):\n\n\
-         | row | recorder | writes | untimed | blocked at stop | rate MB/s | traced / file MB | write p50 ms | p99 ms | p99.9 ms | max ms | slow writes | overflows | worst lag ms | own overflows | own p99.9 ms | own max ms | lost events | CPU s | ended |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         test recorder's own count and times, taken around its write(2) calls; `throttle \
+         sleeps`: sleeps of its threads in the kernel's dirty-page throttle, `balance_dirty_pages` \
+         (how many, at the hard limit, ms in all), and how many of its writes over the \
+         {GOAL_P999_MS} ms goal held such a sleep):\n\n\
+         | row | recorder | writes | untimed | blocked at stop | rate MB/s | traced / file MB | write p50 ms | p99 ms | p99.9 ms | max ms | slow writes | overflows | worst lag ms | throttle sleeps (at limit) | slept ms | writes over goal, throttled | own overflows | own p99.9 ms | own max ms | lost events | CPU s | ended |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for result in results {
         for recorder in &result.recorders {
@@ -339,7 +354,7 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
             };
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {:.3} | {:.1} / {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {} | {:.3} | {:.1} / {:.1} | {} | {} | {} | {} | {} | {} | {} | {} ({}) | {:.0} | {} / {} | {} | {} | {} | {} | {:.1} | {} |",
                 result.row.name,
                 recorder.kind.name(),
                 f.writes,
@@ -355,6 +370,11 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
                 f.slow_writes,
                 f.overflows,
                 report::ms(f.worst_lag_ms),
+                recorder.throttle.pauses,
+                recorder.throttle.at_limit,
+                recorder.throttle.paused_ms,
+                recorder.throttle.slow_writes_throttled,
+                recorder.throttle.slow_writes,
                 own("overflows"),
                 own("write_p999_ms"),
                 own("write_max_ms"),

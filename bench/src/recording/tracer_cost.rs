@@ -73,7 +73,7 @@ pub fn measure(scratch: &std::path::Path) -> anyhow::Result<Vec<MethodCost>> {
     let traced_line: Vec<String> = tracer.enter().into_iter().chain(dd.clone()).collect();
     let in_cgroup = fastest_us_per_write("traced", &traced_line)?;
     let beside = fastest_us_per_write("beside perf", &dd)?;
-    let (trace, _) = tracer.finish(abiss_os::clock::monotonic_ns(), None)?;
+    let (trace, _, _) = tracer.finish(abiss_os::clock::monotonic_ns(), None)?;
     drop(tracer);
     let mut perf_timed: Vec<f64> = trace
         .writes
