@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup};
 use anyhow::{bail, Context};
 
 use crate::configuration::{ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup};
@@ -93,11 +93,19 @@ impl RunHook for AbissHook {
         }
         args.extend(self.daemon_args.iter().map(String::as_str));
         let daemon = Daemon::start(bin_dir, run.device, &args, self.state_dir.as_deref())?;
+        // abissd traces block requests only while a client that asked for latency figures is
+        // connected: this one is, for the whole run.
+        let mut watch = daemon.connect()?;
+        watch
+            .latency()
+            .context("cannot switch abissd's request tracing on")?;
         Ok(Box::new(AbissRun {
             daemon,
+            watch: Mutex::new(watch),
             level: self.level,
             buffer: self.buffer,
             buffers: Arc::default(),
+            ended_streams: Arc::default(),
         }))
     }
 }
@@ -181,9 +189,34 @@ struct AbissRun {
     daemon: Daemon,
     level: u8,
     buffer: StreamBuffer,
+    /// The connection that keeps request tracing on.
+    watch: Mutex<Client>,
     /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
     /// after the attach).
     buffers: Arc<Mutex<Vec<u64>>>,
+    /// Requests and inversions of the streams whose readers ended (abissd folds an ended
+    /// stream's figures into its disk's).
+    ended_streams: Arc<Mutex<StreamCounts>>,
+}
+
+/// Block requests of streams, and those that ran below their stream's level.
+#[derive(Clone, Copy, Debug, Default)]
+struct StreamCounts {
+    requests: u64,
+    inversions: u64,
+}
+
+impl StreamCounts {
+    /// The counts of the groups of `wanted` streams in `groups`.
+    fn of(groups: &[LatencyGroup], wanted: impl Fn(u64) -> bool) -> Self {
+        groups
+            .iter()
+            .filter(|g| g.stream.is_some_and(&wanted))
+            .fold(Self::default(), |sum, g| Self {
+                requests: sum.requests + g.requests,
+                inversions: sum.inversions + g.inversions,
+            })
+    }
 }
 
 impl RunSetup for AbissRun {
@@ -210,18 +243,20 @@ impl RunSetup for AbissRun {
             client,
             stream: stream.id,
             buffers: Arc::clone(&self.buffers),
+            ended_streams: Arc::clone(&self.ended_streams),
         }))
     }
 
     fn daemon_figures(&self) -> Option<DaemonFigures> {
-        let mut client = Client::connect(&self.daemon.socket).ok()?;
+        let mut client = self.watch.lock().ok()?;
         let (_, groups) = client.latency().ok()?;
         let (_, upgrades) = client.status_and_upgrades().ok()?;
         let buffers = self.buffers.lock().map(|b| b.clone()).unwrap_or_default();
-        let streams = groups.iter().filter(|g| g.stream.is_some());
+        let live = StreamCounts::of(&groups, |_| true);
+        let ended = self.ended_streams.lock().map(|c| *c).unwrap_or_default();
         Some(DaemonFigures {
-            stream_requests: streams.clone().map(|g| g.requests).sum(),
-            inversions: streams.map(|g| g.inversions).sum(),
+            stream_requests: live.requests + ended.requests,
+            inversions: live.inversions + ended.inversions,
             upgrades: upgrades.total,
             upgrade_latency_p50_us: upgrades.latency_p50_us,
             upgrade_latency_p99_us: upgrades.latency_p99_us,
@@ -240,10 +275,18 @@ struct AbissReader {
     client: Client,
     stream: u64,
     buffers: Arc<Mutex<Vec<u64>>>,
+    ended_streams: Arc<Mutex<StreamCounts>>,
 }
 
 impl Drop for AbissReader {
     fn drop(&mut self) {
+        if let Ok((_, groups)) = self.client.latency() {
+            let counts = StreamCounts::of(&groups, |stream| stream == self.stream);
+            if let Ok(mut ended) = self.ended_streams.lock() {
+                ended.requests += counts.requests;
+                ended.inversions += counts.inversions;
+            }
+        }
         let buffer = self.client.list().ok().and_then(|streams| {
             streams
                 .into_iter()

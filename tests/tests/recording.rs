@@ -630,18 +630,19 @@ fn recorder_on_a_fresh_lab(name: &str, stream: bool) -> (serde_json::Value, u64)
 /// abiss, also after a `syncfs` between them), while the first stayed under 1 s: the runs
 /// were not measured from the same start.
 ///
-/// With a stream the recorder's `write(2)` no longer waits in `balance_dirty_pages` (kernel
-/// stacks sampled every 10 ms: 18 samples there with a stream against 540 without), and its
-/// journal waits (`wait_transaction_locked` and `do_get_write_access` from the mtime update of
-/// each write, `ext4_da_get_block_prep`) are short since the journal thread is raised with the
-/// recording. `ABISS_RECORDING_SECS` shortens it, `ABISS_RECORDER_FIFO=1` runs the recorder
+/// The recorder's long writes sleep in the kernel's dirty-page throttle
+/// (`balance_dirty_pages`), which paces every writer of the disk by the best-effort writer's
+/// backlog whether or not it has a stream, and wait for ext4's journal (`wait_transaction_locked`
+/// and `do_get_write_access` from the mtime update of each write, `ext4_da_get_block_prep`),
+/// although the journal thread is raised with the recording (README, "Write streams").
+/// `ABISS_RECORDING_SECS` shortens it, `ABISS_RECORDER_FIFO=1` runs the recorder
 /// under `SCHED_FIFO`, `ABISS_BDI_MAX_BYTES` sets a strict per-disk dirty limit,
 /// `ABISS_LAZYTIME=1` remounts the lab's file system `lazytime`.
 #[test]
 #[ignore = "0 overflows not reliable: in 3 runs on fresh labs (2026-12-01) with abiss 0, 2 and 10 \
             overflows of 480 (write p99 61, 742 and 784 ms), without 0, 0 and 1 (p99 715, 737 and \
-            426 ms); the long writes wait for ext4's journal, and why the stream lowered p99 in \
-            one run only is not found yet (issue 10)"]
+            426 ms); the long writes sleep in the kernel's dirty-page throttle, paced by the \
+            best-effort writer's backlog, and wait for ext4's journal (issue 10)"]
 fn a_recorder_meets_its_deadlines_against_a_best_effort_writer() {
     require_root!();
     let _limits = DirtyLimits::small_box();

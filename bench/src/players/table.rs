@@ -134,7 +134,7 @@ pub fn markdown(
         .iter()
         .map(|r| (r.row.name, r.streams.as_deref()))
         .collect();
-    watch::streams_table(&mut text, STREAMS_INTRO, &streams, true);
+    watch::streams_table(&mut text, STREAMS_INTRO, &streams);
     errors(&mut text, results);
     text
 }

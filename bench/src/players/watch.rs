@@ -155,15 +155,13 @@ fn record(seen: &Mutex<BTreeMap<u64, StreamInfo>>, streams: Vec<StreamInfo>) {
 }
 
 /// Appends to `text` the per-stream table of the rows that have streams: `intro` (the
-/// paragraph and the table's head) and a line per stream, `| row | id | file | counts… |
-/// service p99 | queue p99 | queue max | suggestion |`. The counts are misses and requests,
-/// with upgrades and inversions between them if `with_upgrades` (the players benchmark's
-/// table; the recording benchmark's leaves them out). Nothing if no row has streams.
+/// paragraph and the table's head) and a line per stream, `| row | id | file | misses |
+/// upgrades | requests | inversions | service p99 | queue p99 | queue max | suggestion |`.
+/// Nothing if no row has streams.
 pub(crate) fn streams_table(
     text: &mut String,
     intro: &str,
     rows: &[(&str, Option<&[StreamFigures]>)],
-    with_upgrades: bool,
 ) {
     use std::fmt::Write as _;
     if rows.iter().all(|(_, streams)| streams.is_none()) {
@@ -176,18 +174,14 @@ pub(crate) fn streams_table(
             let file = Path::new(&stream.path)
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            let counts = if with_upgrades {
-                format!(
-                    "{} | {} | {} | {}",
-                    stream.misses, stream.upgrades, stream.requests, stream.inversions
-                )
-            } else {
-                format!("{} | {}", stream.misses, stream.requests)
-            };
             let _ = writeln!(
                 text,
-                "| {row} | {} | {file} | {counts} | {} | {} | {} | {} |",
+                "| {row} | {} | {file} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 stream.id,
+                stream.misses,
+                stream.upgrades,
+                stream.requests,
+                stream.inversions,
                 ms(stream.service_p99_ms),
                 ms(stream.queue_p99_ms),
                 ms(stream.queue_max_ms),

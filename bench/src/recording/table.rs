@@ -182,7 +182,7 @@ pub fn markdown(context: &Context<'_>) -> String {
         .iter()
         .map(|r| (r.row.name, r.streams.as_deref()))
         .collect();
-    watch::streams_table(&mut text, STREAMS_INTRO, &streams, false);
+    watch::streams_table(&mut text, STREAMS_INTRO, &streams);
     errors(&mut text, context.results);
     text
 }
@@ -388,10 +388,12 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
 
 /// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
 const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
-     waited for the disk (read streams); service = dispatch to completion and queue = insert \
-     to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
-     | row | stream | file | misses | requests | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
-     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |\n";
+     waited for the disk (read streams); upgrades = raises of a reader; inversions = the \
+     stream's block requests that ran below its level (a recording's: pages the kernel's \
+     flushers wrote back at best effort before abissd did); service = dispatch to completion \
+     and queue = insert to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
+     | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {
     let mut lines = Vec::new();
