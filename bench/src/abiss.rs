@@ -4,7 +4,9 @@
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
@@ -93,15 +95,10 @@ impl RunHook for AbissHook {
         }
         args.extend(self.daemon_args.iter().map(String::as_str));
         let daemon = Daemon::start(bin_dir, run.device, &args, self.state_dir.as_deref())?;
-        // abissd traces block requests only while a client that asked for latency figures is
-        // connected: this one is, for the whole run.
-        let mut watch = daemon.connect()?;
-        watch
-            .latency()
-            .context("cannot switch abissd's request tracing on")?;
+        let tracing = TracingOn::start(daemon.connect()?)?;
         Ok(Box::new(AbissRun {
             daemon,
-            watch: Mutex::new(watch),
+            _tracing: tracing,
             level: self.level,
             buffer: self.buffer,
             buffers: Arc::default(),
@@ -189,14 +186,58 @@ struct AbissRun {
     daemon: Daemon,
     level: u8,
     buffer: StreamBuffer,
-    /// The connection that keeps request tracing on.
-    watch: Mutex<Client>,
+    /// Keeps abissd's request tracing on for the run.
+    _tracing: TracingOn,
     /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
     /// after the attach).
     buffers: Arc<Mutex<Vec<u64>>>,
     /// Requests and inversions of the streams whose readers ended (abissd folds an ended
     /// stream's figures into its disk's).
     ended_streams: Arc<Mutex<StreamCounts>>,
+}
+
+/// abissd traces block requests only while a client that asked for latency figures is
+/// connected, and closes a connection idle for a minute: this one asks every 20 s, from a
+/// thread of its own, until dropped.
+#[derive(Debug)]
+struct TracingOn {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TracingOn {
+    fn start(mut client: Client) -> anyhow::Result<Self> {
+        client
+            .latency()
+            .context("cannot switch abissd's request tracing on")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut asked = Instant::now();
+            while !stopped.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                if asked.elapsed() >= Duration::from_secs(20) {
+                    asked = Instant::now();
+                    if client.latency().is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for TracingOn {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Block requests of streams, and those that ran below their stream's level.
@@ -248,7 +289,7 @@ impl RunSetup for AbissRun {
     }
 
     fn daemon_figures(&self) -> Option<DaemonFigures> {
-        let mut client = self.watch.lock().ok()?;
+        let mut client = Client::connect(&self.daemon.socket).ok()?;
         let (_, groups) = client.latency().ok()?;
         let (_, upgrades) = client.status_and_upgrades().ok()?;
         let buffers = self.buffers.lock().map(|b| b.clone()).unwrap_or_default();

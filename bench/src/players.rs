@@ -232,13 +232,16 @@ pub fn all_rows() -> Vec<Row> {
             Default,
             FourOneSeeking,
         ),
-        row(
-            "abiss-seek",
-            "abiss, gst seeking every 10 s",
-            "mq-deadline",
-            Abiss,
-            FourOneSeeking,
-        ),
+        Row {
+            run_options: &["--preroll", "6MiB"],
+            ..row(
+                "abiss-seek",
+                "abiss, abissctl run --preroll 6MiB, gst seeking every 10 s",
+                "mq-deadline",
+                Abiss,
+                FourOneSeeking,
+            )
+        },
         row(
             "mq-deadline-8-viewers",
             "stock mq-deadline, 8 viewers of one file",
@@ -246,13 +249,16 @@ pub fn all_rows() -> Vec<Row> {
             Default,
             EightViewers,
         ),
-        row(
-            "abiss-8-viewers",
-            "abiss, 8 viewers of one file",
-            "mq-deadline",
-            Abiss,
-            EightViewers,
-        ),
+        Row {
+            run_options: &["--preroll", "6MiB"],
+            ..row(
+                "abiss-8-viewers",
+                "abiss, abissctl run --preroll 6MiB, 8 viewers of one file",
+                "mq-deadline",
+                Abiss,
+                EightViewers,
+            )
+        },
     ];
     no_load_rows().into_iter().chain(loaded).collect()
 }
