@@ -394,6 +394,7 @@ impl Drop for Bench {
 }
 
 /// `abissctl run` options of a player in an abiss row.
+#[must_use]
 pub fn player_args(rate: &str, preroll: &str) -> Vec<String> {
     let mut args = vec!["--rate".to_owned(), rate.to_owned()];
     if preroll != "0" {

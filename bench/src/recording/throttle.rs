@@ -59,7 +59,7 @@ fn parse_line(line: &str) -> Option<ThrottleEvent> {
     let field = |name: &str| -> Option<f64> {
         let (_, after) = rest.split_once(&format!(" {name}: "))?;
         after
-            .split(|c: char| c == ',' || c == ')')
+            .split([',', ')'])
             .next()?
             .trim()
             .parse()
