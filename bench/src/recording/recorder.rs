@@ -46,9 +46,9 @@ use crate::process;
 pub const RATE_BPS: u64 = 1_000_000;
 /// The test recorder's write size.
 const TEST_WRITE_BYTES: u64 = 64 << 10;
-/// The syscalls traced: the recorders write with write(2) (ffmpeg, the test recorder) or
-/// writev(2) (`GStreamer`'s filesink).
-/// The calls timed, and the kernel's dirty-page throttle ([`throttle`]) met in them.
+/// What perf traces: the write calls (the recorders write with write(2), as ffmpeg and the
+/// test recorder do, or writev(2), as `GStreamer`'s filesink does), and the kernel's
+/// dirty-page throttle met in them ([`throttle`]).
 const TRACED: &str = "write,writev,pwrite64,pwritev,writeback:balance_dirty_pages";
 
 /// Which program records.

@@ -151,7 +151,8 @@ pub fn markdown(context: &Context<'_>) -> String {
          The last column says whether a row meets it.\n\n\
          **Method.** *Write time*: every write(2)/writev(2) of each recorder, entry to return, \
          timed in the kernel by `perf trace -a --sort-events -G CGROUP -e \
-         write,writev,pwrite64,pwritev`: each recorder runs in a cgroup of its own, so perf \
+         write,writev,pwrite64,pwritev,writeback:balance_dirty_pages` (the last: the kernel's \
+         dirty-page throttle, in the per-recorder table): each recorder runs in a cgroup of its own, so perf \
          follows all its threads whatever their parent (syscall tracepoints, counted for that \
          cgroup's tasks only; tracefs is mounted for perf in a private mount namespace, \
          `unshare -m`, so nothing stays mounted; a marker written from the cgroup ties perf's \

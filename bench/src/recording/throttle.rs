@@ -58,12 +58,7 @@ fn parse_line(line: &str) -> Option<ThrottleEvent> {
         .ok()?;
     let field = |name: &str| -> Option<f64> {
         let (_, after) = rest.split_once(&format!(" {name}: "))?;
-        after
-            .split([',', ')'])
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        after.split([',', ')']).next()?.trim().parse().ok()
     };
     Some(ThrottleEvent {
         tid,
