@@ -19,7 +19,7 @@
 
 use serde::Serialize;
 
-use super::writes::TracedWrite;
+use super::writes::{self, TracedWrite};
 
 /// The tracepoint, as `perf trace -e` takes it.
 pub const TRACEPOINT: &str = "writeback:balance_dirty_pages";
@@ -48,14 +48,7 @@ fn parse_line(line: &str) -> Option<ThrottleEvent> {
     let (head, rest) = line.split_once(&format!(" {TRACEPOINT}("))?;
     let (time, task) = head.split_once('(')?;
     let at_ms = time.trim().parse::<f64>().ok()?;
-    let tid = task
-        .split_once("): ")?
-        .1
-        .trim()
-        .rsplit_once('/')?
-        .1
-        .parse()
-        .ok()?;
+    let tid = writes::thread_id(task.split_once("): ")?.1)?;
     let field = |name: &str| -> Option<f64> {
         let (_, after) = rest.split_once(&format!(" {name}: "))?;
         after.split([',', ')']).next()?.trim().parse().ok()

@@ -222,7 +222,7 @@ fn lost_events(line: &str) -> Option<u64> {
 }
 
 /// The thread id at the end of `COMM/TID` (the command name may hold anything).
-fn thread_id(task: &str) -> Option<u32> {
+pub(super) fn thread_id(task: &str) -> Option<u32> {
     task.trim().rsplit_once('/')?.1.parse().ok()
 }
 
