@@ -4,9 +4,7 @@
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
@@ -95,10 +93,8 @@ impl RunHook for AbissHook {
         }
         args.extend(self.daemon_args.iter().map(String::as_str));
         let daemon = Daemon::start(bin_dir, run.device, &args, self.state_dir.as_deref())?;
-        let tracing = TracingOn::start(daemon.connect()?)?;
         Ok(Box::new(AbissRun {
             daemon,
-            _tracing: tracing,
             level: self.level,
             buffer: self.buffer,
             buffers: Arc::default(),
@@ -186,58 +182,12 @@ struct AbissRun {
     daemon: Daemon,
     level: u8,
     buffer: StreamBuffer,
-    /// Keeps abissd's request tracing on for the run.
-    _tracing: TracingOn,
     /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
     /// after the attach).
     buffers: Arc<Mutex<Vec<u64>>>,
     /// Requests and inversions of the streams whose readers ended (abissd folds an ended
     /// stream's figures into its disk's).
     ended_streams: Arc<Mutex<StreamCounts>>,
-}
-
-/// abissd traces block requests only while a client that asked for latency figures is
-/// connected, and closes a connection idle for a minute: this one asks every 20 s, from a
-/// thread of its own, until dropped.
-#[derive(Debug)]
-struct TracingOn {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl TracingOn {
-    fn start(mut client: Client) -> anyhow::Result<Self> {
-        client
-            .latency()
-            .context("cannot switch abissd's request tracing on")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            let mut asked = Instant::now();
-            while !stopped.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(100));
-                if asked.elapsed() >= Duration::from_secs(20) {
-                    asked = Instant::now();
-                    if client.latency().is_err() {
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-impl Drop for TracingOn {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
 }
 
 /// Block requests of streams, and those that ran below their stream's level.
