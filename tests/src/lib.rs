@@ -1298,3 +1298,44 @@ pub fn compile_c_example(name: &str, library: &Path, dir: &Path) -> PathBuf {
     );
     program
 }
+
+/// Where `path` lies on its device, as byte ranges (`filefrag`; a file system on the whole
+/// device).
+#[must_use]
+pub fn file_extents(path: &Path) -> Vec<(u64, u64)> {
+    let output = Command::new("filefrag")
+        .arg("-v")
+        .arg(path)
+        .output()
+        .expect("run filefrag");
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("blocks of 4096 bytes"), "{text}");
+    // `   0:        0..    2047:      34816..     36863:   2048:             last,eof`
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<_> = line
+                .split_whitespace()
+                .map(|f| f.trim_end_matches([':', '.']))
+                .collect();
+            let _extent: u64 = fields.first()?.parse().ok()?;
+            let start: u64 = fields.get(3)?.parse().ok()?;
+            let blocks: u64 = fields.get(5)?.parse().ok()?;
+            Some((start * 4096, (start + blocks) * 4096))
+        })
+        .collect()
+}
+
+/// The requests of `records` of kind `op` that touch `extents`.
+pub fn on_extents<'a>(
+    records: &'a [abiss_lab::RequestRecord],
+    extents: &'a [(u64, u64)],
+    op: abiss_lab::Op,
+) -> impl Iterator<Item = &'a abiss_lab::RequestRecord> {
+    records.iter().filter(move |r| {
+        r.op == op
+            && extents
+                .iter()
+                .any(|&(start, end)| r.offset < end && start < r.offset + r.len)
+    })
+}

@@ -3,13 +3,12 @@
 //! takes the disk's modelled time; the lab's statistics show those reads and not the writes.
 
 use std::io::Read;
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use abiss_lab::{Op, RequestRecord, StatsSummary};
+use abiss_lab::{Op, StatsSummary};
 use abiss_tests::{
-    cold_file_bytes, require_root, resident_bytes, wait_until, write_cold_file, HddLab,
+    cold_file_bytes, file_extents, on_extents, require_root, resident_bytes, wait_until,
+    write_cold_file, HddLab,
 };
 
 const MIB: u64 = 1 << 20;
@@ -27,44 +26,6 @@ fn fresh_summary(lab: &HddLab) -> StatsSummary {
     });
     assert!(rewritten, "the lab's summary was not rewritten");
     summary.expect("a summary")
-}
-
-/// Where `path` lies on its device, as byte ranges (ext4 on the whole device).
-fn extents(path: &Path) -> Vec<(u64, u64)> {
-    let output = Command::new("filefrag")
-        .arg("-v")
-        .arg(path)
-        .output()
-        .expect("run filefrag");
-    assert!(output.status.success(), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(text.contains("blocks of 4096 bytes"), "{text}");
-    // `   0:        0..    2047:      34816..     36863:   2048:             last,eof`
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<_> = line
-                .split_whitespace()
-                .map(|f| f.trim_end_matches([':', '.']))
-                .collect();
-            let _extent: u64 = fields.first()?.parse().ok()?;
-            let start: u64 = fields.get(3)?.parse().ok()?;
-            let blocks: u64 = fields.get(5)?.parse().ok()?;
-            Some((start * 4096, (start + blocks) * 4096))
-        })
-        .collect()
-}
-
-fn on_extents<'a>(
-    records: &'a [RequestRecord],
-    extents: &'a [(u64, u64)],
-    op: Op,
-) -> impl Iterator<Item = &'a RequestRecord> {
-    records.iter().filter(move |r| {
-        r.op == op
-            && extents
-                .iter()
-                .any(|&(start, end)| r.offset < end && start < r.offset + r.len)
-    })
 }
 
 #[test]
@@ -85,7 +46,7 @@ fn a_cold_file_on_the_lab_is_written_unmodelled_and_read_modelled() {
     );
     let filled = fresh_summary(&lab);
     let fill_records = cursor.read_new().expect("stats");
-    let extents = extents(&path);
+    let extents = file_extents(&path);
     let written: u64 = on_extents(&fill_records, &extents, Op::Write)
         .map(|r| r.len)
         .sum();

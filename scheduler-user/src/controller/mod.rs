@@ -143,6 +143,10 @@ impl Controller {
         }
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
+        let mapped = match disk.largest_request_bytes() {
+            Some(bytes) => mapped.with_advice_bytes(bytes),
+            None => mapped,
+        };
         let id = self.streams.next_id();
         let tag = tag.unwrap_or(id);
         let key = file.key;

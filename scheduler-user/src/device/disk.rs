@@ -26,6 +26,21 @@ impl fmt::Display for Disk {
     }
 }
 
+impl Disk {
+    /// The largest request the disk takes now (`queue/max_sectors_kb`), in bytes: also the
+    /// least the kernel reads of one `POSIX_FADV_WILLNEED` (it reads up to the larger of this
+    /// and the file's readahead). `None` if sysfs does not say.
+    #[must_use]
+    pub fn largest_request_bytes(&self) -> Option<u64> {
+        let path = Path::new(SYSFS)
+            .join("block")
+            .join(&self.name)
+            .join("queue/max_sectors_kb");
+        let kib: u64 = read_trimmed(&path).ok()?.parse().ok()?;
+        kib.checked_mul(1024).filter(|&bytes| bytes > 0)
+    }
+}
+
 /// Resolves a device as users type it (`sda`, `/dev/sda`, `8:0`, or a partition such as `sda1`
 /// or `/dev/loop0p1`) to its whole disk, because the queue belongs to the disk.
 pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {

@@ -14,15 +14,6 @@ use super::{fail, JobKind, LoadDone, LoadJob, LoadOutcome, WorkerCommand};
 /// Marks cancel requests' completions apart from loads'.
 const CANCEL_TAG: u64 = 1 << 63;
 
-/// The most one `POSIX_FADV_WILLNEED` is asked to read. The kernel reads no more of one
-/// advice than the larger of the disk's readahead and its largest request
-/// (`max(read_ahead_kb, max_sectors_kb)`: 2.5 MiB of a 6 MiB advice on a loop disk with 2560
-/// and 512, measured with `fincore`), and the lock then faulted the rest in one 4 KiB request
-/// at a time (`MADV_RANDOM`): over a thousand real-time requests per 6 MiB preroll in the
-/// players benchmark. 128 KiB is the kernel's default readahead, within any disk's cap; the
-/// elevator merges the chunks back into large requests.
-const WILLNEED_CHUNK_BYTES: u64 = 128 << 10;
-
 /// A job on the ring, as submissions (its parts) that must all complete.
 struct InFlight {
     job: LoadJob,
@@ -135,11 +126,14 @@ impl LoadRing {
                 // WILLNEED reads exactly the range, at this thread's priority (its io-wq
                 // worker inherits our I/O context). A buffered READ would add the kernel's
                 // readahead beyond the window, unmetered and at the wrong time.
+                // In pieces the kernel reads whole (`MappedFile::advice_bytes`): what one
+                // advice leaves unread, the lock would fault in one page at a time.
                 let fd = types::Fd(job.file.fd().as_raw_fd());
+                let piece = job.file.advice_bytes();
                 let chunks: Vec<(u64, i64)> = (job.range.start..job.range.end)
-                    .step_by(usize::try_from(WILLNEED_CHUNK_BYTES).map_err(io::Error::other)?)
+                    .step_by(usize::try_from(piece).map_err(io::Error::other)?)
                     .map(|start| {
-                        let end = (start + WILLNEED_CHUNK_BYTES).min(job.range.end);
+                        let end = (start + piece).min(job.range.end);
                         i64::try_from(end - start).map(|length| (start, length))
                     })
                     .collect::<Result<_, _>>()
