@@ -89,6 +89,7 @@ enum ModelArg {
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum MkfsArg {
     Ext4,
+    Xfs,
 }
 
 /// Parses sizes the way abissctl and abissd do (`abiss-units`): `4G`, `512M`, `64MiB`, `1T`
@@ -133,7 +134,10 @@ fn up(args: &UpArgs) -> Result<(), LabError> {
     };
     let mut options = LabOptions::new(file.spec(kind))?;
     options.size_bytes = args.size;
-    options.mkfs = args.mkfs.map(|MkfsArg::Ext4| FilesystemKind::Ext4);
+    options.mkfs = args.mkfs.map(|mkfs| match mkfs {
+        MkfsArg::Ext4 => FilesystemKind::Ext4,
+        MkfsArg::Xfs => FilesystemKind::Xfs,
+    });
     options.mount_dir.clone_from(&args.mount);
     options.scheduler.clone_from(&args.scheduler);
     options.state_dir.clone_from(&args.state.state_dir);

@@ -43,6 +43,8 @@ pub enum FilesystemKind {
     /// ext4, made whole (inode tables and journal written, not left to lazy initialisation)
     /// with the model off, without discard.
     Ext4,
+    /// xfs, made with the model off, without discard.
+    Xfs,
 }
 
 /// What to bring up.
@@ -392,8 +394,8 @@ fn make_and_mount(
     options: &LabOptions,
     device: &str,
 ) -> Result<(), LabError> {
-    if let Some(FilesystemKind::Ext4) = options.mkfs {
-        system::run(
+    match options.mkfs {
+        Some(FilesystemKind::Ext4) => system::run(
             "mkfs.ext4",
             &[
                 "-q",
@@ -402,8 +404,10 @@ fn make_and_mount(
                 "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
                 device,
             ],
-        )?;
-    }
+        )?,
+        Some(FilesystemKind::Xfs) => system::run("mkfs.xfs", &["-q", "-f", "-K", device])?,
+        None => String::new(),
+    };
     if let Some(dir) = &options.mount_dir {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(LabError::io(dir))?;

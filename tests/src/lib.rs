@@ -677,30 +677,51 @@ impl HddLab {
     /// A `size_gib` lab hdd with `scheduler` selected, ext4 made and mounted.
     #[must_use]
     pub fn up(tag: &str, size_gib: u64, scheduler: &str) -> Self {
-        Self::up_with(tag, size_gib, scheduler, true)
+        Self::up_with(
+            tag,
+            size_gib,
+            scheduler,
+            Some(abiss_lab::FilesystemKind::Ext4),
+        )
+    }
+
+    /// A `size_gib` lab hdd with `scheduler` selected, xfs made and mounted.
+    #[must_use]
+    pub fn up_xfs(tag: &str, size_gib: u64, scheduler: &str) -> Self {
+        Self::up_with(
+            tag,
+            size_gib,
+            scheduler,
+            Some(abiss_lab::FilesystemKind::Xfs),
+        )
     }
 
     /// A `size_gib` lab hdd with `scheduler` selected and nothing on it (a raw disk).
     #[must_use]
     pub fn up_raw(tag: &str, size_gib: u64, scheduler: &str) -> Self {
-        Self::up_with(tag, size_gib, scheduler, false)
+        Self::up_with(tag, size_gib, scheduler, None)
     }
 
-    fn up_with(tag: &str, size_gib: u64, scheduler: &str, ext4: bool) -> Self {
-        use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
+    fn up_with(
+        tag: &str,
+        size_gib: u64,
+        scheduler: &str,
+        mkfs: Option<abiss_lab::FilesystemKind>,
+    ) -> Self {
+        use abiss_lab::{Lab, LabOptions, ModelFile, ModelKind};
         let dir = Scratch::new_in("/tmp", &format!("lab-{tag}"));
         let mut options =
             LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
         options.size_bytes = size_gib << 30;
-        if ext4 {
-            options.mkfs = Some(FilesystemKind::Ext4);
+        if mkfs.is_some() {
+            options.mkfs = mkfs;
             options.mount_dir = Some(dir.path().join("mnt"));
         }
         options.scheduler = Some(scheduler.to_owned());
         options.state_dir = dir.path().join("state");
         options.backing_dir = dir.path().join("backing");
         let lab = Lab::up(&options).expect("bring the lab hdd up");
-        if ext4 {
+        if mkfs.is_some() {
             register_lab_disk(&lab, &options.state_dir);
         }
         Self {

@@ -601,8 +601,12 @@ fn recorder_against_writer(
 
 /// One run of [`recorder_against_writer`] on a lab and file system of its own, with abissd
 /// managing the disk, and the comparisons asked for by environment variables.
-fn recorder_on_a_fresh_lab(name: &str, stream: bool) -> (serde_json::Value, u64) {
-    let lab = HddLab::up("recording", 2, "none");
+fn recorder_on_a_fresh_lab(name: &str, stream: bool, xfs: bool) -> (serde_json::Value, u64) {
+    let lab = if xfs {
+        HddLab::up_xfs("recording-xfs", 2, "none")
+    } else {
+        HddLab::up("recording", 2, "none")
+    };
     let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
     if std::env::var_os("ABISS_LAZYTIME").is_some() {
         // For a comparison: timestamps kept in memory, so a write(2) needs no journal handle.
@@ -646,17 +650,45 @@ fn recorder_on_a_fresh_lab(name: &str, stream: bool) -> (serde_json::Value, u64)
 fn a_recorder_meets_its_deadlines_against_a_best_effort_writer() {
     require_root!();
     let _limits = DirtyLimits::small_box();
-    let (without, be_without) = recorder_on_a_fresh_lab("plain.ts", false);
+    let (without, be_without) = recorder_on_a_fresh_lab("plain.ts", false, false);
     eprintln!(
         "without abiss: {without}; best-effort writer wrote {} MiB",
         be_without / MIB
     );
-    let (with, be_with) = recorder_on_a_fresh_lab("stream.ts", true);
+    let (with, be_with) = recorder_on_a_fresh_lab("stream.ts", true, false);
     eprintln!(
         "with abiss: {with}; best-effort writer wrote {} MiB",
         be_with / MIB
     );
     assert_eq!(with["overflows"], 0, "with abiss: {with}");
+}
+
+/// The same recorder on xfs, where the goal holds: no overflow with a 1 s capture
+/// buffer and write(2) p99.9 under 5 ms, with a write stream, against the best-effort writer
+/// under a small box's dirty limits. On ext4 the recorder's slow writes wait for the inode's
+/// allocation lock and the journal (the test above); on xfs they did not, in the recording
+/// benchmark's runs. Stock xfs meets the goal there too, but its players freeze. What can fail
+/// here is abiss's part: a write stream whose write-back took the disk from the flushers
+/// raised the recorders' p99.9 to 18 ms on xfs (`bench/results/recording-write-ahead/`).
+#[test]
+fn a_recorder_on_xfs_meets_its_deadlines_against_a_best_effort_writer() {
+    require_root!();
+    let _limits = DirtyLimits::small_box();
+    let (with, be_with) = recorder_on_a_fresh_lab("stream.ts", true, true);
+    eprintln!(
+        "with abiss on xfs: {with}; best-effort writer wrote {} MiB",
+        be_with / MIB
+    );
+    assert_eq!(with["overflows"], 0, "with abiss: {with}");
+    let p999 = with["write_p999_ms"].as_f64().expect("a p99.9");
+    assert!(
+        p999 < 5.0,
+        "write p99.9 {p999} ms, the goal is under 5: {with}"
+    );
+    assert!(
+        be_with > 64 * MIB,
+        "the best-effort writer kept writing: {be_with}"
+    );
 }
 
 /// A per-disk dirty limit (`max_bytes`, `strict_limit` of the disk's bdi), put back on drop.
