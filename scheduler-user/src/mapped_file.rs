@@ -5,7 +5,8 @@
 use std::io;
 use std::num::NonZeroUsize;
 use std::ops::Range;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::ptr::NonNull;
 
 use log::warn;
@@ -15,6 +16,32 @@ use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise
 /// while it is watched (timeshift), and its window follows it this far. It is address space,
 /// not memory: only the window's pages are ever locked.
 pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
+
+/// The file of `fd` (a descriptor the client proved it may read with) opened anew for
+/// reading with `O_NOATIME`, for the daemon's own mapping: mapping a file updates its access
+/// time, and abissd reading ahead is no access by the user. On ext4 that update is a journal
+/// handle, and while a commit holds the journal (seconds, with a best-effort writer's ordered
+/// data to write first) the `mmap` waited for it in abissd's main loop: 4 s in the recording
+/// benchmark, every client and every stream's window waiting with it.
+///
+/// # Errors
+/// The reopen is refused (`O_NOATIME` needs the file's owner or `CAP_FOWNER`), or the
+/// reopened file is not the same file; the caller then maps the client's descriptor.
+pub fn reopen_without_atime(fd: &OwnedFd) -> io::Result<OwnedFd> {
+    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    let reopened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(proc_path)?;
+    let original = std::fs::File::from(fd.try_clone()?).metadata()?;
+    let now = reopened.metadata()?;
+    if (original.dev(), original.ino()) != (now.dev(), now.ino()) {
+        return Err(io::Error::other(
+            "the descriptor's file opened as another file",
+        ));
+    }
+    Ok(OwnedFd::from(reopened))
+}
 
 /// A file a stream reads, mapped read-only so its window's pages can be locked.
 #[derive(Debug)]

@@ -17,6 +17,7 @@ mod sizing;
 
 use crate::disks::Disks;
 use crate::latency_tail::LatencyTails;
+use crate::mapped_file::reopen_without_atime;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
@@ -275,10 +276,17 @@ impl Controller {
     /// The stream's own mapping of its file (none for a recording: nothing is locked).
     fn mapping(file: &CheckedFile, write: bool) -> Result<MappedFile, Refusal> {
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
-        let fd = file.fd.try_clone().map_err(|e| internal(&e))?;
         if write {
+            let fd = file.fd.try_clone().map_err(|e| internal(&e))?;
             return Ok(MappedFile::unmapped(fd));
         }
+        let fd = match reopen_without_atime(&file.fd) {
+            Ok(fd) => fd,
+            Err(error) => {
+                log::debug!("{}: mapped with its access time kept: {error}", file.path);
+                file.fd.try_clone().map_err(|e| internal(&e))?
+            }
+        };
         MappedFile::new(fd, file.bytes)
             .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))
     }

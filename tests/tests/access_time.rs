@@ -1,0 +1,107 @@
+//! abissd's own use of a stream's file is no access by the user: attaching a file, mapping it
+//! and loading its window leave the file's access time as it was. On ext4 an access-time
+//! update is a journal handle, and while a commit holds the journal the daemon's `mmap` at
+//! attach waited for it in the main loop (4 s in the recording benchmark, with every client
+//! and every stream's window waiting with it); the daemon maps its own `O_NOATIME` descriptor.
+
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::Duration;
+
+use abiss_tests::{
+    attached_id, evict, require_root, resident_bytes, wait_until, Daemon, Ext4Mount, LoopDevice,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// Sets the file's access time an hour before its modification time, so that under the
+/// default `relatime` the next access of the file updates it.
+fn age_access_time(path: &std::path::Path) {
+    let modified = std::fs::metadata(path)
+        .expect("stat")
+        .modified()
+        .expect("mtime");
+    let accessed = modified - Duration::from_secs(3600);
+    let since_epoch = accessed
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let times = [
+        libc::timespec {
+            tv_sec: libc::time_t::try_from(since_epoch.as_secs()).expect("seconds"),
+            tv_nsec: 0,
+        },
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+    ];
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path");
+    // SAFETY: utimensat with a valid C string and two timespecs that live through the call.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, name.as_ptr(), times.as_ptr(), 0) };
+    assert_eq!(rc, 0, "utimensat: {}", std::io::Error::last_os_error());
+}
+
+#[test]
+fn attaching_and_loading_a_file_leave_its_access_time_alone() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let path = fs.path().join("media.ts");
+    std::fs::write(
+        &path,
+        vec![0x47_u8; usize::try_from(8 * MIB).expect("size")],
+    )
+    .expect("write the file");
+    // The test's own looks at the page cache map the file too: without updating its atime.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOATIME)
+        .open(&path)
+        .expect("open");
+    file.sync_all().expect("sync");
+    evict(&file);
+    age_access_time(&path);
+    let before = std::fs::metadata(&path)
+        .expect("stat")
+        .accessed()
+        .expect("atime");
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let output = daemon.ctl([
+        "attach",
+        path.to_str().expect("a path"),
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "2MiB",
+    ]);
+    let id = attached_id(&output);
+    assert!(
+        wait_until(Duration::from_secs(10), || resident_bytes(
+            &file,
+            0,
+            2 * MIB
+        ) == 2 * MIB),
+        "the window is loaded"
+    );
+    let output = daemon.ctl(["detach", &id.to_string()]);
+    assert!(output.status.success(), "{output:?}");
+    let after = std::fs::metadata(&path)
+        .expect("stat")
+        .accessed()
+        .expect("atime");
+    assert_eq!(
+        after, before,
+        "abissd's mapping and loads changed the file's access time"
+    );
+    // The check can fail: a read of the file by anyone updates it.
+    let mut byte = [0u8; 1];
+    std::io::Read::read(&mut File::open(&path).expect("open"), &mut byte).expect("read");
+    let read = std::fs::metadata(&path)
+        .expect("stat")
+        .accessed()
+        .expect("atime");
+    assert!(
+        read > before,
+        "a read updates the access time under relatime"
+    );
+}
