@@ -66,14 +66,7 @@ fn attaching_and_loading_a_file_leave_its_access_time_alone() {
         .accessed()
         .expect("atime");
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
-    let output = daemon.ctl([
-        "attach",
-        path.to_str().expect("a path"),
-        "--rate",
-        "1MB/s",
-        "--buffer",
-        "2MiB",
-    ]);
+    let output = daemon.attach_1mb_output(&path, "2MiB");
     let id = attached_id(&output);
     assert!(
         wait_until(Duration::from_secs(10), || resident_bytes(

@@ -44,14 +44,7 @@ fn a_window_is_loaded_in_requests_as_large_as_the_disk_takes() {
     assert_eq!(resident_bytes(&file, 0, BUFFER), 0, "cold");
     let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
     let mut cursor = lab.lab().stats_cursor().expect("stats");
-    let output = daemon.ctl([
-        "attach",
-        path.to_str().expect("a path"),
-        "--rate",
-        "1MB/s",
-        "--buffer",
-        "8MiB",
-    ]);
+    let output = daemon.attach_1mb_output(&path, "8MiB");
     assert!(output.status.success(), "{output:?}");
     assert!(
         wait_until(Duration::from_secs(20), || resident_bytes(&file, 0, BUFFER)

@@ -16,10 +16,10 @@ use abiss_tests::{binary, require_root};
 const GOAL_S: f64 = 0.1;
 
 #[test]
-#[ignore = "over the goal: 0.207 s (one 41 ms freeze), 0.126 s and 0.106 s in three runs \
-            (2026-12-01, with the tail preroll and the prefetch fix), against 0.080 s and \
-            0.100 s the session before: the rest is start-up, 0.27 to 0.33 s under the load \
-            against 0.15 to 0.18 s without load from a warm cache. A cold start costs the lab \
+#[ignore = "over the goal: 0.127 s, 0.125 s and 0.106 s in three runs (2026-12-02, loads advised \
+            in pieces of the disk's largest request), no freeze; 0.207 s, 0.126 s and 0.106 s \
+            on 2026-12-01: all of it start-up, 0.25 to 0.33 s under the load against 0.14 \
+            to 0.18 s without load from a warm cache. A cold start costs the lab \
             hdd that much without any load too (the players benchmark's no-load rows: four \
             players with --preroll 1.14 s in all, with the load 0.96 s) (issue 12)"]
 fn ffmpeg_under_abissctl_run_stalls_at_most_a_tenth_of_a_second_under_a_seeky_load() {
