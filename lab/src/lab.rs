@@ -395,19 +395,23 @@ fn make_and_mount(
     device: &str,
 ) -> Result<(), LabError> {
     match options.mkfs {
-        Some(FilesystemKind::Ext4) => system::run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-E",
-                "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
-                device,
-            ],
-        )?,
-        Some(FilesystemKind::Xfs) => system::run("mkfs.xfs", &["-q", "-f", "-K", device])?,
-        None => String::new(),
-    };
+        Some(FilesystemKind::Ext4) => {
+            system::run(
+                "mkfs.ext4",
+                &[
+                    "-q",
+                    "-F",
+                    "-E",
+                    "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
+                    device,
+                ],
+            )?;
+        }
+        Some(FilesystemKind::Xfs) => {
+            system::run("mkfs.xfs", &["-q", "-f", "-K", device])?;
+        }
+        None => {}
+    }
     if let Some(dir) = &options.mount_dir {
         if !dir.exists() {
             std::fs::create_dir_all(dir).map_err(LabError::io(dir))?;

@@ -33,9 +33,9 @@ pub fn reopen_without_atime(fd: &OwnedFd) -> io::Result<OwnedFd> {
         .read(true)
         .custom_flags(libc::O_NOATIME)
         .open(proc_path)?;
-    let original = std::fs::File::from(fd.try_clone()?).metadata()?;
+    let original = nix::sys::stat::fstat(fd.as_raw_fd())?;
     let now = reopened.metadata()?;
-    if (original.dev(), original.ino()) != (now.dev(), now.ino()) {
+    if (original.st_dev, original.st_ino) != (now.dev(), now.ino()) {
         return Err(io::Error::other(
             "the descriptor's file opened as another file",
         ));
@@ -59,7 +59,7 @@ pub struct MappedFile {
 /// 2560 and `max_sectors_kb` 512, measured with `fincore`); the lock then faulted the rest in
 /// one 4 KiB request at a time (`MADV_RANDOM`). 128 KiB is the kernel's default readahead,
 /// within any disk's cap.
-pub const DEFAULT_ADVICE_BYTES: u64 = 128 << 10;
+const DEFAULT_ADVICE_BYTES: u64 = 128 << 10;
 /// The most one advice is asked to read, whatever the disk says.
 const MAX_ADVICE_BYTES: u64 = 4 << 20;
 
