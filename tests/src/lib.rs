@@ -713,8 +713,8 @@ impl HddLab {
         let mut options =
             LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
         options.size_bytes = size_gib << 30;
+        options.mkfs = mkfs;
         if mkfs.is_some() {
-            options.mkfs = mkfs;
             options.mount_dir = Some(dir.path().join("mnt"));
         }
         options.scheduler = Some(scheduler.to_owned());

@@ -5,7 +5,6 @@
 //! and every stream's window waiting with it); the daemon maps its own `O_NOATIME` descriptor.
 
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
@@ -17,29 +16,10 @@ const MIB: u64 = 1 << 20;
 
 /// Sets the file's access time an hour before its modification time, so that under the
 /// default `relatime` the next access of the file updates it.
-fn age_access_time(path: &std::path::Path) {
-    let modified = std::fs::metadata(path)
-        .expect("stat")
-        .modified()
-        .expect("mtime");
-    let accessed = modified - Duration::from_secs(3600);
-    let since_epoch = accessed
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
-    let times = [
-        libc::timespec {
-            tv_sec: libc::time_t::try_from(since_epoch.as_secs()).expect("seconds"),
-            tv_nsec: 0,
-        },
-        libc::timespec {
-            tv_sec: 0,
-            tv_nsec: libc::UTIME_OMIT,
-        },
-    ];
-    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("a path");
-    // SAFETY: utimensat with a valid C string and two timespecs that live through the call.
-    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, name.as_ptr(), times.as_ptr(), 0) };
-    assert_eq!(rc, 0, "utimensat: {}", std::io::Error::last_os_error());
+fn age_access_time(file: &File) {
+    let modified = file.metadata().expect("stat").modified().expect("mtime");
+    let times = std::fs::FileTimes::new().set_accessed(modified - Duration::from_secs(3600));
+    file.set_times(times).expect("set the access time");
 }
 
 #[test]
@@ -60,7 +40,7 @@ fn attaching_and_loading_a_file_leave_its_access_time_alone() {
         .expect("open");
     file.sync_all().expect("sync");
     evict(&file);
-    age_access_time(&path);
+    age_access_time(&file);
     let before = std::fs::metadata(&path)
         .expect("stat")
         .accessed()
