@@ -1,7 +1,9 @@
-//! Replacing a file whole, and checking that a directory root keeps state in is root's alone.
+//! Replacing a file whole, checking that a directory root keeps state in is root's alone, and
+//! examining a descriptor without asking its file system.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -108,6 +110,56 @@ pub fn ensure_private_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// What the kernel knows of an open file without asking its file system (see [`stat_cached`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CachedStat {
+    /// Type and permission bits (`st_mode`).
+    pub mode: u32,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The file system's device: major and minor number.
+    pub device: (u32, u32),
+}
+
+/// Examines the open file `fd` with `statx(2)` and `AT_STATX_DONT_SYNC`.
+///
+/// A disk file system answers from the inode, as `fstat` does. A FUSE or network file system
+/// answers from what the kernel has cached, without asking its server. A root daemon that
+/// examines a descriptor a user passed must not ask: any user may run a FUSE server (and,
+/// where the administrator allows `allow_other`, let root into it). FUSE waits for its server
+/// without a timeout, uninterruptibly once the server has read the request, so a server that
+/// never answers would hold the examining thread for as long as it likes.
+///
+/// # Errors
+/// As `statx(2)`: the file system refuses (FUSE refuses other users without `allow_other`).
+pub fn stat_cached(fd: BorrowedFd<'_>) -> io::Result<CachedStat> {
+    let mut buffer = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the path is a NUL-terminated empty string, `fd` is open for the call, and
+    // `buffer` is a writable `statx` the kernel fills on success.
+    let result = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_SIZE,
+            buffer.as_mut_ptr(),
+        )
+    };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx succeeded, so it filled the buffer (which was zeroed besides).
+    let stat = unsafe { buffer.assume_init() };
+    Ok(CachedStat {
+        mode: u32::from(stat.stx_mode),
+        ino: stat.stx_ino,
+        size: stat.stx_size,
+        device: (stat.stx_dev_major, stat.stx_dev_minor),
+    })
+}
+
 fn temporary_for(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(".tmp");
@@ -123,6 +175,23 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).expect("scratch dir");
         dir
+    }
+
+    #[test]
+    fn a_cached_stat_says_what_fstat_says_of_a_local_file() {
+        use std::os::fd::AsFd;
+        let dir = scratch("statx");
+        let path = dir.join("file");
+        fs::write(&path, vec![7u8; 12_345]).expect("write");
+        let file = File::open(&path).expect("open");
+        let cached = stat_cached(file.as_fd()).expect("statx");
+        let meta = file.metadata().expect("fstat");
+        assert_eq!(cached.mode, meta.mode());
+        assert_eq!(cached.ino, meta.ino());
+        assert_eq!(cached.size, 12_345);
+        let dev = meta.dev();
+        assert_eq!(cached.device, (libc::major(dev), libc::minor(dev)));
+        fs::remove_dir_all(dir).expect("cleanup");
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! | [`blk_mq`] | the live driver tag depth of a disk, from debugfs (mounted privately if need be) |
 //! | [`clock`] | `CLOCK_MONOTONIC`, the clock of the eBPF programs' timestamps and of position messages |
 //! | [`ioprio`] | `ioprio_get(2)` / `ioprio_set(2)` for one thread |
-//! | [`fs`] | replacing a file so that a crash leaves the old one or the whole new one |
+//! | [`fs`] | replacing a file so that a crash leaves the old one or the whole new one; examining a descriptor without asking its file system |
 //!
-//! Linux only; nothing here needs a kernel newer than 2.6.13 (`ioprio_set`).
+//! Linux only; nothing here needs a kernel newer than 4.11 (`statx`).
 #![deny(missing_docs)]
 
 pub mod blk_mq;

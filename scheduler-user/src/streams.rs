@@ -2,7 +2,7 @@
 //! client's descriptor must pass before it becomes one.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 
 use abiss_proto::{
@@ -10,7 +10,7 @@ use abiss_proto::{
     ABISS_LEVELS, PAGE_BYTES,
 };
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::sys::stat::{fstat, SFlag};
+use nix::sys::stat::SFlag;
 use scheduler_common::FileKey;
 
 use crate::policy::admission::StreamDemand;
@@ -126,17 +126,21 @@ pub struct CheckedFile {
 
 /// Checks that `fd` is a regular file opened for reading and not empty, or for a write stream
 /// (`write`), opened for writing (it may be empty: a recording starts so).
+///
+/// Nothing here asks the file's file system: the descriptor is the client's, and so may be its
+/// file system (a FUSE server that never answers would hold the main loop, and every stream
+/// with it). The caller refuses files off managed disks before anything else touches them.
 pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> {
     let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
         |_| "(unnamed file)".to_owned(),
         |p| p.to_string_lossy().into_owned(),
     );
     let wrong = |what: &str| Err(AttachError::WrongFile(format!("{path} {what}")));
-    let stat = match fstat(fd.as_raw_fd()) {
+    let stat = match abiss_os::fs::stat_cached(fd.as_fd()) {
         Ok(stat) => stat,
         Err(error) => return wrong(&format!("cannot be examined: {error}")),
     };
-    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+    let kind = SFlag::from_bits_truncate(stat.mode) & SFlag::S_IFMT;
     if kind != SFlag::S_IFREG {
         let what = match kind {
             SFlag::S_IFDIR => "a directory",
@@ -166,13 +170,13 @@ pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> 
     if !write && access == OFlag::O_WRONLY {
         return wrong("was opened write-only; open it for reading");
     }
-    let bytes = u64::try_from(stat.st_size).unwrap_or(0);
+    let bytes = stat.size;
     if bytes == 0 && !write {
         return wrong("is empty; there is nothing to stream");
     }
     let file_device = DeviceNumber {
-        major: libc::major(stat.st_dev),
-        minor: libc::minor(stat.st_dev),
+        major: stat.device.0,
+        minor: stat.device.1,
     };
     Ok(CheckedFile {
         fd,
@@ -180,7 +184,7 @@ pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> 
         key: FileKey {
             dev: file_device.to_kernel(),
             pad: 0,
-            ino: stat.st_ino,
+            ino: stat.ino,
         },
         file_device,
         bytes,
@@ -381,12 +385,10 @@ impl Stream {
             return Vec::new();
         }
         self.growth_checked_ns = now_ns;
-        let Ok(stat) = fstat(self.file.fd().as_raw_fd()) else {
+        let Ok(stat) = abiss_os::fs::stat_cached(self.file.fd().as_fd()) else {
             return Vec::new();
         };
-        let bytes = u64::try_from(stat.st_size)
-            .unwrap_or(0)
-            .min(self.file.reach_bytes());
+        let bytes = stat.size.min(self.file.reach_bytes());
         if bytes <= self.file_bytes {
             return Vec::new();
         }

@@ -9,6 +9,8 @@
 //! - `abiss-hostile-client SOCKET admit DEVICE COUNT`: asks for a capacity plan of COUNT
 //!   streams of 1 B/s, straight on the protocol (abissctl would refuse such a count itself);
 //!   prints the answer.
+//! - `abiss-hostile-client SOCKET attach FILE 0`: opens FILE for reading, prints `attaching`
+//!   and attaches it at 1000 B/s; prints the answer when it comes.
 //! - `abiss-hostile-client SOCKET opath FILE 0`: attaches FILE through an `O_PATH` descriptor,
 //!   which needs no right to read it; prints the answer.
 //! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
@@ -47,7 +49,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|opath|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
             }
         }
         "opath" => opath(socket, first),
+        "attach" => attach_and_wait(socket, first),
         "admit" => {
             let Ok(count) = second.parse::<u32>() else {
                 eprintln!("COUNT is a number");
@@ -169,6 +172,19 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
     }
+    ExitCode::SUCCESS
+}
+
+/// An attach of `file`, said before it is sent, answered whenever the daemon answers.
+fn attach_and_wait(socket: &str, file: &str) -> ExitCode {
+    let Ok(handle) = std::fs::File::open(file) else {
+        eprintln!("cannot open {file}");
+        return ExitCode::from(4);
+    };
+    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    println!("attaching");
+    let answer = client.attach(&handle, abiss_tests::read_request(1000, 64 << 10, 1));
+    println!("{answer:?}");
     ExitCode::SUCCESS
 }
 
