@@ -43,6 +43,16 @@ pub fn reopen_without_atime(fd: &OwnedFd) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(reopened))
 }
 
+/// The address space a read stream's mapping of a file of `bytes` takes: its whole pages and
+/// [`GROWTH_RESERVE_BYTES`].
+#[must_use]
+pub fn mapping_bytes(bytes: u64) -> u64 {
+    bytes
+        .div_ceil(4096)
+        .saturating_mul(4096)
+        .saturating_add(GROWTH_RESERVE_BYTES)
+}
+
 /// A file a stream reads, mapped read-only so its window's pages can be locked.
 #[derive(Debug)]
 pub struct MappedFile {
@@ -73,11 +83,10 @@ impl MappedFile {
     /// Maps `fd` (a readable regular file of `bytes`), with room to grow by
     /// [`GROWTH_RESERVE_BYTES`].
     pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
-        let page = 4096;
         if bytes == 0 {
             return Err(io::Error::other("the file is empty"));
         }
-        let reach = (bytes.div_ceil(page) * page).saturating_add(GROWTH_RESERVE_BYTES);
+        let reach = mapping_bytes(bytes);
         let map_bytes = usize::try_from(reach).map_err(io::Error::other)?;
         let length = NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("no length"))?;
         // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at

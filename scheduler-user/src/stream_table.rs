@@ -116,6 +116,16 @@ impl StreamTable {
             .sum()
     }
 
+    /// The address space the mappings of all streams (or those of `uid`) take.
+    #[must_use]
+    pub fn mapped_bytes(&self, uid: Option<u32>) -> u64 {
+        self.streams
+            .values()
+            .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
+            .map(|s| s.file.reach_bytes())
+            .sum()
+    }
+
     /// The most all streams (or those of `uid`) may lock: buffer plus a batch each.
     #[must_use]
     pub fn locked_at_most(&self, uid: Option<u32>) -> u64 {

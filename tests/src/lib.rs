@@ -450,8 +450,16 @@ impl Ext4Mount {
     /// Formats `device` and mounts it.
     #[must_use]
     pub fn new(device: LoopDevice) -> Self {
+        Self::with_mkfs_args(device, &[])
+    }
+
+    /// Formats `device` with `mkfs.ext4 ARGS` and mounts it (a small device gets 1 KiB blocks
+    /// otherwise, and files at most 4 TiB).
+    #[must_use]
+    pub fn with_mkfs_args(device: LoopDevice, args: &[&str]) -> Self {
         let status = Command::new("mkfs.ext4")
             .args(["-q", "-F"])
+            .args(args)
             .arg(device.path())
             .status()
             .expect("run mkfs.ext4");

@@ -442,3 +442,90 @@ fn a_file_system_that_never_answers_holds_up_nothing() {
         started.elapsed()
     );
 }
+
+/// The address space abissd's whole mappings take (`VmSize`), bytes.
+fn mapped_address_space(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmSize:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmSize")
+        * 1024
+}
+
+#[test]
+fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
+    require_root!();
+    // 4 KiB blocks: ext4's largest file is then 16 TiB less a block.
+    let fs = Ext4Mount::with_mkfs_args(LoopDevice::new_in("/dev/shm", 64), &["-b", "4096"]);
+    chmod(fs.path(), 0o755);
+    // A read stream maps its file whole (and 64 GiB to grow): sparse files cost their owner
+    // nothing and take abissd's 128 TiB of address space in a few streams. The attacker fills
+    // it from the largest size down, halving.
+    let sizes: Vec<u64> = std::iter::successors(Some((16u64 << 40) - 4096), |size| {
+        Some(size / 2).filter(|half| *half >= 64 << 30)
+    })
+    .collect();
+    let files: Vec<std::path::PathBuf> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, size)| {
+            let path = fs.path().join(format!("sparse-{i}.bin"));
+            std::fs::File::create(&path)
+                .and_then(|file| file.set_len(*size))
+                .expect("a sparse file");
+            chmod(&path, 0o644);
+            path
+        })
+        .collect();
+    let mine = fs.path().join("roots.bin");
+    write_cold_file(&mine, 1 << 20);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let attach = |file: &std::path::Path| {
+        as_nobody(
+            &binary("abissctl"),
+            &[
+                "--socket",
+                &socket,
+                "attach",
+                &file.to_string_lossy(),
+                "--rate",
+                "1000",
+                "--buffer",
+                "160KiB",
+            ],
+        )
+    };
+    let (mut attached, mut refusals) = (0, Vec::new());
+    for file in &files {
+        // Until the file's own refusal (at most 32 streams a user): then the next size.
+        while attached < 32 {
+            let output = attach(file);
+            if !output.status.success() {
+                refusals.push(String::from_utf8_lossy(&output.stderr).into_owned());
+                break;
+            }
+            attached += 1;
+        }
+    }
+    let mapped = mapped_address_space(daemon.pid());
+    assert!(
+        mapped < (16 << 40) + (8 << 30),
+        "abissd maps {} GiB with {attached} of nobody's streams",
+        mapped >> 30
+    );
+    assert!(
+        refusals
+            .iter()
+            .all(|refusal| refusal.contains("one user's streams are free")),
+        "every refusal names the user's address-space budget: {refusals:#?}"
+    );
+    // And root (or anyone) still attaches: the daemon still has room to map a file.
+    let output = daemon.attach_1mb_output(&mine, "564KiB");
+    assert!(
+        output.status.success(),
+        "root's attach after {attached} of nobody's streams of sparse files: {output:?}"
+    );
+}

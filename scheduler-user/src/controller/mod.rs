@@ -17,9 +17,9 @@ mod sizing;
 
 use crate::disks::Disks;
 use crate::latency_tail::LatencyTails;
-use crate::mapped_file::reopen_without_atime;
+use crate::mapped_file::{mapping_bytes, reopen_without_atime};
 use crate::policy::burst::{BurstAllowance, BurstLimits};
-use crate::policy::memory::{locked_at_most, LockedMemoryBudget};
+use crate::policy::memory::{locked_at_most, AddressSpaceBudget, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
@@ -246,6 +246,17 @@ impl Controller {
                 self.streams.locked_at_most(Some(peer_uid)),
             )
             .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
+        // A recording maps nothing.
+        if !request.write {
+            AddressSpaceBudget::DEFAULT
+                .admit(
+                    peer_uid,
+                    mapping_bytes(file.bytes),
+                    self.streams.mapped_bytes(None),
+                    self.streams.mapped_bytes(Some(peer_uid)),
+                )
+                .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
+        }
         Ok(())
     }
 
