@@ -133,6 +133,46 @@ fn viewers_of_one_file_each_have_their_own_window() {
     refuses_a_second_recording_and_a_seventeenth_stream(&daemon, &path_text);
 }
 
+#[test]
+fn a_viewer_under_abissctl_run_steers_its_own_window_from_its_first_read() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(fs.device().path(), &["--capacity", "40MB/s"]);
+    let path = fs.path().join("popular.ts");
+    write_cold_file(&path, 32 * MIB);
+    // A viewer whose player has not read yet (its window is at the start of the file).
+    let waiting = daemon.attach_at_1mb(&path);
+    // Another viewer starts playing 16 MiB in, as a player does after a seek or a resume:
+    // its first read is a jump. `run` said which process is its reader before it read.
+    let skip = format!("skip={}", 16 * 16);
+    let path_text = path.to_string_lossy().into_owned();
+    let input = format!("if={path_text}");
+    let output = daemon.ctl([
+        "run",
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "564KiB",
+        &path_text,
+        "--",
+        "/usr/bin/dd",
+        &input,
+        "of=/dev/null",
+        "bs=64k",
+        &skip,
+        "count=32",
+        "status=none",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    // The jump was the second viewer's: the waiting viewer's window did not follow it.
+    assert_eq!(
+        point(&daemon, waiting),
+        0,
+        "the waiting viewer's window stays at the start: {:?}",
+        daemon.streams()
+    );
+}
+
 /// One recording per file; several of one's own streams are named by id, not by file; at most
 /// 16 streams of one file, and a refusal changes nothing.
 fn refuses_a_second_recording_and_a_seventeenth_stream(daemon: &Daemon, path_text: &str) {

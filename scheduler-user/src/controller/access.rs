@@ -90,9 +90,19 @@ impl Controller {
         let owner = stream.owner_uid;
         let raising = raise_for(stream);
         let hook = &mut self.tracer;
-        Ok(self
-            .upgrades
-            .on_reader_start(raising, (tid, peer_uid), when, owner, hook))
+        let Some(reader) =
+            self.upgrades
+                .on_reader_start(raising, (tid, peer_uid), when, owner, hook)
+        else {
+            return Ok(false);
+        };
+        // Its process is the stream's reader from its first read on: where a file has several
+        // streams, a viewer's first read is a jump to where it starts, which would otherwise
+        // go to the first stream still waiting for its player (another viewer's).
+        if let Some(stream) = self.streams.get_mut(id) {
+            stream.saw_reader(reader.tgid, reader.command, now_ns);
+        }
+        Ok(reader.raised)
     }
 
     /// The application's explicit playout point; `at_ns` is when the application was there.

@@ -56,6 +56,18 @@ pub struct RaiseFor {
     pub file_tag: u64,
 }
 
+/// A thread its stream's owner said is about to read the stream, as `/proc` shows it.
+#[derive(Debug)]
+pub struct StartingReader {
+    /// Its process: the stream's reader from now on, so that the file's other streams do
+    /// not take its first reads (a viewer's jump to where it starts playing).
+    pub tgid: u32,
+    /// The process's command.
+    pub command: String,
+    /// Whether it was raised now.
+    pub raised: bool,
+}
+
 /// The daemon's upgrades of readers.
 #[derive(Debug)]
 pub struct ReaderUpgrades {
@@ -121,6 +133,7 @@ impl ReaderUpgrades {
     /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
     /// so that its first reads are not queued below the stream. The same checks, record,
     /// policing and idle restore as for a miss; not counted in the miss-to-raise latency.
+    /// `None` when the thread is gone or not the asking user's.
     pub fn on_reader_start(
         &mut self,
         stream: RaiseFor,
@@ -128,17 +141,17 @@ impl ReaderUpgrades {
         when: (u64, u8),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
-    ) -> bool {
+    ) -> Option<StartingReader> {
         // The thread must be the asking user's; its process comes from /proc.
         let Ok(Some(identity)) = task_identity(tid) else {
-            return false;
+            return None;
         };
         if identity.uid != uid {
             debug!(
                 "stream {}: thread {tid} is not uid {uid}'s; not raised",
                 stream.stream
             );
-            return false;
+            return None;
         }
         let reader = Reader {
             tgid: identity.tgid,
@@ -146,7 +159,12 @@ impl ReaderUpgrades {
             uid,
             command: String::new(),
         };
-        self.raise(stream, &reader, when, owner_uid, hook, false)
+        let raised = self.raise(stream, &reader, when, owner_uid, hook, false);
+        Some(StartingReader {
+            tgid: identity.tgid,
+            command: identity.command,
+            raised,
+        })
     }
 
     /// [`Self::on_miss`], with the event's latency `measured` or not.

@@ -15,6 +15,8 @@ pub(super) struct Identity {
     pub(super) task: TaskId,
     pub(super) tgid: u32,
     pub(super) uid: u32,
+    /// Its command (`comm`).
+    pub(super) command: String,
 }
 
 /// Thread `pid`'s identity; `Ok(None)` when there is no such thread (any more), an error when
@@ -39,6 +41,7 @@ pub(super) fn task_identity(pid: u32) -> io::Result<Option<Identity>> {
         },
         tgid: status.tgid.unsigned_abs(),
         uid: status.ruid,
+        command: status.name,
     }))
 }
 
