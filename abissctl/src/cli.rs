@@ -327,7 +327,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
                 write,
                 json,
             };
-            planning::admit(&mut connect()?, question)
+            planning::admit(&mut connect()?, &question)
         }
     }
     .map(|()| 0)

@@ -42,11 +42,13 @@ fn percent(p: f64) -> String {
 }
 
 /// Asks abissd and prints the answer.
-pub fn admit(client: &mut Client, question: AdmitQuestion) -> Result<(), CliError> {
-    let kind = stream_kind(&question);
+pub fn admit(client: &mut Client, question: &AdmitQuestion) -> Result<(), CliError> {
+    let kind = stream_kind(question);
     let json = question.json;
+    // The daemon looks up no path for a client: a path is resolved here, as the user.
+    let device = crate::devices::resolve(&question.device)?.to_string();
     let report = client.admit(AdmitRequest {
-        device: question.device,
+        device,
         rate: question.rate,
         rate_stdev: question.stdev,
         buffer: question.buffer,

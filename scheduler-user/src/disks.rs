@@ -16,7 +16,9 @@ use abiss_proto::{
 };
 use log::{info, warn};
 
-use crate::device::{self, resolve_disk, DeviceConfig, DeviceError, Disk, ManagedDevice};
+use crate::device::{
+    self, resolve_client_disk, resolve_disk, DeviceConfig, DeviceError, Disk, ManagedDevice,
+};
 use crate::policy::admission::{
     AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
 };
@@ -263,7 +265,7 @@ impl Disks {
         request: &AdmitRequest,
         streams: &StreamTable,
     ) -> Result<AdmissionReport, Refusal> {
-        let disk = resolve_disk(&request.device)
+        let disk = resolve_client_disk(&request.device)
             .map_err(|error| Refusal::UnknownDevice(error.to_string()))?;
         let Some(managed) = self.disks.get_mut(&disk.number) else {
             return Err(Refusal::UnknownDevice(format!(

@@ -372,6 +372,8 @@ fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String
     receiver
 }
 
+/// A user's FUSE server that never answers a request for attributes: neither an attach of its
+/// file nor a capacity plan for a path in it waits on it, and root is answered meanwhile.
 #[test]
 fn a_file_system_that_never_answers_holds_up_nothing() {
     require_root!();
@@ -419,6 +421,24 @@ fn a_file_system_that_never_answers_holds_up_nothing() {
         .recv_timeout(Duration::from_secs(5))
         .expect("no answer to the attach within 5 s: abissd waits on the user's file system");
     assert!(answer.contains("does not manage"), "{answer}");
+    // A capacity plan for a "device" at a path in the same file system: abissd looks up no
+    // client's path, so it is refused as given (abissctl resolves paths itself, as the user).
+    let planned = as_nobody(
+        Path::new("/usr/bin/timeout"),
+        &[
+            "5",
+            &binary("abiss-hostile-client").to_string_lossy(),
+            &socket,
+            "admit",
+            &file.to_string_lossy(),
+            "1",
+        ],
+    );
+    let plan = String::from_utf8_lossy(&planned.stdout);
+    assert!(
+        planned.status.success() && plan.contains("does not look up"),
+        "the plan for a path in the user's file system: {planned:?}"
+    );
     // And the daemon answers everyone else meanwhile (the server still holds every request for
     // the file's attributes).
     let started = Instant::now();

@@ -47,6 +47,26 @@ pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {
     resolve_disk_in(Path::new(SYSFS), spec)
 }
 
+/// Resolves a device a client named (in a capacity plan) without looking up any path: a
+/// client's path may lead anywhere, into a FUSE file system whose server never answers, and
+/// abissd would look it up as root, in its main loop. So a client names a disk by NAME,
+/// `/dev/NAME` (taken as NAME, in sysfs) or MAJOR:MINOR; abissctl turns other paths into
+/// MAJOR:MINOR itself, as the user.
+pub fn resolve_client_disk(spec: &str) -> Result<Disk, DeviceError> {
+    resolve_client_disk_in(Path::new(SYSFS), spec)
+}
+
+fn resolve_client_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
+    let trimmed = spec.trim();
+    let name = trimmed.strip_prefix("/dev/").unwrap_or(trimmed);
+    if name.contains('/') {
+        return Err(DeviceError::PathFromClient {
+            spec: spec.to_owned(),
+        });
+    }
+    resolve_disk_in(sys, name)
+}
+
 /// How a device spec names a device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum DeviceSpec<'a> {
@@ -209,6 +229,35 @@ mod tests {
                 "{spec}: {error}"
             );
             assert!(error.to_string().contains(spec.trim()));
+        }
+    }
+
+    #[test]
+    fn a_client_names_a_disk_without_a_path_lookup() {
+        let tree = TempTree::new("client");
+        fake_sysfs(&tree.0);
+        for spec in ["sda", "/dev/sda", "/dev/sda1", "8:0"] {
+            assert_eq!(
+                resolve_client_disk_in(&tree.0, spec).unwrap(),
+                sda(),
+                "{spec}"
+            );
+        }
+        // Any other path is refused as given, whether it exists or not: looking it up could
+        // wait on whatever file system it leads into.
+        let file = tree.0.join("plain-file");
+        fs::write(&file, "").unwrap();
+        for spec in [
+            file.to_string_lossy().as_ref(),
+            "/dev/disk/by-id/x",
+            "../sda",
+        ] {
+            let error = resolve_client_disk_in(&tree.0, spec).unwrap_err();
+            assert!(
+                matches!(&error, DeviceError::PathFromClient { spec: s } if s == spec),
+                "{spec}: {error}"
+            );
+            assert!(error.to_string().contains("MAJOR:MINOR"), "{error}");
         }
     }
 

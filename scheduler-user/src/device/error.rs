@@ -31,6 +31,12 @@ pub enum DeviceError {
         /// The device as the user gave it.
         spec: String,
     },
+    /// A client named the device by a path abissd does not look up for it.
+    #[error("abissd does not look up '{spec}' for a client; name the disk as NAME, /dev/NAME or MAJOR:MINOR (abissctl turns other paths into MAJOR:MINOR itself)")]
+    PathFromClient {
+        /// The device as the client gave it.
+        spec: String,
+    },
     /// The path exists but is not a block device.
     #[error("{spec} is not a block device")]
     NotABlockDevice {

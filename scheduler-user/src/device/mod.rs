@@ -42,7 +42,7 @@ use nix::fcntl::Flock;
 use serde::Serialize;
 
 pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
-pub use disk::{resolve_disk, Disk};
+pub use disk::{resolve_client_disk, resolve_disk, Disk};
 pub use error::DeviceError;
 pub use plan::{DepthSource, QueueSettings};
 pub use state::{recover, RecoveryOutcome};
