@@ -182,8 +182,9 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
     }
 }
 
-/// Counts the KiB of a real-time request that a thread abissd raised queues for anything but
-/// its stream's file, on any disk with an elevator (where a priority matters at all). Costs
+/// Counts the KiB of a real-time request that a thread abissd raised (or a task it made) queues
+/// for anything but its stream's file, on any disk with an elevator (where a priority matters
+/// at all). Costs
 /// nothing beyond the insert program's one `CONTROL` read while nothing is raised.
 #[inline(always)]
 fn police_raised(rq: u64, control: &Control) {
@@ -196,9 +197,17 @@ fn police_raised(rq: u64, control: &Control) {
         return;
     };
     // SAFETY: pointer to a live map value of this type; a lost update only undercounts.
-    let raise = unsafe { &mut *raise };
+    let mut raise = unsafe { &mut *raise };
     if raise.flags & raised_flags::INHERITED != 0 {
-        return;
+        // A task the raised thread made: what it queues at real time counts against that
+        // thread's raise. A `CLONE_IO` child shares the thread's I/O context, so its priority:
+        // abissd cannot put it back apart from the thread, and uncounted its reads of any file
+        // stayed real time for as long as the thread kept its raise.
+        let Some(root) = RAISED.get_ptr_mut(raise.root) else {
+            return;
+        };
+        // SAFETY: as above.
+        raise = unsafe { &mut *root };
     }
     let bio: u64 = field(rq, layout!(request_bio));
     if bio == 0 {

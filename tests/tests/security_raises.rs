@@ -225,15 +225,30 @@ impl NobodysStream {
 
 #[test]
 fn a_raised_reader_that_reads_other_files_at_real_time_loses_its_raise() {
+    reading_another_file_at_real_time_loses_the_raise(&[]);
+}
+
+/// The same from a child the reader makes with `CLONE_IO`: it shares the reader's I/O context,
+/// so it reads at the raised priority and cannot be put back apart from the reader; its reads
+/// count against the reader's raise.
+#[test]
+fn a_clone_io_child_of_a_raised_reader_that_reads_other_files_costs_the_raise() {
+    reading_another_file_at_real_time_loses_the_raise(&["--stray-shared-io"]);
+}
+
+/// A reader raised by its misses (2 s from 16 MB on) then reads 32 MiB of another file
+/// (`how`: by itself, or as the test reader's other stray options say): a raise is for the
+/// stream, not for that, and is dropped.
+fn reading_another_file_at_real_time_loses_the_raise(how: &[&str]) {
     require_root!();
     let setup = NobodysStream::new(24 << 20, 32 << 20, "1MB/s");
     let other = setup.other.to_string_lossy().into_owned();
-    // Raised by its misses (2 s from 16 MB on), then the same thread reads 32 MiB of another
-    // file: a raise is for the stream, not for that.
-    let reader = setup.raised_reader(&[
+    let mut args = vec![
         "1000000", "65536", "1048576", "2", "--start", "16000000", "--linger", "2", "--stray",
         &other,
-    ]);
+    ];
+    args.extend_from_slice(how);
+    let reader = setup.raised_reader(&args);
     let pid = reader.id();
     let disk = setup.fs.device().name();
     let before = disk_bytes_read(&disk);

@@ -3,10 +3,13 @@
 //! a JSON summary per phase.
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
-//! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]` (`--linger`:
-//! stay alive, idle, that long after the last read; `--direct`: `O_DIRECT` reads; `--fork`:
-//! after the first phase the reading thread forks a child process that reads FILE at the same
-//! pace for SECS, and starts a thread that sleeps SECS; both are waited for before exit).
+//! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
+//! [--stray FILE] [--stray-shared-io]` (`--linger`: stay alive, idle, that long after the last
+//! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
+//! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
+//! SECS; both are waited for before exit; `--stray`: after the reads, the reading thread reads
+//! FILE whole, as fast as it can; with `--stray-shared-io` a child process it makes with
+//! `CLONE_IO`, which shares its I/O context and so its priority, reads it instead).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -120,6 +123,8 @@ struct Options {
     fork: Option<(String, u64)>,
     /// Another file this thread reads whole after its paced phases: I/O a raise is not for.
     stray: Option<String>,
+    /// The stray file is read by a child sharing the reader's I/O context (`CLONE_IO`).
+    stray_shared_io: bool,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -139,6 +144,7 @@ fn parse_options() -> Options {
         linger: 0,
         fork: None,
         stray: None,
+        stray_shared_io: false,
     };
     let mut i = 6;
     while i < args.len() {
@@ -162,6 +168,10 @@ fn parse_options() -> Options {
             "--stray" => {
                 options.stray = Some(args[i + 1].clone());
                 i += 2;
+            }
+            "--stray-shared-io" => {
+                options.stray_shared_io = true;
+                i += 1;
             }
             "--direct" => {
                 options.direct = true;
@@ -242,17 +252,14 @@ fn main() {
         println!("{}", summary(&second));
     }
     if let Some(stray) = &options.stray {
-        // Same thread, right after the stream's reads: still raised, if it was.
-        let mut other = File::open(stray).expect("open the stray file");
-        let mut sink = vec![0u8; 64 << 10];
+        // Right after the stream's reads, by the same thread (still raised, if it was) or by
+        // a child sharing its I/O context.
         let started = std::time::Instant::now();
-        let mut bytes = 0u64;
-        while let Ok(n) = std::io::Read::read(&mut other, &mut sink) {
-            if n == 0 {
-                break;
-            }
-            bytes += n as u64;
-        }
+        let bytes = if options.stray_shared_io {
+            read_in_a_clone_io_child(stray)
+        } else {
+            read_whole(stray)
+        };
         println!(
             "{{\"stray_bytes\":{bytes},\"stray_ms\":{}}}",
             started.elapsed().as_millis()
@@ -265,6 +272,42 @@ fn main() {
         // SAFETY: waits for our own child.
         unsafe { libc::waitpid(child, &raw mut status, 0) };
     }
+}
+
+/// Reads `path` whole, as fast as it can; the bytes read.
+fn read_whole(path: &str) -> u64 {
+    let mut other = File::open(path).expect("open the stray file");
+    let mut sink = vec![0u8; 64 << 10];
+    let mut bytes = 0u64;
+    while let Ok(n) = std::io::Read::read(&mut other, &mut sink) {
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    bytes
+}
+
+/// Reads `path` whole in a child process made with `CLONE_IO` (as `fork`, but sharing this
+/// thread's I/O context, hence its I/O priority: a raise of this thread is the child's too);
+/// the bytes it read, from its exit.
+fn read_in_a_clone_io_child(path: &str) -> u64 {
+    let flags = libc::CLONE_IO | libc::SIGCHLD;
+    // SAFETY: a fork-like clone (no new stack: the child runs on a copy of this one); the
+    // process is single-threaded here, so the child may allocate and do I/O before `_exit`.
+    let child = unsafe { libc::syscall(libc::SYS_clone, libc::c_long::from(flags), 0, 0, 0, 0) };
+    assert!(child >= 0, "clone: {}", std::io::Error::last_os_error());
+    if child == 0 {
+        let bytes = read_whole(path);
+        // The parent learns the MiB read from the exit status.
+        let mib = i32::try_from((bytes >> 20).min(255)).unwrap_or(255);
+        // SAFETY: ends the child without running the parent's exit handlers twice.
+        unsafe { libc::_exit(mib) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child.
+    unsafe { libc::waitpid(i32::try_from(child).unwrap_or(-1), &raw mut status, 0) };
+    u64::try_from(libc::WEXITSTATUS(status)).unwrap_or(0) << 20
 }
 
 /// From the calling (reading) thread: forks a child process that reads `file` at `rate` for
