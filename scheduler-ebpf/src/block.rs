@@ -24,7 +24,8 @@ use scheduler_common::{
 };
 
 use crate::kernel::{
-    attached_file, bio_inode, field, layout, now_ns, read, report_reader, PF_KTHREAD,
+    attached_file, bio_inode, field, layout, now_ns, raise_of_shared_context, read,
+    report_reader, PF_KTHREAD,
 };
 use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
 
@@ -182,18 +183,30 @@ fn start_record(rq: u64, slot: Option<*mut InflightRequest>, now: u64, state: u3
     }
 }
 
-/// Counts the KiB of a real-time request that a thread abissd raised (or a task it made) queues
-/// for anything but its stream's file, on any disk with an elevator (where a priority matters
-/// at all). Costs
+/// Counts the KiB of a real-time request that a thread abissd raised queues for anything but
+/// its stream's file, on any disk with an elevator (where a priority matters at all): itself,
+/// a task it made, or a task sharing its I/O context (its `io_uring` workers). Costs
 /// nothing beyond the insert program's one `CONTROL` read while nothing is raised.
 #[inline(always)]
 fn police_raised(rq: u64, control: &Control) {
     if control.raised_threads == 0 || layout!(valid) == 0 {
         return;
     }
+    // Only real-time requests are counted: the others cost two field reads.
+    let bio: u64 = field(rq, layout!(request_bio));
+    if bio == 0 {
+        return;
+    }
+    let (class, _) = ioprio::split(field(bio, layout!(bio_ioprio)));
+    if class != ioprio::CLASS_RT {
+        return;
+    }
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(raise) = RAISED.get_ptr_mut(tid) else {
+    let Some(raise) = RAISED
+        .get_ptr_mut(tid)
+        .or_else(raise_of_shared_context)
+    else {
         return;
     };
     // SAFETY: pointer to a live map value of this type; a lost update only undercounts.
@@ -208,14 +221,6 @@ fn police_raised(rq: u64, control: &Control) {
         };
         // SAFETY: as above.
         raise = unsafe { &mut *root };
-    }
-    let bio: u64 = field(rq, layout!(request_bio));
-    if bio == 0 {
-        return;
-    }
-    let (class, _) = ioprio::split(field(bio, layout!(bio_ioprio)));
-    if class != ioprio::CLASS_RT {
-        return;
     }
     let bytes: u32 = field(rq, layout!(request_data_len));
     let kib = bytes.div_ceil(1024);

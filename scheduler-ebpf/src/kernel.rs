@@ -6,12 +6,12 @@
 //! is inlined into the programs that call it, so every program is a single function.
 
 use aya_ebpf::helpers::{
-    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_uid_gid, bpf_probe_read_kernel,
+    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid, bpf_probe_read_kernel,
     generated::bpf_ktime_get_ns,
 };
-use scheduler_common::{AttachedFile, FileKey, PlayoutEvent};
+use scheduler_common::{raised_flags, AttachedFile, FileKey, PlayoutEvent, RaisedThread};
 
-use crate::maps::{ATTACHED, CONTROL, FILE_READERS, PLAYOUT};
+use crate::maps::{ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS};
 
 /// `PF_KTHREAD`: the task is a kernel thread.
 pub(crate) const PF_KTHREAD: u32 = 0x0020_0000;
@@ -211,4 +211,49 @@ fn remember_reader(tgid: u32, stream: u64) {
     if FILE_READERS.get_ptr(tgid).map(|found| unsafe { *found }) != Some(stream) {
         let _ = FILE_READERS.insert(tgid, stream, 0);
     }
+}
+
+/// The current task's I/O context (`task_struct.io_context`), if it has one.
+#[inline(always)]
+fn current_io_context() -> Option<u64> {
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    read::<u64>(task, layout!(task_io_context)).filter(|&context| context != 0)
+}
+
+/// Remembers the current thread's I/O context if abissd raised it, for
+/// [`raise_of_shared_context`]. Called where a raised reader must be seen (its reads of an
+/// attached file: a raise idles out without them); one `CONTROL` read while nothing is raised.
+#[inline(always)]
+pub(crate) fn note_raised_context() {
+    if CONTROL.get(0).map_or(0, |control| control.raised_threads) == 0 {
+        return;
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: pointer to a live map value, copied.
+    let Some(raise) = RAISED.get_ptr(tid).map(|found| unsafe { *found }) else {
+        return;
+    };
+    // A task the raised thread made has an entry of its own (the fork program's).
+    if raise.flags & raised_flags::INHERITED != 0 {
+        return;
+    }
+    let Some(context) = current_io_context() else {
+        return;
+    };
+    // SAFETY: pointer to a live map value, copied.
+    if RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found }) != Some(tid) {
+        let _ = RAISED_CONTEXTS.insert(context, tid, 0);
+    }
+}
+
+/// The raise of the thread whose I/O context the current task shares, if that thread is raised:
+/// an `io_uring` worker or `SQPOLL` thread of a raised reader queues requests at its priority.
+#[inline(always)]
+pub(crate) fn raise_of_shared_context() -> Option<*mut RaisedThread> {
+    let context = current_io_context()?;
+    // SAFETY: pointer to a live map value, copied.
+    let root = RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found })?;
+    RAISED.get_ptr_mut(root)
 }

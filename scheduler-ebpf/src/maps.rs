@@ -77,6 +77,15 @@ pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
 #[map]
 pub(crate) static RAISED: HashMap<u32, RaisedThread> = HashMap::with_max_entries(MAX_RAISED, 0);
 
+/// The I/O context (`task_struct.io_context`) of each raised thread, as seen when it read an
+/// attached file, with its thread id: the tasks that share that context (`io_uring` workers
+/// and its `SQPOLL` thread, which no fork event announces) queue real-time requests in its
+/// name, and the block program counts them against its raise. Least recently used entries
+/// go first; an entry whose thread is no longer raised counts nothing.
+#[map]
+pub(crate) static RAISED_CONTEXTS: LruHashMap<u64, u32> =
+    LruHashMap::with_max_entries(MAX_RAISED, 0);
+
 /// Tasks made by followed threads, for abissd to put back.
 #[map]
 pub(crate) static FORKS: RingBuf = RingBuf::with_byte_size(FORK_RING_BYTES, 0);

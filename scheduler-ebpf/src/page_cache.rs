@@ -13,7 +13,8 @@ use aya_ebpf::{
 use scheduler_common::{playout_kind, FillReport, PlayoutEvent, FILL_REPORT_GAP_NS};
 
 use crate::kernel::{
-    attached_stream, field, files_attached, layout, now_ns, read, report_reader, PF_KTHREAD,
+    attached_stream, field, files_attached, layout, note_raised_context, now_ns, read,
+    report_reader, PF_KTHREAD,
 };
 use crate::maps::LAST_FILL;
 
@@ -41,6 +42,8 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     if !attached.reports(uid) {
         return;
     }
+    // A raised reader is seen here: its I/O context is what its io_uring workers share.
+    note_raised_context();
     report_reader(PlayoutEvent {
         stream: attached.stream,
         first_page,

@@ -236,6 +236,13 @@ fn a_clone_io_child_of_a_raised_reader_that_reads_other_files_costs_the_raise() 
     reading_another_file_at_real_time_loses_the_raise(&["--stray-shared-io"]);
 }
 
+/// The same through the reader's `io_uring` workers (`IOSQE_ASYNC`): they share its I/O
+/// context, and no fork event announces them.
+#[test]
+fn a_raised_readers_io_uring_workers_reading_other_files_cost_the_raise() {
+    reading_another_file_at_real_time_loses_the_raise(&["--stray-uring-workers"]);
+}
+
 /// A reader raised by its misses (2 s from 16 MB on) then reads 32 MiB of another file
 /// (`how`: by itself, or as the test reader's other stray options say): a raise is for the
 /// stream, not for that, and is dropped.

@@ -4,12 +4,14 @@
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
-//! [--stray FILE] [--stray-shared-io]` (`--linger`: stay alive, idle, that long after the last
+//! [--stray FILE] [--stray-shared-io | --stray-uring-workers]` (`--linger`: stay alive, idle, that long after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
 //! SECS; both are waited for before exit; `--stray`: after the reads, the reading thread reads
 //! FILE whole, as fast as it can; with `--stray-shared-io` a child process it makes with
-//! `CLONE_IO`, which shares its I/O context and so its priority, reads it instead).
+//! `CLONE_IO`, which shares its I/O context and so its priority, reads it instead; with
+//! `--stray-uring-workers` it reads it through `io_uring` with `IOSQE_ASYNC`, so that the ring's
+//! worker threads, which share its I/O context too, queue the reads).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -25,14 +27,21 @@ struct UringFile {
     file: File,
     ring: IoUring,
     offset: u64,
+    /// Each read is handed to the ring's worker threads (`IOSQE_ASYNC`) rather than tried
+    /// inline: the worker, not this thread, then queues the disk's requests.
+    in_workers: bool,
 }
 
 impl Read for UringFile {
     fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
         let len = u32::try_from(buffer.len()).unwrap_or(u32::MAX);
-        let entry = opcode::Read::new(types::Fd(self.file.as_raw_fd()), buffer.as_mut_ptr(), len)
-            .offset(self.offset)
-            .build();
+        let mut entry =
+            opcode::Read::new(types::Fd(self.file.as_raw_fd()), buffer.as_mut_ptr(), len)
+                .offset(self.offset)
+                .build();
+        if self.in_workers {
+            entry = entry.flags(io_uring::squeue::Flags::ASYNC);
+        }
         // SAFETY: the buffer outlives the request: we wait for its completion below.
         unsafe { self.ring.submission().push(&entry) }.map_err(std::io::Error::other)?;
         self.ring.submit_and_wait(1)?;
@@ -106,6 +115,17 @@ fn summary(report: &PacedReport) -> String {
     )
 }
 
+/// Who reads the stray file: the reading thread, or tasks that share its I/O context.
+#[derive(Clone, Copy)]
+enum StrayReader {
+    /// The reading thread itself.
+    Myself,
+    /// A child process it makes with `CLONE_IO`.
+    CloneIoChild,
+    /// Its `io_uring` worker threads (`IOSQE_ASYNC`).
+    UringWorkers,
+}
+
 /// The command line.
 struct Options {
     path: String,
@@ -123,8 +143,8 @@ struct Options {
     fork: Option<(String, u64)>,
     /// Another file this thread reads whole after its paced phases: I/O a raise is not for.
     stray: Option<String>,
-    /// The stray file is read by a child sharing the reader's I/O context (`CLONE_IO`).
-    stray_shared_io: bool,
+    /// Who reads the stray file.
+    stray_by: StrayReader,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -144,7 +164,7 @@ fn parse_options() -> Options {
         linger: 0,
         fork: None,
         stray: None,
-        stray_shared_io: false,
+        stray_by: StrayReader::Myself,
     };
     let mut i = 6;
     while i < args.len() {
@@ -170,7 +190,11 @@ fn parse_options() -> Options {
                 i += 2;
             }
             "--stray-shared-io" => {
-                options.stray_shared_io = true;
+                options.stray_by = StrayReader::CloneIoChild;
+                i += 1;
+            }
+            "--stray-uring-workers" => {
+                options.stray_by = StrayReader::UringWorkers;
                 i += 1;
             }
             "--direct" => {
@@ -214,6 +238,7 @@ fn open_reader(options: &Options) -> Box<dyn ReadSeek> {
             file,
             ring: IoUring::new(8).expect("io_uring"),
             offset: 0,
+            in_workers: false,
         })
     } else {
         Box::new(file)
@@ -255,10 +280,10 @@ fn main() {
         // Right after the stream's reads, by the same thread (still raised, if it was) or by
         // a child sharing its I/O context.
         let started = std::time::Instant::now();
-        let bytes = if options.stray_shared_io {
-            read_in_a_clone_io_child(stray)
-        } else {
-            read_whole(stray)
+        let bytes = match options.stray_by {
+            StrayReader::Myself => read_whole(stray),
+            StrayReader::CloneIoChild => read_in_a_clone_io_child(stray),
+            StrayReader::UringWorkers => read_through_uring_workers(stray),
         };
         println!(
             "{{\"stray_bytes\":{bytes},\"stray_ms\":{}}}",
@@ -280,6 +305,25 @@ fn read_whole(path: &str) -> u64 {
     let mut sink = vec![0u8; 64 << 10];
     let mut bytes = 0u64;
     while let Ok(n) = std::io::Read::read(&mut other, &mut sink) {
+        if n == 0 {
+            break;
+        }
+        bytes += n as u64;
+    }
+    bytes
+}
+
+/// Reads `path` whole through `io_uring` worker threads; the bytes read.
+fn read_through_uring_workers(path: &str) -> u64 {
+    let mut file = UringFile {
+        file: File::open(path).expect("open the stray file"),
+        ring: IoUring::new(4).expect("io_uring"),
+        offset: 0,
+        in_workers: true,
+    };
+    let mut sink = vec![0u8; 64 << 10];
+    let mut bytes = 0u64;
+    while let Ok(n) = file.read(&mut sink) {
         if n == 0 {
             break;
         }
