@@ -300,3 +300,24 @@ fn a_raise_lends_no_more_of_the_streams_own_file_than_its_rate() {
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
     assert_eq!(listed, 1, "list shows the policed reader");
 }
+
+#[test]
+fn one_stream_raises_at_most_its_share_of_threads() {
+    require_root!();
+    let setup = NobodysStream::new(1 << 20, 1 << 20, "1MB/s");
+    let socket = setup.daemon.socket().to_string_lossy().into_owned();
+    // 48 threads of nobody's, each said to be about to read the stream: the kernel's table of
+    // raised threads is shared by every user, and one stream gets 32 of it.
+    let output = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .args([
+            socket.as_str(),
+            "threads",
+            &setup.stream.to_string_lossy(),
+            "48",
+        ])
+        .output()
+        .expect("run the hostile client");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(said.trim(), "raised 32 of 48", "{output:?}");
+}

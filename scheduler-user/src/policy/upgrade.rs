@@ -139,7 +139,25 @@ pub struct UpgradeTable {
     idle_ns: u64,
 }
 
+/// Threads one stream may have raised at once. A player reads in a few threads; without a
+/// bound, one user's `ReaderStarts` for thousands of threads would fill the kernel's table of
+/// raised threads (`MAX_RAISED`, shared by all), and nobody else could be raised.
+pub const MAX_RAISED_PER_STREAM: usize = 32;
+
 impl UpgradeTable {
+    /// Whether thread `pid` may be raised for `stream`: it is raised for it already, or the
+    /// stream has fewer than [`MAX_RAISED_PER_STREAM`] raised threads.
+    #[must_use]
+    pub fn has_room(&self, stream: u64, pid: u32) -> bool {
+        self.upgrades.get(&pid).is_some_and(|u| u.stream == stream)
+            || self
+                .upgrades
+                .values()
+                .filter(|u| u.stream == stream)
+                .count()
+                < MAX_RAISED_PER_STREAM
+    }
+
     /// An empty table whose upgrades expire after `idle_ns` without an access.
     #[must_use]
     pub fn new(idle_ns: u64) -> Self {
@@ -304,6 +322,28 @@ mod tests {
             raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), 6),
             Some(BE4)
         );
+    }
+
+    proptest! {
+        /// However many threads are offered for raises, in any order over a few streams, a
+        /// stream never holds more than its share, and a thread raised for it stays raisable.
+        #[test]
+        fn a_stream_never_holds_more_raised_threads_than_its_share(
+            offers in proptest::collection::vec((1u32..200, 1u64..4), 1..400),
+        ) {
+            let mut table = UpgradeTable::new(1);
+            for (pid, stream) in offers {
+                if table.has_room(stream, pid) {
+                    table.insert(upgrade(pid, stream, 0));
+                }
+                let raised_here = table.get(pid).is_some_and(|u| u.stream == stream);
+                prop_assert!(!raised_here || table.has_room(stream, pid));
+                for stream in 1..4 {
+                    let raised = table.all().iter().filter(|u| u.stream == stream).count();
+                    prop_assert!(raised <= MAX_RAISED_PER_STREAM);
+                }
+            }
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use log::{debug, info, warn};
 
 use crate::kernel_events::{Fork, Reader};
 use crate::policy::upgrade::{
-    may_raise, raised_priority, stream_allowance_kib, Upgrade, UpgradeTable,
+    may_raise, raised_priority, stream_allowance_kib, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM,
 };
 use crate::raised_forks::{ForkHook, RaisedForks};
 
@@ -194,6 +194,10 @@ impl ReaderUpgrades {
             .is_some_and(|barred| barred.contains(&pid) || barred.len() >= MAX_BARRED_PER_STREAM)
         {
             debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
+            return false;
+        }
+        if !self.table.has_room(stream, pid) {
+            debug!("stream {stream}: thread {pid} not raised: the stream has {MAX_RAISED_PER_STREAM} raised");
             return false;
         }
         let Ok(current) = ioprio::get(pid) else {

@@ -13,6 +13,8 @@
 //!   and attaches it at 1000 B/s; prints the answer when it comes.
 //! - `abiss-hostile-client SOCKET opath FILE 0`: attaches FILE through an `O_PATH` descriptor,
 //!   which needs no right to read it; prints the answer.
+//! - `abiss-hostile-client SOCKET threads FILE COUNT`: attaches FILE at 1000 B/s, starts COUNT
+//!   threads that wait, and says each is about to read the stream; prints `raised R of COUNT`.
 //! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
 //!   TID (someone else's) is about to read it; prints `raised true|false`, or the refusal.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
@@ -49,7 +51,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|opath|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -64,6 +66,13 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "raise" => raise_other(socket, first, second),
+        "threads" => {
+            let Ok(count) = second.parse::<u32>() else {
+                eprintln!("COUNT is a number");
+                return ExitCode::from(2);
+            };
+            raise_many_threads(socket, first, count)
+        }
         "outlive" => outlive(socket),
         "plans" => {
             let Ok(connections) = second.parse::<u32>() else {
@@ -171,6 +180,38 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
     match client.reader_starts(stream.id, tid) {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Asks for `count` waiting threads of this process to be raised for one stream.
+fn raise_many_threads(socket: &str, file: &str, count: u32) -> ExitCode {
+    let (mut client, stream) = attach_slowly(socket, file);
+    let (tids, waiting) = std::sync::mpsc::channel();
+    // The threads wait here until every raise was asked for.
+    let done = std::sync::Arc::new(std::sync::Barrier::new(count as usize + 1));
+    let threads: Vec<_> = (0..count)
+        .map(|_| {
+            let tids = tids.clone();
+            let done = std::sync::Arc::clone(&done);
+            std::thread::spawn(move || {
+                let _ = tids.send(nix::unistd::gettid().as_raw());
+                done.wait();
+            })
+        })
+        .collect();
+    let mut raised = 0;
+    for _ in 0..count {
+        let Ok(tid) = waiting.recv() else { break };
+        let tid = u32::try_from(tid).unwrap_or(0);
+        if client.reader_starts(stream.id, tid).unwrap_or(false) {
+            raised += 1;
+        }
+    }
+    println!("raised {raised} of {count}");
+    done.wait();
+    for thread in threads {
+        let _ = thread.join();
     }
     ExitCode::SUCCESS
 }
