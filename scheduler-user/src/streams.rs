@@ -15,6 +15,7 @@ use scheduler_common::FileKey;
 
 use crate::policy::admission::StreamDemand;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
+use crate::policy::rate_history::RateHistory;
 use crate::policy::shared_file::FileStream;
 use crate::policy::write_behind::WriteBehindShape;
 use crate::prefetch::MappedFile;
@@ -236,6 +237,8 @@ pub struct Stream {
     pub recording: Option<Recording>,
     /// When a read stream at the end of its file last looked whether it grew.
     pub growth_checked_ns: u64,
+    /// The rates it had: what it was admitted for since a raise of its reader.
+    pub rates: RateHistory,
     /// How abissd sized the buffer from the disk, for `--buffer auto`.
     pub auto_buffer: Option<AutoBufferInfo>,
 }
@@ -321,6 +324,7 @@ impl Stream {
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             recording,
             growth_checked_ns: start.now_ns,
+            rates: RateHistory::new(granted.rate.0, start.now_ns),
             auto_buffer: None,
             granted,
         };
@@ -331,6 +335,7 @@ impl Stream {
     /// window's moves.
     pub fn set_rate(&mut self, rate: abiss_proto::ByteRate, now_ns: u64) -> Vec<WindowAction> {
         self.granted.rate = rate;
+        self.rates.set(rate.0, now_ns);
         if let Some(recording) = &mut self.recording {
             recording.window.set_rate(rate.0, now_ns);
         }

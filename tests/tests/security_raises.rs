@@ -321,3 +321,27 @@ fn one_stream_raises_at_most_its_share_of_threads() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(said.trim(), "raised 32 of 48", "{output:?}");
 }
+
+#[test]
+fn a_rate_raised_now_lends_nothing_for_the_time_before() {
+    require_root!();
+    let setup = NobodysStream::new(1 << 20, 40 << 20, "1MB/s");
+    let socket = setup.daemon.socket().to_string_lossy().into_owned();
+    // Raised at 1 kB/s for 5 s, then set to 8 MB/s and read whole at once (40 MiB): 5 s at
+    // the new rate would cover it, but the stream was admitted for 5 kB of them, and for
+    // what 8 MB/s earned since the change.
+    let output = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .args([
+            socket.as_str(),
+            "speedup",
+            &setup.other.to_string_lossy(),
+            "5",
+        ])
+        .output()
+        .expect("run the hostile client");
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(said.trim(), "raised false", "{output:?}");
+    let (upgrades, _) = setup.policed();
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+}

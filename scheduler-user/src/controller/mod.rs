@@ -514,10 +514,10 @@ impl Controller {
             self.grow_auto_buffers(now_ns);
         }
         let streams = &self.streams;
-        let admitted = |id: u64| {
+        let admitted = |id: u64, since_ns: u64| {
             streams
                 .get(id)
-                .map(|s| (s.granted.rate.0, s.granted.buffer.0))
+                .map(|s| (s.rates.earned(since_ns, now_ns), s.granted.buffer.0))
         };
         self.upgrades.expire(now_ns, &mut self.tracer, &admitted);
         for stream in self.streams.iter_mut() {

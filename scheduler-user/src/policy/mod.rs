@@ -9,6 +9,7 @@ pub mod memory;
 pub mod playout;
 pub mod priority;
 pub mod probe_tail;
+pub mod rate_history;
 pub mod share;
 pub mod shared_file;
 pub mod upgrade;

@@ -68,18 +68,13 @@ impl Upgrade {
     }
 }
 
-/// KiB a thread raised for a stream of `rate_bps` and `buffer_bytes` may read of the stream's
-/// file at the raised priority `elapsed_ns` after its raise: the buffer, what the rate earned
-/// since, and `slack_kib` for readahead beyond what was asked.
+/// KiB a thread raised for a stream with `buffer_bytes` may read of the stream's file at the
+/// raised priority, when the stream's rate earned `earned_bytes` since the raise
+/// ([`super::rate_history::RateHistory::earned`]): the buffer, that, and `slack_kib` for
+/// readahead beyond what was asked.
 #[must_use]
-pub fn stream_allowance_kib(
-    rate_bps: u64,
-    buffer_bytes: u64,
-    elapsed_ns: u64,
-    slack_kib: u64,
-) -> u64 {
-    let earned = u128::from(rate_bps) * u128::from(elapsed_ns) / 1_000_000_000;
-    let bytes = u128::from(buffer_bytes) + earned;
+pub fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_kib: u64) -> u64 {
+    let bytes = u128::from(buffer_bytes).saturating_add(earned_bytes);
     u64::try_from(bytes / 1024)
         .unwrap_or(u64::MAX)
         .saturating_add(slack_kib)
@@ -267,19 +262,16 @@ mod allowance_tests {
     use proptest::prelude::*;
 
     #[test]
-    fn the_buffer_then_the_rate() {
-        assert_eq!(stream_allowance_kib(1_024_000, 1 << 20, 0, 0), 1024);
-        assert_eq!(
-            stream_allowance_kib(1_024_000, 1 << 20, 2_000_000_000, 0),
-            1024 + 2000
-        );
-        assert_eq!(stream_allowance_kib(1, 0, u64::MAX, 7), 18_014_398 + 7);
+    fn the_buffer_then_what_the_rate_earned() {
+        assert_eq!(stream_allowance_kib(0, 1 << 20, 0), 1024);
+        assert_eq!(stream_allowance_kib(2_048_000, 1 << 20, 0), 1024 + 2000);
+        assert_eq!(stream_allowance_kib(u128::MAX, 0, 7), u64::MAX);
     }
 
     proptest! {
         #[test]
-        fn never_shrinks_with_time(rate in 0u64..1 << 40, buffer in 0u64..1 << 30, t in 0u64..1 << 50, dt in 0u64..1 << 40) {
-            prop_assert!(stream_allowance_kib(rate, buffer, t, 0) <= stream_allowance_kib(rate, buffer, t + dt, 0));
+        fn never_shrinks_as_more_is_earned(earned in 0u128..1 << 80, buffer in 0u64..1 << 30, more in 0u128..1 << 60) {
+            prop_assert!(stream_allowance_kib(earned, buffer, 0) <= stream_allowance_kib(earned + more, buffer, 0));
         }
     }
 }

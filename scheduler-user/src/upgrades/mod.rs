@@ -318,17 +318,18 @@ impl ReaderUpgrades {
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
     /// program could not report.
     ///
-    /// `admitted` gives a stream's granted rate and buffer (bytes/s, bytes), which bound what
-    /// its raised readers may read of its file at the raised priority.
+    /// `admitted` gives what a stream was admitted for since an instant: the bytes its rates
+    /// earned since, and its buffer, which bound what its raised readers may read of its file
+    /// at the raised priority.
     pub fn expire(
         &mut self,
         now_ns: u64,
         hook: &mut dyn ForkHook,
-        admitted: &dyn Fn(u64) -> Option<(u64, u64)>,
+        admitted: &dyn Fn(u64, u64) -> Option<(u128, u64)>,
     ) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
-        self.police(now_ns, hook, admitted);
+        self.police(hook, admitted);
         if !self.table.is_empty() {
             self.forks.find_unreported();
         }
@@ -336,26 +337,21 @@ impl ReaderUpgrades {
 
     /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
     /// real-time requests for other files, or more of its stream's file than the stream was
-    /// admitted for since the raise (its buffer and its rate, plus the same slack), and bars
-    /// it from the stream's raises.
+    /// admitted for since the raise (its buffer and what its rates earned, plus the same
+    /// slack), and bars it from the stream's raises.
     fn police(
         &mut self,
-        now_ns: u64,
         hook: &mut dyn ForkHook,
-        admitted: &dyn Fn(u64) -> Option<(u64, u64)>,
+        admitted: &dyn Fn(u64, u64) -> Option<(u128, u64)>,
     ) {
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
             let stray = self.forks.stray_kib(pid);
             let own = u64::from(self.forks.stream_kib(pid));
-            let allowed = admitted(upgrade.stream).map_or(u64::MAX, |(rate, buffer)| {
-                stream_allowance_kib(
-                    rate,
-                    buffer,
-                    now_ns.saturating_sub(upgrade.raised_ns),
-                    u64::from(STRAY_ALLOWANCE_KIB),
-                )
-            });
+            let allowed =
+                admitted(upgrade.stream, upgrade.raised_ns).map_or(u64::MAX, |(earned, buffer)| {
+                    stream_allowance_kib(earned, buffer, u64::from(STRAY_ALLOWANCE_KIB))
+                });
             let why = if stray > STRAY_ALLOWANCE_KIB {
                 format!("{stray} KiB of real-time reads of other files; not raised again")
             } else if own > allowed {

@@ -15,6 +15,11 @@
 //!   which needs no right to read it; prints the answer.
 //! - `abiss-hostile-client SOCKET threads FILE COUNT`: attaches FILE at 1000 B/s, starts COUNT
 //!   threads that wait, and says each is about to read the stream; prints `raised R of COUNT`.
+//! - `abiss-hostile-client SOCKET speedup FILE SECS`: attaches FILE at 1000 B/s, puts its own
+//!   thread at best effort 5 and has it raised as the stream's reader, waits SECS (reading the
+//!   first page every second, which keeps the raise), sets the
+//!   stream's rate to 8 MB/s and at once reads FILE whole; prints `raised true|false` a
+//!   second later (whether the thread is still real time).
 //! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
 //!   TID (someone else's) is about to read it; prints `raised true|false`, or the refusal.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
@@ -51,7 +56,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|opath|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -66,6 +71,13 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "raise" => raise_other(socket, first, second),
+        "speedup" => {
+            let Ok(secs) = second.parse::<u64>() else {
+                eprintln!("SECS is a number");
+                return ExitCode::from(2);
+            };
+            speed_up_then_read(socket, first, secs)
+        }
         "threads" => {
             let Ok(count) = second.parse::<u32>() else {
                 eprintln!("COUNT is a number");
@@ -181,6 +193,40 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
     }
+    ExitCode::SUCCESS
+}
+
+/// A stream raised long ago at a low rate, then set to a high one, then read at once.
+fn speed_up_then_read(socket: &str, file: &str, secs: u64) -> ExitCode {
+    let best_effort_5 = (2 << 13) | 5;
+    abiss_os::ioprio::set(0, best_effort_5).expect("ioprio_set");
+    let (mut client, stream) = attach_slowly(socket, file);
+    let tid = u32::try_from(nix::unistd::gettid().as_raw()).unwrap_or(0);
+    if !client.reader_starts(stream.id, tid).unwrap_or(false) {
+        println!("never raised");
+        return ExitCode::from(3);
+    }
+    // Keeps the raise alive meanwhile with a read of the first page every second (a raise
+    // idles out after 5 s without a read).
+    let first_page = std::fs::File::open(file).expect("open");
+    let mut page = [0u8; 4096];
+    for _ in 0..secs {
+        let _ = std::os::unix::fs::FileExt::read_at(&first_page, &mut page, 0);
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+    if let Err(error) = client.set_rate(
+        abiss_proto::StreamTarget::Id(stream.id),
+        ByteRate(8_000_000),
+    ) {
+        println!("set-rate refused: {error}");
+        return ExitCode::from(3);
+    }
+    let mut whole = std::fs::File::open(file).expect("open");
+    let mut sink = vec![0u8; 1 << 20];
+    while std::io::Read::read(&mut whole, &mut sink).is_ok_and(|n| n > 0) {}
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let now = abiss_os::ioprio::get(tid).unwrap_or(0);
+    println!("raised {}", now != best_effort_5);
     ExitCode::SUCCESS
 }
 

@@ -1,0 +1,118 @@
+//! What a stream was admitted for over time: the bytes its rate earned between two instants.
+//!
+//! A raised reader may read its stream's file at the raised priority for as much as the stream
+//! was admitted for since the raise: its buffer and what its rate earned (`upgrade`'s
+//! allowance). The rate changes (trick play, `SetRate`), so what it earned is the integral of
+//! the rates it had, not today's rate times the time since the raise: with the latter, a 1 B/s
+//! stream raised an hour ago and set to 10 MB/s for a moment lent its reader 36 GB of real-time
+//! reads at once.
+
+/// Changes kept: older ones are forgotten, and an instant before the oldest kept one counts
+/// as that change's (what was earned before it is not counted: an allowance only shrinks).
+pub const MAX_RATE_CHANGES: usize = 16;
+
+/// The rates a stream had, from when it was attached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateHistory {
+    /// `(from_ns, bytes per second, bytes earned before from_ns since the stream began)`,
+    /// oldest first; never empty.
+    changes: Vec<(u64, u64, u128)>,
+}
+
+impl RateHistory {
+    /// A stream at `rate_bps` from `now_ns`.
+    #[must_use]
+    pub fn new(rate_bps: u64, now_ns: u64) -> Self {
+        Self {
+            changes: vec![(now_ns, rate_bps, 0)],
+        }
+    }
+
+    /// The stream has `rate_bps` from `now_ns` on (an instant before the last change counts as
+    /// the last change's).
+    pub fn set(&mut self, rate_bps: u64, now_ns: u64) {
+        let at = now_ns.max(self.last().0);
+        let earned = self.earned_at(at);
+        self.changes.push((at, rate_bps, earned));
+        if self.changes.len() > MAX_RATE_CHANGES {
+            self.changes.remove(0);
+        }
+    }
+
+    /// Bytes the rate earned from `since_ns` to `now_ns`.
+    #[must_use]
+    pub fn earned(&self, since_ns: u64, now_ns: u64) -> u128 {
+        self.earned_at(now_ns)
+            .saturating_sub(self.earned_at(since_ns.min(now_ns)))
+    }
+
+    fn last(&self) -> (u64, u64, u128) {
+        self.changes[self.changes.len() - 1]
+    }
+
+    /// Bytes earned up to `at_ns` since the first change (an instant before the oldest change
+    /// kept counts as that change's).
+    fn earned_at(&self, at_ns: u64) -> u128 {
+        let at_ns = at_ns.max(self.changes[0].0);
+        let segment = self
+            .changes
+            .iter()
+            .rev()
+            .find(|(from, _, _)| *from <= at_ns);
+        segment.map_or(0, |(from, rate, before)| {
+            before + u128::from(*rate) * u128::from(at_ns - from) / 1_000_000_000
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_rate_raised_a_moment_ago_earned_only_from_then() {
+        let mut rates = RateHistory::new(1, 0);
+        rates.set(10_000_000, 3600 * S);
+        // An hour at 1 B/s, then a second at 10 MB/s: not 36 GB.
+        assert_eq!(rates.earned(0, 3601 * S), 3600 + 10_000_000);
+        assert_eq!(rates.earned(3600 * S, 3601 * S), 10_000_000);
+        assert_eq!(rates.earned(1800 * S, 3600 * S), 1800);
+    }
+
+    #[test]
+    fn forgotten_changes_count_nothing() {
+        let mut rates = RateHistory::new(1_000, 0);
+        for second in 1..=(MAX_RATE_CHANGES as u64 + 4) {
+            rates.set(1_000, second * S);
+        }
+        // Since 0, but the oldest change kept is from second 5: 15 s at 1 kB/s, not 20.
+        assert_eq!(rates.earned(0, 20 * S), 15_000);
+    }
+
+    proptest! {
+        /// Whatever the changes, what was earned between two instants is never more than the
+        /// highest rate over that span, and never less when the span grows.
+        #[test]
+        fn earned_is_bounded_by_the_highest_rate_and_grows_with_the_span(
+            changes in proptest::collection::vec((0u64..10 * S, 0u64..1 << 30), 0..40),
+            since in 0u64..200 * S,
+            span in 0u64..100 * S,
+            more in 0u64..100 * S,
+        ) {
+            let mut rates = RateHistory::new(changes.first().map_or(5, |c| c.1), 0);
+            let mut at = 0;
+            let mut highest = rates.last().1;
+            for (gap, rate) in changes {
+                at += gap;
+                rates.set(rate, at);
+                highest = highest.max(rate);
+            }
+            let earned = rates.earned(since, since + span);
+            prop_assert!(earned <= u128::from(highest) * u128::from(span) / u128::from(S) + 1);
+            prop_assert!(earned <= rates.earned(since, since + span + more));
+        }
+    }
+}
