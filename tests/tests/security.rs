@@ -165,6 +165,23 @@ fn a_descriptor_that_proves_no_right_to_read_attaches_nothing() {
     assert_eq!(daemon.streams().len(), 1, "nothing attached for nobody");
 }
 
+/// `abissctl attach FILE --rate 1000 --buffer BUFFER` as nobody, on `socket`.
+fn attach_slowly_as_nobody(socket: &str, file: &Path, buffer: &str) -> std::process::Output {
+    as_nobody(
+        &binary("abissctl"),
+        &[
+            "--socket",
+            socket,
+            "attach",
+            &file.to_string_lossy(),
+            "--rate",
+            "1000",
+            "--buffer",
+            buffer,
+        ],
+    )
+}
+
 /// Bytes of memory locked on the machine (`Mlocked` in /proc/meminfo).
 fn mlocked_bytes() -> u64 {
     let info = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
@@ -202,21 +219,7 @@ fn locked_memory_stays_within_its_budgets() {
     );
     let before = mlocked_bytes();
     let socket = daemon.socket().to_string_lossy().into_owned();
-    let attach = |file: &std::path::Path| {
-        as_nobody(
-            &binary("abissctl"),
-            &[
-                "--socket",
-                &socket,
-                "attach",
-                &file.to_string_lossy(),
-                "--rate",
-                "1000",
-                "--buffer",
-                "16MiB",
-            ],
-        )
-    };
+    let attach = |file: &std::path::Path| attach_slowly_as_nobody(&socket, file, "16MiB");
     // Two buffers of 16 MiB (plus a batch each) fit in nobody's 40 MiB; the third does not.
     for file in &files[..2] {
         let output = attach(file);
@@ -503,21 +506,7 @@ fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
     write_cold_file(&mine, 1 << 20);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
-    let attach = |file: &std::path::Path| {
-        as_nobody(
-            &binary("abissctl"),
-            &[
-                "--socket",
-                &socket,
-                "attach",
-                &file.to_string_lossy(),
-                "--rate",
-                "1000",
-                "--buffer",
-                "160KiB",
-            ],
-        )
-    };
+    let attach = |file: &std::path::Path| attach_slowly_as_nobody(&socket, file, "160KiB");
     let (mut attached, mut refusals) = (0, Vec::new());
     for file in &files {
         // Until the file's own refusal (at most 32 streams a user): then the next size.
