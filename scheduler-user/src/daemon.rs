@@ -12,10 +12,8 @@ use std::time::Duration;
 use abiss_model::ModelError;
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::AdmissionMode;
-use aya::maps::{MapData, RingBuf};
+use aya::maps::RingBuf;
 use log::{error, info, warn};
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{broadcast, mpsc};
 
@@ -29,6 +27,7 @@ use crate::policy::memory::LockedMemoryBudget;
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::raised_forks::RaisedForks;
+use crate::ring_pump::{pump_ring, DroppedAccesses, ACCESS_QUEUE};
 use crate::server::{serve_connection, Command, Context};
 use crate::socket::{ControlSocket, SocketError};
 use crate::tracer::{BlockTracer, TracerError};
@@ -182,7 +181,7 @@ struct Inputs {
     context: Context,
     commands: mpsc::Receiver<Command>,
     loads: mpsc::UnboundedReceiver<LoadDone>,
-    accesses: mpsc::UnboundedReceiver<StreamAccess>,
+    accesses: mpsc::Receiver<StreamAccess>,
     forks: mpsc::UnboundedReceiver<Fork>,
     pumps: [tokio::task::JoinHandle<()>; 3],
     sigint: Signal,
@@ -303,7 +302,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     }
     let (events, _) = broadcast::channel(8192);
     let (load_tx, loads) = mpsc::unbounded_channel();
-    let (access_tx, accesses) = mpsc::unbounded_channel();
+    let (access_tx, accesses) = mpsc::channel(ACCESS_QUEUE);
     let context = Context::new(
         command_tx,
         events.clone(),
@@ -324,9 +323,14 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
                 let _ = events.send(record);
             }
         })),
-        tokio::spawn(pump_ring(playout_ring, move |bytes| {
-            if let Some(access) = decode_access(bytes) {
-                let _ = access_tx.send(access);
+        tokio::spawn(pump_ring(playout_ring, {
+            let mut dropped = DroppedAccesses::default();
+            move |bytes| {
+                if let Some(access) = decode_access(bytes) {
+                    if let Err(mpsc::error::TrySendError::Full(_)) = access_tx.try_send(access) {
+                        dropped.one_more();
+                    }
+                }
             }
         })),
         fork_pump,
@@ -567,25 +571,5 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             let _ = reply.send(controller.plan(&request));
         }
         Command::ConnectionClosed(connection) => controller.connection_closed(connection),
-    }
-}
-
-/// Hands every record of a ring buffer to `deliver`.
-async fn pump_ring(ring: RingBuf<MapData>, mut deliver: impl FnMut(&[u8])) {
-    // SAFETY: the ring buffer owns its map descriptor for as long as the AsyncFd owns the ring.
-    let Ok(mut ring) = (unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) })
-    else {
-        warn!("cannot poll a ring buffer");
-        return;
-    };
-    loop {
-        let Ok(mut ready) = ring.readable_mut().await else {
-            return;
-        };
-        let buffer = ready.get_inner_mut();
-        while let Some(item) = buffer.next() {
-            deliver(&item);
-        }
-        ready.clear_ready();
     }
 }

@@ -37,6 +37,7 @@
 //! | raising and restoring readers' I/O priority | [`upgrades`] |
 //! | write streams: how far the writer is, write-back through the level's ring, allocation ahead | [`writeback`] |
 //! | the tasks raised threads make: followed by the fork program, put back | [`raised_forks`] |
+//! | the programs' ring buffers handed to the main loop, bounded and in turns | [`ring_pump`] |
 //! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
 //! | eBPF and daemon cost | [`stats`] |
 //! | Prometheus metrics on `--metrics ADDR` (asks the main loop, like a connection) | [`metrics`] |
@@ -66,6 +67,7 @@ pub mod policy;
 pub mod prefetch;
 pub mod preflight;
 pub mod raised_forks;
+pub mod ring_pump;
 pub mod server;
 pub mod socket;
 pub mod stats;

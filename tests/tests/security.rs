@@ -538,3 +538,51 @@ fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
         "root's attach after {attached} of nobody's streams of sparse files: {output:?}"
     );
 }
+
+/// Resident memory of process `pid`, bytes.
+fn resident_bytes_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+#[test]
+fn an_owner_reading_its_own_file_in_a_loop_costs_the_daemon_neither_memory_nor_turns() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    chmod(fs.path(), 0o755);
+    let file = fs.path().join("nobodys.bin");
+    write_cold_file(&file, 1 << 20);
+    chmod(&file, 0o644);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let before = resident_bytes_of(daemon.pid());
+    // Every read of an attached file by its owner is an event for abissd: two threads read
+    // one byte of it as fast as they can for 6 s.
+    let mut flood = abiss_tests::as_nobody(&binary("abiss-hostile-client"));
+    flood
+        .args([socket.as_str(), "flood", &file.to_string_lossy(), "6"])
+        .stdout(std::process::Stdio::piped());
+    let flood = flood.spawn().expect("start the flood");
+    let mut slowest = Duration::ZERO;
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_millis(500));
+        let started = Instant::now();
+        let status = daemon.ctl(["status"]);
+        assert!(status.status.success(), "{status:?}");
+        slowest = slowest.max(started.elapsed());
+    }
+    let grown = resident_bytes_of(daemon.pid()).saturating_sub(before);
+    let output = flood.wait_with_output().expect("the flood");
+    println!(
+        "{}; root's slowest status {slowest:?}; abissd grew by {} KiB",
+        String::from_utf8_lossy(&output.stdout).trim(),
+        grown >> 10
+    );
+    assert!(slowest < Duration::from_millis(500), "{slowest:?}");
+    assert!(grown < 32 << 20, "abissd grew by {} MiB", grown >> 20);
+}

@@ -20,6 +20,9 @@
 //!   first page every second, which keeps the raise), sets the
 //!   stream's rate to 8 MB/s and at once reads FILE whole; prints `raised true|false` a
 //!   second later (whether the thread is still real time).
+//! - `abiss-hostile-client SOCKET flood FILE SECS`: attaches FILE at 1000 B/s, then reads its
+//!   first byte over and over from two threads for SECS seconds (every read of an attached
+//!   file by its owner is an event for abissd); prints `reads N`.
 //! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
 //!   TID (someone else's) is about to read it; prints `raised true|false`, or the refusal.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
@@ -56,7 +59,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -71,6 +74,13 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "raise" => raise_other(socket, first, second),
+        "flood" => {
+            let Ok(secs) = second.parse::<u64>() else {
+                eprintln!("SECS is a number");
+                return ExitCode::from(2);
+            };
+            flood_with_reads(socket, first, secs)
+        }
         "speedup" => {
             let Ok(secs) = second.parse::<u64>() else {
                 eprintln!("SECS is a number");
@@ -193,6 +203,29 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
     }
+    ExitCode::SUCCESS
+}
+
+/// The owner's own reads of its attached file, as fast as two threads go.
+fn flood_with_reads(socket: &str, file: &str, secs: u64) -> ExitCode {
+    let (_client, _stream) = attach_slowly(socket, file);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let file = std::fs::File::open(file).expect("open");
+            std::thread::spawn(move || {
+                let mut byte = [0u8; 1];
+                let mut reads = 0u64;
+                while std::time::Instant::now() < until {
+                    let _ = std::os::unix::fs::FileExt::read_at(&file, &mut byte, 0);
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let reads: u64 = readers.into_iter().map(|r| r.join().unwrap_or(0)).sum();
+    println!("reads {reads}");
     ExitCode::SUCCESS
 }
 
