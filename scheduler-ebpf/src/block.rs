@@ -25,7 +25,7 @@ use scheduler_common::{
 
 use crate::kernel::{
     attached_file, bio_inode, field, layout, now_ns, raise_of_shared_context, read,
-    report_reader, PF_KTHREAD,
+    remember_raised_context, report_reader, PF_KTHREAD,
 };
 use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
 
@@ -203,11 +203,18 @@ fn police_raised(rq: u64, control: &Control) {
     }
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
     let tid = bpf_get_current_pid_tgid() as u32;
-    let Some(raise) = RAISED
-        .get_ptr_mut(tid)
-        .or_else(raise_of_shared_context)
-    else {
-        return;
+    let raise = match RAISED.get_ptr_mut(tid) {
+        Some(own) => {
+            // SAFETY: pointer to a live map value, copied.
+            remember_raised_context(tid, &unsafe { *own });
+            own
+        }
+        None => {
+            let Some(shared) = raise_of_shared_context() else {
+                return;
+            };
+            shared
+        }
     };
     // SAFETY: pointer to a live map value of this type; a lost update only undercounts.
     let mut raise = unsafe { &mut *raise };

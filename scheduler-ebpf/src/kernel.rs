@@ -222,8 +222,9 @@ fn current_io_context() -> Option<u64> {
 }
 
 /// Remembers the current thread's I/O context if abissd raised it, for
-/// [`raise_of_shared_context`]. Called where a raised reader must be seen (its reads of an
-/// attached file: a raise idles out without them); one `CONTROL` read while nothing is raised.
+/// [`raise_of_shared_context`]. Called where a raised reader must be seen: its reads and
+/// misses of an attached file (a raise idles out without them), and its own real-time
+/// requests. One `CONTROL` read while nothing is raised.
 #[inline(always)]
 pub(crate) fn note_raised_context() {
     if CONTROL.get(0).map_or(0, |control| control.raised_threads) == 0 {
@@ -235,6 +236,12 @@ pub(crate) fn note_raised_context() {
     let Some(raise) = RAISED.get_ptr(tid).map(|found| unsafe { *found }) else {
         return;
     };
+    remember_raised_context(tid, &raise);
+}
+
+/// Remembers the current thread's I/O context: it is `tid`, raised as `raise` says.
+#[inline(always)]
+pub(crate) fn remember_raised_context(tid: u32, raise: &RaisedThread) {
     // A task the raised thread made has an entry of its own (the fork program's).
     if raise.flags & raised_flags::INHERITED != 0 {
         return;

@@ -135,6 +135,8 @@ pub fn abiss_cache_fill(ctx: BtfTracePointContext) -> i32 {
     if read::<u32>(task, layout!(task_flags)).unwrap_or(PF_KTHREAD) & PF_KTHREAD != 0 {
         return 0;
     }
+    // A raised reader is seen here on kernels without the read tracepoints.
+    note_raised_context();
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
     let pid = bpf_get_current_pid_tgid() as u32;
     let now = now_ns();
