@@ -153,7 +153,8 @@ pub enum Request {
 /// A capacity-planning question for one managed device.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdmitRequest {
-    /// The device (NAME, /dev/NAME or MAJOR:MINOR).
+    /// The device: NAME, /dev/NAME or MAJOR:MINOR. abissd looks up no other path for a client
+    /// (abissctl resolves paths to MAJOR:MINOR itself).
     pub device: String,
     /// Mean rate of each stream.
     pub rate: ByteRate,
