@@ -466,14 +466,14 @@ fn a_file_system_that_never_answers_holds_up_nothing() {
     );
 }
 
-/// The address space abissd's whole mappings take (`VmSize`), bytes.
-fn mapped_address_space(pid: u32) -> u64 {
+/// A size `/proc/PID/status` gives in kB (`VmSize`, `VmRSS`), in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmSize:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmSize")
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
         * 1024
 }
 
@@ -519,7 +519,7 @@ fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
             attached += 1;
         }
     }
-    let mapped = mapped_address_space(daemon.pid());
+    let mapped = status_bytes(daemon.pid(), "VmSize");
     assert!(
         mapped < (16 << 40) + (8 << 30),
         "abissd maps {} GiB with {attached} of nobody's streams",
@@ -539,17 +539,6 @@ fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
     );
 }
 
-/// Resident memory of process `pid`, bytes.
-fn resident_bytes_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
-}
-
 #[test]
 fn an_owner_reading_its_own_file_in_a_loop_costs_the_daemon_neither_memory_nor_turns() {
     require_root!();
@@ -560,7 +549,7 @@ fn an_owner_reading_its_own_file_in_a_loop_costs_the_daemon_neither_memory_nor_t
     chmod(&file, 0o644);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
-    let before = resident_bytes_of(daemon.pid());
+    let before = status_bytes(daemon.pid(), "VmRSS");
     // Every read of an attached file by its owner is an event for abissd: two threads read
     // one byte of it as fast as they can for 6 s.
     let mut flood = abiss_tests::as_nobody(&binary("abiss-hostile-client"));
@@ -576,7 +565,7 @@ fn an_owner_reading_its_own_file_in_a_loop_costs_the_daemon_neither_memory_nor_t
         assert!(status.status.success(), "{status:?}");
         slowest = slowest.max(started.elapsed());
     }
-    let grown = resident_bytes_of(daemon.pid()).saturating_sub(before);
+    let grown = status_bytes(daemon.pid(), "VmRSS").saturating_sub(before);
     let output = flood.wait_with_output().expect("the flood");
     println!(
         "{}; root's slowest status {slowest:?}; abissd grew by {} KiB",
