@@ -6,8 +6,8 @@
 //! is inlined into the programs that call it, so every program is a single function.
 
 use aya_ebpf::helpers::{
-    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid, bpf_probe_read_kernel,
-    generated::bpf_ktime_get_ns,
+    bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
+    bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
 };
 use scheduler_common::{raised_flags, AttachedFile, FileKey, PlayoutEvent, RaisedThread};
 
