@@ -355,7 +355,10 @@ fn raises_stop_while_their_record_cannot_be_written() {
     require_root!();
     let (fs, files) = shared_fs(&["stream.bin"], 64 << 20);
     let state = Tmpfs::new("fullstate", "256k");
-    let socket = state.path().with_extension("sock");
+    // The socket (and its lock file) outside the full file system, in a directory of its own
+    // that goes with the test.
+    let sockets = abiss_tests::Scratch::new_in("/tmp", "fullstate-socket");
+    let socket = sockets.path().join("abiss.sock");
     let mut daemon = OwnDaemon::start(
         &socket,
         state.path(),
