@@ -2,6 +2,8 @@
 //! files (routed to the right stream of a file), a player about to start, a position told by
 //! the application, a raised thread's fork, and a finished load.
 
+use std::collections::HashMap;
+
 use abiss_proto::{Refusal, StreamTarget};
 use log::warn;
 
@@ -19,6 +21,39 @@ pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
     RaiseFor {
         stream: stream.id,
         file_tag: stream.file_tag,
+    }
+}
+
+/// The readers of streams that ended, for a few seconds: their reads still on their way
+/// from the kernel when their stream ended are theirs, not the file's other streams'. A
+/// viewer's last reads, handled after `abissctl run` detached its stream, went to another
+/// viewer's stream still waiting for its player, and dragged its window away.
+#[derive(Debug, Default)]
+pub(super) struct DepartedReaders {
+    /// Process → when its stream ended (`CLOCK_MONOTONIC` ns).
+    ended: HashMap<u32, u64>,
+}
+
+impl DepartedReaders {
+    /// How long a departed reader's earlier reads are recognised.
+    const KEEP_NS: u64 = 5_000_000_000;
+    /// Processes remembered at most.
+    const MAX: usize = 4096;
+
+    /// The processes `readers` read a stream that ended at `now_ns`.
+    pub(super) fn note(&mut self, readers: impl Iterator<Item = u32>, now_ns: u64) {
+        self.ended
+            .retain(|_, at| now_ns.saturating_sub(*at) < Self::KEEP_NS);
+        for tgid in readers {
+            if self.ended.len() < Self::MAX {
+                self.ended.insert(tgid, now_ns);
+            }
+        }
+    }
+
+    /// Whether an access by process `tgid` at `at_ns` came before its stream ended.
+    fn before_leaving(&self, tgid: u32, at_ns: u64) -> bool {
+        self.ended.get(&tgid).is_some_and(|ended| at_ns <= *ended)
     }
 }
 
@@ -128,6 +163,9 @@ impl Controller {
     /// request on it.
     pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
         let reader = &event.reader;
+        if self.departed.before_leaving(reader.tgid, event.at_ns) {
+            return;
+        }
         // The event names the file (its tag); which of the file's streams it belongs to
         // depends on who reads where.
         let at = match &event.access {

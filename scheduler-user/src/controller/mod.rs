@@ -6,6 +6,7 @@
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
     StatusReport, StreamInfo, StreamTarget, PAGE_BYTES,
@@ -45,6 +46,8 @@ pub struct Controller {
     burst: BurstAllowance,
     /// The disks' recent real-time latency, for `--buffer auto`.
     tails: LatencyTails,
+    /// Readers of streams that just ended.
+    departed: access::DepartedReaders,
 }
 
 impl Controller {
@@ -67,6 +70,7 @@ impl Controller {
             // Full buckets at any time: time 0 is long enough ago.
             burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
             tails: LatencyTails::default(),
+            departed: access::DepartedReaders::default(),
         }
     }
 
@@ -307,6 +311,8 @@ impl Controller {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
+        self.departed
+            .note(stream.readers.keys().copied(), monotonic_ns());
         self.prefetch.cancel(stream.granted.priority, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
