@@ -4,6 +4,8 @@
 
 use std::time::SystemTime;
 
+use statrs::statistics::{Data, OrderStatistics};
+
 use crate::{
     DeviceIdentity, DeviceModel, QueueDepthPoint, RequestSizePoint, SeekCurve, SeekPoint,
     ZonePoint, ASSUMED_WRITE_READ_RATIO, DEVICE_MODEL_VERSION,
@@ -46,18 +48,33 @@ fn variance(values: &[f64]) -> f64 {
     values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (count(values) - 1.0)
 }
 
+/// The samples at or below Tukey's upper fence (the third quartile plus 1.5 interquartile
+/// ranges). A device's own spread never reaches it (uniform rotational latency ends half an
+/// interquartile range above the third quartile), but a sample that the host stalled does, and
+/// one such sample among two dozen would double the variance the rotation is read from. Only
+/// the upper side is fenced: interference adds time, it never takes any away.
+fn below_upper_fence(values: &[f64]) -> Vec<f64> {
+    if values.len() < 4 {
+        return values.to_vec();
+    }
+    let mut data = Data::new(values.to_vec());
+    let fence = data.upper_quartile() + 1.5 * data.interquartile_range();
+    values.iter().copied().filter(|v| *v <= fence).collect()
+}
+
 /// Fits the model to the measurements; only the time stamp comes from outside them (the
 /// clock, now).
 #[must_use]
 pub fn fit(identity: DeviceIdentity, quick: bool, m: &Measurements) -> DeviceModel {
     // Rotation: at one distance the seek is fixed and the rotational latency uniform over a
     // revolution, so the spread of the access times there is the revolution's: σ² = rev²/12.
-    // Pooled over distances; the longest distances are left out (their seek varies most).
+    // Pooled over distances; the longest distances are left out (their seek varies most), and
+    // so are samples the host stalled (see `below_upper_fence`).
     let pooled: Vec<f64> = m
         .seeks
         .iter()
         .filter(|(d, s)| *d <= 0.5 && s.len() >= 2)
-        .map(|(_, s)| variance(s))
+        .map(|(_, s)| variance(&below_upper_fence(s)))
         .collect();
     let revolution_ms = (12.0 * mean(&pooled)).sqrt();
     let seek_points: Vec<SeekPoint> = m
@@ -234,5 +251,40 @@ mod tests {
         );
         assert!(model.validate().is_ok());
         assert!(!model.writes_measured);
+    }
+
+    #[test]
+    fn a_few_stalled_samples_do_not_stretch_the_revolution() {
+        // 24 samples at each distance, uniform over 11.1 ms, as a quick profile takes them;
+        // at two distances one sample was stalled by the host for 60 ms.
+        let seeks = [0.001, 0.01, 0.05, 0.1, 0.2, 0.35, 0.5]
+            .iter()
+            .enumerate()
+            .map(|(k, &d)| {
+                let mut samples: Vec<f64> = (0..24)
+                    .map(|i| 3.0 + d * 10.0 + 11.1 * (f64::from(i) + 0.5) / 24.0)
+                    .collect();
+                if k % 3 == 0 {
+                    samples[k] += 60.0;
+                }
+                (d, samples)
+            })
+            .collect();
+        let m = Measurements {
+            zones: vec![ZonePoint {
+                position: 0.5,
+                read_bps: 50e6,
+                write_bps: None,
+            }],
+            seeks,
+            random_ms: vec![12.0, 13.0],
+            ..Measurements::default()
+        };
+        let model = fit(crate::fixtures::laptop_identity(), true, &m);
+        assert!(
+            (model.revolution_ms - 11.1).abs() < 0.3,
+            "{}",
+            model.revolution_ms
+        );
     }
 }

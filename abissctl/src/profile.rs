@@ -461,18 +461,26 @@ fn measure_zones(
     progress.phase("zone profile");
     let size = device.size;
     let mut zones = Vec::new();
-    let span = (plan.zone_requests + 1) * SEQ_REQUEST;
+    let span = (plan.zone_requests + ZONE_EXTRA_REQUESTS + 1) * SEQ_REQUEST;
     let usable = size.saturating_sub(span);
     for i in 0..plan.zone_positions {
         let fraction = (f64::from(i) + 0.5) / f64::from(plan.zone_positions);
         let start = align_down(at_fraction(usable, fraction), MIB);
         // The first request brings the head there; the rest stream.
         device.read(buf, start, SEQ_REQUEST)?;
-        let mut elapsed = Duration::ZERO;
-        for r in 1..=plan.zone_requests {
-            elapsed += device.read(buf, start + r * SEQ_REQUEST, SEQ_REQUEST)?;
+        let mut took = Vec::new();
+        let mut r = 1;
+        // Streaming requests of one zone take the same time; when they disagree, one was
+        // slowed by something else (the host, another process), so a few more are read and
+        // the median kept.
+        while r <= plan.zone_requests
+            || (r <= plan.zone_requests + ZONE_EXTRA_REQUESTS && !agree(&took))
+        {
+            took.push(device.read(buf, start + r * SEQ_REQUEST, SEQ_REQUEST)?);
+            r += 1;
         }
         let bytes = as_f64(plan.zone_requests * SEQ_REQUEST);
+        let elapsed = median(&mut took) * u32::try_from(plan.zone_requests).unwrap_or(1);
         let write_bps = if write {
             // Write back what is there: read a request, then rewrite it in place, streaming.
             let mut elapsed = Duration::ZERO;
@@ -496,6 +504,27 @@ fn measure_zones(
         progress.step(1);
     }
     Ok(zones)
+}
+
+/// How many more streaming requests a zone may take when its first ones disagree.
+const ZONE_EXTRA_REQUESTS: u64 = 3;
+
+/// Whether streaming request times agree within 5 %.
+fn agree(took: &[Duration]) -> bool {
+    let (Some(fastest), Some(slowest)) = (took.iter().min(), took.iter().max()) else {
+        return true;
+    };
+    slowest.as_secs_f64() <= fastest.as_secs_f64() * 1.05
+}
+
+/// The median of the times (the mean of the middle two of an even count).
+fn median(took: &mut [Duration]) -> Duration {
+    took.sort_unstable();
+    match took.len() {
+        0 => Duration::ZERO,
+        n if n % 2 == 1 => took[n / 2],
+        n => (took[n / 2 - 1] + took[n / 2]) / 2,
+    }
 }
 
 /// Random 64 KiB reads with several requests in flight (a thread each).
