@@ -48,15 +48,22 @@ pub struct Session {
     bin_dir: Option<PathBuf>,
 }
 
-/// A player's no-load, warm-cache runs.
+/// A player's no-load runs: warm (its file in memory), then cold (its file dropped from the
+/// page cache before each run).
 #[derive(Clone, Debug, Serialize)]
 pub struct Baseline {
     /// The player (`gst-seeking` for the seeking one).
     pub player: String,
-    /// Start-up of each run, s.
+    /// Start-up of each warm run, s.
     pub startups_s: Vec<f64>,
     /// Their median: what the player needs with its data in memory and the CPU to itself.
     pub startup_s: f64,
+    /// Start-up of each cold run, s (none for the seeking player).
+    pub cold_startups_s: Vec<f64>,
+    /// Their median: what the player needs when it reads its probe from the disk with nothing
+    /// else on it. This is the floor a cold start costs the disk itself; a row's start-up
+    /// beyond it is what the load made the player wait (`None` when not measured).
+    pub cold_startup_s: Option<f64>,
     /// Freezes (and seek stalls) in those runs: the measurement's floor.
     pub stall_after_startup_s: f64,
     /// Mean stall of a seek with the data in memory, s (the seeking player's baseline).
@@ -72,14 +79,18 @@ pub struct PlayerResult {
     pub spec: PlayerSpec,
     /// What its reports add up to.
     pub figures: StallFigures,
-    /// Start-up beyond the player's baseline start-up, s.
+    /// Start-up beyond the player's no-load cold start-up, s (beyond the warm one when the
+    /// cold one was not measured).
     pub startup_excess_s: Option<f64>,
     /// Of the start-up, what `abissctl run` took before it started the player (attach, and
     /// the wait for the window to be loaded), s.
     pub attach_s: Option<f64>,
     /// Start-up excess + freezes + seek stalls beyond the no-load seek stall, s (`None` if it
-    /// never played).
+    /// never played): what the load made the viewer wait.
     pub stall_s: Option<f64>,
+    /// The same with the start-up counted beyond the no-load *warm* start-up: what the viewer
+    /// waited beyond a player whose file was already in memory, s.
+    pub stall_beyond_warm_s: Option<f64>,
     /// CPU time of the player (with its wrapper), s.
     pub cpu_s: f64,
     /// How it ended.
@@ -99,6 +110,8 @@ pub struct RowResult {
     pub players: Vec<PlayerResult>,
     /// Sum of the stalls of the players that played, s.
     pub total_stall_s: f64,
+    /// Sum of their stalls beyond a warm start-up, s.
+    pub total_stall_beyond_warm_s: f64,
     /// Players that never played.
     pub failed_players: usize,
     /// What the best-effort load moved.
@@ -314,6 +327,7 @@ impl Session {
             row: row.clone(),
             secs: plan.secs,
             total_stall_s: players.iter().filter_map(|p| p.stall_s).sum(),
+            total_stall_beyond_warm_s: players.iter().filter_map(|p| p.stall_beyond_warm_s).sum(),
             failed_players: players.iter().filter(|p| p.stall_s.is_none()).count(),
             players_cpu_pct: players.iter().map(|p| p.cpu_s).sum::<f64>() / wall * 100.0,
             players,
@@ -382,9 +396,40 @@ pub(crate) fn play_for(
     stopping.into_iter().map(|p| p.collect(signalled)).collect()
 }
 
-/// `repeats` no-load runs of `spec` for `secs` each, started plainly (`scratch` holds the
-/// player's IPC socket), as the baseline `name`; says what it found on stderr. The recording
-/// benchmark measures its player's baseline this way too.
+/// How long a cold baseline run plays: only its start-up is kept.
+const COLD_RUN_S: u64 = 3;
+
+/// One no-load run of `spec` for `secs`, started plainly, and what its reports add up to.
+fn no_load_run(
+    name: &str,
+    spec: &PlayerSpec,
+    secs: u64,
+    scratch: &Path,
+) -> anyhow::Result<StallFigures> {
+    let player = RunningPlayer::launch(spec, &Wrapper::Plain, scratch)?;
+    let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
+    anyhow::ensure!(
+        !run.events.is_empty(),
+        "{name} reported no media time on an idle machine ({}): {}",
+        run.ended,
+        run.stderr
+    );
+    Ok(stall::analyse(run.launched_ns, run.stopped_ns, &run.events))
+}
+
+/// The sorted start-ups of `runs` and their median.
+fn startups(runs: &[StallFigures]) -> (Vec<f64>, Option<f64>) {
+    let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
+    startups.sort_by(f64::total_cmp);
+    let median = startups.get(startups.len() / 2).copied();
+    (startups, median)
+}
+
+/// `repeats` no-load runs of `spec` for `secs` each from a warm page cache, then (for a
+/// player that does not seek) `repeats` short ones with its file dropped from the page cache
+/// first, started plainly (`scratch` holds the player's IPC socket), as the baseline `name`;
+/// says what it found on stderr. The recording benchmark measures its player's baseline this
+/// way too.
 pub(crate) fn baseline(
     name: &str,
     spec: &PlayerSpec,
@@ -392,32 +437,32 @@ pub(crate) fn baseline(
     repeats: usize,
     scratch: &Path,
 ) -> anyhow::Result<Baseline> {
-    let mut runs = Vec::new();
-    for _ in 0..repeats {
-        let player = RunningPlayer::launch(spec, &Wrapper::Plain, scratch)?;
-        let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
-        anyhow::ensure!(
-            !run.events.is_empty(),
-            "{name} reported no media time on an idle machine ({}): {}",
-            run.ended,
-            run.stderr
-        );
-        runs.push(stall::analyse(run.launched_ns, run.stopped_ns, &run.events));
+    let runs = (0..repeats)
+        .map(|_| no_load_run(name, spec, secs, scratch))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut cold_runs = Vec::new();
+    if spec.seek_every_s.is_none() {
+        for _ in 0..repeats {
+            drop_cached_pages(&spec.file)?;
+            cold_runs.push(no_load_run(name, spec, COLD_RUN_S, scratch)?);
+        }
     }
-    let mut startups: Vec<f64> = runs.iter().filter_map(|r| r.startup_s).collect();
-    startups.sort_by(f64::total_cmp);
+    let (warm, warm_median) = startups(&runs);
+    let (cold, cold_median) = startups(&cold_runs);
     let baseline = Baseline {
         player: name.to_owned(),
-        startup_s: startups[startups.len() / 2],
-        startups_s: startups,
+        startup_s: warm_median.context("no warm baseline run")?,
+        startups_s: warm,
+        cold_startups_s: cold,
+        cold_startup_s: cold_median,
         stall_after_startup_s: runs.iter().map(|r| r.freeze_s + r.seek_stall_s).sum(),
         // None for players that do not seek: they report no seeks.
         per_seek_s: per_seek(&runs),
         runs,
     };
     eprintln!(
-        "  baseline {name}: start-up {:.3} s, stall after start-up {:.3} s",
-        baseline.startup_s, baseline.stall_after_startup_s
+        "  baseline {name}: start-up {:.3} s warm, {:?} s cold, stall after start-up {:.3} s",
+        baseline.startup_s, baseline.cold_startup_s, baseline.stall_after_startup_s
     );
     Ok(baseline)
 }
@@ -436,9 +481,13 @@ pub(crate) fn player_result(
     baselines: &BTreeMap<String, Baseline>,
 ) -> PlayerResult {
     let figures = stall::analyse(run.launched_ns, run.stopped_ns, &run.events);
-    let baseline = baselines
+    let warm = baselines
         .get(run.spec.kind.name())
         .map_or(0.0, |b| b.startup_s);
+    let floor = baselines
+        .get(run.spec.kind.name())
+        .and_then(|b| b.cold_startup_s)
+        .unwrap_or(warm);
     // A player still starting when stopped stalled for the whole run; one that ended by
     // itself without playing (a refused attach) did not play at all.
     let startup = figures.startup_s.or_else(|| {
@@ -448,7 +497,7 @@ pub(crate) fn player_result(
             wall
         })
     });
-    let startup_excess_s = startup.map(|s| (s - baseline).max(0.0));
+    let startup_excess_s = startup.map(|s| (s - floor).max(0.0));
     // Seeks cost the player time with its data in memory too: count what they took beyond.
     let per_seek_s = baselines
         .get("gst-seeking")
@@ -457,6 +506,8 @@ pub(crate) fn player_result(
     #[expect(clippy::cast_precision_loss, reason = "a few seeks")]
     let seek_excess_s = (figures.seek_stall_s - per_seek_s * figures.seeks as f64).max(0.0);
     let stall_s = startup_excess_s.map(|s| s + figures.freeze_s + seek_excess_s);
+    let stall_beyond_warm_s =
+        startup.map(|s| (s - warm).max(0.0) + figures.freeze_s + seek_excess_s);
     let error = stall_s.is_none().then(|| {
         if run.stderr.is_empty() {
             format!("no media time reported ({})", run.ended)
@@ -473,6 +524,7 @@ pub(crate) fn player_result(
             .exec_ns
             .map(|at| at.saturating_sub(run.launched_ns) as f64 / 1e9),
         stall_s,
+        stall_beyond_warm_s,
         cpu_s: run.cpu_s,
         ended: run.ended.clone(),
         error,

@@ -184,8 +184,9 @@ impl Bench {
         Ok(())
     }
 
-    /// No-load, warm-cache runs of the ffmpeg player (three of `secs`): its start-up, against
-    /// which the rows' start-ups are counted.
+    /// No-load runs of the ffmpeg player (three of `secs` from a warm page cache, three short
+    /// ones from a cold one): its cold start-up, against which the rows' start-ups are
+    /// counted.
     pub fn baseline(&self, secs: u64) -> anyhow::Result<BTreeMap<String, Baseline>> {
         self.disk.select_elevator("mq-deadline")?;
         let file = self.media.first().context("no media laid out")?;

@@ -103,6 +103,20 @@ pub fn progress_line(result: &RowResult) -> String {
     )
 }
 
+/// The player's cold and warm no-load start-ups, as the method text gives them.
+fn baseline_startups(ffmpeg: Option<&Baseline>) -> String {
+    ffmpeg.map_or_else(
+        || "-".to_owned(),
+        |b| {
+            format!(
+                "{:.3} s; warm {:.3} s",
+                b.cold_startup_s.unwrap_or(b.startup_s),
+                b.startup_s
+            )
+        },
+    )
+}
+
 /// The report.
 #[must_use]
 pub fn markdown(context: &Context<'_>) -> String {
@@ -168,11 +182,11 @@ pub fn markdown(context: &Context<'_>) -> String {
          its schedule (`own` columns): they agree with the traced ones if the method does. \
          *Players*: the players benchmark's stall measure (ffmpeg's `-progress` media time \
          against wall time); a freeze is an interval whose wall time exceeded the media time by \
-         more than 40 ms (a frame); stall = start-up beyond the no-load start-up (ffmpeg {startup}) + \
-         freezes. *BE MB/s*: what fio's writer wrote (into the page cache; over a row what the \
+         more than 40 ms (a frame); stall = start-up beyond the no-load start-up from a cold \
+         page cache (ffmpeg {startup}) + freezes. *BE MB/s*: what fio's writer wrote (into the page cache; over a row what the \
          dirty limit let through, ± 64 MB) and its readers read.\n\n",
         capture = args.capture_ms,
-        startup = ffmpeg.map_or_else(|| "-".to_owned(), |b| format!("{:.3} s", b.startup_s)),
+        startup = baseline_startups(ffmpeg),
     );
     tracer_cost_table(&mut text, context.tracer_cost);
     rows_table(&mut text, context.results);
