@@ -350,8 +350,13 @@ pub struct StreamInfo {
     pub credit_bytes: i64,
     /// Tasks seen reading the file recently.
     pub readers: Vec<ReaderInfo>,
-    /// Reads that had to wait for the disk.
+    /// Reads that had to wait for the disk for data the window should have held (deadline
+    /// misses).
     pub misses: u64,
+    /// Reads that waited for the window a seek asked for, while it was being loaded: the
+    /// seek's own cost, not a miss.
+    #[serde(default)]
+    pub seek_waits: u64,
     /// Bytes loaded by the stream's prefetch.
     pub prefetched_bytes: u64,
     /// Reader threads raised to the stream's priority after a page-cache miss, so far.

@@ -396,6 +396,13 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         if let Some(auto) = &info.buffer_auto {
             let _ = writeln!(out, "     stream {}: {}", info.id, auto_buffer_line(auto));
         }
+        if info.seek_waits > 0 {
+            let _ = writeln!(
+                out,
+                "     stream {}: {} reads waited for the window to refill after a seek (not misses)",
+                info.id, info.seek_waits
+            );
+        }
         if let Some(advice) = &info.suggestion {
             let _ = writeln!(out, "     stream {}: {advice}", info.id);
         }

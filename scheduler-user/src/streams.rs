@@ -222,8 +222,10 @@ pub struct Stream {
     pub playout: PlayoutBuffer,
     /// Recent readers: pid → (command, last seen).
     pub readers: HashMap<u32, (String, u64)>,
-    /// Reads that missed the page cache.
+    /// Reads that missed the page cache where the window should have held their data.
     pub misses: u64,
+    /// Reads that waited for the window a seek asked for.
+    pub seek_waits: u64,
     /// `io_uring` requests submitted on the file by readers.
     pub uring_requests: u64,
     /// Time of the newest position evidence (a read seen in the kernel, or a position
@@ -318,6 +320,7 @@ impl Stream {
             playout,
             readers: HashMap::new(),
             misses: 0,
+            seek_waits: 0,
             uring_requests: 0,
             newest_evidence_ns: 0,
             load_failures: (None, 0),
@@ -475,6 +478,7 @@ impl Stream {
             .unwrap_or(i64::MAX),
             readers,
             misses: self.misses,
+            seek_waits: self.seek_waits,
             prefetched_bytes: self.playout.prefetched_bytes(),
             upgrades: 0,
             uring_requests: self.uring_requests,

@@ -1,8 +1,10 @@
 //! A rate change is a request on the stream (fast-forward, slow motion), not a detach and an
 //! attach: from then on the window moves at the new rate. The disk's admission decides, only
-//! the owner (or root) may ask, and a refusal changes nothing.
+//! the owner (or root) may ask, and a refusal changes nothing. A seek is the player's own
+//! jump: its first read waits for the new window, which abissd counts apart from misses.
 
 use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
 use abiss_client::{Client, ClientError};
@@ -108,4 +110,54 @@ fn a_rate_change_moves_the_window_at_the_new_rate_and_refusals_change_nothing() 
     let output = daemon.ctl(["set-rate", path.to_str().unwrap(), "8Mbit/s"]);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(stream(&mut client, id).rate, ByteRate(1_000_000));
+}
+
+/// Reads `reads` pieces of 64 KiB from `file`'s current offset, one every 64 ms (1 MB/s).
+fn read_at_the_rate(file: &mut File, reads: u32) {
+    let mut piece = vec![0u8; 64 * 1024];
+    let start = Instant::now();
+    for k in 1..=reads {
+        file.read_exact(&mut piece).expect("read");
+        let due = start + Duration::from_millis(64) * k;
+        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// An unmodified player reads on at the stream's rate, jumps 60 MiB ahead and reads on: the
+/// read at the new point waits for the disk (nothing can have loaded it), and abissd counts it
+/// as the seek's wait, not a deadline miss. Reading on from there at the rate, the refilled
+/// window holds every read: no miss at all. Before seek waits were counted apart, the jump's
+/// read counted as a miss and `list` advised a larger buffer for it.
+#[test]
+fn a_jumps_own_wait_is_the_seeks_and_reading_on_misses_nothing() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let path = fs.path().join("movie.bin");
+    write_cold_file(&path, 128 << 20);
+    let id = daemon.attach_at_1mb(&path);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut file = File::open(&path).expect("open");
+    read_at_the_rate(&mut file, 8);
+    file.seek(SeekFrom::Start(64 << 20)).expect("seek");
+    read_at_the_rate(&mut file, 24);
+    // The kernel's records of the last reads arrive within a few ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let info = daemon
+        .streams()
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the stream");
+    assert!(
+        info.seek_waits >= 1,
+        "the read after the jump waited for the disk: {info:?}"
+    );
+    assert_eq!(info.misses, 0, "{info:?}");
+    assert!(info.suggestion.is_none(), "{info:?}");
+    let list = daemon.ctl(["list"]);
+    let out = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        out.contains("waited for the window to refill after a seek"),
+        "{out}"
+    );
 }

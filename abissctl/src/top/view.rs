@@ -342,6 +342,7 @@ mod tests {
                 upgraded: true,
             }],
             misses: 3,
+            seek_waits: 0,
             prefetched_bytes: 2 << 20,
             upgrades: 1,
             uring_requests: 0,

@@ -217,10 +217,11 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
 
 /// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
 const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
-     waited for the disk; service = dispatch to completion and queue = insert to dispatch of \
+     waited for the disk for data the window should have held; seek waits = reads that waited \
+     for the window a seek (a player's jump) asked for, while it loaded; service = dispatch to completion and queue = insert to dispatch of \
      the stream's block requests (log2 bucket bounds):\n\n\
-     | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
-     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+     | row | stream | file | misses | seek waits | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {
     let failed: Vec<String> = results

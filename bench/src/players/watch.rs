@@ -35,6 +35,8 @@ pub struct StreamFigures {
     pub buffer_bytes: u64,
     /// Reads that waited for the disk, as abissd counts them (its deadline misses).
     pub misses: u64,
+    /// Reads that waited for a seek's refill, as abissd counts them.
+    pub seek_waits: u64,
     /// Reader threads raised.
     pub upgrades: u64,
     /// Bytes its prefetch loaded.
@@ -115,6 +117,7 @@ impl StreamWatch {
                     rate_bps: stream.rate.0,
                     buffer_bytes: stream.buffer.0,
                     misses: stream.misses,
+                    seek_waits: stream.seek_waits,
                     upgrades: stream.upgrades,
                     prefetched_bytes: stream.prefetched_bytes,
                     suggestion: stream.suggestion,
@@ -156,7 +159,7 @@ fn record(seen: &Mutex<BTreeMap<u64, StreamInfo>>, streams: Vec<StreamInfo>) {
 
 /// Appends to `text` the per-stream table of the rows that have streams: `intro` (the
 /// paragraph and the table's head) and a line per stream, `| row | id | file | misses |
-/// upgrades | requests | inversions | service p99 | queue p99 | queue max | suggestion |`.
+/// seek waits | upgrades | requests | inversions | service p99 | queue p99 | queue max | suggestion |`.
 /// Nothing if no row has streams.
 pub(crate) fn streams_table(
     text: &mut String,
@@ -176,9 +179,10 @@ pub(crate) fn streams_table(
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
             let _ = writeln!(
                 text,
-                "| {row} | {} | {file} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {row} | {} | {file} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 stream.id,
                 stream.misses,
+                stream.seek_waits,
                 stream.upgrades,
                 stream.requests,
                 stream.inversions,

@@ -403,12 +403,13 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
 
 /// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
 const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
-     waited for the disk (read streams); upgrades = raises of a reader; inversions = the \
+     waited for the disk for data the window should have held (read streams); seek waits = \
+     reads that waited for the window a seek asked for; upgrades = raises of a reader; inversions = the \
      stream's block requests that ran below its level (a recording's: pages the kernel's \
      flushers wrote back at best effort before abissd did); service = dispatch to completion \
      and queue = insert to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
-     | row | stream | file | misses | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
-     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+     | row | stream | file | misses | seek waits | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {
     let mut lines = Vec::new();

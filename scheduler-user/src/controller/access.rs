@@ -10,7 +10,7 @@ use log::warn;
 use super::Controller;
 use crate::kernel_events::{Access, Fork, StreamAccess};
 use crate::policy::burst::BurstAllowance;
-use crate::policy::playout::{PlayoutBuffer, WindowAction};
+use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
 use crate::policy::shared_file::route;
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::streams::Stream;
@@ -59,12 +59,18 @@ impl DepartedReaders {
 
 /// A reader of `stream` waited for the disk: a miss, unless the stream is still loading its
 /// first window (a player started at once, as `abissctl run --preroll` does, waits for its
-/// start there, which is not a miss; the reader is raised either way).
-fn count_miss(stream: &mut Stream) {
-    if stream.playout.is_starting() {
-        log::debug!("stream {}: a reader waits for the first window", stream.id);
-    } else {
-        stream.misses += 1;
+/// start there) or the window a seek asked for (the reader's own jump: its new data cannot be
+/// in memory yet). Neither is a miss; the reader is raised either way.
+fn count_wait(stream: &mut Stream) {
+    match stream.playout.reader_wait() {
+        ReaderWait::Start => {
+            log::debug!("stream {}: a reader waits for the first window", stream.id);
+        }
+        ReaderWait::Seek => {
+            log::debug!("stream {}: a reader waits for a seek's refill", stream.id);
+            stream.seek_waits += 1;
+        }
+        ReaderWait::Miss => stream.misses += 1,
     }
 }
 
@@ -203,24 +209,27 @@ impl Controller {
         let level = stream.granted.priority;
         let actions = match event.access {
             Access::Miss(range) => {
-                count_miss(stream);
                 // Raise the reader first: the reads it waits for now are being queued.
                 let when = (event.at_ns, level);
                 let hook = &mut self.tracer;
                 (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
-                if !stream.newer_evidence(event.at_ns) {
-                    return;
-                }
-                moved(&mut self.burst, stream, now_ns, |playout| {
-                    playout.on_read(range, now_ns)
-                })
+                let actions = if stream.newer_evidence(event.at_ns) {
+                    moved(&mut self.burst, stream, now_ns, |playout| {
+                        playout.on_read(range, now_ns)
+                    })
+                } else {
+                    Vec::new()
+                };
+                // Counted once the window moved: a miss that jumped waits for its refill.
+                count_wait(stream);
+                actions
             }
             Access::Filled => {
                 // A miss, on a kernel that does not say where: count it and raise the reader;
                 // the pages may be readahead past it, so the window stays (its reads move it).
-                count_miss(stream);
+                count_wait(stream);
                 let when = (event.at_ns, level);
                 let hook = &mut self.tracer;
                 (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);

@@ -311,11 +311,16 @@ const STREAM_GAUGES: [StreamGauge; 7] = [
 /// A stream's counters: name (without `_total`), help, value.
 type StreamCounter = (&'static str, &'static str, fn(&StreamInfo) -> u64);
 
-const STREAM_COUNTERS: [StreamCounter; 4] = [
+const STREAM_COUNTERS: [StreamCounter; 5] = [
     (
         "abiss_stream_misses",
-        "Reads of the stream's file that had to wait for the disk.",
+        "Reads of the stream's file that had to wait for the disk for data its window should have held.",
         |s| s.misses,
+    ),
+    (
+        "abiss_stream_seek_waits",
+        "Reads of the stream's file that waited for the window a seek asked for.",
+        |s| s.seek_waits,
     ),
     (
         "abiss_stream_upgrades",

@@ -94,6 +94,21 @@ pub struct PlayoutBuffer {
     /// The first window was loaded and locked. Until then a reader that waits for the disk
     /// waits for the stream's start, which is part of its contract, not a miss.
     started: bool,
+    /// A seek moved the window, and the new window is not loaded and locked yet. A reader
+    /// that waits for the disk meanwhile waits for the seek's refill (a burst the owner's
+    /// allowance pays for), which is not a miss either.
+    refilling: bool,
+}
+
+/// What a reader that waited for the disk waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaderWait {
+    /// The stream's first window.
+    Start,
+    /// The window's refill after a seek.
+    Seek,
+    /// Data the window should have held: a deadline miss.
+    Miss,
 }
 
 impl PlayoutBuffer {
@@ -134,6 +149,7 @@ impl PlayoutBuffer {
             pending_preroll: None,
             tail: None,
             started: false,
+            refilling: false,
         };
         let mut actions = Vec::new();
         buffer.fill(now_ns, &mut actions);
@@ -227,6 +243,7 @@ impl PlayoutBuffer {
         self.requested_end = self.window_start;
         self.app_point = offset;
         self.seeks += 1;
+        self.refilling = true;
         self.fill(now_ns, actions);
     }
 
@@ -324,6 +341,20 @@ impl PlayoutBuffer {
     #[must_use]
     pub fn is_starting(&self) -> bool {
         !self.started && !self.window_locked()
+    }
+
+    /// What a reader's wait for the disk now is: the start, a seek's refill (until the window
+    /// a seek asked for is locked), or a miss. Call it after the read moved the window: a
+    /// read that jumped waits for the refill it caused.
+    #[must_use]
+    pub fn reader_wait(&self) -> ReaderWait {
+        if self.is_starting() {
+            ReaderWait::Start
+        } else if self.refilling && !self.window_locked() {
+            ReaderWait::Seek
+        } else {
+            ReaderWait::Miss
+        }
     }
 
     /// Whether everything the window asked for is loaded and locked.
@@ -460,6 +491,7 @@ impl PlayoutBuffer {
         }
         self.insert_locked(keep);
         self.started |= self.window_locked();
+        self.refilling &= !self.window_locked();
         let pending = self.pending_preroll;
         if let Some((end, with_tail)) = pending.filter(|&(end, _)| {
             end > self.requested_end && self.generation == 0 && self.window_locked()

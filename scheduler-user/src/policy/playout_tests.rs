@@ -210,6 +210,14 @@ proptest! {
             }
             let allowed = 2 * B + MB * now / 1_000_000_000;
             prop_assert!(buffer.prefetched_bytes() <= allowed);
+            // A wait is the seek's only while a seek's window is still loading, and it is
+            // never both the start and a seek.
+            if buffer.reader_wait() == ReaderWait::Seek {
+                prop_assert!(buffer.seeks() > 0 && !buffer.window_locked());
+            }
+            if buffer.window_locked() && buffer.seeks() > 0 {
+                prop_assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
+            }
         }
     }
 }
@@ -389,4 +397,25 @@ fn a_seek_refill_granted_from_outside_the_rate_fills_the_window_at_once() {
     // Credit beyond the limit is not kept.
     let _ = buffer.grant_credit(100 * B, 4_000);
     assert!(buffer.credit_bytes() <= 2 * B);
+}
+
+/// A reader that jumped waits for the window its jump asked for: a seek's wait until that
+/// window is locked, a miss after it (the window should have held the data by then).
+#[test]
+fn a_reader_waits_for_a_seek_until_its_window_is_locked_then_misses() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Start);
+    complete(&mut buffer, &actions);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Seek);
+    // A late completion of the old window does not end the seek's wait.
+    let _ = buffer.on_loaded(0..BATCH, 0);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Seek);
+    complete(&mut buffer, &seek);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
+    // Reading on, the window moves and refills at the rate: waits then are misses.
+    let on = buffer.on_read(50 * MB + 4096..50 * MB + 2 * B, 2_000_000_000);
+    assert!(!on.is_empty());
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
 }
