@@ -197,6 +197,20 @@ pub struct FillReport {
 /// to the same miss (a readahead inserts its pages within microseconds).
 pub const FILL_REPORT_GAP_NS: u64 = 2_000_000;
 
+/// Reads and faults of one attached file are reported at most one per this long on average,
+/// after a burst of [`READ_REPORT_BURST`] (a token bucket, kept as the time its next token
+/// is due): an owner rereading its own file in a tight loop would otherwise send a record per
+/// read(2) into the ring every stream shares, and crowd other users' misses out of it. This
+/// bounds reads and faults to 10 000 records a second per attached file. Misses are never
+/// left out, and a read left out is followed by the reader's next one (whose position is the
+/// newer) or by its miss.
+pub const READ_REPORT_GAP_NS: u64 = 100_000;
+
+/// Reads and faults of one file reported at once before [`READ_REPORT_GAP_NS`] paces them: a
+/// player's start-up probe (ffmpeg reads 5 MB in 160 reads within milliseconds) and `dd`'s
+/// 2 MiB in 64 KiB reads go through whole, so the window follows them to their last read.
+pub const READ_REPORT_BURST: u64 = 256;
+
 /// A task's access to an attached file, sent to abissd (the daemon's own reads are left out).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

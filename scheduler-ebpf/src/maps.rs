@@ -60,6 +60,13 @@ pub(crate) static ATTACHED: HashMap<FileKey, AttachedFile> =
 #[map]
 pub(crate) static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
 
+/// When each attached file's next read or fault report is due, by file tag: the token bucket
+/// of `READ_REPORT_GAP_NS` and `READ_REPORT_BURST`. LRU: tags of files detached long ago fall
+/// out.
+#[map]
+pub(crate) static READ_REPORT_DUE: LruHashMap<u64, u64> =
+    LruHashMap::with_max_entries(MAX_ATTACHED_FILES, 0);
+
 /// Processes (tgid) seen reading an attached file, with the stream: their `io_uring` requests
 /// are followed, nobody else's, so other rings pay one lookup per submission.
 #[map]

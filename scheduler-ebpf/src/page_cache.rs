@@ -10,13 +10,16 @@ use aya_ebpf::{
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
-use scheduler_common::{playout_kind, FillReport, PlayoutEvent, FILL_REPORT_GAP_NS};
+use scheduler_common::{
+    playout_kind, FillReport, PlayoutEvent, FILL_REPORT_GAP_NS, READ_REPORT_BURST,
+    READ_REPORT_GAP_NS,
+};
 
 use crate::kernel::{
     attached_stream, field, files_attached, layout, note_raised_context, now_ns, read,
     report_reader, PF_KTHREAD,
 };
-use crate::maps::LAST_FILL;
+use crate::maps::{LAST_FILL, READ_REPORT_DUE};
 
 /// Whether the programs have anything to look for: the layout is filled in and some file is
 /// attached. Checked first, so every other buffered read and fault costs one array read.
@@ -44,6 +47,9 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     }
     // A raised reader is seen here: its I/O context is what its io_uring workers share.
     note_raised_context();
+    if kind != playout_kind::MISS && !read_report_due(attached.stream) {
+        return;
+    }
     report_reader(PlayoutEvent {
         stream: attached.stream,
         first_page,
@@ -51,6 +57,28 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
         kind,
         ..PlayoutEvent::default()
     });
+}
+
+/// Whether a read or fault of the file tagged `stream` is reported now: the file's token
+/// bucket (`READ_REPORT_GAP_NS`, `READ_REPORT_BURST`) holds a token. The map keeps when the
+/// next token is due; a due time more than a burst ahead of now means the bucket is empty.
+/// Two CPUs racing here at worst both report.
+#[inline(always)]
+fn read_report_due(stream: u64) -> bool {
+    let now = now_ns();
+    if let Some(due) = READ_REPORT_DUE.get_ptr_mut(stream) {
+        // SAFETY: a live map value, read and written as one aligned u64.
+        unsafe {
+            let next = (*due).max(now);
+            if next - now >= READ_REPORT_BURST * READ_REPORT_GAP_NS {
+                return false;
+            }
+            *due = next + READ_REPORT_GAP_NS;
+        }
+        return true;
+    }
+    let _ = READ_REPORT_DUE.insert(stream, now + READ_REPORT_GAP_NS, 0);
+    true
 }
 
 /// `mm_filemap_get_pages(mapping, index, last_index)`: a read(2)-family call on a file.

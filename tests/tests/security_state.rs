@@ -264,16 +264,7 @@ fn another_users_reads_do_not_crowd_the_owners_misses_out_of_the_ring() {
     std::thread::sleep(Duration::from_millis(500));
     // Meanwhile the owner reads one page every 2 MiB from 4 MiB on: each read misses the page
     // cache (each a jump away from the window), and abissd must hear of each.
-    let positions: Vec<u64> = (2..31).map(|k| k * 2 * 256).collect();
-    let reads: Vec<String> = positions
-        .iter()
-        .map(|block| format!("dd if={path} of=/dev/null bs=4096 count=1 skip={block} status=none"))
-        .collect();
-    let owner = as_user(OWNER_UID, "sh")
-        .args(["-c", &reads.join("; sleep 0.05; ")])
-        .output()
-        .expect("owner reads");
-    assert!(owner.status.success(), "{owner:?}");
+    let reads = owner_reads_a_page_every_2_mib(&files[0]);
     std::thread::sleep(Duration::from_millis(500));
     for hammer in &mut hammers {
         let _ = hammer.kill();
@@ -287,10 +278,67 @@ fn another_users_reads_do_not_crowd_the_owners_misses_out_of_the_ring() {
     // Each read jumps 2 MiB past the window: abissd counts its wait as the seek's.
     let waited = stream.misses + stream.seek_waits;
     assert!(
-        waited >= positions.len() as u64,
-        "abissd heard of {waited} of the owner's {} reads that waited for the disk while \
-         nobody read the file in a loop",
-        positions.len()
+        waited >= reads,
+        "abissd heard of {waited} of the owner's {reads} reads that waited for the disk while \
+         nobody read the file in a loop"
+    );
+}
+
+/// `OWNER_UID` reads one page of `file` every 2 MiB from 4 MiB on, 50 ms apart: each read
+/// misses the page cache. Returns how many reads it made.
+fn owner_reads_a_page_every_2_mib(file: &Path) -> u64 {
+    let path = file.to_string_lossy();
+    let positions: Vec<u64> = (2..31).map(|k| k * 2 * 256).collect();
+    let reads: Vec<String> = positions
+        .iter()
+        .map(|block| format!("dd if={path} of=/dev/null bs=4096 count=1 skip={block} status=none"))
+        .collect();
+    let owner = as_user(OWNER_UID, "sh")
+        .args(["-c", &reads.join("; sleep 0.05; ")])
+        .output()
+        .expect("owner reads");
+    assert!(owner.status.success(), "{owner:?}");
+    positions.len() as u64
+}
+
+/// `nobody` rereads its own attached file in a tight loop (two threads, a read(2) of one
+/// byte each time) while another user's reader misses at known places in its own file: each
+/// of nobody's reads is an event of nobody's own stream, and unpaced they filled the ring
+/// every stream shares, so that the other user's misses found no room in it.
+#[test]
+fn an_owners_tight_loop_on_its_own_file_does_not_crowd_other_users_misses_out_of_the_ring() {
+    require_root!();
+    let (fs, files) = shared_fs(&["owners.bin"], 64 << 20);
+    let nobodys = fs.path().join("nobodys.bin");
+    write_cold_file(&nobodys, 1 << 20);
+    chmod(&nobodys, 0o644);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let id = attach_as(OWNER_UID, daemon.socket(), &files[0], "1MB/s");
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let flood = as_user(NOBODY_UID, binary("abiss-hostile-client"))
+        .args([socket.as_str(), "flood", &nobodys.to_string_lossy(), "5"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the flood");
+    std::thread::sleep(Duration::from_secs(1));
+    let reads = owner_reads_a_page_every_2_mib(&files[0]);
+    let flooded = flood.wait_with_output().expect("the flood");
+    assert!(flooded.status.success(), "{flooded:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let stream = daemon
+        .streams()
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the owner's stream");
+    let waited = stream.misses + stream.seek_waits;
+    println!(
+        "nobody's flood: {}; abissd heard of {waited} of the owner's {reads} waits",
+        String::from_utf8_lossy(&flooded.stdout).trim()
+    );
+    assert!(
+        waited >= reads,
+        "abissd heard of {waited} of the owner's {reads} reads that waited for the disk while \
+         nobody reread its own attached file in a loop"
     );
 }
 
