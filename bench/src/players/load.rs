@@ -52,6 +52,8 @@ pub fn lay_out(dir: &Path) -> anyhow::Result<LoadFiles> {
     let jobs = dir.join("load.fio");
     std::fs::write(&jobs, job_file(&files, Duration::from_secs(1)))?;
     fio::create_only(&jobs, "the load's files")?;
+    std::fs::File::open(&files.read)?.sync_all()?;
+    std::fs::File::open(&files.write)?.sync_all()?;
     drop_cached_pages(&files.read)?;
     drop_cached_pages(&files.write)?;
     Ok(files)

@@ -142,8 +142,12 @@ impl Session {
             disk.device().display(),
             disk.mount_dir().display()
         );
-        let media = media::copy_onto(&source, disk.mount_dir(), players)?;
-        let load = load::lay_out(disk.mount_dir())?;
+        let (media, load) = disk.unmodelled(|| {
+            Ok((
+                media::copy_onto(&source, disk.mount_dir(), players)?,
+                load::lay_out(disk.mount_dir())?,
+            ))
+        })?;
         let scratch =
             std::env::temp_dir().join(format!("abiss-bench-players-{}", std::process::id()));
         std::fs::create_dir_all(&scratch)?;
