@@ -30,7 +30,7 @@
 use abiss_model::DeviceModel;
 use abiss_proto::AdmissionMode;
 
-use super::playout::load_bytes;
+use super::load_bytes;
 
 /// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
 pub const SERVICE_WINDOW_MS: u64 = 1000;

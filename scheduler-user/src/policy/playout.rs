@@ -17,26 +17,7 @@ use abiss_proto::PAGE_BYTES as PAGE;
 
 use super::credit::CreditTimer;
 use super::probe_tail::ProbeTail;
-use super::{page_ceil, page_floor};
-
-/// Smallest load worth a request: a disk pays a seek per request, so the window's growth is
-/// gathered into loads of a third of the buffer (at least a batch). That keeps the reader two
-/// thirds of a buffer ahead and the seeks per stream few.
-#[must_use]
-pub fn min_load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
-    page_floor(buffer_bytes / 3).max(batch_bytes.max(PAGE))
-}
-
-/// What one load of a stream is: credit is spent a batch at a time, so a load is the smallest
-/// one worth a request rounded up to whole batches (564 KiB with 20-page batches: three
-/// batches, 240 KiB). Admission counts a disk access per load of this size.
-#[must_use]
-pub fn load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
-    let batch = batch_bytes.max(PAGE);
-    min_load_bytes(buffer_bytes, batch)
-        .div_ceil(batch)
-        .saturating_mul(batch)
-}
+use super::{min_load_bytes, page_ceil, page_floor};
 
 /// Shape of a stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

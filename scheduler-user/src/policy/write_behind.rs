@@ -25,8 +25,8 @@
 use std::ops::Range;
 
 use super::credit::CreditTimer;
+use super::min_load_bytes;
 use super::page_floor;
-use super::playout::min_load_bytes;
 
 /// A writer that has not written for this long has its last partial request written back.
 pub const IDLE_FLUSH_NS: u64 = 1_000_000_000;
