@@ -365,7 +365,7 @@ pub fn measure_one(
     if let Some((bin_dir, _, _)) = abiss {
         session.set_bin_dir(bin_dir);
     }
-    let baselines = session.baselines(&[kind], 3)?;
+    let baselines = session.baselines(&[kind], 2)?;
     let row = Row {
         name: if abiss.is_some() {
             "abiss"

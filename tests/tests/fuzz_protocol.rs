@@ -16,7 +16,8 @@
 //! A failing case is shrunk and its seed kept in `fuzz_protocol.proptest-regressions` next to
 //! this file, which proptest replays first on every run; the hand-written hostile lines of
 //! `tests/fuzz-corpus/*.line` are replayed every run too (each once bare, once with 9
-//! descriptors). `ABISS_FUZZ_CASES` sets the number of generated cases (default 800).
+//! descriptors). `ABISS_FUZZ_CASES` sets the number of generated cases (default 500; each run
+//! draws new ones, so CI runs add up to far more).
 
 use std::cell::RefCell;
 use std::fmt::Write as _;
@@ -886,7 +887,7 @@ fn generated_cases() -> u32 {
     std::env::var("ABISS_FUZZ_CASES")
         .ok()
         .and_then(|value| value.parse().ok())
-        .unwrap_or(800)
+        .unwrap_or(500)
 }
 
 #[test]
