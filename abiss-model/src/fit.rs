@@ -221,18 +221,16 @@ mod tests {
         assert!((truth_mean - fit_mean).abs() / truth_mean < 0.05);
     }
 
-    #[test]
-    fn rotation_comes_from_the_spread_at_one_distance() {
-        // Uniform latencies over 11.1 ms on top of fixed seeks.
-        let seeks = [0.01, 0.1, 0.3]
-            .iter()
-            .map(|&d| {
-                let samples = (0..1000)
-                    .map(|i| 3.0 + d * 10.0 + 11.1 * (f64::from(i) + 0.5) / 1000.0)
-                    .collect();
-                (d, samples)
-            })
-            .collect();
+    /// `n` access times at seek distance `d`: a fixed seek and a rotational latency spread
+    /// evenly over an 11.1 ms revolution.
+    fn uniform_access_ms(d: f64, n: u32) -> Vec<f64> {
+        (0..n)
+            .map(|i| 3.0 + d * 10.0 + 11.1 * (f64::from(i) + 0.5) / f64::from(n))
+            .collect()
+    }
+
+    /// The model fitted to `seeks` and fixed zone and random-access figures.
+    fn fit_seeks(seeks: Vec<(f64, Vec<f64>)>) -> DeviceModel {
         let m = Measurements {
             zones: vec![ZonePoint {
                 position: 0.5,
@@ -243,7 +241,17 @@ mod tests {
             random_ms: vec![12.0, 13.0],
             ..Measurements::default()
         };
-        let model = fit(crate::fixtures::laptop_identity(), true, &m);
+        fit(crate::fixtures::laptop_identity(), true, &m)
+    }
+
+    #[test]
+    fn rotation_comes_from_the_spread_at_one_distance() {
+        // Uniform latencies over 11.1 ms on top of fixed seeks.
+        let seeks = [0.01, 0.1, 0.3]
+            .iter()
+            .map(|&d| (d, uniform_access_ms(d, 1000)))
+            .collect();
+        let model = fit_seeks(seeks);
         assert!(
             (model.revolution_ms - 11.1).abs() < 0.1,
             "{}",
@@ -261,26 +269,14 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(k, &d)| {
-                let mut samples: Vec<f64> = (0..24)
-                    .map(|i| 3.0 + d * 10.0 + 11.1 * (f64::from(i) + 0.5) / 24.0)
-                    .collect();
+                let mut samples = uniform_access_ms(d, 24);
                 if k % 3 == 0 {
                     samples[k] += 60.0;
                 }
                 (d, samples)
             })
             .collect();
-        let m = Measurements {
-            zones: vec![ZonePoint {
-                position: 0.5,
-                read_bps: 50e6,
-                write_bps: None,
-            }],
-            seeks,
-            random_ms: vec![12.0, 13.0],
-            ..Measurements::default()
-        };
-        let model = fit(crate::fixtures::laptop_identity(), true, &m);
+        let model = fit_seeks(seeks);
         assert!(
             (model.revolution_ms - 11.1).abs() < 0.3,
             "{}",

@@ -270,18 +270,24 @@ fn another_users_reads_do_not_crowd_the_owners_misses_out_of_the_ring() {
         let _ = hammer.kill();
         let _ = hammer.wait();
     }
-    let stream = daemon
-        .streams()
-        .into_iter()
-        .find(|s| s.id == id)
-        .expect("the owner's stream");
-    // Each read jumps 2 MiB past the window: abissd counts its wait as the seek's.
-    let waited = stream.misses + stream.seek_waits;
+    let waited = waits_heard(&daemon, id);
     assert!(
         waited >= reads,
         "abissd heard of {waited} of the owner's {reads} reads that waited for the disk while \
          nobody read the file in a loop"
     );
+}
+
+/// The reads of stream `id` that abissd heard wait for the disk. Each of
+/// [`owner_reads_a_page_every_2_mib`]'s reads jumps 2 MiB past the window, so abissd counts
+/// its wait as the seek's rather than as a miss: both count here.
+fn waits_heard(daemon: &Daemon, id: u64) -> u64 {
+    let stream = daemon
+        .streams()
+        .into_iter()
+        .find(|s| s.id == id)
+        .expect("the owner's stream");
+    stream.misses + stream.seek_waits
 }
 
 /// `OWNER_UID` reads one page of `file` every 2 MiB from 4 MiB on, 50 ms apart: each read
@@ -325,12 +331,7 @@ fn an_owners_tight_loop_on_its_own_file_does_not_crowd_other_users_misses_out_of
     let flooded = flood.wait_with_output().expect("the flood");
     assert!(flooded.status.success(), "{flooded:?}");
     std::thread::sleep(Duration::from_millis(300));
-    let stream = daemon
-        .streams()
-        .into_iter()
-        .find(|s| s.id == id)
-        .expect("the owner's stream");
-    let waited = stream.misses + stream.seek_waits;
+    let waited = waits_heard(&daemon, id);
     println!(
         "nobody's flood: {}; abissd heard of {waited} of the owner's {reads} waits",
         String::from_utf8_lossy(&flooded.stdout).trim()
