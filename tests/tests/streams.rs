@@ -456,6 +456,46 @@ fn a_user_cannot_hold_more_than_32_streams_and_root_detaches_them_all() {
     assert!(client.list().unwrap().is_empty());
 }
 
+/// A window that lacks pages refills as soon as its credit allows, however often something
+/// else wakes abissd meanwhile. The wait used to be counted again from every event, so a
+/// client polling `list` every 20 ms (faster than a batch of credit comes back at 1 MB/s) kept
+/// the refill back for as long as it polled: the flaky `shared_files` failure, whose check polls.
+#[test]
+fn a_window_refills_on_time_while_a_client_polls_the_daemon() {
+    require_root!();
+    let setup = setup();
+    let path = setup.fs.path().join("movie.bin");
+    write_cold_file(&path, 32 << 20);
+    let id = setup.daemon.attach_at_1mb(&path);
+    std::thread::sleep(Duration::from_millis(300));
+    // A dash through 2 MiB spends the credit, and the window falls behind the reader.
+    dd(path.to_str().unwrap(), 0, 32);
+    let mut client = Client::connect(setup.daemon.socket()).expect("connect");
+    let started = Instant::now();
+    let mut seen = None;
+    let refilled = loop {
+        let stream = client
+            .list()
+            .expect("list")
+            .into_iter()
+            .find(|s| s.id == id)
+            .expect("the stream");
+        if stream.loaded_end >= stream.playout_point + BUFFER / 2 {
+            break Some(started.elapsed());
+        }
+        seen = Some(stream);
+        if started.elapsed() > Duration::from_secs(3) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Half a buffer and up to a batch at 1 MB/s: 0.37 s of credit.
+    assert!(
+        refilled.is_some_and(|took| took < Duration::from_millis(1500)),
+        "the window refilled after {refilled:?} of polling: {seen:?}"
+    );
+}
+
 /// Reads `count` 64 KiB blocks of `path` from block `skip` on, as a player's reader would.
 fn dd(path: &str, skip: u64, count: u64) {
     let status = Command::new("dd")

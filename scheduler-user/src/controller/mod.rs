@@ -494,7 +494,7 @@ impl Controller {
             .filter_map(|s| {
                 let due = match &s.recording {
                     Some(recording) => Some(recording.ns_until_due(now_ns)),
-                    None => s.playout.ns_until_next_load(),
+                    None => s.playout.ns_until_next_load(now_ns),
                 };
                 match (due, s.ns_until_growth_check(now_ns)) {
                     (Some(a), Some(b)) => Some(a.min(b)),

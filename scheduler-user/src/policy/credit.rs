@@ -83,15 +83,22 @@ impl CreditTimer {
         }
     }
 
-    /// Nanoseconds from the last accrual until the credit covers `bytes` (0 if it does).
+    /// Nanoseconds from `now_ns` until the credit covers `bytes` (0 if it does). Counted
+    /// from the last accrual, not from the call: the daemon asks again after every event,
+    /// and a wait counted from each call was pushed back by every event that came sooner,
+    /// so that a client polling `list` every 50 ms kept a window from refilling for as long
+    /// as it polled.
     #[must_use]
-    pub fn ns_until(&self, bytes: u64) -> u64 {
+    pub fn ns_until(&self, bytes: u64, now_ns: u64) -> u64 {
         let missing = i128::from(bytes) * NS - self.scaled;
         if missing <= 0 || self.rate_bps == 0 {
             return 0;
         }
         let rate = i128::from(self.rate_bps);
-        u64::try_from((missing + rate - 1) / rate).unwrap_or(u64::MAX)
+        let from_last = u64::try_from((missing + rate - 1) / rate).unwrap_or(u64::MAX);
+        self.last_ns
+            .saturating_add(from_last)
+            .saturating_sub(now_ns)
     }
 }
 
@@ -111,7 +118,10 @@ mod tests {
         assert_eq!(timer.credit_bytes(), 200_000, "capped at the limit");
         assert!(timer.try_spend(150_000));
         assert!(!timer.try_spend(150_000));
-        assert_eq!(timer.ns_until(150_000), 100_000_000);
+        assert_eq!(timer.ns_until(150_000, 10_000_000_000), 100_000_000);
+        // Asked again later, without an accrual between: the wait is shorter by as much.
+        assert_eq!(timer.ns_until(150_000, 10_060_000_000), 40_000_000);
+        assert_eq!(timer.ns_until(150_000, 10_200_000_000), 0);
     }
 
     proptest! {

@@ -563,13 +563,17 @@ impl PlayoutBuffer {
         self.locked.iter().any(|r| r.contains(&offset))
     }
 
-    /// Nanoseconds until the credit allows the next load the window lacks, if it lacks any.
+    /// Nanoseconds from `now_ns` until the credit allows the next load the window lacks, if
+    /// it lacks any.
     #[must_use]
-    pub fn ns_until_next_load(&self) -> Option<u64> {
+    pub fn ns_until_next_load(&self, now_ns: u64) -> Option<u64> {
         let lacking = self
             .target_end()
             .saturating_sub(self.requested_end.max(self.window_start));
-        (lacking > 0).then(|| self.credit.ns_until(self.shape.batch_bytes.min(lacking)))
+        (lacking > 0).then(|| {
+            self.credit
+                .ns_until(self.shape.batch_bytes.min(lacking), now_ns)
+        })
     }
 
     /// Every range still locked (to release when the stream ends).

@@ -419,3 +419,25 @@ fn a_reader_waits_for_a_seek_until_its_window_is_locked_then_misses() {
     assert!(!on.is_empty());
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
 }
+
+/// The wait for the next load counts from when the credit last accrued, not from when it is
+/// asked: the daemon asks after every event, and asked again sooner than it ends, it still
+/// ends on time.
+#[test]
+fn the_wait_for_the_next_load_does_not_start_again_when_asked_again() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    complete(&mut buffer, &actions);
+    // A dash through three buffers spends the credit (the first refill takes what is left):
+    // the window lacks what it cannot pay for.
+    for dash in [0..2 * B, 2 * B..3 * B] {
+        let loads = buffer.on_read(dash, 1_000);
+        complete(&mut buffer, &loads);
+    }
+    let first = buffer.ns_until_next_load(1_000).expect("the window lacks");
+    assert!(first > 0);
+    assert_eq!(
+        buffer.ns_until_next_load(1_000 + first / 2),
+        Some(first - first / 2)
+    );
+    assert_eq!(buffer.ns_until_next_load(1_000 + first), Some(0));
+}

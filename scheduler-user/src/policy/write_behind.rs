@@ -250,7 +250,7 @@ impl WriteBehind {
             return None;
         }
         let request = self.shape.request_bytes();
-        let credit = self.credit.ns_until(length.min(request));
+        let credit = self.credit.ns_until(length.min(request), now_ns);
         if length >= request {
             return Some(credit);
         }
