@@ -489,6 +489,7 @@ fn a_window_refills_on_time_while_a_client_polls_the_daemon() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    println!("the window refilled after {refilled:?} of polling every 20 ms");
     // Half a buffer and up to a batch at 1 MB/s: 0.37 s of credit.
     assert!(
         refilled.is_some_and(|took| took < Duration::from_millis(1500)),
