@@ -86,10 +86,12 @@ fn viewers_of_one_file_each_have_their_own_window() {
         "both windows loaded ahead of their viewers: {:?}",
         daemon.streams()
     );
-    // And locked, once the credit a dash through 2 MiB spent has come back at the rate.
+    // And locked, once the credit a dash through 2 MiB spent has come back at the rate: all
+    // but less than a load's worth (a third of the buffer), which the window loads once its
+    // reader moves on (it gathers its growth into loads of a third of the buffer).
     assert!(
         wait_until(Duration::from_secs(5), || daemon.streams().iter().all(
-            |s| s.locked_bytes == BUFFER
+            |s| s.locked_bytes + BUFFER / 3 > BUFFER
                 && s.window_start <= s.playout_point
                 && s.playout_point - s.window_start < BATCH
         )),

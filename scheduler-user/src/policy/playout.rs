@@ -563,17 +563,20 @@ impl PlayoutBuffer {
         self.locked.iter().any(|r| r.contains(&offset))
     }
 
-    /// Nanoseconds from `now_ns` until the credit allows the next load the window lacks, if
-    /// it lacks any.
+    /// Nanoseconds from `now_ns` until the credit allows the next load the window wants (a
+    /// third of the buffer, or what it lacks if less), if it wants one. A window that lacks
+    /// less than a load's worth waits for its reader, not for time: woken every millisecond
+    /// for a batch of credit it would not spend, it only spun.
     #[must_use]
     pub fn ns_until_next_load(&self, now_ns: u64) -> Option<u64> {
+        if !self.wants_load() {
+            return None;
+        }
         let lacking = self
             .target_end()
             .saturating_sub(self.requested_end.max(self.window_start));
-        (lacking > 0).then(|| {
-            self.credit
-                .ns_until(self.shape.batch_bytes.min(lacking), now_ns)
-        })
+        let load = min_load_bytes(self.shape.buffer_bytes, self.shape.batch_bytes).min(lacking);
+        Some(self.credit.ns_until(load, now_ns))
     }
 
     /// Every range still locked (to release when the stream ends).
