@@ -55,6 +55,13 @@ impl LatencyTails {
             .is_none_or(|at| now_ns.saturating_sub(at) >= UPDATE_NS)
     }
 
+    /// Nanoseconds from `now_ns` until it is time to look at the histograms again.
+    #[must_use]
+    pub fn ns_until_due(&self, now_ns: u64) -> u64 {
+        self.updated_ns
+            .map_or(0, |at| at.saturating_add(UPDATE_NS).saturating_sub(now_ns))
+    }
+
     /// Takes in the cumulative histograms as they are at `now_ns`.
     pub fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
         self.updated_ns = Some(now_ns);

@@ -503,10 +503,15 @@ impl Controller {
             })
             .min();
         let expiry = self.upgrades.ns_until_next_expiry(now_ns);
-        match (loads, expiry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        // Automatic buffers are sized from the tail measured once a second, which the tick
+        // takes: it used to come with the timer that woke every millisecond for credit a
+        // window would not spend, and without it no tail was ever measured.
+        let tails = self
+            .streams
+            .iter()
+            .any(|s| s.auto_buffer.is_some())
+            .then(|| self.tails.ns_until_due(now_ns));
+        [loads, expiry, tails].into_iter().flatten().min()
     }
 
     /// Time passed: credit accrued for every stream, idle raises put back, automatic
