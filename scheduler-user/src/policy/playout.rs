@@ -173,12 +173,16 @@ impl PlayoutBuffer {
         }
     }
 
+    /// Bytes of the window not yet asked for.
+    fn lacking(&self) -> u64 {
+        self.target_end()
+            .saturating_sub(self.requested_end.max(self.window_start))
+    }
+
     /// Whether the window lacks enough to load now: a full request's worth, the end of the
     /// file, or so much that the reader is within half a buffer of what is loaded.
     fn wants_load(&self) -> bool {
-        let lacking = self
-            .target_end()
-            .saturating_sub(self.requested_end.max(self.window_start));
+        let lacking = self.lacking();
         lacking > 0
             && (lacking >= min_load_bytes(self.shape.buffer_bytes, self.shape.batch_bytes)
                 || self.target_end() == self.file_end()
@@ -320,7 +324,7 @@ impl PlayoutBuffer {
     /// Whether the stream is still loading its first window: a reader's wait for the disk
     /// now is its start, not a miss.
     #[must_use]
-    pub fn is_starting(&self) -> bool {
+    fn is_starting(&self) -> bool {
         !self.started && !self.window_locked()
     }
 
@@ -373,9 +377,7 @@ impl PlayoutBuffer {
     /// refill after a seek asks of the owner's start-up allowance.
     #[must_use]
     pub fn refill_shortfall(&self) -> u64 {
-        self.target_end()
-            .saturating_sub(self.requested_end.max(self.window_start))
-            .saturating_sub(self.credit.credit_bytes())
+        self.lacking().saturating_sub(self.credit.credit_bytes())
     }
 
     /// Takes `bytes` of credit from outside the rate (see [`Self::refill_shortfall`]) and loads
@@ -572,9 +574,7 @@ impl PlayoutBuffer {
         if !self.wants_load() {
             return None;
         }
-        let lacking = self
-            .target_end()
-            .saturating_sub(self.requested_end.max(self.window_start));
+        let lacking = self.lacking();
         let load = min_load_bytes(self.shape.buffer_bytes, self.shape.batch_bytes).min(lacking);
         Some(self.credit.ns_until(load, now_ns))
     }
