@@ -402,7 +402,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 8_192;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 1365 [`ForkEvent`]s (48 bytes and the ring's 8-byte header each: 1170) between two reads by
+/// 910 [`ForkEvent`]s (64 bytes and the ring's 8-byte header each) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -417,7 +417,17 @@ pub mod raised_flags {
     /// goes back when the parent's does (an `io_uring` worker, say). Putting it back alone
     /// would put back the parent too.
     pub const SHARES_IO_CONTEXT: u32 = 2;
+    /// On a raised thread's own entry, and on the report of the task that passed the bound:
+    /// more than [`super::MAX_SHARED_IO_TASKS_PER_RAISE`] tasks made under the raise share
+    /// its I/O context. abissd then drops the raise at once; putting back any one task of a
+    /// shared context puts back all of them, those the map could not hold included.
+    pub const OVER_BOUND: u32 = 4;
 }
+
+/// Tasks sharing a raised thread's I/O context (made with `CLONE_IO`) that the fork program
+/// notes in `RAISED` under one raise. A player's `CLONE_IO` helpers are few (`io_uring`'s
+/// workers are not made by a fork at all); past this the raise is dropped.
+pub const MAX_SHARED_IO_TASKS_PER_RAISE: u64 = 64;
 
 /// A thread whose new tasks the fork program follows (the values of the `RAISED` map, keyed by
 /// thread id): a thread abissd raised, or a task such a thread made (and so may have
@@ -446,6 +456,16 @@ pub struct RaisedThread {
     pub stream_kib: u32,
     /// Padding.
     pub pad: u32,
+    /// On the raised thread's own entry: tasks made under its raise with `CLONE_IO` that the
+    /// fork program counted (atomically: the BPF target's atomics are 64-bit). Such a task
+    /// stays in the map until the raise ends, so past [`MAX_SHARED_IO_TASKS_PER_RAISE`] the
+    /// program notes no more of them and flags the raise [`raised_flags::OVER_BOUND`] instead:
+    /// one user's raise cannot fill a map every user's raises need.
+    pub shared_io_tasks: u64,
+    /// On the raised thread's own entry: its I/O context (`task_struct.io_context`) as the
+    /// eBPF side last saw it (0 until then), its key in `RAISED_CONTEXTS`, which abissd deletes
+    /// with the raise so that no later task is taken for one sharing it.
+    pub io_context: u64,
 }
 
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
@@ -680,8 +700,8 @@ mod pod {
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 32);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 48);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 64);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

@@ -205,8 +205,7 @@ fn police_raised(rq: u64, control: &Control) {
     let tid = bpf_get_current_pid_tgid() as u32;
     let raise = match RAISED.get_ptr_mut(tid) {
         Some(own) => {
-            // SAFETY: pointer to a live map value, copied.
-            remember_raised_context(tid, &unsafe { *own });
+            remember_raised_context(tid, own);
             own
         }
         None => {

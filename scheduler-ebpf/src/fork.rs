@@ -5,14 +5,21 @@
 //! it back. A task that could not be reported (the ring was full) is counted in `FORK_LOST`,
 //! and abissd then looks for it in `RAISED` (where it is unless that map was full too).
 //!
+//! Tasks that share the raised thread's I/O context (`CLONE_IO`) stay in `RAISED` until the
+//! raise ends, so they are counted on the raised thread's entry; past
+//! `MAX_SHARED_IO_TASKS_PER_RAISE` they are reported but not noted, and the raise is flagged
+//! for abissd to drop.
+//!
 //! BTF tracepoint: `sched_process_fork(parent, child)`, which fires in the parent once the
 //! child is fully made (its I/O context included) and before it first runs, for every new
 //! task: processes and threads alike. It is attached only while abissd has raised some thread.
 
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use scheduler_common::{raised_flags, ForkEvent, RaisedThread};
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
 
-use crate::kernel::{field, layout, now_ns};
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+use scheduler_common::{raised_flags, ForkEvent, RaisedThread, MAX_SHARED_IO_TASKS_PER_RAISE};
+
+use crate::kernel::{field, layout, now_ns, raise_of_context, remember_raised_context};
 use crate::maps::{CONTROL, FORKS, FORK_LOST, RAISED};
 
 /// Counts a new task of a followed thread that could not be reported.
@@ -38,25 +45,32 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let parent_tid: u32 = field(parent, layout!(task_pid));
-    // SAFETY: pointer to a live map value, copied.
-    let Some(raise) = RAISED.get_ptr(parent_tid).map(|found| unsafe { *found }) else {
+    let context: u64 = field(parent, layout!(task_io_context));
+    let Some(raise) = followed_raise(parent_tid, context) else {
         return 0;
     };
     let child_tid: u32 = field(child, layout!(task_pid));
-    let context: u64 = field(parent, layout!(task_io_context));
     let shares = context != 0 && field::<u64>(child, layout!(task_io_context)) == context;
+    let mut flags = raised_flags::INHERITED;
+    if shares {
+        flags |= raised_flags::SHARES_IO_CONTEXT;
+        if !count_shared_task(raise.root) {
+            flags |= raised_flags::OVER_BOUND;
+        }
+    }
     let entry = RaisedThread {
-        flags: raised_flags::INHERITED
-            | if shares {
-                raised_flags::SHARES_IO_CONTEXT
-            } else {
-                0
-            },
+        flags,
+        shared_io_tasks: 0,
+        io_context: 0,
         ..raise
     };
     // A full map only stops the child's own children from being followed: abissd still
-    // hears of the child itself below.
-    let _ = RAISED.insert(child_tid, entry, 0);
+    // hears of the child itself below. Past the bound the child is not noted: it shares the
+    // raised context, so its own tasks are still followed through `RAISED_CONTEXTS`, and
+    // abissd drops the raise on hearing of it.
+    if flags & raised_flags::OVER_BOUND == 0 {
+        let _ = RAISED.insert(child_tid, entry, 0);
+    }
     if let Some(mut event) = FORKS.reserve::<ForkEvent>(0) {
         event.write(ForkEvent {
             ts_ns: now_ns(),
@@ -69,4 +83,45 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
         lost();
     }
     0
+}
+
+/// The raise a task made by thread `tid` (whose I/O context is `context`) starts with: the
+/// thread's own entry, or, for a task sharing a raised thread's context that is not in the
+/// map (one past the bound), that thread's raise.
+#[inline(always)]
+fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
+    if let Some(found) = RAISED.get_ptr_mut(tid) {
+        // A raised thread about to share its context: it must be findable by it.
+        remember_raised_context(tid, found);
+        // SAFETY: pointer to a live map value, copied.
+        return Some(unsafe { *found });
+    }
+    if context == 0 {
+        return None;
+    }
+    // SAFETY: pointer to a live map value, copied.
+    raise_of_context(context).map(|found| unsafe { *found })
+}
+
+/// Counts one more task sharing an I/O context under raised thread `root`'s raise; false
+/// once that passes [`MAX_SHARED_IO_TASKS_PER_RAISE`] (the raise is then flagged).
+#[inline(always)]
+fn count_shared_task(root: u32) -> bool {
+    let Some(own) = RAISED.get_ptr_mut(root) else {
+        // The raise is ending: abissd sweeps what is noted under it.
+        return true;
+    };
+    // SAFETY: pointer to a live map value of this type, an aligned u64 field. Added to with
+    // BPF's atomic add (several CPUs may fork under one raise at once): `core`'s atomic types
+    // need compare-and-swap, which this target lacks, and the add's result is not used, so
+    // it needs no BPF_FETCH (Linux 5.12).
+    let count = unsafe { &raw mut (*own).shared_io_tasks };
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1) };
+    // SAFETY: as above.
+    if unsafe { count.read_volatile() } <= MAX_SHARED_IO_TASKS_PER_RAISE {
+        return true;
+    }
+    // SAFETY: as above; setting a bit twice from two CPUs is harmless.
+    unsafe { (*own).flags |= raised_flags::OVER_BOUND };
+    false
 }

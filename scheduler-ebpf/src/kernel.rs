@@ -232,16 +232,19 @@ pub(crate) fn note_raised_context() {
     }
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
     let tid = bpf_get_current_pid_tgid() as u32;
-    // SAFETY: pointer to a live map value, copied.
-    let Some(raise) = RAISED.get_ptr(tid).map(|found| unsafe { *found }) else {
+    let Some(raise) = RAISED.get_ptr_mut(tid) else {
         return;
     };
-    remember_raised_context(tid, &raise);
+    remember_raised_context(tid, raise);
 }
 
-/// Remembers the current thread's I/O context: it is `tid`, raised as `raise` says.
+/// Remembers the current thread's I/O context: it is `tid`, raised as `raise` (its live
+/// `RAISED` entry) says. The entry keeps the context too, so abissd can forget it with the
+/// raise.
 #[inline(always)]
-pub(crate) fn remember_raised_context(tid: u32, raise: &RaisedThread) {
+pub(crate) fn remember_raised_context(tid: u32, raise: *mut RaisedThread) {
+    // SAFETY: pointer to a live map value of this type.
+    let raise = unsafe { &mut *raise };
     // A task the raised thread made has an entry of its own (the fork program's).
     if raise.flags & raised_flags::INHERITED != 0 {
         return;
@@ -249,6 +252,9 @@ pub(crate) fn remember_raised_context(tid: u32, raise: &RaisedThread) {
     let Some(context) = current_io_context() else {
         return;
     };
+    if raise.io_context != context {
+        raise.io_context = context;
+    }
     // SAFETY: pointer to a live map value, copied.
     if RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found }) != Some(tid) {
         let _ = RAISED_CONTEXTS.insert(context, tid, 0);
@@ -259,8 +265,18 @@ pub(crate) fn remember_raised_context(tid: u32, raise: &RaisedThread) {
 /// an `io_uring` worker or `SQPOLL` thread of a raised reader queues requests at its priority.
 #[inline(always)]
 pub(crate) fn raise_of_shared_context() -> Option<*mut RaisedThread> {
-    let context = current_io_context()?;
+    raise_of_context(current_io_context()?)
+}
+
+/// The raise of the thread whose I/O context is `context`, if that thread is raised. The
+/// raise's own record of its context must agree: a context freed and reused at the same
+/// address by an unrelated task is not the raised thread's.
+#[inline(always)]
+pub(crate) fn raise_of_context(context: u64) -> Option<*mut RaisedThread> {
     // SAFETY: pointer to a live map value, copied.
     let root = RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found })?;
-    RAISED.get_ptr_mut(root)
+    let raise = RAISED.get_ptr_mut(root)?;
+    // SAFETY: pointer to a live map value of this type.
+    let own = unsafe { &*raise };
+    (own.flags & raised_flags::INHERITED == 0 && own.io_context == context).then_some(raise)
 }

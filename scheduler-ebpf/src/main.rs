@@ -23,6 +23,9 @@
 //! kernel's BTF before loading (Rust eBPF has no CO-RE field relocations).
 #![no_std]
 #![no_main]
+// BPF's atomic add, for a count several CPUs may add to at once (see `fork`).
+#![feature(core_intrinsics)]
+#![allow(internal_features)]
 
 mod block;
 mod fork;

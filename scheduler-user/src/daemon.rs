@@ -27,7 +27,7 @@ use crate::policy::memory::LockedMemoryBudget;
 use crate::prefetch::{LoadDone, PrefetchEngine};
 use crate::preflight;
 use crate::raised_forks::RaisedForks;
-use crate::ring_pump::{pump_ring, DroppedAccesses, ACCESS_QUEUE};
+use crate::ring_pump::{pump_ring, DroppedAccesses, ACCESS_QUEUE, FORK_QUEUE};
 use crate::server::{serve_connection, Command, Context};
 use crate::socket::{ControlSocket, SocketError};
 use crate::tracer::{BlockTracer, TracerError};
@@ -182,7 +182,7 @@ struct Inputs {
     commands: mpsc::Receiver<Command>,
     loads: mpsc::UnboundedReceiver<LoadDone>,
     accesses: mpsc::Receiver<StreamAccess>,
-    forks: mpsc::UnboundedReceiver<Fork>,
+    forks: mpsc::Receiver<Fork>,
     pumps: [tokio::task::JoinHandle<()>; 3],
     sigint: Signal,
     sigterm: Signal,
@@ -370,19 +370,26 @@ fn reader_upgrades(
 ) -> Result<
     (
         ReaderUpgrades,
-        mpsc::UnboundedReceiver<Fork>,
+        mpsc::Receiver<Fork>,
         tokio::task::JoinHandle<()>,
     ),
     DaemonError,
 > {
     let map_error = |name| move |source| TracerError::Map { name, source };
     let ring = RingBuf::try_from(tracer.take_map("FORKS")?).map_err(map_error("FORKS"))?;
-    let raised = (tracer.take_map("RAISED")?, tracer.take_map("FORK_LOST")?);
-    let raised = RaisedForks::new(raised.0, raised.1).map_err(map_error("RAISED"))?;
-    let (fork_tx, forks) = mpsc::unbounded_channel();
+    let raised = (
+        tracer.take_map("RAISED")?,
+        tracer.take_map("RAISED_CONTEXTS")?,
+        tracer.take_map("FORK_LOST")?,
+    );
+    let raised = RaisedForks::new(raised.0, raised.1, raised.2).map_err(map_error("RAISED"))?;
+    let (fork_tx, forks) = mpsc::channel(FORK_QUEUE);
+    let unqueued = raised.unqueued();
     let pump = tokio::spawn(pump_ring(ring, move |bytes| {
         if let Some(fork) = decode_fork(bytes) {
-            let _ = fork_tx.send(fork);
+            if let Err(mpsc::error::TrySendError::Full(_)) = fork_tx.try_send(fork) {
+                unqueued.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }));
     let upgrades = ReaderUpgrades::new(

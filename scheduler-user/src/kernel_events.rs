@@ -68,6 +68,8 @@ pub struct StreamAccess {
 pub struct InheritedRaise {
     /// The thread abissd raised, whose raise it is.
     pub root: u32,
+    /// The stream the raise is for.
+    pub stream: u64,
     /// That thread's priority before the raise (encoded): what the task is put back to.
     pub previous: u16,
     /// The priority abissd set (encoded): the task still has it if nobody changed it since.
@@ -75,6 +77,10 @@ pub struct InheritedRaise {
     /// Made with `CLONE_IO`: it shares its parent's I/O context, so it cannot be put back
     /// alone; it goes back with its parent.
     pub shares_io_context: bool,
+    /// Made past the bound on such tasks per raise
+    /// (`scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE`): not noted in the map, and the
+    /// raise is to be dropped.
+    pub over_bound: bool,
 }
 
 /// A task made by a thread whose forks are followed (one the daemon raised, or a task such a
@@ -97,9 +103,11 @@ pub struct Fork {
 pub fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
     (entry.flags & raised_flags::INHERITED != 0).then_some(InheritedRaise {
         root: entry.root,
+        stream: entry.stream,
         previous: entry.previous,
         applied: entry.applied,
         shares_io_context: entry.flags & raised_flags::SHARES_IO_CONTEXT != 0,
+        over_bound: entry.flags & raised_flags::OVER_BOUND != 0,
     })
 }
 
@@ -268,6 +276,8 @@ mod tests {
             stream: 3,
             stream_kib: 0,
             pad: 0,
+            shared_io_tasks: 0,
+            io_context: 0,
         };
         let event = ForkEvent {
             ts_ns: 9,
@@ -281,14 +291,21 @@ mod tests {
             fork.raise,
             InheritedRaise {
                 root: 7,
+                stream: 3,
                 previous: 0x4005,
                 applied: 0x2000,
-                shares_io_context: true
+                shares_io_context: true,
+                over_bound: false
             }
         );
+        let past = RaisedThread {
+            flags: raise.flags | raised_flags::OVER_BOUND,
+            ..raise
+        };
+        assert!(inherited_raise(&past).is_some_and(|past| past.over_bound));
         let own = RaisedThread { flags: 0, ..raise };
         assert_eq!(inherited_raise(&own), None);
-        assert!(decode_fork(&raw(&event)[..31]).is_none());
+        assert!(decode_fork(&raw(&event)[..size_of::<ForkEvent>() - 1]).is_none());
     }
 
     #[test]

@@ -36,15 +36,28 @@
 //! counted reports it could not make (`FORK_LOST`: its ring was full), so such a task is
 //! still found in the map.
 //!
+//! Such tasks are bounded per raise (`MAX_SHARED_IO_TASKS_PER_RAISE`): a user can make
+//! thousands of them, and the map is shared by every user's raises. Past the bound the fork
+//! program notes no more of them, flags the raise, and still reports the task; abissd then
+//! drops the raise at once (a misuse, like reading other files at real time). Restoring the
+//! raised thread puts back every task of its context at once, noted or not; if that thread is
+//! gone, the task reported past the bound is put back instead, which does the same. A task
+//! past the bound still has its own forks followed: the fork program finds its raise through
+//! its I/O context (`RAISED_CONTEXTS`), whose entry abissd deletes with the raise.
+//!
 //! The fork program is attached only while some thread is raised ([`ForkHook`]): with nothing
 //! raised a fork costs what it costs without abissd.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use abiss_os::{clock::monotonic_ns, ioprio};
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
-use scheduler_common::RaisedThread;
+use scheduler_common::{raised_flags, RaisedThread};
 
 use crate::kernel_events::{inherited_raise, Fork, InheritedRaise};
+use crate::policy::upgrade::SharedIoTasks;
 use crate::tracer::BlockTracer;
 
 /// Attaches the fork program while some thread is raised and detaches it once none is.
@@ -59,11 +72,29 @@ impl ForkHook for BlockTracer {
     }
 }
 
+/// What a raised thread did with its raise, as the eBPF side counted it since it was followed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaiseUse {
+    /// KiB of real-time requests it queued for other files than its stream's.
+    pub stray_kib: u32,
+    /// KiB of real-time requests it queued for its stream's own file.
+    pub stream_kib: u32,
+    /// More tasks made under the raise share its I/O context than a raise may note.
+    pub over_bound: bool,
+}
+
 /// The `RAISED` map, the fork program's count of reports it could not make, and what was put
 /// back.
 pub struct RaisedForks {
     raised: HashMap<MapData, u32, RaisedThread>,
+    /// `RAISED_CONTEXTS`: raised threads by I/O context, as the eBPF side saw them.
+    contexts: HashMap<MapData, u64, u32>,
     lost: PerCpuArray<MapData, u64>,
+    /// Reports of the fork ring dropped for a full queue to the main loop (counted by the
+    /// ring's pump).
+    unqueued: Arc<AtomicU64>,
+    /// The tasks sharing raised threads' I/O contexts noted in `raised`, per raise.
+    shared: SharedIoTasks,
     /// Tasks made by raised threads and put back.
     put_back: u64,
     /// `lost` as last looked at.
@@ -80,14 +111,24 @@ impl std::fmt::Debug for RaisedForks {
 }
 
 impl RaisedForks {
-    /// Over the `RAISED` and `FORK_LOST` maps of the loaded object.
-    pub fn new(raised: Map, lost: Map) -> Result<Self, MapError> {
+    /// Over the `RAISED`, `RAISED_CONTEXTS` and `FORK_LOST` maps of the loaded object.
+    pub fn new(raised: Map, contexts: Map, lost: Map) -> Result<Self, MapError> {
         Ok(Self {
             raised: HashMap::try_from(raised)?,
+            contexts: HashMap::try_from(contexts)?,
             lost: PerCpuArray::try_from(lost)?,
+            unqueued: Arc::default(),
+            shared: SharedIoTasks::default(),
             put_back: 0,
             lost_seen: 0,
         })
+    }
+
+    /// The count of the fork ring's reports the pump could not queue for the main loop:
+    /// those tasks are looked for in the map as the unreported ones are.
+    #[must_use]
+    pub fn unqueued(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.unqueued)
     }
 
     /// Follows thread `tid`'s forks under a raise from `previous` to `applied`, with the fork
@@ -98,15 +139,25 @@ impl RaisedForks {
         (previous, applied, stream): (u16, u16, u64),
         hook: &mut dyn ForkHook,
     ) -> Result<(), String> {
+        // Followed again (its raise goes on, or comes back): the tasks already noted under
+        // it, and its I/O context, are still there.
+        let kept = self
+            .raised
+            .get(&tid, 0)
+            .ok()
+            .filter(|entry| inherited_raise(entry).is_none())
+            .unwrap_or_default();
         let entry = RaisedThread {
             root: tid,
             previous,
             applied,
-            flags: 0,
+            flags: kept.flags & raised_flags::OVER_BOUND,
             stray_kib: 0,
             stream,
             stream_kib: 0,
             pad: 0,
+            shared_io_tasks: kept.shared_io_tasks,
+            io_context: kept.io_context,
         };
         self.raised
             .insert(tid, entry, 0)
@@ -114,24 +165,29 @@ impl RaisedForks {
         hook.follow_forks(true)
     }
 
-    /// KiB of real-time requests raised thread `tid` queued for other files than its
-    /// stream's, as the block program counted them (0 if it is not followed).
+    /// What raised thread `tid` did with its raise, as the eBPF side counted it (`None` if it
+    /// is not followed).
     #[must_use]
-    pub fn stray_kib(&self, tid: u32) -> u32 {
-        self.raised.get(&tid, 0).map_or(0, |entry| entry.stray_kib)
-    }
-
-    /// KiB of real-time requests raised thread `tid` queued for its stream's own file since
-    /// it was followed (0 if it is not followed).
-    #[must_use]
-    pub fn stream_kib(&self, tid: u32) -> u32 {
-        self.raised.get(&tid, 0).map_or(0, |entry| entry.stream_kib)
+    pub fn use_of(&self, tid: u32) -> Option<RaiseUse> {
+        let entry = self.raised.get(&tid, 0).ok()?;
+        Some(RaiseUse {
+            stray_kib: entry.stray_kib,
+            stream_kib: entry.stream_kib,
+            over_bound: entry.flags & raised_flags::OVER_BOUND != 0,
+        })
     }
 
     /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): it is
-    /// no longer followed, and the tasks it made still followed are put back.
+    /// no longer followed, its I/O context is forgotten, and the tasks it made still followed
+    /// are put back.
     pub fn restored(&mut self, tid: u32) {
+        if let Ok(entry) = self.raised.get(&tid, 0) {
+            if self.contexts.get(&entry.io_context, 0).ok() == Some(tid) {
+                let _ = self.contexts.remove(&entry.io_context);
+            }
+        }
         let _ = self.raised.remove(&tid);
+        self.shared.forget(tid);
         self.sweep(Some(tid), true);
     }
 
@@ -144,8 +200,14 @@ impl RaisedForks {
 
     /// A followed thread made a task, which started with the raise: put it back at once,
     /// unless it shares its parent's I/O context (it goes back with its parent) or the daemon
-    /// raised it since for its own reads (`raised_itself`).
+    /// raised it since for its own reads (`raised_itself`). One made past the bound is put
+    /// back even though it shares the context, once its raise was dropped (`over_bound`): if
+    /// the raised thread is gone, this task is what is left to reach the context by.
     pub fn on_fork(&mut self, fork: &Fork, raised_itself: bool) {
+        if fork.raise.over_bound {
+            self.put_back(fork.child, &fork.raise);
+            return;
+        }
         if fork.raise.shares_io_context {
             debug!(
                 "thread {} made {} with CLONE_IO: it goes back with thread {}",
@@ -167,16 +229,33 @@ impl RaisedForks {
         }
     }
 
+    /// Whether the raise `fork` was made under must be dropped for the tasks sharing I/O
+    /// contexts it brings: the fork program found one raise's too many, or the stream's
+    /// raises together now have more than
+    /// [`crate::policy::upgrade::MAX_SHARED_IO_TASKS_PER_STREAM`] noted.
+    pub fn too_many_shared(&mut self, fork: &Fork) -> bool {
+        let raise = &fork.raise;
+        if raise.over_bound {
+            return true;
+        }
+        // Noted only while the raise lasts: a report that comes after its end (its tasks
+        // were swept) would never be forgotten.
+        raise.shares_io_context
+            && self.use_of(raise.root).is_some()
+            && !self.shared.note(raise.root, raise.stream)
+    }
+
     /// Puts back the followed tasks the fork program could not report, if it says there were
     /// any since the last look.
     pub fn find_unreported(&mut self) {
         let lost = self
             .lost
             .get(&0, 0)
-            .map_or(0, |per_cpu| per_cpu.iter().sum());
+            .map_or(0, |per_cpu| per_cpu.iter().sum::<u64>())
+            .wrapping_add(self.unqueued.load(Ordering::Relaxed));
         if lost != self.lost_seen {
             warn!(
-                "{} new tasks of raised threads went unreported (ring full); looking for them",
+                "{} new tasks of raised threads went unreported (ring or queue full); looking for them",
                 lost.wrapping_sub(self.lost_seen)
             );
             self.lost_seen = lost;

@@ -18,6 +18,11 @@ use tokio::io::Interest;
 /// itself is full (each is position evidence, and a miss is seen again at the next read).
 pub const ACCESS_QUEUE: usize = 4096;
 
+/// Tasks made by raised threads waiting for the main loop, at most: a user can fork in a loop.
+/// Beyond this many they are dropped and counted, and the main loop looks for them in the
+/// kernel's table of raised threads, as when the fork ring itself was full.
+pub const FORK_QUEUE: usize = 4096;
+
 /// Records a ring buffer's pump hands on before it lets the main loop run: with one thread
 /// for both, a pump that drained a ring someone keeps full never gave the loop a turn.
 const RECORDS_PER_TURN: usize = 64;

@@ -661,6 +661,38 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
     }
 }
 
+/// `bpftool -j ARGS`, parsed.
+fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let output = Command::new("bpftool")
+        .arg("-j")
+        .args(args)
+        .output()
+        .expect("run bpftool");
+    assert!(output.status.success(), "{output:?}");
+    serde_json::from_slice(&output.stdout).expect("bpftool json")
+}
+
+/// The entries of the eBPF map `name` that process `pid` (a daemon) holds, as `bpftool map
+/// dump` gives them (with BTF, each has a `formatted` key and value).
+#[must_use]
+pub fn daemon_map_dump(pid: u32, name: &str) -> Vec<serde_json::Value> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
+        let info = std::fs::read_to_string(entry.expect("entry").path()).unwrap_or_default();
+        if let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) {
+            ids.push(id.trim().to_owned());
+        }
+    }
+    let id = ids
+        .iter()
+        .find(|id| bpftool_json(&["map", "show", "id", id])["name"] == name)
+        .unwrap_or_else(|| panic!("the daemon holds no map {name}"));
+    match bpftool_json(&["map", "dump", "id", id]) {
+        serde_json::Value::Array(entries) => entries,
+        other => panic!("bpftool dumped {other}"),
+    }
+}
+
 /// Whether a BPF program with kernel id `id` is loaded.
 #[must_use]
 pub fn program_loaded(id: u32) -> bool {

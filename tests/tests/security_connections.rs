@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use abiss_proto::{ErrorKind, Response};
@@ -40,26 +40,7 @@ fn root_is_served(daemon: &Daemon) {
 /// `emit_events` and `trace_all` of the daemon's `CONTROL` map (the programs' system-wide
 /// switches), read with bpftool through the map descriptors the daemon holds.
 fn control_switches(pid: u32) -> (u64, u64) {
-    let mut ids = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).expect("fdinfo") {
-        let info = std::fs::read_to_string(entry.expect("entry").path()).unwrap_or_default();
-        if let Some(id) = info.lines().find_map(|l| l.strip_prefix("map_id:")) {
-            ids.push(id.trim().to_owned());
-        }
-    }
-    let bpftool = |args: &[&str]| -> serde_json::Value {
-        let output = Command::new("bpftool")
-            .args(args)
-            .output()
-            .expect("run bpftool");
-        assert!(output.status.success(), "{output:?}");
-        serde_json::from_slice(&output.stdout).expect("bpftool json")
-    };
-    let id = ids
-        .iter()
-        .find(|id| bpftool(&["-j", "map", "show", "id", id])["name"] == "CONTROL")
-        .expect("the daemon holds its CONTROL map");
-    let dump = bpftool(&["-j", "map", "dump", "id", id]);
+    let dump = abiss_tests::daemon_map_dump(pid, "CONTROL");
     let entry = &dump[0];
     if let Some(value) = entry.get("formatted").map(|f| &f["value"]) {
         let field = |name: &str| value[name].as_u64().expect("a number");

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use abiss_os::ioprio;
 use abiss_tests::{abissctl_as_nobody, chmod, disk_bytes_read};
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
+use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
 /// The reader's own priority, set by itself (an unprivileged user may): BE/5, so a put-back
 /// is told from the kernel's default.
@@ -343,5 +344,236 @@ fn a_rate_raised_now_lends_nothing_for_the_time_before() {
     assert!(output.status.success(), "{output:?}");
     assert_eq!(said.trim(), "raised false", "{output:?}");
     let (upgrades, _) = setup.policed();
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+}
+
+/// The pids of the `CLONE_IO` children that stay, from the reader's `{"clone_io":[…]}` line,
+/// read as soon as the reader prints it; the rest of its output is drained unread (a closed
+/// pipe would fail its later prints).
+fn clone_io_children(reader: &mut Child) -> Vec<u32> {
+    use std::io::BufRead as _;
+    let stdout = reader.stdout.take().expect("the reader's stdout");
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let line = lines
+        .find_map(|line| {
+            let line = line.ok()?;
+            line.starts_with("{\"clone_io\"").then_some(line)
+        })
+        .expect("the reader names its CLONE_IO children");
+    std::thread::spawn(move || lines.for_each(drop));
+    let said: serde_json::Value = serde_json::from_str(&line).expect("json");
+    said["clone_io"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|pid| u32::try_from(pid.as_u64().expect("a pid")).expect("a pid"))
+        .collect()
+}
+
+/// How long abissd may take to drop a raise once the task past the bound is made: it hears of
+/// it on the fork ring and drops the raise in the same turn of its loop (well under 1 ms when
+/// not busy); the bound leaves room for a loaded machine, and is far below the 5 s after which
+/// the raise would idle out anyway.
+const DROPPED_WITHIN: Duration = Duration::from_secs(1);
+
+/// A raised reader makes 80 tasks sharing its I/O context (`CLONE_IO`) and reads on: each
+/// would stay in the kernel's table of raised threads, which every user's raises share, for as
+/// long as the raise lasts. Past 64 the raise is dropped at once, every task sharing the
+/// context goes back with it, and the reader is not raised again for the stream.
+#[test]
+fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
+    require_root!();
+    let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
+    let mut reader = setup.raised_reader(&[
+        "1000000",
+        "65536",
+        "1048576",
+        "2",
+        "--start",
+        "16000000",
+        "--clone-io",
+        "80",
+        "10",
+        "4",
+        "--seek",
+        "20000000",
+        "3",
+    ]);
+    let pid = reader.id();
+    let kept = clone_io_children(&mut reader);
+    let back = wait_for_ioprio(pid, BE5, DROPPED_WITHIN);
+    let children_back: Vec<bool> = kept
+        .iter()
+        .map(|&c| ioprio::get(c).ok() == Some(BE5))
+        .collect();
+    // It reads on (and misses) for 3 s: it must not be raised again.
+    let mut raised_again = false;
+    let watch = Instant::now();
+    while watch.elapsed() < Duration::from_secs(2) {
+        raised_again |= ioprio::get(pid).ok() == Some(RT0);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = reader.wait().expect("reader");
+    let (upgrades, listed) = setup.policed();
+    println!("raise dropped {back:?} after the children were named; {upgrades:?}");
+    assert!(back.is_some(), "the reader kept its raise past the bound");
+    assert!(
+        children_back.iter().all(|&b| b),
+        "the CLONE_IO children still share a real-time priority: {children_back:?}"
+    );
+    assert!(!raised_again, "the reader was raised again for the stream");
+    assert!(status.success(), "the reader failed: {status:?}");
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(listed, 1, "list shows the policed reader");
+}
+
+/// The same, but the raised reader exits right after making 70 tasks sharing its context, the
+/// 64 noted ones having exited already: the tasks past the bound are all that is left of the
+/// context, and they go back at once, not when the raise would idle out.
+#[test]
+fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
+    require_root!();
+    let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
+    let mut reader = setup.raised_reader(&[
+        "1000000",
+        "65536",
+        "1048576",
+        "2",
+        "--start",
+        "16000000",
+        "--clone-io",
+        "70",
+        "6",
+        "4",
+        "--exit-after-clones",
+    ]);
+    let kept = clone_io_children(&mut reader);
+    assert_eq!(kept.len(), 6);
+    let back: Vec<Option<Duration>> = kept
+        .iter()
+        .map(|&child| wait_for_ioprio(child, BE5, DROPPED_WITHIN))
+        .collect();
+    let status = reader.wait().expect("reader");
+    let (upgrades, _) = setup.policed();
+    println!("children back after {back:?}; {upgrades:?}");
+    assert!(status.success(), "the reader failed: {status:?}");
+    assert!(
+        back.iter().all(Option::is_some),
+        "tasks past the bound kept the raise after the reader was gone: {back:?}"
+    );
+}
+
+/// Continues a stopped process when dropped, so that a failing assertion leaves no daemon
+/// stopped.
+struct ContinueOnDrop(u32);
+
+impl Drop for ContinueOnDrop {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0).expect("pid"));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// abissd stopped (SIGSTOP), so that it hears of nothing, while a raised reader makes 200
+/// tasks sharing its I/O context: the fork program alone bounds what they take of the kernel's
+/// table of raised threads (the reader and 64 of them), and abissd drops the raise as soon as
+/// it goes on.
+#[test]
+fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listening() {
+    require_root!();
+    let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
+    // Raised within its 2 s of reads; the children come when they end.
+    let mut reader = setup.raised_reader(&[
+        "1000000",
+        "65536",
+        "1048576",
+        "2",
+        "--start",
+        "16000000",
+        "--clone-io",
+        "200",
+        "10",
+        "4",
+        "--linger",
+        "3",
+    ]);
+    let daemon = setup.daemon.pid();
+    let stopped = ContinueOnDrop(daemon);
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stop abissd");
+    let kept = clone_io_children(&mut reader);
+    let noted = abiss_tests::daemon_map_dump(daemon, "RAISED").len();
+    drop(stopped);
+    let back = wait_for_ioprio(reader.id(), BE5, DROPPED_WITHIN);
+    let children_back = kept
+        .iter()
+        .filter(|&&c| ioprio::get(c).ok() == Some(BE5))
+        .count();
+    let status = reader.wait().expect("reader");
+    let (upgrades, _) = setup.policed();
+    println!("{noted} entries in the table while abissd was stopped; raise dropped {back:?} after it went on; {upgrades:?}");
+    assert!(
+        noted <= 1 + usize::try_from(MAX_SHARED_IO_TASKS_PER_RAISE).expect("small"),
+        "{noted} entries: the raised reader and more than {MAX_SHARED_IO_TASKS_PER_RAISE} of its tasks"
+    );
+    assert!(back.is_some(), "the reader kept its raise past the bound");
+    assert_eq!(children_back, kept.len(), "children still real time");
+    assert!(status.success(), "the reader failed: {status:?}");
+    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+}
+
+/// Two raised readers of one stream make 40 tasks sharing their I/O contexts each: neither
+/// raise passes its own bound, but the stream's raises together may not note more than 64, so
+/// the raise whose task passes that is dropped, and the other keeps its own.
+#[test]
+fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
+    require_root!();
+    let setup = NobodysStream::new(48 << 20, 1 << 20, "1MB/s");
+    // Apart in the file, so that each misses pages of its own.
+    let reading_from = |start: &'static str, then: &'static str| {
+        [
+            "1000000",
+            "65536",
+            "1048576",
+            "2",
+            "--start",
+            start,
+            "--clone-io",
+            "40",
+            "5",
+            "4",
+            "--seek",
+            then,
+            "3",
+        ]
+    };
+    let mut first = setup.raised_reader(&reading_from("16000000", "20000000"));
+    let mut second = setup.raised_reader(&reading_from("32000000", "40000000"));
+    let first_kept = clone_io_children(&mut first);
+    let second_kept = clone_io_children(&mut second);
+    let second_back = wait_for_ioprio(second.id(), BE5, DROPPED_WITHIN);
+    let first_still_raised = ioprio::get(first.id()).ok() == Some(RT0);
+    let second_children_back = second_kept
+        .iter()
+        .all(|&c| ioprio::get(c).ok() == Some(BE5));
+    let first_children_raised = first_kept.iter().all(|&c| ioprio::get(c).ok() == Some(RT0));
+    let statuses = (first.wait().expect("first"), second.wait().expect("second"));
+    let (upgrades, _) = setup.policed();
+    println!(
+        "second reader's raise dropped {second_back:?} after it named its tasks; {upgrades:?}"
+    );
+    assert!(statuses.0.success() && statuses.1.success(), "{statuses:?}");
+    assert!(
+        second_back.is_some(),
+        "the stream's raises together noted more than the bound"
+    );
+    assert!(
+        second_children_back,
+        "the dropped raise's tasks are still real time"
+    );
+    assert!(
+        first_still_raised && first_children_raised,
+        "the first reader, within the bound, lost its raise too"
+    );
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
 }

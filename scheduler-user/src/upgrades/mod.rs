@@ -12,10 +12,12 @@ use abiss_os::{clock::monotonic_ns, ioprio};
 use abiss_proto::UpgradeReport;
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
+use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
 use crate::kernel_events::{Fork, Reader};
 use crate::policy::upgrade::{
     may_raise, raised_priority, stream_allowance_kib, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM,
+    MAX_SHARED_IO_TASKS_PER_STREAM,
 };
 use crate::raised_forks::{ForkHook, RaisedForks};
 
@@ -304,7 +306,12 @@ impl ReaderUpgrades {
     /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
     pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook) {
         let raised_itself = self.table.get(fork.child).is_some();
-        if !raised_itself && self.adopt(fork, hook) {
+        if self.forks.too_many_shared(fork) {
+            // Dropped before the task is put back: the raised thread's restore puts back every
+            // task sharing its context, and the task's own put-back then finds nothing to do
+            // unless the thread was gone.
+            self.drop_raise(fork.raise.root, &over_bound_why(), hook);
+        } else if !raised_itself && self.adopt(fork, hook) {
             return;
         }
         self.forks.on_fork(fork, raised_itself);
@@ -336,9 +343,10 @@ impl ReaderUpgrades {
     }
 
     /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
-    /// real-time requests for other files, or more of its stream's file than the stream was
-    /// admitted for since the raise (its buffer and what its rates earned, plus the same
-    /// slack), and bars it from the stream's raises.
+    /// real-time requests for other files, made more tasks sharing its I/O context than a
+    /// raise may have, or queued more of its stream's file than the stream was admitted for
+    /// since the raise (its buffer and what its rates earned, plus the same slack), and bars
+    /// it from the stream's raises.
     fn police(
         &mut self,
         hook: &mut dyn ForkHook,
@@ -346,14 +354,18 @@ impl ReaderUpgrades {
     ) {
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
-            let stray = self.forks.stray_kib(pid);
-            let own = u64::from(self.forks.stream_kib(pid));
+            let Some(use_of) = self.forks.use_of(pid) else {
+                continue;
+            };
+            let (stray, own) = (use_of.stray_kib, u64::from(use_of.stream_kib));
             let allowed =
                 admitted(upgrade.stream, upgrade.raised_ns).map_or(u64::MAX, |(earned, buffer)| {
                     stream_allowance_kib(earned, buffer, u64::from(STRAY_ALLOWANCE_KIB))
                 });
             let why = if stray > STRAY_ALLOWANCE_KIB {
                 format!("{stray} KiB of real-time reads of other files; not raised again")
+            } else if use_of.over_bound {
+                over_bound_why()
             } else if own > allowed {
                 format!(
                     "{own} KiB of real-time reads of its stream's file, over the {allowed} KiB \
@@ -362,13 +374,22 @@ impl ReaderUpgrades {
             } else {
                 continue;
             };
-            let taken = self.table.take_thread(pid);
-            self.restore_all(&taken, &why, hook);
-            self.policed += 1;
-            let barred = self.barred.entry(upgrade.stream).or_default();
-            if barred.len() < MAX_BARRED_PER_STREAM {
-                barred.insert(pid);
-            }
+            self.drop_raise(pid, &why, hook);
+        }
+    }
+
+    /// Drops the raise of thread `pid` for `why` (the raise was misused), and bars it from
+    /// its stream's raises. Nothing if it is not raised.
+    fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
+        let taken = self.table.take_thread(pid);
+        let Some(stream) = taken.first().map(|upgrade| upgrade.stream) else {
+            return;
+        };
+        self.restore_all(&taken, why, hook);
+        self.policed += 1;
+        let barred = self.barred.entry(stream).or_default();
+        if barred.len() < MAX_BARRED_PER_STREAM {
+            barred.insert(pid);
         }
     }
 
@@ -538,4 +559,13 @@ impl ReaderUpgrades {
             }
         }
     }
+}
+
+/// Why a raise with too many tasks sharing its I/O context is dropped.
+fn over_bound_why() -> String {
+    format!(
+        "made more tasks sharing its I/O priority (CLONE_IO) than a raise may have \
+         ({MAX_SHARED_IO_TASKS_PER_RAISE}) or its stream's raises together \
+         ({MAX_SHARED_IO_TASKS_PER_STREAM}); not raised again"
+    )
 }

@@ -4,14 +4,18 @@
 //!
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
-//! [--stray FILE] [--stray-shared-io | --stray-uring-workers]` (`--linger`: stay alive, idle, that long after the last
+//! [--stray FILE] [--stray-shared-io | --stray-uring-workers] [--clone-io N KEEP SECS]
+//! [--exit-after-clones]` (`--linger`: stay alive, idle, that long after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
 //! SECS; both are waited for before exit; `--stray`: after the reads, the reading thread reads
 //! FILE whole, as fast as it can; with `--stray-shared-io` a child process it makes with
 //! `CLONE_IO`, which shares its I/O context and so its priority, reads it instead; with
 //! `--stray-uring-workers` it reads it through `io_uring` with `IOSQE_ASYNC`, so that the ring's
-//! worker threads, which share its I/O context too, queue the reads).
+//! worker threads, which share its I/O context too, queue the reads; `--clone-io`: after the
+//! first phase the reading thread makes N child processes with `CLONE_IO`, of which all but the
+//! last KEEP exit at once and the last KEEP sleep SECS; it prints their pids as
+//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -145,6 +149,11 @@ struct Options {
     stray: Option<String>,
     /// Who reads the stray file.
     stray_by: StrayReader,
+    /// Child processes made with `CLONE_IO` after the first phase: how many, how many of the
+    /// last ones stay, and for how long.
+    clone_io: Option<(u64, u64, u64)>,
+    /// Exit right after making them.
+    exit_after_clones: bool,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -165,6 +174,8 @@ fn parse_options() -> Options {
         fork: None,
         stray: None,
         stray_by: StrayReader::Myself,
+        clone_io: None,
+        exit_after_clones: false,
     };
     let mut i = 6;
     while i < args.len() {
@@ -199,6 +210,14 @@ fn parse_options() -> Options {
             }
             "--direct" => {
                 options.direct = true;
+                i += 1;
+            }
+            "--clone-io" => {
+                options.clone_io = Some((number(i + 1), number(i + 2), number(i + 3)));
+                i += 4;
+            }
+            "--exit-after-clones" => {
+                options.exit_after_clones = true;
                 i += 1;
             }
             "--uring" => {
@@ -264,6 +283,16 @@ fn main() {
         .fork
         .as_ref()
         .map(|(file, secs)| fork_child_and_thread(file, rate, read, *secs));
+    if let Some((count, keep, secs)) = options.clone_io {
+        let kept = make_clone_io_children(count, keep, secs);
+        println!("{{\"clone_io\":{kept:?}}}");
+        if options.exit_after_clones {
+            // stdout is a pipe, flushed by the newline only on a terminal.
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            // SAFETY: leaves at once; the children, processes of their own, stay.
+            unsafe { libc::_exit(0) };
+        }
+    }
     if let Some((offset, secs)) = options.seek {
         reader.seek(SeekFrom::Start(offset)).expect("seek");
         let second = paced_read(
@@ -297,6 +326,10 @@ fn main() {
         // SAFETY: waits for our own child.
         unsafe { libc::waitpid(child, &raw mut status, 0) };
     }
+    // The `CLONE_IO` children that stayed.
+    let mut status = 0;
+    // SAFETY: waits for our own children, until there are none.
+    while unsafe { libc::waitpid(-1, &raw mut status, 0) } > 0 {}
 }
 
 /// Reads `path` whole, as fast as it can; the bytes read.
@@ -352,6 +385,39 @@ fn read_in_a_clone_io_child(path: &str) -> u64 {
     // SAFETY: waits for our own child.
     unsafe { libc::waitpid(i32::try_from(child).unwrap_or(-1), &raw mut status, 0) };
     u64::try_from(libc::WEXITSTATUS(status)).unwrap_or(0) << 20
+}
+
+/// Makes `count` child processes with `CLONE_IO` (sharing this thread's I/O context), of which
+/// all but the last `keep` exit at once (and are reaped) and the last `keep` sleep `secs`; the
+/// pids of those that stay.
+fn make_clone_io_children(count: u64, keep: u64, secs: u64) -> Vec<i32> {
+    let flags = libc::CLONE_IO | libc::SIGCHLD;
+    let mut kept = Vec::new();
+    for made in 0..count {
+        let stays = made + keep >= count;
+        // SAFETY: a fork-like clone (no new stack: the child runs on a copy of this one); the
+        // process is single-threaded here, and the child only sleeps and exits.
+        let child =
+            unsafe { libc::syscall(libc::SYS_clone, libc::c_long::from(flags), 0, 0, 0, 0) };
+        assert!(child >= 0, "clone: {}", std::io::Error::last_os_error());
+        if child == 0 {
+            if stays {
+                // SAFETY: sleeping needs nothing of the parent's state.
+                unsafe { libc::sleep(u32::try_from(secs).unwrap_or(u32::MAX)) };
+            }
+            // SAFETY: ends the child without running the parent's exit handlers twice.
+            unsafe { libc::_exit(0) };
+        }
+        let child = i32::try_from(child).unwrap_or(-1);
+        if stays {
+            kept.push(child);
+        } else {
+            let mut status = 0;
+            // SAFETY: waits for our own child.
+            unsafe { libc::waitpid(child, &raw mut status, 0) };
+        }
+    }
+    kept
 }
 
 /// From the calling (reading) thread: forks a child process that reads `file` at `rate` for
