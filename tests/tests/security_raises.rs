@@ -428,8 +428,9 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
 }
 
 /// The same, but the raised reader exits right after making 70 tasks sharing its context, the
-/// 64 noted ones having exited already: the tasks past the bound are all that is left of the
-/// context, and they go back at once, not when the raise would idle out.
+/// 64 noted ones having exited already, all while abissd is stopped (so that it hears of them
+/// only once the reader is gone): the tasks past the bound are all that is left of the
+/// context, and they go back as soon as abissd goes on, not when the raise would idle out.
 #[test]
 fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
     require_root!();
@@ -447,13 +448,15 @@ fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
         "4",
         "--exit-after-clones",
     ]);
+    let stopped = stop(setup.daemon.pid());
     let kept = clone_io_children(&mut reader);
+    let status = reader.wait().expect("reader");
+    drop(stopped);
     assert_eq!(kept.len(), 6);
     let back: Vec<Option<Duration>> = kept
         .iter()
         .map(|&child| wait_for_ioprio(child, BE5, DROPPED_WITHIN))
         .collect();
-    let status = reader.wait().expect("reader");
     let (upgrades, _) = setup.policed();
     println!("children back after {back:?}; {upgrades:?}");
     assert!(status.success(), "the reader failed: {status:?}");
@@ -461,6 +464,19 @@ fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
         back.iter().all(Option::is_some),
         "tasks past the bound kept the raise after the reader was gone: {back:?}"
     );
+    assert_eq!(
+        (upgrades.restored, upgrades.policed),
+        (0, 1),
+        "the raise was dropped, with the reader gone: {upgrades:?}"
+    );
+}
+
+/// Stops process `pid` (SIGSTOP) until the returned guard is dropped.
+fn stop(pid: u32) -> ContinueOnDrop {
+    let guard = ContinueOnDrop(pid);
+    let raw = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
+    nix::sys::signal::kill(raw, nix::sys::signal::Signal::SIGSTOP).expect("stop the process");
+    guard
 }
 
 /// Continues a stopped process when dropped, so that a failing assertion leaves no daemon
@@ -498,9 +514,7 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
         "3",
     ]);
     let daemon = setup.daemon.pid();
-    let stopped = ContinueOnDrop(daemon);
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(daemon).expect("pid"));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("stop abissd");
+    let stopped = stop(daemon);
     let kept = clone_io_children(&mut reader);
     let noted = abiss_tests::daemon_map_dump(daemon, "RAISED").len();
     drop(stopped);
