@@ -448,16 +448,20 @@ pub struct RaisedThread {
     /// raise is for reading the stream, not for the thread's other I/O). Bytes, not requests:
     /// a buffered read of 32 MiB was 30 requests on a loop device.
     pub stray_kib: u32,
-    /// The stream the raise is for.
+    /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
+    /// see [`AttachedFile::stream`]).
     pub stream: u64,
     /// KiB of real-time requests the raised thread queued for the stream's own file: abissd
     /// holds them against what the stream was admitted for (its buffer and its rate since the
     /// raise), so a 1 B/s stream cannot lend its reader real-time reads of a huge file.
     pub stream_kib: u32,
-    /// Padding.
-    pub pad: u32,
-    /// On the raised thread's own entry: tasks made under its raise with `CLONE_IO` that the
-    /// fork program counted (atomically: the BPF target's atomics are 64-bit). Such a task
+    /// On the raised thread's own entry, once [`raised_flags::OVER_BOUND`] is set: a task
+    /// past the bound (the last one the fork program saw), not noted in the map. abissd puts
+    /// it back with the raise: should the raised thread and every noted task be gone, it is
+    /// still a way to the shared context.
+    pub past_bound_task: u32,
+    /// On the raised thread's own entry: tasks made under its raise that share its I/O
+    /// context (`CLONE_IO`, by it or by such a task) that the fork program counted (atomically: the BPF target's atomics are 64-bit). Such a task
     /// stays in the map until the raise ends, so past [`MAX_SHARED_IO_TASKS_PER_RAISE`] the
     /// program notes no more of them and flags the raise [`raised_flags::OVER_BOUND`] instead:
     /// one user's raise cannot fill a map every user's raises need.

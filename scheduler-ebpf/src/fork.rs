@@ -50,24 +50,33 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let child_tid: u32 = field(child, layout!(task_pid));
-    let shares = context != 0 && field::<u64>(child, layout!(task_io_context)) == context;
+    // Whether the child shares the raised thread's own I/O context: it does if it shares its
+    // parent's and the parent is that thread or shares it. A child sharing the context of a
+    // plain task the raised thread made does not: that context is put back with that task,
+    // and so is the child, at once, like any task made under the raise.
+    let parent_shares_root = raise.flags & raised_flags::INHERITED == 0
+        || raise.flags & raised_flags::SHARES_IO_CONTEXT != 0;
+    let shares = parent_shares_root
+        && context != 0
+        && field::<u64>(child, layout!(task_io_context)) == context;
     let mut flags = raised_flags::INHERITED;
     if shares {
         flags |= raised_flags::SHARES_IO_CONTEXT;
-        if !count_shared_task(raise.root) {
+        if !count_shared_task(raise.root, child_tid) {
             flags |= raised_flags::OVER_BOUND;
         }
     }
     let entry = RaisedThread {
         flags,
+        past_bound_task: 0,
         shared_io_tasks: 0,
         io_context: 0,
         ..raise
     };
     // A full map only stops the child's own children from being followed: abissd still
     // hears of the child itself below. Past the bound the child is not noted: it shares the
-    // raised context, so its own tasks are still followed through `RAISED_CONTEXTS`, and
-    // abissd drops the raise on hearing of it.
+    // raised thread's context, so its own tasks are still followed through
+    // `RAISED_CONTEXTS`, and abissd drops the raise on hearing of it.
     if flags & raised_flags::OVER_BOUND == 0 {
         let _ = RAISED.insert(child_tid, entry, 0);
     }
@@ -103,13 +112,14 @@ fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
     raise_of_context(context).map(|found| unsafe { *found })
 }
 
-/// Counts one more task sharing an I/O context under raised thread `root`'s raise; false
-/// once that passes [`MAX_SHARED_IO_TASKS_PER_RAISE`] (the raise is then flagged).
+/// Counts task `tid`, which shares raised thread `root`'s I/O context, under its raise;
+/// false once that passes [`MAX_SHARED_IO_TASKS_PER_RAISE`] (the raise is then flagged, with
+/// the task, by which abissd can reach the context should every other task of it be gone),
+/// or when the raise has ended (nothing noted under it would be swept any more).
 #[inline(always)]
-fn count_shared_task(root: u32) -> bool {
+fn count_shared_task(root: u32, tid: u32) -> bool {
     let Some(own) = RAISED.get_ptr_mut(root) else {
-        // The raise is ending: abissd sweeps what is noted under it.
-        return true;
+        return false;
     };
     // SAFETY: pointer to a live map value of this type, an aligned u64 field. Added to with
     // BPF's atomic add (several CPUs may fork under one raise at once): `core`'s atomic types
@@ -121,7 +131,11 @@ fn count_shared_task(root: u32) -> bool {
     if unsafe { count.read_volatile() } <= MAX_SHARED_IO_TASKS_PER_RAISE {
         return true;
     }
-    // SAFETY: as above; setting a bit twice from two CPUs is harmless.
-    unsafe { (*own).flags |= raised_flags::OVER_BOUND };
+    // SAFETY: as above; setting a bit twice from two CPUs is harmless, and either task
+    // will do.
+    unsafe {
+        (*own).flags |= raised_flags::OVER_BOUND;
+        (*own).past_bound_task = tid;
+    }
     false
 }

@@ -8,7 +8,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission};
 
 use crate::kernel::{
-    attached_file, current_task_unless, files_attached, inode_key, layout, now_ns, read, report,
+    attached_file, current_task_unless, files_attached, inode_key, layout, note_raised_context, now_ns, read,
+    report,
 };
 use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT};
 
@@ -31,6 +32,9 @@ pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
     if unsafe { FILE_READERS.get(&tgid) }.is_none() {
         return 0;
     }
+    // A raised reader whose reads all go to its ring's workers (`IOSQE_ASYNC`) is seen here
+    // only: its I/O context is what they share.
+    note_raised_context();
     let req: u64 = ctx.arg(0);
     let _ = URING_INFLIGHT.insert(
         req,

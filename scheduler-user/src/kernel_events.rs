@@ -68,7 +68,8 @@ pub struct StreamAccess {
 pub struct InheritedRaise {
     /// The thread abissd raised, whose raise it is.
     pub root: u32,
-    /// The stream the raise is for.
+    /// The file tag of the stream the raise is for (the tag is the file's, shared by its
+    /// streams).
     pub stream: u64,
     /// That thread's priority before the raise (encoded): what the task is put back to.
     pub previous: u16,
@@ -275,7 +276,7 @@ mod tests {
             stray_kib: 0,
             stream: 3,
             stream_kib: 0,
-            pad: 0,
+            past_bound_task: 0,
             shared_io_tasks: 0,
             io_context: 0,
         };

@@ -27,27 +27,33 @@
 //! adopted as an upgrade of its own instead (`upgrades::adoption`), with its own record, policing
 //! and put-back, so none of the reasons above applies to it.
 //!
-//! One kind of task is the exception: one made with `CLONE_IO` (the `io_uring` workers that
-//! carry out a raised reader's requests) shares its parent's I/O context, so its priority *is*
-//! the parent's, and putting it back alone would put back the parent. It stays in the map and
-//! goes back with its parent: at a raised thread's restore every task noted under its raise is
-//! put back if it still has the raised priority (a shared one then only if the parent was
-//! gone) and leaves the map. The same sweep runs at shutdown, and whenever the fork program
-//! counted reports it could not make (`FORK_LOST`: its ring was full), so such a task is
-//! still found in the map.
+//! One kind of task is the exception: one made with `CLONE_IO` by the raised thread, or by
+//! such a task, shares the raised thread's I/O context, so its priority *is* the thread's, and
+//! putting it back alone would put back the thread. It stays in the map and goes back with the
+//! thread: at a raised thread's restore every task noted under its raise is put back if it
+//! still has the raised priority (a shared one then only if the thread was gone) and leaves
+//! the map. The same sweep runs at shutdown, and whenever the fork program counted reports it
+//! could not make (`FORK_LOST`: its ring was full), so such a task is still found in the map;
+//! each sweep also puts back the tasks noted under a raise that had already ended. (A task
+//! that shares the context of a plain task the raised thread made is put back at once, with
+//! that task's context.)
 //!
-//! Such tasks are bounded per raise (`MAX_SHARED_IO_TASKS_PER_RAISE`): a user can make
-//! thousands of them, and the map is shared by every user's raises. Past the bound the fork
-//! program notes no more of them, flags the raise, and still reports the task; abissd then
-//! drops the raise at once (a misuse, like reading other files at real time). Restoring the
-//! raised thread puts back every task of its context at once, noted or not; if that thread is
-//! gone, the task reported past the bound is put back instead, which does the same. A task
-//! past the bound still has its own forks followed: the fork program finds its raise through
-//! its I/O context (`RAISED_CONTEXTS`), whose entry abissd deletes with the raise.
+//! Such tasks are bounded, since a user can make thousands of them and the map is shared by
+//! every user's raises: a stream's raises together may note
+//! [`crate::policy::upgrade::MAX_SHARED_IO_TASKS_PER_STREAM`], counted here, and one raise
+//! `MAX_SHARED_IO_TASKS_PER_RAISE`, counted by the fork program for when abissd lags behind.
+//! Past its bound the fork program notes no more of them, flags the raise with the task, and
+//! still reports it. Either way abissd drops the raise at once (a misuse, like reading other
+//! files at real time). Restoring the raised thread puts back every task of its context at
+//! once, noted or not; if that thread is gone, the task past the bound is put back instead,
+//! which does the same. A task past the bound still has its own forks followed: the fork
+//! program finds its raise through its I/O context (`RAISED_CONTEXTS`), whose entry abissd
+//! deletes with the raise, after the sweep.
 //!
 //! The fork program is attached only while some thread is raised ([`ForkHook`]): with nothing
 //! raised a fork costs what it costs without abissd.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -155,7 +161,7 @@ impl RaisedForks {
             stray_kib: 0,
             stream,
             stream_kib: 0,
-            pad: 0,
+            past_bound_task: kept.past_bound_task,
             shared_io_tasks: kept.shared_io_tasks,
             io_context: kept.io_context,
         };
@@ -177,18 +183,36 @@ impl RaisedForks {
         })
     }
 
-    /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): it is
-    /// no longer followed, its I/O context is forgotten, and the tasks it made still followed
-    /// are put back.
+    /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): the
+    /// tasks it made still followed are put back, then it is no longer followed and its I/O
+    /// context is forgotten (in this order: while it is followed, the forks of a task past the
+    /// bound are still found through its context).
     pub fn restored(&mut self, tid: u32) {
-        if let Ok(entry) = self.raised.get(&tid, 0) {
-            if self.contexts.get(&entry.io_context, 0).ok() == Some(tid) {
-                let _ = self.contexts.remove(&entry.io_context);
+        let own = self
+            .raised
+            .get(&tid, 0)
+            .ok()
+            .filter(|entry| inherited_raise(entry).is_none());
+        self.sweep(Some(tid), true);
+        if let Some(own) = own {
+            if own.flags & raised_flags::OVER_BOUND != 0 && own.past_bound_task != 0 {
+                // If the raised thread and every noted task are gone, the way to the context.
+                let raise = InheritedRaise {
+                    root: tid,
+                    stream: own.stream,
+                    previous: own.previous,
+                    applied: own.applied,
+                    shares_io_context: true,
+                    over_bound: true,
+                };
+                self.put_back(own.past_bound_task, &raise);
+            }
+            if self.contexts.get(&own.io_context, 0).ok() == Some(tid) {
+                let _ = self.contexts.remove(&own.io_context);
             }
         }
         let _ = self.raised.remove(&tid);
         self.shared.forget(tid);
-        self.sweep(Some(tid), true);
     }
 
     /// Keeps the fork program attached while `any_raised`, and only then.
@@ -229,20 +253,21 @@ impl RaisedForks {
         }
     }
 
-    /// Whether the raise `fork` was made under must be dropped for the tasks sharing I/O
-    /// contexts it brings: the fork program found one raise's too many, or the stream's
-    /// raises together now have more than
+    /// Whether the raise `fork` was made under must be dropped for the tasks sharing its I/O
+    /// context: the fork program found one raise's too many, or the raise is the table's for
+    /// stream `stream` and that stream's raises together now have more than
     /// [`crate::policy::upgrade::MAX_SHARED_IO_TASKS_PER_STREAM`] noted.
-    pub fn too_many_shared(&mut self, fork: &Fork) -> bool {
+    pub fn too_many_shared(&mut self, fork: &Fork, stream: Option<u64>) -> bool {
         let raise = &fork.raise;
         if raise.over_bound {
             return true;
         }
         // Noted only while the raise lasts: a report that comes after its end (its tasks
         // were swept) would never be forgotten.
-        raise.shares_io_context
-            && self.use_of(raise.root).is_some()
-            && !self.shared.note(raise.root, raise.stream)
+        match stream {
+            Some(stream) if raise.shares_io_context => !self.shared.note(raise.root, stream),
+            _ => false,
+        }
     }
 
     /// Puts back the followed tasks the fork program could not report, if it says there were
@@ -291,17 +316,23 @@ impl RaisedForks {
     }
 
     /// Puts back the followed tasks made under `root`'s raise (every raise's for `None`),
-    /// those sharing an I/O context with their parent only if `shared`.
+    /// those sharing an I/O context with their parent only if `shared`; and the tasks whose
+    /// raise is no longer followed at all (noted by the fork program as it ended), shared or
+    /// not.
     fn sweep(&mut self, root: Option<u32>, shared: bool) {
-        let found: Vec<(u32, InheritedRaise)> = self
-            .raised
+        let entries: Vec<(u32, RaisedThread)> = self.raised.iter().filter_map(Result::ok).collect();
+        let roots: HashSet<u32> = entries
             .iter()
-            .filter_map(Result::ok)
-            .filter_map(|(tid, entry)| Some((tid, inherited_raise(&entry)?)))
-            .filter(|(_, raise)| root.is_none_or(|root| raise.root == root))
+            .filter(|(_, entry)| inherited_raise(entry).is_none())
+            .map(|&(tid, _)| tid)
             .collect();
-        for (tid, raise) in found {
-            if shared || !raise.shares_io_context {
+        for (tid, entry) in entries {
+            let Some(raise) = inherited_raise(&entry) else {
+                continue;
+            };
+            let orphan = !roots.contains(&raise.root);
+            let under = root.is_none_or(|root| raise.root == root);
+            if orphan || (under && (shared || !raise.shares_io_context)) {
                 self.put_back(tid, &raise);
             }
         }

@@ -215,6 +215,17 @@ impl NobodysStream {
         reader
     }
 
+    /// Waits until abissd has `raises` raises in its table: a reader is seen raised a moment
+    /// before abissd has recorded its raise, and a test that stops abissd must not stop it in
+    /// between.
+    fn until_recorded(&self, raises: u64) {
+        let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
+        let recorded = abiss_tests::wait_until(Duration::from_secs(2), || {
+            client.status_report().expect("status").upgrades.active >= raises
+        });
+        assert!(recorded, "abissd did not record {raises} raises");
+    }
+
     /// What `status` says of upgrades, and what `list` says of the stream's policed readers.
     fn policed(&self) -> (abiss_proto::UpgradeReport, u64) {
         let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
@@ -348,21 +359,27 @@ fn a_rate_raised_now_lends_nothing_for_the_time_before() {
 }
 
 /// The pids of the `CLONE_IO` children that stay, from the reader's `{"clone_io":[…]}` line,
-/// read as soon as the reader prints it; the rest of its output is drained unread (a closed
-/// pipe would fail its later prints).
+/// read as soon as the reader prints it.
 fn clone_io_children(reader: &mut Child) -> Vec<u32> {
+    pids_named(reader, "clone_io")
+}
+
+/// The pids the reader (or a task of it) prints as `{"KEY":[…]}`, read as soon as it prints
+/// them; the rest of its output is drained unread (a closed pipe would fail its later prints).
+fn pids_named(reader: &mut Child, key: &str) -> Vec<u32> {
     use std::io::BufRead as _;
     let stdout = reader.stdout.take().expect("the reader's stdout");
     let mut lines = std::io::BufReader::new(stdout).lines();
+    let prefix = format!("{{\"{key}\"");
     let line = lines
         .find_map(|line| {
             let line = line.ok()?;
-            line.starts_with("{\"clone_io\"").then_some(line)
+            line.starts_with(&prefix).then_some(line)
         })
-        .expect("the reader names its CLONE_IO children");
+        .unwrap_or_else(|| panic!("the reader names its {key} tasks"));
     std::thread::spawn(move || lines.for_each(drop));
     let said: serde_json::Value = serde_json::from_str(&line).expect("json");
-    said["clone_io"]
+    said[key]
         .as_array()
         .expect("a list")
         .iter()
@@ -448,6 +465,7 @@ fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
         "4",
         "--exit-after-clones",
     ]);
+    setup.until_recorded(1);
     let stopped = stop(setup.daemon.pid());
     let kept = clone_io_children(&mut reader);
     let status = reader.wait().expect("reader");
@@ -513,6 +531,7 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
         "--linger",
         "3",
     ]);
+    setup.until_recorded(1);
     let daemon = setup.daemon.pid();
     let stopped = stop(daemon);
     let kept = clone_io_children(&mut reader);
@@ -590,4 +609,37 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
         "the first reader, within the bound, lost its raise too"
     );
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+}
+
+/// A plain child of a raised reader makes 65 tasks sharing the child's own I/O context (not
+/// the reader's), and the last of them forks, all while abissd is stopped: that fork started
+/// with the raise too, and is put back once abissd goes on. (Counted as tasks sharing the
+/// reader's context, the 65th was past the bound and not followed, so what it forked kept
+/// real time for good.)
+#[test]
+fn a_fork_of_a_clone_io_task_of_a_raised_readers_child_is_put_back() {
+    require_root!();
+    let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
+    let mut reader = setup.raised_reader(&[
+        "1000000",
+        "65536",
+        "1048576",
+        "2",
+        "--start",
+        "16000000",
+        "--nested-clone-io",
+        "65",
+        "4",
+        "--linger",
+        "2",
+    ]);
+    setup.until_recorded(1);
+    let stopped = stop(setup.daemon.pid());
+    let nested = pids_named(&mut reader, "nested");
+    drop(stopped);
+    let back = wait_for_ioprio(nested[0], BE5, DROPPED_WITHIN);
+    let status = reader.wait().expect("reader");
+    println!("the nested fork was put back {back:?} after abissd went on");
+    assert!(status.success(), "the reader failed: {status:?}");
+    assert!(back.is_some(), "the nested fork kept the raise");
 }

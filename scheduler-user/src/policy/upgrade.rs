@@ -267,7 +267,8 @@ pub const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 64;
 /// pass [`MAX_SHARED_IO_TASKS_PER_STREAM`].
 #[derive(Debug, Default)]
 pub struct SharedIoTasks {
-    /// By raised thread: the stream it is raised for, and the tasks noted under its raise.
+    /// By raised thread: the stream it is raised for, and the tasks noted under its raises
+    /// since it was last restored.
     by_root: HashMap<u32, (u64, u32)>,
 }
 
@@ -277,10 +278,9 @@ impl SharedIoTasks {
     /// (and [`Self::forget`] called with it).
     pub fn note(&mut self, root: u32, stream: u64) -> bool {
         let noted = self.by_root.entry(root).or_insert((stream, 0));
-        if noted.0 != stream {
-            // A raise for another stream now: the earlier one's tasks went with it.
-            *noted = (stream, 0);
-        }
+        // A thread raised for another stream now keeps the tasks noted under its earlier
+        // raise (they stay in the table until it is restored): they count for the new one.
+        noted.0 = stream;
         noted.1 = noted.1.saturating_add(1);
         self.of_stream(stream) <= MAX_SHARED_IO_TASKS_PER_STREAM
     }
@@ -323,9 +323,7 @@ mod shared_io_tests {
                 }
                 let within = tasks.note(root, stream);
                 let noted = model.entry(root).or_insert((stream, 0));
-                if noted.0 != stream {
-                    *noted = (stream, 0);
-                }
+                noted.0 = stream;
                 noted.1 += 1;
                 let of_stream: u32 = model.values().filter(|(s, _)| *s == stream).map(|(_, c)| c).sum();
                 prop_assert_eq!(tasks.of_stream(stream), of_stream);

@@ -306,12 +306,23 @@ impl ReaderUpgrades {
     /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
     pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook) {
         let raised_itself = self.table.get(fork.child).is_some();
-        if self.forks.too_many_shared(fork) {
-            // Dropped before the task is put back: the raised thread's restore puts back every
-            // task sharing its context, and the task's own put-back then finds nothing to do
-            // unless the thread was gone.
-            self.drop_raise(fork.raise.root, &over_bound_why(), hook);
-        } else if !raised_itself && self.adopt(fork, hook) {
+        // The stream of the raise the report comes from, if that raise is still the table's
+        // (a late report must not drop a later raise of the same thread id).
+        let stream = self
+            .table
+            .get(fork.raise.root)
+            .filter(|u| u.file_tag == fork.raise.stream && u.applied == fork.raise.applied)
+            .map(|u| u.stream);
+        if self.forks.too_many_shared(fork, stream) {
+            // The task first (a task past the bound is put back itself: should the raised
+            // thread be gone, it is the way to the shared context), then the raise.
+            self.forks.on_fork(fork, raised_itself);
+            if stream.is_some() {
+                self.drop_raise(fork.raise.root, &over_bound_why(), hook);
+            }
+            return;
+        }
+        if !raised_itself && self.adopt(fork, hook) {
             return;
         }
         self.forks.on_fork(fork, raised_itself);

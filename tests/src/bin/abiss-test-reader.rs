@@ -5,7 +5,8 @@
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
 //! [--stray FILE] [--stray-shared-io | --stray-uring-workers] [--clone-io N KEEP SECS]
-//! [--exit-after-clones]` (`--linger`: stay alive, idle, that long after the last
+//! [--exit-after-clones] [--nested-clone-io N SECS]` (`--linger`: stay alive, idle, that long
+//! after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
 //! SECS; both are waited for before exit; `--stray`: after the reads, the reading thread reads
@@ -15,7 +16,11 @@
 //! worker threads, which share its I/O context too, queue the reads; `--clone-io`: after the
 //! first phase the reading thread makes N child processes with `CLONE_IO`, of which all but the
 //! last KEEP exit at once and the last KEEP sleep SECS; it prints their pids as
-//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them).
+//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them;
+//! `--nested-clone-io`: after the first phase the reading thread forks a child process, which
+//! makes N child processes with `CLONE_IO` (sharing the child's I/O context); all but the last
+//! exit at once, and the last forks a plain child that prints `{"nested":[PID]}` and sleeps
+//! SECS).
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -154,6 +159,9 @@ struct Options {
     clone_io: Option<(u64, u64, u64)>,
     /// Exit right after making them.
     exit_after_clones: bool,
+    /// A forked child's `CLONE_IO` children, how many, and how long the fork of the last one
+    /// sleeps.
+    nested_clone_io: Option<(u64, u64)>,
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -176,6 +184,7 @@ fn parse_options() -> Options {
         stray_by: StrayReader::Myself,
         clone_io: None,
         exit_after_clones: false,
+        nested_clone_io: None,
     };
     let mut i = 6;
     while i < args.len() {
@@ -219,6 +228,10 @@ fn parse_options() -> Options {
             "--exit-after-clones" => {
                 options.exit_after_clones = true;
                 i += 1;
+            }
+            "--nested-clone-io" => {
+                options.nested_clone_io = Some((number(i + 1), number(i + 2)));
+                i += 3;
             }
             "--uring" => {
                 options.uring = true;
@@ -283,6 +296,9 @@ fn main() {
         .fork
         .as_ref()
         .map(|(file, secs)| fork_child_and_thread(file, rate, read, *secs));
+    if let Some((count, secs)) = options.nested_clone_io {
+        fork_nested_clone_io(count, secs);
+    }
     if let Some((count, keep, secs)) = options.clone_io {
         let kept = make_clone_io_children(count, keep, secs);
         println!("{{\"clone_io\":{kept:?}}}");
@@ -418,6 +434,39 @@ fn make_clone_io_children(count: u64, keep: u64, secs: u64) -> Vec<i32> {
         }
     }
     kept
+}
+
+/// Forks a child process that makes `count` child processes with `CLONE_IO`, all exiting at
+/// once but the last, which forks a plain child that prints its pid and sleeps `secs`. Every
+/// process in it waits for its own children; the reader reaps the first child at its end.
+fn fork_nested_clone_io(count: u64, secs: u64) {
+    use std::io::Write as _;
+    // SAFETY: the process is single-threaded here; every process below only forks, prints,
+    // sleeps, waits and exits.
+    unsafe {
+        if libc::fork() != 0 {
+            return;
+        }
+        let flags = libc::CLONE_IO | libc::SIGCHLD;
+        for made in 1..=count {
+            let child = libc::syscall(libc::SYS_clone, libc::c_long::from(flags), 0, 0, 0, 0);
+            if child == 0 {
+                if made == count {
+                    if libc::fork() == 0 {
+                        println!("{{\"nested\":[{}]}}", libc::getpid());
+                        let _ = std::io::stdout().flush();
+                        libc::sleep(u32::try_from(secs).unwrap_or(u32::MAX));
+                    }
+                    let mut status = 0;
+                    while libc::waitpid(-1, &raw mut status, 0) > 0 {}
+                }
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        while libc::waitpid(-1, &raw mut status, 0) > 0 {}
+        libc::_exit(0);
+    }
 }
 
 /// From the calling (reading) thread: forks a child process that reads `file` at `rate` for
