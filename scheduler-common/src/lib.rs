@@ -398,8 +398,10 @@ pub struct Control {
 }
 
 /// Threads followed for forks at once: those abissd raised and the tasks they made that it
-/// has not put back yet.
-pub const MAX_RAISED: u32 = 8_192;
+/// has not put back yet. Sized for abissd's bounds: 256 streams, each with at most 32 raised
+/// threads and 16 tasks sharing their I/O contexts noted (abissd checks the product), 12 288;
+/// plain tasks a raised thread makes stay only until abissd puts them back.
+pub const MAX_RAISED: u32 = 12_288;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
 /// 910 [`ForkEvent`]s (64 bytes and the ring's 8-byte header each) between two reads by
@@ -426,8 +428,9 @@ pub mod raised_flags {
 
 /// Tasks sharing a raised thread's I/O context (made with `CLONE_IO`) that the fork program
 /// notes in `RAISED` under one raise. A player's `CLONE_IO` helpers are few (`io_uring`'s
-/// workers are not made by a fork at all); past this the raise is dropped.
-pub const MAX_SHARED_IO_TASKS_PER_RAISE: u64 = 64;
+/// workers are not made by a fork at all); past this the raise is dropped. abissd's own bound,
+/// per stream, is the same: this one holds while abissd lags behind the fork ring.
+pub const MAX_SHARED_IO_TASKS_PER_RAISE: u64 = 16;
 
 /// A thread whose new tasks the fork program follows (the values of the `RAISED` map, keyed by
 /// thread id): a thread abissd raised, or a task such a thread made (and so may have

@@ -395,7 +395,7 @@ const DROPPED_WITHIN: Duration = Duration::from_secs(1);
 
 /// A raised reader makes 80 tasks sharing its I/O context (`CLONE_IO`) and reads on: each
 /// would stay in the kernel's table of raised threads, which every user's raises share, for as
-/// long as the raise lasts. Past 64 the raise is dropped at once, every task sharing the
+/// long as the raise lasts. Past 16 the raise is dropped at once, every task sharing the
 /// context goes back with it, and the reader is not raised again for the stream.
 #[test]
 fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
@@ -405,7 +405,7 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
         "1000000",
         "65536",
         "1048576",
-        "2",
+        "1",
         "--start",
         "16000000",
         "--clone-io",
@@ -445,7 +445,7 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
 }
 
 /// The same, but the raised reader exits right after making 70 tasks sharing its context, the
-/// 64 noted ones having exited already, all while abissd is stopped (so that it hears of them
+/// 16 noted ones (and 48 more) having exited already, all while abissd is stopped (so that it hears of them
 /// only once the reader is gone): the tasks past the bound are all that is left of the
 /// context, and they go back as soon as abissd goes on, not when the raise would idle out.
 #[test]
@@ -456,7 +456,7 @@ fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
         "1000000",
         "65536",
         "1048576",
-        "2",
+        "1",
         "--start",
         "16000000",
         "--clone-io",
@@ -510,18 +510,18 @@ impl Drop for ContinueOnDrop {
 
 /// abissd stopped (SIGSTOP), so that it hears of nothing, while a raised reader makes 200
 /// tasks sharing its I/O context: the fork program alone bounds what they take of the kernel's
-/// table of raised threads (the reader and 64 of them), and abissd drops the raise as soon as
+/// table of raised threads (the reader and 16 of them), and abissd drops the raise as soon as
 /// it goes on.
 #[test]
 fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listening() {
     require_root!();
     let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
-    // Raised within its 2 s of reads; the children come when they end.
+    // Raised within its 1 s of reads; the children come when they end.
     let mut reader = setup.raised_reader(&[
         "1000000",
         "65536",
         "1048576",
-        "2",
+        "1",
         "--start",
         "16000000",
         "--clone-io",
@@ -555,8 +555,8 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
 }
 
-/// Two raised readers of one stream make 40 tasks sharing their I/O contexts each: neither
-/// raise passes its own bound, but the stream's raises together may not note more than 64, so
+/// Two raised readers of one stream make 10 tasks sharing their I/O contexts each: neither
+/// raise passes its own bound, but the stream's raises together may not note more than 16, so
 /// the raise whose task passes that is dropped, and the other keeps its own.
 #[test]
 fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
@@ -568,11 +568,11 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
             "1000000",
             "65536",
             "1048576",
-            "2",
+            "1",
             "--start",
             start,
             "--clone-io",
-            "40",
+            "10",
             "5",
             "4",
             "--seek",
@@ -614,7 +614,7 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
 /// A plain child of a raised reader makes 65 tasks sharing the child's own I/O context (not
 /// the reader's), and the last of them forks, all while abissd is stopped: that fork started
 /// with the raise too, and is put back once abissd goes on. (Counted as tasks sharing the
-/// reader's context, the 65th was past the bound and not followed, so what it forked kept
+/// reader's context, the last was past the bound and not followed, so what it forked kept
 /// real time for good.)
 #[test]
 fn a_fork_of_a_clone_io_task_of_a_raised_readers_child_is_put_back() {
@@ -624,7 +624,7 @@ fn a_fork_of_a_clone_io_task_of_a_raised_readers_child_is_put_back() {
         "1000000",
         "65536",
         "1048576",
-        "2",
+        "1",
         "--start",
         "16000000",
         "--nested-clone-io",

@@ -553,3 +553,42 @@ fn a_daemon_crash_leaves_no_reader_raised() {
     assert!(!bench.daemon.state_dir().join("upgrades.json").exists());
     let _ = phases(reading);
 }
+
+/// A player that reads in short-lived threads (one per segment, say): 40 threads one after
+/// another each miss the page cache once, and each is raised. A stream raises at most 32
+/// threads at once, and a thread that is gone held its raise until it idled out (5 s): the
+/// upgrades benchmark raised 96 of 200 such threads.
+#[test]
+fn short_lived_reader_threads_are_each_raised() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::FileExt as _;
+    require_root!();
+    let bench = bench("threads");
+    let stream = bench.file("stream.bin");
+    let _stream = bench.daemon.attach_at_1mb(&stream);
+    let mut raised = 0;
+    for thread in 0..40u64 {
+        let path = stream.clone();
+        // Outside the window loaded at attach, and a new place each time.
+        let offset = 20 * MB + thread * 1_048_576;
+        let was_raised = std::thread::spawn(move || {
+            let file = std::fs::File::open(&path).expect("open");
+            nix::fcntl::posix_fadvise(
+                file.as_raw_fd(),
+                i64::try_from(offset).expect("offset"),
+                65_536,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )
+            .expect("fadvise");
+            let mut buffer = vec![0u8; 65_536];
+            file.read_exact_at(&mut buffer, offset).expect("read");
+            ioprio::get(nix::unistd::gettid().as_raw().unsigned_abs()).ok() == Some(RT0)
+        })
+        .join()
+        .expect("the thread");
+        raised += u32::from(was_raised);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("{raised} of 40 threads raised by the end of their read");
+    assert_eq!(raised, 40, "threads that are gone kept the stream's raises");
+}

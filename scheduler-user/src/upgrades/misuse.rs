@@ -1,0 +1,107 @@
+//! A raise misused: tasks sharing the raised thread's I/O context beyond their bound (heard of
+//! as the raised thread's tasks are reported), and real-time I/O beyond what the raise is for
+//! (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once and bars the thread
+//! from its stream's raises.
+
+use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
+
+use super::{ReaderUpgrades, MAX_BARRED_PER_STREAM, STRAY_ALLOWANCE_KIB};
+use crate::kernel_events::Fork;
+use crate::policy::upgrade::{
+    stream_allowance_kib, MAX_RAISED_PER_STREAM, MAX_SHARED_IO_TASKS_PER_STREAM,
+};
+use crate::raised_forks::ForkHook;
+
+// Every stream's raised threads and the tasks sharing their contexts fit the kernel's table
+// together, so no user's raises leave another's without room.
+const _: () = assert!(
+    crate::streams::MAX_STREAMS * (MAX_RAISED_PER_STREAM + MAX_SHARED_IO_TASKS_PER_STREAM as usize)
+        <= scheduler_common::MAX_RAISED as usize
+);
+
+impl ReaderUpgrades {
+    /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
+    pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook) {
+        let raised_itself = self.table.get(fork.child).is_some();
+        // The stream of the raise the report comes from, if that raise is still the table's
+        // (a late report must not drop a later raise of the same thread id).
+        let stream = self
+            .table
+            .get(fork.raise.root)
+            .filter(|u| u.file_tag == fork.raise.stream && u.applied == fork.raise.applied)
+            .map(|u| u.stream);
+        if self.forks.too_many_shared(fork, stream) {
+            // The task first (a task past the bound is put back itself: should the raised
+            // thread be gone, it is the way to the shared context), then the raise.
+            self.forks.on_fork(fork, raised_itself);
+            if stream.is_some() {
+                self.drop_raise(fork.raise.root, &over_bound_why(), hook);
+            }
+            return;
+        }
+        if !raised_itself && self.adopt(fork, hook) {
+            return;
+        }
+        self.forks.on_fork(fork, raised_itself);
+    }
+
+    /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
+    /// real-time requests for other files, made more tasks sharing its I/O context than a
+    /// raise may have, or queued more of its stream's file than the stream was admitted for
+    /// since the raise (its buffer and what its rates earned, plus the same slack), and bars
+    /// it from the stream's raises.
+    pub(super) fn police(
+        &mut self,
+        hook: &mut dyn ForkHook,
+        admitted: &dyn Fn(u64, u64) -> Option<(u128, u64)>,
+    ) {
+        for upgrade in self.table.all() {
+            let pid = upgrade.task.pid;
+            let Some(use_of) = self.forks.use_of(pid) else {
+                continue;
+            };
+            let (stray, own) = (use_of.stray_kib, u64::from(use_of.stream_kib));
+            let allowed =
+                admitted(upgrade.stream, upgrade.raised_ns).map_or(u64::MAX, |(earned, buffer)| {
+                    stream_allowance_kib(earned, buffer, u64::from(STRAY_ALLOWANCE_KIB))
+                });
+            let why = if stray > STRAY_ALLOWANCE_KIB {
+                format!("{stray} KiB of real-time reads of other files; not raised again")
+            } else if use_of.over_bound {
+                over_bound_why()
+            } else if own > allowed {
+                format!(
+                    "{own} KiB of real-time reads of its stream's file, over the {allowed} KiB \
+                     its rate and buffer allow; not raised again"
+                )
+            } else {
+                continue;
+            };
+            self.drop_raise(pid, &why, hook);
+        }
+    }
+
+    /// Drops the raise of thread `pid` for `why` (the raise was misused), and bars it from
+    /// its stream's raises. Nothing if it is not raised.
+    fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
+        let taken = self.table.take_thread(pid);
+        let Some(stream) = taken.first().map(|upgrade| upgrade.stream) else {
+            return;
+        };
+        self.restore_all(&taken, why, hook);
+        self.policed += 1;
+        let barred = self.barred.entry(stream).or_default();
+        if barred.len() < MAX_BARRED_PER_STREAM {
+            barred.insert(pid);
+        }
+    }
+}
+
+/// Why a raise with too many tasks sharing its I/O context is dropped.
+fn over_bound_why() -> String {
+    format!(
+        "made more tasks sharing its I/O priority (CLONE_IO) than a raise may have \
+         ({MAX_SHARED_IO_TASKS_PER_RAISE}) or its stream's raises together \
+         ({MAX_SHARED_IO_TASKS_PER_STREAM}); not raised again"
+    )
+}
