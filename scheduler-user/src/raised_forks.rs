@@ -183,18 +183,18 @@ impl RaisedForks {
         })
     }
 
-    /// Thread `tid` is no longer raised (restored, gone, or its raise did not happen): the
-    /// tasks it made still followed are put back, then it is no longer followed and its I/O
-    /// context is forgotten (in this order: while it is followed, the forks of a task past the
-    /// bound are still found through its context).
-    pub fn restored(&mut self, tid: u32) {
-        let own = self
-            .raised
-            .get(&tid, 0)
-            .ok()
-            .filter(|entry| inherited_raise(entry).is_none());
-        self.sweep(Some(tid), true);
-        if let Some(own) = own {
+    /// Threads `tids` are no longer raised (restored, gone, or their raises did not happen):
+    /// the tasks they made still followed are put back (in one look at the map), then they are
+    /// no longer followed and their I/O contexts are forgotten (in this order: while a thread
+    /// is followed, the forks of a task past the bound are still found through its context).
+    pub fn restored(&mut self, tids: &[u32]) {
+        let own: Vec<(u32, RaisedThread)> = tids
+            .iter()
+            .filter_map(|&tid| Some((tid, self.raised.get(&tid, 0).ok()?)))
+            .filter(|(_, entry)| inherited_raise(entry).is_none())
+            .collect();
+        self.sweep(Some(tids), true);
+        for (tid, own) in own {
             if own.flags & raised_flags::OVER_BOUND != 0 && own.past_bound_task != 0 {
                 // If the raised thread and every noted task are gone, the way to the context.
                 let raise = InheritedRaise {
@@ -211,8 +211,10 @@ impl RaisedForks {
                 let _ = self.contexts.remove(&own.io_context);
             }
         }
-        let _ = self.raised.remove(&tid);
-        self.shared.forget(tid);
+        for &tid in tids {
+            let _ = self.raised.remove(&tid);
+            self.shared.forget(tid);
+        }
     }
 
     /// Keeps the fork program attached while `any_raised`, and only then.
@@ -315,13 +317,13 @@ impl RaisedForks {
         done
     }
 
-    /// Puts back the followed tasks made under `root`'s raise (every raise's for `None`),
-    /// those sharing an I/O context with their parent only if `shared`; and the tasks whose
-    /// raise is no longer followed at all (noted by the fork program as it ended), shared or
-    /// not.
-    fn sweep(&mut self, root: Option<u32>, shared: bool) {
+    /// Puts back the followed tasks made under the raises of `roots` (every raise's for
+    /// `None`), those sharing an I/O context with their parent only if `shared`; and the tasks
+    /// whose raise is no longer followed at all (noted by the fork program as it ended),
+    /// shared or not.
+    fn sweep(&mut self, roots: Option<&[u32]>, shared: bool) {
         let entries: Vec<(u32, RaisedThread)> = self.raised.iter().filter_map(Result::ok).collect();
-        let roots: HashSet<u32> = entries
+        let followed: HashSet<u32> = entries
             .iter()
             .filter(|(_, entry)| inherited_raise(entry).is_none())
             .map(|&(tid, _)| tid)
@@ -330,8 +332,8 @@ impl RaisedForks {
             let Some(raise) = inherited_raise(&entry) else {
                 continue;
             };
-            let orphan = !roots.contains(&raise.root);
-            let under = root.is_none_or(|root| raise.root == root);
+            let orphan = !followed.contains(&raise.root);
+            let under = roots.is_none_or(|roots| roots.contains(&raise.root));
             if orphan || (under && (shared || !raise.shares_io_context)) {
                 self.put_back(tid, &raise);
             }
