@@ -41,27 +41,11 @@ fn root_is_served(daemon: &Daemon) {
 /// switches), read with bpftool through the map descriptors the daemon holds.
 fn control_switches(pid: u32) -> (u64, u64) {
     let dump = abiss_tests::daemon_map_dump(pid, "CONTROL");
-    let entry = &dump[0];
-    if let Some(value) = entry.get("formatted").map(|f| &f["value"]) {
-        let field = |name: &str| value[name].as_u64().expect("a number");
-        return (field("emit_events"), field("trace_all"));
-    }
-    // Without BTF the value is raw bytes: `Control` is six u32s, emit_events first and
-    // trace_all fourth.
-    let bytes: Vec<u8> = entry["value"]
-        .as_array()
-        .expect("value bytes")
-        .iter()
-        .map(|b| {
-            u8::from_str_radix(b.as_str().expect("hex").trim_start_matches("0x"), 16).expect("hex")
-        })
-        .collect();
-    let word = |at: usize| {
-        u64::from(u32::from_ne_bytes(
-            bytes[at..at + 4].try_into().expect("4 bytes"),
-        ))
-    };
-    (word(0), word(12))
+    // `Control` is six u32s, emit_events first and trace_all fourth.
+    (
+        abiss_tests::control_field(&dump[0], "emit_events", 0),
+        abiss_tests::control_field(&dump[0], "trace_all", 3),
+    )
 }
 
 #[test]

@@ -562,13 +562,15 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
 fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
     require_root!();
     let setup = NobodysStream::new(48 << 20, 1 << 20, "1MB/s");
-    // Apart in the file, so that each misses pages of its own.
-    let reading_from = |start: &'static str, then: &'static str| {
+    // Apart in the file, so that each misses pages of its own; the second makes its tasks a
+    // second after the first (both are started within milliseconds), so that it is the one
+    // whose task passes the stream's bound.
+    let reading_from = |secs: &'static str, start: &'static str, then: &'static str| {
         [
             "1000000",
             "65536",
             "1048576",
-            "1",
+            secs,
             "--start",
             start,
             "--clone-io",
@@ -580,8 +582,8 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
             "3",
         ]
     };
-    let mut first = setup.raised_reader(&reading_from("16000000", "20000000"));
-    let mut second = setup.raised_reader(&reading_from("32000000", "40000000"));
+    let mut first = setup.raised_reader(&reading_from("1", "16000000", "20000000"));
+    let mut second = setup.raised_reader(&reading_from("2", "32000000", "40000000"));
     let first_kept = clone_io_children(&mut first);
     let second_kept = clone_io_children(&mut second);
     let second_back = wait_for_ioprio(second.id(), BE5, DROPPED_WITHIN);

@@ -129,7 +129,17 @@ fn abissctl_trace_json_reports_the_interval() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start abissctl trace");
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The loop device is not managed: its requests are traced only once abissctl's first
+    // request has switched tracing of every disk on (`trace_all`), and its first snapshot is
+    // the answer to that same request. A fixed 500 ms wait lost a read to a slow start of
+    // abissctl in a full suite (49 of 50 counted).
+    let control = abiss_tests::daemon_map_id(daemon.pid(), "CONTROL");
+    let tracing = abiss_tests::wait_until(std::time::Duration::from_secs(10), || {
+        // `Control`'s fourth u32.
+        abiss_tests::control_field(&abiss_tests::map_dump(&control)[0], "trace_all", 3) == 1
+    });
+    assert!(tracing, "abissctl trace did not switch tracing on");
+    std::thread::sleep(std::time::Duration::from_millis(200));
     let path = device.path().to_path_buf();
     std::thread::spawn(move || {
         set_thread_ioprio(1, 3);
