@@ -387,6 +387,11 @@ fn pids_named(reader: &mut Child, key: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The test reader's first phase for the tests of tasks that share a raised reader's context:
+/// 1 MB/s in 64 KiB reads for 1 s from 16 MB on, outside the window loaded at attach, so that
+/// it misses and is raised at once.
+const RAISED_AT_ONCE: [&str; 6] = ["1000000", "65536", "1048576", "1", "--start", "16000000"];
+
 /// How long abissd may take to drop a raise once the task past the bound is made: it hears of
 /// it on the fork ring and drops the raise in the same turn of its loop (well under 1 ms when
 /// not busy); the bound leaves room for a loaded machine, and is far below the 5 s after which
@@ -401,21 +406,13 @@ const DROPPED_WITHIN: Duration = Duration::from_secs(1);
 fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
     require_root!();
     let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
-    let mut reader = setup.raised_reader(&[
-        "1000000",
-        "65536",
-        "1048576",
-        "1",
-        "--start",
-        "16000000",
-        "--clone-io",
-        "80",
-        "10",
-        "4",
-        "--seek",
-        "20000000",
-        "3",
-    ]);
+    let mut reader = setup.raised_reader(
+        &[
+            &RAISED_AT_ONCE[..],
+            &["--clone-io", "80", "10", "4", "--seek", "20000000", "3"],
+        ]
+        .concat(),
+    );
     let pid = reader.id();
     let kept = clone_io_children(&mut reader);
     let back = wait_for_ioprio(pid, BE5, DROPPED_WITHIN);
@@ -445,26 +442,21 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
 }
 
 /// The same, but the raised reader exits right after making 70 tasks sharing its context, the
-/// 16 noted ones (and 48 more) having exited already, all while abissd is stopped (so that it hears of them
-/// only once the reader is gone): the tasks past the bound are all that is left of the
-/// context, and they go back as soon as abissd goes on, not when the raise would idle out.
+/// 16 noted ones (and 48 more) having exited already, all while abissd is stopped (so that it
+/// hears of them only once the reader is gone): the tasks past the bound are all that is left
+/// of the context, and they go back as soon as abissd goes on, not when the raise would idle
+/// out.
 #[test]
 fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
     require_root!();
     let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
-    let mut reader = setup.raised_reader(&[
-        "1000000",
-        "65536",
-        "1048576",
-        "1",
-        "--start",
-        "16000000",
-        "--clone-io",
-        "70",
-        "6",
-        "4",
-        "--exit-after-clones",
-    ]);
+    let mut reader = setup.raised_reader(
+        &[
+            &RAISED_AT_ONCE[..],
+            &["--clone-io", "70", "6", "4", "--exit-after-clones"],
+        ]
+        .concat(),
+    );
     setup.until_recorded(1);
     let stopped = stop(setup.daemon.pid());
     let kept = clone_io_children(&mut reader);
@@ -517,20 +509,13 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
     require_root!();
     let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
     // Raised within its 1 s of reads; the children come when they end.
-    let mut reader = setup.raised_reader(&[
-        "1000000",
-        "65536",
-        "1048576",
-        "1",
-        "--start",
-        "16000000",
-        "--clone-io",
-        "200",
-        "10",
-        "4",
-        "--linger",
-        "3",
-    ]);
+    let mut reader = setup.raised_reader(
+        &[
+            &RAISED_AT_ONCE[..],
+            &["--clone-io", "200", "10", "4", "--linger", "3"],
+        ]
+        .concat(),
+    );
     setup.until_recorded(1);
     let daemon = setup.daemon.pid();
     let stopped = stop(daemon);
@@ -622,19 +607,13 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
 fn a_fork_of_a_clone_io_task_of_a_raised_readers_child_is_put_back() {
     require_root!();
     let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
-    let mut reader = setup.raised_reader(&[
-        "1000000",
-        "65536",
-        "1048576",
-        "1",
-        "--start",
-        "16000000",
-        "--nested-clone-io",
-        "65",
-        "4",
-        "--linger",
-        "2",
-    ]);
+    let mut reader = setup.raised_reader(
+        &[
+            &RAISED_AT_ONCE[..],
+            &["--nested-clone-io", "65", "4", "--linger", "2"],
+        ]
+        .concat(),
+    );
     setup.until_recorded(1);
     let stopped = stop(setup.daemon.pid());
     let nested = pids_named(&mut reader, "nested");
