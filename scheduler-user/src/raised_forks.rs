@@ -226,9 +226,10 @@ impl RaisedForks {
 
     /// A followed thread made a task, which started with the raise: put it back at once,
     /// unless it shares its parent's I/O context (it goes back with its parent) or the daemon
-    /// raised it since for its own reads (`raised_itself`). One made past the bound is put
-    /// back even though it shares the context, once its raise was dropped (`over_bound`): if
-    /// the raised thread is gone, this task is what is left to reach the context by.
+    /// raised it since for its own reads (`raised_itself`). One made past the bound
+    /// (`over_bound`) is put back even though it shares the context, which puts back the
+    /// raised thread with it (its raise is dropped next): if the raised thread is gone, this
+    /// task is what is left to reach the context by.
     pub fn on_fork(&mut self, fork: &Fork, raised_itself: bool) {
         if fork.raise.over_bound {
             self.put_back(fork.child, &fork.raise);
