@@ -464,10 +464,11 @@ pub struct RaisedThread {
     /// still a way to the shared context.
     pub past_bound_task: u32,
     /// On the raised thread's own entry: tasks made under its raise that share its I/O
-    /// context (`CLONE_IO`, by it or by such a task) that the fork program counted (atomically: the BPF target's atomics are 64-bit). Such a task
-    /// stays in the map until the raise ends, so past [`MAX_SHARED_IO_TASKS_PER_RAISE`] the
-    /// program notes no more of them and flags the raise [`raised_flags::OVER_BOUND`] instead:
-    /// one user's raise cannot fill a map every user's raises need.
+    /// context (`CLONE_IO`, by it or by such a task), as the fork program counted them
+    /// (atomically; the BPF target's atomics are 64-bit). Such a task stays in the map until
+    /// the raise ends, so past [`MAX_SHARED_IO_TASKS_PER_RAISE`] the program notes no more of
+    /// them and flags the raise [`raised_flags::OVER_BOUND`] instead: one user's raise cannot
+    /// fill a map every user's raises need.
     pub shared_io_tasks: u64,
     /// On the raised thread's own entry: its I/O context (`task_struct.io_context`) as the
     /// eBPF side last saw it (0 until then), its key in `RAISED_CONTEXTS`, which abissd deletes

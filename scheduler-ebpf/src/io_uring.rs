@@ -8,8 +8,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission};
 
 use crate::kernel::{
-    attached_file, current_task_unless, files_attached, inode_key, layout, note_raised_context, now_ns, read,
-    report,
+    attached_file, current_task_unless, files_attached, inode_key, layout, note_raised_context,
+    now_ns, read, report,
 };
 use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT};
 

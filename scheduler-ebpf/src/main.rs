@@ -25,7 +25,10 @@
 #![no_main]
 // BPF's atomic add, for a count several CPUs may add to at once (see `fork`).
 #![feature(core_intrinsics)]
-#![allow(internal_features)]
+#![expect(
+    internal_features,
+    reason = "core::intrinsics::atomic_xadd is BPF's atomic add; core's atomics need CAS"
+)]
 
 mod block;
 mod fork;

@@ -68,9 +68,8 @@ pub struct StreamAccess {
 pub struct InheritedRaise {
     /// The thread abissd raised, whose raise it is.
     pub root: u32,
-    /// The file tag of the stream the raise is for (the tag is the file's, shared by its
-    /// streams).
-    pub stream: u64,
+    /// The tag of the file the raise is for (shared by the file's streams).
+    pub file_tag: u64,
     /// That thread's priority before the raise (encoded): what the task is put back to.
     pub previous: u16,
     /// The priority abissd set (encoded): the task still has it if nobody changed it since.
@@ -104,7 +103,7 @@ pub struct Fork {
 pub fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
     (entry.flags & raised_flags::INHERITED != 0).then_some(InheritedRaise {
         root: entry.root,
-        stream: entry.stream,
+        file_tag: entry.stream,
         previous: entry.previous,
         applied: entry.applied,
         shares_io_context: entry.flags & raised_flags::SHARES_IO_CONTEXT != 0,
@@ -292,7 +291,7 @@ mod tests {
             fork.raise,
             InheritedRaise {
                 root: 7,
-                stream: 3,
+                file_tag: 3,
                 previous: 0x4005,
                 applied: 0x2000,
                 shares_io_context: true,

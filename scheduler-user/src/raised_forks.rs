@@ -199,7 +199,7 @@ impl RaisedForks {
                 // If the raised thread and every noted task are gone, the way to the context.
                 let raise = InheritedRaise {
                     root: tid,
-                    stream: own.stream,
+                    file_tag: own.stream,
                     previous: own.previous,
                     applied: own.applied,
                     shares_io_context: true,

@@ -28,7 +28,7 @@ impl ReaderUpgrades {
         let stream = self
             .table
             .get(fork.raise.root)
-            .filter(|u| u.file_tag == fork.raise.stream && u.applied == fork.raise.applied)
+            .filter(|u| u.file_tag == fork.raise.file_tag && u.applied == fork.raise.applied)
             .map(|u| u.stream);
         if self.forks.too_many_shared(fork, stream) {
             // The task first (a task past the bound is put back itself: should the raised

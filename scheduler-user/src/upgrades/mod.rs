@@ -91,7 +91,8 @@ pub struct ReaderUpgrades {
     forks: RaisedForks,
     /// Per stream, the tasks adopted from its players' start raises ([`adoption`]).
     adopted: HashMap<u64, u64>,
-    /// When a full stream's raises were last looked at for threads that are gone.
+    /// When a full stream's raises were last looked at for threads that are gone (any
+    /// stream's: the bound is on abissd's work, not per stream).
     gone_checked_ns: Option<u64>,
 }
 
@@ -532,7 +533,8 @@ impl ReaderUpgrades {
     }
 }
 
-/// How often a stream whose raises are all taken has them looked at for threads that are
-/// gone: each look reads `/proc` for up to [`MAX_RAISED_PER_STREAM`] threads, and a user's
-/// misses on a full stream would otherwise make abissd read it at every miss.
+/// How often, at most, a stream whose raises are all taken has them looked at for threads
+/// that are gone (one clock for all streams): each look reads `/proc` for up to
+/// [`MAX_RAISED_PER_STREAM`] threads, and a user's misses on a full stream would otherwise
+/// make abissd read it at every miss.
 const GONE_CHECK_NS: u64 = 20_000_000;
