@@ -1,8 +1,9 @@
 //! A stream's window reaches the disk in requests as large as the disk takes: abissd advises
-//! its loads in pieces of the disk's largest request (`queue/max_sectors_kb`), which the kernel
-//! reads whole from one advice. With pieces of the kernel's default readahead (128 KiB) a
-//! window cost four times the requests on a disk that takes 512 KiB, wherever the elevator did
-//! not merge them back (it cannot under `none` while the driver takes every request at once).
+//! its loads in pieces of the disk's largest request (`queue/max_sectors_kb`, or fewer bytes
+//! where `queue/max_segments` pages are fewer), which the kernel reads whole from one advice.
+//! With pieces of the kernel's default readahead (128 KiB) a window cost four times the
+//! requests on a disk that takes 512 KiB, wherever the elevator did not merge them back (it
+//! cannot under `none` while the driver takes every request at once).
 
 use std::fs::File;
 use std::time::Duration;
@@ -26,13 +27,17 @@ fn a_window_is_loaded_in_requests_as_large_as_the_disk_takes() {
         .expect("a device name")
         .to_string_lossy()
         .into_owned();
-    let largest_kib: u64 =
-        std::fs::read_to_string(format!("/sys/block/{name}/queue/max_sectors_kb"))
-            .expect("max_sectors_kb")
+    let queue = |setting: &str| -> u64 {
+        std::fs::read_to_string(format!("/sys/block/{name}/queue/{setting}"))
+            .expect(setting)
             .trim()
             .parse()
-            .expect("a number");
-    let largest = largest_kib * 1024;
+            .expect("a number")
+    };
+    // A request of page-cache pages is bounded by its bytes and by its segments: a page
+    // apart from its neighbours in memory takes a segment of its own.
+    let largest = (queue("max_sectors_kb") * 1024).min(queue("max_segments") * 4096);
+    let largest_kib = largest >> 10;
     assert!(
         largest > 128 << 10,
         "the lab disk takes {largest_kib} KiB requests: the test needs more than 128 KiB"

@@ -27,17 +27,29 @@ impl fmt::Display for Disk {
 }
 
 impl Disk {
-    /// The largest request the disk takes now (`queue/max_sectors_kb`), in bytes: also the
-    /// least the kernel reads of one `POSIX_FADV_WILLNEED` (it reads up to the larger of this
-    /// and the file's readahead). `None` if sysfs does not say.
+    /// The largest read of page-cache pages the disk takes in one request now, in bytes: the
+    /// smaller of `queue/max_sectors_kb` and `queue/max_segments` pages. Pages the page cache
+    /// holds one by one need a segment each unless they happen to lie side by side in memory,
+    /// so the segments bound a request too: a loop disk with `max_sectors_kb` 1280 and 128
+    /// segments took a 1280 KiB advice as requests of 512, 512 and 256 KiB (measured by the
+    /// lab), and 512 KiB pieces as one request each. Also no more than the kernel reads of one
+    /// `POSIX_FADV_WILLNEED` (it reads up to the larger of `max_sectors_kb` and the file's
+    /// readahead). `None` if sysfs does not say.
     #[must_use]
     pub fn largest_request_bytes(&self) -> Option<u64> {
-        let path = Path::new(SYSFS)
-            .join("block")
-            .join(&self.name)
-            .join("queue/max_sectors_kb");
-        let kib: u64 = read_trimmed(&path).ok()?.parse().ok()?;
-        kib.checked_mul(1024).filter(|&bytes| bytes > 0)
+        let queue = Path::new(SYSFS).join("block").join(&self.name).join("queue");
+        let read = |name: &str| -> Option<u64> {
+            read_trimmed(&queue.join(name))
+                .ok()?
+                .parse()
+                .ok()
+                .filter(|&n| n > 0)
+        };
+        let sectors_bytes = read("max_sectors_kb")?.checked_mul(1024)?;
+        let segments_bytes = read("max_segments").map_or(u64::MAX, |segments| {
+            segments.saturating_mul(abiss_proto::PAGE_BYTES)
+        });
+        Some(sectors_bytes.min(segments_bytes))
     }
 }
 
