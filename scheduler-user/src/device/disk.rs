@@ -37,7 +37,10 @@ impl Disk {
     /// readahead). `None` if sysfs does not say.
     #[must_use]
     pub fn largest_request_bytes(&self) -> Option<u64> {
-        let queue = Path::new(SYSFS).join("block").join(&self.name).join("queue");
+        let queue = Path::new(SYSFS)
+            .join("block")
+            .join(&self.name)
+            .join("queue");
         let read = |name: &str| -> Option<u64> {
             read_trimmed(&queue.join(name))
                 .ok()?

@@ -9,7 +9,10 @@
 //! data) would have been full: its data arrived at `t_k` and was still not in the page cache at
 //! `t_k + CAPTURE_BUFFER_MS`, so a real capture device would have dropped frames. The summary
 //! has the writes, the overflows, the worst overrun (how late past the buffer), and the time
-//! each write(2) took (p50, p99, p99.9, max).
+//! each write(2) took (p50, p99, p99.9, max). It also says, for each write in order, how long
+//! of it the thread waited for a CPU (`cpu_wait_us`, the run-queue delay the kernel counts in
+//! `/proc/thread-self/schedstat`, read just before and after the call): that part of a write's
+//! time is the machine's CPU load, not the disk or the page cache.
 
 use std::fs::File;
 use std::io::Write;
@@ -28,6 +31,15 @@ fn arg<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> T {
 
 fn quantile_ms(sorted: &[Duration], quantile: f64) -> f64 {
     abiss_tests::quantile_of(sorted, quantile).map_or(0.0, |latency| latency.as_secs_f64() * 1000.0)
+}
+
+/// The thread's time spent waiting on a run queue so far, ns (the second figure of
+/// `/proc/thread-self/schedstat`); 0 where the kernel does not say.
+fn run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn main() {
@@ -58,6 +70,7 @@ fn main() {
             .unwrap_or(u32::MAX);
     let data = vec![0xa5_u8; usize::try_from(write_bytes).expect("a write in memory")];
     let mut latencies = Vec::with_capacity(writes as usize);
+    let mut cpu_waits_us = Vec::with_capacity(writes as usize);
     let (mut overflows, mut worst_overrun) = (0u32, Duration::ZERO);
     let start = Instant::now();
     for k in 0..writes {
@@ -67,12 +80,14 @@ fn main() {
         if let Some(wait) = arrived.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+        let delay_before = run_delay_ns();
         let began = Instant::now();
         if let Err(error) = file.write_all(&data) {
             eprintln!("abiss-test-recorder: writing {path}: {error}");
             std::process::exit(1);
         }
         let returned = Instant::now();
+        cpu_waits_us.push(run_delay_ns().saturating_sub(delay_before) / 1000);
         latencies.push(returned - began);
         let late = returned.saturating_duration_since(arrived + capture);
         if late > Duration::ZERO {
@@ -82,7 +97,7 @@ fn main() {
     }
     latencies.sort_unstable();
     println!(
-        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3}}}",
+        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3},\"cpu_wait_us\":{cpu_waits_us:?}}}",
         worst_overrun.as_secs_f64() * 1000.0,
         quantile_ms(&latencies, 0.5),
         quantile_ms(&latencies, 0.99),
