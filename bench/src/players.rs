@@ -37,6 +37,8 @@ const VIEWERS: u32 = 8;
 const VIEWER_SPACING_S: u32 = 10;
 /// How often the seeking player seeks.
 const SEEK_EVERY_S: u32 = 10;
+/// How far apart the players of the arriving rows are launched, s.
+const ARRIVAL_SPACING_S: u64 = 5;
 
 /// `abiss-bench players`.
 #[derive(Debug, clap::Args)]
@@ -103,6 +105,9 @@ pub enum Scenario {
     FourOneSeeking,
     /// Eight players of one file, started 10 s apart in the media.
     EightViewers,
+    /// Four players, four files, launched 5 s apart as viewers arrive: each start-up meets
+    /// the load and the players already playing, not three other cold starts at once.
+    FourArriving,
 }
 
 /// One row of the benchmark.
@@ -260,7 +265,34 @@ pub fn all_rows() -> Vec<Row> {
             )
         },
     ];
-    no_load_rows().into_iter().chain(loaded).collect()
+    no_load_rows()
+        .into_iter()
+        .chain(loaded)
+        .chain(arriving_rows())
+        .collect()
+}
+
+/// The rows whose players arrive one by one.
+fn arriving_rows() -> [Row; 2] {
+    [
+        row(
+            "mq-deadline-arriving",
+            "stock mq-deadline, players launched 5 s apart",
+            "mq-deadline",
+            Class::Default,
+            Scenario::FourArriving,
+        ),
+        Row {
+            run_options: &["--preroll", "6MiB"],
+            ..row(
+                "abiss-arriving",
+                "abiss, abissctl run --preroll 6MiB, players launched 5 s apart",
+                "mq-deadline",
+                Class::Abiss,
+                Scenario::FourArriving,
+            )
+        },
+    ]
 }
 
 /// The rows of `all` named in `wanted` (`--rows`), in `all`'s order; all of them if `wanted` is

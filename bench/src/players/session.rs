@@ -14,7 +14,10 @@ use super::media;
 use super::player::{PlayerKind, PlayerRun, PlayerSpec, RunningPlayer, Wrapper};
 use super::stall::{self, StallFigures};
 use super::watch::{StreamFigures, StreamWatch};
-use super::{Class, Row, Scenario, DISK_BYTES, FOUR, SEEK_EVERY_S, VIEWERS, VIEWER_SPACING_S};
+use super::{
+    Class, Row, Scenario, ARRIVAL_SPACING_S, DISK_BYTES, FOUR, SEEK_EVERY_S, VIEWERS,
+    VIEWER_SPACING_S,
+};
 use crate::abiss::Daemon;
 use crate::interrupt;
 use crate::lab_disk::LabDisk;
@@ -169,7 +172,7 @@ impl Session {
             seek_every_s,
         };
         match scenario {
-            Scenario::Four | Scenario::FourOneSeeking => kinds
+            Scenario::Four | Scenario::FourOneSeeking | Scenario::FourArriving => kinds
                 .iter()
                 .zip(&self.media)
                 .enumerate()
@@ -267,6 +270,39 @@ impl Session {
         })
     }
 
+    /// Launches `players` for `plan`'s row, and says how long they have left to play. Arriving
+    /// players are launched one by one, and all stop when the row's time from the first launch
+    /// is up: each one's stall counts from its own launch.
+    fn launch(
+        &self,
+        plan: &RowPlan<'_>,
+        players: &[PlayerSpec],
+        wrapper: &Wrapper,
+    ) -> anyhow::Result<(Vec<RunningPlayer>, Duration)> {
+        let spacing = match plan.row.scenario {
+            Scenario::FourArriving => Duration::from_secs(ARRIVAL_SPACING_S),
+            _ => Duration::ZERO,
+        };
+        let last_launch = spacing * u32::try_from(players.len().saturating_sub(1))?;
+        anyhow::ensure!(
+            Duration::from_secs(plan.secs) >= last_launch + Duration::from_secs(5),
+            "row {} launches its last player {} s in: give it --secs {} or more",
+            plan.row.name,
+            last_launch.as_secs(),
+            last_launch.as_secs() + 5
+        );
+        let first_launch = Instant::now();
+        let mut running = Vec::with_capacity(players.len());
+        for (index, spec) in players.iter().enumerate() {
+            if index > 0 {
+                sleep_interruptibly(spacing)?;
+            }
+            running.push(RunningPlayer::launch(spec, wrapper, &self.scratch)?);
+        }
+        let left = Duration::from_secs(plan.secs).saturating_sub(first_launch.elapsed());
+        Ok((running, left))
+    }
+
     /// Runs `plan`: the load for its warm-up, then the players for its seconds, from a cold
     /// page cache.
     pub fn run_row(
@@ -300,12 +336,9 @@ impl Session {
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
-        let running = players_to_start
-            .iter()
-            .map(|spec| RunningPlayer::launch(spec, &wrapper, &self.scratch))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (running, left) = self.launch(plan, &players_to_start, &wrapper)?;
         let mut streams = None;
-        let runs = play_for(running, Duration::from_secs(plan.secs), || {
+        let runs = play_for(running, left, || {
             if let Some(watch) = watch {
                 streams = Some(watch.finish()?);
             }

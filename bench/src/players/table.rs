@@ -81,8 +81,9 @@ pub fn markdown(
 ) -> String {
     let mut text = format!(
         "### Real players under a seeky best-effort load, lab hdd (issue 12)\n\n\
-         `{command}`: {secs} s per row, players launched together after {warmup} s of load, from a \
-         cold page cache (the no-load rows: no load, the floor a cold start costs the disk). Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
+         `{command}`: {secs} s per row, players launched together after {warmup} s of load (the arriving rows: \
+         one every {spacing} s, each stopped when the row's time from the first launch is up), \
+         from a cold page cache (the no-load rows: no load, the floor a cold start costs the disk). Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
          player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \
          (bench/players/gst_player.py), `ffmpeg -re … -f null -`, `mpv --vo=null --ao=null \
          --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-viewer rows: gst, ffmpeg, mpv, … of \
@@ -106,6 +107,7 @@ pub fn markdown(
          `out_time_us` of `-progress` (every 20 ms), mpv `time-pos` events over JSON IPC.\n\n",
         secs = args.secs,
         warmup = args.warmup_secs,
+        spacing = super::ARRIVAL_SPACING_S,
         rate = args.rate,
         tol = super::stall::FREEZE_TOLERANCE * 1000.0,
         disk_line = report::disk_line(queue),
