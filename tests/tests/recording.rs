@@ -609,8 +609,8 @@ fn recorder_against_writer(
             let (trace, throttle, stop_ms) = tracer
                 .finish(abiss_os::clock::monotonic_ns(), None)
                 .expect("perf trace of the recorder");
-            let writes = abiss_bench::recording::writes::recording_writes(&trace, stop_ms);
-            let slow = SlowWrites::of(&writes, &throttle, &summary);
+            let recording = abiss_bench::recording::writes::recording_writes(&trace, stop_ms);
+            let slow = SlowWrites::of(&recording, &throttle, &summary);
             (summary, Some(slow))
         }
         None => (record(&file, 1000, recorder_seconds()), None),
