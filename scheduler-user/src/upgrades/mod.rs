@@ -217,9 +217,9 @@ impl ReaderUpgrades {
             return false;
         }
         let raising = RaiseFor { stream, file_tag };
-        if !self.follow_and_raise(raising, pid, (current, target), hook) {
+        let Some(followed) = self.follow_and_raise(raising, pid, (current, target), hook) else {
             return false;
-        }
+        };
         let done = monotonic_ns();
         if measured {
             let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
@@ -255,8 +255,12 @@ impl ReaderUpgrades {
         }
         self.table.insert(upgrade);
         if let Some(kept) = self.table.get(pid).map(Upgrade::followed_as) {
-            // As the table keeps it (the id may have named a thread raised before).
-            let _ = self.forks.follow(pid, kept, hook);
+            // As the table keeps it (the id may have named a thread raised before). Only if
+            // that differs: each follow rewrites the thread's whole entry, and a count the fork
+            // program adds between the read and the write of it would be lost.
+            if kept != followed {
+                let _ = self.forks.follow(pid, kept, hook);
+            }
         }
         self.total += 1;
         *self.per_stream.entry(stream).or_default() += 1;
@@ -268,29 +272,33 @@ impl ReaderUpgrades {
         true
     }
 
-    /// Follows thread `pid`'s forks, then raises it from `current` to `target`; whether it
-    /// was raised. (Followed first: whatever it makes from the raise on is put back.)
+    /// Follows thread `pid`'s forks, then raises it from `current` to `target`; what the fork
+    /// program was told of the raise (previous, applied, file tag), if it was raised. (Followed
+    /// first: whatever it makes from the raise on is put back.)
     fn follow_and_raise(
         &mut self,
         RaiseFor { stream, file_tag }: RaiseFor,
         pid: u32,
         (current, target): (u16, u16),
         hook: &mut dyn ForkHook,
-    ) -> bool {
+    ) -> Option<(u16, u16, u64)> {
         // An earlier raise of the thread keeps the priority it had before it.
         let previous = self
             .table
             .get(pid)
             .map_or(current, |earlier| earlier.previous);
-        if let Err(error) = self.forks.follow(pid, (previous, target, file_tag), hook) {
+        let followed = (previous, target, file_tag);
+        if let Err(error) = self.forks.follow(pid, followed, hook) {
             warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); not raised");
-            return self.not_raised(pid, hook);
+            self.not_raised(pid, hook);
+            return None;
         }
         if let Err(error) = ioprio::set(pid, target) {
             warn!("stream {stream}: cannot raise thread {pid}: {error}");
-            return self.not_raised(pid, hook);
+            self.not_raised(pid, hook);
+            return None;
         }
-        true
+        Some(followed)
     }
 
     /// Lets go of the raises for `stream` whose threads are gone, at most once every
