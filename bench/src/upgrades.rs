@@ -26,6 +26,7 @@ use crate::abiss::Daemon;
 use crate::ioprio::current_thread_ioprio;
 use crate::lab_disk::LabDisk;
 use crate::latency::{LatencyHistogram, LatencySummary};
+use crate::players::session::{busy_pct, cpu_times, steal_ms};
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
 use crate::workload::CopyLoop;
 use crate::{layout, report};
@@ -109,6 +110,8 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
             "raised_before_the_read_returned": row.raised_in_time,
             "miss_read_latency": row.read_summary,
             "program_costs_with_a_file_attached": row.costs,
+            "cpu_busy_pct": row.cpu_busy_pct,
+            "steal_ms": row.steal_ms,
         })).collect::<Vec<_>>(),
     });
     let markdown = markdown(&command, &machine, args.misses, &rows);
@@ -128,6 +131,11 @@ struct UpgradeFigures {
     read_summary: LatencySummary,
     /// The programs' cost over the first 10 s, with the file attached.
     costs: abiss_proto::StatsReport,
+    /// Busy share of all CPUs while the misses were made, %.
+    cpu_busy_pct: f64,
+    /// Steal over that time, ms (all CPUs): the hypervisor's share, which delays abissd and
+    /// the programs alike.
+    steal_ms: u64,
 }
 
 /// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts `load`, and makes
@@ -185,7 +193,9 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     // the load and the misses.
     let mut stats_client = daemon.connect()?;
     let costs = std::thread::spawn(move || stats_client.stats(10_000));
+    let (cpu_before, steal_before) = (cpu_times()?, steal_ms()?);
     let (reads, raised_in_time) = make_misses(&stream_file, misses)?;
+    let (cpu_after, steal_after) = (cpu_times()?, steal_ms()?);
     let costs = costs
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
@@ -203,6 +213,8 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
         raised_in_time,
         read_summary: reads.summary(),
         costs,
+        cpu_busy_pct: busy_pct(cpu_before, cpu_after),
+        steal_ms: steal_after.saturating_sub(steal_before),
     })
 }
 
@@ -277,16 +289,18 @@ fn markdown(
          `{command}`: {} misses per load, each by a new thread reading 64 KiB it first dropped \
          from the page cache, on a 1 MB/s level-0 stream of the lab hdd. Latency is measured by \
          abissd from the kernel event's timestamp to the return of `ioprio_set` (debug build of \
-         abissd), and read back from `abissctl status`. {}\n\n\
-         | load | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+         abissd), and read back from `abissctl status`. While the misses were made: the busy share \
+         of all CPUs, and steal, the time the hypervisor gave this virtual machine's CPUs to \
+         others while they had work (all CPUs; it delays abissd and the programs alike). {}\n\n\
+         | load | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms | CPU busy % | steal ms |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         misses,
         report::machine_line(machine)
     );
     for row in rows {
         let _ = writeln!(
             markdown,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             row.load.describe(),
             misses,
             row.upgrades.total,
@@ -295,7 +309,9 @@ fn markdown(
             micros(row.upgrades.latency_max_us),
             row.raised_in_time,
             report::ms(row.read_summary.p50_ms),
-            report::ms(row.read_summary.p99_ms)
+            report::ms(row.read_summary.p99_ms),
+            row.cpu_busy_pct,
+            row.steal_ms
         );
     }
     for row in rows {
