@@ -10,7 +10,7 @@
 //! `t_k + CAPTURE_BUFFER_MS`, so a real capture device would have dropped frames. The summary
 //! has the writes, the overflows, the worst overrun (how late past the buffer), and the time
 //! each write(2) took (p50, p99, p99.9, max). It also says, for each write in order, how long
-//! of it the thread waited for a CPU (`cpu_wait_us`, the run-queue delay the kernel counts in
+//! it took (`write_us`) and how long of it the thread waited for a CPU (`cpu_wait_us`, the run-queue delay the kernel counts in
 //! `/proc/thread-self/schedstat`, read just before and after the call): that part of a write's
 //! time is the machine's CPU load, not the disk or the page cache.
 
@@ -95,9 +95,10 @@ fn main() {
             worst_overrun = worst_overrun.max(late);
         }
     }
+    let write_us: Vec<u128> = latencies.iter().map(Duration::as_micros).collect();
     latencies.sort_unstable();
     println!(
-        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3},\"cpu_wait_us\":{cpu_waits_us:?}}}",
+        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3},\"write_us\":{write_us:?},\"cpu_wait_us\":{cpu_waits_us:?}}}",
         worst_overrun.as_secs_f64() * 1000.0,
         quantile_ms(&latencies, 0.5),
         quantile_ms(&latencies, 0.99),
