@@ -761,8 +761,9 @@ fn a_recorder_meets_its_deadlines_against_a_best_effort_writer() {
 }
 
 /// The same recorder on xfs: no overflow with a 1 s capture buffer, with a write stream,
-/// against the best-effort writer under a small box's dirty limits. On ext4 the recorder's slow writes wait for the
-/// inode's allocation lock and the journal (the test above); on xfs they did not.
+/// against the best-effort writer under a small box's dirty limits. On ext4 the recorder's
+/// slow writes wait for the inode's allocation lock and the journal (the test above); on xfs
+/// they did not.
 ///
 /// The goal is write p99.9 under 5 ms, and on this kernel build (6.18.44-fc-v1147,
 /// 2026-12-03) 6 of 11 runs missed it: 156, 10.9, 7.4, 7.0, 5.8 and 5.2 ms. In six runs traced
@@ -774,9 +775,9 @@ fn a_recorder_meets_its_deadlines_against_a_best_effort_writer() {
 /// `cond_resched` in `iomap_file_buffered_write` (2 to 7 ms). Neither is the disk or the
 /// recording's pages, which the write stream controls. So the test prints the p99.9 and what
 /// each write over 5 ms waited for (perf traces the throttle, the recorder counts its own wait
-/// for a CPU); the next test asserts that those two explain every one. Before, with a write-back that waited for
-/// nothing (`sync_file_range(WRITE)` alone), one of two runs had a 484 ms write
-/// (`bench/results/recording-write-ahead/`).
+/// for a CPU); the next test asserts that those two explain every one. Before, with a
+/// write-back that waited for nothing (`sync_file_range(WRITE)` alone), one of two runs had a
+/// 484 ms write (`bench/results/recording-write-ahead/`).
 #[test]
 fn a_recorder_on_xfs_meets_its_deadlines_against_a_best_effort_writer() {
     require_root!();

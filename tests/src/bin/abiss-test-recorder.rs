@@ -10,9 +10,10 @@
 //! `t_k + CAPTURE_BUFFER_MS`, so a real capture device would have dropped frames. The summary
 //! has the writes, the overflows, the worst overrun (how late past the buffer), and the time
 //! each write(2) took (p50, p99, p99.9, max). It also says, for each write in order, how long
-//! it took (`write_us`) and how long of it the thread waited for a CPU (`cpu_wait_us`, the run-queue delay the kernel counts in
-//! `/proc/thread-self/schedstat`, read just before and after the call): that part of a write's
-//! time is the machine's CPU load, not the disk or the page cache.
+//! it took (`write_us`) and how long of it the thread waited for a CPU (`cpu_wait_us`, the
+//! run-queue delay the kernel counts in `/proc/thread-self/schedstat`, read just before and
+//! after the call): that part of a write's time is the machine's CPU load, not the disk or the
+//! page cache.
 
 use std::fs::File;
 use std::io::Write;
