@@ -42,6 +42,7 @@ pub mod abiss;
 pub mod admission;
 pub mod chart;
 pub mod configuration;
+pub mod cpu;
 pub mod empty_program;
 pub mod fio;
 pub mod interrupt;

@@ -26,7 +26,9 @@ use crate::abiss::Daemon;
 use crate::ioprio::current_thread_ioprio;
 use crate::lab_disk::LabDisk;
 use crate::latency::{LatencyHistogram, LatencySummary};
-use crate::players::session::{busy_pct, cpu_times, steal_ms};
+use abiss_lab::system::stolen_ms;
+
+use crate::cpu::{busy_pct, cpu_times};
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
 use crate::workload::CopyLoop;
 use crate::{layout, report};
@@ -134,8 +136,8 @@ struct UpgradeFigures {
     /// Busy share of all CPUs while the misses were made, %.
     cpu_busy_pct: f64,
     /// Steal over that time, ms (all CPUs): the hypervisor's share, which delays abissd and
-    /// the programs alike.
-    steal_ms: u64,
+    /// the programs alike (`None` where the kernel does not count it).
+    steal_ms: Option<u64>,
 }
 
 /// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts `load`, and makes
@@ -193,9 +195,9 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     // the load and the misses.
     let mut stats_client = daemon.connect()?;
     let costs = std::thread::spawn(move || stats_client.stats(10_000));
-    let (cpu_before, steal_before) = (cpu_times()?, steal_ms()?);
+    let (cpu_before, steal_before) = (cpu_times()?, stolen_ms());
     let (reads, raised_in_time) = make_misses(&stream_file, misses)?;
-    let (cpu_after, steal_after) = (cpu_times()?, steal_ms()?);
+    let (cpu_after, steal_after) = (cpu_times()?, stolen_ms());
     let costs = costs
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
@@ -214,7 +216,9 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
         read_summary: reads.summary(),
         costs,
         cpu_busy_pct: busy_pct(cpu_before, cpu_after),
-        steal_ms: steal_after.saturating_sub(steal_before),
+        steal_ms: steal_before
+            .zip(steal_after)
+            .map(|(before, after)| after.saturating_sub(before)),
     })
 }
 
@@ -312,6 +316,7 @@ fn markdown(
             report::ms(row.read_summary.p99_ms),
             row.cpu_busy_pct,
             row.steal_ms
+                .map_or_else(|| "-".to_owned(), |ms| ms.to_string())
         );
     }
     for row in rows {

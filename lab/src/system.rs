@@ -151,6 +151,16 @@ pub fn find_processes(needles: &[&str]) -> Vec<(i32, u64)> {
         .collect()
 }
 
+/// The kernel's count of CPU time stolen by the hypervisor so far (steal: time the machine's
+/// CPUs had work but the hypervisor ran something else), all CPUs, in milliseconds; `None`
+/// where the kernel does not count it.
+#[must_use]
+pub fn stolen_ms() -> Option<u64> {
+    use procfs::CurrentSI as _;
+    let steal_ticks = procfs::KernelStats::current().ok()?.total.steal?;
+    Some(steal_ticks * 1000 / procfs::ticks_per_second())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

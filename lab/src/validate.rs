@@ -214,7 +214,7 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
     // Measure from a real-time thread so that a loaded machine delays the measuring process
     // less; without the privilege the measurement simply runs at normal priority.
     let _ = crate::timing::make_current_thread_realtime(5);
-    let stolen_before = stolen_ms();
+    let stolen_before = crate::system::stolen_ms();
     lab.recalibrate_transport()?;
     let mut probe = Probe::new(lab)?;
     let mut checks = probe.sequential_checks()?;
@@ -225,16 +225,9 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
         tolerance_percent,
         small_read_excess_ns: probe.small_read_excess_ns,
         stolen_ms: stolen_before
-            .zip(stolen_ms())
+            .zip(crate::system::stolen_ms())
             .map(|(before, after)| after.saturating_sub(before)),
     })
-}
-
-/// The kernel's count of CPU time stolen by the hypervisor so far, all CPUs, in milliseconds.
-fn stolen_ms() -> Option<u64> {
-    use procfs::CurrentSI as _;
-    let steal_ticks = procfs::KernelStats::current().ok()?.total.steal?;
-    Some(steal_ticks * 1000 / procfs::ticks_per_second())
 }
 
 /// The device opened for measuring, and the model predicting each measurement.

@@ -157,11 +157,26 @@ impl Drop for Events {
 /// (under `SCHED_FIFO` with `ABISS_RECORDER_FIFO=1`, for a comparison: the kernel lets
 /// real-time tasks dirty a quarter more than others).
 fn record(file: &Path, capture_ms: u64, seconds: u64) -> serde_json::Value {
-    record_in(&[], file, capture_ms, seconds)
+    run_recorder(&[], file, (capture_ms, seconds), &[])
 }
 
-/// [`record`], started by the command line `prefix` (a tracer's cgroup, say).
-fn record_in(prefix: &[String], file: &Path, capture_ms: u64, seconds: u64) -> serde_json::Value {
+/// [`record`], started by the command line `prefix` (a tracer's cgroup), with each write's time
+/// and wait for a CPU in the summary (`per-write`).
+fn record_per_write(
+    prefix: &[String],
+    file: &Path,
+    capture_ms: u64,
+    seconds: u64,
+) -> serde_json::Value {
+    run_recorder(prefix, file, (capture_ms, seconds), &["per-write"])
+}
+
+fn run_recorder(
+    prefix: &[String],
+    file: &Path,
+    (capture_ms, seconds): (u64, u64),
+    options: &[&str],
+) -> serde_json::Value {
     let mut command = if let Some((first, rest)) = prefix.split_first() {
         let mut command = Command::new(first);
         command.args(rest).arg(binary("abiss-test-recorder"));
@@ -181,6 +196,7 @@ fn record_in(prefix: &[String], file: &Path, capture_ms: u64, seconds: u64) -> s
             capture_ms.to_string(),
             seconds.to_string(),
         ])
+        .args(options)
         .output()
         .expect("run the recorder");
     assert!(
@@ -605,7 +621,7 @@ fn recorder_against_writer(
     let (summary, slow) = match tracer {
         Some(tracer) => {
             tracer.mark().expect("the trace marker");
-            let summary = record_in(&tracer.enter(), &file, 1000, recorder_seconds());
+            let summary = record_per_write(&tracer.enter(), &file, 1000, recorder_seconds());
             let (trace, throttle, stop_ms) = tracer
                 .finish(abiss_os::clock::monotonic_ns(), None)
                 .expect("perf trace of the recorder");
@@ -823,6 +839,7 @@ fn xfs_recorder_against_writer() -> (serde_json::Value, u64, SlowWrites) {
         recorder_against_writer(&lab, &daemon, "stream.ts", true, Some(&mut tracer));
     let slow = slow.expect("traced");
     let mut shown = with.clone();
+    // The per-write figures are in `slow`, summed up.
     if let Some(summary) = shown.as_object_mut() {
         summary.remove("write_us");
         summary.remove("cpu_wait_us");

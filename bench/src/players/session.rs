@@ -19,6 +19,7 @@ use super::{
     VIEWER_SPACING_S,
 };
 use crate::abiss::Daemon;
+use crate::cpu::{busy_pct, cpu_times, load_average};
 use crate::interrupt;
 use crate::lab_disk::LabDisk;
 use crate::layout::drop_cached_pages;
@@ -589,50 +590,4 @@ fn write_events(dir: &Path, row: &str, runs: &[PlayerRun]) -> anyhow::Result<()>
         std::fs::write(dir.join(name), text)?;
     }
     Ok(())
-}
-
-/// The figures of the all-CPUs line of /proc/stat, jiffies: user, nice, system, idle, iowait,
-/// irq, softirq, steal, ...
-fn cpu_fields() -> anyhow::Result<Vec<u64>> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat.lines().next().context("empty /proc/stat")?;
-    Ok(line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect())
-}
-
-/// (busy, total) jiffies of all CPUs from /proc/stat.
-pub(crate) fn cpu_times() -> anyhow::Result<(u64, u64)> {
-    let fields = cpu_fields()?;
-    let total: u64 = fields.iter().take(8).sum();
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    Ok((total - idle, total))
-}
-
-/// Time the hypervisor ran something else while this machine's CPUs had work (steal), summed
-/// over all CPUs since boot, ms: on a virtual machine, time a task was ready and on a CPU as
-/// far as the kernel knew, but did not run.
-pub(crate) fn steal_ms() -> anyhow::Result<u64> {
-    let steal = cpu_fields()?.get(7).copied().unwrap_or(0);
-    // SAFETY: sysconf(3) reads a constant.
-    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .ok()
-        .filter(|&hz| hz > 0)
-        .unwrap_or(100);
-    Ok(steal * 1000 / per_second)
-}
-
-#[expect(clippy::cast_precision_loss, reason = "jiffies")]
-pub(crate) fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
-    let total = after.1.saturating_sub(before.1).max(1);
-    after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0
-}
-
-pub(crate) fn load_average() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(f64::NAN)
 }

@@ -15,14 +15,13 @@ use super::recorder::{RecorderKind, RecorderResult, RunningRecorder, Tracer};
 use super::writes::quantile;
 use super::{Row, DISK_BYTES, PLAYERS, RECORDERS};
 use crate::abiss::Daemon;
+use crate::cpu::{busy_pct, cpu_times, load_average};
 use crate::interrupt;
 use crate::lab_disk::LabDisk;
 use crate::layout::drop_cached_pages;
 use crate::players::media;
 use crate::players::player::{PlayerKind, PlayerSpec, RunningPlayer, Wrapper};
-use crate::players::session::{
-    baseline, busy_pct, cpu_times, load_average, play_for, player_result, Baseline, PlayerResult,
-};
+use crate::players::session::{baseline, play_for, player_result, Baseline, PlayerResult};
 use crate::players::watch::{StreamFigures, StreamWatch};
 use crate::players::Class;
 use crate::trial::sleep_interruptibly;

@@ -3,14 +3,14 @@
 //! (opened for writing, created if missing, not truncated) as soon as the previous write
 //! returned, and prints one JSON line.
 //!
-//! `abiss-test-recorder FILE RATE_BPS WRITE_BYTES CAPTURE_BUFFER_MS SECS`
+//! `abiss-test-recorder FILE RATE_BPS WRITE_BYTES CAPTURE_BUFFER_MS SECS [per-write]`
 //!
 //! An **overflow** is a write that returned after the capture buffer (`CAPTURE_BUFFER_MS` of
 //! data) would have been full: its data arrived at `t_k` and was still not in the page cache at
 //! `t_k + CAPTURE_BUFFER_MS`, so a real capture device would have dropped frames. The summary
 //! has the writes, the overflows, the worst overrun (how late past the buffer), and the time
-//! each write(2) took (p50, p99, p99.9, max). It also says, for each write in order, how long
-//! it took (`write_us`) and how long of it the thread waited for a CPU (`cpu_wait_us`, the
+//! each write(2) took (p50, p99, p99.9, max). With `per-write` it also says, for each write in
+//! order, how long it took (`write_us`) and how long of it the thread waited for a CPU (`cpu_wait_us`, the
 //! run-queue delay the kernel counts in `/proc/thread-self/schedstat`, read just before and
 //! after the call): that part of a write's time is the machine's CPU load, not the disk or the
 //! page cache.
@@ -50,6 +50,14 @@ fn main() {
     let write_bytes: u64 = arg(&args, 2, "WRITE_BYTES");
     let capture_ms: u64 = arg(&args, 3, "CAPTURE_BUFFER_MS");
     let seconds: u64 = arg(&args, 4, "SECS");
+    let per_write = match args.get(5).map(String::as_str) {
+        None => false,
+        Some("per-write") => true,
+        Some(other) => {
+            eprintln!("abiss-test-recorder: unknown option {other:?} (the sixth argument may only be per-write)");
+            std::process::exit(2)
+        }
+    };
     if rate == 0 || write_bytes == 0 || seconds == 0 {
         eprintln!("abiss-test-recorder: the rate, the write size and the time must be positive");
         std::process::exit(2);
@@ -96,10 +104,15 @@ fn main() {
             worst_overrun = worst_overrun.max(late);
         }
     }
-    let write_us: Vec<u128> = latencies.iter().map(Duration::as_micros).collect();
+    let per_write = if per_write {
+        let write_us: Vec<u128> = latencies.iter().map(Duration::as_micros).collect();
+        format!(",\"write_us\":{write_us:?},\"cpu_wait_us\":{cpu_waits_us:?}")
+    } else {
+        String::new()
+    };
     latencies.sort_unstable();
     println!(
-        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3},\"write_us\":{write_us:?},\"cpu_wait_us\":{cpu_waits_us:?}}}",
+        "{{\"writes\":{writes},\"overflows\":{overflows},\"worst_overrun_ms\":{:.1},\"write_p50_ms\":{:.3},\"write_p99_ms\":{:.3},\"write_p999_ms\":{:.3},\"write_max_ms\":{:.3}{per_write}}}",
         worst_overrun.as_secs_f64() * 1000.0,
         quantile_ms(&latencies, 0.5),
         quantile_ms(&latencies, 0.99),

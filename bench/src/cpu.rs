@@ -1,0 +1,33 @@
+//! What the machine's CPUs did while a benchmark row ran: their busy share and the load
+//! average (steal, the hypervisor's share, is `abiss_lab::system::stolen_ms`).
+
+use anyhow::Context as _;
+
+/// (busy, total) jiffies of all CPUs from /proc/stat.
+pub(crate) fn cpu_times() -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("empty /proc/stat")?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
+
+/// The busy share of all CPUs between two [`cpu_times`], %.
+#[expect(clippy::cast_precision_loss, reason = "jiffies")]
+pub(crate) fn busy_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let total = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 / total as f64 * 100.0
+}
+
+/// The 1-minute load average (NaN if /proc does not say).
+pub(crate) fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
