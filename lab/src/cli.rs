@@ -170,16 +170,35 @@ fn status(state_dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
+/// Runs the validation, and runs it again (up to [`VALIDATION_ATTEMPTS`] in all) when it
+/// failed while the hypervisor took much of the machine's CPU time: such a run measured the
+/// host, not the emulated disk. A run that fails on a quiet machine fails at once.
 fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
     let mut lab = Lab::open(state_dir)?;
-    let report = crate::validate(&mut lab, tolerance_percent)?;
-    println!(
-        "(the emulator takes {} µs of measured transport delay off each reply)",
-        lab.state().transport_ns / 1000
-    );
-    println!("{report}");
-    report.into_result().map(drop)
+    let mut attempt = 1;
+    loop {
+        let report = crate::validate(&mut lab, tolerance_percent)?;
+        println!(
+            "(the emulator takes {} µs of measured transport delay off each reply)",
+            lab.state().transport_ns / 1000
+        );
+        println!("{report}");
+        if report.failed() == 0 || !report.disturbed() || attempt == VALIDATION_ATTEMPTS {
+            return report.into_result().map(drop);
+        }
+        println!(
+            "the hypervisor took more than {:.0}% of the CPUs' time during these checks, so \
+             they measured the host rather than the disk: measuring again ({} of {})",
+            crate::validate::STOLEN_SHARE_TO_REPEAT * 100.0,
+            attempt + 1,
+            VALIDATION_ATTEMPTS
+        );
+        attempt += 1;
+    }
 }
+
+/// Validation runs at most, when runs fail under CPU steal.
+const VALIDATION_ATTEMPTS: u32 = 3;
 
 /// Runs the emulator. Detaching forks before any thread exists, so the parent (`up`) can
 /// reap it at once and the emulator is nobody's zombie when it is killed.

@@ -161,6 +161,14 @@ pub fn stolen_ms() -> Option<u64> {
     Some(steal_ticks * 1000 / procfs::ticks_per_second())
 }
 
+/// The machine's CPUs as the kernel counts them in `/proc/stat` (the ones steal is summed
+/// over); 1 if that cannot be read.
+#[must_use]
+pub fn cpu_count() -> usize {
+    use procfs::CurrentSI as _;
+    procfs::KernelStats::current().map_or(1, |stats| stats.cpu_time.len().max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

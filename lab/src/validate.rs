@@ -69,9 +69,38 @@ pub struct ValidationReport {
     /// kernel's steal time), in milliseconds; `None` where the kernel does not count it. A
     /// virtual machine whose CPUs are taken away delays replies beyond the model.
     pub stolen_ms: Option<u64>,
+    /// How long the checks took.
+    pub wall: Duration,
+    /// CPUs of this machine, the ones `stolen_ms` counts over.
+    pub cpus: usize,
 }
 
+/// The share of the machine's CPU time the hypervisor may take during a run before a failed
+/// run is measured again: a quiet run on the lab machine lost 0 ms of 1.6 s, and the failed
+/// suite run that asked for this lost 990 ms (the emulator's replies wait for a CPU too, so
+/// every read looked slower than its model).
+pub const STOLEN_SHARE_TO_REPEAT: f64 = 0.05;
+
 impl ValidationReport {
+    /// The share of the CPUs' time the hypervisor took while the checks ran; `None` where the
+    /// kernel does not count steal.
+    #[must_use]
+    pub fn stolen_share(&self) -> Option<f64> {
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds and a CPU count")]
+        let available_ms = self.wall.as_secs_f64() * 1000.0 * self.cpus.max(1) as f64;
+        #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
+        self.stolen_ms
+            .map(|stolen| stolen as f64 / available_ms.max(1.0))
+    }
+
+    /// Whether a failure of this run says more about the hypervisor than about the model: it
+    /// took more than [`STOLEN_SHARE_TO_REPEAT`] of the CPUs' time meanwhile.
+    #[must_use]
+    pub fn disturbed(&self) -> bool {
+        self.stolen_share()
+            .is_some_and(|share| share > STOLEN_SHARE_TO_REPEAT)
+    }
+
     /// Checks outside the tolerance.
     #[must_use]
     pub fn failed(&self) -> usize {
@@ -152,7 +181,11 @@ impl std::fmt::Display for ValidationReport {
         if let Some(stolen) = self.stolen_ms {
             write!(
                 f,
-                "\nCPU time the hypervisor took from this machine during the checks: {stolen} ms"
+                "\nCPU time the hypervisor took from this machine during the checks: {stolen} ms \
+                 ({:.1}% of {} CPUs over {:.2} s)",
+                self.stolen_share().unwrap_or(0.0) * 100.0,
+                self.cpus,
+                self.wall.as_secs_f64()
             )?;
         }
         Ok(())
@@ -215,6 +248,7 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
     // less; without the privilege the measurement simply runs at normal priority.
     let _ = crate::timing::make_current_thread_realtime(5);
     let stolen_before = crate::system::stolen_ms();
+    let started = Instant::now();
     lab.recalibrate_transport()?;
     let mut probe = Probe::new(lab)?;
     let mut checks = probe.sequential_checks()?;
@@ -227,6 +261,8 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
         stolen_ms: stolen_before
             .zip(crate::system::stolen_ms())
             .map(|(before, after)| after.saturating_sub(before)),
+        wall: started.elapsed(),
+        cpus: crate::system::cpu_count(),
     })
 }
 
@@ -397,5 +433,33 @@ impl Samples {
             expected: expected as f64 / 1e6,
             unit: "ms",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(stolen_ms: Option<u64>, wall_ms: u64) -> ValidationReport {
+        ValidationReport {
+            checks: Vec::new(),
+            tolerance_percent: 10.0,
+            small_read_excess_ns: Vec::new(),
+            stolen_ms,
+            wall: Duration::from_millis(wall_ms),
+            cpus: 2,
+        }
+    }
+
+    #[test]
+    fn a_run_that_lost_much_cpu_time_to_the_hypervisor_is_disturbed() {
+        // The suite run that failed: 990 ms stolen from 2 CPUs over about 0.8 s.
+        assert!(report(Some(990), 800).disturbed());
+        // Quiet runs on the lab machine: 0 ms; and 5% of 1.6 s of CPU time is the line.
+        assert!(!report(Some(0), 800).disturbed());
+        assert!(!report(Some(80), 800).disturbed());
+        assert!(report(Some(81), 800).disturbed());
+        // A kernel without steal accounting never makes a failure look disturbed.
+        assert!(!report(None, 800).disturbed());
     }
 }
