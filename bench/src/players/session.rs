@@ -126,6 +126,10 @@ pub struct RowResult {
     pub players_cpu_pct: f64,
     /// The 1-minute load average when the players started.
     pub load_average_1m: f64,
+    /// CPU time the hypervisor took from this machine while the players played (steal, all
+    /// CPUs), ms; `None` where the kernel does not count it. Players' start-ups and frames
+    /// wait for it like for a busy CPU.
+    pub stolen_ms: Option<u64>,
     /// What abissd counted per stream (abiss rows).
     pub streams: Option<Vec<StreamFigures>>,
 }
@@ -337,6 +341,7 @@ impl Session {
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
+        let stolen_before = abiss_lab::system::stolen_ms();
         let (running, left) = self.launch(plan, &players_to_start, &wrapper)?;
         let mut streams = None;
         let runs = play_for(running, left, || {
@@ -346,6 +351,9 @@ impl Session {
             Ok(())
         })?;
         let cpu_after = cpu_times()?;
+        let stolen_ms = stolen_before
+            .zip(abiss_lab::system::stolen_ms())
+            .map(|(before, after)| after.saturating_sub(before));
         drop(request_trace);
         let load = load
             .map(load::Load::finish)
@@ -372,6 +380,7 @@ impl Session {
             load,
             cpu_busy_pct: busy_pct(cpu_before, cpu_after),
             load_average_1m,
+            stolen_ms,
             streams,
         })
     }

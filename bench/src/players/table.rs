@@ -60,12 +60,13 @@ fn daemon_figures(result: &RowResult) -> (String, String, String) {
 pub fn progress_line(result: &RowResult) -> String {
     let (misses, service, _) = daemon_figures(result);
     format!(
-        "stall {} s (per player {}), failed {}, BE {:.2} MB/s, CPU {:.0} %, abiss misses {misses}, RT service p99 {service} ms",
+        "stall {} s (per player {}), failed {}, BE {:.2} MB/s, CPU {:.0} %, steal {} ms, abiss misses {misses}, RT service p99 {service} ms",
         seconds(Some(result.total_stall_s)),
         per_player(result, |p| p.stall_s),
         result.failed_players,
         result.load.total_mb_s,
         result.cpu_busy_pct,
+        result.stolen_ms.unwrap_or(0),
     )
 }
 
@@ -162,8 +163,8 @@ pub fn markdown(
 
 fn rows_table(text: &mut String, results: &[RowResult]) {
     text.push_str(
-        "\n| row | elevator | players | stall per player s | total stall s | beyond warm s | start-up per player s | of which abissctl run s | freezes | abiss misses | stream service p99 ms | stream queue p99 ms | BE MB/s (direct / buffered / write) | BE vs mq-deadline | CPU busy % | players' CPU % | load 1 min |\n\
-         | --- | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n",
+        "\n| row | elevator | players | stall per player s | total stall s | beyond warm s | start-up per player s | of which abissctl run s | freezes | abiss misses | stream service p99 ms | stream queue p99 ms | BE MB/s (direct / buffered / write) | BE vs mq-deadline | CPU busy % | steal ms | players' CPU % | load 1 min |\n\
+         | --- | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
     let attach = |result: &RowResult| {
         if result.row.class == Class::Abiss {
@@ -192,7 +193,7 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             );
         let _ = writeln!(
             text,
-            "| {} | {} | {class} | {} | **{:.2}**{} | {:.2} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {:.1} | {:.2} |",
+            "| {} | {} | {class} | {} | **{:.2}**{} | {:.2} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {} | {:.1} | {:.2} |",
             result.row.name,
             result.row.elevator,
             per_player(result, |p| p.stall_s),
@@ -211,6 +212,9 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             result.load.buffered_read_mb_s,
             result.load.write_mb_s,
             result.cpu_busy_pct,
+            result
+                .stolen_ms
+                .map_or_else(|| "-".to_owned(), |ms| ms.to_string()),
             result.players_cpu_pct,
             result.load_average_1m,
         );
