@@ -40,6 +40,25 @@ pub struct RowPlan<'a> {
     pub rate: &'a str,
     /// Where to write the players' reports, if anywhere.
     pub events_dir: Option<&'a Path>,
+    /// Which run of the row this is, of how many (`--repeat`).
+    pub run: (u32, u32),
+}
+
+impl RowPlan<'_> {
+    /// The row's name, with the run's number when the row runs more than once.
+    #[must_use]
+    pub fn label(&self) -> String {
+        run_label(self.row.name, self.run)
+    }
+}
+
+/// `name`, or `name#k` for run k of several.
+fn run_label(name: &str, (run, runs): (u32, u32)) -> String {
+    if runs > 1 {
+        format!("{name}#{run}")
+    } else {
+        name.to_owned()
+    }
 }
 
 /// The lab disk with the media and the load's files, and where abissd is.
@@ -108,6 +127,8 @@ pub struct PlayerResult {
 pub struct RowResult {
     /// The row.
     pub row: Row,
+    /// Which run of the row this was, of how many.
+    pub run: (u32, u32),
     /// Seconds the players played.
     pub secs: u64,
     /// Each player.
@@ -132,6 +153,14 @@ pub struct RowResult {
     pub stolen_ms: Option<u64>,
     /// What abissd counted per stream (abiss rows).
     pub streams: Option<Vec<StreamFigures>>,
+}
+
+impl RowResult {
+    /// The row's name, with the run's number when the row ran more than once.
+    #[must_use]
+    pub fn label(&self) -> String {
+        run_label(self.row.name, self.run)
+    }
 }
 
 impl Session {
@@ -330,7 +359,7 @@ impl Session {
             (Some(daemon), Some(dir)) => Some(RequestTrace::start(
                 self.bin_dir.as_deref().unwrap_or(Path::new(".")),
                 daemon.socket(),
-                &dir.join(format!("{}-requests.jsonl", row.name)),
+                &dir.join(format!("{}-requests.jsonl", plan.label())),
             )?),
             _ => None,
         };
@@ -360,7 +389,7 @@ impl Session {
             .transpose()?
             .unwrap_or_default();
         if let Some(dir) = plan.events_dir {
-            write_events(dir, row.name, &runs)?;
+            write_events(dir, &plan.label(), &runs)?;
         }
         drop(daemon);
         let players: Vec<PlayerResult> = runs
@@ -371,6 +400,7 @@ impl Session {
         let wall = plan.secs as f64;
         Ok(RowResult {
             row: row.clone(),
+            run: plan.run,
             secs: plan.secs,
             total_stall_s: players.iter().filter_map(|p| p.stall_s).sum(),
             total_stall_beyond_warm_s: players.iter().filter_map(|p| p.stall_beyond_warm_s).sum(),
