@@ -7,6 +7,7 @@
 pub mod load;
 pub mod media;
 pub mod player;
+pub mod program;
 pub mod session;
 pub mod stall;
 mod table;

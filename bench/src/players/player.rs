@@ -197,6 +197,8 @@ impl RunningPlayer {
     /// Launches `spec` through `wrapper`; `scratch` holds its IPC socket (mpv).
     pub fn launch(spec: &PlayerSpec, wrapper: &Wrapper, scratch: &Path) -> anyhow::Result<Self> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        // Its program from memory, as in every launch ([`super::program`]).
+        super::program::warm(spec.kind.name());
         let ipc = scratch.join(format!("mpv-{}.sock", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&ipc);
         let line = spec.command_line(&ipc);
@@ -249,6 +251,12 @@ impl RunningPlayer {
             stderr: Some(stderr),
             exec,
         })
+    }
+
+    /// The process id of what was launched (the player, or its wrapper), while it runs.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Whether the player (or its wrapper) has ended by itself (it is not reaped here).

@@ -484,7 +484,15 @@ fn no_load_run(
     scratch: &Path,
 ) -> anyhow::Result<StallFigures> {
     let player = RunningPlayer::launch(spec, &Wrapper::Plain, scratch)?;
-    let run = play_for(vec![player], Duration::from_secs(secs), || Ok(()))?.remove(0);
+    let pid = player.pid();
+    // What the player maps while it plays is what its next launches read first.
+    let run = play_for(vec![player], Duration::from_secs(secs), || {
+        if let Some(pid) = pid {
+            super::program::remember(spec.kind.name(), pid, &spec.file);
+        }
+        Ok(())
+    })?
+    .remove(0);
     anyhow::ensure!(
         !run.events.is_empty(),
         "{name} reported no media time on an idle machine ({}): {}",

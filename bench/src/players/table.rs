@@ -84,7 +84,9 @@ pub fn markdown(
         "### Real players under a seeky best-effort load, lab hdd (issue 12)\n\n\
          `{command}`: {secs} s per row, players launched together after {warmup} s of load (the arriving rows: \
          one every {spacing} s, each stopped when the row's time from the first launch is up), \
-         from a cold page cache (the no-load rows: no load, the floor a cold start costs the disk). Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
+         from a cold page cache (the no-load rows: no load, the floor a cold start costs the disk); before each launch, \
+         in the baselines too, the player's own program files (those it mapped in its baseline) are read into memory, \
+         since the machine may have reclaimed them since its last launch and reading them from the root disk is not the load's doing. Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
          player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \
          (bench/players/gst_player.py), `ffmpeg -re … -f null -`, `mpv --vo=null --ao=null \
          --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-viewer rows: gst, ffmpeg, mpv, … of \
