@@ -79,6 +79,12 @@ pub fn warm(kind: &str) -> u64 {
 mod tests {
     use super::*;
 
+    /// What [`remember`] notes for process `pid` with `media`'s device left out.
+    fn remembered(kind: &'static str, pid: u32, media: &Path) -> Vec<PathBuf> {
+        remember(kind, pid, media);
+        PROGRAM_FILES.lock().unwrap().get(kind).cloned().unwrap()
+    }
+
     #[test]
     fn a_process_own_executable_and_libraries_are_noted_and_read_but_not_the_media_disks() {
         let pid = std::process::id();
@@ -86,13 +92,7 @@ mod tests {
         // Media on tmpfs, another device than the program's.
         let media = PathBuf::from(format!("/dev/shm/abiss-program-test-{pid}"));
         std::fs::write(&media, b"media").unwrap();
-        remember("this-test", pid, &media);
-        let noted = PROGRAM_FILES
-            .lock()
-            .unwrap()
-            .get("this-test")
-            .cloned()
-            .unwrap();
+        let noted = remembered("this-test", pid, &media);
         assert!(noted.contains(&exe), "{noted:?}");
         assert!(
             noted.iter().any(|p| p.to_string_lossy().contains("libc")),
@@ -102,13 +102,7 @@ mod tests {
         assert_eq!(warm("never-noted"), 0);
         // Files on the media's device are left out: with the executable standing in for the
         // media, the executable is not noted.
-        remember("this-test-2", pid, &exe);
-        let noted = PROGRAM_FILES
-            .lock()
-            .unwrap()
-            .get("this-test-2")
-            .cloned()
-            .unwrap();
+        let noted = remembered("this-test-2", pid, &exe);
         assert!(!noted.contains(&exe), "{noted:?}");
         std::fs::remove_file(&media).unwrap();
     }
