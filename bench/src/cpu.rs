@@ -1,20 +1,10 @@
 //! What the machine's CPUs did while a benchmark row ran: their busy share and the load
-//! average (steal, the hypervisor's share, is `abiss_lab::system::stolen_ms`).
+//! average (steal, the hypervisor's share, is `abiss_lab::system::stolen_since`).
 
-use anyhow::Context as _;
-
-/// (busy, total) jiffies of all CPUs from /proc/stat.
+/// (busy, total) ticks of all CPUs so far (`abiss_lab::system::cpu_ticks`, the one reader of
+/// `/proc/stat`).
 pub(crate) fn cpu_times() -> anyhow::Result<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat")?;
-    let line = stat.lines().next().context("empty /proc/stat")?;
-    let fields: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let total: u64 = fields.iter().take(8).sum();
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    Ok((total - idle, total))
+    Ok(abiss_lab::system::cpu_ticks()?)
 }
 
 /// The busy share of all CPUs between two [`cpu_times`], %.

@@ -23,12 +23,10 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::abiss::Daemon;
+use crate::cpu::{busy_pct, cpu_times};
 use crate::ioprio::current_thread_ioprio;
 use crate::lab_disk::LabDisk;
 use crate::latency::{LatencyHistogram, LatencySummary};
-use abiss_lab::system::stolen_ms;
-
-use crate::cpu::{busy_pct, cpu_times};
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
 use crate::workload::CopyLoop;
 use crate::{layout, report};
@@ -195,9 +193,9 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     // the load and the misses.
     let mut stats_client = daemon.connect()?;
     let costs = std::thread::spawn(move || stats_client.stats(10_000));
-    let (cpu_before, steal_before) = (cpu_times()?, stolen_ms());
+    let (cpu_before, steal_before) = (cpu_times()?, abiss_lab::system::stolen_ms());
     let (reads, raised_in_time) = make_misses(&stream_file, misses)?;
-    let (cpu_after, steal_after) = (cpu_times()?, stolen_ms());
+    let (cpu_after, steal_ms) = (cpu_times()?, abiss_lab::system::stolen_since(steal_before));
     let costs = costs
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
@@ -216,9 +214,7 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
         read_summary: reads.summary(),
         costs,
         cpu_busy_pct: busy_pct(cpu_before, cpu_after),
-        steal_ms: steal_before
-            .zip(steal_after)
-            .map(|(before, after)| after.saturating_sub(before)),
+        steal_ms,
     })
 }
 

@@ -161,6 +161,33 @@ pub fn stolen_ms() -> Option<u64> {
     Some(steal_ticks * 1000 / procfs::ticks_per_second())
 }
 
+/// Steal since a reading of [`stolen_ms`] (`before`), ms; `None` where the kernel does not
+/// count it.
+#[must_use]
+pub fn stolen_since(before: Option<u64>) -> Option<u64> {
+    before
+        .zip(stolen_ms())
+        .map(|(before, now)| now.saturating_sub(before))
+}
+
+/// (busy, total) ticks of all CPUs so far, from `/proc/stat`: total is user, nice, system,
+/// idle, iowait, irq, softirq and steal; busy is total less idle and iowait.
+pub fn cpu_ticks() -> Result<(u64, u64), LabError> {
+    use procfs::CurrentSI as _;
+    let stats = procfs::KernelStats::current()
+        .map_err(|error| LabError::system("reading /proc/stat", error))?;
+    let cpu = stats.total;
+    let idle = cpu.idle + cpu.iowait.unwrap_or(0);
+    let total = cpu.user
+        + cpu.nice
+        + cpu.system
+        + idle
+        + cpu.irq.unwrap_or(0)
+        + cpu.softirq.unwrap_or(0)
+        + cpu.steal.unwrap_or(0);
+    Ok((total - idle, total))
+}
+
 /// The machine's CPUs as the kernel counts them in `/proc/stat` (the ones steal is summed
 /// over); 1 if that cannot be read.
 #[must_use]

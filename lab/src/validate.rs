@@ -258,9 +258,7 @@ pub fn validate(lab: &mut Lab, tolerance_percent: f64) -> Result<ValidationRepor
         checks,
         tolerance_percent,
         small_read_excess_ns: probe.small_read_excess_ns,
-        stolen_ms: stolen_before
-            .zip(crate::system::stolen_ms())
-            .map(|(before, after)| after.saturating_sub(before)),
+        stolen_ms: crate::system::stolen_since(stolen_before),
         wall: started.elapsed(),
         cpus: crate::system::cpu_count(),
     })

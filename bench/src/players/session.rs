@@ -380,9 +380,7 @@ impl Session {
             Ok(())
         })?;
         let cpu_after = cpu_times()?;
-        let stolen_ms = stolen_before
-            .zip(abiss_lab::system::stolen_ms())
-            .map(|(before, after)| after.saturating_sub(before));
+        let stolen_ms = abiss_lab::system::stolen_since(stolen_before);
         drop(request_trace);
         let load = load
             .map(load::Load::finish)
