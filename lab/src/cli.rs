@@ -170,12 +170,14 @@ fn status(state_dir: &Path) -> Result<(), LabError> {
     Ok(())
 }
 
-/// Runs the validation, and runs it again (up to [`VALIDATION_ATTEMPTS`] in all) when it
-/// failed while the hypervisor took much of the machine's CPU time: such a run measured the
-/// host, not the emulated disk. A run that fails on a quiet machine fails at once.
+/// Runs the validation, and runs it again (up to [`VALIDATION_ATTEMPTS`] in all, a second
+/// apart) when it failed while the hypervisor took much of the machine's CPU time: such a run
+/// measured the host, not the emulated disk. A run that fails on a quiet machine fails at once
+/// (exit 8); when every run failed disturbed, the result is inconclusive (exit 11).
 fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
     let mut lab = Lab::open(state_dir)?;
     let mut attempt = 1;
+    let mut least_stolen = f64::INFINITY;
     loop {
         let report = crate::validate(&mut lab, tolerance_percent)?;
         println!(
@@ -183,8 +185,15 @@ fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
             lab.state().transport_ns / 1000
         );
         println!("{report}");
-        if report.failed() == 0 || !report.disturbed() || attempt == VALIDATION_ATTEMPTS {
+        if report.failed() == 0 || !report.disturbed() {
             return report.into_result().map(drop);
+        }
+        least_stolen = least_stolen.min(report.stolen_share().unwrap_or(0.0) * 100.0);
+        if attempt == VALIDATION_ATTEMPTS {
+            return Err(LabError::ValidationDisturbed {
+                attempts: attempt,
+                least_stolen_percent: least_stolen,
+            });
         }
         println!(
             "the hypervisor took more than {:.0}% of the CPUs' time during these checks, so \
@@ -194,11 +203,13 @@ fn validate(state_dir: &Path, tolerance_percent: f64) -> Result<(), LabError> {
             VALIDATION_ATTEMPTS
         );
         attempt += 1;
+        // Steal comes in bursts: give one a moment to pass.
+        std::thread::sleep(std::time::Duration::from_secs(1));
     }
 }
 
 /// Validation runs at most, when runs fail under CPU steal.
-const VALIDATION_ATTEMPTS: u32 = 3;
+const VALIDATION_ATTEMPTS: u32 = 5;
 
 /// Runs the emulator. Detaching forks before any thread exists, so the parent (`up`) can
 /// reap it at once and the emulator is nobody's zombie when it is killed.

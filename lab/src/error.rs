@@ -88,6 +88,15 @@ pub enum LabError {
         /// The tolerance.
         tolerance_percent: f64,
     },
+    /// Every validation run failed while the hypervisor took much of the CPUs' time: the runs
+    /// measured the host, so the model is neither confirmed nor refuted.
+    #[error("validation inconclusive: in each of {attempts} runs the hypervisor took {least_stolen_percent:.0}% or more of the CPUs' time (steal), which delays the emulator's replies; run it again when the machine is quieter")]
+    ValidationDisturbed {
+        /// Runs made.
+        attempts: u32,
+        /// The least share of CPU time stolen in any of them, %.
+        least_stolen_percent: f64,
+    },
     /// A file of the lab could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -111,6 +120,7 @@ impl LabError {
             Self::FuseUnavailable { .. } => 6,
             Self::NotUp { .. } => 7,
             Self::ValidationFailed { .. } => 8,
+            Self::ValidationDisturbed { .. } => 11,
             Self::Emulator { .. } => 9,
             Self::System { .. } | Self::Io { .. } => 10,
         }

@@ -76,10 +76,11 @@ pub struct ValidationReport {
 }
 
 /// The share of the machine's CPU time the hypervisor may take during a run before a failed
-/// run is measured again: a quiet run on the lab machine lost 0 ms of 1.6 s, and the failed
-/// suite run that asked for this lost 990 ms (the emulator's replies wait for a CPU too, so
-/// every read looked slower than its model).
-pub const STOLEN_SHARE_TO_REPEAT: f64 = 0.05;
+/// run is measured again: quiet runs on the lab machine lost 0 to 0.05 % (0 ms of 1.6 s, 10 ms
+/// of 21 s of CPU time), the failed suite run that asked for this lost 990 ms of 1.6 s, and a cloud run
+/// that lost 3.9 % still failed (the emulator's replies wait for a CPU too, so reads look
+/// slower than their model).
+pub const STOLEN_SHARE_TO_REPEAT: f64 = 0.02;
 
 impl ValidationReport {
     /// The share of the CPUs' time the hypervisor took while the checks ran; `None` where the
@@ -453,10 +454,12 @@ mod tests {
     fn a_run_that_lost_much_cpu_time_to_the_hypervisor_is_disturbed() {
         // The suite run that failed: 990 ms stolen from 2 CPUs over about 0.8 s.
         assert!(report(Some(990), 800).disturbed());
-        // Quiet runs on the lab machine: 0 ms; and 5% of 1.6 s of CPU time is the line.
+        // Quiet runs on the lab machine: 0 ms; and 2% of 1.6 s of CPU time is the line.
         assert!(!report(Some(0), 800).disturbed());
-        assert!(!report(Some(80), 800).disturbed());
-        assert!(report(Some(81), 800).disturbed());
+        assert!(!report(Some(32), 800).disturbed());
+        assert!(report(Some(33), 800).disturbed());
+        // A cloud run that lost 3.9 % and still failed.
+        assert!(report(Some(70), 910).disturbed());
         // A kernel without steal accounting never makes a failure look disturbed.
         assert!(!report(None, 800).disturbed());
     }
