@@ -647,6 +647,20 @@ pub fn direct_reads(device: &Path, block: usize, first_block: u64, count: u64) {
     unsafe { std::alloc::dealloc(buffer, layout) };
 }
 
+/// Polls thread `tid`'s I/O priority until it is `wanted` (encoded), up to `timeout`; how
+/// long it took.
+#[must_use]
+pub fn wait_for_ioprio(tid: u32, wanted: u16, timeout: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if abiss_os::ioprio::get(tid).ok() == Some(wanted) {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    None
+}
+
 /// Waits until `condition` holds, up to `timeout`.
 pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

@@ -8,7 +8,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
-use abiss_tests::{abissctl_as_nobody, chmod, disk_bytes_read};
+use abiss_tests::{abissctl_as_nobody, chmod, disk_bytes_read, wait_for_ioprio};
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
@@ -53,18 +53,6 @@ fn first_task(timeout: Duration, mut find: impl FnMut() -> Vec<u32>) -> Option<u
             return Some(task);
         }
         std::thread::sleep(Duration::from_micros(200));
-    }
-    None
-}
-
-/// Polls the thread's I/O priority until `wanted` or `timeout`; how long it took.
-fn wait_for_ioprio(tid: u32, wanted: u16, timeout: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if ioprio::get(tid).ok() == Some(wanted) {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_micros(100));
     }
     None
 }

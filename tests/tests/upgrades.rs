@@ -12,7 +12,8 @@ use abiss_os::clock::monotonic_ns;
 use abiss_os::ioprio;
 use abiss_proto::{IoClass, RequestRecord};
 use abiss_tests::{
-    as_nobody, binary, chmod, require_root, wait_until, write_cold_file, CopyLoop, Daemon, HddLab,
+    as_nobody, binary, chmod, require_root, wait_for_ioprio, wait_until, write_cold_file, CopyLoop,
+    Daemon, HddLab,
 };
 
 const MB: u64 = 1_000_000;
@@ -93,18 +94,6 @@ fn reader_as(uid: Option<u32>, file: &Path, secs: u64, extra: &[&str]) -> Child 
 
 fn pid_of(child: &Child) -> u32 {
     child.id()
-}
-
-/// Polls the thread's I/O priority until `wanted` or `timeout`; returns how long it took.
-fn wait_for_ioprio(pid: u32, wanted: u16, timeout: Duration) -> Option<Duration> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if ioprio::get(pid).ok() == Some(wanted) {
-            return Some(start.elapsed());
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
-    None
 }
 
 /// The reader's JSON lines (one per phase), after it exits.

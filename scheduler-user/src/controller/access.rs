@@ -13,14 +13,39 @@ use crate::policy::burst::BurstAllowance;
 use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
 use crate::policy::shared_file::route;
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
+use crate::stream_table::StreamTable;
 use crate::streams::Stream;
-use crate::upgrades::RaiseFor;
+use crate::upgrades::{RaiseFor, StreamBounds};
 
 /// What a raise for `stream` is for.
 pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
     RaiseFor {
         stream: stream.id,
         file_tag: stream.file_tag,
+    }
+}
+
+/// The streams and their owners' start-up allowances, as the policing of raises sees them
+/// at `now_ns`.
+pub(super) struct RaiseBounds<'a> {
+    pub streams: &'a StreamTable,
+    pub burst: &'a mut BurstAllowance,
+    pub now_ns: u64,
+}
+
+impl StreamBounds for RaiseBounds<'_> {
+    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)> {
+        self.streams
+            .get(stream)
+            .map(|s| (s.rates.earned(since_ns, self.now_ns), s.granted.buffer.0))
+    }
+
+    fn pay_stray(&mut self, stream: u64, kib: u64) -> u64 {
+        let Some(owner) = self.streams.get(stream).map(|s| s.owner_uid) else {
+            return 0;
+        };
+        let bytes = kib.saturating_mul(1024);
+        self.burst.grant(owner, bytes, self.now_ns) / 1024
     }
 }
 

@@ -14,6 +14,8 @@ use abiss_proto::{
 use log::{info, warn};
 
 mod access;
+
+use access::RaiseBounds;
 mod sizing;
 
 use crate::disks::Disks;
@@ -524,13 +526,12 @@ impl Controller {
             }
             self.grow_auto_buffers(now_ns);
         }
-        let streams = &self.streams;
-        let admitted = |id: u64, since_ns: u64| {
-            streams
-                .get(id)
-                .map(|s| (s.rates.earned(since_ns, now_ns), s.granted.buffer.0))
+        let mut bounds = RaiseBounds {
+            streams: &self.streams,
+            burst: &mut self.burst,
+            now_ns,
         };
-        self.upgrades.expire(now_ns, &mut self.tracer, &admitted);
+        self.upgrades.expire(now_ns, &mut self.tracer, &mut bounds);
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
             actions.extend(stream.playout.on_tick(now_ns));

@@ -53,6 +53,18 @@ pub struct Upgrade {
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub journal: bool,
+    /// KiB of its real-time reads of other files paid for out of its owner's start-up
+    /// allowance, beyond the free ones ([`super::stray`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stray_paid_kib: u64,
+}
+
+#[expect(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_zero(kib: &u64) -> bool {
+    *kib == 0
 }
 
 impl Upgrade {
@@ -247,6 +259,13 @@ impl UpgradeTable {
         all
     }
 
+    /// Thread `pid`'s raise has paid for `paid_kib` of its reads of other files in all.
+    pub fn set_stray_paid(&mut self, pid: u32, paid_kib: u64) {
+        if let Some(upgrade) = self.upgrades.get_mut(&pid) {
+            upgrade.stray_paid_kib = paid_kib;
+        }
+    }
+
     /// Whether any thread of process `tgid` is raised for `stream`.
     #[must_use]
     pub fn raises(&self, tgid: u32, stream: u64) -> bool {
@@ -379,6 +398,7 @@ mod tests {
             raised_ns: 0,
             started_ns: None,
             journal: false,
+            stray_paid_kib: 0,
         }
     }
 

@@ -1,12 +1,15 @@
 //! A raise misused: tasks sharing the raised thread's I/O context beyond their bound (heard of
 //! as the raised thread's tasks are reported), and real-time I/O beyond what the raise is for
-//! (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once and bars the thread
+//! or paid for (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once and bars the thread
 //! from its stream's raises.
 
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
-use super::{ReaderUpgrades, MAX_BARRED_PER_STREAM, STRAY_ALLOWANCE_KIB};
+use log::debug;
+
+use super::{ReaderUpgrades, StreamBounds, MAX_BARRED_PER_STREAM};
 use crate::kernel_events::Fork;
+use crate::policy::stray::{self, STRAY_ALLOWANCE_KIB};
 use crate::policy::upgrade::{
     stream_allowance_kib, MAX_RAISED_PER_STREAM, MAX_SHARED_IO_TASKS_PER_STREAM,
 };
@@ -45,27 +48,43 @@ impl ReaderUpgrades {
         self.forks.on_fork(fork, raised_itself);
     }
 
-    /// Drops the raise of every thread that queued more than [`STRAY_ALLOWANCE_KIB`] of
-    /// real-time requests for other files, made more tasks sharing its I/O context than a
-    /// raise may have, or queued more of its stream's file than the stream was admitted for
-    /// since the raise (its buffer and what its rates earned, plus the same slack), and bars
-    /// it from the stream's raises.
+    /// Drops the raise of every thread that queued more real-time requests for other files
+    /// than it may ([`crate::policy::stray`]: a start-up pays for them out of its owner's
+    /// start-up allowance), made more tasks sharing its I/O context than a raise may have, or
+    /// queued more of its stream's file than the stream was admitted for since the raise (its
+    /// buffer and what its rates earned, plus the same slack), and bars it from the stream's
+    /// raises.
     pub(super) fn police(
         &mut self,
         hook: &mut dyn ForkHook,
-        admitted: &dyn Fn(u64, u64) -> Option<(u128, u64)>,
+        bounds: &mut dyn StreamBounds,
+        now_ns: u64,
     ) {
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
             let Some(use_of) = self.forks.use_of(pid) else {
                 continue;
             };
-            let (stray, own) = (use_of.stray_kib, u64::from(use_of.stream_kib));
-            let allowed =
-                admitted(upgrade.stream, upgrade.raised_ns).map_or(u64::MAX, |(earned, buffer)| {
-                    stream_allowance_kib(earned, buffer, u64::from(STRAY_ALLOWANCE_KIB))
+            let (stray, own) = (u64::from(use_of.stray_kib), u64::from(use_of.stream_kib));
+            let allowed = bounds
+                .admitted(upgrade.stream, upgrade.raised_ns)
+                .map_or(u64::MAX, |(earned, buffer)| {
+                    stream_allowance_kib(earned, buffer, STRAY_ALLOWANCE_KIB)
                 });
-            let why = if stray > STRAY_ALLOWANCE_KIB {
+            let paid_before_kib = upgrade.stray_paid_kib;
+            let (paid_kib, stays) =
+                stray::settle(stray, paid_before_kib, upgrade.started_ns, now_ns, |kib| {
+                    bounds.pay_stray(upgrade.stream, kib)
+                });
+            if paid_kib != paid_before_kib {
+                self.table.set_stray_paid(pid, paid_kib);
+                debug!(
+                    "stream {}: thread {pid} read {stray} KiB of other files at real time in its \
+                     start-up; {paid_kib} KiB of it paid from its owner's start-up allowance",
+                    upgrade.stream
+                );
+            }
+            let why = if !stays {
                 format!("{stray} KiB of real-time reads of other files; not raised again")
             } else if use_of.over_bound {
                 over_bound_why()

@@ -34,18 +34,24 @@ pub const UPGRADES_FILE: &str = "upgrades.json";
 /// While the record cannot be written, how often a miss tries again (then raises, if it can).
 const RECORD_RETRY_NS: u64 = 5_000_000_000;
 
-/// KiB of real-time requests a raised thread may queue for other files than its stream's
-/// before its raise is dropped: a player also reads an index or subtitles now and then, but a
-/// raise is for reading the stream, not a pass to real-time I/O on every disk (issue 9,
-/// finding 2).
-pub const STRAY_ALLOWANCE_KIB: u32 = 4 * 1024;
-
 /// How often raised threads' stray requests are checked while any thread is raised.
 const POLICE_INTERVAL_NS: u64 = 250_000_000;
 
 /// Threads of one stream barred from being raised again, at most: beyond it the stream's
 /// readers are not raised at all.
 const MAX_BARRED_PER_STREAM: usize = 1024;
+
+/// What the streams' side tells and lends the policing of raises ([`misuse`]).
+pub trait StreamBounds {
+    /// What stream `stream` was admitted for since `since_ns`: the bytes its rates earned
+    /// since, and its buffer, which bound what its raised readers may read of its file at the
+    /// raised priority. `None` if there is no such stream.
+    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
+
+    /// Takes up to `kib` KiB out of the start-up allowance of stream `stream`'s owner, to pay
+    /// for its start raises' reads of other files ([`crate::policy::stray`]); what it took.
+    fn pay_stray(&mut self, stream: u64, kib: u64) -> u64;
+}
 
 /// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
 /// program counts the thread's own real-time requests by).
@@ -247,6 +253,7 @@ impl ReaderUpgrades {
             // A start raise's player makes its reading threads next ([`adoption`]).
             started_ns: (!measured).then_some(done),
             journal: false,
+            stray_paid_kib: 0,
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
@@ -354,20 +361,12 @@ impl ReaderUpgrades {
     }
 
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
-    /// program could not report.
-    ///
-    /// `admitted` gives what a stream was admitted for since an instant: the bytes its rates
-    /// earned since, and its buffer, which bound what its raised readers may read of its file
-    /// at the raised priority.
-    pub fn expire(
-        &mut self,
-        now_ns: u64,
-        hook: &mut dyn ForkHook,
-        admitted: &dyn Fn(u64, u64) -> Option<(u128, u64)>,
-    ) {
+    /// program could not report; polices the raises ([`misuse`]) by what `bounds` says of
+    /// their streams.
+    pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
-        self.police(hook, admitted);
+        self.police(hook, bounds, now_ns);
         if !self.table.is_empty() {
             self.forks.find_unreported();
         }
