@@ -389,11 +389,16 @@ pub struct AutoBufferInfo {
     /// The application's own part.
     pub app_bytes: u64,
     /// The latency tail the buffer covers: the disk's measured p99 of queue plus service time
-    /// of the requests in the stream's priority class over the last seconds, or the default
-    /// while too few such requests were seen.
+    /// of the requests in the stream's priority class over the last seconds; while too few
+    /// such requests were seen, an estimate from the p99 of service time of all the disk's
+    /// requests, or a default while the disk served too few of those too.
     pub tail_us: u64,
-    /// Whether `tail_us` was measured (else it is the default).
+    /// Whether `tail_us` was measured in the stream's class.
     pub measured: bool,
+    /// Whether `tail_us`, not measured in the stream's class, was estimated from the disk's
+    /// other requests (else it is the default); absent from older daemons.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
     /// The buffer would be larger but the locked-memory budgets have no room.
     pub capped: bool,
     /// The buffer was made larger than the tail asks so that the disk's admission holds the

@@ -424,6 +424,12 @@ fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
             "the disk's p99 of {} ms at the stream's priority class over the last seconds",
             auto.tail_us.div_ceil(1000)
         )
+    } else if auto.estimated {
+        format!(
+            "an estimate of {} ms, the p99 of service time of all the disk's requests, until the \
+             disk has shown its latency at the stream's priority class",
+            auto.tail_us.div_ceil(1000)
+        )
     } else {
         format!(
             "a default {} ms until the disk has shown its latency at the stream's priority class",

@@ -131,6 +131,11 @@ impl Controller {
         check_parameters(&request)?;
         let file = check_file(fd, request.write)?;
         let disk = self.disks.serving(file.file_device, &file.path)?;
+        if request.buffer_auto {
+            // The tails are kept only while automatic streams run: the first one is sized from
+            // what the disk did since they were last looked at.
+            self.refresh_tails(now_ns);
+        }
         let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
         let for_capacity = sizing.grown();
         let tag = self.may_share(&file, request.write)?;
@@ -519,11 +524,7 @@ impl Controller {
     /// Time passed: credit accrued for every stream, idle raises put back, automatic
     /// buffers sized again (once a second).
     pub fn tick(&mut self, now_ns: u64) {
-        if self.tails.due(now_ns) {
-            match self.tracer.latency() {
-                Ok(groups) => self.tails.update(&groups, now_ns),
-                Err(error) => warn!("cannot read the latency histograms: {error}"),
-            }
+        if self.refresh_tails(now_ns) {
             self.grow_auto_buffers(now_ns);
         }
         let mut bounds = RaiseBounds {

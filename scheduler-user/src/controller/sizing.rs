@@ -5,7 +5,7 @@
 use abiss_proto::{
     AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, PAGE_BYTES,
 };
-use log::info;
+use log::{info, warn};
 
 use super::access::fill_from_allowance;
 use super::Controller;
@@ -23,7 +23,11 @@ impl Controller {
     /// from the tail of `disk`'s requests in the class of the stream's level.
     fn size_buffer(&self, request: &mut AttachRequest, disk: DeviceNumber) -> AutoBufferInfo {
         let measured = self.tails.tail_ns(disk, level_class(request.priority));
-        let tail_ns = measured.unwrap_or(DEFAULT_TAIL_NS);
+        let estimated = measured
+            .is_none()
+            .then(|| self.tails.estimate_ns(disk))
+            .flatten();
+        let tail_ns = measured.or(estimated).unwrap_or(DEFAULT_TAIL_NS);
         let app_bytes = request.buffer.0;
         let batch = u64::from(request.batch_pages) * PAGE_BYTES;
         let bytes = auto_buffer_bytes(app_bytes, request.rate.0, tail_ns, batch);
@@ -32,9 +36,23 @@ impl Controller {
             app_bytes,
             tail_us: tail_ns / 1000,
             measured: measured.is_some(),
+            estimated: estimated.is_some(),
             capped: bytes > MAX_BUFFER_BYTES,
             for_capacity_bytes: None,
         }
+    }
+
+    /// Takes in the disks' latency histograms, if it is time to (once a second); whether it
+    /// did.
+    pub(super) fn refresh_tails(&mut self, now_ns: u64) -> bool {
+        if !self.tails.due(now_ns) {
+            return false;
+        }
+        match self.tracer.latency() {
+            Ok(groups) => self.tails.update(&groups, now_ns),
+            Err(error) => warn!("cannot read the latency histograms: {error}"),
+        }
+        true
     }
 
     /// Grows the automatic buffers whose disk's tail in their class grew, as far as the
@@ -79,6 +97,7 @@ impl Controller {
             if let Some(info) = &mut stream.auto_buffer {
                 info.tail_us = tail_ns / 1000;
                 info.measured = true;
+                info.estimated = false;
                 info.capped = !fits;
             }
             if grow && fits {

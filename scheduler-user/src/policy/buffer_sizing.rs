@@ -21,8 +21,9 @@ use abiss_proto::PAGE_BYTES;
 
 use super::{page_ceil, page_floor};
 
-/// The tail assumed for a disk with too few real-time requests measured yet: a hard disk's
-/// seek and rotation behind a few queued requests.
+/// The tail assumed for a disk with too few requests measured yet in the stream's class and
+/// in all (`crate::latency_tail`): a hard disk's seek and rotation behind a few queued
+/// requests.
 pub const DEFAULT_TAIL_NS: u64 = 100_000_000;
 
 /// Real-time requests a disk must have completed in the window before its tail is believed.
