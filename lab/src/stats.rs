@@ -177,6 +177,17 @@ pub fn read_summary(path: &Path) -> Result<StatsSummary, LabError> {
     })
 }
 
+/// The `p` percentile (0 to 100, nearest rank) of how late the emulator replied to `records`,
+/// ns: how far the emulated medium strayed from its model. The emulator sleeps and spins in
+/// user space, so CPU time the hypervisor takes from it shows here as replies past their due
+/// time; a benchmark or test run whose medium strayed did not measure the modelled disk.
+#[must_use]
+pub fn late_percentile_ns(records: &[RequestRecord], p: f64) -> Option<i64> {
+    let mut late: Vec<i64> = records.iter().map(RequestRecord::late_ns).collect();
+    late.sort_unstable();
+    percentile(&late, p)
+}
+
 /// Nearest-rank percentile of a sorted slice (`p` in 0..=100); `None` if empty.
 #[must_use]
 pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {

@@ -151,6 +151,11 @@ pub struct RowResult {
     /// CPUs), ms; `None` where the kernel does not count it. Players' start-ups and frames
     /// wait for it like for a busy CPU.
     pub stolen_ms: Option<u64>,
+    /// How late the emulated disk replied while the players played, p99.9, ms
+    /// ([`abiss_lab::stats::late_percentile_ns`]): a medium that strayed from its model was not
+    /// the modelled disk. `None` in results from before it was recorded.
+    #[serde(default)]
+    pub medium_late_p999_ms: Option<f64>,
     /// What abissd counted per stream (abiss rows).
     pub streams: Option<Vec<StreamFigures>>,
 }
@@ -371,6 +376,7 @@ impl Session {
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
         let stolen_before = abiss_lab::system::stolen_ms();
+        let mut medium = self.disk.requests_from_now()?;
         let (running, left) = self.launch(plan, &players_to_start, &wrapper)?;
         let mut streams = None;
         let runs = play_for(running, left, || {
@@ -381,6 +387,9 @@ impl Session {
         })?;
         let cpu_after = cpu_times()?;
         let stolen_ms = abiss_lab::system::stolen_since(stolen_before);
+        #[expect(clippy::cast_precision_loss, reason = "nanoseconds of lateness")]
+        let medium_late_p999_ms = abiss_lab::stats::late_percentile_ns(&medium.read_new()?, 99.9)
+            .map(|ns| ns as f64 / 1e6);
         drop(request_trace);
         let load = load
             .map(load::Load::finish)
@@ -409,6 +418,7 @@ impl Session {
             cpu_busy_pct: busy_pct(cpu_before, cpu_after),
             load_average_1m,
             stolen_ms,
+            medium_late_p999_ms,
             streams,
         })
     }

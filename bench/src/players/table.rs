@@ -60,13 +60,16 @@ fn daemon_figures(result: &RowResult) -> (String, String, String) {
 pub fn progress_line(result: &RowResult) -> String {
     let (misses, service, _) = daemon_figures(result);
     format!(
-        "stall {} s (per player {}), failed {}, BE {:.2} MB/s, CPU {:.0} %, steal {} ms, abiss misses {misses}, RT service p99 {service} ms",
+        "stall {} s (per player {}), failed {}, BE {:.2} MB/s, CPU {:.0} %, steal {} ms, disk late p99.9 {} ms, abiss misses {misses}, RT service p99 {service} ms",
         seconds(Some(result.total_stall_s)),
         per_player(result, |p| p.stall_s),
         result.failed_players,
         result.load.total_mb_s,
         result.cpu_busy_pct,
         result.stolen_ms.unwrap_or(0),
+        result
+            .medium_late_p999_ms
+            .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}")),
     )
 }
 
@@ -107,7 +110,10 @@ pub fn markdown(
          time exceeded the media time advanced by more than {tol:.0} ms (one frame); its whole \
          excess counts, catching up counts nothing. Seek stall: seek to the first report after \
          it, less a frame, beyond the no-load mean per seek (gst-seeking baseline). Media time: gst the video sink's frame PTS at render, ffmpeg \
-         `out_time_us` of `-progress` (every 20 ms), mpv `time-pos` events over JSON IPC.\n\n",
+         `out_time_us` of `-progress` (every 20 ms), mpv `time-pos` events over JSON IPC. \
+         Steal: CPU time the hypervisor took from this machine while the players played; disk late: \
+         the p99.9 of how late the lab's emulator (a user-space process) replied against its model \
+         meanwhile, so a row with a large figure there was not played on the modelled disk.\n\n",
         secs = args.secs,
         warmup = args.warmup_secs,
         spacing = super::ARRIVAL_SPACING_S,
@@ -116,6 +122,16 @@ pub fn markdown(
         disk_line = report::disk_line(queue),
         machine_line = report::machine_line(machine),
     );
+    baselines_table(&mut text, baselines);
+    rows_table(&mut text, results);
+    repeats_table(&mut text, results);
+    streams_section(&mut text, results);
+    errors(&mut text, results);
+    text
+}
+
+/// The no-load baselines.
+fn baselines_table(text: &mut String, baselines: &BTreeMap<String, Baseline>) {
     text.push_str(
         "No-load baselines (mq-deadline, one player alone; warm: file in the page cache; cold: \
          file dropped from it before each run):\n\n\
@@ -153,17 +169,12 @@ pub fn markdown(
                 .map_or_else(|| "-".to_owned(), |s| format!("{s:.3}")),
         );
     }
-    rows_table(&mut text, results);
-    repeats_table(&mut text, results);
-    streams_section(&mut text, results);
-    errors(&mut text, results);
-    text
 }
 
 fn rows_table(text: &mut String, results: &[RowResult]) {
     text.push_str(
-        "\n| row | elevator | players | stall per player s | total stall s | beyond warm s | start-up per player s | of which abissctl run s | freezes | abiss misses | stream service p99 ms | stream queue p99 ms | BE MB/s (direct / buffered / write) | BE vs mq-deadline | CPU busy % | steal ms | players' CPU % | load 1 min |\n\
-         | --- | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
+        "\n| row | elevator | players | stall per player s | total stall s | beyond warm s | start-up per player s | of which abissctl run s | freezes | abiss misses | stream service p99 ms | stream queue p99 ms | BE MB/s (direct / buffered / write) | BE vs mq-deadline | CPU busy % | steal ms | disk late p99.9 ms | players' CPU % | load 1 min |\n\
+         | --- | --- | --- | --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     let attach = |result: &RowResult| {
         if result.row.class == Class::Abiss {
@@ -192,7 +203,7 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             );
         let _ = writeln!(
             text,
-            "| {} | {} | {class} | {} | **{:.2}**{} | {:.2} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {} | {:.1} | {:.2} |",
+            "| {} | {} | {class} | {} | **{:.2}**{} | {:.2} | {} | {} | {} | {misses} | {service} | {queue} | {:.2} ({:.2} / {:.2} / {:.2}) | {relative} | {:.0} | {} | {} | {:.1} | {:.2} |",
             result.label(),
             result.row.elevator,
             per_player(result, |p| p.stall_s),
@@ -214,6 +225,9 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             result
                 .stolen_ms
                 .map_or_else(|| "-".to_owned(), |ms| ms.to_string()),
+            result
+                .medium_late_p999_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}")),
             result.players_cpu_pct,
             result.load_average_1m,
         );
