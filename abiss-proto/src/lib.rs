@@ -391,7 +391,7 @@ pub struct AutoBufferInfo {
     /// The latency tail the buffer covers: the disk's measured p99 of queue plus service time
     /// of the requests in the stream's priority class over the last seconds; while too few
     /// such requests were seen, an estimate from the p99 of service time of all the disk's
-    /// requests, or a default while the disk served too few of those too.
+    /// requests where that is longer than the default, else the default.
     pub tail_us: u64,
     /// Whether `tail_us` was measured in the stream's class.
     pub measured: bool,

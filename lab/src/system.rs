@@ -170,6 +170,16 @@ pub fn stolen_since(before: Option<u64>) -> Option<u64> {
         .map(|(before, now)| now.saturating_sub(before))
 }
 
+/// The share of `cpus` CPUs' time over `wall` that `stolen_ms` of steal was.
+#[must_use]
+pub fn stolen_share(stolen_ms: u64, wall: std::time::Duration, cpus: usize) -> f64 {
+    #[expect(clippy::cast_precision_loss, reason = "milliseconds and a CPU count")]
+    let available_ms = wall.as_secs_f64() * 1000.0 * cpus.max(1) as f64;
+    #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
+    let stolen = stolen_ms as f64;
+    stolen / available_ms.max(1.0)
+}
+
 /// (busy, total) ticks of all CPUs so far, from `/proc/stat`: total is user, nice, system,
 /// idle, iowait, irq, softirq and steal; busy is total less idle and iowait.
 pub fn cpu_ticks() -> Result<(u64, u64), LabError> {

@@ -87,11 +87,8 @@ impl ValidationReport {
     /// kernel does not count steal.
     #[must_use]
     pub fn stolen_share(&self) -> Option<f64> {
-        #[expect(clippy::cast_precision_loss, reason = "milliseconds and a CPU count")]
-        let available_ms = self.wall.as_secs_f64() * 1000.0 * self.cpus.max(1) as f64;
-        #[expect(clippy::cast_precision_loss, reason = "milliseconds")]
         self.stolen_ms
-            .map(|stolen| stolen as f64 / available_ms.max(1.0))
+            .map(|stolen| crate::system::stolen_share(stolen, self.wall, self.cpus))
     }
 
     /// Whether a failure of this run says more about the hypervisor than about the model: it

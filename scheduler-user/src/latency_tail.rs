@@ -12,7 +12,8 @@
 //! side.
 //!
 //! A class that has not shown its latency yet (the first real-time stream of a disk that only
-//! served best effort) is estimated from the service time of all the disk's requests: a
+//! served best effort) is estimated from the service time of all the disk's requests (by
+//! `controller::sizing`, never below the default for a disk not seen at all): a
 //! real-time request waits in the driver behind the requests already dispatched, so its
 //! service time is about theirs, and the elevator dispatches it ahead of those still queued. On
 //! the lab hdd under the copy loop the best-effort requests' service p99 was at most 262 ms
@@ -71,8 +72,18 @@ impl LatencyTails {
             .map_or(0, |at| at.saturating_add(UPDATE_NS).saturating_sub(now_ns))
     }
 
-    /// Takes in the cumulative histograms as they are at `now_ns`.
+    /// Takes in the cumulative histograms as they are at `now_ns`. The histograms are looked
+    /// at only while automatic streams run, so after a longer pause the window is emptied
+    /// first: its seconds are not the last ones, and what the disk did since the last look
+    /// comes as one step.
     pub fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
+        let window_ns = UPDATE_NS.saturating_mul(WINDOW_SECONDS as u64);
+        if self
+            .updated_ns
+            .is_some_and(|at| now_ns.saturating_sub(at) > window_ns)
+        {
+            self.recent.clear();
+        }
         self.updated_ns = Some(now_ns);
         let mut totals: BTreeMap<Key, Pair> = BTreeMap::new();
         for group in groups {
@@ -222,5 +233,21 @@ mod tests {
         // slowest), whatever their class; the other disk's requests do not count.
         assert_eq!(tails.estimate_ns(disk), Some(200_000_000));
         assert_eq!(tails.estimate_ns(DeviceNumber { major: 9, minor: 0 }), None);
+    }
+
+    #[test]
+    fn after_a_pause_longer_than_the_window_only_what_came_since_counts() {
+        let disk = DeviceNumber { major: 8, minor: 0 };
+        let mut tails = LatencyTails::default();
+        let slow = group(disk, IoClass::Rt, 900_000, 100);
+        tails.update(std::slice::from_ref(&slow), 0);
+        assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() >= 900_000_000);
+        // An hour later, 100 fast requests more: the slow ones are not the last seconds'.
+        let mut cumulative = slow;
+        cumulative
+            .service
+            .merge(&group(disk, IoClass::Rt, 1_000, 100).service);
+        tails.update(&[cumulative], 3_600 * UPDATE_NS);
+        assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() < 10_000_000);
     }
 }

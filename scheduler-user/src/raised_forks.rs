@@ -146,7 +146,10 @@ impl RaisedForks {
         hook: &mut dyn ForkHook,
     ) -> Result<(), String> {
         // Followed again (its raise goes on, or comes back): the tasks already noted under
-        // it, and its I/O context, are still there.
+        // it, and its I/O context, are still there, and what it read at real time still counts
+        // (its user paid for its reads of other files, `policy::stray`, and its reads of the
+        // file raised for again count against the same raise: `UpgradeTable::insert`), so a
+        // thread cannot renew its raise's allowances by lowering its own priority and missing.
         let kept = self
             .raised
             .get(&tid, 0)
@@ -158,9 +161,13 @@ impl RaisedForks {
             previous,
             applied,
             flags: kept.flags & raised_flags::OVER_BOUND,
-            stray_kib: 0,
+            stray_kib: kept.stray_kib,
             stream,
-            stream_kib: 0,
+            stream_kib: if kept.stream == stream {
+                kept.stream_kib
+            } else {
+                0
+            },
             past_bound_task: kept.past_bound_task,
             shared_io_tasks: kept.shared_io_tasks,
             io_context: kept.io_context,

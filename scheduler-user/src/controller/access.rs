@@ -40,12 +40,8 @@ impl StreamBounds for RaiseBounds<'_> {
             .map(|s| (s.rates.earned(since_ns, self.now_ns), s.granted.buffer.0))
     }
 
-    fn pay_stray(&mut self, stream: u64, kib: u64) -> u64 {
-        let Some(owner) = self.streams.get(stream).map(|s| s.owner_uid) else {
-            return 0;
-        };
-        let bytes = kib.saturating_mul(1024);
-        self.burst.grant(owner, bytes, self.now_ns) / 1024
+    fn pay_stray(&mut self, uid: u32, kib: u64) -> u64 {
+        self.burst.grant(uid, kib.saturating_mul(1024), self.now_ns) / 1024
     }
 }
 

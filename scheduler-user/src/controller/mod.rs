@@ -14,8 +14,6 @@ use abiss_proto::{
 use log::{info, warn};
 
 mod access;
-
-use access::RaiseBounds;
 mod sizing;
 
 use crate::disks::Disks;
@@ -34,6 +32,7 @@ use crate::streams::{
 };
 use crate::tracer::BlockTracer;
 use crate::upgrades::ReaderUpgrades;
+use access::RaiseBounds;
 
 /// The main loop's state.
 #[derive(Debug)]

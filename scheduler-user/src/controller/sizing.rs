@@ -23,10 +23,13 @@ impl Controller {
     /// from the tail of `disk`'s requests in the class of the stream's level.
     fn size_buffer(&self, request: &mut AttachRequest, disk: DeviceNumber) -> AutoBufferInfo {
         let measured = self.tails.tail_ns(disk, level_class(request.priority));
+        // An estimate only raises the default: a disk that served only short best-effort
+        // requests says little of how long a real-time one waits behind a long one.
         let estimated = measured
             .is_none()
             .then(|| self.tails.estimate_ns(disk))
-            .flatten();
+            .flatten()
+            .filter(|&ns| ns > DEFAULT_TAIL_NS);
         let tail_ns = measured.or(estimated).unwrap_or(DEFAULT_TAIL_NS);
         let app_bytes = request.buffer.0;
         let batch = u64::from(request.batch_pages) * PAGE_BYTES;

@@ -7,7 +7,8 @@
 //! window moves in batches, which the credit pays one at a time. So
 //! `B = app + 2 · R · tail + 2 · batch`, with `tail` the disk's real-time latency tail (p99 of
 //! queue plus service time of its real-time requests over the last seconds, which the block
-//! programs measure for every request).
+//! programs measure for every request), or before the disk has shown it, an estimate from all
+//! its requests (`crate::latency_tail`).
 //!
 //! Memory also buys disk time. A window is refilled in loads of a third of its buffer, one
 //! disk access each, so a larger buffer means fewer seeks per second of media: with the
@@ -26,7 +27,8 @@ use super::{page_ceil, page_floor};
 /// requests.
 pub const DEFAULT_TAIL_NS: u64 = 100_000_000;
 
-/// Real-time requests a disk must have completed in the window before its tail is believed.
+/// Requests a disk must have completed in the window before its tail in a class is believed,
+/// and before its requests of every class estimate a class not seen yet.
 pub const MIN_TAIL_SAMPLES: u64 = 50;
 
 /// Grow an automatic buffer only when the new size is this much larger (in percent), so a

@@ -10,8 +10,8 @@
 //! fill it loads at its own rate, like any window movement. Over any time `t` all users but
 //! root together start at most `shared capacity + shared rate × t` bytes of real-time fills.
 //!
-//! The same buckets pay for prerolls, refills after seeks, and a player's reads of other files
-//! in its start-up beyond what every raise may read free ([`super::stray`]).
+//! The same buckets pay for prerolls, refills after seeks, and raised threads' real-time reads
+//! of other files than their streams' ([`super::stray`]).
 //!
 //! Root's streams are exempt: root is trusted with the disk anyway (it could run `ionice -c1`).
 

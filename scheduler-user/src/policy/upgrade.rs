@@ -53,18 +53,13 @@ pub struct Upgrade {
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub journal: bool,
-    /// KiB of its real-time reads of other files paid for out of its owner's start-up
-    /// allowance, beyond the free ones ([`super::stray`]).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    /// The user the thread runs as, whose start-up allowance pays for its real-time reads of
+    /// other files ([`super::stray`]). Not recorded: only the running daemon polices.
+    #[serde(skip)]
+    pub uid: u32,
+    /// KiB of its real-time reads of other files paid for so far. Not recorded either.
+    #[serde(skip)]
     pub stray_paid_kib: u64,
-}
-
-#[expect(
-    clippy::trivially_copy_pass_by_ref,
-    reason = "serde's skip_serializing_if passes a reference"
-)]
-fn is_zero(kib: &u64) -> bool {
-    *kib == 0
 }
 
 impl Upgrade {
@@ -79,6 +74,10 @@ impl Upgrade {
         (self.previous, self.applied, tag)
     }
 }
+
+/// KiB of slack on a raised thread's real-time reads of its stream's file: the kernel's
+/// readahead beyond what was asked.
+pub const OWN_FILE_SLACK_KIB: u64 = 4 * 1024;
 
 /// KiB a thread raised for a stream with `buffer_bytes` may read of the stream's file at the
 /// raised priority, when the stream's rate earned `earned_bytes` since the raise
@@ -186,12 +185,20 @@ impl UpgradeTable {
         self.upgrades.get(&pid)
     }
 
-    /// Records a raise. A thread raised again (for a second stream at a higher level) keeps
-    /// the priority it had before the first raise.
+    /// Records a raise. A thread raised again (for a second stream at a higher level, or
+    /// after it lowered its own priority) keeps the priority it had before the first raise and
+    /// what it paid for its reads of other files (the kernel keeps counting them); raised
+    /// again for the same stream, it also keeps when it was first raised, from which what it
+    /// may read of the stream's file grows (the kernel keeps counting those too), so a raise
+    /// renewed by its own thread lends nothing new.
     pub fn insert(&mut self, mut upgrade: Upgrade) {
         if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
             if earlier.task == upgrade.task {
                 upgrade.previous = earlier.previous;
+                upgrade.stray_paid_kib = earlier.stray_paid_kib;
+                if earlier.stream == upgrade.stream {
+                    upgrade.raised_ns = earlier.raised_ns;
+                }
             }
         }
         self.upgrades.insert(upgrade.task.pid, upgrade);
@@ -398,6 +405,7 @@ mod tests {
             raised_ns: 0,
             started_ns: None,
             journal: false,
+            uid: 1000,
             stray_paid_kib: 0,
         }
     }

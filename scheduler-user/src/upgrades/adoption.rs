@@ -7,12 +7,13 @@
 //! below the stream and waited behind best-effort requests until it missed and was raised
 //! again; that was most of those players' start-up stall under load.
 //!
-//! So a task made within [`START_UP_NS`] of a start raise, by the raised thread or by a
+//! So a task made within [`ADOPTION_WINDOW_NS`] of a start raise, by the raised thread or by a
 //! task adopted this way, is *adopted*: it keeps the raise as an upgrade of its own, as if it
 //! had missed. It is recorded (a crash leaves nothing raised), policed like any raised reader
-//! (its own real-time requests for other files, which in the start-up it may pay for, and for the stream's file beyond what the
-//! stream's rate and buffer allow), put back when it leaves the file idle (so a decoder thread
-//! that never reads the file goes back after the idle time) and when the stream ends. At most
+//! (its own real-time requests for other files, which its user pays for, and for the stream's
+//! file beyond what the stream's rate and buffer allow), put back when it leaves the file idle
+//! (so a decoder thread that never reads the file goes back after the idle time) and when the
+//! stream ends. At most
 //! [`MAX_ADOPTED_PER_STREAM`] tasks per stream; later tasks are put back at their fork as before.
 
 use abiss_os::clock::monotonic_ns;
@@ -22,9 +23,11 @@ use log::debug;
 use super::task::task_identity;
 use super::ReaderUpgrades;
 use crate::kernel_events::Fork;
-use crate::policy::stray::START_UP_NS;
 use crate::policy::upgrade::Upgrade;
 use crate::raised_forks::ForkHook;
+
+/// How long after its start raise a player's new tasks are its own: its start-up.
+pub const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
 
 /// Most tasks adopted per stream.
 pub const MAX_ADOPTED_PER_STREAM: u64 = 32;
@@ -43,7 +46,7 @@ impl ReaderUpgrades {
             return false;
         };
         let stream = parent.stream;
-        if fork.at_ns.saturating_sub(started_ns) > START_UP_NS
+        if fork.at_ns.saturating_sub(started_ns) > ADOPTION_WINDOW_NS
             || self.adopted.get(&stream).copied().unwrap_or(0) >= MAX_ADOPTED_PER_STREAM
         {
             return false;
@@ -64,7 +67,9 @@ impl ReaderUpgrades {
             raised_ns: now,
             previous: fork.raise.previous,
             applied: fork.raise.applied,
-            // Its own reads are counted from zero, so it has paid for none of them.
+            // Its own reads are counted from zero, so it has paid for none of them; they are
+            // paid for by the user it runs as.
+            uid: identity.uid,
             stray_paid_kib: 0,
             ..parent.clone()
         };

@@ -65,6 +65,7 @@ impl ReaderUpgrades {
             raised_ns: now,
             started_ns: None,
             journal: true,
+            uid: identity.uid,
             stray_paid_kib: 0,
         };
         // Recorded first: unlike a reader, nothing waits on this raise right now.

@@ -1,7 +1,7 @@
 //! A raise misused: tasks sharing the raised thread's I/O context beyond their bound (heard of
 //! as the raised thread's tasks are reported), and real-time I/O beyond what the raise is for
-//! or paid for (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once and bars the thread
-//! from its stream's raises.
+//! or its user pays for (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once
+//! and bars the thread from its stream's raises.
 
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
@@ -9,9 +9,9 @@ use log::debug;
 
 use super::{ReaderUpgrades, StreamBounds, MAX_BARRED_PER_STREAM};
 use crate::kernel_events::Fork;
-use crate::policy::stray::{self, STRAY_ALLOWANCE_KIB};
+use crate::policy::stray;
 use crate::policy::upgrade::{
-    stream_allowance_kib, MAX_RAISED_PER_STREAM, MAX_SHARED_IO_TASKS_PER_STREAM,
+    stream_allowance_kib, MAX_RAISED_PER_STREAM, MAX_SHARED_IO_TASKS_PER_STREAM, OWN_FILE_SLACK_KIB,
 };
 use crate::raised_forks::ForkHook;
 
@@ -48,18 +48,12 @@ impl ReaderUpgrades {
         self.forks.on_fork(fork, raised_itself);
     }
 
-    /// Drops the raise of every thread that queued more real-time requests for other files
-    /// than it may ([`crate::policy::stray`]: a start-up pays for them out of its owner's
-    /// start-up allowance), made more tasks sharing its I/O context than a raise may have, or
-    /// queued more of its stream's file than the stream was admitted for since the raise (its
-    /// buffer and what its rates earned, plus the same slack), and bars it from the stream's
-    /// raises.
-    pub(super) fn police(
-        &mut self,
-        hook: &mut dyn ForkHook,
-        bounds: &mut dyn StreamBounds,
-        now_ns: u64,
-    ) {
+    /// Drops the raise of every thread whose real-time requests for other files its user's
+    /// start-up allowance cannot pay for ([`crate::policy::stray`]), that made more tasks
+    /// sharing its I/O context than a raise may have, or that queued more of its stream's file
+    /// than the stream was admitted for since the raise (its buffer and what its rates earned,
+    /// plus [`OWN_FILE_SLACK_KIB`]), and bars it from the stream's raises.
+    pub(super) fn police(&mut self, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
             let Some(use_of) = self.forks.use_of(pid) else {
@@ -69,23 +63,26 @@ impl ReaderUpgrades {
             let allowed = bounds
                 .admitted(upgrade.stream, upgrade.raised_ns)
                 .map_or(u64::MAX, |(earned, buffer)| {
-                    stream_allowance_kib(earned, buffer, STRAY_ALLOWANCE_KIB)
+                    stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });
+            // Paid first, whatever else the raise did: the reads were made at real time.
             let paid_before_kib = upgrade.stray_paid_kib;
-            let (paid_kib, stays) =
-                stray::settle(stray, paid_before_kib, upgrade.started_ns, now_ns, |kib| {
-                    bounds.pay_stray(upgrade.stream, kib)
-                });
+            let (paid_kib, stays) = stray::settle(stray, paid_before_kib, |kib| {
+                bounds.pay_stray(upgrade.uid, kib)
+            });
             if paid_kib != paid_before_kib {
                 self.table.set_stray_paid(pid, paid_kib);
                 debug!(
-                    "stream {}: thread {pid} read {stray} KiB of other files at real time in its \
-                     start-up; {paid_kib} KiB of it paid from its owner's start-up allowance",
-                    upgrade.stream
+                    "stream {}: thread {pid} read {stray} KiB of other files at real time; \
+                     {paid_kib} KiB of it paid from uid {}'s start-up allowance",
+                    upgrade.stream, upgrade.uid
                 );
             }
             let why = if !stays {
-                format!("{stray} KiB of real-time reads of other files; not raised again")
+                format!(
+                    "{stray} KiB of real-time reads of other files, more than its user's \
+                     start-up allowance pays for; not raised again"
+                )
             } else if use_of.over_bound {
                 over_bound_why()
             } else if own > allowed {

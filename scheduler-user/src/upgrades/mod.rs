@@ -48,9 +48,10 @@ pub trait StreamBounds {
     /// raised priority. `None` if there is no such stream.
     fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
 
-    /// Takes up to `kib` KiB out of the start-up allowance of stream `stream`'s owner, to pay
-    /// for its start raises' reads of other files ([`crate::policy::stray`]); what it took.
-    fn pay_stray(&mut self, stream: u64, kib: u64) -> u64;
+    /// Takes up to `kib` KiB out of the start-up allowance of user `uid`, to pay for the reads
+    /// of other files of a thread of theirs that is raised ([`crate::policy::stray`]); what it
+    /// took.
+    fn pay_stray(&mut self, uid: u32, kib: u64) -> u64;
 }
 
 /// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
@@ -191,10 +192,9 @@ impl ReaderUpgrades {
         if !self.enabled {
             return false;
         }
-        let pid = reader.pid;
         // The uid comes with the event, so the thread is raised before anything is read from
         // /proc: the reads it waits for are being queued right now.
-        let uid = reader.uid;
+        let (pid, uid) = (reader.pid, reader.uid);
         if !may_raise(owner_uid, uid) {
             debug!("stream {stream}: thread {pid} of uid {uid} is not the owner's; not raised");
             return false;
@@ -253,6 +253,7 @@ impl ReaderUpgrades {
             // A start raise's player makes its reading threads next ([`adoption`]).
             started_ns: (!measured).then_some(done),
             journal: false,
+            uid,
             stray_paid_kib: 0,
         };
         if !self.record_with(&upgrade) {
@@ -366,7 +367,7 @@ impl ReaderUpgrades {
     pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
-        self.police(hook, bounds, now_ns);
+        self.police(hook, bounds);
         if !self.table.is_empty() {
             self.forks.find_unreported();
         }
