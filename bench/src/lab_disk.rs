@@ -50,7 +50,10 @@ impl LabDisk {
         options.size_bytes = size_bytes;
         options.mkfs = Some(FilesystemKind::Ext4);
         options.state_dir = PathBuf::from(format!("/tmp/{name}"));
-        options.backing_dir = PathBuf::from("/var/tmp/abiss-bench");
+        // In memory where it fits: a backing file on disk makes the emulator wait for that
+        // disk now and then (`abiss_lab::lab::memory_backing_dir`).
+        options.backing_dir = abiss_lab::lab::memory_backing_dir(size_bytes)
+            .unwrap_or_else(|| PathBuf::from("/var/tmp/abiss-bench"));
         options.mount_dir = Some(PathBuf::from(format!("/tmp/{name}.mnt")));
         options.scheduler = Some("none".into());
         let lab = Lab::up(&options).context("cannot bring the lab up")?;

@@ -804,7 +804,12 @@ impl HddLab {
         }
         options.scheduler = Some(scheduler.to_owned());
         options.state_dir = dir.path().join("state");
-        options.backing_dir = dir.path().join("backing");
+        // In memory where it fits, as the benchmarks do (`abiss_lab::lab::memory_backing_dir`),
+        // in a directory of its own (every test lab's state directory is called `state`).
+        options.backing_dir = abiss_lab::lab::memory_backing_dir(options.size_bytes).map_or_else(
+            || dir.path().join("backing"),
+            |memory| memory.join(dir.path().file_name().unwrap_or_default()),
+        );
         let lab = Lab::up(&options).expect("bring the lab hdd up");
         if mkfs.is_some() {
             register_lab_disk(&lab, &options.state_dir);
