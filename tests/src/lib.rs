@@ -647,6 +647,16 @@ pub fn direct_reads(device: &Path, block: usize, first_block: u64, count: u64) {
     unsafe { std::alloc::dealloc(buffer, layout) };
 }
 
+/// The child processes of process `pid` (its main thread's children).
+#[must_use]
+pub fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|word| word.parse().ok())
+        .collect()
+}
+
 /// Polls thread `tid`'s I/O priority until it is `wanted` (encoded), up to `timeout`; how
 /// long it took.
 #[must_use]

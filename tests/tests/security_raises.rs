@@ -8,7 +8,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
-use abiss_tests::{abissctl_as_nobody, chmod, disk_bytes_read, wait_for_ioprio};
+use abiss_tests::{abissctl_as_nobody, children_of, chmod, disk_bytes_read, wait_for_ioprio};
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
@@ -23,15 +23,6 @@ const RT0: u16 = 1 << 13;
 /// tasks by polling /proc, saw them put back at most 0.6 ms after it first saw them (10 runs).
 /// The bound leaves room for a loaded machine and still fails where nothing puts them back.
 const PUT_BACK_WITHIN: Duration = Duration::from_millis(250);
-
-/// The child processes of process `pid` (its main thread's children).
-fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|word| word.parse().ok())
-        .collect()
-}
 
 /// The threads of process `pid` other than its main thread.
 fn other_threads_of(pid: u32) -> Vec<u32> {

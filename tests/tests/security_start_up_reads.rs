@@ -10,7 +10,8 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use abiss_os::ioprio;
-use abiss_tests::{as_nobody, binary, chmod, require_root, wait_for_ioprio, write_cold_file};
+use abiss_tests::write_cold_file;
+use abiss_tests::{as_nobody, binary, children_of, chmod, require_root, wait_for_ioprio};
 use abiss_tests::{Daemon, Ext4Mount, LoopDevice};
 
 const RT0: u16 = 1 << 13;
@@ -116,15 +117,6 @@ impl Player {
             read["stray_bytes"].as_u64().expect("bytes"),
         )
     }
-}
-
-/// The child processes of process `pid` (its main thread's).
-fn children_of(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|word| word.parse().ok())
-        .collect()
 }
 
 /// The false positive mended: a player that reads 16 MiB of other files in its start-up keeps
