@@ -30,7 +30,9 @@ pub const DEFAULT_BACKING_DIR: &str = "/var/tmp/abiss-lab";
 pub const MEMORY_BACKING_DIR: &str = "/dev/shm/abiss-lab";
 
 /// [`MEMORY_BACKING_DIR`] if the file system there can hold a whole backing file of
-/// `size_bytes` now (it is sparse, so it takes what is written), else `None`.
+/// `size_bytes` now (it is sparse, so it takes what is written) and the machine has twice that
+/// memory available (a tmpfs's room is not memory: its pages are never reclaimed without
+/// swap), else `None`.
 ///
 /// The emulator serves every request from its backing file. On a disk, a read of a block the
 /// page cache let go of waits for that disk, and a write for its journal: the lab VM's
@@ -41,13 +43,15 @@ pub const MEMORY_BACKING_DIR: &str = "/dev/shm/abiss-lab";
 /// in memory for good, and its writes wait for nothing.
 #[must_use]
 pub fn memory_backing_dir(size_bytes: u64) -> Option<PathBuf> {
+    use procfs::Current as _;
     let dir = Path::new(MEMORY_BACKING_DIR);
     let parent = dir.parent()?;
     let stats = nix::sys::statvfs::statvfs(parent).ok()?;
     let free = stats
         .blocks_available()
         .saturating_mul(stats.fragment_size());
-    (free >= size_bytes).then(|| dir.to_path_buf())
+    let available = procfs::Meminfo::current().ok()?.mem_available?;
+    (free >= size_bytes && available >= size_bytes.saturating_mul(2)).then(|| dir.to_path_buf())
 }
 
 /// The smallest disk a lab makes: room for a file system and for seeks to mean something.

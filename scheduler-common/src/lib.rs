@@ -447,9 +447,10 @@ pub struct RaisedThread {
     /// See [`raised_flags`].
     pub flags: u32,
     /// KiB of real-time requests the raised thread queued for anything but its stream's file,
-    /// as the block program counts them at insert: past an allowance abissd drops the raise (a
-    /// raise is for reading the stream, not for the thread's other I/O). Bytes, not requests:
-    /// a buffered read of 32 MiB was 30 requests on a loop device.
+    /// as the block program counts them at insert: the thread's user pays for them, and abissd
+    /// drops the raise when they cannot be paid for (a raise is for reading the stream, not for
+    /// the thread's other I/O). Bytes, not requests: a buffered read of 32 MiB was 30 requests
+    /// on a loop device.
     pub stray_kib: u32,
     /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
     /// see [`AttachedFile::stream`]).

@@ -765,7 +765,8 @@ pub fn program_loaded(id: u32) -> bool {
 pub struct HddLab {
     lab: abiss_lab::Lab,
     state_dir: PathBuf,
-    _dir: Scratch,
+    /// Holds the lab's state (and its image where memory has no room for it).
+    scratch: Scratch,
 }
 
 impl HddLab {
@@ -827,7 +828,7 @@ impl HddLab {
         Self {
             lab,
             state_dir: options.state_dir,
-            _dir: dir,
+            scratch: dir,
         }
     }
 
@@ -856,6 +857,13 @@ impl Drop for HddLab {
         lab_disks().retain(|disk| Some(disk.device) != device);
         if let Err(error) = abiss_lab::Lab::down(&self.state_dir) {
             eprintln!("lab down: {error}");
+        }
+        // A backing directory in memory is not under the scratch directory: should `down`
+        // have failed, it would hold the image in memory until a reboot.
+        if let Some(dir) = abiss_lab::lab::memory_backing_dir(0) {
+            let _ = std::fs::remove_dir_all(
+                dir.join(self.scratch.path().file_name().unwrap_or_default()),
+            );
         }
     }
 }

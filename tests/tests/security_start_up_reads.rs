@@ -48,6 +48,11 @@ impl Setup {
     /// start raise, which reads the stream for 1 s from its start (loaded at attach), then
     /// `libraries` whole as fast as it can, and stays 3 s.
     fn player(&self, stream: &Path, libraries: &Path) -> Player {
+        self.player_lingering(stream, libraries, "3")
+    }
+
+    /// [`Self::player`], staying `linger` seconds after its libraries.
+    fn player_lingering(&self, stream: &Path, libraries: &Path, linger: &str) -> Player {
         // BE/5 from the start (ionice execs abissctl, which passes it on), so that a drop of
         // the raise is told from the kernel's default.
         let mut run = as_nobody(Path::new("ionice"))
@@ -61,7 +66,7 @@ impl Setup {
             .arg(binary("abiss-test-reader"))
             .arg(stream)
             .args(["1000000", "65536", "1048576", "1"])
-            .args(["--linger", "3", "--stray"])
+            .args(["--linger", linger, "--stray"])
             .arg(libraries)
             .stdout(Stdio::piped())
             .spawn()
@@ -146,10 +151,10 @@ fn a_player_keeps_its_start_raise_while_it_loads_its_libraries() {
 }
 
 /// The bound is the user's: a first player reads 64 MiB of other files in its start-up, more
-/// than the whole 32 MiB allowance, and loses its raise; what it took of the allowance is
-/// gone, so a second player of the same user, a few seconds later (less than the 16 s the
-/// allowance would take to pay for 16 MiB again), cannot pay for its 16 MiB either and loses
-/// its raise too. (This pins the bound; the test above shows the payment.)
+/// than the whole 32 MiB allowance, and loses its raise; what it read beyond the allowance is
+/// owed (about 32 MiB, 32 s of the allowance coming back), so a second player of the same
+/// user, a few seconds later, is not raised at all and reads its 16 MiB at its own priority.
+/// (This pins the bound; the test above shows the payment.)
 #[test]
 fn raised_threads_pay_for_other_files_only_out_of_their_users_allowance() {
     require_root!();
@@ -171,22 +176,51 @@ fn raised_threads_pay_for_other_files_only_out_of_their_users_allowance() {
     assert_eq!(setup.policed(), 1);
 
     let second = setup.player(&second_stream, &libraries);
-    assert!(
-        wait_for_ioprio(second.pid, RT0, Duration::from_secs(2)).is_some(),
-        "the second player is raised at its start (the premise of the test)"
-    );
-    let (_, later, read) = second.after_libraries();
+    let raised = wait_for_ioprio(second.pid, RT0, Duration::from_secs(2)).is_some();
+    let (right_after, later, read) = second.after_libraries();
     let elapsed = started.elapsed();
-    println!("second player's ioprio after its libraries: {later:?}, {elapsed:?} after the first");
+    println!(
+        "second player raised: {raised}; its ioprio after its libraries: {right_after:?}, \
+         {later:?}; {elapsed:?} after the first"
+    );
     assert!(
-        elapsed < Duration::from_secs(14),
+        elapsed < Duration::from_secs(20),
         "the allowance had time to come back: {elapsed:?}"
     );
     assert_eq!(read, LIBRARIES);
-    assert_eq!(
-        later,
-        Some(BE5),
-        "the second start-up was paid for out of an allowance the first had spent"
+    assert!(!raised, "a user who owes for real-time reads was raised");
+    assert_eq!((right_after, later), (Some(BE5), Some(BE5)));
+    assert_eq!(setup.policed(), 1);
+}
+
+/// The gap of the check interval: a player that reads its libraries and exits before abissd's
+/// next check of its raise (every 250 ms) used to read them at real time for free, as often as
+/// its user started one. Now a raise that ends is charged for what it read, and a user who owes
+/// has no thread raised until the allowance has come back that far. Six players in a row, each
+/// reading 16 MiB of other files and exiting at once (96 MiB against the 32 MiB allowance and
+/// the 1 MiB/s it gets back in the 3 s a player takes): the first is raised at its start, and
+/// the last two, whose user owes by then, are not.
+#[test]
+fn raises_that_end_between_checks_are_charged_and_a_user_who_owes_is_not_raised() {
+    require_root!();
+    let setup = Setup::new();
+    let mut raised = Vec::new();
+    for round in 0..6 {
+        let stream = setup.file(&format!("film-{round}.ts"), 4 * MIB);
+        let libraries = setup.file(&format!("libraries-{round}.so"), LIBRARIES);
+        let player = setup.player_lingering(&stream, &libraries, "0");
+        raised.push(wait_for_ioprio(player.pid, RT0, Duration::from_secs(1)).is_some());
+        let (_, _, read) = player.after_libraries();
+        assert_eq!(read, LIBRARIES);
+    }
+    println!("raised at their start: {raised:?}");
+    assert!(
+        raised[0],
+        "the first player is raised (the premise of the test)"
     );
-    assert_eq!(setup.policed(), 2);
+    assert_eq!(
+        &raised[4..],
+        &[false, false],
+        "a user who read more than the allowance at real time was raised again: {raised:?}"
+    );
 }

@@ -8,14 +8,15 @@ use abiss_proto::{Refusal, StreamTarget};
 use log::warn;
 
 use super::Controller;
-use crate::kernel_events::{Access, Fork, StreamAccess};
+use crate::kernel_events::{Access, Fork, Reader, StreamAccess};
 use crate::policy::burst::BurstAllowance;
 use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
 use crate::policy::shared_file::route;
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::stream_table::StreamTable;
 use crate::streams::Stream;
-use crate::upgrades::{RaiseFor, StreamBounds};
+use crate::tracer::BlockTracer;
+use crate::upgrades::{RaiseFor, ReaderUpgrades, StreamBounds};
 
 /// What a raise for `stream` is for.
 pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
@@ -43,6 +44,35 @@ impl StreamBounds for RaiseBounds<'_> {
     fn pay_stray(&mut self, uid: u32, kib: u64) -> u64 {
         self.burst.grant(uid, kib.saturating_mul(1024), self.now_ns) / 1024
     }
+}
+
+impl Controller {
+    /// Charges their users for what ended raises read of other files and did not pay for.
+    pub(super) fn charge_owed(&mut self, now_ns: u64) {
+        for (uid, kib) in self.upgrades.take_owed() {
+            self.burst.charge(uid, kib.saturating_mul(1024), now_ns);
+        }
+    }
+}
+
+/// Raises `reader` for `stream` after a miss, unless its user owes for real-time reads (a
+/// raise that ended before its reads of other files were paid for): then no thread of theirs
+/// is raised until their start-up allowance has come back that far (`policy::stray`).
+fn raise_after_miss(
+    (upgrades, burst, hook): (&mut ReaderUpgrades, &BurstAllowance, &mut BlockTracer),
+    (stream, reader): (&Stream, &Reader),
+    when: (u64, u8),
+) {
+    if burst.in_debt(reader.uid, when.0) {
+        log::debug!(
+            "stream {}: thread {} not raised: uid {} owes for real-time reads",
+            stream.id,
+            reader.pid,
+            reader.uid
+        );
+        return;
+    }
+    upgrades.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
 }
 
 /// The readers of streams that ended, for a few seconds: their reads still on their way
@@ -151,6 +181,10 @@ impl Controller {
         let when = (now_ns, stream.granted.priority);
         let owner = stream.owner_uid;
         let raising = raise_for(stream);
+        if self.burst.in_debt(peer_uid, now_ns) {
+            // It owes for real-time reads (see `raise_after_miss`).
+            return Ok(false);
+        }
         let hook = &mut self.tracer;
         let Some(reader) =
             self.upgrades
@@ -228,12 +262,16 @@ impl Controller {
             reader.pid
         );
         let level = stream.granted.priority;
+        if matches!(
+            event.access,
+            Access::Miss(_) | Access::Filled | Access::QueuedLow
+        ) {
+            // Raise the reader first: the reads it waits for now are being queued.
+            let raising = (&mut self.upgrades, &self.burst, &mut self.tracer);
+            raise_after_miss(raising, (stream, reader), (event.at_ns, level));
+        }
         let actions = match event.access {
             Access::Miss(range) => {
-                // Raise the reader first: the reads it waits for now are being queued.
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
                 let actions = if stream.newer_evidence(event.at_ns) {
@@ -248,20 +286,16 @@ impl Controller {
                 actions
             }
             Access::Filled => {
-                // A miss, on a kernel that does not say where: count it and raise the reader;
-                // the pages may be readahead past it, so the window stays (its reads move it).
+                // A miss, on a kernel that does not say where (the reader is raised above):
+                // count it; the pages may be readahead past it, so the window stays (its reads
+                // move it).
                 count_wait(stream);
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
                 return;
             }
             Access::QueuedLow => {
                 // A reader's request queued below the stream's level (direct I/O, or
-                // readahead of a miss): raise it; where it reads is told by its reads.
-                let when = (event.at_ns, level);
-                let hook = &mut self.tracer;
-                (self.upgrades).on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+                // readahead of a miss): it is raised above; where it reads is told by its
+                // reads.
                 return;
             }
             Access::UringComplete { .. } => {

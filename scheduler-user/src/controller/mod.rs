@@ -332,6 +332,7 @@ impl Controller {
             warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
         self.upgrades.end_stream(id, &mut self.tracer);
+        self.charge_owed(monotonic_ns());
         if stream.recording.is_some() {
             // The journal's raise was this recording's: another on the file system keeps it.
             if let Some(other) = self
@@ -532,6 +533,7 @@ impl Controller {
             now_ns,
         };
         self.upgrades.expire(now_ns, &mut self.tracer, &mut bounds);
+        self.charge_owed(now_ns);
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
             actions.extend(stream.playout.on_tick(now_ns));

@@ -49,6 +49,8 @@ impl BurstLimits {
 struct Bucket {
     /// Bytes × 10⁹ held.
     scaled: u128,
+    /// Bytes × 10⁹ owed ([`BurstAllowance::charge`]): what comes back repays it first.
+    debt: u128,
     last_ns: u64,
 }
 
@@ -56,6 +58,7 @@ impl Bucket {
     fn full(capacity: u64, now_ns: u64) -> Self {
         Self {
             scaled: u128::from(capacity) * NS,
+            debt: 0,
             last_ns: now_ns,
         }
     }
@@ -63,7 +66,18 @@ impl Bucket {
     fn refill(&mut self, capacity: u64, rate_bps: u64, now_ns: u64) {
         let elapsed = u128::from(now_ns.saturating_sub(self.last_ns));
         self.last_ns = self.last_ns.max(now_ns);
-        self.scaled = (self.scaled + elapsed * u128::from(rate_bps)).min(u128::from(capacity) * NS);
+        let back = elapsed * u128::from(rate_bps);
+        let repaid = back.min(self.debt);
+        self.debt -= repaid;
+        self.scaled = (self.scaled + back - repaid).min(u128::from(capacity) * NS);
+    }
+
+    /// Takes `bytes` whatever it holds: what it lacks is owed.
+    fn charge(&mut self, bytes: u64) {
+        let wanted = u128::from(bytes) * NS;
+        let taken = wanted.min(self.scaled);
+        self.scaled -= taken;
+        self.debt = self.debt.saturating_add(wanted - taken);
     }
 
     fn bytes(&self) -> u64 {
@@ -75,7 +89,7 @@ impl Bucket {
     }
 
     fn is_full(&self, capacity: u64) -> bool {
-        self.scaled >= u128::from(capacity) * NS
+        self.debt == 0 && self.scaled >= u128::from(capacity) * NS
     }
 }
 
@@ -123,6 +137,39 @@ impl BurstAllowance {
             !bucket.is_full(limits.user_bytes)
         });
         granted
+    }
+
+    /// Charges user `uid` for `bytes` of real-time reads already made (a raised thread's reads
+    /// of other files that its raise ended before paying for, [`super::stray`]): taken from
+    /// its bucket whatever it holds, the rest owed, so that nothing more is granted to the user
+    /// (and no thread of theirs raised: [`Self::in_debt`]) until the bucket has come back that
+    /// far. The shared bucket gives what it holds and owes nothing: one user's debt must not
+    /// hold back the others. Root owes nothing.
+    pub fn charge(&mut self, uid: u32, bytes: u64, now_ns: u64) {
+        if uid == 0 || bytes == 0 {
+            return;
+        }
+        let limits = self.limits;
+        self.shared
+            .refill(limits.shared_bytes, limits.shared_rate_bps, now_ns);
+        let shared = self.shared.bytes().min(bytes);
+        self.shared.take(shared);
+        let user = self
+            .users
+            .entry(uid)
+            .or_insert_with(|| Bucket::full(limits.user_bytes, now_ns));
+        user.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+        user.charge(bytes);
+    }
+
+    /// Whether user `uid` still owes for reads it was charged for at `now_ns`.
+    #[must_use]
+    pub fn in_debt(&self, uid: u32, now_ns: u64) -> bool {
+        self.users.get(&uid).is_some_and(|bucket| {
+            let mut bucket = *bucket;
+            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
+            bucket.debt > 0
+        })
     }
 
     /// Users with a bucket that is not full.
@@ -178,6 +225,22 @@ mod tests {
         assert_eq!(burst.users_tracked(), 1);
         burst.grant(8, 0, 10 * S);
         assert_eq!(burst.users_tracked(), 0);
+    }
+
+    #[test]
+    fn a_charge_beyond_the_bucket_is_owed_and_grants_nothing_until_repaid() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        burst.charge(7, 13_000, 0);
+        assert!(burst.in_debt(7, 0));
+        assert!(burst.in_debt(7, 2 * S), "3 000 owed, 2 000 back");
+        assert!(!burst.in_debt(8, 0), "one user's debt is theirs");
+        assert_eq!(burst.grant(7, 5_000, 2 * S), 0);
+        assert!(!burst.in_debt(7, 3 * S));
+        assert_eq!(burst.grant(7, 5_000, 4 * S), 1_000);
+        // Another user's bucket is whole.
+        assert_eq!(burst.grant(8, 20_000, 4 * S), 10_000);
+        burst.charge(0, u64::MAX, 5 * S);
+        assert!(!burst.in_debt(0, 5 * S));
     }
 
     proptest! {

@@ -10,11 +10,14 @@
 //!
 //! So every KiB of them is paid for out of the reading thread's user's start-up allowance
 //! ([`super::burst`]), the per-user token bucket that already pays for start-up fills, prerolls
-//! and seek refills; a raise whose reads the allowance cannot pay for is dropped. Over any time
-//! `t` one user's raises read at most `user bytes + user rate × t` of other files at real time
-//! together (plus what a raise queues in the one check interval before the check that drops
-//! it), and all users but root together no more than the shared bucket gives. Root's threads
-//! are exempt, as root's fills are.
+//! and seek refills; a raise whose reads the allowance cannot pay for is dropped. What a raise
+//! read and did not pay for when it ends (dropped, detached, idle, its thread gone) is charged
+//! then, into debt (`BurstAllowance::charge`), and no thread of a user who owes is raised, so
+//! a raise that ends between two checks is no way around it. Over any time `t` one user's
+//! raises read at most `user bytes + user rate × t` of other files at real time together (plus
+//! what their threads raised at once queue in one check interval before the user owes), and
+//! all users but root together no more than the shared bucket gives. Root's threads are
+//! exempt, as root's fills are.
 
 /// Settles a raise's reads of other files at a check: it queued `stray_kib` of them in all and
 /// has paid for `paid_kib`; `pay` is asked for the rest and answers what it took, which may be

@@ -188,15 +188,15 @@ impl UpgradeTable {
     /// Records a raise. A thread raised again (for a second stream at a higher level, or
     /// after it lowered its own priority) keeps the priority it had before the first raise and
     /// what it paid for its reads of other files (the kernel keeps counting them); raised
-    /// again for the same stream, it also keeps when it was first raised, from which what it
-    /// may read of the stream's file grows (the kernel keeps counting those too), so a raise
-    /// renewed by its own thread lends nothing new.
+    /// again for the same file, it also keeps when it was first raised, from which what it
+    /// may read of the file grows (the kernel keeps counting those too, by the file's tag), so
+    /// a raise renewed by its own thread lends nothing new.
     pub fn insert(&mut self, mut upgrade: Upgrade) {
         if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
             if earlier.task == upgrade.task {
                 upgrade.previous = earlier.previous;
                 upgrade.stray_paid_kib = earlier.stray_paid_kib;
-                if earlier.stream == upgrade.stream {
+                if earlier.followed_as().2 == upgrade.followed_as().2 {
                     upgrade.raised_ns = earlier.raised_ns;
                 }
             }
@@ -408,6 +408,34 @@ mod tests {
             uid: 1000,
             stray_paid_kib: 0,
         }
+    }
+
+    #[test]
+    fn a_raise_renewed_by_its_own_thread_keeps_what_it_paid_and_when_it_began() {
+        let mut table = UpgradeTable::new(5);
+        let mut first = upgrade(7, 1, 10);
+        first.raised_ns = 10;
+        first.stray_paid_kib = 300;
+        table.insert(first);
+        // The same thread, raised again for the same file after it lowered its priority.
+        let mut again = upgrade(7, 1, 50);
+        again.raised_ns = 50;
+        table.insert(again);
+        let kept = table.get(7).unwrap();
+        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (10, 300));
+        // Raised for another file: what it may read of that one grows from now.
+        let mut other = upgrade(7, 2, 60);
+        other.raised_ns = 60;
+        table.insert(other);
+        let kept = table.get(7).unwrap();
+        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (60, 300));
+        // Another thread that took the id: nothing of the first.
+        let mut stranger = upgrade(7, 2, 70);
+        stranger.task.start_time = 8;
+        stranger.raised_ns = 70;
+        table.insert(stranger);
+        let kept = table.get(7).unwrap();
+        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (70, 0));
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //! (its own real-time requests for other files, which its user pays for, and for the stream's
 //! file beyond what the stream's rate and buffer allow), put back when it leaves the file idle
 //! (so a decoder thread that never reads the file goes back after the idle time) and when the
-//! stream ends. At most
-//! [`MAX_ADOPTED_PER_STREAM`] tasks per stream; later tasks are put back at their fork as before.
+//! stream ends. At most [`MAX_ADOPTED_PER_STREAM`] tasks per stream; later tasks are put back at
+//! their fork as before.
 
 use abiss_os::clock::monotonic_ns;
 use abiss_os::ioprio;

@@ -101,6 +101,9 @@ pub struct ReaderUpgrades {
     /// When a full stream's raises were last looked at for threads that are gone (any
     /// stream's: the bound is on abissd's work, not per stream).
     gone_checked_ns: Option<u64>,
+    /// Per user, KiB of reads of other files that raises which ended had made and not paid
+    /// for ([`Self::take_owed`]).
+    owed: HashMap<u32, u64>,
 }
 
 impl ReaderUpgrades {
@@ -124,6 +127,7 @@ impl ReaderUpgrades {
             forks,
             adopted: HashMap::new(),
             gone_checked_ns: None,
+            owed: HashMap::new(),
         }
     }
 
@@ -332,9 +336,11 @@ impl ReaderUpgrades {
             .map(|u| u.task.pid)
             .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
             .collect();
-        for &pid in &gone {
-            self.table.take_thread(pid);
-        }
+        let taken: Vec<Upgrade> = gone
+            .iter()
+            .flat_map(|&pid| self.table.take_thread(pid))
+            .collect();
+        self.note_owed(&taken);
         self.forks.restored(&gone);
         // No detach of the fork program even if the table is empty now: the raise this makes
         // room for attaches it again at once (or, failing, syncs it), and a detach waits for
@@ -407,9 +413,32 @@ impl ReaderUpgrades {
         }
         // After their own restores: from then on what they make starts at their own priority.
         let pids: Vec<u32> = upgrades.iter().map(|u| u.task.pid).collect();
+        self.note_owed(upgrades);
         self.forks.restored(&pids);
         self.persist();
         RaisedForks::sync(hook, !self.table.is_empty());
+    }
+
+    /// Notes what `upgrades`, which end now, read of other files since they last paid: a
+    /// raise that ends between two checks (detached, idle, its thread gone) is charged too,
+    /// or a user who attached, missed and detached in a loop read at real time for free.
+    fn note_owed(&mut self, upgrades: &[Upgrade]) {
+        for upgrade in upgrades {
+            let Some(use_of) = self.forks.use_of(upgrade.task.pid) else {
+                continue;
+            };
+            let unpaid = u64::from(use_of.stray_kib).saturating_sub(upgrade.stray_paid_kib);
+            if unpaid > 0 {
+                let owed = self.owed.entry(upgrade.uid).or_default();
+                *owed = owed.saturating_add(unpaid);
+            }
+        }
+    }
+
+    /// Per user, the KiB of reads of other files that ended raises made without paying for
+    /// them, to be charged to the user's start-up allowance (`BurstAllowance::charge`).
+    pub fn take_owed(&mut self) -> Vec<(u32, u64)> {
+        self.owed.drain().collect()
     }
 
     /// Nanoseconds until an upgrade goes idle.
