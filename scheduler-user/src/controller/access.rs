@@ -172,6 +172,7 @@ impl Controller {
         tid: u32,
         now_ns: u64,
     ) -> Result<bool, Refusal> {
+        self.charge_owed(now_ns);
         let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
         let Some(stream) = self.streams.get(id) else {
             return Err(Refusal::NotAttached {
@@ -180,11 +181,9 @@ impl Controller {
         };
         let when = (now_ns, stream.granted.priority);
         let owner = stream.owner_uid;
-        let raising = raise_for(stream);
-        if self.burst.in_debt(peer_uid, now_ns) {
-            // It owes for real-time reads (see `raise_after_miss`).
-            return Ok(false);
-        }
+        // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
+        // still the stream's reader.
+        let raising = (raise_for(stream), !self.burst.in_debt(peer_uid, now_ns));
         let hook = &mut self.tracer;
         let Some(reader) =
             self.upgrades
@@ -223,6 +222,8 @@ impl Controller {
     /// A task read, faulted on or missed pages of an attached file, or queued or completed a
     /// request on it.
     pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
+        // Whoever owes is known before a miss raises anybody (nothing to do, mostly).
+        self.charge_owed(now_ns);
         let reader = &event.reader;
         if self.departed.before_leaving(reader.tgid, event.at_ns) {
             return;
@@ -318,7 +319,12 @@ impl Controller {
 
     /// A raised thread made a task, which started with its raise.
     pub fn on_fork(&mut self, fork: &Fork) {
-        self.upgrades.on_fork(fork, &mut self.tracer);
+        let now_ns = abiss_os::clock::monotonic_ns();
+        // What an over-bound drop leaves owed counts before the next raise is decided.
+        let burst = &self.burst;
+        let owes = |uid: u32| burst.in_debt(uid, now_ns);
+        self.upgrades.on_fork(fork, &mut self.tracer, &owes);
+        self.charge_owed(now_ns);
     }
 
     /// A load finished.

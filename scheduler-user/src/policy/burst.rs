@@ -99,7 +99,8 @@ pub struct BurstAllowance {
     limits: BurstLimits,
     shared: Bucket,
     /// Users whose bucket is not full; a full bucket is the same as none, so the map holds
-    /// only users who attached within the last `user_bytes / user_rate_bps` seconds.
+    /// only users who attached within the last `user_bytes / user_rate_bps` seconds, or who
+    /// owe (until what they owe and a full bucket have come back).
     users: BTreeMap<u32, Bucket>,
 }
 
@@ -244,6 +245,32 @@ mod tests {
     }
 
     proptest! {
+        /// Whatever one user is granted and charged, and whenever: together no more than the
+        /// bucket, what came back and what is still owed, and nothing granted while owing.
+        #[test]
+        fn grants_and_charges_stay_within_the_bucket_and_the_debt(
+            steps in proptest::collection::vec((proptest::bool::ANY, 0u64..8_000, 0u64..S), 1..100)
+        ) {
+            let limits = small();
+            let mut burst = BurstAllowance::new(limits, 0);
+            let (mut now, mut total) = (0u64, 0u128);
+            for (charge, bytes, step) in steps {
+                now += step;
+                if charge {
+                    burst.charge(7, bytes, now);
+                    total += u128::from(bytes);
+                } else {
+                    let owed = burst.in_debt(7, now);
+                    let granted = burst.grant(7, bytes, now);
+                    prop_assert!(!owed || granted == 0, "granted {granted} while owing");
+                    total += u128::from(granted);
+                }
+            }
+            let debt = burst.users.get(&7).map_or(0, |bucket| bucket.debt / NS);
+            let came_back = u128::from(limits.user_rate_bps) * (u128::from(now) / u128::from(S) + 1);
+            prop_assert!(total <= u128::from(limits.user_bytes) + came_back + debt + 1);
+        }
+
         /// Whatever users ask, and whenever, users but root start no more than the shared
         /// bucket plus its rate over the time, and no user more than its own.
         #[test]

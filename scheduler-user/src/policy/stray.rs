@@ -12,8 +12,9 @@
 //! ([`super::burst`]), the per-user token bucket that already pays for start-up fills, prerolls
 //! and seek refills; a raise whose reads the allowance cannot pay for is dropped. What a raise
 //! read and did not pay for when it ends (dropped, detached, idle, its thread gone) is charged
-//! then, into debt (`BurstAllowance::charge`), and no thread of a user who owes is raised, so
-//! a raise that ends between two checks is no way around it. Over any time `t` one user's
+//! then or at abissd's next look at its raises, into debt (`BurstAllowance::charge`), and no
+//! thread of a user who owes is raised (nor adopted from a start raise), so a raise that ends
+//! between two checks is no way around it. Over any time `t` one user's
 //! raises read at most `user bytes + user rate × t` of other files at real time together (plus
 //! what their threads raised at once queue in one check interval before the user owes), and
 //! all users but root together no more than the shared bucket gives. Root's threads are

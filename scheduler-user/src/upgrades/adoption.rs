@@ -33,9 +33,14 @@ pub const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
 pub const MAX_ADOPTED_PER_STREAM: u64 = 32;
 
 impl ReaderUpgrades {
-    /// Adopts the task `fork` made, if it is a task of a player at its start (see the module);
-    /// whether it was.
-    pub(super) fn adopt(&mut self, fork: &Fork, hook: &mut dyn ForkHook) -> bool {
+    /// Adopts the task `fork` made, if it is a task of a player at its start (see the module)
+    /// whose user does not owe (`owes`) for real-time reads (`policy::stray`); whether it was.
+    pub(super) fn adopt(
+        &mut self,
+        fork: &Fork,
+        hook: &mut dyn ForkHook,
+        owes: &dyn Fn(u32) -> bool,
+    ) -> bool {
         if fork.raise.shares_io_context {
             return false;
         }
@@ -45,6 +50,9 @@ impl ReaderUpgrades {
         let Some(started_ns) = parent.started_ns else {
             return false;
         };
+        if owes(parent.uid) {
+            return false;
+        }
         let stream = parent.stream;
         if fork.at_ns.saturating_sub(started_ns) > ADOPTION_WINDOW_NS
             || self.adopted.get(&stream).copied().unwrap_or(0) >= MAX_ADOPTED_PER_STREAM

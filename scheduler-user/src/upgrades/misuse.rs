@@ -23,8 +23,9 @@ const _: () = assert!(
 );
 
 impl ReaderUpgrades {
-    /// A followed thread made a task: put back at once (see [`crate::raised_forks`]).
-    pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook) {
+    /// A followed thread made a task: put back at once (see [`crate::raised_forks`]), unless
+    /// a player at its start made it and its user does not owe (`owes`) for real-time reads.
+    pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook, owes: &dyn Fn(u32) -> bool) {
         let raised_itself = self.table.get(fork.child).is_some();
         // The stream of the raise the report comes from, if that raise is still the table's
         // (a late report must not drop a later raise of the same thread id).
@@ -42,7 +43,7 @@ impl ReaderUpgrades {
             }
             return;
         }
-        if !raised_itself && self.adopt(fork, hook) {
+        if !raised_itself && self.adopt(fork, hook, owes) {
             return;
         }
         self.forks.on_fork(fork, raised_itself);

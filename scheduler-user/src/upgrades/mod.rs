@@ -148,11 +148,12 @@ impl ReaderUpgrades {
     /// The stream's owner says thread `reader` is about to read the stream (a player that
     /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
     /// so that its first reads are not queued below the stream. The same checks, record,
-    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency.
+    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
+    /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
     /// `None` when the thread is gone or not the asking user's.
     pub fn on_reader_start(
         &mut self,
-        stream: RaiseFor,
+        (stream, may_raise): (RaiseFor, bool),
         (tid, uid): (u32, u32),
         when: (u64, u8),
         owner_uid: u32,
@@ -175,7 +176,7 @@ impl ReaderUpgrades {
             uid,
             command: String::new(),
         };
-        let raised = self.raise(stream, &reader, when, owner_uid, hook, false);
+        let raised = may_raise && self.raise(stream, &reader, when, owner_uid, hook, false);
         Some(StartingReader {
             tgid: identity.tgid,
             command: identity.command,
