@@ -45,8 +45,8 @@
 //! Past its bound the fork program notes no more of them, flags the raise with the task, and
 //! still reports it. Either way abissd drops the raise at once (a misuse, like reading other
 //! files at real time beyond what its user pays for). Restoring the raised thread puts back
-//! every task of its context at once, noted or not; if that thread is gone, the task past the bound is put back instead,
-//! which does the same. A task past the bound still has its own forks followed: the fork
+//! every task of its context at once, noted or not; if that thread is gone, the task past the
+//! bound is put back instead, which does the same. A task past the bound still has its own forks followed: the fork
 //! program finds its raise through its I/O context (`RAISED_CONTEXTS`), whose entry abissd
 //! deletes with the raise, after the sweep.
 //!

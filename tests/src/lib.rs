@@ -860,11 +860,9 @@ impl Drop for HddLab {
         }
         // A backing directory in memory is not under the scratch directory: should `down`
         // have failed, it would hold the image in memory until a reboot.
-        if let Some(dir) = abiss_lab::lab::memory_backing_dir(0) {
-            let _ = std::fs::remove_dir_all(
-                dir.join(self.scratch.path().file_name().unwrap_or_default()),
-            );
-        }
+        let memory = Path::new(abiss_lab::lab::MEMORY_BACKING_DIR);
+        let lab_dir = memory.join(self.scratch.path().file_name().unwrap_or_default());
+        let _ = std::fs::remove_dir_all(lab_dir);
     }
 }
 

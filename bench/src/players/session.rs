@@ -536,8 +536,8 @@ pub(crate) fn baseline(
     // A first launch, not counted, loads the player's program files and notes them for the
     // warming of every later launch: the machine may have reclaimed them since the player last
     // ran (on the lab VM a first ffmpeg after ten minutes of other tests reported no media
-    // time within its 2 s run, twice in one day), and a baseline of reading them from the root
-    // disk is not the player's.
+    // time within its 2 s run, in a suite), and a baseline of reading them from the root disk
+    // is not the player's.
     let first = RunningPlayer::launch(spec, &Wrapper::Plain, scratch)?;
     let pid = first.pid();
     play_for(vec![first], Duration::from_secs(FIRST_LAUNCH_S), || {

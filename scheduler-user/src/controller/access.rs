@@ -49,9 +49,15 @@ impl StreamBounds for RaiseBounds<'_> {
 impl Controller {
     /// Charges their users for what ended raises read of other files and did not pay for.
     pub(super) fn charge_owed(&mut self, now_ns: u64) {
-        for (uid, kib) in self.upgrades.take_owed() {
-            self.burst.charge(uid, kib.saturating_mul(1024), now_ns);
-        }
+        charge_owed(&mut self.upgrades, &mut self.burst, now_ns);
+    }
+}
+
+/// [`Controller::charge_owed`], for callers that hold other parts of the controller. Called
+/// right after whatever may end raises, so that the next raise knows who owes.
+fn charge_owed(upgrades: &mut ReaderUpgrades, burst: &mut BurstAllowance, now_ns: u64) {
+    for (uid, kib) in upgrades.take_owed() {
+        burst.charge(uid, kib.saturating_mul(1024), now_ns);
     }
 }
 
@@ -59,7 +65,7 @@ impl Controller {
 /// raise that ended before its reads of other files were paid for): then no thread of theirs
 /// is raised until their start-up allowance has come back that far (`policy::stray`).
 fn raise_after_miss(
-    (upgrades, burst, hook): (&mut ReaderUpgrades, &BurstAllowance, &mut BlockTracer),
+    (upgrades, burst, hook): (&mut ReaderUpgrades, &mut BurstAllowance, &mut BlockTracer),
     (stream, reader): (&Stream, &Reader),
     when: (u64, u8),
 ) {
@@ -73,6 +79,8 @@ fn raise_after_miss(
         return;
     }
     upgrades.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+    // Making room for the raise may have let go of raises whose threads are gone.
+    charge_owed(upgrades, burst, when.0);
 }
 
 /// The readers of streams that ended, for a few seconds: their reads still on their way
@@ -172,7 +180,6 @@ impl Controller {
         tid: u32,
         now_ns: u64,
     ) -> Result<bool, Refusal> {
-        self.charge_owed(now_ns);
         let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
         let Some(stream) = self.streams.get(id) else {
             return Err(Refusal::NotAttached {
@@ -191,6 +198,8 @@ impl Controller {
         else {
             return Ok(false);
         };
+        // Making room for the raise may have let go of raises whose threads are gone.
+        self.charge_owed(now_ns);
         // Its process is the stream's reader from its first read on: where a file has several
         // streams, a viewer's first read is a jump to where it starts, which would otherwise
         // go to the first stream still waiting for its player (another viewer's).
@@ -222,8 +231,6 @@ impl Controller {
     /// A task read, faulted on or missed pages of an attached file, or queued or completed a
     /// request on it.
     pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
-        // Whoever owes is known before a miss raises anybody (nothing to do, mostly).
-        self.charge_owed(now_ns);
         let reader = &event.reader;
         if self.departed.before_leaving(reader.tgid, event.at_ns) {
             return;
@@ -268,7 +275,7 @@ impl Controller {
             Access::Miss(_) | Access::Filled | Access::QueuedLow
         ) {
             // Raise the reader first: the reads it waits for now are being queued.
-            let raising = (&mut self.upgrades, &self.burst, &mut self.tracer);
+            let raising = (&mut self.upgrades, &mut self.burst, &mut self.tracer);
             raise_after_miss(raising, (stream, reader), (event.at_ns, level));
         }
         let actions = match event.access {
