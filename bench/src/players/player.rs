@@ -199,6 +199,9 @@ impl RunningPlayer {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         // Its program from memory, as in every launch ([`super::program`]).
         super::program::warm(spec.kind.name());
+        if let Wrapper::Abiss { abissctl, .. } = wrapper {
+            super::program::warm_file(abissctl);
+        }
         let ipc = scratch.join(format!("mpv-{}.sock", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&ipc);
         let line = spec.command_line(&ipc);

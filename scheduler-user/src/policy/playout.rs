@@ -17,7 +17,11 @@ use abiss_proto::PAGE_BYTES as PAGE;
 
 use super::credit::CreditTimer;
 use super::probe_tail::ProbeTail;
+
+#[path = "playout_preroll.rs"]
+mod preroll;
 use super::{min_load_bytes, page_ceil, page_floor};
+pub use preroll::PREROLL_LEAD_BYTES;
 
 /// Shape of a stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,9 +71,8 @@ pub struct PlayoutBuffer {
     generation: u32,
     prefetched_bytes: u64,
     seeks: u64,
-    /// A start-up preroll up to here (with the file's tail or not) waits for the first window
-    /// to be locked.
-    pending_preroll: Option<(u64, bool)>,
+    /// A start-up preroll waits for the first window to be locked.
+    pending_preroll: Option<preroll::PendingPreroll>,
     /// The file's end, loaded with a preroll for the player's probe.
     tail: Option<ProbeTail>,
     /// The first window was loaded and locked. Until then a reader that waits for the disk
@@ -300,27 +303,6 @@ impl PlayoutBuffer {
         actions
     }
 
-    /// Loads the file's head up to `end` beyond the window (a start-up preroll, paid by the
-    /// caller's start-up allowance, not the credit): locked like the window, and released as
-    /// the reader passes it. Only at the start of the file, before any seek. `with_tail`: the
-    /// file's end comes with it ([`ProbeTail`]).
-    ///
-    /// It is queued once the window's first loads are locked, not with them: queued together
-    /// at the same level, several players' prerolls held every player's first window behind
-    /// them (`abissctl run` waited 0.4 to 0.97 s for the window instead of 0.1 s with four
-    /// 6 MiB prerolls, bench/results/players-preroll-auto).
-    pub fn preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
-        let end = page_ceil(end).min(self.file_end());
-        if self.generation != 0 || self.window_start != 0 || end <= self.requested_end {
-            return Vec::new();
-        }
-        if !self.window_locked() {
-            self.pending_preroll = Some((end, with_tail));
-            return Vec::new();
-        }
-        self.load_preroll(end, with_tail)
-    }
-
     /// Whether the stream is still loading its first window: a reader's wait for the disk
     /// now is its start, not a miss.
     #[must_use]
@@ -348,29 +330,6 @@ impl PlayoutBuffer {
             || self.locked.first().is_some_and(|first| {
                 first.start <= self.window_start && first.end >= self.requested_end
             })
-    }
-
-    /// Loads the probe tail, then the head up to `end`: players read the tail right after a
-    /// short look at the head (`GStreamer` after 135 kB).
-    fn load_preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
-        let mut actions = Vec::new();
-        self.tail = ProbeTail::for_preroll(self.shape.file_bytes, end).filter(|_| with_tail);
-        if let Some(tail) = &self.tail {
-            let range = tail.range();
-            self.prefetched_bytes += range.end - range.start;
-            actions.push(WindowAction::Load {
-                range,
-                generation: self.generation,
-            });
-        }
-        let range = self.requested_end..end;
-        self.prefetched_bytes += range.end - range.start;
-        self.requested_end = end;
-        actions.push(WindowAction::Load {
-            range,
-            generation: self.generation,
-        });
-        actions
     }
 
     /// Credit the window lacks to fill up to a full buffer ahead of the reader now: what a
@@ -475,13 +434,7 @@ impl PlayoutBuffer {
         self.insert_locked(keep);
         self.started |= self.window_locked();
         self.refilling &= !self.window_locked();
-        let pending = self.pending_preroll;
-        if let Some((end, with_tail)) = pending.filter(|&(end, _)| {
-            end > self.requested_end && self.generation == 0 && self.window_locked()
-        }) {
-            self.pending_preroll = None;
-            actions.extend(self.load_preroll(end, with_tail));
-        }
+        actions.extend(self.due_preroll());
         actions
     }
 

@@ -280,18 +280,28 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     assert!(buffer.preroll(60 * MB, false).is_empty());
 }
 
-/// A preroll with the file's tail loads the tail first; the player's probe of it is no seek,
-/// and the tail is let go once the window passes the head preroll, or at a seek.
+/// A preroll with the file's tail loads the head's next piece, the tail, then the rest of the
+/// head, in the order players read them; the player's probe of the tail is no seek, and the
+/// tail is let go once the window passes the head preroll, or at a seek.
 #[test]
 fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     let file = 90 * MB;
     let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
     complete(&mut buffer, &actions);
     let preroll = buffer.preroll(5 * MB, true);
-    let tail = match preroll.first() {
-        Some(WindowAction::Load { range, .. }) => range.clone(),
-        other => panic!("the tail loads first: {other:?}"),
+    let ranges: Vec<_> = preroll
+        .iter()
+        .filter_map(|action| match action {
+            WindowAction::Load { range, .. } => Some(range.clone()),
+            _ => None,
+        })
+        .collect();
+    let [lead, tail, rest] = &ranges[..] else {
+        panic!("the head's next piece, the tail, the rest: {preroll:?}");
     };
+    assert_eq!((lead.start, lead.end - lead.start), (B, PREROLL_LEAD_BYTES));
+    assert_eq!((rest.start, rest.end), (lead.end, page_ceil(5 * MB)));
+    let tail = tail.clone();
     assert_eq!(tail.end, page_ceil(file));
     assert_eq!(
         loaded(&preroll),
@@ -344,22 +354,52 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     assert!(buffer.locked_bytes() <= B + BATCH);
 }
 
-/// A preroll asked for while the first window is still loading waits for it, so the window's
-/// reads are not queued behind the preroll's; it loads once the window is locked.
+/// A preroll asked for while the first window is still loading queues only its first piece
+/// with it (so the disk is not left to best effort while abissd queues the rest), and the rest
+/// once the window is locked, whether or not that piece is done: the window's reads are not
+/// queued behind the preroll's.
 #[test]
 fn a_preroll_waits_for_the_first_window_then_loads() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    assert!(buffer.preroll(5 * MB, false).is_empty(), "held back");
-    let preroll = complete(&mut buffer, &actions);
-    assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
-    complete(&mut buffer, &preroll);
-    assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
-    // A seek before the window was locked drops a waiting preroll.
+    let lead = buffer.preroll(5 * MB, true);
+    assert_eq!(
+        lead,
+        vec![WindowAction::Load {
+            range: B..B + PREROLL_LEAD_BYTES,
+            generation: 0
+        }],
+        "only the first piece goes with the window"
+    );
+    assert_eq!(buffer.reader_wait(), ReaderWait::Start);
+    let rest = complete(&mut buffer, &actions);
+    let ranges: Vec<_> = rest
+        .iter()
+        .filter_map(|action| match action {
+            WindowAction::Load { range, .. } => Some(range.clone()),
+            _ => None,
+        })
+        .collect();
+    let [next, tail, more] = &ranges[..] else {
+        panic!("the next piece, the tail, the rest of the head: {rest:?}");
+    };
+    let head_end = B + 2 * PREROLL_LEAD_BYTES;
+    assert_eq!((next.start, next.end), (B + PREROLL_LEAD_BYTES, head_end));
+    assert_eq!(tail.end, page_ceil(105 * MB));
+    assert_eq!((more.start, more.end), (head_end, page_ceil(5 * MB)));
+    assert!(complete(&mut buffer, &lead).is_empty(), "queued once");
+    complete(&mut buffer, &rest);
+    assert_eq!(
+        buffer.locked_bytes(),
+        page_ceil(5 * MB) + (tail.end - tail.start)
+    );
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss, "started");
+    // A seek before the window was locked drops a waiting preroll and its first piece.
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    assert!(buffer.preroll(5 * MB, false).is_empty());
+    let lead = buffer.preroll(5 * MB, false);
     let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
     let after = complete(&mut buffer, &actions);
     assert_eq!(loaded(&after), 0, "{after:?}");
+    let _ = complete(&mut buffer, &lead);
     let _ = complete(&mut buffer, &seek);
     assert!(buffer.locked_bytes() <= B);
 }
