@@ -106,6 +106,14 @@ impl StreamTable {
             .sum()
     }
 
+    /// Whether a stream on `disk` is still loading its first window.
+    #[must_use]
+    pub fn starting_on(&self, disk: DeviceNumber) -> bool {
+        self.streams
+            .values()
+            .any(|s| s.disk == disk && s.playout.is_starting())
+    }
+
     /// Sum of the granted rates of the write streams on `disk`.
     #[must_use]
     pub fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {

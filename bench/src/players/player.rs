@@ -200,7 +200,7 @@ impl RunningPlayer {
         // Its program from memory, as in every launch ([`super::program`]).
         super::program::warm(spec.kind.name());
         if let Wrapper::Abiss { abissctl, .. } = wrapper {
-            super::program::warm_file(abissctl);
+            let _ = super::program::warm_file(abissctl);
         }
         let ipc = scratch.join(format!("mpv-{}.sock", NEXT.fetch_add(1, Ordering::Relaxed)));
         let _ = std::fs::remove_file(&ipc);

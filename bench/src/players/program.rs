@@ -67,6 +67,7 @@ pub fn warm(kind: &str) -> u64 {
 /// the reclaim had taken abissctl's pages, and `abissctl run` attached 100 ms after its
 /// launch instead of 4 to 11 ms: it waited 61 ms in page faults on the root disk and 28 ms
 /// for a request of it. Returns the bytes read (0 if it cannot be).
+#[must_use]
 pub fn warm_file(path: &Path) -> u64 {
     let Ok(mut file) = File::open(path) else {
         return 0;

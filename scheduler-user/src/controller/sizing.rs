@@ -276,9 +276,12 @@ impl Controller {
             );
         }
         // Cut short, the preroll keeps its head: the tail only comes whole.
-        stream
-            .playout
-            .preroll(asked + granted.min(head), granted >= wanted)
+        let others_starting = self.streams.starting_on(stream.disk);
+        stream.playout.preroll(
+            asked + granted.min(head),
+            granted >= wanted,
+            others_starting,
+        )
     }
 }
 

@@ -306,7 +306,7 @@ impl PlayoutBuffer {
     /// Whether the stream is still loading its first window: a reader's wait for the disk
     /// now is its start, not a miss.
     #[must_use]
-    fn is_starting(&self) -> bool {
+    pub fn is_starting(&self) -> bool {
         !self.started && !self.window_locked()
     }
 

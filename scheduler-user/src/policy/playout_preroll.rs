@@ -3,15 +3,13 @@
 
 use super::{page_ceil, PlayoutBuffer, ProbeTail, WindowAction};
 
-/// A preroll waiting for the first window to be locked; its first piece is queued.
+/// A preroll waiting for the stream's first load to complete; its first piece is queued.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct PendingPreroll {
     /// The head up to here.
     end: u64,
     /// With the file's tail.
     with_tail: bool,
-    /// Where the first window ends (and the first piece begins).
-    window_end: u64,
 }
 
 /// A preroll's head queued before its probe tail: one request of the usual largest size
@@ -24,27 +22,30 @@ impl PlayoutBuffer {
     /// the reader passes it. Only at the start of the file, before any seek. `with_tail`: the
     /// file's end comes with it ([`ProbeTail`]).
     ///
-    /// Its first [`PREROLL_LEAD_BYTES`] are queued with the window, the rest once the window
-    /// is locked: queued together at the same level, several players' prerolls held every
-    /// player's first window behind them (`abissctl run` waited 0.4 to 0.97 s for the window instead of 0.1 s with four
-    /// 6 MiB prerolls, bench/results/players-preroll-auto).
-    pub fn preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
+    /// It is queued with the first window, unless `others_starting` (another stream on the
+    /// disk is loading its first window): then only its first [`PREROLL_LEAD_BYTES`] are, and
+    /// the rest once the window or that piece is locked. Queued together at the same level,
+    /// several players' prerolls held every player's first window behind them (`abissctl
+    /// run` waited 0.4 to 0.97 s for the window instead of 0.1 s with four 6 MiB prerolls,
+    /// bench/results/players-preroll-auto). For one player, holding it back cost more than it
+    /// gave: in the few ms abissd took to queue it, the stream's real-time queue was empty,
+    /// four best-effort requests went into the lab hdd's queue, and the preroll waited 45 ms
+    /// for them. The first piece keeps the disk on the stream's work meanwhile, though a disk
+    /// that orders its queue by position may serve it before the window.
+    pub fn preroll(
+        &mut self,
+        end: u64,
+        with_tail: bool,
+        others_starting: bool,
+    ) -> Vec<WindowAction> {
         let end = page_ceil(end).min(self.file_end());
         if self.generation != 0 || self.window_start != 0 || end <= self.requested_end {
             return Vec::new();
         }
-        if !self.window_locked() {
-            // Its first piece goes with the window, so the disk still has the stream's work
-            // in hand when the window is done: in the few ms abissd takes to queue the rest,
-            // an idle real-time queue let four best-effort requests into the lab hdd's
-            // queue, and the preroll waited 45 ms for them.
+        if others_starting && !self.window_locked() {
             let window_end = self.requested_end;
             let lead_end = window_end.saturating_add(PREROLL_LEAD_BYTES).min(end);
-            self.pending_preroll = Some(PendingPreroll {
-                end,
-                with_tail,
-                window_end,
-            });
+            self.pending_preroll = Some(PendingPreroll { end, with_tail });
             self.prefetched_bytes += lead_end - window_end;
             self.requested_end = lead_end;
             return vec![WindowAction::Load {
@@ -55,17 +56,12 @@ impl PlayoutBuffer {
         self.load_preroll(end, with_tail)
     }
 
-    /// The rest of a pending preroll, once the first window is locked.
+    /// The rest of a pending preroll: call it when a load of the stream's first window or of
+    /// the preroll's first piece was locked.
     pub(super) fn due_preroll(&mut self) -> Vec<WindowAction> {
-        let Some(pending) = self.pending_preroll else {
+        let Some(pending) = self.pending_preroll.filter(|_| self.generation == 0) else {
             return Vec::new();
         };
-        let window_locked = self.locked.first().is_some_and(|first| {
-            first.start <= self.window_start && first.end >= pending.window_end
-        });
-        if self.generation != 0 || !window_locked {
-            return Vec::new();
-        }
         self.pending_preroll = None;
         self.load_preroll(pending.end, pending.with_tail)
     }

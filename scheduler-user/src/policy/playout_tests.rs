@@ -2,6 +2,8 @@
 use super::*;
 use proptest::prelude::*;
 
+use crate::policy::probe_tail::PROBE_TAIL_BYTES;
+
 const MB: u64 = 1_000_000;
 const B: u64 = 564 * 1024;
 const BATCH: u64 = 20 * PAGE;
@@ -264,7 +266,7 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
     complete(&mut buffer, &actions);
     let credit = buffer.credit_bytes();
-    let preroll = buffer.preroll(5 * MB, false);
+    let preroll = buffer.preroll(5 * MB, false, true);
     assert_eq!(loaded(&preroll), page_ceil(5 * MB) - B);
     assert_eq!(buffer.credit_bytes(), credit, "not paid from the credit");
     complete(&mut buffer, &preroll);
@@ -277,7 +279,7 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
         WindowAction::Load { range, .. } if range.start == page_ceil(5 * MB))));
     // After a seek there is no preroll.
     let _ = buffer.on_read(50 * MB..50 * MB + 4096, 3_000_000_000);
-    assert!(buffer.preroll(60 * MB, false).is_empty());
+    assert!(buffer.preroll(60 * MB, false, true).is_empty());
 }
 
 /// A preroll with the file's tail loads the head's next piece, the tail, then the rest of the
@@ -288,7 +290,7 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     let file = 90 * MB;
     let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
     complete(&mut buffer, &actions);
-    let preroll = buffer.preroll(5 * MB, true);
+    let preroll = buffer.preroll(5 * MB, true, true);
     let ranges: Vec<_> = preroll
         .iter()
         .filter_map(|action| match action {
@@ -343,7 +345,7 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     // At a seek, too.
     let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
     complete(&mut buffer, &actions);
-    let preroll = buffer.preroll(5 * MB, true);
+    let preroll = buffer.preroll(5 * MB, true, true);
     complete(&mut buffer, &preroll);
     let seek = buffer.on_read(40 * MB..40 * MB + 4096, 1_000_000_000);
     assert!(
@@ -354,14 +356,42 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     assert!(buffer.locked_bytes() <= B + BATCH);
 }
 
-/// A preroll asked for while the first window is still loading queues only its first piece
-/// with it (so the disk is not left to best effort while abissd queues the rest), and the rest
-/// once the window is locked, whether or not that piece is done: the window's reads are not
-/// queued behind the preroll's.
+/// A preroll of the only stream starting on its disk is queued with the first window, in
+/// reading order, so the stream's real-time queue is never empty while the start loads.
+#[test]
+fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let preroll = buffer.preroll(5 * MB, true, false);
+    let ranges: Vec<_> = preroll
+        .iter()
+        .filter_map(|action| match action {
+            WindowAction::Load { range, .. } => Some(range.clone()),
+            _ => None,
+        })
+        .collect();
+    let [lead, tail, rest] = &ranges[..] else {
+        panic!("the head's next piece, the tail, the rest: {preroll:?}");
+    };
+    assert_eq!((lead.start, lead.end), (B, B + PREROLL_LEAD_BYTES));
+    assert_eq!(tail.end, page_ceil(105 * MB));
+    assert!(tail.end - tail.start >= PROBE_TAIL_BYTES);
+    assert_eq!((rest.start, rest.end), (lead.end, page_ceil(5 * MB)));
+    assert_eq!(buffer.reader_wait(), ReaderWait::Start);
+    assert_eq!(loaded(&complete(&mut buffer, &actions)), 0, "queued once");
+    complete(&mut buffer, &preroll);
+    assert_eq!(
+        buffer.locked_bytes(),
+        page_ceil(5 * MB) + (tail.end - tail.start)
+    );
+}
+
+/// A preroll asked for while another stream's first window is loading on its disk, and its
+/// own is too, queues only its first piece with it (so the disk is not left to best effort while abissd queues the rest), and the rest
+/// once either is locked: the window's reads are not queued behind the preroll's.
 #[test]
 fn a_preroll_waits_for_the_first_window_then_loads() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    let lead = buffer.preroll(5 * MB, true);
+    let lead = buffer.preroll(5 * MB, true, true);
     assert_eq!(
         lead,
         vec![WindowAction::Load {
@@ -395,13 +425,30 @@ fn a_preroll_waits_for_the_first_window_then_loads() {
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss, "started");
     // A seek before the window was locked drops a waiting preroll and its first piece.
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
-    let lead = buffer.preroll(5 * MB, false);
+    let lead = buffer.preroll(5 * MB, false, true);
     let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
     let after = complete(&mut buffer, &actions);
     assert_eq!(loaded(&after), 0, "{after:?}");
     let _ = complete(&mut buffer, &lead);
     let _ = complete(&mut buffer, &seek);
     assert!(buffer.locked_bytes() <= B);
+    // The disk may serve the first piece before the window: the rest follows it then.
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let lead = buffer.preroll(5 * MB, false, true);
+    let rest = complete(&mut buffer, &lead);
+    assert_eq!(
+        loaded(&rest),
+        page_ceil(5 * MB) - B - PREROLL_LEAD_BYTES,
+        "{rest:?}"
+    );
+    assert_eq!(
+        buffer.reader_wait(),
+        ReaderWait::Start,
+        "the window is not in"
+    );
+    assert_eq!(loaded(&complete(&mut buffer, &actions)), 0, "queued once");
+    complete(&mut buffer, &rest);
+    assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
 }
 
 /// A stream is starting until its first window is locked; after that, a window that is not
