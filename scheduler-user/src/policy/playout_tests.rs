@@ -29,6 +29,17 @@ fn complete(buffer: &mut PlayoutBuffer, actions: &[WindowAction]) -> Vec<WindowA
     follow_up
 }
 
+/// The ranges `actions` load, in order.
+fn load_ranges(actions: &[WindowAction]) -> Vec<Range<u64>> {
+    actions
+        .iter()
+        .filter_map(|action| match action {
+            WindowAction::Load { range, .. } => Some(range.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn loaded(actions: &[WindowAction]) -> u64 {
     actions
         .iter()
@@ -291,13 +302,7 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
     complete(&mut buffer, &actions);
     let preroll = buffer.preroll(5 * MB, true, true);
-    let ranges: Vec<_> = preroll
-        .iter()
-        .filter_map(|action| match action {
-            WindowAction::Load { range, .. } => Some(range.clone()),
-            _ => None,
-        })
-        .collect();
+    let ranges = load_ranges(&preroll);
     let [lead, tail, rest] = &ranges[..] else {
         panic!("the head's next piece, the tail, the rest: {preroll:?}");
     };
@@ -362,13 +367,7 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
 fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
     let preroll = buffer.preroll(5 * MB, true, false);
-    let ranges: Vec<_> = preroll
-        .iter()
-        .filter_map(|action| match action {
-            WindowAction::Load { range, .. } => Some(range.clone()),
-            _ => None,
-        })
-        .collect();
+    let ranges = load_ranges(&preroll);
     let [lead, tail, rest] = &ranges[..] else {
         panic!("the head's next piece, the tail, the rest: {preroll:?}");
     };
@@ -402,13 +401,7 @@ fn a_preroll_waits_for_the_first_window_then_loads() {
     );
     assert_eq!(buffer.reader_wait(), ReaderWait::Start);
     let rest = complete(&mut buffer, &actions);
-    let ranges: Vec<_> = rest
-        .iter()
-        .filter_map(|action| match action {
-            WindowAction::Load { range, .. } => Some(range.clone()),
-            _ => None,
-        })
-        .collect();
+    let ranges = load_ranges(&rest);
     let [next, tail, more] = &ranges[..] else {
         panic!("the next piece, the tail, the rest of the head: {rest:?}");
     };
