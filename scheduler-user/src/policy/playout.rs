@@ -17,11 +17,12 @@ use abiss_proto::PAGE_BYTES as PAGE;
 
 use super::credit::CreditTimer;
 use super::probe_tail::ProbeTail;
+use super::{min_load_bytes, page_ceil, page_floor};
 
 #[path = "playout_preroll.rs"]
 mod preroll;
-use super::{min_load_bytes, page_ceil, page_floor};
-pub use preroll::PREROLL_LEAD_BYTES;
+#[cfg(test)]
+use preroll::PREROLL_LEAD_BYTES;
 
 /// Shape of a stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +72,8 @@ pub struct PlayoutBuffer {
     generation: u32,
     prefetched_bytes: u64,
     seeks: u64,
-    /// A start-up preroll waits for the first window to be locked.
+    /// The rest of a start-up preroll, queued at the stream's next lock (its first window's
+    /// or its first piece's, or the window's after a failed load).
     pending_preroll: Option<preroll::PendingPreroll>,
     /// The file's end, loaded with a preroll for the player's probe.
     tail: Option<ProbeTail>,
@@ -324,12 +326,15 @@ impl PlayoutBuffer {
         }
     }
 
-    /// Whether everything the window asked for is loaded and locked.
+    /// Whether everything the window asked for is loaded and locked. A preroll queued with
+    /// the first window loads past it: the window is in when its own part is.
     fn window_locked(&self) -> bool {
-        self.requested_end <= self.window_start
-            || self.locked.first().is_some_and(|first| {
-                first.start <= self.window_start && first.end >= self.requested_end
-            })
+        let end = self.requested_end.min(self.target_end());
+        end <= self.window_start
+            || self
+                .locked
+                .first()
+                .is_some_and(|first| first.start <= self.window_start && first.end >= end)
     }
 
     /// Credit the window lacks to fill up to a full buffer ahead of the reader now: what a
@@ -445,7 +450,10 @@ impl PlayoutBuffer {
             && range.start >= self.window_start
         {
             // Re-request from the failed range on; later loads stay issued and will complete.
+            let asked = self.requested_end;
             self.requested_end = range.start;
+            // The window's refill stops at its end: a preroll past it is asked for again.
+            self.repend_preroll(asked);
         }
     }
 

@@ -66,12 +66,24 @@ impl PlayoutBuffer {
         self.load_preroll(pending.end, pending.with_tail)
     }
 
+    /// After a failed load rewound the window to before `asked`: the preroll's part past the
+    /// window's end waits for the stream's next lock. Its tail is not asked for again: it was
+    /// queued apart, and a read of a tail whose load failed goes to the disk.
+    pub(super) fn repend_preroll(&mut self, asked: u64) {
+        if self.generation == 0 && self.pending_preroll.is_none() && asked > self.target_end() {
+            self.pending_preroll = Some(PendingPreroll {
+                end: asked,
+                with_tail: false,
+            });
+        }
+    }
+
     /// Loads the head up to `end` in reading order: its next [`PREROLL_LEAD_BYTES`], the probe
     /// tail, the rest. `GStreamer` reads the tail after 135 kB (in the first window), ffmpeg
     /// after 5 MB. Queued tail first, the head's pieces reached a disk that orders its queue by
     /// position (NCQ, the lab hdd) behind the tail's seek: ffmpeg waited 77 ms for the piece
     /// past the window, served last of six.
-    pub(super) fn load_preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
+    fn load_preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
         let mut actions = Vec::new();
         let head = self.requested_end..end.max(self.requested_end);
         let lead_end = head.start.saturating_add(PREROLL_LEAD_BYTES).min(head.end);

@@ -375,8 +375,10 @@ fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
     assert_eq!(tail.end, page_ceil(105 * MB));
     assert!(tail.end - tail.start >= PROBE_TAIL_BYTES);
     assert_eq!((rest.start, rest.end), (lead.end, page_ceil(5 * MB)));
-    assert_eq!(buffer.reader_wait(), ReaderWait::Start);
     assert_eq!(loaded(&complete(&mut buffer, &actions)), 0, "queued once");
+    // The window is in: a wait now is a miss, though the preroll is still loading.
+    assert!(!buffer.is_starting());
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
     complete(&mut buffer, &preroll);
     assert_eq!(
         buffer.locked_bytes(),
@@ -385,10 +387,11 @@ fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
 }
 
 /// A preroll asked for while another stream's first window is loading on its disk, and its
-/// own is too, queues only its first piece with it (so the disk is not left to best effort while abissd queues the rest), and the rest
-/// once either is locked: the window's reads are not queued behind the preroll's.
+/// own is too, queues only its first piece with it (so the disk is not left to best effort
+/// while abissd queues the rest), and the rest once either is locked: the other window's
+/// reads are not queued behind the whole preroll.
 #[test]
-fn a_preroll_waits_for_the_first_window_then_loads() {
+fn a_preroll_while_another_stream_starts_follows_the_first_lock() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
     let lead = buffer.preroll(5 * MB, true, true);
     assert_eq!(
@@ -399,8 +402,8 @@ fn a_preroll_waits_for_the_first_window_then_loads() {
         }],
         "only the first piece goes with the window"
     );
-    assert_eq!(buffer.reader_wait(), ReaderWait::Start);
     let rest = complete(&mut buffer, &actions);
+    assert_eq!(buffer.reader_wait(), ReaderWait::Miss, "the window is in");
     let ranges = load_ranges(&rest);
     let [next, tail, more] = &ranges[..] else {
         panic!("the next piece, the tail, the rest of the head: {rest:?}");
@@ -441,6 +444,41 @@ fn a_preroll_waits_for_the_first_window_then_loads() {
     );
     assert_eq!(loaded(&complete(&mut buffer, &actions)), 0, "queued once");
     complete(&mut buffer, &rest);
+    assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
+}
+
+/// A failed load of a window queued with its whole preroll asks for the window again, and
+/// the preroll's part past it once the window is locked: the window's refill alone stops at
+/// its end.
+#[test]
+fn a_failed_first_window_asks_for_its_preroll_again() {
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let preroll = buffer.preroll(5 * MB, false, false);
+    for action in &actions {
+        if let WindowAction::Load { range, generation } = action {
+            buffer.on_failed(range, *generation);
+        }
+    }
+    // The preroll's loads arrive past the rewound window and are let go.
+    let arrived = complete(&mut buffer, &preroll);
+    assert!(
+        arrived
+            .iter()
+            .all(|a| matches!(a, WindowAction::Release { .. })),
+        "{arrived:?}"
+    );
+    assert_eq!(buffer.locked_bytes(), 0);
+    let refill = buffer.on_tick(1_000_000);
+    assert_eq!(load_ranges(&refill), vec![0..B], "{refill:?}");
+    let again = complete(&mut buffer, &refill);
+    assert_eq!(
+        load_ranges(&again),
+        vec![
+            B..B + PREROLL_LEAD_BYTES,
+            B + PREROLL_LEAD_BYTES..page_ceil(5 * MB)
+        ]
+    );
+    complete(&mut buffer, &again);
     assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
 }
 
