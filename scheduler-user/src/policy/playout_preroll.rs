@@ -43,15 +43,9 @@ impl PlayoutBuffer {
             return Vec::new();
         }
         if others_starting && !self.window_locked() {
-            let window_end = self.requested_end;
-            let lead_end = window_end.saturating_add(PREROLL_LEAD_BYTES).min(end);
             self.pending_preroll = Some(PendingPreroll { end, with_tail });
-            self.prefetched_bytes += lead_end - window_end;
-            self.requested_end = lead_end;
-            return vec![WindowAction::Load {
-                range: window_end..lead_end,
-                generation: self.generation,
-            }];
+            let lead_end = self.requested_end.saturating_add(PREROLL_LEAD_BYTES);
+            return self.load_head(lead_end.min(end)).into_iter().collect();
         }
         self.load_preroll(end, with_tail)
     }
@@ -59,10 +53,10 @@ impl PlayoutBuffer {
     /// The rest of a pending preroll: call it when a load of the stream's first window or of
     /// the preroll's first piece was locked.
     pub(super) fn due_preroll(&mut self) -> Vec<WindowAction> {
-        let Some(pending) = self.pending_preroll.filter(|_| self.generation == 0) else {
+        // A seek clears it, so it is always of the first generation.
+        let Some(pending) = self.pending_preroll.take() else {
             return Vec::new();
         };
-        self.pending_preroll = None;
         self.load_preroll(pending.end, pending.with_tail)
     }
 
@@ -84,30 +78,33 @@ impl PlayoutBuffer {
     /// position (NCQ, the lab hdd) behind the tail's seek: ffmpeg waited 77 ms for the piece
     /// past the window, served last of six.
     fn load_preroll(&mut self, end: u64, with_tail: bool) -> Vec<WindowAction> {
-        let mut actions = Vec::new();
-        let head = self.requested_end..end.max(self.requested_end);
-        let lead_end = head.start.saturating_add(PREROLL_LEAD_BYTES).min(head.end);
-        self.prefetched_bytes += head.end - head.start;
-        self.requested_end = head.end;
-        let generation = self.generation;
-        if head.start < lead_end {
-            actions.push(WindowAction::Load {
-                range: head.start..lead_end,
-                generation,
-            });
-        }
+        let lead_end = self.requested_end.saturating_add(PREROLL_LEAD_BYTES);
+        let mut actions: Vec<WindowAction> =
+            self.load_head(lead_end.min(end)).into_iter().collect();
         self.tail = ProbeTail::for_preroll(self.shape.file_bytes, end).filter(|_| with_tail);
         if let Some(tail) = &self.tail {
             let range = tail.range();
             self.prefetched_bytes += range.end - range.start;
-            actions.push(WindowAction::Load { range, generation });
-        }
-        if lead_end < head.end {
             actions.push(WindowAction::Load {
-                range: lead_end..head.end,
-                generation,
+                range,
+                generation: self.generation,
             });
         }
+        actions.extend(self.load_head(end));
         actions
+    }
+
+    /// Loads the head from what was asked for so far up to `end`, if that is further.
+    fn load_head(&mut self, end: u64) -> Option<WindowAction> {
+        let range = self.requested_end..end;
+        if range.is_empty() {
+            return None;
+        }
+        self.prefetched_bytes += range.end - range.start;
+        self.requested_end = end;
+        Some(WindowAction::Load {
+            range,
+            generation: self.generation,
+        })
     }
 }
