@@ -150,12 +150,7 @@ impl RaisedForks {
         // (its user paid for its reads of other files, `policy::stray`, and its reads of the
         // file raised for again count against the same raise: `UpgradeTable::insert`), so a
         // thread cannot renew its raise's allowances by lowering its own priority and missing.
-        let kept = self
-            .raised
-            .get(&tid, 0)
-            .ok()
-            .filter(|entry| inherited_raise(entry).is_none())
-            .unwrap_or_default();
+        let kept = self.own_entry(tid).unwrap_or_default();
         let entry = RaisedThread {
             root: tid,
             previous,
@@ -197,30 +192,73 @@ impl RaisedForks {
     pub fn restored(&mut self, tids: &[u32]) {
         let own: Vec<(u32, RaisedThread)> = tids
             .iter()
-            .filter_map(|&tid| Some((tid, self.raised.get(&tid, 0).ok()?)))
-            .filter(|(_, entry)| inherited_raise(entry).is_none())
+            .filter_map(|&tid| Some((tid, self.own_entry(tid)?)))
             .collect();
         self.sweep(Some(tids), true);
         for (tid, own) in own {
-            if own.flags & raised_flags::OVER_BOUND != 0 && own.past_bound_task != 0 {
-                // If the raised thread and every noted task are gone, the way to the context.
-                let raise = InheritedRaise {
-                    root: tid,
-                    file_tag: own.stream,
-                    previous: own.previous,
-                    applied: own.applied,
-                    shares_io_context: true,
-                    over_bound: true,
-                };
-                self.put_back(own.past_bound_task, &raise);
-            }
-            if self.contexts.get(&own.io_context, 0).ok() == Some(tid) {
-                let _ = self.contexts.remove(&own.io_context);
-            }
+            self.forget_context(tid, &own);
         }
         for &tid in tids {
             let _ = self.raised.remove(&tid);
             self.shared.forget(tid);
+        }
+    }
+
+    /// Follows thread `tid` as [`Self::follow`] does, but with nothing the kernel counted for
+    /// an earlier raise under its id: that raise was another thread's, which had the id before
+    /// (`upgrades::reused_id`). The tasks noted under the earlier raise are put back and its
+    /// I/O context is forgotten, as at its restore; the entry is overwritten, not removed
+    /// first, so that no fork of the thread falls between two entries unfollowed.
+    pub fn follow_afresh(
+        &mut self,
+        tid: u32,
+        (previous, applied, stream): (u16, u16, u64),
+        hook: &mut dyn ForkHook,
+    ) -> Result<(), String> {
+        let earlier = self.own_entry(tid);
+        self.sweep(Some(&[tid]), true);
+        if let Some(earlier) = earlier {
+            self.forget_context(tid, &earlier);
+        }
+        self.shared.forget(tid);
+        let entry = RaisedThread {
+            root: tid,
+            previous,
+            applied,
+            stream,
+            ..RaisedThread::default()
+        };
+        self.raised
+            .insert(tid, entry, 0)
+            .map_err(|error| error.to_string())?;
+        hook.follow_forks(true)
+    }
+
+    /// Thread `tid`'s own entry (not one it inherited as a task of another raise).
+    fn own_entry(&self, tid: u32) -> Option<RaisedThread> {
+        self.raised
+            .get(&tid, 0)
+            .ok()
+            .filter(|entry| inherited_raise(entry).is_none())
+    }
+
+    /// The raise of thread `tid`, whose entry was `own`, ends: the task past its bound is put
+    /// back (if the raised thread and every noted task are gone, it is the way to the
+    /// context), and its I/O context is no longer a raised one.
+    fn forget_context(&mut self, tid: u32, own: &RaisedThread) {
+        if own.flags & raised_flags::OVER_BOUND != 0 && own.past_bound_task != 0 {
+            let raise = InheritedRaise {
+                root: tid,
+                file_tag: own.stream,
+                previous: own.previous,
+                applied: own.applied,
+                shares_io_context: true,
+                over_bound: true,
+            };
+            self.put_back(own.past_bound_task, &raise);
+        }
+        if self.contexts.get(&own.io_context, 0).ok() == Some(tid) {
+            let _ = self.contexts.remove(&own.io_context);
         }
     }
 

@@ -53,6 +53,18 @@ impl Setup {
 
     /// [`Self::player`], staying `linger` seconds after its libraries.
     fn player_lingering(&self, stream: &Path, libraries: &Path, linger: &str) -> Player {
+        self.player_with(stream, libraries, ("1", linger), &[])
+    }
+
+    /// [`Self::player_lingering`], reading the stream for `reading` seconds, with more options
+    /// of `abissctl run`.
+    fn player_with(
+        &self,
+        stream: &Path,
+        libraries: &Path,
+        (reading, linger): (&str, &str),
+        options: &[&str],
+    ) -> Player {
         // BE/5 from the start (ionice execs abissctl, which passes it on), so that a drop of
         // the raise is told from the kernel's default.
         let mut run = as_nobody(Path::new("ionice"))
@@ -61,11 +73,12 @@ impl Setup {
             .arg("--socket")
             .arg(self.daemon.socket())
             .args(["run", "--rate", "1MB/s", "--buffer", "1MiB"])
+            .args(options)
             .arg(stream)
             .arg("--")
             .arg(binary("abiss-test-reader"))
             .arg(stream)
-            .args(["1000000", "65536", "1048576", "1"])
+            .args(["1000000", "65536", "1048576", reading])
             .args(["--linger", linger, "--stray"])
             .arg(libraries)
             .stdout(Stdio::piped())
@@ -223,4 +236,130 @@ fn raises_that_end_between_checks_are_charged_and_a_user_who_owes_is_not_raised(
         &[false, false],
         "a user who read more than the allowance at real time was raised again: {raised:?}"
     );
+}
+
+/// A user whose start-up allowance is empty (here: the player's own preroll took what was
+/// left of it) is lent a little for a raised thread's reads of other files: a player that reads
+/// 768 KiB of another file (a font, subtitles, an index) at once keeps its raise, and its user
+/// owes what the allowance could not pay. Before, the raise was dropped for its first KiB, and the thread barred from the
+/// stream. What a raise may owe is bounded (`STRAY_CREDIT_KIB`, 1 MiB): a second player, raised
+/// at its start, that reads 8 MiB of another file with the allowance nearly empty again (its
+/// preroll too takes what came back) loses its raise.
+#[test]
+fn an_empty_allowance_lends_a_raise_a_little_for_other_files_and_no_more() {
+    require_root!();
+    let setup = Setup::new();
+    let film = setup.file("film.ts", 48 * MIB);
+    let subtitles = setup.file("subtitles.srt", 768 << 10);
+    // At once after its start, before much of the allowance comes back (1 MiB/s; abissd
+    // settles at its next check, within 250 ms).
+    let player = setup.player_with(&film, &subtitles, ("0", "3"), &["--preroll", "40MiB"]);
+    assert!(
+        wait_for_ioprio(player.pid, RT0, Duration::from_secs(2)).is_some(),
+        "the player is raised at its start (the premise of the test)"
+    );
+    let (right_after, later, read) = player.after_libraries();
+    println!("ioprio after the subtitles: {right_after:?}, 600 ms later {later:?}; read {read} B");
+    assert_eq!(read, 768 << 10);
+    assert_eq!(right_after, Some(RT0), "read at real time (the premise)");
+    assert_eq!(later, Some(RT0), "the player lost its raise for 768 KiB");
+    assert_eq!(setup.policed(), 0, "a raise was policed");
+
+    let second_film = setup.file("second.ts", 8 * MIB);
+    let index = setup.file("index.bin", 8 * MIB);
+    let second = setup.player_with(&second_film, &index, ("0", "3"), &["--preroll", "40MiB"]);
+    let raised = wait_for_ioprio(second.pid, RT0, Duration::from_secs(2)).is_some();
+    let (right_after, later, read) = second.after_libraries();
+    println!("second player raised: {raised}; after its 8 MiB: {right_after:?}, {later:?}");
+    assert!(
+        raised,
+        "the second player is raised at its start (the premise)"
+    );
+    assert_eq!(read, 8 * MIB);
+    assert_eq!(later, Some(BE5), "a raise owed more than it is lent");
+    assert_eq!(setup.policed(), 1);
+}
+
+/// A shell of `nobody`'s at best effort 5 that waits for a line on its standard input, then
+/// runs `then` in its place (same thread id). Returned once it is the shell (`setpriv` and
+/// `ionice` have run in its place), so that it is `nobody`'s thread when it is named.
+fn waiting_shell(then: &str) -> Child {
+    let shell = as_nobody(Path::new("ionice"))
+        .args(["-c2", "-n5", "sh", "-c"])
+        .arg(format!("read go && exec {then}"))
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("a shell as nobody");
+    let comm = format!("/proc/{}/comm", shell.id());
+    let started = abiss_tests::wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&comm).is_ok_and(|name| name.trim() == "sh")
+    });
+    assert!(started, "the shell did not start");
+    shell
+}
+
+/// A thread id that comes round again while the raise of the thread that had it is still in
+/// abissd's table (it goes when it idles out, 5 s) is a new thread: it does not inherit what
+/// the kernel counted for the earlier raise. Here the earlier thread reads 24 MiB of another
+/// file at real time (paid out of the 32 MiB allowance, 8 MiB left) and exits; a new thread of
+/// the same user is given its id (`ns_last_pid`, as any user gets it by forking until the ids
+/// wrap) and is raised for the stream. Had it inherited the 24 MiB, abissd would have asked
+/// its user for them again, found 8 MiB, and dropped its raise.
+#[test]
+fn a_thread_that_takes_a_raised_threads_id_does_not_pay_for_its_reads() {
+    use std::io::Write as _;
+    require_root!();
+    let setup = Setup::new();
+    let stream = setup.file("film.ts", 8 * MIB);
+    let much = setup.file("much.bin", 24 * MIB);
+    let mut owner = as_nobody(&binary("abiss-hostile-client"))
+        .arg(setup.daemon.socket())
+        .arg("raises")
+        .arg(&stream)
+        .arg("0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the stream's owner as nobody");
+    let mut said = std::io::BufReader::new(owner.stdout.take().expect("stdout")).lines();
+    let mut tell = owner.stdin.take().expect("stdin");
+    let mut next = || said.next().expect("the owner answers").expect("a line");
+    assert_eq!(next(), "attached");
+    let mut name = |tid: u32| {
+        writeln!(tell, "{tid}").expect("name the thread");
+        next()
+    };
+
+    let mut first = waiting_shell(&format!("dd if={} of=/dev/null bs=1M", much.display()));
+    let id = first.id();
+    assert_eq!(name(id), format!("raised {id} true"), "the premise");
+    writeln!(first.stdin.take().expect("stdin"), "go").expect("go");
+    assert!(first.wait().expect("dd").success());
+    // Two of abissd's checks: the 24 MiB are paid.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(setup.policed(), 0, "the first raise was policed");
+
+    let second = (0..20).find_map(|_| {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (id - 1).to_string())
+            .expect("write ns_last_pid");
+        let mut shell = waiting_shell("sleep 5");
+        if shell.id() == id {
+            return Some(shell);
+        }
+        let _ = shell.kill();
+        let _ = shell.wait();
+        None
+    });
+    let mut second = second.expect("a new thread with the earlier one's id");
+    assert_eq!(name(id), format!("raised {id} true"));
+    std::thread::sleep(Duration::from_millis(700));
+    let kept = ioprio::get(id).ok();
+    let policed = setup.policed();
+    println!("the new thread's ioprio 700 ms after its raise: {kept:?}; policed {policed}");
+    let _ = second.kill();
+    let _ = second.wait();
+    drop(tell);
+    let _ = owner.wait();
+    assert_eq!(kept, Some(RT0), "the new thread lost its raise");
+    assert_eq!(policed, 0, "the new thread's raise was policed");
 }

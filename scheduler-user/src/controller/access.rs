@@ -44,6 +44,11 @@ impl StreamBounds for RaiseBounds<'_> {
     fn pay_stray(&mut self, uid: u32, kib: u64) -> u64 {
         self.burst.grant(uid, kib.saturating_mul(1024), self.now_ns) / 1024
     }
+
+    fn owe_stray(&mut self, uid: u32, kib: u64) {
+        self.burst
+            .charge(uid, kib.saturating_mul(1024), self.now_ns);
+    }
 }
 
 impl Controller {

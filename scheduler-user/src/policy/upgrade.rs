@@ -12,6 +12,8 @@ use std::collections::HashMap;
 
 use scheduler_common::{abiss_level, ioprio};
 
+use super::stray::StrayAccount;
+
 /// A thread, named robustly against pid reuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct TaskId {
@@ -57,9 +59,9 @@ pub struct Upgrade {
     /// other files ([`super::stray`]). Not recorded: only the running daemon polices.
     #[serde(skip)]
     pub uid: u32,
-    /// KiB of its real-time reads of other files paid for so far. Not recorded either.
+    /// Its real-time reads of other files paid for or owed so far. Not recorded either.
     #[serde(skip)]
-    pub stray_paid_kib: u64,
+    pub stray: StrayAccount,
 }
 
 impl Upgrade {
@@ -195,7 +197,7 @@ impl UpgradeTable {
         if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
             if earlier.task == upgrade.task {
                 upgrade.previous = earlier.previous;
-                upgrade.stray_paid_kib = earlier.stray_paid_kib;
+                upgrade.stray = earlier.stray;
                 if earlier.followed_as().2 == upgrade.followed_as().2 {
                     upgrade.raised_ns = earlier.raised_ns;
                 }
@@ -266,10 +268,10 @@ impl UpgradeTable {
         all
     }
 
-    /// Thread `pid`'s raise has paid for `paid_kib` of its reads of other files in all.
-    pub fn set_stray_paid(&mut self, pid: u32, paid_kib: u64) {
+    /// Thread `pid`'s raise has settled its reads of other files as `account` says.
+    pub fn set_stray(&mut self, pid: u32, account: StrayAccount) {
         if let Some(upgrade) = self.upgrades.get_mut(&pid) {
-            upgrade.stray_paid_kib = paid_kib;
+            upgrade.stray = account;
         }
     }
 
@@ -406,7 +408,7 @@ mod tests {
             started_ns: None,
             journal: false,
             uid: 1000,
-            stray_paid_kib: 0,
+            stray: StrayAccount::default(),
         }
     }
 
@@ -415,27 +417,27 @@ mod tests {
         let mut table = UpgradeTable::new(5);
         let mut first = upgrade(7, 1, 10);
         first.raised_ns = 10;
-        first.stray_paid_kib = 300;
+        first.stray.settled_kib = 300;
         table.insert(first);
         // The same thread, raised again for the same file after it lowered its priority.
         let mut again = upgrade(7, 1, 50);
         again.raised_ns = 50;
         table.insert(again);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (10, 300));
+        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (10, 300));
         // Raised for another file: what it may read of that one grows from now.
         let mut other = upgrade(7, 2, 60);
         other.raised_ns = 60;
         table.insert(other);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (60, 300));
+        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (60, 300));
         // Another thread that took the id: nothing of the first.
         let mut stranger = upgrade(7, 2, 70);
         stranger.task.start_time = 8;
         stranger.raised_ns = 70;
         table.insert(stranger);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray_paid_kib), (70, 0));
+        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (70, 0));
     }
 
     #[test]

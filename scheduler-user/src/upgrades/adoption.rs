@@ -23,6 +23,7 @@ use log::debug;
 use super::task::task_identity;
 use super::ReaderUpgrades;
 use crate::kernel_events::Fork;
+use crate::policy::stray::StrayAccount;
 use crate::policy::upgrade::Upgrade;
 use crate::raised_forks::ForkHook;
 
@@ -78,7 +79,7 @@ impl ReaderUpgrades {
             // Its own reads are counted from zero, so it has paid for none of them; they are
             // paid for by the user it runs as.
             uid: identity.uid,
-            stray_paid_kib: 0,
+            stray: StrayAccount::default(),
             ..parent.clone()
         };
         // Followed as a raised thread of its own (policed, its own tasks followed), then

@@ -67,22 +67,28 @@ impl ReaderUpgrades {
                     stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });
             // Paid first, whatever else the raise did: the reads were made at real time.
-            let paid_before_kib = upgrade.stray_paid_kib;
-            let (paid_kib, stays) = stray::settle(stray, paid_before_kib, |kib| {
-                bounds.pay_stray(upgrade.uid, kib)
-            });
-            if paid_kib != paid_before_kib {
-                self.table.set_stray_paid(pid, paid_kib);
+            let before = upgrade.stray;
+            let settled = stray::settle(stray, before, |kib| bounds.pay_stray(upgrade.uid, kib));
+            if settled.owe_now_kib > 0 {
+                bounds.owe_stray(upgrade.uid, settled.owe_now_kib);
+            }
+            if settled.account != before {
+                self.table.set_stray(pid, settled.account);
                 debug!(
                     "stream {}: thread {pid} read {stray} KiB of other files at real time; \
-                     {paid_kib} KiB of it paid from uid {}'s start-up allowance",
-                    upgrade.stream, upgrade.uid
+                     {} KiB of it settled from uid {}'s start-up allowance, {} KiB of that owed",
+                    upgrade.stream,
+                    settled.account.settled_kib,
+                    upgrade.uid,
+                    settled.account.owed_kib
                 );
             }
+            let stays = settled.stays;
             let why = if !stays {
                 format!(
                     "{stray} KiB of real-time reads of other files, more than its user's \
-                     start-up allowance pays for; not raised again"
+                     start-up allowance pays for and {} KiB lent; not raised again",
+                    stray::STRAY_CREDIT_KIB
                 )
             } else if use_of.over_bound {
                 over_bound_why()

@@ -14,6 +14,7 @@ use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::kernel_events::Reader;
+use crate::policy::stray::StrayAccount;
 use crate::policy::upgrade::{
     may_raise, raised_priority, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM,
 };
@@ -27,6 +28,7 @@ use task::{restore, task_identity, Restored};
 mod adoption;
 mod journal;
 mod misuse;
+mod reused_id;
 
 /// The file in the state directory listing the threads to restore.
 pub const UPGRADES_FILE: &str = "upgrades.json";
@@ -52,6 +54,9 @@ pub trait StreamBounds {
     /// of other files of a thread of theirs that is raised ([`crate::policy::stray`]); what it
     /// took.
     fn pay_stray(&mut self, uid: u32, kib: u64) -> u64;
+
+    /// Charges user `uid` for `kib` KiB of such reads that were lent: owed from now on.
+    fn owe_stray(&mut self, uid: u32, kib: u64);
 }
 
 /// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
@@ -235,19 +240,13 @@ impl ReaderUpgrades {
         if measured {
             let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
         }
-        // The raise came first, for the reader waiting right now; now make sure the thread id
-        // still names the thread of the event, and not another that took the id since.
-        let identity = match task_identity(pid) {
-            Ok(Some(identity)) if identity.uid == uid && identity.tgid == reader.tgid => identity,
-            Ok(None) => return self.not_raised(pid, hook), // gone already: nothing to restore
-            _ => {
-                let _ = ioprio::set(pid, current);
-                warn!("stream {stream}: thread {pid} is not the reader of the event; put back");
-                return self.not_raised(pid, hook);
-            }
+        let Some((task, followed)) =
+            self.confirm_reader(reader, raising, (current, target), followed, hook)
+        else {
+            return false;
         };
         let upgrade = Upgrade {
-            task: identity.task,
+            task,
             tgid: reader.tgid,
             stream,
             file_tag,
@@ -259,7 +258,7 @@ impl ReaderUpgrades {
             started_ns: (!measured).then_some(done),
             journal: false,
             uid,
-            stray_paid_kib: 0,
+            stray: StrayAccount::default(),
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
@@ -428,7 +427,7 @@ impl ReaderUpgrades {
             let Some(use_of) = self.forks.use_of(upgrade.task.pid) else {
                 continue;
             };
-            let unpaid = u64::from(use_of.stray_kib).saturating_sub(upgrade.stray_paid_kib);
+            let unpaid = u64::from(use_of.stray_kib).saturating_sub(upgrade.stray.settled_kib);
             if unpaid > 0 {
                 let owed = self.owed.entry(upgrade.uid).or_default();
                 *owed = owed.saturating_add(unpaid);

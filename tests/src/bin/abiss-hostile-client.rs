@@ -25,6 +25,9 @@
 //!   file by its owner is an event for abissd); prints `reads N`.
 //! - `abiss-hostile-client SOCKET raise FILE TID`: attaches FILE at 1000 B/s and says thread
 //!   TID (someone else's) is about to read it; prints `raised true|false`, or the refusal.
+//! - `abiss-hostile-client SOCKET raises FILE 0`: attaches FILE at 1000 B/s, prints `attached`,
+//!   then for each thread id read from standard input says that thread is about to read the
+//!   stream and prints `raised TID true|false` (or the refusal), until standard input ends.
 //! - `abiss-hostile-client SOCKET outlive 0 0`: with SIGPIPE at its default (as a C program has
 //!   it), connects, waits for a line on standard input (the test stops the daemon meanwhile),
 //!   then sends position messages as a reading `AbissFile` does: exits 0 when a send fails
@@ -74,6 +77,7 @@ fn main() -> ExitCode {
         }
         "overflow" => overflow(socket, first),
         "raise" => raise_other(socket, first, second),
+        "raises" => raise_each_named(socket, first),
         "flood" => {
             let Ok(secs) = second.parse::<u64>() else {
                 eprintln!("SECS is a number");
@@ -202,6 +206,23 @@ fn raise_other(socket: &str, file: &str, tid: &str) -> ExitCode {
     match client.reader_starts(stream.id, tid) {
         Ok(raised) => println!("raised {raised}"),
         Err(error) => println!("refused: {error}"),
+    }
+    ExitCode::SUCCESS
+}
+
+/// Thread after thread named on standard input, each said to be about to read one stream.
+fn raise_each_named(socket: &str, file: &str) -> ExitCode {
+    let (mut client, stream) = attach_slowly(socket, file);
+    println!("attached");
+    for line in std::io::stdin().lines() {
+        let Ok(tid) = line.unwrap_or_default().trim().parse::<u32>() else {
+            eprintln!("a thread id per line");
+            return ExitCode::from(2);
+        };
+        match client.reader_starts(stream.id, tid) {
+            Ok(raised) => println!("raised {tid} {raised}"),
+            Err(error) => println!("refused: {error}"),
+        }
     }
     ExitCode::SUCCESS
 }
