@@ -404,7 +404,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 12_288;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 910 [`ForkEvent`]s (64 bytes and the ring's 8-byte header each) between two reads by
+/// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -419,10 +419,11 @@ pub mod raised_flags {
     /// goes back when the parent's does (an `io_uring` worker, say). Putting it back alone
     /// would put back the parent too.
     pub const SHARES_IO_CONTEXT: u32 = 2;
-    /// On a raised thread's own entry, and on the report of the task that passed the bound:
-    /// more than [`super::MAX_SHARED_IO_TASKS_PER_RAISE`] tasks made under the raise share
-    /// its I/O context. abissd then drops the raise at once; putting back any one task of a
-    /// shared context puts back all of them, those the map could not hold included.
+    /// On the report of a task ([`super::ForkEvent`]): it passed the bound of
+    /// [`super::MAX_SHARED_IO_TASKS_PER_RAISE`] tasks under the raise that share its I/O
+    /// context, and is not noted in `RAISED`. abissd then drops the raise at once; putting
+    /// back any one task of a shared context puts back all of them, those the map could not
+    /// hold included. (The raise's own record of it is [`super::RaiseCounts::over_bound`].)
     pub const OVER_BOUND: u32 = 4;
 }
 
@@ -434,7 +435,9 @@ pub const MAX_SHARED_IO_TASKS_PER_RAISE: u64 = 16;
 
 /// A thread whose new tasks the fork program follows (the values of the `RAISED` map, keyed by
 /// thread id): a thread abissd raised, or a task such a thread made (and so may have
-/// inherited the raise) that abissd has not put back yet.
+/// inherited the raise) that abissd has not put back yet. Each entry is written whole by one
+/// side only (abissd writes its raised threads', the fork program the tasks'), so neither
+/// writes over the other: what the eBPF side counts of a raise is in [`RaiseCounts`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RaisedThread {
@@ -446,35 +449,52 @@ pub struct RaisedThread {
     pub applied: u16,
     /// See [`raised_flags`].
     pub flags: u32,
+    /// Zero: keeps the layout free of padding.
+    pub reserved: u32,
+    /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
+    /// see [`AttachedFile::stream`]).
+    pub stream: u64,
+}
+
+/// What the eBPF side counts of the raise of one thread abissd raised (the values of the
+/// `RAISE_COUNTS` map, keyed by that thread's id). Only the eBPF programs write an entry (they
+/// make it at their first count, and add in place); abissd reads it and deletes it when the
+/// raise ends. abissd rewrites a raised thread's `RAISED` entry when it raises the thread
+/// again with other values; were the counts in it, what the programs added between abissd's
+/// read and its write would be lost.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaiseCounts {
     /// KiB of real-time requests the raised thread queued for anything but its stream's file,
     /// as the block program counts them at insert: the thread's user pays for them, and abissd
     /// drops the raise when they cannot be paid for (a raise is for reading the stream, not for
     /// the thread's other I/O). Bytes, not requests: a buffered read of 32 MiB was 30 requests
     /// on a loop device.
     pub stray_kib: u32,
-    /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
-    /// see [`AttachedFile::stream`]).
-    pub stream: u64,
-    /// KiB of real-time requests the raised thread queued for the stream's own file: abissd
+    /// KiB of real-time requests the raised thread queued for the file of tag `stream`: abissd
     /// holds them against what the stream was admitted for (its buffer and its rate since the
     /// raise), so a 1 B/s stream cannot lend its reader real-time reads of a huge file.
     pub stream_kib: u32,
-    /// On the raised thread's own entry, once [`raised_flags::OVER_BOUND`] is set: a task
-    /// past the bound (the last one the fork program saw), not noted in the map. abissd puts
-    /// it back with the raise: should the raised thread and every noted task be gone, it is
-    /// still a way to the shared context.
-    pub past_bound_task: u32,
-    /// On the raised thread's own entry: tasks made under its raise that share its I/O
-    /// context (`CLONE_IO`, by it or by such a task), as the fork program counted them
-    /// (atomically; the BPF target's atomics are 64-bit). Such a task stays in the map until
-    /// the raise ends, so past [`MAX_SHARED_IO_TASKS_PER_RAISE`] the program notes no more of
-    /// them and flags the raise [`raised_flags::OVER_BOUND`] instead: one user's raise cannot
-    /// fill a map every user's raises need.
+    /// The file tag `stream_kib` counts for: the raise's, unless abissd raised the thread
+    /// again for another file since the last count (the next count starts afresh).
+    pub stream: u64,
+    /// Tasks made under the raise that share its I/O context (`CLONE_IO`, by it or by such a
+    /// task), as the fork program counted them (atomically; the BPF target's atomics are
+    /// 64-bit). Such a task stays in `RAISED` until the raise ends, so past
+    /// [`MAX_SHARED_IO_TASKS_PER_RAISE`] the program notes no more of them and sets
+    /// `over_bound` instead: one user's raise cannot fill a map every user's raises need.
     pub shared_io_tasks: u64,
-    /// On the raised thread's own entry: its I/O context (`task_struct.io_context`) as the
-    /// eBPF side last saw it (0 until then), its key in `RAISED_CONTEXTS`, which abissd deletes
-    /// with the raise so that no later task is taken for one sharing it.
+    /// The raised thread's I/O context (`task_struct.io_context`) as the eBPF side last saw
+    /// it (0 until then), its key in `RAISED_CONTEXTS`, which abissd deletes with the raise so
+    /// that no later task is taken for one sharing it.
     pub io_context: u64,
+    /// Once `over_bound` is set: a task past the bound (the last one the fork program saw),
+    /// not noted in `RAISED`. abissd puts it back with the raise: should the raised thread and
+    /// every noted task be gone, it is still a way to the shared context.
+    pub past_bound_task: u32,
+    /// Non-zero once more than [`MAX_SHARED_IO_TASKS_PER_RAISE`] tasks share the raise's I/O
+    /// context: abissd then drops the raise.
+    pub over_bound: u32,
 }
 
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
@@ -704,13 +724,15 @@ mod pod {
     unsafe impl aya::Pod for super::PlayoutEvent {}
     unsafe impl aya::Pod for super::UringSubmission {}
     unsafe impl aya::Pod for super::RaisedThread {}
+    unsafe impl aya::Pod for super::RaiseCounts {}
     unsafe impl aya::Pod for super::ForkEvent {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 48);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 64);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
+const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 40);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

@@ -24,7 +24,7 @@ use scheduler_common::{
 };
 
 use crate::kernel::{
-    attached_file, bio_inode, field, layout, now_ns, raise_of_shared_context, read,
+    attached_file, bio_inode, counts_of, field, layout, now_ns, raise_of_shared_context, read,
     remember_raised_context, report_reader, PF_KTHREAD,
 };
 use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
@@ -215,25 +215,38 @@ fn police_raised(rq: u64, control: &Control) {
             shared
         }
     };
-    // SAFETY: pointer to a live map value of this type; a lost update only undercounts.
-    let mut raise = unsafe { &mut *raise };
-    if raise.flags & raised_flags::INHERITED != 0 {
-        // A task the raised thread made: what it queues at real time counts against that
-        // thread's raise. A `CLONE_IO` child shares the thread's I/O context, so its priority:
-        // abissd cannot put it back apart from the thread, and uncounted its reads of any file
-        // stayed real time for as long as the thread kept its raise.
-        let Some(root) = RAISED.get_ptr_mut(raise.root) else {
-            return;
-        };
-        // SAFETY: as above.
-        raise = unsafe { &mut *root };
-    }
+    // SAFETY: pointer to a live map value of this type, copied.
+    let raise = unsafe { *raise };
+    // A task the raised thread made counts against that thread's raise (its `root`, as a
+    // raised thread's own entry names itself), and for that raise's file: a `CLONE_IO` child
+    // shares the thread's I/O context, so its priority, which abissd cannot put back apart
+    // from the thread, and uncounted its reads of any file stayed real time for as long as
+    // the thread kept its raise.
+    let stream = if raise.flags & raised_flags::INHERITED == 0 {
+        raise.stream
+    } else {
+        // SAFETY: pointer to a live map value of this type, one field read.
+        match RAISED.get_ptr(raise.root) {
+            Some(root) => unsafe { (*root).stream },
+            None => return,
+        }
+    };
+    let Some(counts) = counts_of(raise.root) else {
+        return;
+    };
+    // SAFETY: pointer to a live map value of this type; a lost update between two CPUs only
+    // undercounts.
+    let counts = unsafe { &mut *counts };
     let bytes: u32 = field(rq, layout!(request_data_len));
     let kib = bytes.div_ceil(1024);
-    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) == raise.stream {
-        raise.stream_kib = raise.stream_kib.saturating_add(kib);
+    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != stream {
+        counts.stray_kib = counts.stray_kib.saturating_add(kib);
+    } else if counts.stream == stream {
+        counts.stream_kib = counts.stream_kib.saturating_add(kib);
     } else {
-        raise.stray_kib = raise.stray_kib.saturating_add(kib);
+        // The thread was raised again for another file since the last count.
+        counts.stream = stream;
+        counts.stream_kib = kib;
     }
 }
 

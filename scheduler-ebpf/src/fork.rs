@@ -6,9 +6,9 @@
 //! and abissd then looks for it in `RAISED` (where it is unless that map was full too).
 //!
 //! Tasks that share the raised thread's I/O context (`CLONE_IO`) stay in `RAISED` until the
-//! raise ends, so they are counted on the raised thread's entry; past
-//! `MAX_SHARED_IO_TASKS_PER_RAISE` they are reported but not noted, and the raise is flagged
-//! for abissd to drop.
+//! raise ends, so they are counted in the raise's `RAISE_COUNTS` entry; past
+//! `MAX_SHARED_IO_TASKS_PER_RAISE` they are reported but not noted, and the raise's counts
+//! mark it for abissd to drop.
 //!
 //! BTF tracepoint: `sched_process_fork(parent, child)`, which fires in the parent once the
 //! child is fully made (its I/O context included) and before it first runs, for every new
@@ -19,7 +19,7 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use scheduler_common::{raised_flags, ForkEvent, RaisedThread, MAX_SHARED_IO_TASKS_PER_RAISE};
 
-use crate::kernel::{field, layout, now_ns, raise_of_context, remember_raised_context};
+use crate::kernel::{counts_of, field, layout, now_ns, raise_of_context, remember_raised_context};
 use crate::maps::{CONTROL, FORKS, FORK_LOST, RAISED};
 
 /// Counts a new task of a followed thread that could not be reported.
@@ -66,13 +66,7 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
             flags |= raised_flags::OVER_BOUND;
         }
     }
-    let entry = RaisedThread {
-        flags,
-        past_bound_task: 0,
-        shared_io_tasks: 0,
-        io_context: 0,
-        ..raise
-    };
+    let entry = RaisedThread { flags, ..raise };
     // A full map only stops the child's own children from being followed: abissd still
     // hears of the child itself below. Past the bound the child is not noted: it shares the
     // raised thread's context, so its own tasks are still followed through
@@ -113,29 +107,32 @@ fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
 }
 
 /// Counts task `tid`, which shares raised thread `root`'s I/O context, under its raise;
-/// false once that passes [`MAX_SHARED_IO_TASKS_PER_RAISE`] (the raise is then flagged, with
-/// the task, by which abissd can reach the context should every other task of it be gone),
-/// or when the raise has ended (nothing noted under it would be swept any more).
+/// false once that passes [`MAX_SHARED_IO_TASKS_PER_RAISE`] (the raise's counts are then
+/// marked, with the task, by which abissd can reach the context should every other task of it
+/// be gone), or when the raise has ended (nothing noted under it would be swept any more).
 #[inline(always)]
 fn count_shared_task(root: u32, tid: u32) -> bool {
-    let Some(own) = RAISED.get_ptr_mut(root) else {
+    if RAISED.get_ptr(root).is_none() {
+        return false;
+    }
+    let Some(counts) = counts_of(root) else {
         return false;
     };
     // SAFETY: pointer to a live map value of this type, an aligned u64 field. Added to with
     // BPF's atomic add (several CPUs may fork under one raise at once): `core`'s atomic types
     // need compare-and-swap, which this target lacks, and the add's result is not used, so
     // it needs no BPF_FETCH (Linux 5.12).
-    let count = unsafe { &raw mut (*own).shared_io_tasks };
+    let count = unsafe { &raw mut (*counts).shared_io_tasks };
     unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, 1) };
     // SAFETY: as above.
     if unsafe { count.read_volatile() } <= MAX_SHARED_IO_TASKS_PER_RAISE {
         return true;
     }
-    // SAFETY: as above; setting a bit twice from two CPUs is harmless, and either task
+    // SAFETY: as above; setting the mark twice from two CPUs is harmless, and either task
     // will do.
     unsafe {
-        (*own).flags |= raised_flags::OVER_BOUND;
-        (*own).past_bound_task = tid;
+        (*counts).over_bound = 1;
+        (*counts).past_bound_task = tid;
     }
     false
 }

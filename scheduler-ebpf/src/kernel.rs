@@ -5,13 +5,16 @@
 //! No tracepoints here. Every helper stays `#[inline(always)]`, as before the split: each one
 //! is inlined into the programs that call it, so every program is a single function.
 
+use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::{
     bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
     bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
 };
-use scheduler_common::{raised_flags, AttachedFile, FileKey, PlayoutEvent, RaisedThread};
+use scheduler_common::{raised_flags, AttachedFile, FileKey, PlayoutEvent, RaiseCounts, RaisedThread};
 
-use crate::maps::{ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS};
+use crate::maps::{
+    ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS, RAISE_COUNTS,
+};
 
 /// `PF_KTHREAD`: the task is a kernel thread.
 pub(crate) const PF_KTHREAD: u32 = 0x0020_0000;
@@ -239,12 +242,12 @@ pub(crate) fn note_raised_context() {
 }
 
 /// Remembers the current thread's I/O context: it is `tid`, raised as `raise` (its live
-/// `RAISED` entry) says. The entry keeps the context too, so abissd can forget it with the
-/// raise.
+/// `RAISED` entry) says. The raise's counts keep the context too, so abissd can forget it with
+/// the raise.
 #[inline(always)]
-pub(crate) fn remember_raised_context(tid: u32, raise: *mut RaisedThread) {
+pub(crate) fn remember_raised_context(tid: u32, raise: *const RaisedThread) {
     // SAFETY: pointer to a live map value of this type.
-    let raise = unsafe { &mut *raise };
+    let raise = unsafe { &*raise };
     // A task the raised thread made has an entry of its own (the fork program's).
     if raise.flags & raised_flags::INHERITED != 0 {
         return;
@@ -252,13 +255,32 @@ pub(crate) fn remember_raised_context(tid: u32, raise: *mut RaisedThread) {
     let Some(context) = current_io_context() else {
         return;
     };
-    if raise.io_context != context {
-        raise.io_context = context;
+    let Some(counts) = counts_of(tid) else {
+        return;
+    };
+    // SAFETY: pointer to a live map value of this type.
+    let counts = unsafe { &mut *counts };
+    if counts.io_context != context {
+        counts.io_context = context;
     }
     // SAFETY: pointer to a live map value, copied.
     if RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found }) != Some(tid) {
         let _ = RAISED_CONTEXTS.insert(context, tid, 0);
     }
+}
+
+/// What the programs count of the raise of thread `root`, whose own `RAISED` entry the caller
+/// found: its `RAISE_COUNTS` entry, made here at the first count. (Should abissd delete both
+/// entries between the caller's look and this one, an entry is made for a raise that has
+/// ended; abissd's sweep deletes such entries.)
+#[inline(always)]
+pub(crate) fn counts_of(root: u32) -> Option<*mut RaiseCounts> {
+    if let Some(found) = RAISE_COUNTS.get_ptr_mut(root) {
+        return Some(found);
+    }
+    // Two CPUs counting a new raise at once make it once.
+    let _ = RAISE_COUNTS.insert(root, RaiseCounts::default(), u64::from(BPF_NOEXIST));
+    RAISE_COUNTS.get_ptr_mut(root)
 }
 
 /// The raise of the thread whose I/O context the current task shares, if that thread is raised:
@@ -278,5 +300,7 @@ pub(crate) fn raise_of_context(context: u64) -> Option<*mut RaisedThread> {
     let raise = RAISED.get_ptr_mut(root)?;
     // SAFETY: pointer to a live map value of this type.
     let own = unsafe { &*raise };
-    (own.flags & raised_flags::INHERITED == 0 && own.io_context == context).then_some(raise)
+    // SAFETY: as above, copied.
+    let seen = RAISE_COUNTS.get_ptr(root).map(|counts| unsafe { (*counts).io_context });
+    (own.flags & raised_flags::INHERITED == 0 && seen == Some(context)).then_some(raise)
 }

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
-    RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES,
+    RaiseCounts, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES,
     MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED,
     MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
@@ -83,6 +83,13 @@ pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
 /// the fork program, deleted by abissd).
 #[map]
 pub(crate) static RAISED: HashMap<u32, RaisedThread> = HashMap::with_max_entries(MAX_RAISED, 0);
+
+/// What the programs count of each raise, by the raised thread's id: written only here (made
+/// at the first count, for a thread with its own `RAISED` entry), read and deleted by abissd.
+/// Only abissd's raised threads have one, so `MAX_RAISED` bounds it with room to spare.
+#[map]
+pub(crate) static RAISE_COUNTS: HashMap<u32, RaiseCounts> =
+    HashMap::with_max_entries(MAX_RAISED, 0);
 
 /// The I/O context (`task_struct.io_context`) of each raised thread, as seen when it read an
 /// attached file, with its thread id: the tasks that share that context (`io_uring` workers

@@ -379,10 +379,12 @@ fn reader_upgrades(
     let ring = RingBuf::try_from(tracer.take_map("FORKS")?).map_err(map_error("FORKS"))?;
     let raised = (
         tracer.take_map("RAISED")?,
+        tracer.take_map("RAISE_COUNTS")?,
         tracer.take_map("RAISED_CONTEXTS")?,
         tracer.take_map("FORK_LOST")?,
     );
-    let raised = RaisedForks::new(raised.0, raised.1, raised.2).map_err(map_error("RAISED"))?;
+    let raised =
+        RaisedForks::new(raised.0, raised.1, raised.2, raised.3).map_err(map_error("RAISED"))?;
     let (fork_tx, forks) = mpsc::channel(FORK_QUEUE);
     let unqueued = raised.unqueued();
     let pump = tokio::spawn(pump_ring(ring, move |bytes| {

@@ -272,12 +272,8 @@ mod tests {
             previous: 0x4005,
             applied: 0x2000,
             flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
-            stray_kib: 0,
+            reserved: 0,
             stream: 3,
-            stream_kib: 0,
-            past_bound_task: 0,
-            shared_io_tasks: 0,
-            io_context: 0,
         };
         let event = ForkEvent {
             ts_ns: 9,

@@ -52,6 +52,12 @@
 //!
 //! The fork program is attached only while some thread is raised ([`ForkHook`]): with nothing
 //! raised a fork costs what it costs without abissd.
+//!
+//! What the eBPF side counts of a raise (its reads at real time, its tasks sharing the I/O
+//! context, the context itself) is in a map of its own, `RAISE_COUNTS`, which only the eBPF
+//! side writes: abissd writes a raised thread's `RAISED` entry again when it raises it again,
+//! and with the counts in that entry, what the programs added between abissd's read and its
+//! write was lost.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +66,7 @@ use std::sync::Arc;
 use abiss_os::{clock::monotonic_ns, ioprio};
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
-use scheduler_common::{raised_flags, RaisedThread};
+use scheduler_common::{RaiseCounts, RaisedThread};
 
 use crate::kernel_events::{inherited_raise, Fork, InheritedRaise};
 use crate::policy::upgrade::SharedIoTasks;
@@ -89,10 +95,13 @@ pub struct RaiseUse {
     pub over_bound: bool,
 }
 
-/// The `RAISED` map, the fork program's count of reports it could not make, and what was put
-/// back.
+/// The `RAISED` map, what the eBPF side counted of each raise, the fork program's count of
+/// reports it could not make, and what was put back.
 pub struct RaisedForks {
     raised: HashMap<MapData, u32, RaisedThread>,
+    /// `RAISE_COUNTS`, written only by the eBPF side: abissd reads an entry and deletes it when
+    /// the raise ends, and never writes one (it would lose what the programs add meanwhile).
+    counts: HashMap<MapData, u32, RaiseCounts>,
     /// `RAISED_CONTEXTS`: raised threads by I/O context, as the eBPF side saw them.
     contexts: HashMap<MapData, u64, u32>,
     lost: PerCpuArray<MapData, u64>,
@@ -117,10 +126,12 @@ impl std::fmt::Debug for RaisedForks {
 }
 
 impl RaisedForks {
-    /// Over the `RAISED`, `RAISED_CONTEXTS` and `FORK_LOST` maps of the loaded object.
-    pub fn new(raised: Map, contexts: Map, lost: Map) -> Result<Self, MapError> {
+    /// Over the `RAISED`, `RAISE_COUNTS`, `RAISED_CONTEXTS` and `FORK_LOST` maps of the loaded
+    /// object.
+    pub fn new(raised: Map, counts: Map, contexts: Map, lost: Map) -> Result<Self, MapError> {
         Ok(Self {
             raised: HashMap::try_from(raised)?,
+            counts: HashMap::try_from(counts)?,
             contexts: HashMap::try_from(contexts)?,
             lost: PerCpuArray::try_from(lost)?,
             unqueued: Arc::default(),
@@ -146,26 +157,23 @@ impl RaisedForks {
         hook: &mut dyn ForkHook,
     ) -> Result<(), String> {
         // Followed again (its raise goes on, or comes back): the tasks already noted under
-        // it, and its I/O context, are still there, and what it read at real time still counts
-        // (its user paid for its reads of other files, `policy::stray`, and its reads of the
-        // file raised for again count against the same raise: `UpgradeTable::insert`), so a
-        // thread cannot renew its raise's allowances by lowering its own priority and missing.
-        let kept = self.own_entry(tid).unwrap_or_default();
+        // it, its I/O context and what it read at real time are still there, in its counts,
+        // which only the eBPF side writes (its user paid for its reads of other files,
+        // `policy::stray`, and its reads of the file raised for again count against the same
+        // raise: `UpgradeTable::insert`), so a thread cannot renew its raise's allowances by
+        // lowering its own priority and missing. Followed afresh: counts left from a raise
+        // under its id that ended as the eBPF side counted (`counts_of` in the eBPF crate)
+        // are not its; nothing counts for it until its entry below is in.
+        if self.own_entry(tid).is_none() {
+            let _ = self.counts.remove(&tid);
+        }
         let entry = RaisedThread {
             root: tid,
             previous,
             applied,
-            flags: kept.flags & raised_flags::OVER_BOUND,
-            stray_kib: kept.stray_kib,
+            flags: 0,
+            reserved: 0,
             stream,
-            stream_kib: if kept.stream == stream {
-                kept.stream_kib
-            } else {
-                0
-            },
-            past_bound_task: kept.past_bound_task,
-            shared_io_tasks: kept.shared_io_tasks,
-            io_context: kept.io_context,
         };
         self.raised
             .insert(tid, entry, 0)
@@ -178,10 +186,16 @@ impl RaisedForks {
     #[must_use]
     pub fn use_of(&self, tid: u32) -> Option<RaiseUse> {
         let entry = self.raised.get(&tid, 0).ok()?;
+        let counts = self.counts.get(&tid, 0).unwrap_or_default();
         Some(RaiseUse {
-            stray_kib: entry.stray_kib,
-            stream_kib: entry.stream_kib,
-            over_bound: entry.flags & raised_flags::OVER_BOUND != 0,
+            stray_kib: counts.stray_kib,
+            // Counted for another file: the thread's raise before the last.
+            stream_kib: if counts.stream == entry.stream {
+                counts.stream_kib
+            } else {
+                0
+            },
+            over_bound: counts.over_bound != 0,
         })
     }
 
@@ -199,7 +213,9 @@ impl RaisedForks {
             self.forget_context(tid, &own);
         }
         for &tid in tids {
+            // In this order: the eBPF side makes counts only for a thread with an entry.
             let _ = self.raised.remove(&tid);
+            let _ = self.counts.remove(&tid);
             self.shared.forget(tid);
         }
     }
@@ -221,12 +237,16 @@ impl RaisedForks {
             self.forget_context(tid, &earlier);
         }
         self.shared.forget(tid);
+        // Before the entry is overwritten: what the eBPF side counts between the two is this
+        // thread's (the earlier one is gone), counted under the entry it is about to replace.
+        let _ = self.counts.remove(&tid);
         let entry = RaisedThread {
             root: tid,
             previous,
             applied,
+            flags: 0,
+            reserved: 0,
             stream,
-            ..RaisedThread::default()
         };
         self.raised
             .insert(tid, entry, 0)
@@ -246,7 +266,10 @@ impl RaisedForks {
     /// back (if the raised thread and every noted task are gone, it is the way to the
     /// context), and its I/O context is no longer a raised one.
     fn forget_context(&mut self, tid: u32, own: &RaisedThread) {
-        if own.flags & raised_flags::OVER_BOUND != 0 && own.past_bound_task != 0 {
+        let Ok(counts) = self.counts.get(&tid, 0) else {
+            return;
+        };
+        if counts.over_bound != 0 && counts.past_bound_task != 0 {
             let raise = InheritedRaise {
                 root: tid,
                 file_tag: own.stream,
@@ -255,10 +278,10 @@ impl RaisedForks {
                 shares_io_context: true,
                 over_bound: true,
             };
-            self.put_back(own.past_bound_task, &raise);
+            self.put_back(counts.past_bound_task, &raise);
         }
-        if self.contexts.get(&own.io_context, 0).ok() == Some(tid) {
-            let _ = self.contexts.remove(&own.io_context);
+        if self.contexts.get(&counts.io_context, 0).ok() == Some(tid) {
+            let _ = self.contexts.remove(&counts.io_context);
         }
     }
 
@@ -383,6 +406,17 @@ impl RaisedForks {
             if orphan || (under && (shared || !raise.shares_io_context)) {
                 self.put_back(tid, &raise);
             }
+        }
+        // Counts made for a raise as it ended (the eBPF side found the entry just before
+        // abissd deleted it, and counted just after).
+        let ended: Vec<u32> = self
+            .counts
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|tid| !followed.contains(tid))
+            .collect();
+        for tid in ended {
+            let _ = self.counts.remove(&tid);
         }
     }
 }
