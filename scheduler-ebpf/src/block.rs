@@ -20,7 +20,8 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, raised_flags, request_state,
-    AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent, RequestOrigin,
+    AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent,
+    RequestOrigin,
 };
 
 use crate::kernel::{
@@ -201,7 +202,10 @@ fn police_raised(rq: u64, control: &Control) {
     if class != ioprio::CLASS_RT {
         return;
     }
-    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low half is the thread id"
+    )]
     let tid = bpf_get_current_pid_tgid() as u32;
     let raise = match RAISED.get_ptr_mut(tid) {
         Some(own) => {

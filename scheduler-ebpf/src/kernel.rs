@@ -10,7 +10,9 @@ use aya_ebpf::helpers::{
     bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
     bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
 };
-use scheduler_common::{raised_flags, AttachedFile, FileKey, PlayoutEvent, RaiseCounts, RaisedThread};
+use scheduler_common::{
+    raised_flags, AttachedFile, FileKey, PlayoutEvent, RaiseCounts, RaisedThread,
+};
 
 use crate::maps::{
     ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS, RAISE_COUNTS,
@@ -233,7 +235,10 @@ pub(crate) fn note_raised_context() {
     if CONTROL.get(0).map_or(0, |control| control.raised_threads) == 0 {
         return;
     }
-    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low half is the thread id"
+    )]
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(raise) = RAISED.get_ptr_mut(tid) else {
         return;
@@ -264,7 +269,11 @@ pub(crate) fn remember_raised_context(tid: u32, raise: *const RaisedThread) {
         counts.io_context = context;
     }
     // SAFETY: pointer to a live map value, copied.
-    if RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found }) != Some(tid) {
+    if RAISED_CONTEXTS
+        .get_ptr(context)
+        .map(|found| unsafe { *found })
+        != Some(tid)
+    {
         let _ = RAISED_CONTEXTS.insert(context, tid, 0);
     }
 }
@@ -296,11 +305,15 @@ pub(crate) fn raise_of_shared_context() -> Option<*mut RaisedThread> {
 #[inline(always)]
 pub(crate) fn raise_of_context(context: u64) -> Option<*mut RaisedThread> {
     // SAFETY: pointer to a live map value, copied.
-    let root = RAISED_CONTEXTS.get_ptr(context).map(|found| unsafe { *found })?;
+    let root = RAISED_CONTEXTS
+        .get_ptr(context)
+        .map(|found| unsafe { *found })?;
     let raise = RAISED.get_ptr_mut(root)?;
     // SAFETY: pointer to a live map value of this type.
     let own = unsafe { &*raise };
     // SAFETY: as above, copied.
-    let seen = RAISE_COUNTS.get_ptr(root).map(|counts| unsafe { (*counts).io_context });
+    let seen = RAISE_COUNTS
+        .get_ptr(root)
+        .map(|counts| unsafe { (*counts).io_context });
     (own.flags & raised_flags::INHERITED == 0 && seen == Some(context)).then_some(raise)
 }

@@ -10,10 +10,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use scheduler_common::{
-    AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout, LatencyCounters,
-    RaiseCounts, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES,
-    MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED,
-    MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+    AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout,
+    LatencyCounters, RaiseCounts, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES,
+    FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS,
+    MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.

@@ -152,7 +152,10 @@ pub fn abiss_cache_fill(ctx: BtfTracePointContext) -> i32 {
     let Some(attached) = attached_stream(field(mapping, layout!(mapping_host))) else {
         return 0;
     };
-    #[expect(clippy::cast_possible_truncation, reason = "the helper packs uid and gid")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the helper packs uid and gid"
+    )]
     let uid = bpf_get_current_uid_gid() as u32;
     if !attached.reports(uid) {
         return 0;
@@ -165,7 +168,10 @@ pub fn abiss_cache_fill(ctx: BtfTracePointContext) -> i32 {
     }
     // A raised reader is seen here on kernels without the read tracepoints.
     note_raised_context();
-    #[expect(clippy::cast_possible_truncation, reason = "the low half is the thread id")]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the low half is the thread id"
+    )]
     let pid = bpf_get_current_pid_tgid() as u32;
     let now = now_ns();
     let Some(last) = LAST_FILL.get_ptr_mut(0) else {
