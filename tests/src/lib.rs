@@ -527,6 +527,42 @@ pub fn as_nobody(program: &Path) -> Command {
     setpriv
 }
 
+/// A shell of `nobody`'s at best effort 5 that waits for a line on its standard input, then
+/// runs `then` in its place (same thread id). Returned once it is the shell (`setpriv` and
+/// `ionice` have run in its place), so that it is `nobody`'s thread when it is named.
+#[must_use]
+pub fn nobody_waiting_to_run(then: &str) -> Child {
+    let shell = as_nobody(Path::new("ionice"))
+        .args(["-c2", "-n5", "sh", "-c"])
+        .arg(format!("read go && exec {then}"))
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("a shell as nobody");
+    let comm = format!("/proc/{}/comm", shell.id());
+    let started = wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&comm).is_ok_and(|name| name.trim() == "sh")
+    });
+    assert!(started, "the shell did not start");
+    shell
+}
+
+/// A task `spawn` makes with thread id `id`, which an earlier task had (it must be gone):
+/// the kernel is asked for the id after `id - 1` next (`ns_last_pid`, as any user gets an id
+/// by making tasks until the ids wrap). Tries 20 times, as another task may take it first.
+pub fn spawn_with_id(id: u32, mut spawn: impl FnMut() -> Child) -> Option<Child> {
+    (0..20).find_map(|_| {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (id - 1).to_string())
+            .expect("write ns_last_pid");
+        let mut task = spawn();
+        if task.id() == id {
+            return Some(task);
+        }
+        let _ = task.kill();
+        let _ = task.wait();
+        None
+    })
+}
+
 /// Gives `path` `mode`, so that `nobody` may reach (or not reach) what a test prepared as root.
 pub fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))

@@ -116,6 +116,13 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
         Some(RT0),
         "the reader is still raised"
     );
+    // What the kernel programs count of the raise (its reads, its I/O context) is kept apart
+    // from the raise's entry, which abissd writes.
+    let counted = map_keys(daemon.pid(), "RAISE_COUNTS");
+    assert!(
+        counted.contains(&pid),
+        "the eBPF side counts nothing for the raised reader {pid}: {counted:?}"
+    );
     assert_eq!(
         ioprio::get(child).ok(),
         Some(BE5),
@@ -142,6 +149,41 @@ fn a_raised_readers_child_and_thread_are_put_back_and_nothing_stays_raised_after
     }
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
+    assert_no_raise_left(daemon.pid());
+}
+
+/// Nothing of any raise is left in the kernel's tables: neither the threads followed nor
+/// what was counted for them.
+fn assert_no_raise_left(daemon: u32) {
+    for table in ["RAISED", "RAISE_COUNTS"] {
+        let left = map_keys(daemon, table);
+        assert!(
+            left.is_empty(),
+            "{table} still holds {left:?} after the detach"
+        );
+    }
+}
+
+/// The thread ids that key the entries of the daemon's map `name` (`RAISED`, `RAISE_COUNTS`).
+fn map_keys(daemon: u32, name: &str) -> Vec<u32> {
+    abiss_tests::daemon_map_dump(daemon, name)
+        .iter()
+        .map(|entry| {
+            if let Some(key) = entry.get("formatted").map(|f| &f["key"]) {
+                return u32::try_from(key.as_u64().expect("a number")).expect("a thread id");
+            }
+            let bytes: Vec<u8> = entry["key"]
+                .as_array()
+                .expect("key bytes")
+                .iter()
+                .map(|b| {
+                    let hex = b.as_str().expect("hex").trim_start_matches("0x");
+                    u8::from_str_radix(hex, 16).expect("hex")
+                })
+                .collect();
+            u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes"))
+        })
+        .collect()
 }
 
 /// A managed disk over memory with nobody's stream on `stream_bytes` of cold file at `rate`,
@@ -291,6 +333,50 @@ fn a_raise_lends_no_more_of_the_streams_own_file_than_its_rate() {
     );
     assert_eq!(upgrades.policed, 1, "{upgrades:?}");
     assert_eq!(listed, 1, "list shows the policed reader");
+}
+
+/// A thread id that comes round again after the thread that had it lost its raise names a
+/// new thread, which did nothing: it may be raised for the stream. Here nobody's reader of a
+/// 1 kB/s stream reads it at 20 MB/s, loses its raise and exits; a new reader of nobody's is
+/// given its id and misses. (abissd bars the thread that lost its raise, not its id.)
+#[test]
+fn a_thread_that_takes_a_policed_threads_id_may_be_raised() {
+    use std::io::Write as _;
+    require_root!();
+    let setup = NobodysStream::new(64 << 20, 1 << 20, "1kB/s");
+    // 20 MB from 8 MB in: the file past 28 MB stays cold for the second reader.
+    let first = setup.raised_reader(&[
+        "20000000", "65536", "1048576", "1", "--start", "8000000", "--linger", "1",
+    ]);
+    let id = first.id();
+    let dropped = wait_for_ioprio(id, BE5, Duration::from_secs(3));
+    let output = first.wait_with_output().expect("reader");
+    assert!(
+        output.status.success(),
+        "the first reader failed: {output:?}"
+    );
+    assert!(
+        dropped.is_some(),
+        "the premise: the first reader's raise is dropped"
+    );
+    assert_eq!(setup.policed().0.policed, 1, "the premise: it is policed");
+
+    let reader = format!(
+        "{} {} 1000000 65536 1048576 3 --start 48000000 --ioprio {READER_IOPRIO} > /dev/null",
+        binary("abiss-test-reader").display(),
+        setup.stream.display()
+    );
+    let mut second = abiss_tests::spawn_with_id(id, || abiss_tests::nobody_waiting_to_run(&reader))
+        .expect("a new thread with the policed thread's id");
+    writeln!(second.stdin.take().expect("stdin"), "go").expect("go");
+    let raised = wait_for_ioprio(id, RT0, Duration::from_secs(2));
+    let _ = second.kill();
+    let _ = second.wait();
+    println!("the new thread with id {id} raised after {raised:?}");
+    assert!(
+        raised.is_some(),
+        "the new thread was not raised: the policed thread's bar passed to its id"
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use abiss_os::ioprio;
 use abiss_tests::write_cold_file;
 use abiss_tests::{as_nobody, binary, children_of, chmod, require_root, wait_for_ioprio};
-use abiss_tests::{Daemon, Ext4Mount, LoopDevice};
+use abiss_tests::{nobody_waiting_to_run, Daemon, Ext4Mount, LoopDevice};
 
 const RT0: u16 = 1 << 13;
 const BE5: u16 = (2 << 13) | 5;
@@ -280,24 +280,6 @@ fn an_empty_allowance_lends_a_raise_a_little_for_other_files_and_no_more() {
     assert_eq!(setup.policed(), 1);
 }
 
-/// A shell of `nobody`'s at best effort 5 that waits for a line on its standard input, then
-/// runs `then` in its place (same thread id). Returned once it is the shell (`setpriv` and
-/// `ionice` have run in its place), so that it is `nobody`'s thread when it is named.
-fn waiting_shell(then: &str) -> Child {
-    let shell = as_nobody(Path::new("ionice"))
-        .args(["-c2", "-n5", "sh", "-c"])
-        .arg(format!("read go && exec {then}"))
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("a shell as nobody");
-    let comm = format!("/proc/{}/comm", shell.id());
-    let started = abiss_tests::wait_until(Duration::from_secs(5), || {
-        std::fs::read_to_string(&comm).is_ok_and(|name| name.trim() == "sh")
-    });
-    assert!(started, "the shell did not start");
-    shell
-}
-
 /// A thread id that comes round again while the raise of the thread that had it is still in
 /// abissd's table (it goes when it idles out, 5 s) is a new thread: it does not inherit what
 /// the kernel counted for the earlier raise. Here the earlier thread reads 24 MiB of another
@@ -330,7 +312,7 @@ fn a_thread_that_takes_a_raised_threads_id_does_not_pay_for_its_reads() {
         next()
     };
 
-    let mut first = waiting_shell(&format!("dd if={} of=/dev/null bs=1M", much.display()));
+    let mut first = nobody_waiting_to_run(&format!("dd if={} of=/dev/null bs=1M", much.display()));
     let id = first.id();
     assert_eq!(name(id), format!("raised {id} true"), "the premise");
     writeln!(first.stdin.take().expect("stdin"), "go").expect("go");
@@ -339,17 +321,7 @@ fn a_thread_that_takes_a_raised_threads_id_does_not_pay_for_its_reads() {
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(setup.policed(), 0, "the first raise was policed");
 
-    let second = (0..20).find_map(|_| {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (id - 1).to_string())
-            .expect("write ns_last_pid");
-        let mut shell = waiting_shell("sleep 5");
-        if shell.id() == id {
-            return Some(shell);
-        }
-        let _ = shell.kill();
-        let _ = shell.wait();
-        None
-    });
+    let second = abiss_tests::spawn_with_id(id, || nobody_waiting_to_run("sleep 5"));
     let mut second = second.expect("a new thread with the earlier one's id");
     assert_eq!(name(id), format!("raised {id} true"));
     std::thread::sleep(Duration::from_millis(700));

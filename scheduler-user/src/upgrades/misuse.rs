@@ -7,7 +7,7 @@ use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
 use log::debug;
 
-use super::{ReaderUpgrades, StreamBounds, MAX_BARRED_PER_STREAM};
+use super::{ReaderUpgrades, StreamBounds};
 use crate::kernel_events::Fork;
 use crate::policy::stray;
 use crate::policy::upgrade::{
@@ -108,15 +108,13 @@ impl ReaderUpgrades {
     /// its stream's raises. Nothing if it is not raised.
     fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
         let taken = self.table.take_thread(pid);
-        let Some(stream) = taken.first().map(|upgrade| upgrade.stream) else {
+        let Some((stream, task)) = taken.first().map(|upgrade| (upgrade.stream, upgrade.task))
+        else {
             return;
         };
         self.restore_all(&taken, why, hook);
         self.policed += 1;
-        let barred = self.barred.entry(stream).or_default();
-        if barred.len() < MAX_BARRED_PER_STREAM {
-            barred.insert(pid);
-        }
+        self.barred.entry(stream).or_default().bar(task);
     }
 }
 

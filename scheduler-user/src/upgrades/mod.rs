@@ -22,10 +22,12 @@ use crate::raised_forks::{ForkHook, RaisedForks};
 
 mod task;
 
+use barred::BarredThreads;
 pub use task::restore_leftovers;
 use task::{restore, task_identity, Restored};
 
 mod adoption;
+mod barred;
 mod journal;
 mod misuse;
 mod reused_id;
@@ -38,10 +40,6 @@ const RECORD_RETRY_NS: u64 = 5_000_000_000;
 
 /// How often raised threads' stray requests are checked while any thread is raised.
 const POLICE_INTERVAL_NS: u64 = 250_000_000;
-
-/// Threads of one stream barred from being raised again, at most: beyond it the stream's
-/// readers are not raised at all.
-const MAX_BARRED_PER_STREAM: usize = 1024;
 
 /// What the streams' side tells and lends the policing of raises ([`misuse`]).
 pub trait StreamBounds {
@@ -95,7 +93,7 @@ pub struct ReaderUpgrades {
     /// Raises dropped for stray real-time requests.
     policed: u64,
     /// Per stream, the threads whose raise was dropped: never raised again for it.
-    barred: HashMap<u64, std::collections::HashSet<u32>>,
+    barred: HashMap<u64, BarredThreads>,
     /// Set while the record cannot be written: no thread is raised then (a crash would leave
     /// it raised for good), and a miss tries the record again from this time on.
     unrecorded_retry_ns: Option<u64>,
@@ -211,8 +209,8 @@ impl ReaderUpgrades {
         }
         if self
             .barred
-            .get(&stream)
-            .is_some_and(|barred| barred.contains(&pid) || barred.len() >= MAX_BARRED_PER_STREAM)
+            .get_mut(&stream)
+            .is_some_and(|barred| barred.bars(pid))
         {
             debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
             return false;
@@ -462,9 +460,7 @@ impl ReaderUpgrades {
     /// Readers of `stream` whose raise was dropped for stray real-time I/O.
     #[must_use]
     pub fn policed_for(&self, stream: u64) -> u64 {
-        self.barred
-            .get(&stream)
-            .map_or(0, |barred| u64::try_from(barred.len()).unwrap_or(u64::MAX))
+        self.barred.get(&stream).map_or(0, BarredThreads::dropped)
     }
 
     /// Upgrades made for `stream` so far.
