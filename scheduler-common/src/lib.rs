@@ -435,9 +435,10 @@ pub const MAX_SHARED_IO_TASKS_PER_RAISE: u64 = 16;
 
 /// A thread whose new tasks the fork program follows (the values of the `RAISED` map, keyed by
 /// thread id): a thread abissd raised, or a task such a thread made (and so may have
-/// inherited the raise) that abissd has not put back yet. Each entry is written whole by one
-/// side only (abissd writes its raised threads', the fork program the tasks'), so neither
-/// writes over the other: what the eBPF side counts of a raise is in [`RaiseCounts`].
+/// inherited the raise) that abissd has not put back yet. The eBPF side never changes an
+/// entry in place, and what it counts of a raise is in [`RaiseCounts`]: abissd writes a raised
+/// thread's entry whole (again when it raises the thread again), and would lose what the
+/// programs wrote into it in between.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RaisedThread {
@@ -449,8 +450,9 @@ pub struct RaisedThread {
     pub applied: u16,
     /// See [`raised_flags`].
     pub flags: u32,
-    /// Zero: keeps the layout free of padding.
-    pub reserved: u32,
+    /// Changed by abissd each time it raises the thread for another file than its raise was
+    /// for: the count of the stream's own file starts afresh ([`RaiseCounts::generation`]).
+    pub generation: u32,
     /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
     /// see [`AttachedFile::stream`]).
     pub stream: u64,
@@ -471,13 +473,17 @@ pub struct RaiseCounts {
     /// the thread's other I/O). Bytes, not requests: a buffered read of 32 MiB was 30 requests
     /// on a loop device.
     pub stray_kib: u32,
-    /// KiB of real-time requests the raised thread queued for the file of tag `stream`: abissd
-    /// holds them against what the stream was admitted for (its buffer and its rate since the
-    /// raise), so a 1 B/s stream cannot lend its reader real-time reads of a huge file.
+    /// KiB of real-time requests the raised thread queued for its stream's file since the
+    /// raise's `generation` was `generation`: abissd holds them against what the stream was
+    /// admitted for (its buffer and its rate since the raise), so a 1 B/s stream cannot lend
+    /// its reader real-time reads of a huge file.
     pub stream_kib: u32,
-    /// The file tag `stream_kib` counts for: the raise's, unless abissd raised the thread
-    /// again for another file since the last count (the next count starts afresh).
-    pub stream: u64,
+    /// The [`RaisedThread::generation`] `stream_kib` counts for: the raise's, unless abissd
+    /// raised the thread for another file since the last count (the next count starts
+    /// afresh). Written after `stream_kib`, so whoever sees a new one sees its count.
+    pub generation: u32,
+    /// Zero: keeps the layout free of padding.
+    pub reserved: u32,
     /// Tasks made under the raise that share its I/O context (`CLONE_IO`, by it or by such a
     /// task), as the fork program counted them (atomically; the BPF target's atomics are
     /// 64-bit). Such a task stays in `RAISED` until the raise ends, so past

@@ -226,13 +226,14 @@ fn police_raised(rq: u64, control: &Control) {
     // shares the thread's I/O context, so its priority, which abissd cannot put back apart
     // from the thread, and uncounted its reads of any file stayed real time for as long as
     // the thread kept its raise.
-    let stream = if raise.flags & raised_flags::INHERITED == 0 {
-        raise.stream
+    let own = if raise.flags & raised_flags::INHERITED == 0 {
+        raise
     } else {
-        // SAFETY: pointer to a live map value of this type, one field read.
-        match RAISED.get_ptr(raise.root) {
-            Some(root) => unsafe { (*root).stream },
-            None => return,
+        // SAFETY: pointer to a live map value of this type, copied.
+        match RAISED.get_ptr(raise.root).map(|root| unsafe { *root }) {
+            // Not a task's entry under an id that came round again.
+            Some(root) if root.flags & raised_flags::INHERITED == 0 => root,
+            _ => return,
         }
     };
     let Some(counts) = counts_of(raise.root) else {
@@ -243,14 +244,20 @@ fn police_raised(rq: u64, control: &Control) {
     let counts = unsafe { &mut *counts };
     let bytes: u32 = field(rq, layout!(request_data_len));
     let kib = bytes.div_ceil(1024);
-    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != stream {
+    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != own.stream {
         counts.stray_kib = counts.stray_kib.saturating_add(kib);
-    } else if counts.stream == stream {
+    } else if counts.generation == own.generation {
         counts.stream_kib = counts.stream_kib.saturating_add(kib);
     } else {
-        // The thread was raised again for another file since the last count.
-        counts.stream = stream;
-        counts.stream_kib = kib;
+        // The thread was raised for another file since the last count. The count goes before
+        // the generation that names it (volatile, so the compiler keeps the order, and x86
+        // keeps stores in order): a reader (abissd, or this program on another CPU) that sees
+        // the new generation sees its count, not the earlier file's.
+        // SAFETY: aligned fields of a live map value.
+        unsafe {
+            (&raw mut counts.stream_kib).write_volatile(kib);
+            (&raw mut counts.generation).write_volatile(own.generation);
+        }
     }
 }
 

@@ -112,7 +112,10 @@ fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
 /// be gone), or when the raise has ended (nothing noted under it would be swept any more).
 #[inline(always)]
 fn count_shared_task(root: u32, tid: u32) -> bool {
-    if RAISED.get_ptr(root).is_none() {
+    // SAFETY: pointer to a live map value of this type, one field read.
+    let own = RAISED.get_ptr(root).map(|entry| unsafe { (*entry).flags });
+    // Not a task's entry under an id that came round again.
+    if own.is_none_or(|flags| flags & raised_flags::INHERITED != 0) {
         return false;
     }
     let Some(counts) = counts_of(root) else {

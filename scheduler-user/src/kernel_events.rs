@@ -272,7 +272,7 @@ mod tests {
             previous: 0x4005,
             applied: 0x2000,
             flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
-            reserved: 0,
+            generation: 0,
             stream: 3,
         };
         let event = ForkEvent {

@@ -42,8 +42,8 @@
 //! every user's raises: a stream's raises together may note
 //! [`crate::policy::upgrade::MAX_SHARED_IO_TASKS_PER_STREAM`], counted here, and one raise
 //! `MAX_SHARED_IO_TASKS_PER_RAISE`, counted by the fork program for when abissd lags behind.
-//! Past its bound the fork program notes no more of them, flags the raise with the task, and
-//! still reports it. Either way abissd drops the raise at once (a misuse, like reading other
+//! Past its bound the fork program notes no more of them, marks the raise's counts with the
+//! task, and still reports it. Either way abissd drops the raise at once (a misuse, like reading other
 //! files at real time beyond what its user pays for). Restoring the raised thread puts back
 //! every task of its context at once, noted or not; if that thread is gone, the task past the
 //! bound is put back instead, which does the same. A task past the bound still has its own forks followed: the fork
@@ -164,15 +164,25 @@ impl RaisedForks {
         // lowering its own priority and missing. Followed afresh: counts left from a raise
         // under its id that ended as the eBPF side counted (`counts_of` in the eBPF crate)
         // are not its; nothing counts for it until its entry below is in.
-        if self.own_entry(tid).is_none() {
+        let own = self.own_entry(tid);
+        if own.is_none() {
             let _ = self.counts.remove(&tid);
         }
+        // Raised for another file: its count of the stream's own file starts afresh, as the
+        // table's record of the raise does (`UpgradeTable::insert`).
+        let generation = own.map_or(0, |own| {
+            if own.stream == stream {
+                own.generation
+            } else {
+                own.generation.wrapping_add(1)
+            }
+        });
         let entry = RaisedThread {
             root: tid,
             previous,
             applied,
             flags: 0,
-            reserved: 0,
+            generation,
             stream,
         };
         self.raised
@@ -190,7 +200,7 @@ impl RaisedForks {
         Some(RaiseUse {
             stray_kib: counts.stray_kib,
             // Counted for another file: the thread's raise before the last.
-            stream_kib: if counts.stream == entry.stream {
+            stream_kib: if counts.generation == entry.generation {
                 counts.stream_kib
             } else {
                 0
@@ -245,7 +255,7 @@ impl RaisedForks {
             previous,
             applied,
             flags: 0,
-            reserved: 0,
+            generation: 0,
             stream,
         };
         self.raised

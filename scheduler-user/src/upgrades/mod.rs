@@ -266,8 +266,8 @@ impl ReaderUpgrades {
         self.table.insert(upgrade);
         if let Some(kept) = self.table.get(pid).map(Upgrade::followed_as) {
             // As the table keeps it (the id may have named a thread raised before). Only if
-            // that differs: each follow rewrites the thread's whole entry, and a count the fork
-            // program adds between the read and the write of it would be lost.
+            // that differs: each follow rewrites the thread's whole entry (what the eBPF side
+            // counts of the raise is not in it: `RAISE_COUNTS`).
             if kept != followed {
                 let _ = self.forks.follow(pid, kept, hook);
             }
