@@ -177,6 +177,17 @@ impl RaisedForks {
                 own.generation.wrapping_add(1)
             }
         });
+        self.write_own_entry(tid, (previous, applied, stream), generation, hook)
+    }
+
+    /// Writes raised thread `tid`'s own entry, then attaches the fork program.
+    fn write_own_entry(
+        &mut self,
+        tid: u32,
+        (previous, applied, stream): (u16, u16, u64),
+        generation: u32,
+        hook: &mut dyn ForkHook,
+    ) -> Result<(), String> {
         let entry = RaisedThread {
             root: tid,
             previous,
@@ -250,18 +261,7 @@ impl RaisedForks {
         // Before the entry is overwritten: what the eBPF side counts between the two is this
         // thread's (the earlier one is gone), counted under the entry it is about to replace.
         let _ = self.counts.remove(&tid);
-        let entry = RaisedThread {
-            root: tid,
-            previous,
-            applied,
-            flags: 0,
-            generation: 0,
-            stream,
-        };
-        self.raised
-            .insert(tid, entry, 0)
-            .map_err(|error| error.to_string())?;
-        hook.follow_forks(true)
+        self.write_own_entry(tid, (previous, applied, stream), 0, hook)
     }
 
     /// Thread `tid`'s own entry (not one it inherited as a task of another raise).
