@@ -399,9 +399,10 @@ pub struct Control {
 
 /// Threads followed for forks at once: those abissd raised and the tasks they made that it
 /// has not put back yet. Sized for abissd's bounds: 256 streams, each with at most 32 raised
-/// threads and 16 tasks sharing their I/O contexts noted (abissd checks the product), 12 288;
-/// plain tasks a raised thread makes stay only until abissd puts them back.
-pub const MAX_RAISED: u32 = 12_288;
+/// threads, 32 tasks adopted at a player's start, and 16 tasks sharing their I/O contexts
+/// noted (abissd checks the product), 20 480; plain tasks a raised thread makes stay only until
+/// abissd puts them back.
+pub const MAX_RAISED: u32 = 20_480;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
 /// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
@@ -451,7 +452,7 @@ pub struct RaisedThread {
     /// See [`raised_flags`].
     pub flags: u32,
     /// Changed by abissd each time it raises the thread for another file than its raise was
-    /// for: the count of the stream's own file starts afresh ([`RaiseCounts::generation`]).
+    /// for: the count of the stream's own file starts afresh ([`RaiseCounts::stream_count`]).
     pub generation: u32,
     /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
     /// see [`AttachedFile::stream`]).
@@ -473,17 +474,16 @@ pub struct RaiseCounts {
     /// the thread's other I/O). Bytes, not requests: a buffered read of 32 MiB was 30 requests
     /// on a loop device.
     pub stray_kib: u32,
-    /// KiB of real-time requests the raised thread queued for its stream's file since the
-    /// raise's `generation` was `generation`: abissd holds them against what the stream was
-    /// admitted for (its buffer and its rate since the raise), so a 1 B/s stream cannot lend
-    /// its reader real-time reads of a huge file.
-    pub stream_kib: u32,
-    /// The [`RaisedThread::generation`] `stream_kib` counts for: the raise's, unless abissd
-    /// raised the thread for another file since the last count (the next count starts
-    /// afresh). Written after `stream_kib`, so whoever sees a new one sees its count.
-    pub generation: u32,
-    /// Zero: keeps the layout free of padding.
-    pub reserved: u32,
+    /// Non-zero once more than [`MAX_SHARED_IO_TASKS_PER_RAISE`] tasks share the raise's I/O
+    /// context: abissd then drops the raise.
+    pub over_bound: u32,
+    /// KiB of real-time requests the raised thread queued for its stream's file (the low
+    /// half), and the [`RaisedThread::generation`] they count for (the high half): abissd holds
+    /// them against what the stream was admitted for (its buffer and its rate since the raise),
+    /// so a 1 B/s stream cannot lend its reader real-time reads of a huge file. One word, written
+    /// in one store: whoever reads it (abissd, or the program on another CPU) never sees a
+    /// count with another generation's. See [`Self::stream_kib`].
+    pub stream_count: u64,
     /// Tasks made under the raise that share its I/O context (`CLONE_IO`, by it or by such a
     /// task), as the fork program counted them (atomically; the BPF target's atomics are
     /// 64-bit). Such a task stays in `RAISED` until the raise ends, so past
@@ -498,9 +498,52 @@ pub struct RaiseCounts {
     /// not noted in `RAISED`. abissd puts it back with the raise: should the raised thread and
     /// every noted task be gone, it is still a way to the shared context.
     pub past_bound_task: u32,
-    /// Non-zero once more than [`MAX_SHARED_IO_TASKS_PER_RAISE`] tasks share the raise's I/O
-    /// context: abissd then drops the raise.
-    pub over_bound: u32,
+    /// Zero: keeps the layout free of padding.
+    pub reserved: u32,
+}
+
+impl RaiseCounts {
+    /// KiB of the stream's file counted in [`Self::stream_count`] under the raise's
+    /// `generation`; 0 when they were counted under another (the thread's raise for another
+    /// file), as the raise has read none of its file since.
+    #[must_use]
+    #[expect(
+        clippy::inline_always,
+        reason = "called from eBPF programs, where a call that is not inlined costs a call frame"
+    )]
+    #[inline(always)]
+    pub fn stream_kib(&self, generation: u32) -> u32 {
+        stream_count_for(self.stream_count, generation)
+    }
+}
+
+/// The KiB in stream count `count` ([`RaiseCounts::stream_count`]) under `generation`.
+#[must_use]
+#[expect(
+    clippy::inline_always,
+    reason = "called from eBPF programs, where a call that is not inlined costs a call frame"
+)]
+#[inline(always)]
+#[expect(clippy::cast_possible_truncation, reason = "the halves of the word")]
+pub fn stream_count_for(count: u64, generation: u32) -> u32 {
+    if (count >> 32) as u32 == generation {
+        count as u32
+    } else {
+        0
+    }
+}
+
+/// Stream count `count` ([`RaiseCounts::stream_count`]) with `kib` more under `generation`:
+/// counted afresh if it counted another generation.
+#[must_use]
+#[expect(
+    clippy::inline_always,
+    reason = "called from eBPF programs, where a call that is not inlined costs a call frame"
+)]
+#[inline(always)]
+pub fn stream_count_after(count: u64, generation: u32, kib: u32) -> u64 {
+    let kib = stream_count_for(count, generation).saturating_add(kib);
+    (u64::from(generation) << 32) | u64::from(kib)
 }
 
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
@@ -832,6 +875,32 @@ pub fn latency_slot(ns: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_count_adds_up_in_its_generation_and_starts_afresh_in_another() {
+        let mut count = 0;
+        for kib in [512, 512, 128] {
+            count = stream_count_after(count, 0, kib);
+        }
+        assert_eq!(stream_count_for(count, 0), 1152);
+        // Raised for another file: nothing of it read yet, then only what is read under it.
+        assert_eq!(stream_count_for(count, 1), 0);
+        count = stream_count_after(count, 1, 64);
+        assert_eq!(
+            (stream_count_for(count, 1), stream_count_for(count, 0)),
+            (64, 0)
+        );
+        // Raised for the first file again: its earlier count does not come back.
+        assert_eq!(stream_count_for(count, 2), 0);
+        // A count saturates rather than wrap into the generation.
+        let full = stream_count_after(u64::from(u32::MAX - 1), 0, 9);
+        assert_eq!((stream_count_for(full, 0), full >> 32), (u32::MAX, 0));
+        let counts = RaiseCounts {
+            stream_count: count,
+            ..RaiseCounts::default()
+        };
+        assert_eq!(counts.stream_kib(1), 64);
+    }
 
     #[test]
     fn slots_follow_log2_microseconds() {

@@ -20,8 +20,8 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, raised_flags, request_state,
-    AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent, RequestEvent,
-    RequestOrigin,
+    stream_count_after, AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent,
+    RequestEvent, RequestOrigin,
 };
 
 use crate::kernel::{
@@ -246,17 +246,13 @@ fn police_raised(rq: u64, control: &Control) {
     let kib = bytes.div_ceil(1024);
     if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != own.stream {
         counts.stray_kib = counts.stray_kib.saturating_add(kib);
-    } else if counts.generation == own.generation {
-        counts.stream_kib = counts.stream_kib.saturating_add(kib);
     } else {
-        // The thread was raised for another file since the last count. The count goes before
-        // the generation that names it (volatile, so the compiler keeps the order, and x86
-        // keeps stores in order): a reader (abissd, or this program on another CPU) that sees
-        // the new generation sees its count, not the earlier file's.
-        // SAFETY: aligned fields of a live map value.
+        // One load and one store of the word: the count never goes with another generation.
+        let word = &raw mut counts.stream_count;
+        // SAFETY: an aligned field of a live map value.
         unsafe {
-            (&raw mut counts.stream_kib).write_volatile(kib);
-            (&raw mut counts.generation).write_volatile(own.generation);
+            let count = word.read_volatile();
+            word.write_volatile(stream_count_after(count, own.generation, kib));
         }
     }
 }

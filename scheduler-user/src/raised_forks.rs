@@ -110,6 +110,12 @@ pub struct RaisedForks {
     unqueued: Arc<AtomicU64>,
     /// The tasks sharing raised threads' I/O contexts noted in `raised`, per raise.
     shared: SharedIoTasks,
+    /// The own entry the last [`Self::follow`] replaced, with its thread id: a raise that
+    /// then fails puts it back as it was ([`Self::follow_back`]).
+    replaced: Option<(u32, RaisedThread)>,
+    /// A raise ended since counts were last looked for that no raise has
+    /// ([`Self::prune_counts`]).
+    ended_since_prune: bool,
     /// Tasks made by raised threads and put back.
     put_back: u64,
     /// `lost` as last looked at.
@@ -136,6 +142,8 @@ impl RaisedForks {
             lost: PerCpuArray::try_from(lost)?,
             unqueued: Arc::default(),
             shared: SharedIoTasks::default(),
+            replaced: None,
+            ended_since_prune: false,
             put_back: 0,
             lost_seen: 0,
         })
@@ -165,6 +173,7 @@ impl RaisedForks {
         // under its id that ended as the eBPF side counted (`counts_of` in the eBPF crate)
         // are not its; nothing counts for it until its entry below is in.
         let own = self.own_entry(tid);
+        self.replaced = own.map(|own| (tid, own));
         if own.is_none() {
             let _ = self.counts.remove(&tid);
         }
@@ -178,6 +187,30 @@ impl RaisedForks {
             }
         });
         self.write_own_entry(tid, (previous, applied, stream), generation, hook)
+    }
+
+    /// Follows thread `tid` under its raise `earlier` again, after a raise that
+    /// [`Self::follow`] followed did not happen (or the table kept the earlier raise): its
+    /// entry goes back as it was, generation included, so what the thread read of the file of
+    /// `earlier` still counts against it (with [`Self::follow`]'s change of file, that count
+    /// would start afresh while the table's raise goes on).
+    pub fn follow_back(
+        &mut self,
+        tid: u32,
+        earlier: (u16, u16, u64),
+        hook: &mut dyn ForkHook,
+    ) -> Result<(), String> {
+        match self.replaced.take() {
+            Some((replaced, entry))
+                if replaced == tid && (entry.previous, entry.applied, entry.stream) == earlier =>
+            {
+                self.raised
+                    .insert(tid, entry, 0)
+                    .map_err(|error| error.to_string())?;
+                hook.follow_forks(true)
+            }
+            _ => self.follow(tid, earlier, hook),
+        }
     }
 
     /// Writes raised thread `tid`'s own entry, then attaches the fork program.
@@ -210,12 +243,8 @@ impl RaisedForks {
         let counts = self.counts.get(&tid, 0).unwrap_or_default();
         Some(RaiseUse {
             stray_kib: counts.stray_kib,
-            // Counted for another file: the thread's raise before the last.
-            stream_kib: if counts.generation == entry.generation {
-                counts.stream_kib
-            } else {
-                0
-            },
+            // Nothing if counted for another file: the thread's raise before the last.
+            stream_kib: counts.stream_kib(entry.generation),
             over_bound: counts.over_bound != 0,
         })
     }
@@ -239,6 +268,47 @@ impl RaisedForks {
             let _ = self.counts.remove(&tid);
             self.shared.forget(tid);
         }
+        self.ended_since_prune = true;
+    }
+
+    /// Deletes the counts the eBPF side made for raises as they ended (it found a thread's
+    /// entry just before abissd deleted it, and counted just after), if a raise ended since
+    /// the last look: called on abissd's periodic check, when such a count has long been
+    /// made. The sweeps do the same.
+    pub fn prune_counts(&mut self) {
+        if std::mem::take(&mut self.ended_since_prune) {
+            let followed = self.followed();
+            self.prune_counts_but(&followed);
+        }
+    }
+
+    /// Whether a raise ended since [`Self::prune_counts`] last looked.
+    #[must_use]
+    pub fn counts_to_prune(&self) -> bool {
+        self.ended_since_prune
+    }
+
+    /// The threads followed under a raise of their own (not tasks they made).
+    fn followed(&self) -> HashSet<u32> {
+        self.raised
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, entry)| inherited_raise(entry).is_none())
+            .map(|(tid, _)| tid)
+            .collect()
+    }
+
+    /// Deletes every raise's counts but those of `followed`.
+    fn prune_counts_but(&mut self, followed: &HashSet<u32>) {
+        let ended: Vec<u32> = self
+            .counts
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|tid| !followed.contains(tid))
+            .collect();
+        for tid in ended {
+            let _ = self.counts.remove(&tid);
+        }
     }
 
     /// Follows thread `tid` as [`Self::follow`] does, but with nothing the kernel counted for
@@ -253,6 +323,7 @@ impl RaisedForks {
         hook: &mut dyn ForkHook,
     ) -> Result<(), String> {
         let earlier = self.own_entry(tid);
+        self.replaced = None;
         self.sweep(Some(&[tid]), true);
         if let Some(earlier) = earlier {
             self.forget_context(tid, &earlier);
@@ -417,16 +488,6 @@ impl RaisedForks {
                 self.put_back(tid, &raise);
             }
         }
-        // Counts made for a raise as it ended (the eBPF side found the entry just before
-        // abissd deleted it, and counted just after).
-        let ended: Vec<u32> = self
-            .counts
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|tid| !followed.contains(tid))
-            .collect();
-        for tid in ended {
-            let _ = self.counts.remove(&tid);
-        }
+        self.prune_counts_but(&followed);
     }
 }

@@ -15,10 +15,15 @@ use crate::policy::upgrade::{
 };
 use crate::raised_forks::ForkHook;
 
-// Every stream's raised threads and the tasks sharing their contexts fit the kernel's table
-// together, so no user's raises leave another's without room.
+// Every stream's raised threads, the tasks adopted at its players' starts (adoption does not
+// ask the table for room) and the tasks sharing their contexts fit the kernel's table together,
+// so no user's raises leave another's without room.
+#[expect(clippy::cast_possible_truncation, reason = "32 fits any usize")]
 const _: () = assert!(
-    crate::streams::MAX_STREAMS * (MAX_RAISED_PER_STREAM + MAX_SHARED_IO_TASKS_PER_STREAM as usize)
+    crate::streams::MAX_STREAMS
+        * (MAX_RAISED_PER_STREAM
+            + super::adoption::MAX_ADOPTED_PER_STREAM as usize
+            + MAX_SHARED_IO_TASKS_PER_STREAM as usize)
         <= scheduler_common::MAX_RAISED as usize
 );
 

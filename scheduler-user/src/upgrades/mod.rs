@@ -269,7 +269,7 @@ impl ReaderUpgrades {
             // that differs: each follow rewrites the thread's whole entry (what the eBPF side
             // counts of the raise is not in it: `RAISE_COUNTS`).
             if kept != followed {
-                let _ = self.forks.follow(pid, kept, hook);
+                let _ = self.forks.follow_back(pid, kept, hook);
             }
         }
         self.total += 1;
@@ -352,7 +352,7 @@ impl ReaderUpgrades {
     fn not_raised(&mut self, pid: u32, hook: &mut dyn ForkHook) -> bool {
         match self.table.get(pid) {
             Some(earlier) => {
-                let _ = self.forks.follow(pid, earlier.followed_as(), hook);
+                let _ = self.forks.follow_back(pid, earlier.followed_as(), hook);
             }
             None => self.forks.restored(&[pid]),
         }
@@ -375,6 +375,7 @@ impl ReaderUpgrades {
         if !self.table.is_empty() {
             self.forks.find_unreported();
         }
+        self.forks.prune_counts();
     }
 
     /// Restores the threads raised for a stream that ends.
@@ -443,8 +444,9 @@ impl ReaderUpgrades {
     #[must_use]
     pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
         let expiry = self.table.ns_until_next_expiry(now_ns);
-        // While a thread is raised, its stray requests are looked at this often.
-        if self.table.is_empty() {
+        // While a thread is raised, its stray requests are looked at this often; after the last
+        // raise ended, once more, for counts made as it ended.
+        if self.table.is_empty() && !self.forks.counts_to_prune() {
             expiry
         } else {
             Some(expiry.map_or(POLICE_INTERVAL_NS, |ns| ns.min(POLICE_INTERVAL_NS)))
