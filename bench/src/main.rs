@@ -21,7 +21,7 @@ enum Command {
     /// (overhead.json, .md).
     Overhead(overhead::OverheadArgs),
     /// Time from a page-cache miss on an attached file to the reader's raised priority, over
-    /// many misses under the copy load (upgrades.json, .md).
+    /// many misses under the copy load and the seeky load (upgrades.json, .md, .svg).
     Upgrades(upgrades::UpgradesArgs),
     /// Admission control against measurement: the lab hdd profiled, the predicted miss
     /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio

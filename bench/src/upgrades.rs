@@ -74,7 +74,7 @@ const READ_BYTES: u64 = 64 << 10;
 /// RT/0, the priority of a level-0 stream.
 const RT0: u16 = 1 << 13;
 
-/// Runs the measurement and writes upgrades.{json,md}.
+/// Runs the measurement and writes upgrades.{json,md,svg}.
 pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
@@ -115,8 +115,79 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
         })).collect::<Vec<_>>(),
     });
     let markdown = markdown(&command, &machine, args.misses, &rows);
-    report::write_results(&args.results_dir, "upgrades", &report, &markdown)?;
+    report::write_results_and_chart(&args.results_dir, "upgrades", &report, &markdown, |path| {
+        chart(path, &rows)
+    })?;
     Ok(())
+}
+
+/// Issue 12's goal for the upgrade latency under the seeky load, µs (p99).
+const GOAL_P99_US: f64 = 2000.0;
+
+/// Upgrade latency per load as bars on a log scale (p50, p99, max), with the goal.
+fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    const FLOOR: f64 = 10.0;
+    #[expect(
+        clippy::cast_precision_loss,
+        reason = "latencies in µs, far below 2^52"
+    )]
+    let figures: Vec<[f64; 3]> = rows
+        .iter()
+        .map(|row| {
+            let u = &row.upgrades;
+            [u.latency_p50_us, u.latency_p99_us, u.latency_max_us]
+                .map(|us| us.map_or(FLOOR, |us| (us as f64).max(FLOOR)))
+        })
+        .collect();
+    let top = figures
+        .iter()
+        .flatten()
+        .copied()
+        .fold(GOAL_P99_US, f64::max)
+        * 2.0;
+    #[expect(clippy::cast_precision_loss, reason = "a handful of rows")]
+    let width = rows.len() as f64;
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|row| match row.load {
+            BestEffortLoad::Copy => "copy loop",
+            BestEffortLoad::Seeky => "seeky load",
+        })
+        .collect();
+    crate::chart::row_bars(
+        path,
+        "Upgrade latency: page-cache miss to raised I/O priority, lab hdd".to_owned(),
+        20,
+        &names,
+        (FLOOR, top),
+        "miss event to ioprio_set returned (µs, log scale)",
+        |chart| {
+            for (which, label) in ["p50", "p99", "max"].into_iter().enumerate() {
+                let color = Palette99::pick(which).to_rgba();
+                #[expect(clippy::cast_precision_loss, reason = "0 to 2")]
+                let offset = 0.1 + 0.27 * which as f64;
+                chart
+                    .draw_series(figures.iter().enumerate().map(|(i, bars)| {
+                        #[expect(clippy::cast_precision_loss, reason = "a bar index")]
+                        let x = i as f64 + offset;
+                        Rectangle::new([(x, FLOOR), (x + 0.25, bars[which])], color.filled())
+                    }))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
+                    });
+            }
+            chart
+                .draw_series(LineSeries::new(
+                    [(0.0, GOAL_P99_US), (width, GOAL_P99_US)],
+                    BLACK.stroke_width(1),
+                ))?
+                .label("goal: p99 under 2 ms under the seeky load (issue 12)")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
+            Ok(())
+        },
+    )
 }
 
 /// What [`measure`] found.
