@@ -13,8 +13,8 @@ const SIZE: (u32, u32) = (960, 600);
 
 /// A thin black horizontal line at `y` across `[0, width]`, with its legend entry: a deadline
 /// or a goal the curves are read against.
-fn reference_line<'a, X, Y>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+pub(crate) fn reference_line<X, Y>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
     width: f64,
     y: f64,
     label: String,

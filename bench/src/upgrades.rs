@@ -178,14 +178,12 @@ fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
                         Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
                     });
             }
-            chart
-                .draw_series(LineSeries::new(
-                    [(0.0, GOAL_P99_US), (width, GOAL_P99_US)],
-                    BLACK.stroke_width(1),
-                ))?
-                .label("goal: p99 under 2 ms under the seeky load (issue 12)")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-            Ok(())
+            crate::chart::reference_line(
+                chart,
+                width,
+                GOAL_P99_US,
+                "goal: p99 under 2 ms under the seeky load (issue 12)".to_owned(),
+            )
         },
     )
 }

@@ -345,14 +345,7 @@ pub fn chart(path: &Path, secs: u64, results: &[RowResult]) -> anyhow::Result<()
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 15, y + 5)], color.filled())
                 });
-            chart
-                .draw_series(LineSeries::new(
-                    [(0.0, GOAL_S), (width, GOAL_S)],
-                    BLACK.stroke_width(1),
-                ))?
-                .label(format!("goal: {GOAL_S} s"))
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-            Ok(())
+            crate::chart::reference_line(chart, width, GOAL_S, format!("goal: {GOAL_S} s"))
         },
     )
 }
