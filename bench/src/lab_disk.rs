@@ -204,3 +204,34 @@ impl Drop for LabDisk {
         }
     }
 }
+
+/// `rows` without those whose elevator this kernel lacks (kernels may be built without bfq),
+/// each said on stderr; a row named on the command line (`named`) that needs a missing
+/// elevator is an error instead.
+pub fn with_elevators_present<R>(
+    rows: Vec<R>,
+    named: &[String],
+    name: impl Fn(&R) -> &str,
+    elevator: impl Fn(&R) -> &str,
+) -> anyhow::Result<Vec<R>> {
+    let mut kept = Vec::with_capacity(rows.len());
+    for row in rows {
+        if abiss_lab::system::elevator_available(elevator(&row)) {
+            kept.push(row);
+            continue;
+        }
+        let offered = abiss_lab::system::elevators_offered().join(", ");
+        anyhow::ensure!(
+            !named.iter().any(|n| n == name(&row)),
+            "row {} needs the {} I/O scheduler, which this kernel does not have (it offers {offered})",
+            name(&row),
+            elevator(&row)
+        );
+        eprintln!(
+            "not running row {}: this kernel has no {} I/O scheduler (it offers {offered})",
+            name(&row),
+            elevator(&row)
+        );
+    }
+    Ok(kept)
+}

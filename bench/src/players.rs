@@ -135,6 +135,9 @@ pub struct Row {
     /// No best-effort load: what the players' cold start costs the disk alone, the floor
     /// under every row's start-up.
     pub no_load: bool,
+    /// The players' files in the page cache at launch, not dropped from it: with no load, what
+    /// starting the players at once costs with nothing to read (their share of the CPUs).
+    pub warm: bool,
 }
 
 /// A row with no `abissctl run` options.
@@ -153,6 +156,7 @@ fn row(
         scenario,
         run_options: &[],
         no_load: false,
+        warm: false,
     }
 }
 
@@ -174,13 +178,25 @@ fn abiss_with(
     }
 }
 
-/// The rows without the load: the floor a cold start costs the disk.
+/// The rows without the load: the floor a cold start costs the disk, and the floor starting
+/// the players at once costs the machine with their files in memory.
 fn no_load_rows() -> Vec<Row> {
     let no_load = |row: Row| Row {
         no_load: true,
         ..row
     };
     vec![
+        Row {
+            warm: true,
+            ..no_load(row(
+                "mq-deadline-warm-no-load",
+                "stock mq-deadline, no best-effort load, the files in memory: what starting the \
+                 players at once costs the CPUs",
+                "mq-deadline",
+                Class::Default,
+                Scenario::Four,
+            ))
+        },
         no_load(row(
             "mq-deadline-no-load",
             "stock mq-deadline, no best-effort load: the cold start-up's floor",
@@ -328,6 +344,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
     let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
+    let rows = crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
     let session = Session::up(
         "players",
@@ -422,6 +439,7 @@ pub fn measure_one(
         },
         scenario: Scenario::Four,
         no_load: false,
+        warm: false,
         run_options: abiss.map_or(&[], |(_, _, options)| options),
     };
     let result = session.run_row(

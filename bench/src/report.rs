@@ -42,6 +42,7 @@ pub fn machine() -> Value {
         "memory_gib": memory_kib >> 20,
         "kernel": kernel.trim(),
         "debugfs_mounted": debugfs_mounted,
+        "elevators": abiss_lab::system::elevators_offered(),
         "date": date,
     })
 }
@@ -168,8 +169,16 @@ pub fn machine_line(machine: &Value) -> String {
         Some(false) => ", debugfs not mounted",
         None => "",
     };
+    // A kernel may lack an elevator (bfq is not always built): its rows are not in the report.
+    let elevators = machine["elevators"]
+        .as_array()
+        .map(|names| {
+            let names: Vec<&str> = names.iter().filter_map(Value::as_str).collect();
+            format!(", elevators {}", names.join(" / "))
+        })
+        .unwrap_or_default();
     format!(
-        "Machine: {} ({} cores, {} GiB), Linux {}{debugfs}, {}.",
+        "Machine: {} ({} cores, {} GiB), Linux {}{debugfs}{elevators}, {}.",
         machine["cpu"].as_str().unwrap_or("?"),
         machine["cores"],
         machine["memory_gib"],

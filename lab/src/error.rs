@@ -97,6 +97,14 @@ pub enum LabError {
         /// The least share of CPU time stolen in any of them, %.
         least_stolen_percent: f64,
     },
+    /// The kernel has no such I/O scheduler.
+    #[error("this kernel has no '{name}' I/O scheduler (it offers {}): choose one of those, or a kernel built with it", offered.join(", "))]
+    NoElevator {
+        /// The scheduler asked for.
+        name: String,
+        /// What the kernel offers.
+        offered: Vec<String>,
+    },
     /// A file of the lab could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -122,6 +130,7 @@ impl LabError {
             Self::ValidationFailed { .. } => 8,
             Self::ValidationDisturbed { .. } => 11,
             Self::Emulator { .. } => 9,
+            Self::NoElevator { .. } => 12,
             Self::System { .. } | Self::Io { .. } => 10,
         }
     }

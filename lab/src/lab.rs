@@ -217,6 +217,7 @@ impl Lab {
             });
         }
         check_fuse()?;
+        check_elevator(options.scheduler.as_deref())?;
         let mut state = LabState {
             model: options.model.clone(),
             size_bytes: options.size_bytes,
@@ -338,6 +339,23 @@ fn check_size(size_bytes: u64) -> Result<(), LabError> {
         });
     }
     Ok(())
+}
+
+/// Refuses a scheduler the kernel does not offer before anything is set up (where no device
+/// lists the schedulers, selecting it says what is wrong).
+fn check_elevator(scheduler: Option<&str>) -> Result<(), LabError> {
+    let Some(name) = scheduler else {
+        return Ok(());
+    };
+    let offered = system::elevators_offered();
+    if offered.is_empty() || system::elevator_available(name) {
+        Ok(())
+    } else {
+        Err(LabError::NoElevator {
+            name: name.to_owned(),
+            offered,
+        })
+    }
 }
 
 fn check_fuse() -> Result<(), LabError> {

@@ -93,6 +93,43 @@ pub fn sysfs_block(device: &Path) -> PathBuf {
     Path::new("/sys/block").join(name)
 }
 
+/// The I/O schedulers (elevators) this kernel offers, as the block devices' `queue/scheduler`
+/// files list them (every multi-queue device lists every registered one); empty if no device
+/// shows the list.
+#[must_use]
+pub fn elevators_offered() -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut offered: Vec<String> = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(line) = std::fs::read_to_string(entry.path().join("queue/scheduler")) else {
+            continue;
+        };
+        for name in line.split_whitespace() {
+            let name = name.trim_matches(['[', ']']);
+            if !offered.iter().any(|known| known == name) {
+                offered.push(name.to_owned());
+            }
+        }
+    }
+    offered
+}
+
+/// Whether the kernel offers elevator `name`, after asking for its module (`NAME-iosched`)
+/// when no device lists it: distributions build bfq and kyber as modules, which the kernel
+/// loads on the first selection.
+#[must_use]
+pub fn elevator_available(name: &str) -> bool {
+    let offered = || elevators_offered().iter().any(|o| o == name);
+    offered()
+        || (Command::new("modprobe")
+            .args(["-q", &format!("{name}-iosched")])
+            .status()
+            .is_ok_and(|s| s.success())
+            && offered())
+}
+
 /// Writes a sysfs attribute.
 pub fn write_attr(path: &Path, value: &str) -> Result<(), LabError> {
     std::fs::write(path, value)

@@ -128,3 +128,18 @@ fn missing_fuse_is_reported() {
     assert!(stderr.contains("FUSE is unavailable"), "{stderr}");
     common::assert_nothing_left(&state_dir, None);
 }
+
+#[test]
+fn a_scheduler_the_kernel_lacks_is_refused_before_anything_is_set_up() {
+    if !common::lab_possible() {
+        return;
+    }
+    // No kernel registers an elevator of this name; bfq is refused the same way on kernels
+    // built without it.
+    check(
+        "no-elevator",
+        &["--model", "hdd", "--size", "256M", "--scheduler", "cfq"],
+        12,
+        "this kernel has no 'cfq' I/O scheduler (it offers ",
+    );
+}

@@ -9,7 +9,7 @@ use std::process::Command;
 use abiss_lab::ModelKind;
 
 #[test]
-fn dispatch_depth_matches_the_model_under_bfq() {
+fn dispatch_depth_matches_the_model_under_an_elevator() {
     if !common::lab_possible() {
         return;
     }
@@ -19,11 +19,12 @@ fn dispatch_depth_matches_the_model_under_bfq() {
     }
     let mut options = common::options("depth", ModelKind::Hdd, 1 << 30);
     options.model.hdd.queue_depth = 6;
-    options.scheduler = Some("bfq".into());
+    let elevator = common::priority_elevator();
+    options.scheduler = Some(elevator.into());
     let lab = common::up(&options);
     let sysfs = abiss_lab::system::sysfs_block(lab.lab.device());
     let scheduler = std::fs::read_to_string(sysfs.join("queue/scheduler")).unwrap();
-    assert!(scheduler.contains("[bfq]"), "{scheduler}");
+    assert!(scheduler.contains(&format!("[{elevator}]")), "{scheduler}");
     let rotational = std::fs::read_to_string(sysfs.join("queue/rotational")).unwrap();
     assert_eq!(rotational.trim(), "1");
     if let Some(depth) = lab.lab.state().dispatch_depth {

@@ -41,6 +41,12 @@ fn abissd_runs_on_the_kernels_users_have_and_refuses_older_ones() {
     let log = String::from_utf8_lossy(&output.stderr);
     eprintln!("{log}");
     let results = std::fs::read_to_string(out.path().join("kernels.json")).unwrap_or_default();
+    if !output.status.success() {
+        // The report (and, for a kernel that failed a check, abissd's log in the guest) is
+        // in the scratch directory, which goes with the test: keep it in the test's output.
+        let report = std::fs::read_to_string(out.path().join("kernels.md")).unwrap_or_default();
+        eprintln!("{report}");
+    }
     assert!(
         output.status.success(),
         "xtask kernels failed ({}): see the log above",

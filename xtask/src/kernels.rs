@@ -196,6 +196,25 @@ pub struct KernelsArgs {
     /// qemu accelerator: tcg, or kvm where /dev/kvm is a hardware KVM (see the module doc).
     #[arg(long, default_value = "tcg")]
     accel: String,
+    /// abissd's `RUST_LOG` in the guest, e.g. `info,scheduler_user::controller=debug` to see
+    /// what each read did to its stream (a failed kernel's report carries abissd's log).
+    #[arg(long, default_value = "info", value_parser = log_filter)]
+    daemon_log: String,
+}
+
+/// A `RUST_LOG` filter that passes whole through the kernel command line: no spaces or quotes.
+fn log_filter(text: &str) -> Result<String, String> {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ',' | '=' | '_' | ':'))
+    {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "'{text}' is not a log filter: letters, digits and , = _ : only (e.g. info,scheduler_user=debug)"
+        ))
+    }
 }
 
 /// One check's outcome.
@@ -684,8 +703,8 @@ fn run_vm(boot: &Boot, args: &KernelsArgs) -> anyhow::Result<Console> {
         .arg(&boot.initramfs)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 panic=-1 quiet loglevel=3 abiss_read_secs={}",
-            args.read_secs
+            "console=ttyS0 panic=-1 quiet loglevel=3 abiss_read_secs={} abiss_log={}",
+            args.read_secs, args.daemon_log
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -2,7 +2,8 @@
 # /init of the initramfs `cargo xtask kernels` boots each kernel with (see xtask/src/kernels.rs).
 # It runs abissd and abissctl from the host's build on a loop device and reports on the serial
 # console: `@@ KEY VALUE…` lines and `@@begin NAME` … `@@end NAME` blocks. It never mounts
-# debugfs. READ_SECS comes from the kernel command line (abiss_read_secs=N).
+# debugfs. READ_SECS comes from the kernel command line (abiss_read_secs=N), and abissd's log
+# filter too (abiss_log=FILTER).
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -45,7 +46,7 @@ socket=$dir/abiss.sock
 mkdir -p $dir
 set -- --socket $socket --state-dir $dir/state --model-dir $dir/models --device "${dev#/dev/}" --capacity 30MB/s
 started=$(cut -d' ' -f1 /proc/uptime)
-RUST_LOG=info abissd "$@" >/tmp/abissd.log 2>&1 &
+RUST_LOG="${abiss_log:-info}" abissd "$@" >/tmp/abissd.log 2>&1 &
 pid=$!
 answered=no
 i=0

@@ -343,7 +343,7 @@ impl Session {
     }
 
     /// Runs `plan`: the load for its warm-up, then the players for its seconds, from a cold
-    /// page cache.
+    /// page cache (a warm one for a warm row).
     pub fn run_row(
         &self,
         plan: &RowPlan<'_>,
@@ -354,7 +354,11 @@ impl Session {
         let players_to_start = self.specs(row.scenario, plan.kinds);
         self.disk.select_elevator(row.elevator)?;
         for path in &self.media {
-            drop_cached_pages(path)?;
+            if row.warm {
+                load_into_cache(path)?;
+            } else {
+                drop_cached_pages(path)?;
+            }
         }
         self.disk
             .wait_until_idle(Duration::from_secs(1), Duration::from_secs(30))?;
@@ -483,6 +487,14 @@ pub(crate) fn play_for(
 
 /// How long the first, uncounted launch of a baseline plays ([`baseline`]).
 const FIRST_LAUNCH_S: u64 = 4;
+
+/// Reads `path` whole, so that its pages are in the page cache.
+fn load_into_cache(path: &Path) -> anyhow::Result<()> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    std::io::copy(&mut file, &mut std::io::sink())
+        .with_context(|| format!("read {}", path.display()))?;
+    Ok(())
+}
 
 /// How long a cold baseline run plays: only its start-up is kept.
 const COLD_RUN_S: u64 = 3;

@@ -87,7 +87,8 @@ pub fn markdown(
         "### Real players under a seeky best-effort load, lab hdd (issue 12)\n\n\
          `{command}`: {secs} s per row, players launched together after {warmup} s of load (the arriving rows: \
          one every {spacing} s, each stopped when the row's time from the first launch is up), \
-         from a cold page cache (the no-load rows: no load, the floor a cold start costs the disk); before each launch, \
+         from a cold page cache (the no-load rows: no load, the floor a cold start costs the disk; the warm no-load row: \
+         no load and the files in memory, the floor starting the players at once costs the two CPUs); before each launch, \
          in the baselines too, the player's own program files (those it mapped in its baseline) are read into memory, \
          since the machine may have reclaimed them since its last launch and reading them from the root disk is not the load's doing. Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
          player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \

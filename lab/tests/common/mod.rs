@@ -55,6 +55,17 @@ pub fn options(name: &str, kind: ModelKind, size_bytes: u64) -> LabOptions {
     options
 }
 
+/// The elevator that serves the real-time I/O class first: bfq, or mq-deadline (which has
+/// priority classes since Linux 5.14) on a kernel built without bfq.
+pub fn priority_elevator() -> &'static str {
+    if abiss_lab::system::elevator_available("bfq") {
+        "bfq"
+    } else {
+        eprintln!("this kernel has no bfq: mq-deadline instead");
+        "mq-deadline"
+    }
+}
+
 /// Brings a lab up, clearing what a crashed earlier run of the same test left.
 pub fn up(options: &LabOptions) -> TestLab {
     Lab::down(&options.state_dir).expect("clearing leftovers");
