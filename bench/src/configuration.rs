@@ -251,6 +251,20 @@ pub fn select(all: Vec<Configuration>, names: &[String]) -> anyhow::Result<Vec<C
         .collect())
 }
 
+/// [`select`], less the configurations whose elevator this kernel lacks (said on stderr; an
+/// error for one named in `names`).
+pub fn select_present(
+    all: Vec<Configuration>,
+    names: &[String],
+) -> anyhow::Result<Vec<Configuration>> {
+    crate::lab_disk::with_elevators_present(
+        select(all, names)?,
+        names,
+        |c| &c.name,
+        |c| &c.elevator,
+    )
+}
+
 /// What a run's hook gets to know: the lab and the streams about to be read.
 #[derive(Clone, Copy, Debug)]
 pub struct RunContext<'a> {

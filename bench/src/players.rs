@@ -344,7 +344,8 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
     let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
-    let rows = crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
+    let rows =
+        crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
     let session = Session::up(
         "players",

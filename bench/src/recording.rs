@@ -172,7 +172,8 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.secs >= 10, "--secs must be at least 10");
     anyhow::ensure!(args.capture_ms > 0, "--capture-ms must be positive");
     let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
-    let rows = crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
+    let rows =
+        crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + 30;
     let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb)?;
     eprintln!("recording: what timing write(2) costs");

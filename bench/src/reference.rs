@@ -107,13 +107,8 @@ impl ReferenceArgs {
 pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
-    let configurations = configuration::select(configuration::all_configurations(), &args.configs)?;
-    let configurations = crate::lab_disk::with_elevators_present(
-        configurations,
-        &args.configs,
-        |c| &c.name,
-        |c| &c.elevator,
-    )?;
+    let configurations =
+        configuration::select_present(configuration::all_configurations(), &args.configs)?;
     let names: Vec<&str> = configurations.iter().map(|c| c.name.as_str()).collect();
     eprintln!(
         "reference: {} configurations ({}), {} s each after {} s of copy warm-up",

@@ -125,13 +125,8 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
     anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
-    let configurations = configuration::select(configuration::all_configurations(), &args.configs)?;
-    let configurations = crate::lab_disk::with_elevators_present(
-        configurations,
-        &args.configs,
-        |c| &c.name,
-        |c| &c.elevator,
-    )?;
+    let configurations =
+        configuration::select_present(configuration::all_configurations(), &args.configs)?;
     let steps = stream_steps(args.max_streams);
     eprintln!(
         "sweep: {} configurations, streams {:?}, {} s per step after {} s of copy warm-up",

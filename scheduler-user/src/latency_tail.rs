@@ -1,8 +1,11 @@
 //! The latency tail of each managed disk per priority class, over the last seconds: what
 //! `--buffer auto` sizes buffers from. Fed the cumulative latency histograms the block programs
 //! keep (every completed request's queue and service time, by device and priority), it keeps
-//! one difference per second for the last [`WINDOW_SECONDS`] and answers the p99 of queue
-//! plus service time of a class's requests among them. A stream's loads are queued in its
+//! one difference per second for the last [`MAX_WINDOW_SECONDS`] and answers the p99 of queue
+//! plus service time of a class's requests over the last [`WINDOW_SECONDS`], or over as many
+//! more seconds as it takes to hold [`MIN_TAIL_SAMPLES`] requests. One stream's loads are few:
+//! at 1 MB/s in thirds of a 672 KiB buffer, 45 requests in 10 s, so a fixed 10 s window never
+//! measured the tail of a disk with a single stream on it. A stream's loads are queued in its
 //! level's class, so that class's tail is what its buffer must cover: the real-time one for
 //! levels 0 to 3, the best-effort one (requests with no class set count there, as the kernel
 //! serves them) for levels 4 to 7.
@@ -27,8 +30,12 @@ use abiss_proto::{DeviceNumber, IoClass, LatencyGroup, Log2Histogram};
 
 use crate::policy::buffer_sizing::MIN_TAIL_SAMPLES;
 
-/// Seconds of history the tail is taken over.
+/// Seconds of history the tail is taken over, at least.
 pub const WINDOW_SECONDS: usize = 10;
+
+/// Seconds of history kept, for classes whose requests are too few to measure in
+/// [`WINDOW_SECONDS`].
+pub const MAX_WINDOW_SECONDS: usize = 60;
 
 /// How often the histograms are looked at.
 pub const UPDATE_NS: u64 = 1_000_000_000;
@@ -103,7 +110,7 @@ impl LatencyTails {
             };
             let recent = self.recent.entry(key).or_default();
             recent.push_back(delta);
-            while recent.len() > WINDOW_SECONDS {
+            while recent.len() > MAX_WINDOW_SECONDS {
                 recent.pop_front();
             }
             self.cumulative.insert(key, (queue, service));
@@ -117,7 +124,10 @@ impl LatencyTails {
         let recent = self.recent.get(&(device, served_as(class)?))?;
         let mut queue = Log2Histogram::default();
         let mut service = Log2Histogram::default();
-        for (q, s) in recent {
+        for (seconds, (q, s)) in recent.iter().rev().enumerate() {
+            if seconds >= WINDOW_SECONDS && service.count() >= MIN_TAIL_SAMPLES {
+                break;
+            }
             queue.merge(q);
             service.merge(s);
         }
@@ -129,14 +139,25 @@ impl LatencyTails {
     }
 
     /// The p99 of service time of all `device`'s requests, whatever their class, over the
-    /// window, in ns: what a class that has not shown its own latency is estimated by (see the
-    /// module); `None` while fewer than [`MIN_TAIL_SAMPLES`] completed in it.
+    /// window (as long as it takes to hold [`MIN_TAIL_SAMPLES`]), in ns: what a class that has
+    /// not shown its own latency is estimated by (see the module); `None` while fewer completed.
     #[must_use]
     pub fn estimate_ns(&self, device: DeviceNumber) -> Option<u64> {
+        let classes: Vec<&VecDeque<Pair>> = self
+            .recent
+            .iter()
+            .filter(|((disk, _), _)| *disk == device)
+            .map(|(_, recent)| recent)
+            .collect();
         let mut service = Log2Histogram::default();
-        for ((disk, _), recent) in &self.recent {
-            if *disk == device {
-                for (_, s) in recent {
+        // Every class got a difference at each update since it was first seen: their newest
+        // entries are the same seconds.
+        for seconds in 0..MAX_WINDOW_SECONDS {
+            if seconds >= WINDOW_SECONDS && service.count() >= MIN_TAIL_SAMPLES {
+                break;
+            }
+            for recent in &classes {
+                if let Some((_, s)) = recent.iter().rev().nth(seconds) {
                     service.merge(s);
                 }
             }
@@ -233,6 +254,35 @@ mod tests {
         // slowest), whatever their class; the other disk's requests do not count.
         assert_eq!(tails.estimate_ns(disk), Some(200_000_000));
         assert_eq!(tails.estimate_ns(DeviceNumber { major: 9, minor: 0 }), None);
+    }
+
+    #[test]
+    fn a_class_with_few_requests_is_measured_over_as_many_seconds_as_it_takes() {
+        let disk = DeviceNumber { major: 8, minor: 0 };
+        let mut tails = LatencyTails::default();
+        // One stream's loads: 4 requests a second at about 100 ms, after 40 slow seconds-old
+        // ones that fell out of the kept history.
+        let mut cumulative = group(disk, IoClass::Rt, 900_000, 40);
+        tails.update(&[cumulative.clone()], 0);
+        let mut measured_after = None;
+        for second in 1..=(MAX_WINDOW_SECONDS as u64 + 5) {
+            cumulative
+                .service
+                .merge(&group(disk, IoClass::Rt, 100_000, 4).service);
+            tails.update(&[cumulative.clone()], second * UPDATE_NS);
+            if let Some(tail) = tails.tail_ns(disk, IoClass::Rt) {
+                measured_after.get_or_insert(second);
+                if second > MAX_WINDOW_SECONDS as u64 {
+                    assert!(tail < 300_000_000, "the slow start is out: {tail}");
+                }
+            }
+        }
+        // 40 + 4 a second reach 50 in the third second; with a fixed 10 s window the fast
+        // ones alone (40) never would.
+        assert_eq!(measured_after, Some(3));
+        let tail = tails.tail_ns(disk, IoClass::Rt).unwrap();
+        assert!((100_000_000..=300_000_000).contains(&tail), "{tail}");
+        assert!(tails.estimate_ns(disk).is_some());
     }
 
     #[test]

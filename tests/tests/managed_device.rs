@@ -38,12 +38,15 @@ struct QueueSettings {
     driver_depth: Option<u32>,
     /// kyber's `read_lat_nsec`, when kyber is active.
     read_lat_nsec: Option<String>,
+    /// `max_sectors_kb`, the largest request.
+    max_request_kib: u32,
 }
 
 /// A loop device over a /dev/shm image that is put back as it was found before it is detached.
 struct TestDisk {
     found_scheduler: String,
     found_driver_depth: u32,
+    found_max_request_kib: String,
     /// Whether the kernel shows the live driver depth (blk-mq's debugfs, which a kernel built
     /// without `CONFIG_BLK_DEBUG_FS` lacks). Where it does not, the depth checks are left out
     /// and said so; `lab/tests/queue_depth.rs` measures a depth by what the disk receives.
@@ -73,6 +76,7 @@ impl TestDisk {
         Self {
             found_scheduler: active_scheduler(&name),
             found_driver_depth,
+            found_max_request_kib: read(&queue_file(&name, "max_sectors_kb")),
             shows_depth: shown.is_some(),
             device,
         }
@@ -105,9 +109,10 @@ impl TestDisk {
     }
 
     /// Gives the device settings no default has: kyber with depth 100 and its own read latency
-    /// target over a driver depth of 100.
+    /// target over a driver depth of 100, and requests of up to 1000 KiB (above abissd's cap).
     fn prepare(&self) -> QueueSettings {
         self.set_driver_depth(100);
+        write(&queue_file(&self.name(), "max_sectors_kb"), "1000");
         self.device.set_scheduler("kyber");
         write(&queue_file(&self.name(), "nr_requests"), "100");
         write(
@@ -118,6 +123,7 @@ impl TestDisk {
         assert_eq!(prepared.scheduler, "kyber");
         assert_eq!(prepared.nr_requests, 100);
         assert_eq!(prepared.read_lat_nsec.as_deref(), Some("3000000"));
+        assert_eq!(prepared.max_request_kib, 1000);
         self.assert_depth(&prepared, 100, "prepared driver depth");
         prepared
     }
@@ -140,6 +146,7 @@ impl TestDisk {
             scheduler,
             nr_requests: read_number(&queue_file(&name, "nr_requests")),
             driver_depth: live_driver_depth(&name),
+            max_request_kib: read_number(&queue_file(&name, "max_sectors_kb")),
         }
     }
 }
@@ -152,6 +159,10 @@ impl Drop for TestDisk {
         let _ = std::fs::write(&nr_requests, (self.found_driver_depth + 1).to_string());
         let _ = std::fs::write(&nr_requests, self.found_driver_depth.to_string());
         let _ = std::fs::write(queue_file(&name, "scheduler"), &self.found_scheduler);
+        let _ = std::fs::write(
+            queue_file(&name, "max_sectors_kb"),
+            &self.found_max_request_kib,
+        );
     }
 }
 
@@ -220,10 +231,16 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
     let before = disk.prepare();
     let state = Scratch::new_in("/tmp", "device-state-drop");
 
-    let managed = ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
+    let managed =
+        ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
     let taken = disk.settings();
     assert_eq!(taken.scheduler, "mq-deadline");
     disk.assert_depth(&taken, 8, "live driver depth while managed");
+    assert_eq!(
+        taken.max_request_kib,
+        abiss_daemon::device::REQUEST_CAP_KIB,
+        "requests capped while managed"
+    );
     let status = managed.status().expect("status");
     assert_eq!(status.name, disk.name());
     assert_eq!(status.number, disk.number());
@@ -346,7 +363,8 @@ fn recover_drops_files_of_gone_or_replaced_disks_and_sets_corrupt_ones_aside() {
     let disk = TestDisk::new();
     let before = disk.prepare();
     let state = Scratch::new_in("/tmp", "device-state-stale-files");
-    let managed = ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
+    let managed =
+        ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(managed.state_file()).expect("read state"))
             .expect("state is JSON");
@@ -396,7 +414,8 @@ fn a_managed_disk_is_neither_taken_twice_nor_recovered_under_its_daemon() {
     let disk = TestDisk::new();
     let before = disk.prepare();
     let state = Scratch::new_in("/tmp", "device-state-twice");
-    let managed = ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
+    let managed =
+        ManagedDevice::take(&disk.spec(), &deadline_over_8(), state.path()).expect("take");
 
     let error = ManagedDevice::take(&disk.name(), &deadline_over_8(), state.path()).unwrap_err();
     assert!(
@@ -437,7 +456,8 @@ fn partitions_resolve_to_their_whole_disk() {
 
     let state = Scratch::new_in("/tmp", "device-state-partition");
     let found_scheduler = active_scheduler(&disk.name);
-    let managed = ManagedDevice::take(&partition_path, &deadline_over_8(), state.path()).expect("take");
+    let managed =
+        ManagedDevice::take(&partition_path, &deadline_over_8(), state.path()).expect("take");
     assert_eq!(managed.disk(), &whole);
     assert_eq!(active_scheduler(&disk.name), "mq-deadline");
     drop(managed);
@@ -547,7 +567,8 @@ fn child_process() {
     let state_dir = PathBuf::from(std::env::var_os(CHILD_STATE_DIR).expect("child state dir"));
     match role.as_str() {
         "take" => {
-            let managed = ManagedDevice::take(&device, &deadline_over_8(), &state_dir).expect("take");
+            let managed =
+                ManagedDevice::take(&device, &deadline_over_8(), &state_dir).expect("take");
             println!("{TAKEN_MARKER}");
             // Killed by the parent long before this ends; never restores.
             std::thread::sleep(Duration::from_secs(60));

@@ -44,7 +44,7 @@ use serde::Serialize;
 pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
 pub use disk::{resolve_client_disk, resolve_disk, Disk};
 pub use error::DeviceError;
-pub use plan::{DepthSource, QueueSettings};
+pub use plan::{DepthSource, QueueSettings, REQUEST_CAP_KIB};
 pub use state::{recover, RecoveryOutcome};
 pub use sysfs::SYSFS;
 

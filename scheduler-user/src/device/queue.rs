@@ -102,6 +102,15 @@ impl DiskQueue {
         read_number(&self.nr_requests_file())
     }
 
+    fn max_request_file(&self) -> PathBuf {
+        self.queue_dir.join("max_sectors_kb")
+    }
+
+    /// `queue/max_sectors_kb`; `None` where the disk does not show it.
+    fn max_request_kib(&self) -> Option<u32> {
+        read_number(&self.max_request_file()).ok()
+    }
+
     pub(super) fn diskseq(&self) -> Option<u64> {
         read_trimmed(&self.diskseq_file).ok()?.parse().ok()
     }
@@ -176,6 +185,7 @@ impl DiskQueue {
             driver_depth,
             driver_depth_source,
             iosched: self.iosched(),
+            max_request_kib: self.max_request_kib(),
         })
     }
 
@@ -185,6 +195,7 @@ impl DiskQueue {
             nr_requests: self.nr_requests()?,
             driver_depth: self.live_driver_depth(),
             iosched: self.iosched(),
+            max_request_kib: self.max_request_kib(),
         })
     }
 
@@ -202,6 +213,11 @@ impl DiskQueue {
                     let path = self.queue_dir.join("iosched").join(name);
                     if read_trimmed(&path)? != *value {
                         write_value(&path, value)?;
+                    }
+                }
+                QueueWrite::MaxRequestKib(kib) => {
+                    if self.max_request_kib() != Some(*kib) {
+                        write_value(&self.max_request_file(), &kib.to_string())?;
                     }
                 }
             }

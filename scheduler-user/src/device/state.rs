@@ -307,6 +307,7 @@ mod tests {
                 driver_depth: 128,
                 driver_depth_source: DepthSource::Debugfs,
                 iosched: BTreeMap::from([("fifo_batch".into(), "16".into())]),
+                max_request_kib: Some(1280),
             },
             shrunk_to,
         }
