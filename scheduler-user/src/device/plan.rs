@@ -13,9 +13,10 @@ pub(super) const NO_ELEVATOR: &str = "none";
 /// The largest request a managed disk takes, KiB (`queue/max_sectors_kb`, lowered to this when
 /// larger). A real-time request waits in the driver behind the requests already dispatched, so
 /// their size bounds its wait as much as their number does (Paceline's short queues). On the
-/// lab hdd with 4 requests at once, ext4's large folios made the copy loop's writes 1.2 MB
-/// requests, and a 1 MB/s stream's loads waited up to 270 ms behind them: the reader of a
-/// 564 KiB buffer found its pages still loading. At 512 KiB it found every page loaded.
+/// lab hdd with 4 requests at once (Linux 6.18, whose page cache holds large folios, each one
+/// segment), the copy loop's writes reached the disk as 1.2 MB requests, and a 1 MB/s
+/// stream's loads waited up to 270 ms behind them: the reader of a 564 KiB buffer found its
+/// pages still loading. At 512 KiB it found every page loaded.
 pub const REQUEST_CAP_KIB: u32 = 512;
 
 /// How a driver depth was learned.
