@@ -223,12 +223,12 @@ pub fn with_elevators_present<R>(
         let offered = abiss_lab::system::elevators_offered().join(", ");
         anyhow::ensure!(
             !named.iter().any(|n| n == name(&row)),
-            "row {} needs the {} I/O scheduler, which this kernel does not have (it offers {offered})",
+            "row {} needs the {} I/O scheduler, which this kernel does not have (its schedulers: {offered})",
             name(&row),
             elevator(&row)
         );
         eprintln!(
-            "not running row {}: this kernel has no {} I/O scheduler (it offers {offered})",
+            "not running row {}: this kernel has no {} I/O scheduler (its schedulers: {offered})",
             name(&row),
             elevator(&row)
         );

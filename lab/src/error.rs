@@ -98,7 +98,7 @@ pub enum LabError {
         least_stolen_percent: f64,
     },
     /// The kernel has no such I/O scheduler.
-    #[error("this kernel has no '{name}' I/O scheduler (it offers {}): choose one of those, or a kernel built with it", offered.join(", "))]
+    #[error("this kernel has no '{name}' I/O scheduler (its schedulers: {}): choose one of those, or a kernel built with it", offered.join(", "))]
     NoElevator {
         /// The scheduler asked for.
         name: String,

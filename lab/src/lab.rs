@@ -347,13 +347,12 @@ fn check_elevator(scheduler: Option<&str>) -> Result<(), LabError> {
     let Some(name) = scheduler else {
         return Ok(());
     };
-    let offered = system::elevators_offered();
-    if offered.is_empty() || system::elevator_available(name) {
+    if system::elevator_available(name) {
         Ok(())
     } else {
         Err(LabError::NoElevator {
             name: name.to_owned(),
-            offered,
+            offered: system::elevators_offered(),
         })
     }
 }

@@ -113,20 +113,31 @@ pub fn elevators_offered() -> Vec<String> {
             }
         }
     }
+    offered.sort();
     offered
 }
 
 /// Whether the kernel offers elevator `name`, after asking for its module (`NAME-iosched`)
 /// when no device lists it: distributions build bfq and kyber as modules, which the kernel
-/// loads on the first selection.
+/// loads on the first selection. True when no device lists any.
 #[must_use]
 pub fn elevator_available(name: &str) -> bool {
+    // Where no device lists the schedulers, selecting one is what tells.
+    if elevators_offered().is_empty() {
+        return true;
+    }
     let offered = || elevators_offered().iter().any(|o| o == name);
+    // A name is passed to modprobe only if it cannot read as one of its options.
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+        && !name.starts_with('-');
     offered()
-        || (Command::new("modprobe")
-            .args(["-q", &format!("{name}-iosched")])
-            .status()
-            .is_ok_and(|s| s.success())
+        || (plain
+            && Command::new("modprobe")
+                .args(["-q", &format!("{name}-iosched")])
+                .status()
+                .is_ok_and(|s| s.success())
             && offered())
 }
 

@@ -140,6 +140,6 @@ fn a_scheduler_the_kernel_lacks_is_refused_before_anything_is_set_up() {
         "no-elevator",
         &["--model", "hdd", "--size", "256M", "--scheduler", "cfq"],
         12,
-        "this kernel has no 'cfq' I/O scheduler (it offers ",
+        "this kernel has no 'cfq' I/O scheduler (its schedulers: ",
     );
 }

@@ -1,10 +1,12 @@
 //! The latency tail of each managed disk per priority class, over the last seconds: what
 //! `--buffer auto` sizes buffers from. Fed the cumulative latency histograms the block programs
 //! keep (every completed request's queue and service time, by device and priority), it keeps
-//! one difference per second for the last [`MAX_WINDOW_SECONDS`] and answers the p99 of queue
-//! plus service time of a class's requests over the last [`WINDOW_SECONDS`], or over as many
-//! more seconds as it takes to hold [`MIN_TAIL_SAMPLES`] requests. One stream's loads are few:
-//! at 1 MB/s in thirds of a 672 KiB buffer, 45 requests in 10 s, so a fixed 10 s window never
+//! one difference per look (once a second while automatic streams run; a pause of up to
+//! [`WINDOW_SECONDS`] is one difference, a longer one empties the history) for the last
+//! [`MAX_WINDOW_SECONDS`] looks, and answers the p99 of queue plus service time of a class's
+//! requests over the last [`WINDOW_SECONDS`] looks, or over as many more as it takes to hold
+//! [`MIN_TAIL_SAMPLES`] requests. One stream's loads are few: at 1 MB/s in thirds of a 700 KiB
+//! buffer the lab hdd showed 29 real-time requests in 8 s, so a fixed 10 s window never
 //! measured the tail of a disk with a single stream on it. A stream's loads are queued in its
 //! level's class, so that class's tail is what its buffer must cover: the real-time one for
 //! levels 0 to 3, the best-effort one (requests with no class set count there, as the kernel
@@ -118,7 +120,8 @@ impl LatencyTails {
     }
 
     /// The p99 of queue plus service time of `device`'s requests served in `class` over the
-    /// window, in ns; `None` while fewer than [`MIN_TAIL_SAMPLES`] completed in it.
+    /// window (as long as it takes to hold [`MIN_TAIL_SAMPLES`]), in ns; `None` while fewer
+    /// completed in all the history kept.
     #[must_use]
     pub fn tail_ns(&self, device: DeviceNumber, class: IoClass) -> Option<u64> {
         let recent = self.recent.get(&(device, served_as(class)?))?;

@@ -3,9 +3,10 @@
 //! daemon that was killed.
 //!
 //! Each test first gives its loop device settings no kernel default has (kyber with a latency
-//! target of its own, over a driver depth of 100), so "restored" cannot pass by accident, and
-//! puts the device back as it found it before detaching it: a loop device's queue outlives its
-//! attachment.
+//! target of its own, over a driver depth of 100, requests of up to 1000 KiB), so "restored"
+//! cannot pass by accident, and puts the device back as it found it before detaching it: a
+//! loop device's queue outlives its attachment. On a kernel without blk-mq debugfs the live
+//! driver depth cannot be read, so there the depth is not compared (see `TestDisk`).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -14,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use abiss_daemon::device::{
-    recover, resolve_disk, DeviceConfig, DeviceError, Disk, Elevator, ManagedDevice,
+    recover, resolve_disk, DepthSource, DeviceConfig, DeviceError, Disk, Elevator, ManagedDevice,
     RecoveryOutcome,
 };
 use abiss_proto::DeviceNumber;
@@ -248,8 +249,16 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
     assert_eq!(status.dispatch_depth, 8);
     assert_eq!(status.original_elevator, "kyber");
     if disk.shows_depth {
-        // Without debugfs abissd reads the allocated tags of a queue under an elevator.
         assert_eq!(status.original_dispatch_depth, 100);
+    } else {
+        // Without debugfs abissd can only read the allocated tags of a queue under an
+        // elevator (the depth it puts back is then theirs), and says the live depth is what
+        // it wrote.
+        assert_eq!(
+            status.original_dispatch_depth,
+            read_number(&block_file(&disk.name(), "mq/0/nr_tags"))
+        );
+        assert_eq!(status.dispatch_depth_source, DepthSource::Written);
     }
     let state_file = managed.state_file().to_path_buf();
     assert_eq!(
@@ -455,6 +464,9 @@ fn partitions_resolve_to_their_whole_disk() {
     }
 
     let state = Scratch::new_in("/tmp", "device-state-partition");
+    // Not the elevator the take selects, so that the take shows.
+    let untouched = active_scheduler(&disk.name);
+    write(&queue_file(&disk.name, "scheduler"), "kyber");
     let found_scheduler = active_scheduler(&disk.name);
     let managed =
         ManagedDevice::take(&partition_path, &deadline_over_8(), state.path()).expect("take");
@@ -462,6 +474,7 @@ fn partitions_resolve_to_their_whole_disk() {
     assert_eq!(active_scheduler(&disk.name), "mq-deadline");
     drop(managed);
     assert_eq!(active_scheduler(&disk.name), found_scheduler);
+    write(&queue_file(&disk.name, "scheduler"), &untouched);
 }
 
 #[test]

@@ -196,7 +196,7 @@ pub struct KernelsArgs {
     /// qemu accelerator: tcg, or kvm where /dev/kvm is a hardware KVM (see the module doc).
     #[arg(long, default_value = "tcg")]
     accel: String,
-    /// abissd's `RUST_LOG` in the guest, e.g. `info,scheduler_user::controller=debug` to see
+    /// abissd's `RUST_LOG` in the guest, e.g. `info,abiss_daemon::controller=debug` to see
     /// what each read did to its stream (a failed kernel's report carries abissd's log).
     #[arg(long, default_value = "info", value_parser = log_filter)]
     daemon_log: String,
@@ -212,7 +212,7 @@ fn log_filter(text: &str) -> Result<String, String> {
         Ok(text.to_owned())
     } else {
         Err(format!(
-            "'{text}' is not a log filter: letters, digits and , = _ : only (e.g. info,scheduler_user=debug)"
+            "'{text}' is not a log filter: letters, digits and , = _ : only (e.g. info,abiss_daemon=debug)"
         ))
     }
 }

@@ -5,7 +5,8 @@
 //! gets an elevator that honours I/O priorities (`bfq` or `mq-deadline`) and a shallow driver
 //! queue (the *dispatch depth*). The kernel sets that depth through `queue/nr_requests`, which
 //! sizes the driver tags only while the scheduler is `none`; the depth stays when an elevator is
-//! selected afterwards (verified on Linux 6.18). So taking a disk writes, in order:
+//! selected afterwards (verified on Linux 6.18). So taking a disk writes, in order: the largest
+//! request down to [`REQUEST_CAP_KIB`] where larger (a refused write is logged, not fatal),
 //! scheduler `none`, `nr_requests` = dispatch depth, then the elevator.
 //!
 //! Every setting is saved to a state file before anything changes, and put back on drop; a

@@ -48,8 +48,8 @@ pub struct QueueSettings {
     pub driver_depth_source: DepthSource,
     /// The elevator's tunables (`queue/iosched/*`), which selecting another elevator discards.
     pub iosched: BTreeMap<String, String>,
-    /// `queue/max_sectors_kb`, the largest request; `None` in a state file from before abissd
-    /// capped it (nothing to put back).
+    /// `queue/max_sectors_kb`, the largest request; `None` where the disk has no such file, or
+    /// in a state file from before abissd capped it (nothing to put back either way).
     #[serde(default)]
     pub max_request_kib: Option<u32>,
 }
@@ -69,9 +69,9 @@ pub(super) enum QueueWrite {
     MaxRequestKib(u32),
 }
 
-/// The writes that give a disk `config`, from its `original` settings. Empty when it already
-/// has the elevator and a driver depth no deeper than asked, so its tunables survive.
-/// Requests larger than [`REQUEST_CAP_KIB`] are capped first.
+/// The writes that give a disk `config`, from its `original` settings: requests larger than
+/// [`REQUEST_CAP_KIB`] capped first, then no elevator switch when the disk already has the
+/// elevator and a driver depth no deeper than asked, so its tunables survive.
 pub(super) fn plan_take(original: &QueueSettings, config: DeviceConfig) -> Vec<QueueWrite> {
     let elevator = config.elevator.sysfs_name().to_owned();
     let mut writes = Vec::new();

@@ -216,8 +216,15 @@ impl DiskQueue {
                     }
                 }
                 QueueWrite::MaxRequestKib(kib) => {
+                    // The cap only shortens real-time waits, and the kernel may refuse a value
+                    // (5.15 to 6.9 refuse one above a hardware limit that shrank meanwhile): a
+                    // refused write must neither fail a take nor leave a disk that can never
+                    // be restored and so never taken again.
                     if self.max_request_kib() != Some(*kib) {
-                        write_value(&self.max_request_file(), &kib.to_string())?;
+                        if let Err(error) = write_value(&self.max_request_file(), &kib.to_string())
+                        {
+                            log::warn!("{}: largest request left as it is: {error}", self.name);
+                        }
                     }
                 }
             }
