@@ -122,23 +122,22 @@ pub fn elevators_offered() -> Vec<String> {
 /// loads on the first selection. True when no device lists any.
 #[must_use]
 pub fn elevator_available(name: &str) -> bool {
+    let listed = elevators_offered();
     // Where no device lists the schedulers, selecting one is what tells.
-    if elevators_offered().is_empty() {
+    if listed.is_empty() || listed.iter().any(|o| o == name) {
         return true;
     }
-    let offered = || elevators_offered().iter().any(|o| o == name);
     // A name is passed to modprobe only if it cannot read as one of its options.
-    let plain = name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
-        && !name.starts_with('-');
-    offered()
-        || (plain
-            && Command::new("modprobe")
-                .args(["-q", &format!("{name}-iosched")])
-                .status()
-                .is_ok_and(|s| s.success())
-            && offered())
+    let plain = !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+    plain
+        && Command::new("modprobe")
+            .args(["-q", &format!("{name}-iosched")])
+            .status()
+            .is_ok_and(|s| s.success())
+        && elevators_offered().iter().any(|o| o == name)
 }
 
 /// Writes a sysfs attribute.
