@@ -355,7 +355,11 @@ impl Session {
         self.disk.select_elevator(row.elevator)?;
         for path in &self.media {
             if row.warm {
-                load_into_cache(path)?;
+                anyhow::ensure!(
+                    super::program::warm_file(path) > 0,
+                    "cannot read {} into the page cache",
+                    path.display()
+                );
             } else {
                 drop_cached_pages(path)?;
             }
@@ -487,14 +491,6 @@ pub(crate) fn play_for(
 
 /// How long the first, uncounted launch of a baseline plays ([`baseline`]).
 const FIRST_LAUNCH_S: u64 = 4;
-
-/// Reads `path` whole, so that its pages are in the page cache.
-fn load_into_cache(path: &Path) -> anyhow::Result<()> {
-    let mut file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
-    std::io::copy(&mut file, &mut std::io::sink())
-        .with_context(|| format!("read {}", path.display()))?;
-    Ok(())
-}
 
 /// How long a cold baseline run plays: only its start-up is kept.
 const COLD_RUN_S: u64 = 3;

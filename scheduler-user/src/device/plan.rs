@@ -15,8 +15,8 @@ pub(super) const NO_ELEVATOR: &str = "none";
 /// their size bounds its wait as much as their number does (Paceline's short queues). On the
 /// lab hdd with 4 requests at once (Linux 6.18, whose page cache holds large folios, each one
 /// segment), the copy loop's writes reached the disk as 1.2 MB requests, and a 1 MB/s
-/// stream's loads waited up to 270 ms behind them: the reader of a 564 KiB buffer found its
-/// pages still loading. At 512 KiB it found every page loaded.
+/// stream's real-time tail behind them was 268 to 286 ms: the reader of a 564 KiB buffer found
+/// its pages still loading. At 512 KiB the tail was 153 ms and it found every page loaded.
 pub const REQUEST_CAP_KIB: u32 = 512;
 
 /// How a driver depth was learned.
