@@ -10,6 +10,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::ptr::NonNull;
 
 use log::warn;
+
+use crate::server::closer::ClientFd;
 use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise, ProtFlags};
 
 /// How far past its size at attach a read stream's file is mapped: a file being recorded grows
@@ -27,7 +29,7 @@ pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
 /// # Errors
 /// The reopen is refused (`O_NOATIME` needs the file's owner or `CAP_FOWNER`), or the
 /// reopened file is not the same file; the caller then maps the client's descriptor.
-pub fn reopen_without_atime(fd: &OwnedFd) -> io::Result<OwnedFd> {
+pub fn reopen_without_atime(fd: &ClientFd) -> io::Result<ClientFd> {
     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     let reopened = std::fs::OpenOptions::new()
         .read(true)
@@ -40,7 +42,7 @@ pub fn reopen_without_atime(fd: &OwnedFd) -> io::Result<OwnedFd> {
             "the descriptor's file opened as another file",
         ));
     }
-    Ok(OwnedFd::from(reopened))
+    Ok(fd.same_owner(OwnedFd::from(reopened)))
 }
 
 /// The address space a read stream's mapping of a file of `bytes` takes: its whole pages and
@@ -56,7 +58,7 @@ pub fn mapping_bytes(bytes: u64) -> u64 {
 /// A file a stream reads, mapped read-only so its window's pages can be locked.
 #[derive(Debug)]
 pub struct MappedFile {
-    fd: OwnedFd,
+    fd: ClientFd,
     map: NonNull<libc::c_void>,
     map_bytes: usize,
     /// The most one `POSIX_FADV_WILLNEED` on this file is asked to read.
@@ -74,7 +76,8 @@ const DEFAULT_ADVICE_BYTES: u64 = 128 << 10;
 const MAX_ADVICE_BYTES: u64 = 4 << 20;
 
 // SAFETY: the mapping is read-only and only used as an address range for mlock/munlock/mincore,
-// never dereferenced; the descriptor is an OwnedFd. Both are safe to use from any thread.
+// never dereferenced; the descriptor is a ClientFd (closed on its user's closing thread).
+// Both are safe to use from any thread.
 unsafe impl Send for MappedFile {}
 // SAFETY: see Send; all operations are system calls on the immutable range.
 unsafe impl Sync for MappedFile {}
@@ -82,7 +85,7 @@ unsafe impl Sync for MappedFile {}
 impl MappedFile {
     /// Maps `fd` (a readable regular file of `bytes`), with room to grow by
     /// [`GROWTH_RESERVE_BYTES`].
-    pub fn new(fd: OwnedFd, bytes: u64) -> io::Result<Self> {
+    pub fn new(fd: ClientFd, bytes: u64) -> io::Result<Self> {
         if bytes == 0 {
             return Err(io::Error::other("the file is empty"));
         }
@@ -115,7 +118,7 @@ impl MappedFile {
     /// A write stream's file: not mapped (its descriptor may be write-only, and its window is
     /// written back, never locked), so locking, unlocking and residency see nothing.
     #[must_use]
-    pub fn unmapped(fd: OwnedFd) -> Self {
+    pub fn unmapped(fd: ClientFd) -> Self {
         Self {
             fd,
             map: NonNull::dangling(),
@@ -141,7 +144,7 @@ impl MappedFile {
 
     /// The descriptor.
     #[must_use]
-    pub fn fd(&self) -> &OwnedFd {
+    pub fn fd(&self) -> &ClientFd {
         &self.fd
     }
 

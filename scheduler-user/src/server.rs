@@ -6,6 +6,7 @@
 //! daemon's main loop answers the commands (as console-subscriber keeps its server apart from
 //! its aggregator). What one client may hold (connections, idle time) is in [`limits`].
 
+pub mod closer;
 pub mod limits;
 
 use std::collections::HashSet;
@@ -25,6 +26,7 @@ use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 
 use crate::connection::FramedSocket;
 use crate::stats;
+use closer::Closer;
 use limits::{ConnectionLimits, PLANS_AT_ONCE, REFUSAL_WRITE_TIMEOUT};
 
 /// Where the main loop sends its answer.
@@ -54,7 +56,7 @@ pub enum Command {
         /// Its connection (non-persistent streams end with it).
         connection: u64,
         /// The descriptor it passed.
-        fd: std::os::fd::OwnedFd,
+        fd: closer::ClientFd,
         /// The stream's parameters.
         request: AttachRequest,
         /// The answer.
@@ -138,6 +140,7 @@ pub struct Context {
     limits: ConnectionLimits,
     idle_timeout: Duration,
     plans: Arc<Semaphore>,
+    closer: Closer,
 }
 
 impl Context {
@@ -159,6 +162,7 @@ impl Context {
             limits: ConnectionLimits::default(),
             idle_timeout: limits::idle_timeout(),
             plans: Arc::new(Semaphore::new(PLANS_AT_ONCE)),
+            closer: Closer::new(),
         }
     }
 }
@@ -198,9 +202,15 @@ pub async fn serve_connection(stream: UnixStream, context: Context) {
             return;
         }
     };
-    let mut socket = FramedSocket::new(stream);
-    // Counted until this function returns, and the socket closes with it.
-    let _slot = match context.limits.admit(peer_uid) {
+    let mut socket = FramedSocket::new(stream, peer_uid, context.closer.clone());
+    // Counted until this function returns, and the socket closes with it (on the user's
+    // closing thread if it holds anything).
+    let admitted = if context.closer.is_stalled(peer_uid) {
+        Err(stalled_message(&context.closer, peer_uid))
+    } else {
+        context.limits.admit(peer_uid)
+    };
+    let _slot = match admitted {
         Ok(slot) => slot,
         Err(message) => {
             let refusal = error_response(ErrorKind::Refused, message);
@@ -234,6 +244,11 @@ async fn serve_requests(
     // while there is one the connection is never idle.
     let mut held = HashSet::new();
     loop {
+        // A user whose passed descriptors are still being closed passes no more: nothing of
+        // theirs is read until the closer has caught up (their own wait, nobody else's).
+        while context.closer.is_stalled(peer_uid) {
+            tokio::time::sleep(STALLED_POLL).await;
+        }
         let next = if held.is_empty() {
             let Ok(next) = tokio::time::timeout(context.idle_timeout, next_envelope(socket)).await
             else {
@@ -305,11 +320,15 @@ async fn attach(
     request: AttachRequest,
     held: &mut HashSet<u64>,
 ) -> Response {
-    let Some(fd) = socket.take_fd() else {
-        return error_response(
-            ErrorKind::BadRequest,
-            "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
-        );
+    let fd = match socket.take_fd() {
+        Some(Ok(fd)) => fd,
+        Some(Err(reason)) => return error_response(ErrorKind::BadRequest, reason),
+        None => {
+            return error_response(
+                ErrorKind::BadRequest,
+                "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
+            )
+        }
     };
     let persistent = request.persistent;
     let answer = ask(context, |reply| Command::Attach {
@@ -330,6 +349,17 @@ async fn attach(
         Some(Err(refused)) => Response::from(refused),
         None => shutting_down(),
     }
+}
+
+/// How often a connection of a stalled user looks whether its closes caught up.
+const STALLED_POLL: Duration = Duration::from_millis(50);
+
+/// Why a connection of `uid`'s is refused while their descriptors are still being closed.
+fn stalled_message(closer: &Closer, uid: u32) -> String {
+    format!(
+        "abissd is still closing {} descriptors you passed it (a close of a lingering socket or of a file whose file system does not answer waits); it takes no more from you until they are closed",
+        closer.pending(uid)
+    )
 }
 
 /// The answer that closes a connection that sent nothing for `timeout`.

@@ -2,7 +2,7 @@
 //! client's descriptor must pass before it becomes one.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::Arc;
 
 use abiss_proto::{
@@ -19,6 +19,7 @@ use crate::policy::rate_history::RateHistory;
 use crate::policy::shared_file::FileStream;
 use crate::policy::write_behind::WriteBehindShape;
 use crate::prefetch::MappedFile;
+use crate::server::closer::ClientFd;
 use crate::writeback::Recording;
 
 /// Most streams at once, and per user.
@@ -113,8 +114,8 @@ pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
 /// What the daemon learns from a client's descriptor.
 #[derive(Debug)]
 pub struct CheckedFile {
-    /// The descriptor.
-    pub fd: OwnedFd,
+    /// The descriptor, closed on its user's closing thread.
+    pub fd: ClientFd,
     /// Path as the kernel names it.
     pub path: String,
     /// Filesystem device and inode.
@@ -125,22 +126,13 @@ pub struct CheckedFile {
     pub bytes: u64,
 }
 
-/// Checks that `fd` is a regular file opened for reading and not empty, or for a write stream
-/// (`write`), opened for writing (it may be empty: a recording starts so).
-///
-/// Nothing here asks the file's file system: the descriptor is the client's, and so may be its
-/// file system (a FUSE server that never answers would hold the main loop, and every stream
-/// with it). The caller refuses files off managed disks before anything else touches them.
-pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> {
-    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
-        |_| "(unnamed file)".to_owned(),
-        |p| p.to_string_lossy().into_owned(),
-    );
-    let wrong = |what: &str| Err(AttachError::WrongFile(format!("{path} {what}")));
-    let stat = match abiss_os::fs::stat_cached(fd.as_fd()) {
-        Ok(stat) => stat,
-        Err(error) => return wrong(&format!("cannot be examined: {error}")),
-    };
+/// What the kernel knows of `fd` without asking its file system (`statx` with
+/// `AT_STATX_DONT_SYNC`, `F_GETFL`), or why it can never be a stream's file (a phrase that
+/// follows the file's name): it is no regular file, or it was opened with `O_PATH`.
+/// abissd examines every passed descriptor so at receipt, and refuses such ones there.
+pub fn examine(fd: BorrowedFd<'_>) -> Result<(abiss_os::fs::CachedStat, OFlag), String> {
+    let stat =
+        abiss_os::fs::stat_cached(fd).map_err(|error| format!("cannot be examined: {error}"))?;
     let kind = SFlag::from_bits_truncate(stat.mode) & SFlag::S_IFMT;
     if kind != SFlag::S_IFREG {
         let what = match kind {
@@ -150,18 +142,37 @@ pub fn check_file(fd: OwnedFd, write: bool) -> Result<CheckedFile, AttachError> 
             SFlag::S_IFBLK | SFlag::S_IFCHR => "a device",
             _ => "not a regular file",
         };
-        return wrong(&format!("is {what}; only regular files can be streamed"));
+        return Err(format!("is {what}; only regular files can be streamed"));
     }
     let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)
-        .map_err(|error| AttachError::WrongFile(format!("{path} cannot be examined: {error}")))?;
+        .map_err(|error| format!("cannot be examined: {error}"))?;
     let flags = OFlag::from_bits_truncate(flags);
     // An O_PATH descriptor can be had for a file one may not read (search rights on its
     // directory suffice): it proves nothing, so it attaches nothing and reveals nothing.
     if flags.contains(OFlag::O_PATH) {
-        return wrong(
-            "was opened with O_PATH, which gives no right to read it; open it for reading",
+        return Err(
+            "was opened with O_PATH, which gives no right to read it; open it for reading".into(),
         );
     }
+    Ok((stat, flags))
+}
+
+/// Checks that `fd` is a regular file opened for reading and not empty, or for a write stream
+/// (`write`), opened for writing (it may be empty: a recording starts so).
+///
+/// Nothing here asks the file's file system: the descriptor is the client's, and so may be its
+/// file system (a FUSE server that never answers would hold the main loop, and every stream
+/// with it). The caller refuses files off managed disks before anything else touches them.
+pub fn check_file(fd: ClientFd, write: bool) -> Result<CheckedFile, AttachError> {
+    let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
+        |_| "(unnamed file)".to_owned(),
+        |p| p.to_string_lossy().into_owned(),
+    );
+    let wrong = |what: &str| Err(AttachError::WrongFile(format!("{path} {what}")));
+    let (stat, flags) = match examine(fd.as_fd()) {
+        Ok(examined) => examined,
+        Err(reason) => return wrong(&reason),
+    };
     let access = flags & OFlag::O_ACCMODE;
     // The descriptor is the proof: abissd writes back and allocates only files the client
     // could write itself.
@@ -513,6 +524,10 @@ pub fn demand_of(request: &AttachRequest) -> StreamDemand {
 mod tests {
     use super::*;
 
+    fn client(fd: impl Into<std::os::fd::OwnedFd>) -> ClientFd {
+        ClientFd::new(fd.into(), 0, crate::server::closer::Closer::new())
+    }
+
     fn request(rate: u64, buffer: u64, batch: u32, priority: u8) -> AttachRequest {
         AttachRequest {
             rate: abiss_proto::ByteRate(rate),
@@ -543,14 +558,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("abiss-check-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let directory = std::fs::File::open(&dir).unwrap();
-        assert!(check_file(directory.into(), false)
+        assert!(check_file(client(directory), false)
             .unwrap_err()
             .to_string()
             .contains("a directory"));
         let empty = dir.join("empty");
         std::fs::write(&empty, b"").unwrap();
         assert!(
-            check_file(std::fs::File::open(&empty).unwrap().into(), false)
+            check_file(client(std::fs::File::open(&empty).unwrap()), false)
                 .unwrap_err()
                 .to_string()
                 .contains("empty")
@@ -558,26 +573,31 @@ mod tests {
         let data = dir.join("data");
         std::fs::write(&data, b"abc").unwrap();
         let write_only = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
-        assert!(check_file(write_only.try_clone().unwrap().into(), false)
+        assert!(check_file(client(write_only.try_clone().unwrap()), false)
             .unwrap_err()
             .to_string()
             .contains("write-only"));
         // A write stream needs a writable descriptor, and may start empty.
-        assert_eq!(check_file(write_only.into(), true).unwrap().bytes, 3);
-        assert!(check_file(std::fs::File::open(&data).unwrap().into(), true)
-            .unwrap_err()
-            .to_string()
-            .contains("read-only"));
+        assert_eq!(check_file(client(write_only), true).unwrap().bytes, 3);
+        assert!(
+            check_file(client(std::fs::File::open(&data).unwrap()), true)
+                .unwrap_err()
+                .to_string()
+                .contains("read-only")
+        );
         let empty_for_writing = std::fs::OpenOptions::new()
             .append(true)
             .open(&empty)
             .unwrap();
-        assert_eq!(check_file(empty_for_writing.into(), true).unwrap().bytes, 0);
-        let checked = check_file(std::fs::File::open(&data).unwrap().into(), false).unwrap();
+        assert_eq!(
+            check_file(client(empty_for_writing), true).unwrap().bytes,
+            0
+        );
+        let checked = check_file(client(std::fs::File::open(&data).unwrap()), false).unwrap();
         assert_eq!(checked.bytes, 3);
         assert!(checked.path.ends_with("/data"));
         let (reader, _writer) = nix::unistd::pipe().unwrap();
-        assert!(check_file(reader, true)
+        assert!(check_file(client(reader), true)
             .unwrap_err()
             .to_string()
             .contains("a pipe"));

@@ -12,7 +12,9 @@
 
 use std::io;
 use std::ops::Range;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
+
+use crate::server::closer::ClientFd;
 use std::sync::Arc;
 
 use abiss_proto::RecordingInfo;
@@ -176,7 +178,7 @@ impl Recording {
 }
 
 /// Whether ordinary users could allocate `range` of the file now.
-fn room_for(fd: &OwnedFd, range: &Range<u64>) -> io::Result<()> {
+fn room_for(fd: &ClientFd, range: &Range<u64>) -> io::Result<()> {
     let length = range.end - range.start;
     let space = nix::sys::statvfs::fstatvfs(fd)?;
     let free_to_users = space.blocks_available() * space.fragment_size();
@@ -213,7 +215,7 @@ const SYS_CACHESTAT: libc::c_long = 451;
 ///
 /// # Errors
 /// The kernel has no `cachestat` (before Linux 6.5).
-pub fn dirty_bytes(fd: &OwnedFd) -> io::Result<u64> {
+pub fn dirty_bytes(fd: &ClientFd) -> io::Result<u64> {
     let range = CachestatRange {
         offset: 0,
         length: 0,

@@ -3,12 +3,13 @@
 //! The tests run as root on the real kernel, one at a time (`cargo xtask test` passes
 //! `--test-threads=1`), because they share kernel state. Every fixture undoes what it made in
 //! `Drop`, so a failing test leaves no loop device, mount or daemon behind. Fixtures panic
-//! rather than return errors, for backtraces. The crate has no modules: the fixtures are in
-//! this file, and each concern's tests in one file under `tests/tests/`.
+//! rather than return errors, for backtraces. The fixtures are in this file and its modules,
+//! and each concern's tests in one file under `tests/tests/`.
 //!
 //! | concern | file |
 //! | --- | --- |
 //! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`] | `src/lib.rs` |
+//! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
 //! | the guarantee: no missed deadline, pages resident when a read begins | `tests/stream_guarantee.rs` |
 //! | streams: prefetch priority, resident and locked window, rate conformance | `tests/streams.rs` |
@@ -35,6 +36,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
+
+pub mod hostile;
 
 /// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).
 #[must_use]

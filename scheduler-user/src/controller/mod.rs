@@ -3,7 +3,7 @@
 //! upgrades; it takes typed events (client requests, kernel accesses, finished loads, time),
 //! asks the pure policy what to do, and carries the answers out.
 
-use std::os::fd::OwnedFd;
+use crate::server::closer::ClientFd;
 use std::sync::Arc;
 
 use abiss_os::clock::monotonic_ns;
@@ -123,7 +123,7 @@ impl Controller {
         &mut self,
         peer_uid: u32,
         connection: u64,
-        fd: OwnedFd,
+        fd: ClientFd,
         mut request: AttachRequest,
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {

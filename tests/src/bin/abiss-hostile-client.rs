@@ -42,6 +42,11 @@
 //! - `abiss-hostile-client SOCKET plans DEVICE CONNECTIONS`: CONNECTIONS connections each ask
 //!   for the costliest capacity plan (10 000 streams of 1 B/s on DEVICE) back to back; prints
 //!   `planning` once all have asked once, and stops when a line arrives on standard input.
+//! - `abiss-hostile-client SOCKET linger SECS COUNT`: makes COUNT TCP connections on loopback
+//!   whose last close waits SECS (`SO_LINGER`, data unsent to a listener that never accepts),
+//!   passes each with a `hello` on a connection of its own, closes its own copies and hangs
+//!   up, so that abissd's close of each is the last; prints `handed N` (how many were sent),
+//!   then keeps the listeners until a line arrives on standard input.
 //! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
 //!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
 //!   was still open after SECONDS.
@@ -62,7 +67,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|linger|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -119,6 +124,13 @@ fn main() -> ExitCode {
             }
         }
         "opath" => opath(socket, first),
+        "linger" => {
+            let (Ok(secs), Ok(count)) = (first.parse::<i32>(), second.parse::<u32>()) else {
+                eprintln!("SECS and COUNT are numbers");
+                return ExitCode::from(2);
+            };
+            hand_lingering_sockets(socket, secs, count)
+        }
         "attach" => attach_and_wait(socket, first),
         "admit" => {
             let Ok(count) = second.parse::<u32>() else {
@@ -162,6 +174,42 @@ fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
         }
     }
     answered
+}
+
+/// Passes `count` lingering TCP sockets, each with a `hello` on a connection of its own, and
+/// keeps their listeners (so the lingers last) until standard input says otherwise.
+fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCode {
+    let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
+    let mut listeners = Vec::new();
+    let mut handed = 0;
+    for _ in 0..count {
+        let (listener, lingering) = abiss_tests::hostile::lingering_socket(linger_secs);
+        listeners.push(listener);
+        let Ok(stream) = UnixStream::connect(socket) else {
+            continue;
+        };
+        let raw = [lingering.as_raw_fd()];
+        let rights = [ControlMessage::ScmRights(&raw)];
+        if sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[IoSlice::new(&line)],
+            &rights,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .is_ok()
+        {
+            handed += 1;
+        }
+        // Our copy goes first; the connection, with the copy abissd received, after.
+        drop(lingering);
+        drop(stream);
+    }
+    println!("handed {handed}");
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(listeners);
+    ExitCode::SUCCESS
 }
 
 /// Connects and attaches `file` at 1000 B/s with a 64 KiB buffer.

@@ -3,8 +3,10 @@
 //!
 //! It serves one file, `media.ts` (4 MiB of zeros), whose attributes are never cached
 //! (time to live 0). Lookups, opens and reads are answered; a request for the file's
-//! attributes (`fstat`, `statx` that asks the server) is never answered: its reply is kept,
-//! so the caller waits as long as this process lives. Any user can mount such a file system
+//! attributes (`fstat`, `statx` that asks the server) and a flush (which the kernel sends at
+//! every close of a descriptor of the file) are never answered: their replies are kept, so the
+//! caller waits as long as this process lives (a flush uninterruptibly: not even `SIGKILL`
+//! frees it). Any user can mount such a file system
 //! (`fusermount3` is set-uid root) and pass a descriptor of its file to abissd, so abissd
 //! must never ask the file system anything on behalf of a client before it knows the file
 //! is on a disk it manages.
@@ -16,8 +18,8 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen,
-    Request,
+    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyEmpty, ReplyEntry,
+    ReplyOpen, Request,
 };
 
 const ROOT_INO: u64 = 1;
@@ -31,6 +33,8 @@ const TTL: Duration = Duration::ZERO;
 struct StallingFs {
     /// Attribute requests for the file, never answered (dropping one would answer EIO).
     held: Vec<ReplyAttr>,
+    /// Flushes of the file, never answered either.
+    held_flushes: Vec<ReplyEmpty>,
 }
 
 fn attr(ino: u64) -> FileAttr {
@@ -75,6 +79,21 @@ impl Filesystem for StallingFs {
         }
     }
 
+    fn flush(
+        &mut self,
+        _req: &Request<'_>,
+        ino: u64,
+        _fh: u64,
+        _lock_owner: u64,
+        reply: ReplyEmpty,
+    ) {
+        if ino == FILE_INO {
+            self.held_flushes.push(reply);
+        } else {
+            reply.ok();
+        }
+    }
+
     fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
         if ino == FILE_INO {
             reply.opened(0, 0);
@@ -113,7 +132,10 @@ fn main() -> ExitCode {
         MountOption::AutoUnmount,
     ];
     let mut session = match fuser::Session::new(
-        StallingFs { held: Vec::new() },
+        StallingFs {
+            held: Vec::new(),
+            held_flushes: Vec::new(),
+        },
         std::path::Path::new(mountpoint),
         &options,
     ) {

@@ -1,0 +1,304 @@
+//! Closes that wait as long as their owner likes (issue 33): a TCP socket with unsent data and
+//! `SO_LINGER`, a FUSE file whose server never answers a flush. A user passes one to abissd,
+//! as `nobody`, and hangs up, so that abissd's close is the last; root's `status` must still be
+//! answered within 100 ms, and the user who did it is the only one who waits.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use abiss_proto::{Request, Response};
+use abiss_tests::{binary, chmod, open_fds, require_root, Connection, Daemon};
+
+/// Runs `program` with `args` as `nobody`, without capabilities.
+fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
+    abiss_tests::as_nobody(program)
+        .args(args)
+        .output()
+        .expect("run setpriv")
+}
+
+/// Threads of abissd's that close what users passed it (`server::closer`).
+fn closing_threads(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim() == "abiss-close")
+        })
+        .count()
+}
+
+/// Root's `status`, each on a new connection, answered within 100 ms every time for `during`.
+fn assert_answers_root_in_time(daemon: &Daemon, during: Duration) {
+    let until = Instant::now() + during;
+    let mut slowest = Duration::ZERO;
+    let mut asked = 0;
+    while Instant::now() < until {
+        let started = Instant::now();
+        let mut root = Connection::open(daemon.socket());
+        root.set_timeout(Duration::from_secs(5));
+        let answer = root.call(Request::Status);
+        assert!(matches!(answer, Response::Devices(_)), "{answer:?}");
+        slowest = slowest.max(started.elapsed());
+        asked += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("root's status: {asked} asked, slowest {slowest:?}");
+    assert!(
+        slowest < Duration::from_millis(100),
+        "root's status took {slowest:?}"
+    );
+}
+
+/// The hostile client passing `count` lingering sockets (linger `secs`), as `nobody`; waits
+/// until it has, and frees them (closes their listeners) when it drops.
+struct LingeringSockets(std::process::Child);
+
+impl LingeringSockets {
+    fn hand(daemon: &Daemon, secs: u32, count: u32) -> Self {
+        let socket = daemon.socket().to_string_lossy().into_owned();
+        let mut child = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+            .args([
+                socket.as_str(),
+                "linger",
+                &secs.to_string(),
+                &count.to_string(),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the hostile client");
+        let mut said = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut said)
+            .expect("read the hostile client");
+        assert_eq!(said.trim(), format!("handed {count}"));
+        Self(child)
+    }
+}
+
+impl Drop for LingeringSockets {
+    fn drop(&mut self) {
+        if let Some(input) = self.0.stdin.as_mut() {
+            let _ = input.write_all(b"done\n");
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Before: abissd's one thread waited out the linger in its close (18.8 s of root's `status`
+/// with a 20 s linger). Now the close waits on nobody's closing thread, and ends with the wait.
+#[test]
+fn a_lingering_socket_passed_with_a_hello_holds_up_nothing() {
+    require_root!();
+    let daemon = Daemon::start();
+    let before = open_fds(daemon.pid());
+    let attack = LingeringSockets::hand(&daemon, 60, 1);
+    assert_answers_root_in_time(&daemon, Duration::from_secs(2));
+    assert_eq!(
+        closing_threads(daemon.pid()),
+        1,
+        "the close still waits; abissd closes the socket on a closing thread"
+    );
+    // The listener goes, the connection is reset, the linger ends, and so does the close.
+    drop(attack);
+    assert!(
+        abiss_tests::wait_until(Duration::from_secs(5), || open_fds(daemon.pid()) <= before),
+        "abissd still holds {} descriptors, {before} before",
+        open_fds(daemon.pid())
+    );
+}
+
+/// A user with 16 closes waiting is served no more until they end: their new connections are
+/// refused in one sentence, while root (and everyone else) is answered as before.
+#[test]
+fn a_user_whose_closes_wait_is_refused_and_nobody_else_waits() {
+    require_root!();
+    let daemon = Daemon::start();
+    let before = open_fds(daemon.pid());
+    let attack = LingeringSockets::hand(&daemon, 60, 20);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    // The client has sent them all; abissd takes them in as its loop comes round.
+    let mut status = None;
+    let refused = abiss_tests::wait_until(Duration::from_secs(3), || {
+        let output = as_nobody(&binary("abissctl"), &["--socket", &socket, "status"]);
+        let said = !output.status.success()
+            && String::from_utf8_lossy(&output.stderr).contains("still closing");
+        status = Some(output);
+        said
+    });
+    assert!(
+        refused,
+        "nobody's status while 20 of their closes wait: {status:?}"
+    );
+    assert_answers_root_in_time(&daemon, Duration::from_secs(1));
+    // What abissd holds of theirs meanwhile: the sockets, and no more than one connection each.
+    let held = open_fds(daemon.pid()).saturating_sub(before);
+    assert!(held <= 2 * 20 + 2, "abissd holds {held} more descriptors");
+    drop(attack);
+    assert!(
+        abiss_tests::wait_until(Duration::from_secs(10), || open_fds(daemon.pid()) <= before),
+        "abissd still holds {} descriptors, {before} before",
+        open_fds(daemon.pid())
+    );
+    let status = as_nobody(&binary("abissctl"), &["--socket", &socket, "status"]);
+    assert!(
+        status.status.success(),
+        "nobody is served again: {status:?}"
+    );
+}
+
+/// What an ordinary Debian machine lets a user do with FUSE, for one test: `/dev/fuse` open
+/// to all (udev gives it mode 0666; this lab's container has 0600) and `user_allow_other` in
+/// `/etc/fuse.conf` (an administrator's choice, common where users share `sshfs` mounts). Both
+/// are put back as they were when it drops.
+struct UsersMayShareFuse {
+    device_mode: u32,
+    config: Option<Vec<u8>>,
+}
+
+const FUSE_CONFIG: &str = "/etc/fuse.conf";
+
+impl UsersMayShareFuse {
+    fn allow() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let device_mode = std::fs::metadata("/dev/fuse")
+            .expect("/dev/fuse: install fuse3 (cargo xtask setup)")
+            .permissions()
+            .mode();
+        let config = std::fs::read(FUSE_CONFIG).ok();
+        chmod(Path::new("/dev/fuse"), 0o666);
+        let mut allowed = config.clone().unwrap_or_default();
+        allowed.extend_from_slice(b"\nuser_allow_other\n");
+        std::fs::write(FUSE_CONFIG, allowed).expect("write /etc/fuse.conf");
+        Self {
+            device_mode,
+            config,
+        }
+    }
+}
+
+impl Drop for UsersMayShareFuse {
+    fn drop(&mut self) {
+        chmod(Path::new("/dev/fuse"), self.device_mode & 0o7777);
+        match &self.config {
+            Some(config) => std::fs::write(FUSE_CONFIG, config).expect("restore /etc/fuse.conf"),
+            None => std::fs::remove_file(FUSE_CONFIG).expect("remove /etc/fuse.conf"),
+        }
+    }
+}
+
+/// A child killed when it drops (the stalling file system: its end aborts the connection and
+/// fails every request still waiting on it).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The lines `child` prints, as they come.
+fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if sender.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// A user's FUSE server that never answers a request for attributes or a flush: neither an
+/// attach of its file, nor abissd's close of the descriptor it refused, nor a capacity plan for
+/// a path in it waits on it, and root is answered within 100 ms meanwhile.
+#[test]
+fn a_file_system_that_never_answers_holds_up_nothing() {
+    require_root!();
+    let _fuse = UsersMayShareFuse::allow();
+    let daemon = Daemon::start();
+    let attacker_slot = &mut None;
+    let scratch = abiss_tests::Scratch::new_in("/tmp", "stalling-fs");
+    let mountpoint = scratch.path().join("mnt");
+    std::fs::create_dir(&mountpoint).expect("mountpoint");
+    nix::unistd::chown(&mountpoint, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
+    // nobody mounts it as any user can: through set-uid fusermount3, so with the ordinary
+    // bounding set (`as_nobody` clears it, which would leave fusermount3 powerless).
+    let mut server = Command::new("setpriv");
+    server
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(binary("abiss-stalling-fs"))
+        .arg(&mountpoint)
+        .stdout(std::process::Stdio::piped());
+    let mut server = KillOnDrop(server.spawn().expect("start abiss-stalling-fs"));
+    let mounted = lines_of(&mut server.0).recv_timeout(Duration::from_secs(10));
+    assert_eq!(
+        mounted.as_deref(),
+        Ok("serving"),
+        "nobody could not mount the stalling file system"
+    );
+    let file = mountpoint.join("media.ts");
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let mut attacker = abiss_tests::as_nobody(&binary("abiss-hostile-client"));
+    attacker
+        .args([socket.as_str(), "attach", &file.to_string_lossy(), "0"])
+        .stdout(std::process::Stdio::piped());
+    // Its own close of the file waits for the server's flush, which never comes, so it is
+    // declared before the server: the server goes first when they drop, and frees it.
+    *attacker_slot = Some(KillOnDrop(
+        attacker.spawn().expect("start the hostile client"),
+    ));
+    let attacker = attacker_slot.as_mut().expect("just set");
+    let said = lines_of(&mut attacker.0);
+    assert_eq!(
+        said.recv_timeout(Duration::from_secs(10)).as_deref(),
+        Ok("attaching")
+    );
+    // The attach is refused at once, for what the descriptor says without asking the server:
+    // its file system is on no disk abissd manages.
+    let answer = said
+        .recv_timeout(Duration::from_secs(5))
+        .expect("no answer to the attach within 5 s: abissd waits on the user's file system");
+    assert!(answer.contains("does not manage"), "{answer}");
+    // A capacity plan for a "device" at a path in the same file system: abissd looks up no
+    // client's path, so it is refused as given (abissctl resolves paths itself, as the user).
+    let planned = as_nobody(
+        Path::new("/usr/bin/timeout"),
+        &[
+            "5",
+            &binary("abiss-hostile-client").to_string_lossy(),
+            &socket,
+            "admit",
+            &file.to_string_lossy(),
+            "1",
+        ],
+    );
+    let plan = String::from_utf8_lossy(&planned.stdout);
+    assert!(
+        planned.status.success() && plan.contains("does not look up"),
+        "the plan for a path in the user's file system: {planned:?}"
+    );
+    // The close of the refused descriptor waits for the server's flush, on nobody's closing
+    // thread; root is answered meanwhile.
+    assert_answers_root_in_time(&daemon, Duration::from_secs(2));
+    assert_eq!(
+        closing_threads(daemon.pid()),
+        1,
+        "the close still waits; abissd closes the FUSE file on a closing thread of nobody's"
+    );
+}
