@@ -16,7 +16,10 @@
 //! Descriptor kinds: `file` (`FILE`), `directory` (`DIRECTORY`), `opath` (an `O_PATH` descriptor of
 //! `SECRET_FILE`, which `nobody` may not read), `pipe` (the read end of a new pipe), `socket` (one
 //! end of a new socket pair), `null` (/dev/null), `managed` (`MANAGED_FILE`, on the disk abissd
-//! manages) and `other_disk` (`OTHER_DISK_FILE`, on a disk it does not manage).
+//! manages), `other_disk` (`OTHER_DISK_FILE`, on a disk it does not manage), `linger` (a TCP
+//! socket whose last close waits up to 2 s, `SO_LINGER` with unsent data, until the case ends
+//! and its listener goes), `fifo` (a named pipe, opened read-write) and `memfd` (a file in
+//! memory, `memfd_create`).
 use std::fs::File;
 use std::io::{BufRead, BufReader, IoSlice, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -95,8 +98,21 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The listeners of the case's `linger` sockets: kept until the case ends, so a close of one
+/// of them waits until then (and no longer: their going resets the connections).
+static LISTENERS: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
+
 /// Runs every connection of `case` at once; their outcomes summed.
 fn run_case(paths: &Paths, case: &Value) -> Outcome {
+    let outcome = run_connections(paths, case);
+    LISTENERS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
+    outcome
+}
+
+fn run_connections(paths: &Paths, case: &Value) -> Outcome {
     let connections = case["connections"].as_array().cloned().unwrap_or_default();
     let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
         let running: Vec<_> = connections
@@ -245,6 +261,32 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
         "socket" => UnixStream::pair()
             .ok()
             .map(|(one, _other)| OwnedFd::from(one)),
+        "linger" => {
+            let (listener, socket) = abiss_tests::hostile::lingering_socket(2);
+            LISTENERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(listener);
+            Some(socket)
+        }
+        "fifo" => {
+            let path = std::env::temp_dir().join(format!("abiss-fuzz-fifo-{}", std::process::id()));
+            let _ = nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU);
+            let fifo = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&path)
+                .ok()
+                .map(OwnedFd::from);
+            let _ = std::fs::remove_file(&path);
+            fifo
+        }
+        "memfd" => nix::sys::memfd::memfd_create(
+            c"abiss-fuzz",
+            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+        )
+        .ok(),
         _ => None,
     }
 }
