@@ -59,6 +59,7 @@ pub mod reference;
 pub mod report;
 pub mod schedule;
 pub mod soak;
+mod soak_hostile;
 pub mod sweep;
 pub mod throughput;
 pub mod trial;

@@ -343,16 +343,20 @@ fn meminfo_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Descriptors, threads (the kernel's io-wq workers, `iou-wrk-N`, left out: the kernel starts
-/// and ends them) and locked memory of process `pid`.
+/// Descriptors, threads (the kernel's io-wq workers, `iou-wrk-N`, and abissd's threads per user,
+/// `abiss-close` and `abiss-lock-N`, left out: they start and end with the work) and locked
+/// memory of process `pid`.
 fn process_footprint(pid: u32) -> Value {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| {
         tasks
             .filter_map(Result::ok)
             .filter(|t| {
-                std::fs::read_to_string(t.path().join("comm"))
-                    .is_ok_and(|c| !c.starts_with("iou-wrk"))
+                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
+                    !["iou-wrk", "abiss-close", "abiss-lock-"]
+                        .iter()
+                        .any(|transient| c.starts_with(transient))
+                })
             })
             .count()
     });
@@ -608,6 +612,10 @@ impl Soak {
             let user = (index > 0).then(|| &users.ids[index - 1]);
             workers.push(Worker::start(&self.socket(), file, cycles, user, &done)?);
         }
+        // Nobody's attacks and root's view of them last as long as the workers.
+        let hostile =
+            crate::soak_hostile::HostileUser::start(&self.bin_dir, &self.socket(), 86_400)?;
+        let probe = crate::soak_hostile::StatusProbe::start(&self.socket());
         let started = Instant::now();
         let mut samples = Vec::new();
         let mut next_kill = args.kill_every;
@@ -625,6 +633,9 @@ impl Soak {
             ));
             std::thread::sleep(Duration::from_millis(200));
         }
+        let root_status = probe.finish();
+        let mut hostile = hostile.finish();
+        hostile["root_status"] = root_status;
         let reports = workers
             .into_iter()
             .map(Worker::finish)
@@ -634,6 +645,7 @@ impl Soak {
             done: done.load(Ordering::Relaxed),
             reports,
             samples,
+            hostile,
         })
     }
 
@@ -681,6 +693,8 @@ struct Cycles {
     reports: Vec<Value>,
     /// (seconds, cycles done, daemon footprint) every 200 ms.
     samples: Vec<(f64, u64, Value)>,
+    /// The hostile user, and root's `status` latency meanwhile.
+    hostile: Value,
 }
 
 impl Cycles {
@@ -690,6 +704,7 @@ impl Cycles {
             "wall_s": self.wall_s,
             "per_s": float(self.done) / self.wall_s.max(1e-9),
             "workers": self.reports,
+            "hostile": self.hostile,
         })
     }
 }
@@ -937,6 +952,7 @@ fn markdown(report: &Value) -> String {
             },
         );
     }
+    md.push_str(&crate::soak_hostile::markdown(&cycles["hostile"]));
     md.push_str(&kills_table(report));
     md.push_str(&leftovers_table(report));
     let _ = writeln!(

@@ -60,6 +60,7 @@ pub mod device;
 pub mod disks;
 pub mod kernel_events;
 pub mod kernel_layout;
+pub mod keyed_threads;
 pub mod latency_tail;
 pub mod mapped_file;
 pub mod metrics;

@@ -34,6 +34,7 @@ use log::warn;
 pub use crate::mapped_file::MappedFile;
 
 mod ring;
+use crate::keyed_threads::KeyedThreads;
 use crate::policy::priority::encoded_ioprio;
 use ring::submit_loads;
 
@@ -93,6 +94,9 @@ pub struct LoadDone {
     /// How it ended.
     pub outcome: LoadOutcome,
 }
+
+/// A level's lockers: a thread per user with locks waiting, at the level's priority.
+type Lockers = KeyedThreads<u32, LoadJob>;
 
 enum WorkerCommand {
     Load(LoadJob),
@@ -256,31 +260,30 @@ fn run_worker(
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) -> io::Result<()> {
     ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level))?;
-    // Locking waits for the reads; it runs in its own thread (same priority) so this one keeps
-    // queueing the next ranges at once. Waiting here would let a window fall behind its reader
-    // by one disk access per batch.
-    let (lock_jobs, lock_rx) = mpsc::channel::<LoadJob>();
+    // Locking waits for the reads; it runs in threads of its own (same priority) so this one
+    // keeps queueing the next ranges at once. Waiting here would let a window fall behind its
+    // reader by one disk access per batch. One locker per user: a user who makes the locks of
+    // their own window slow (a truncate or a hole punched under it, a file whose pages fault in
+    // slowly) holds up only their own streams' locks, not every stream of the level.
     let lock_done = done.clone();
-    let locker = std::thread::Builder::new()
-        .name(format!("abiss-lock-{level}"))
-        .spawn(move || {
+    let lockers = KeyedThreads::new(
+        &format!("abiss-lock-{level}"),
+        move |_uid| {
             let _ = ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level));
-            for job in lock_rx {
-                let outcome = match job.file.lock(&job.range) {
-                    Ok(()) => LoadOutcome::Loaded,
-                    Err(error) => LoadOutcome::Failed(error),
-                };
-                let _ = lock_done.send(LoadDone {
-                    stream: job.stream,
-                    generation: job.generation,
-                    range: job.range.clone(),
-                    kind: job.kind,
-                    outcome,
-                });
-            }
-        })?;
-    let result = submit_loads(commands, held, done, &lock_jobs);
-    drop(lock_jobs);
-    let _ = locker.join();
-    result
+        },
+        move |_uid, job: LoadJob| {
+            let outcome = match job.file.lock(&job.range) {
+                Ok(()) => LoadOutcome::Loaded,
+                Err(error) => LoadOutcome::Failed(error),
+            };
+            let _ = lock_done.send(LoadDone {
+                stream: job.stream,
+                generation: job.generation,
+                range: job.range.clone(),
+                kind: job.kind,
+                outcome,
+            });
+        },
+    );
+    submit_loads(commands, held, done, &lockers)
 }

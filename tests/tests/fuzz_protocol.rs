@@ -100,17 +100,21 @@ struct Footprint {
 
 /// Descriptors, threads and locked memory of process `pid`. The kernel's io-wq workers
 /// (`iou-wrk-N`) are not counted: the kernel starts them for the prefetch rings' blocking work
-/// and ends them after a few idle seconds, without the daemon. Nor are abissd's closing
-/// threads (`abiss-close`, one per user with descriptors waiting to be closed): each ends 5 s
-/// after its last close, and what they wait to close is counted in the descriptors.
+/// and ends them after a few idle seconds, without the daemon. Nor are abissd's threads per
+/// user (`abiss-close`, closing what a user passed; `abiss-lock-N`, locking a user's windows
+/// at level N): each ends 5 s after its last item, and what they hold is counted in the
+/// descriptors and the locked memory.
 fn footprint(pid: u32) -> Option<Footprint> {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
         .ok()?
         .filter_map(Result::ok)
         .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| !comm.starts_with("iou-wrk") && comm.trim() != "abiss-close")
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| {
+                !["iou-wrk", "abiss-close", "abiss-lock-"]
+                    .iter()
+                    .any(|transient| comm.starts_with(transient))
+            })
         })
         .count();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;

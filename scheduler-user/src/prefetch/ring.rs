@@ -4,12 +4,12 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{fail, JobKind, LoadDone, LoadJob, LoadOutcome, WorkerCommand};
+use super::{fail, JobKind, LoadDone, LoadJob, LoadOutcome, Lockers, WorkerCommand};
 
 /// Marks cancel requests' completions apart from loads'.
 const CANCEL_TAG: u64 = 1 << 63;
@@ -26,12 +26,12 @@ struct InFlight {
 }
 
 /// The ring side of a worker: queues WILLNEED advice for every load as soon as it arrives and
-/// hands finished advice to the locker.
+/// hands finished advice to its owner's locker.
 pub(super) fn submit_loads(
     commands: &Receiver<WorkerCommand>,
     held: &mut Vec<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-    lock_jobs: &Sender<LoadJob>,
+    lockers: &Lockers,
 ) -> io::Result<()> {
     let mut ring = LoadRing {
         ring: IoUring::new(256)?,
@@ -39,7 +39,7 @@ pub(super) fn submit_loads(
         part_of: HashMap::new(),
         next_id: 1,
     };
-    let result = ring.serve(commands, std::mem::take(held), done, lock_jobs);
+    let result = ring.serve(commands, std::mem::take(held), done, lockers);
     if let Err(error) = &result {
         // The ring goes with its requests: their windows must ask for them again.
         for (_, InFlight { job, .. }) in ring.in_flight.drain() {
@@ -67,7 +67,7 @@ impl LoadRing {
         commands: &Receiver<WorkerCommand>,
         first: Vec<WorkerCommand>,
         done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-        lock_jobs: &Sender<LoadJob>,
+        lockers: &Lockers,
     ) -> io::Result<()> {
         let mut next = Some(first);
         while let Some(batch) = next {
@@ -84,7 +84,7 @@ impl LoadRing {
                 }
             }
             if !self.in_flight.is_empty() {
-                self.reap(done, lock_jobs)?;
+                self.reap(done, lockers)?;
             }
             next = self.next_commands(commands);
         }
@@ -230,7 +230,7 @@ impl LoadRing {
     fn reap(
         &mut self,
         done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-        lock_jobs: &Sender<LoadJob>,
+        lockers: &Lockers,
     ) -> io::Result<()> {
         let timeout = types::Timespec::from(Duration::from_millis(2));
         let args = types::SubmitArgs::new().timespec(&timeout);
@@ -281,7 +281,7 @@ impl LoadRing {
             } else {
                 // The reads are queued; the locker faults the pages in (waiting for those
                 // reads) and pins them.
-                let _ = lock_jobs.send(job);
+                lockers.submit(job.file.fd().uid(), job);
                 continue;
             };
             let _ = done.send(LoadDone {

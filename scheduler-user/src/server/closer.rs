@@ -12,70 +12,43 @@
 //! own: a stuck close holds up only that user's later closes. While one user has
 //! [`MAX_CLOSING_PER_USER`] descriptors waiting, the server stops reading that user's
 //! connections and refuses their new ones ([`Closer::is_stalled`]), so abissd holds no more of
-//! theirs. A thread ends after [`IDLE_EXIT`] with nothing to close.
+//! theirs. The threads are [`KeyedThreads`], keyed by user.
 
-use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
-use log::warn;
+use crate::keyed_threads::KeyedThreads;
 
 /// Descriptors of one user waiting to be closed (the one being closed included) beyond which
 /// abissd takes no more from that user. Four connections' worth of waiting descriptors
 /// (`MAX_PENDING_FDS`): a client that hangs up with everything it may hold is never stalled.
 pub const MAX_CLOSING_PER_USER: usize = 16;
 
-/// How long a user's closing thread waits for more before it ends.
-pub const IDLE_EXIT: Duration = Duration::from_secs(5);
-
-/// The closing threads, one per user with descriptors waiting. Cloned freely: every clone
-/// closes through the same threads.
-#[derive(Clone, Debug, Default)]
+/// The closing threads, one per user with descriptors waiting (named `abiss-close`). Cloned
+/// freely: every clone closes through the same threads.
+#[derive(Clone, Debug)]
 pub struct Closer {
-    users: Arc<Mutex<HashMap<u32, UserQueue>>>,
+    threads: KeyedThreads<u32, OwnedFd>,
 }
 
-/// One user's closing thread and what waits for it.
-#[derive(Debug)]
-struct UserQueue {
-    /// To the thread; `None` while no thread could be started (they wait in `backlog`).
-    sender: Option<mpsc::Sender<OwnedFd>>,
-    /// Descriptors handed over and not yet closed, `backlog` included.
-    pending: Arc<AtomicUsize>,
-    /// Descriptors that wait for a thread to start.
-    backlog: Vec<OwnedFd>,
+impl Default for Closer {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Closer {
     /// A closer with no thread yet.
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            threads: KeyedThreads::new("abiss-close", |_| {}, |_, fd: OwnedFd| drop(fd)),
+        }
     }
 
     /// Closes `fd`, which user `uid` handed abissd, on that user's closing thread. Never
     /// waits for the close, and never closes anything on the caller's thread.
     pub fn close(&self, uid: u32, fd: OwnedFd) {
-        let mut users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
-        let queue = users.entry(uid).or_insert_with(|| UserQueue {
-            sender: None,
-            pending: Arc::new(AtomicUsize::new(0)),
-            backlog: Vec::new(),
-        });
-        queue.pending.fetch_add(1, Ordering::SeqCst);
-        queue.backlog.push(fd);
-        if queue.sender.is_none() {
-            queue.sender = self.start_thread(uid, Arc::clone(&queue.pending));
-        }
-        if let Some(sender) = &queue.sender {
-            for fd in queue.backlog.drain(..) {
-                // The thread ends only under this lock, after removing its queue: it is there.
-                let _ = sender.send(fd);
-            }
-        }
+        self.threads.submit(uid, fd);
     }
 
     /// Closes a connection socket of `uid`'s. After a shutdown of both directions nothing
@@ -93,10 +66,7 @@ impl Closer {
     /// Descriptors of `uid` handed over and not yet closed.
     #[must_use]
     pub fn pending(&self, uid: u32) -> usize {
-        let users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
-        users
-            .get(&uid)
-            .map_or(0, |queue| queue.pending.load(Ordering::SeqCst))
+        self.threads.pending(uid)
     }
 
     /// Whether `uid` has so many descriptors waiting to be closed that abissd takes no more
@@ -106,56 +76,10 @@ impl Closer {
         self.pending(uid) >= MAX_CLOSING_PER_USER
     }
 
-    /// Closing threads running (for tests and `status`).
+    /// Closing threads running.
     #[must_use]
     pub fn threads(&self) -> usize {
-        let users = self.users.lock().unwrap_or_else(PoisonError::into_inner);
-        users
-            .values()
-            .filter(|queue| queue.sender.is_some())
-            .count()
-    }
-
-    fn start_thread(&self, uid: u32, pending: Arc<AtomicUsize>) -> Option<mpsc::Sender<OwnedFd>> {
-        let (sender, receiver) = mpsc::channel::<OwnedFd>();
-        let users = Arc::clone(&self.users);
-        let started = std::thread::Builder::new()
-            .name("abiss-close".to_owned())
-            .spawn(move || close_until_idle(uid, &receiver, &pending, &users));
-        match started {
-            Ok(_) => Some(sender),
-            Err(error) => {
-                // Tried again at the user's next close; meanwhile the descriptor waits.
-                warn!("cannot start a thread to close uid {uid}'s descriptors: {error}");
-                None
-            }
-        }
-    }
-}
-
-/// A closing thread: closes what comes until nothing has for [`IDLE_EXIT`], then removes its
-/// queue (under the lock every sender holds, so nothing is sent to a thread that ended).
-fn close_until_idle(
-    uid: u32,
-    receiver: &mpsc::Receiver<OwnedFd>,
-    pending: &AtomicUsize,
-    users: &Mutex<HashMap<u32, UserQueue>>,
-) {
-    loop {
-        match receiver.recv_timeout(IDLE_EXIT) {
-            Ok(fd) => {
-                drop(fd);
-                pending.fetch_sub(1, Ordering::SeqCst);
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                let mut users = users.lock().unwrap_or_else(PoisonError::into_inner);
-                if pending.load(Ordering::SeqCst) == 0 {
-                    users.remove(&uid);
-                    return;
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => return,
-        }
+        self.threads.threads()
     }
 }
 
@@ -234,7 +158,7 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
-    use std::time::Instant;
+    use std::time::{Duration, Instant};
 
     fn settled(closer: &Closer, uid: u32, within: Duration) -> bool {
         let deadline = Instant::now() + within;
@@ -308,21 +232,6 @@ mod tests {
         assert!(!closer.is_stalled(1001), "only its own user");
         assert!(settled(&closer, 1000, Duration::from_secs(5)));
         assert!(!closer.is_stalled(1000));
-    }
-
-    #[test]
-    fn an_idle_closing_thread_ends() {
-        let closer = Closer::new();
-        closer.close(
-            7,
-            OwnedFd::from(std::fs::File::open("/dev/null").expect("null")),
-        );
-        assert!(settled(&closer, 7, Duration::from_secs(1)));
-        let deadline = Instant::now() + IDLE_EXIT + Duration::from_secs(2);
-        while closer.threads() > 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert_eq!(closer.threads(), 0);
     }
 
     #[test]

@@ -45,8 +45,12 @@
 //! - `abiss-hostile-client SOCKET linger SECS COUNT`: makes COUNT TCP connections on loopback
 //!   whose last close waits SECS (`SO_LINGER`, data unsent to a listener that never accepts),
 //!   passes each with a `hello` on a connection of its own, closes its own copies and hangs
-//!   up, so that abissd's close of each is the last; prints `handed N` (how many were sent),
+//!   up, so that abissd's close of each is the last; prints `handed N` (how many were sent:
+//!   one abissd refused before it came is reset instead),
 //!   then keeps the listeners until a line arrives on standard input.
+//! - `abiss-hostile-client SOCKET harass SECS 0`: for SECS seconds, every 200 ms, passes a TCP
+//!   socket whose close waits 30 s (let go 3 s later) and a `hello` with four descriptors: the
+//!   soak's hostile user (`cargo xtask bench soak`). Prints `passed N`.
 //! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
 //!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
 //!   was still open after SECONDS.
@@ -67,7 +71,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|linger|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|linger|harass|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -83,19 +87,16 @@ fn main() -> ExitCode {
         "overflow" => overflow(socket, first),
         "raise" => raise_other(socket, first, second),
         "raises" => raise_each_named(socket, first),
-        "flood" => {
+        "flood" | "speedup" => {
             let Ok(secs) = second.parse::<u64>() else {
                 eprintln!("SECS is a number");
                 return ExitCode::from(2);
             };
-            flood_with_reads(socket, first, secs)
-        }
-        "speedup" => {
-            let Ok(secs) = second.parse::<u64>() else {
-                eprintln!("SECS is a number");
-                return ExitCode::from(2);
-            };
-            speed_up_then_read(socket, first, secs)
+            if mode == "flood" {
+                flood_with_reads(socket, first, secs)
+            } else {
+                speed_up_then_read(socket, first, secs)
+            }
         }
         "threads" => {
             let Ok(count) = second.parse::<u32>() else {
@@ -112,7 +113,7 @@ fn main() -> ExitCode {
             };
             plans_back_to_back(socket, first, connections)
         }
-        "subscribe" | "hold" | "idle" => {
+        "subscribe" | "hold" | "idle" | "harass" => {
             let Ok(number) = first.parse::<u32>() else {
                 eprintln!("the first argument of {mode} is a number");
                 return ExitCode::from(2);
@@ -120,6 +121,7 @@ fn main() -> ExitCode {
             match mode.as_str() {
                 "subscribe" => subscribe_and_hang_up(socket, number, second),
                 "hold" => hold_connections(socket, number),
+                "harass" => harass(socket, u64::from(number)),
                 _ => idle(socket, number),
             }
         }
@@ -176,21 +178,16 @@ fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
     answered
 }
 
-/// Passes `count` lingering TCP sockets, each with a `hello` on a connection of its own, and
-/// keeps their listeners (so the lingers last) until standard input says otherwise.
-fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCode {
+/// Passes one TCP socket whose last close waits `linger_secs` with a `hello` on a connection
+/// of its own, closes our copy and hangs up; its listener (which keeps the linger going) if
+/// the socket was sent. One abissd refused first is reset instead of waiting here.
+fn pass_lingering_socket(socket: &str, linger_secs: i32) -> Option<std::net::TcpListener> {
     let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
-    let mut listeners = Vec::new();
-    let mut handed = 0;
-    for _ in 0..count {
-        let (listener, lingering) = abiss_tests::hostile::lingering_socket(linger_secs);
-        listeners.push(listener);
-        let Ok(stream) = UnixStream::connect(socket) else {
-            continue;
-        };
+    let (listener, lingering) = abiss_tests::hostile::lingering_socket(linger_secs);
+    let sent = UnixStream::connect(socket).ok().filter(|stream| {
         let raw = [lingering.as_raw_fd()];
         let rights = [ControlMessage::ScmRights(&raw)];
-        if sendmsg::<()>(
+        sendmsg::<()>(
             stream.as_raw_fd(),
             &[IoSlice::new(&line)],
             &rights,
@@ -198,17 +195,58 @@ fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCod
             None,
         )
         .is_ok()
-        {
-            handed += 1;
-        }
-        // Our copy goes first; the connection, with the copy abissd received, after.
-        drop(lingering);
-        drop(stream);
+    });
+    if sent.is_none() {
+        let reset = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        let _ = nix::sys::socket::setsockopt(&lingering, nix::sys::socket::sockopt::Linger, &reset);
     }
-    println!("handed {handed}");
+    // Our copy goes first; the connection, with the copy abissd received, after.
+    drop(lingering);
+    drop(sent?);
+    Some(listener)
+}
+
+/// Passes `count` lingering TCP sockets and keeps their listeners (so the lingers last) until
+/// standard input says otherwise.
+fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCode {
+    let listeners: Vec<_> = (0..count)
+        .filter_map(|_| pass_lingering_socket(socket, linger_secs))
+        .collect();
+    println!("handed {}", listeners.len());
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     drop(listeners);
+    ExitCode::SUCCESS
+}
+
+/// For `secs` seconds: every 200 ms passes a socket whose close waits 30 s, and lets each go
+/// (closes its listener, which ends the wait) 3 s later, so that abissd always has closes of
+/// this user's waiting, and at times more than it takes; also sends a `hello` with 4 more
+/// descriptors (copies of /dev/null) each time. Prints `passed N` at the end.
+fn harass(socket: &str, secs: u64) -> ExitCode {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut held: std::collections::VecDeque<(std::time::Instant, std::net::TcpListener)> =
+        std::collections::VecDeque::new();
+    let mut passed = 0u64;
+    while std::time::Instant::now() < until {
+        let now = std::time::Instant::now();
+        while held
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > std::time::Duration::from_secs(3))
+        {
+            held.pop_front();
+        }
+        if let Some(listener) = pass_lingering_socket(socket, 30) {
+            held.push_back((now, listener));
+            passed += 1;
+        }
+        let _ = many_descriptors(socket, 1, 4);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    println!("passed {passed}");
     ExitCode::SUCCESS
 }
 
