@@ -24,6 +24,7 @@
 pub mod cli;
 mod devices;
 mod error;
+mod interval;
 mod planning;
 mod profile;
 mod stats;

@@ -9,9 +9,9 @@ use jiff::tz::TimeZone;
 use jiff::Timestamp;
 use serde::Serialize;
 
-use crate::cli::parse_seconds;
 use crate::devices::{self, DeviceNames};
 use crate::error::CliError;
+use crate::interval::parse_seconds;
 use abiss_client::Client;
 
 /// The arguments of `abissctl trace`, as bcc's tools take them: `trace 1 10` reports every

@@ -11,7 +11,9 @@ use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup};
 use anyhow::{bail, Context};
 
-use crate::configuration::{ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup};
+use crate::configuration::{
+    self, Configuration, DaemonFigures, ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup,
+};
 
 /// Pages per credit step, as in the ABISS measurement (20-page batches).
 pub const BATCH_PAGES: u32 = 20;
@@ -56,24 +58,6 @@ impl StreamBuffer {
             Self::AutoOnReader => (ByteSize(reader_bytes), true),
         }
     }
-}
-
-/// What abissd counted over a run, for the rows that run it.
-#[derive(Clone, Debug, Default, serde::Serialize)]
-pub struct DaemonFigures {
-    /// Block requests tagged with a stream (prefetch, readers, readahead).
-    pub stream_requests: u64,
-    /// Those that ran below their stream's level (priority inversions).
-    pub inversions: u64,
-    /// Reader threads raised after a page-cache miss.
-    pub upgrades: u64,
-    /// Miss event to raised priority, median and 99th percentile, µs.
-    pub upgrade_latency_p50_us: Option<u64>,
-    /// See `upgrade_latency_p50_us`.
-    pub upgrade_latency_p99_us: Option<u64>,
-    /// The smallest and the largest playout buffer abissd gave the streams, bytes (it sizes
-    /// them itself with `--buffer auto`).
-    pub buffer_bytes: Option<(u64, u64)>,
 }
 
 impl RunHook for AbissHook {
@@ -297,4 +281,83 @@ impl ReaderSetup for AbissReader {
         self.client.try_position(self.stream, offset + len)?;
         Ok(())
     }
+}
+
+/// The ABISS rows: abissd attaches every real-time reader's file as a stream.
+#[must_use]
+pub fn abiss_configurations() -> Vec<Configuration> {
+    use StreamBuffer::{Auto, Fixed};
+    let fixed = "fixed buffers of the reader's size (the default before abissd sized buffers)";
+    vec![
+        abiss_row(
+            "abiss-mq-deadline",
+            "ABISS over mq-deadline, real-time streams",
+            ("mq-deadline", 0, Auto),
+            &[],
+        ),
+        abiss_row(
+            "abiss-mq-deadline-fixed",
+            &format!("ABISS over mq-deadline, real-time streams, {fixed}"),
+            ("mq-deadline", 0, Fixed),
+            &[],
+        ),
+        abiss_row(
+            "abiss-mq-deadline-no-upgrades",
+            "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-upgrades)",
+            ("mq-deadline", 0, Auto),
+            &["--no-upgrades"],
+        ),
+        abiss_row(
+            "abiss-bfq",
+            "ABISS over bfq, real-time streams",
+            ("bfq", 0, Auto),
+            &[],
+        ),
+        abiss_row(
+            "abiss-bfq-fixed",
+            &format!("ABISS over bfq, real-time streams, {fixed}"),
+            ("bfq", 0, Fixed),
+            &[],
+        )
+        .on_request(),
+        abiss_row(
+            "abiss-be",
+            "ABISS at best-effort priority (level 6 = BE/4), over mq-deadline",
+            ("mq-deadline", 6, Auto),
+            &[],
+        ),
+        abiss_row(
+            "abiss-be-fixed",
+            &format!("ABISS at best-effort priority (level 6 = BE/4), over mq-deadline, {fixed}"),
+            ("mq-deadline", 6, Fixed),
+            &[],
+        )
+        .on_request(),
+    ]
+}
+
+/// An ABISS row: abissd over `elevator`, the streams at ABISS `level` with buffers sized as
+/// `buffer`, and `daemon_args` for abissd.
+fn abiss_row(
+    name: &str,
+    description: &str,
+    (elevator, level, buffer): (&'static str, u8, StreamBuffer),
+    daemon_args: &[&str],
+) -> Configuration {
+    Configuration::new(name, description, elevator).with_hook(AbissHook {
+        elevator,
+        level,
+        daemon_args: daemon_args.iter().map(|&a| a.to_owned()).collect(),
+        buffer,
+        state_dir: None,
+    })
+}
+
+/// Every row the benchmarks know, in report order: the stock rows, then the ABISS rows.
+/// `--configs` picks from these.
+#[must_use]
+pub fn all_configurations() -> Vec<Configuration> {
+    let mut all = configuration::stock_configurations();
+    all.extend(abiss_configurations());
+    all
 }

@@ -108,7 +108,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
     let configurations =
-        configuration::select_present(configuration::all_configurations(), &args.configs)?;
+        configuration::select_present(crate::abiss::all_configurations(), &args.configs)?;
     let names: Vec<&str> = configurations.iter().map(|c| c.name.as_str()).collect();
     eprintln!(
         "reference: {} configurations ({}), {} s each after {} s of copy warm-up",
@@ -269,7 +269,7 @@ fn markdown(
 
 /// What abissd counted in the ABISS rows.
 fn daemon_table(text: &mut String, rows: &[TrialRow]) {
-    let counted: Vec<(&TrialRow, &crate::abiss::DaemonFigures)> = rows
+    let counted: Vec<(&TrialRow, &crate::configuration::DaemonFigures)> = rows
         .iter()
         .filter_map(|r| r.daemon.as_ref().map(|d| (r, d)))
         .collect();

@@ -126,7 +126,7 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
     anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
     let configurations =
-        configuration::select_present(configuration::all_configurations(), &args.configs)?;
+        configuration::select_present(crate::abiss::all_configurations(), &args.configs)?;
     let steps = stream_steps(args.max_streams);
     eprintln!(
         "sweep: {} configurations, streams {:?}, {} s per step after {} s of copy warm-up",

@@ -71,7 +71,7 @@ pub struct TrialRow {
     pub wall_s: f64,
     /// What abissd counted, for the ABISS rows.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub daemon: Option<crate::abiss::DaemonFigures>,
+    pub daemon: Option<crate::configuration::DaemonFigures>,
     /// Seeks of the readers (`--seek-every`), with how long each took to recover.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seeks: Option<SeekRow>,

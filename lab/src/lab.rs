@@ -506,7 +506,7 @@ const CALIBRATION_READS: u64 = 64;
 /// of the two. That was 10% of a 1.3 ms cloud read on a slower VM. Trimming keeps a single
 /// preempted read from setting the figure.
 fn calibrate_transport(state: &LabState, device: &Path) -> Result<u64, LabError> {
-    use crate::validate::{open_direct, timed_read, AlignedBuffer};
+    use crate::direct_io::{open_direct, timed_read, AlignedBuffer};
     const LEN: u64 = 4096;
     let file = open_direct(device)?;
     let mut buf = AlignedBuffer::new(4096);

@@ -4,14 +4,13 @@
 //! Devices"): transfer rate at several positions, and access time against seek distance. All
 //! reads use `O_DIRECT` on the loop device, one at a time, so each is one request to the model.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::Path;
+use std::fs::File;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::direct_io::{open_direct, timed_read, AlignedBuffer};
 use crate::error::LabError;
 use crate::lab::Lab;
 use crate::model::{HddModel, ModelKind, ModelSpec, Op};
@@ -188,51 +187,6 @@ impl std::fmt::Display for ValidationReport {
         }
         Ok(())
     }
-}
-
-/// A buffer aligned for `O_DIRECT`.
-pub(crate) struct AlignedBuffer {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl AlignedBuffer {
-    pub(crate) fn new(len: usize) -> Self {
-        let storage = vec![0u8; len + 4096];
-        let start = storage.as_ptr().align_offset(4096);
-        Self {
-            storage,
-            start,
-            len,
-        }
-    }
-
-    fn slice(&mut self, len: usize) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + len.min(self.len)]
-    }
-}
-
-pub(crate) fn timed_read(
-    device: &File,
-    buf: &mut AlignedBuffer,
-    offset: u64,
-    len: u64,
-) -> Result<Duration, LabError> {
-    let slice = buf.slice(usize::try_from(len).unwrap_or(0));
-    let started = Instant::now();
-    device
-        .read_exact_at(slice, offset)
-        .map_err(|e| LabError::system(format!("O_DIRECT read at {offset}"), e))?;
-    Ok(started.elapsed())
-}
-
-pub(crate) fn open_direct(device: &Path) -> Result<File, LabError> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(device)
-        .map_err(LabError::io(device))
 }
 
 fn align_down(value: u64, alignment: u64) -> u64 {

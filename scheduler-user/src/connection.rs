@@ -165,7 +165,7 @@ fn receive(
         ));
     }
     fds.extend(arrived.into_iter().map(|fd| {
-        match crate::streams::examine(fd.as_fd()) {
+        match crate::client_file::examine(fd.as_fd()) {
             Ok(_) => Ok(fd),
             // `fd` drops here, on its way to the closer.
             Err(reason) => Err(format!("the descriptor passed {reason}")),

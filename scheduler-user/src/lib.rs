@@ -13,7 +13,8 @@
 //! ```
 //!
 //! Only the main loop touches the controller, and so the maps, streams and disks; everything
-//! else reaches it over channels. No two modules import each other (`tests/architecture.rs`).
+//! else reaches it over channels. No import cycle of any length between its modules
+//! (`xtask/tests/architecture.rs`, which checks every crate of the workspace).
 //!
 //! | concern | module |
 //! | --- | --- |
@@ -22,11 +23,14 @@
 //! | the configuration file (`/etc/abiss/abissd.toml`) | [`config_file`] |
 //! | readiness notification and journald log levels | [`systemd`] |
 //! | serving a connection: commands, answers, event subscriptions, stats | [`server`] |
+//! | closing what clients pass, on a thread per user ([`server::closer`]) | `server::closer` |
+//! | a thread per user for work that may wait as long as that user likes (closes, window locks) | [`keyed_threads`] |
 //! | protocol lines and passed descriptors on one socket | [`connection`] |
 //! | the control socket's path and lock | [`socket`] |
 //! | stream lifecycle and event dispatch | [`controller`] |
 //! | managed disks, admission, capacity planning, device status | [`disks`] |
-//! | streams and the checks a descriptor passes | [`streams`] |
+//! | streams | [`streams`] |
+//! | what a passed descriptor is, and the checks it passes before it becomes a stream's file | [`client_file`] |
 //! | ring records decoded into typed events | [`kernel_events`] |
 //! | loading the programs, reading and writing their maps | [`tracer`] |
 //! | kernel struct offsets from BTF | [`kernel_layout`] |
@@ -52,6 +56,7 @@
 
 pub mod args;
 pub mod capabilities;
+pub mod client_file;
 pub mod config_file;
 pub mod connection;
 pub mod controller;

@@ -3,6 +3,7 @@
 //! upgrades; it takes typed events (client requests, kernel accesses, finished loads, time),
 //! asks the pure policy what to do, and carries the answers out.
 
+use crate::client_file::{check_file, CheckedFile};
 use crate::server::closer::ClientFd;
 use std::sync::Arc;
 
@@ -27,8 +28,7 @@ use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream_table::StreamTable;
 use crate::streams::{
-    check_file, check_parameters, CheckedFile, Stream, StreamOwner, StreamStart, MAX_STREAMS,
-    MAX_STREAMS_PER_USER,
+    check_parameters, Stream, StreamOwner, StreamStart, MAX_STREAMS, MAX_STREAMS_PER_USER,
 };
 use crate::tracer::BlockTracer;
 use crate::upgrades::ReaderUpgrades;

@@ -178,42 +178,11 @@ fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
     answered
 }
 
-/// Passes one TCP socket whose last close waits `linger_secs` with a `hello` on a connection
-/// of its own, closes our copy and hangs up; its listener (which keeps the linger going) if
-/// the socket was sent. One abissd refused first is reset instead of waiting here.
-fn pass_lingering_socket(socket: &str, linger_secs: i32) -> Option<std::net::TcpListener> {
-    let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
-    let (listener, lingering) = abiss_tests::hostile::lingering_socket(linger_secs);
-    let sent = UnixStream::connect(socket).ok().filter(|stream| {
-        let raw = [lingering.as_raw_fd()];
-        let rights = [ControlMessage::ScmRights(&raw)];
-        sendmsg::<()>(
-            stream.as_raw_fd(),
-            &[IoSlice::new(&line)],
-            &rights,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .is_ok()
-    });
-    if sent.is_none() {
-        let reset = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        let _ = nix::sys::socket::setsockopt(&lingering, nix::sys::socket::sockopt::Linger, &reset);
-    }
-    // Our copy goes first; the connection, with the copy abissd received, after.
-    drop(lingering);
-    drop(sent?);
-    Some(listener)
-}
-
 /// Passes `count` lingering TCP sockets and keeps their listeners (so the lingers last) until
 /// standard input says otherwise.
 fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCode {
     let listeners: Vec<_> = (0..count)
-        .filter_map(|_| pass_lingering_socket(socket, linger_secs))
+        .filter_map(|_| abiss_tests::hostile::pass_lingering_socket(socket, linger_secs))
         .collect();
     println!("handed {}", listeners.len());
     let mut line = String::new();
@@ -239,7 +208,7 @@ fn harass(socket: &str, secs: u64) -> ExitCode {
         {
             held.pop_front();
         }
-        if let Some(listener) = pass_lingering_socket(socket, 30) {
+        if let Some(listener) = abiss_tests::hostile::pass_lingering_socket(socket, 30) {
             held.push_back((now, listener));
             passed += 1;
         }
