@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::LabError;
 use crate::model::{DeviceModel, ModelSpec, Op, ServicePlan};
 use crate::queue::{DeviceQueue, Queued};
-use crate::stats::{percentile, RequestRecord, StatsSummary};
+use crate::stats::{quantile, RequestRecord, StatsSummary};
 use crate::timing::{self, nanos, SPIN_MARGIN};
 
 /// Name of the disk image file at the root of the FUSE mount.
@@ -782,7 +782,7 @@ impl StatsWriter {
         }
         let mut sorted = self.recent_late_ns.clone();
         sorted.sort_unstable();
-        s.late_p99_ns = percentile(&sorted, 99.0).unwrap_or(0);
+        s.late_p99_ns = quantile(&sorted, 0.99).unwrap_or(0);
         // Readers (`abiss-lab status`, the benchmarks) must never see half a summary; it is
         // rewritten every second and need not survive a crash, so it is not synced (a sync
         // would add a journal commit on the emulator's machine every second, for nothing).

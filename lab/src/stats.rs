@@ -185,12 +185,14 @@ pub fn read_summary(path: &Path) -> Result<StatsSummary, LabError> {
 pub fn late_percentile_ns(records: &[RequestRecord], p: f64) -> Option<i64> {
     let mut late: Vec<i64> = records.iter().map(RequestRecord::late_ns).collect();
     late.sort_unstable();
-    percentile(&late, p)
+    quantile(&late, p / 100.0)
 }
 
-/// Nearest-rank percentile of a sorted slice (`p` in 0..=100); `None` if empty.
+/// The value below which `quantile` (0 to 1) of `sorted` (ascending) lies, by nearest rank:
+/// the smallest value with at least that share of the list at or below it; `None` for an
+/// empty list. The one sample quantile of the tests, the benchmarks and the lab.
 #[must_use]
-pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+pub fn quantile<T: Copy>(sorted: &[T], quantile: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
@@ -200,7 +202,7 @@ pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
         clippy::cast_precision_loss,
         reason = "a rank within the slice"
     )]
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    let rank = (quantile * sorted.len() as f64).ceil() as usize;
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
@@ -209,12 +211,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percentile_is_nearest_rank() {
+    fn quantile_is_nearest_rank() {
         let v: Vec<u32> = (1..=100).collect();
-        assert_eq!(percentile(&v, 99.0), Some(99));
-        assert_eq!(percentile(&v, 100.0), Some(100));
-        assert_eq!(percentile(&v, 0.0), Some(1));
-        assert_eq!(percentile::<u32>(&[], 50.0), None);
+        assert_eq!(quantile(&v, 0.99), Some(99));
+        assert_eq!(quantile(&v, 1.0), Some(100));
+        assert_eq!(quantile(&v, 0.0), Some(1));
+        let thousand: Vec<u32> = (1..=1000).collect();
+        assert_eq!(quantile(&thousand, 0.999), Some(999));
+        assert_eq!(quantile::<u32>(&[], 0.5), None);
     }
 
     fn record(seq: u64) -> RequestRecord {

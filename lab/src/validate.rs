@@ -153,16 +153,7 @@ impl std::fmt::Display for ValidationReport {
         )?;
         let excess = &self.small_read_excess_ns;
         if let Some(&max) = excess.last() {
-            let at = |q: f64| {
-                #[expect(
-                    clippy::cast_possible_truncation,
-                    clippy::cast_sign_loss,
-                    clippy::cast_precision_loss,
-                    reason = "an index into the sorted samples"
-                )]
-                let i = ((excess.len() - 1) as f64 * q).round() as usize;
-                excess[i] / 1000
-            };
+            let at = |q: f64| crate::stats::quantile(excess, q).unwrap_or(0) / 1000;
             write!(
                 f,
                 "4 KiB reads over the model: p10 {:+} µs, p50 {:+} µs, p90 {:+} µs, p99 {:+} µs, \

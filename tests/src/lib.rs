@@ -1251,25 +1251,8 @@ impl PacedReport {
     pub fn quantile_ns(&self, quantile: f64) -> u64 {
         let mut sorted = self.latencies_ns.clone();
         sorted.sort_unstable();
-        quantile_of(&sorted, quantile).unwrap_or(0)
+        abiss_lab::stats::quantile(&sorted, quantile).unwrap_or(0)
     }
-}
-
-/// The value below which `quantile` (0 to 1) of `sorted` (ascending) lies: the smallest value
-/// with at least that share of the list at or below it; `None` for an empty list.
-#[must_use]
-pub fn quantile_of<T: Copy>(sorted: &[T], quantile: f64) -> Option<T> {
-    if sorted.is_empty() {
-        return None;
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "an index into the sorted list"
-    )]
-    let index = ((quantile * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    Some(sorted[index])
 }
 
 /// The stream id `abissctl attach` printed.

@@ -294,20 +294,11 @@ pub struct WriteFigures {
     pub worst_lag_ms: f64,
 }
 
-/// The nearest-rank quantile `q` of `sorted`.
+/// `quantile` of `sorted` (ascending), 0 for none: the one sample quantile
+/// ([`abiss_lab::stats::quantile`]) as the reports give it.
 #[must_use]
 pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    #[expect(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        reason = "a rank among a few thousand writes"
-    )]
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
+    abiss_lab::stats::quantile(sorted, q).unwrap_or(0.0)
 }
 
 /// Adds up `writes` (in the order they returned) against a capture buffer of `buffer_ms`.

@@ -31,7 +31,8 @@ fn arg<T: std::str::FromStr>(args: &[String], index: usize, name: &str) -> T {
 }
 
 fn quantile_ms(sorted: &[Duration], quantile: f64) -> f64 {
-    abiss_tests::quantile_of(sorted, quantile).map_or(0.0, |latency| latency.as_secs_f64() * 1000.0)
+    abiss_lab::stats::quantile(sorted, quantile)
+        .map_or(0.0, |latency| latency.as_secs_f64() * 1000.0)
 }
 
 /// The thread's time spent waiting on a run queue so far, ns (the second figure of
