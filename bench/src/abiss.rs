@@ -1,19 +1,19 @@
 //! The ABISS rows: abissd manages the lab disk and every real-time reader's file is attached as
 //! a stream with the reader's rate and playout buffer.
 
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use abiss_client::Client;
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup};
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use crate::configuration::{
     self, Configuration, DaemonFigures, ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup,
 };
+use crate::daemon::{DaemonCommand, DaemonProcess};
 
 /// Pages per credit step, as in the ABISS measurement (20-page batches).
 pub const BATCH_PAGES: u32 = 20;
@@ -90,8 +90,7 @@ impl RunHook for AbissHook {
 /// An abissd of a benchmark, on its own socket; stopped (SIGTERM) on drop.
 #[derive(Debug)]
 pub struct Daemon {
-    child: Child,
-    socket: PathBuf,
+    process: DaemonProcess,
     dir: PathBuf,
 }
 
@@ -108,55 +107,31 @@ impl Daemon {
         // on the root disk (which holds the lab disk's image) that write waited up to 68 ms.
         let dir = Path::new("/dev/shm").join(format!("abiss-bench-daemon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
-        let socket = dir.join("abiss.sock");
-        let state = state_dir.map_or_else(|| dir.join("state"), Path::to_path_buf);
-        let child = Command::new(bin_dir.join("abissd"))
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(&state)
-            .arg("--model-dir")
-            .arg(state.join("models"))
-            .arg("--device")
-            .arg(device)
-            .args(args)
-            // `ABISS_DAEMON_LOG=info` shows what abissd did, as in the tests.
-            .env(
-                "RUST_LOG",
-                std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .spawn()
-            .context("cannot start abissd")?;
-        let daemon = Self { child, socket, dir };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while UnixStream::connect(&daemon.socket).is_err() {
-            if Instant::now() > deadline {
-                bail!("abissd did not start");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let mut command = DaemonCommand::new(bin_dir, &dir)
+            .args(["--device", &device.to_string_lossy()])
+            .args(args);
+        if let Some(state_dir) = state_dir {
+            command = command.state_dir_at(state_dir);
         }
-        Ok(daemon)
+        let process = command.start()?;
+        Ok(Self { process, dir })
     }
 
     /// A client connection.
     pub fn connect(&self) -> anyhow::Result<Client> {
-        Client::connect(&self.socket).context("cannot connect to abissd")
+        Client::connect(self.process.socket()).context("cannot connect to abissd")
     }
 
     /// Its control socket.
     #[must_use]
     pub fn socket(&self) -> &Path {
-        &self.socket
+        self.process.socket()
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own child; SIGTERM is abissd's clean shutdown.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
+        self.process.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -196,7 +171,7 @@ impl StreamCounts {
 
 impl RunSetup for AbissRun {
     fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>> {
-        let mut client = Client::connect(&self.daemon.socket)?;
+        let mut client = Client::connect(self.daemon.socket())?;
         let (buffer, buffer_auto) = self.buffer.request(reader.stream.buffer_bytes);
         let stream = client.attach(
             reader.file,
@@ -223,7 +198,7 @@ impl RunSetup for AbissRun {
     }
 
     fn daemon_figures(&self) -> Option<DaemonFigures> {
-        let mut client = Client::connect(&self.daemon.socket).ok()?;
+        let mut client = Client::connect(self.daemon.socket()).ok()?;
         let (_, groups) = client.latency().ok()?;
         let (_, upgrades) = client.status_and_upgrades().ok()?;
         let buffers = self.buffers.lock().map(|b| b.clone()).unwrap_or_default();

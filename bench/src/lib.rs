@@ -43,6 +43,7 @@ pub mod admission;
 pub mod chart;
 pub mod configuration;
 pub mod cpu;
+pub mod daemon;
 pub mod empty_program;
 pub mod fio;
 pub mod interrupt;

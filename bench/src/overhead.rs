@@ -122,33 +122,26 @@ impl Drop for MemoryDisk {
 
 /// abissd on a private socket, stopped on drop.
 struct BenchDaemon {
-    child: Child,
-    socket: PathBuf,
+    process: crate::daemon::DaemonProcess,
+    dir: PathBuf,
 }
 
 impl BenchDaemon {
     fn start(bin_dir: &Path, extra: &[String]) -> anyhow::Result<Self> {
-        let socket = PathBuf::from(format!("/tmp/abiss-bench-{}.sock", std::process::id()));
-        let child = Command::new(bin_dir.join("abissd"))
-            .arg("--socket")
-            .arg(&socket)
+        let dir = PathBuf::from(format!(
+            "/dev/shm/abiss-bench-overhead-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).context("cannot create the daemon's directory")?;
+        let process = crate::daemon::DaemonCommand::new(bin_dir, &dir)
             .args(extra)
-            .env("RUST_LOG", "warn")
-            .spawn()
-            .context("cannot start abissd")?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if Instant::now() > deadline {
-                bail!("abissd did not start");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(Self { child, socket })
+            .start()?;
+        Ok(Self { process, dir })
     }
 
     fn ctl(&self, bin_dir: &Path) -> Command {
         let mut command = Command::new(bin_dir.join("abissctl"));
-        command.arg("--socket").arg(&self.socket);
+        command.arg("--socket").arg(self.process.socket());
         command
     }
 }
@@ -164,7 +157,8 @@ fn terminate(child: &mut Child) {
 
 impl Drop for BenchDaemon {
     fn drop(&mut self) {
-        terminate(&mut self.child);
+        self.process.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

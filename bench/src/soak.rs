@@ -26,6 +26,7 @@ use abiss_proto::{AttachRequest, ByteRate, ByteSize, StreamTarget};
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
+use crate::daemon::{DaemonCommand, DaemonProcess};
 use crate::report;
 
 /// `abiss-bench soak`.
@@ -446,7 +447,7 @@ struct Soak {
     device: PathBuf,
     disk: String,
     dir: PathBuf,
-    daemon: Option<Child>,
+    daemon: Option<DaemonProcess>,
     original: Option<DiskSettings>,
     baseline: Value,
     kills: Vec<Value>,
@@ -475,57 +476,29 @@ impl Soak {
     }
 
     fn pid(&self) -> u32 {
-        self.daemon.as_ref().map_or(0, Child::id)
+        self.daemon.as_ref().map_or(0, DaemonProcess::pid)
     }
 
     /// Starts abissd (managing the disk, or not: then it only recovers what a killed one
     /// left) and waits until it answers.
     fn start(&mut self, managing: bool) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let mut command = Command::new(self.bin_dir.join("abissd"));
-        command
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .arg("--model-dir")
-            .arg(self.dir.join("models"))
-            .env("RUST_LOG", "error");
+        let mut command = DaemonCommand::new(&self.bin_dir, &self.dir).log("error");
         if managing {
-            command.arg("--device").arg(&self.device);
+            command = command.args(["--device", &self.device.to_string_lossy()]);
         }
-        self.daemon = Some(command.spawn().context("cannot start abissd")?);
-        let deadline = started + Duration::from_secs(30);
-        loop {
-            if Client::connect(&self.socket())
-                .and_then(|mut c| c.list())
-                .is_ok()
-            {
-                return Ok(started.elapsed());
-            }
-            if let Some(status) = self
-                .daemon
-                .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                bail!("abissd exited with {status} before serving");
-            }
-            if Instant::now() > deadline {
-                bail!("abissd did not answer within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.daemon = Some(command.start()?);
+        Ok(started.elapsed())
     }
 
     /// Ends the running abissd: `kill -9`, or SIGTERM.
     fn end(&mut self, kill: bool) -> Option<i32> {
-        let mut child = self.daemon.take()?;
-        let signal = if kill { libc::SIGKILL } else { libc::SIGTERM };
-        if let Ok(pid) = i32::try_from(child.id()) {
-            // SAFETY: kill(2) on our own child.
-            unsafe { libc::kill(pid, signal) };
+        let mut daemon = self.daemon.take()?;
+        if kill {
+            daemon.kill()
+        } else {
+            daemon.stop()
         }
-        child.wait().ok().and_then(|s| s.code())
     }
 
     /// One stream at every level and back (a prefetch worker per level starts with the

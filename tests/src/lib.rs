@@ -104,10 +104,12 @@ impl Drop for Scratch {
 /// A running abissd on its own socket; stopped with SIGTERM on drop.
 #[derive(Debug)]
 pub struct Daemon {
-    child: Option<Child>,
+    process: Option<abiss_bench::daemon::DaemonProcess>,
+    command: abiss_bench::daemon::DaemonCommand,
     socket: PathBuf,
     args: Vec<String>,
-    dir: Scratch,
+    /// Its socket, state and models; removed when it drops.
+    _dir: Scratch,
     /// A load on the lab disk it manages, if it manages one (see [`write_cold_file`]).
     load: Option<DiskLoad>,
 }
@@ -134,12 +136,17 @@ impl Daemon {
         // On tmpfs, as abissd's default /run/abiss is on a systemd machine: a raise writes its
         // record there.
         let dir = Scratch::new_in("/dev/shm", "daemon");
-        let socket = dir.path().join("abiss.sock");
+        let command = abiss_bench::daemon::DaemonCommand::new(
+            binary("abissd").parent().expect("a directory"),
+            dir.path(),
+        )
+        .args(args);
         let mut daemon = Self {
-            child: None,
-            socket,
+            process: None,
+            socket: command.socket(),
+            command,
             args: args.iter().map(|&a| a.to_owned()).collect(),
-            dir,
+            _dir: dir,
             load: None,
         };
         daemon.spawn();
@@ -155,77 +162,35 @@ impl Daemon {
                 .map(|pair| Path::new(&pair[1]));
             self.load = DiskLoad::on(devices);
         }
-        let child = Command::new(binary("abissd"))
-            .arg("--socket")
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(self.state_dir())
-            .arg("--model-dir")
-            .arg(self.model_dir())
-            .args(&self.args)
-            // ABISS_DAEMON_LOG=debug shows the daemon's decisions while a test runs.
-            .env(
-                "RUST_LOG",
-                std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .spawn()
-            .expect("start abissd");
-        self.child = Some(child);
-        self.wait_ready();
+        self.process = Some(self.command.start().expect("start abissd"));
     }
 
     /// The daemon's state directory (device and upgrade records for crash recovery).
     #[must_use]
     pub fn state_dir(&self) -> PathBuf {
-        self.dir.path().join("state")
+        self.command.state_dir()
     }
 
     /// The daemon's model directory (where `abissctl profile --save --model-dir` puts
     /// device models).
     #[must_use]
     pub fn model_dir(&self) -> PathBuf {
-        self.dir.path().join("models")
+        self.command.model_dir()
     }
 
     /// The daemon's process id.
     #[must_use]
     pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("abissd runs").id()
+        self.process.as_ref().expect("abissd runs").pid()
     }
 
     /// Kills the daemon with SIGKILL, as a crash would, and starts a new one with the same
     /// socket, state directory and arguments.
     pub fn crash_and_restart(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.process.take() {
+            process.kill();
         }
         self.spawn();
-    }
-
-    /// Waits until abissd answers a request: the socket accepts connections as soon as it is
-    /// bound, before the programs are loaded and the disks taken, and only the main loop
-    /// answers.
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let answered = abiss_client::Client::connect(&self.socket)
-                .and_then(|mut client| client.call(abiss_proto::Request::Hello))
-                .is_ok();
-            if answered {
-                return;
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Some(status) = child.try_wait().expect("poll abissd") {
-                    panic!("abissd exited with {status} before serving");
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "abissd did not start within 20 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     /// The control socket.
@@ -284,10 +249,7 @@ impl Daemon {
 
     /// Stops the daemon with SIGTERM and returns its exit status code.
     pub fn stop(&mut self) -> Option<i32> {
-        let mut child = self.child.take()?;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid fits"));
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let code = child.wait().ok().and_then(|s| s.code());
+        let code = self.process.take()?.stop();
         self.load = None;
         code
     }

@@ -11,13 +11,15 @@ use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
 use anyhow::{bail, Context};
 use std::os::unix::process::CommandExt;
 
+use abiss_bench::daemon::{DaemonCommand, DaemonProcess};
+
 use crate::shell;
 
 /// Everything the demo made; dropping it removes all of it, also when the demo fails halfway.
 struct DemoSetup {
     dir: PathBuf,
     lab_state: Option<PathBuf>,
-    daemon: Option<Child>,
+    daemon: Option<DaemonProcess>,
     workload: Vec<Child>,
 }
 
@@ -40,11 +42,7 @@ fn kill_group(child: &mut Child) {
 impl DemoSetup {
     fn stop_daemon(&mut self) {
         if let Some(mut daemon) = self.daemon.take() {
-            if let Ok(pid) = libc::pid_t::try_from(daemon.id()) {
-                // SAFETY: SIGTERM to our own child: abissd's clean shutdown.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            let _ = daemon.wait();
+            daemon.stop();
         }
     }
 }
@@ -94,7 +92,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     let source = mount.join("big-copy-source.bin");
 
     step(&format!("starting abissd managing {device}"));
-    start_daemon(root, &socket, &device, &mut setup)?;
+    start_daemon(root, &device, &mut setup)?;
     let ctl = |args: &[&str]| {
         let mut command = Command::new(binary(root, "abissctl"));
         command.arg("--socket").arg(&socket).args(args);
@@ -149,26 +147,20 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
     tear_down(setup)
 }
 
-/// Starts abissd managing `device` (its state in the demo directory), into `setup`, and waits
-/// until it listens on `socket`.
-fn start_daemon(
-    root: &Path,
-    socket: &Path,
-    device: &str,
-    setup: &mut DemoSetup,
-) -> anyhow::Result<()> {
-    let daemon = Command::new(binary(root, "abissd"))
-        .arg("--socket")
-        .arg(socket)
-        .arg("--state-dir")
-        .arg(setup.dir.join("state"))
-        .arg("--model-dir")
-        .arg(setup.dir.join("state/models"))
+/// Starts abissd managing `device` (its socket and state in the demo directory), into
+/// `setup`, and waits until it answers. Its log (`info`: what it attaches, raises and
+/// refuses) is part of what the demo shows.
+fn start_daemon(root: &Path, device: &str, setup: &mut DemoSetup) -> anyhow::Result<()> {
+    let bin_dir = binary(root, "abissd")
+        .parent()
+        .context("the binaries' directory")?
+        .to_path_buf();
+    let daemon = DaemonCommand::new(&bin_dir, &setup.dir)
         .args(["--device", device, "--capacity", "30MB/s"])
-        .spawn()
-        .context("cannot start abissd")?;
+        .log("info")
+        .start()?;
     setup.daemon = Some(daemon);
-    wait_for_socket(socket, setup.daemon.as_mut())
+    Ok(())
 }
 
 /// Starts the best-effort load, copying `source` to `target` over and over in 128 KiB
@@ -307,23 +299,4 @@ fn loaded_abiss_programs() -> usize {
                 .filter(|l| l.contains("name abiss_"))
                 .count()
         })
-}
-
-fn wait_for_socket(socket: &Path, daemon: Option<&mut Child>) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let Some(daemon) = daemon else {
-        bail!("abissd was not started");
-    };
-    loop {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Ok(());
-        }
-        if let Some(status) = daemon.try_wait()? {
-            bail!("abissd exited with {status} before serving its socket");
-        }
-        if Instant::now() > deadline {
-            bail!("abissd did not open {} within 20 s", socket.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
