@@ -10,7 +10,7 @@
 //! `abiss_strerror` on the calling thread. NULL pointers and out-of-range arguments fail with
 //! `EINVAL`; nothing panics across the boundary. Needs a running `abissd`, so Linux 5.15 or
 //! later with BTF; on kernels without read tracking (before 6.12) the position messages this
-//! library sends keep the guarantee (README, "Kernels").
+//! library sends keep the guarantee (docs/kernels.md).
 //!
 //! An `ABISS_FILE` may be used by one thread at a time (as with `FILE` under
 //! `flockfile`): the library does not lock it.

@@ -276,7 +276,7 @@ pub struct AttachRequest {
     pub write: bool,
     /// For a write stream: allocate the file a few seconds of the rate ahead of the writer
     /// (`fallocate` with `KEEP_SIZE`, at most 64 MiB), so it is laid out in large extents.
-    /// Off by default: on ext4 it delays the writer's writes (README, "Write streams").
+    /// Off by default: on ext4 it delays the writer's writes (docs/user-guide.md, "Recordings").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preallocate: bool,
     /// For a read stream: load this much of the file's head at once when the stream starts,

@@ -180,7 +180,7 @@ struct StreamArgs {
     write: bool,
     /// With --write: allocate the file a few seconds of the rate ahead of the writer (at most
     /// 64 MiB), so the recording is laid out in large extents. On ext4 this delays writes
-    /// while the journal is busy; see the README.
+    /// while the journal is busy; see docs/user-guide.md, "Recordings".
     #[arg(long, requires = "write")]
     preallocate: bool,
     /// Load this much of the file's head at once when the stream starts, beyond --buffer (a

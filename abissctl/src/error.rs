@@ -1,4 +1,4 @@
-//! Errors of abissctl, each with its own exit code (the README lists them).
+//! Errors of abissctl, each with its own exit code (docs/user-guide.md lists them).
 
 use abiss_client::ClientError;
 

@@ -71,7 +71,7 @@ pub struct RecordingArgs {
     /// `abissctl run --rate` of each player in the abiss rows (the media is 1 MB/s).
     #[arg(long, default_value = "1.1MB/s")]
     pub player_rate: String,
-    /// `abissctl run --preroll` of each player in the abiss rows, as the README advises for
+    /// `abissctl run --preroll` of each player in the abiss rows, as docs/user-guide.md advises for
     /// players (`0`: none), so their start-up probe is loaded at once.
     #[arg(long, default_value = "6MiB")]
     pub player_preroll: String,

@@ -9,7 +9,7 @@
 //! Every layout is pinned by a size assertion, so a change is a deliberate change on both sides.
 //!
 //! Requires Linux 5.15 or newer with BTF (`/sys/kernel/btf/vmlinux`) for the core; the optional
-//! parts need newer kernels (README, "Kernels"). Verified on 6.18.
+//! parts need newer kernels (docs/kernels.md). Verified on 6.18.
 //!
 //! | concern | module or item |
 //! | --- | --- |

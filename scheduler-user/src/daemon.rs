@@ -114,7 +114,7 @@ pub enum DaemonError {
 }
 
 impl DaemonError {
-    /// The process exit code for this error (documented in the README).
+    /// The process exit code for this error (documented in docs/operator-guide.md).
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -16,36 +16,8 @@
 //! else reaches it over channels. No import cycle of any length between its modules
 //! (`xtask/tests/architecture.rs`, which checks every crate of the workspace).
 //!
-//! | concern | module |
-//! | --- | --- |
-//! | start, main loop, reload, shutdown, exit codes | [`daemon`] |
-//! | the command line (`abissd --help`, the man page, the completions) | [`args`] |
-//! | the configuration file (`/etc/abiss/abissd.toml`) | [`config_file`] |
-//! | readiness notification and journald log levels | [`systemd`] |
-//! | serving a connection: commands, answers, event subscriptions, stats | [`server`] |
-//! | closing what clients pass, on a thread per user ([`server::closer`]) | `server::closer` |
-//! | a thread per user for work that may wait as long as that user likes (closes, window locks) | [`keyed_threads`] |
-//! | protocol lines and passed descriptors on one socket | [`connection`] |
-//! | the control socket's path and lock | [`socket`] |
-//! | stream lifecycle and event dispatch | [`controller`] |
-//! | managed disks, admission, capacity planning, device status | [`disks`] |
-//! | streams | [`streams`] |
-//! | what a passed descriptor is, and the checks it passes before it becomes a stream's file | [`client_file`] |
-//! | ring records decoded into typed events | [`kernel_events`] |
-//! | loading the programs, reading and writing their maps | [`tracer`] |
-//! | kernel struct offsets from BTF | [`kernel_layout`] |
-//! | privilege checks | [`preflight`] |
-//! | optional parts and the kernel hooks they need | [`capabilities`] |
-//! | prefetch: a thread and an `io_uring` per ABISS level, `mlock` | [`prefetch`] |
-//! | a stream's file held by the daemon: mapped to lock a read window, or only open | [`mapped_file`] |
-//! | raising and restoring readers' I/O priority | [`upgrades`] |
-//! | write streams: how far the writer is, write-back through the level's ring, allocation ahead | [`writeback`] |
-//! | the tasks raised threads make: followed by the fork program, put back | [`raised_forks`] |
-//! | the programs' ring buffers handed to the main loop, bounded and in turns | [`ring_pump`] |
-//! | elevator and driver depth of a managed disk, crash recovery | [`device`] |
-//! | eBPF and daemon cost | [`stats`] |
-//! | Prometheus metrics on `--metrics ADDR` (asks the main loop, like a connection) | [`metrics`] |
-//! | pure decisions: playout window, credit timer, admission (model, share), levels, upgrades | [`policy`] |
+//! The module map (every file, by concern) and the flows of an attach and of a raise are in
+//! `docs/architecture.md`; `xtask/tests/doc_index.rs` keeps that map whole.
 //!
 //! The device model and its fitting are in `abiss-model`; the shared system calls (ioprio,
 //! monotonic clock, atomic file writes) in `abiss-os`.

@@ -8,23 +8,55 @@
 //!
 //! | concern | file |
 //! | --- | --- |
-//! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`] | `src/lib.rs` |
+//! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`], [`as_nobody`] | `src/lib.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
+//! | a paced recorder that knows nothing of abiss (write(2), overflows counted) | `src/bin/abiss-test-recorder.rs` |
+//! | an unprivileged user who means harm, run as `nobody` by the security tests | `src/bin/abiss-hostile-client.rs` |
+//! | the protocol fuzzer's hands: does to the socket what each generated case says | `src/bin/abiss-fuzz-client.rs` |
+//! | a FUSE file system `nobody` mounts to stall whoever examines its file | `src/bin/abiss-stalling-fs.rs` |
+//! | **the guarantee and the window** | |
 //! | the guarantee: no missed deadline, pages resident when a read begins | `tests/stream_guarantee.rs` |
 //! | streams: prefetch priority, resident and locked window, rate conformance | `tests/streams.rs` |
+//! | what the window has passed is unlocked and unmapped | `tests/window_release.rs` |
+//! | loads reach the disk in requests as large as the disk takes | `tests/load_requests.rs` |
+//! | abissd's own use of a file leaves its access time alone | `tests/access_time.rs` |
+//! | a rate change on a live stream (fast-forward, slow motion) | `tests/trick_play.rs` |
+//! | several streams of one file; a reader behind a recording | `tests/shared_files.rs` |
+//! | write streams (recordings): write-back at the stream's level, a paced recorder | `tests/recording.rs` |
+//! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
+//! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
+//! | **priorities and admission** | |
 //! | automatic priority upgrades, and putting them back | `tests/upgrades.rs` |
 //! | admission refuses exactly at the capacity `abissctl admit` predicts | `tests/admission_capacity.rs` |
+//! | automatic buffers enlarged for the disk's admission, within the memory budgets | `tests/capacity_buffers.rs` |
+//! | **devices, kernels, tracing** | |
 //! | managed devices: elevator, driver depth, restore, `recover` | `tests/managed_device.rs` |
 //! | `abissctl profile` recovers the emulated disk; bad devices and model files | `tests/device_profile.rs` |
 //! | the tracer counts every request, in the right class, on the right device | `tests/trace_counts.rs` |
 //! | requests attributed to their submitting task and their file | `tests/attribution.rs` |
 //! | optional parts switched off as on older kernels (`--disable`) | `tests/capabilities.rs` |
+//! | this build on the distributions' own kernels, in qemu (`cargo xtask kernels`) | `tests/kernels.rs` |
+//! | **interfaces** | |
 //! | the C API from real C programs | `tests/c_example.rs` |
+//! | abissctl's habits: bcc's `[interval [count]]`, `64k`, RFC 3339 times | `tests/cli_habits.rs` |
+//! | `abissctl top` in a real terminal (tmux) | `tests/top.rs` |
+//! | man pages and completions from `cargo xtask man` | `tests/man_pages.rs` |
+//! | `--metrics` scraped by a real Prometheus; the Grafana dashboard's names | `tests/metrics.rs` |
+//! | abissd as a systemd service under a real systemd (`cargo xtask install`) | `tests/service.rs` |
 //! | bad input: one sentence, its exit code, nothing changed | `tests/bad_input.rs` |
-//! | attacks by an unprivileged user, with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
+//! | **security: an unprivileged user (`nobody`) against abissd** | |
+//! | attacks with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
+//! | start-up fills and seek refills bounded per user | `tests/security_burst.rs` |
+//! | closes that wait as long as their owner likes stay off the main loop | `tests/security_closes.rs` |
+//! | connections: hung-up subscribers, too many, idle | `tests/security_connections.rs` |
+//! | a raise never outlives what it is for, nor passes to a forked task | `tests/security_raises.rs` |
+//! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
+//! | kernel maps, the playout ring, the state directory against users and disk failures | `tests/security_state.rs` |
+//! | the protocol fuzzer (hostile requests and descriptor sets) | `tests/fuzz_protocol.rs` |
 //! | nothing left behind: bounded records, nothing in flight, no programs | `tests/teardown.rs` |
-//! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
+//!
+//! `xtask/tests/doc_index.rs` fails when a file of `tests/` is missing from this table.
 
 use std::ffi::OsStr;
 use std::fs::File;

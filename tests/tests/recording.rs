@@ -644,7 +644,7 @@ const WRITE_GOAL_MS: f64 = 5.0;
 
 /// What a recorder's writes over [`WRITE_GOAL_MS`] waited for. A write that slept in the
 /// kernel's dirty-page throttle was paced by the machine's dirty pages, which every writer of
-/// the disk shares (README, "Write streams"); one whose time less its wait for a CPU is within
+/// the disk shares (docs/user-guide.md, "Recordings"); one whose time less its wait for a CPU is within
 /// the goal waited for the machine's CPUs. Neither is the disk, nor the recording's own pages:
 /// what is left is, and that is what a write stream must keep off a recorder.
 #[derive(Debug, Default)]
@@ -751,7 +751,7 @@ fn recorder_on_a_fresh_lab(name: &str, stream: bool) -> (serde_json::Value, u64)
 /// (`balance_dirty_pages`), which paces every writer of the disk by the best-effort writer's
 /// backlog whether or not it has a stream, and wait for ext4's journal (`wait_transaction_locked`
 /// and `do_get_write_access` from the mtime update of each write, `ext4_da_get_block_prep`),
-/// although the journal thread is raised with the recording (README, "Write streams").
+/// although the journal thread is raised with the recording (docs/user-guide.md, "Recordings").
 /// `ABISS_RECORDING_SECS` shortens it, `ABISS_RECORDER_FIFO=1` runs the recorder
 /// under `SCHED_FIFO`, `ABISS_BDI_MAX_BYTES` sets a strict per-disk dirty limit,
 /// `ABISS_LAZYTIME=1` remounts the lab's file system `lazytime`.

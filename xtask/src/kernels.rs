@@ -915,7 +915,7 @@ fn judge_run(
 /// The attached stream: the paced reader kept its schedule and missed no deadline. Where
 /// abissd follows readers (read-tracking) it must also have seen no page-cache miss; without
 /// it the paced reader, which sends no position messages, outruns the window as documented
-/// (the README's "Kernels"), and its misses are reported, not judged.
+/// (docs/kernels.md), and its misses are reported, not judged.
 fn stream_checks(serial: &Serial, read_secs: u64, follows_readers: bool, checks: &mut Vec<Check>) {
     let reader: Value = serde_json::from_str(serial.block("reader").lines().next().unwrap_or(""))
         .unwrap_or(Value::Null);
