@@ -56,3 +56,17 @@ pub fn is_zombie(pid: i32) -> bool {
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
     })
 }
+
+/// A command that runs `program` as user `uid` and group `gid`, with no supplementary groups
+/// and without capabilities (`setpriv`): how the tests and the benchmarks act as an
+/// unprivileged local user.
+#[must_use]
+pub fn as_user(program: &std::path::Path, uid: u32, gid: u32) -> std::process::Command {
+    let mut setpriv = std::process::Command::new("setpriv");
+    setpriv
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .args(["--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .arg(program);
+    setpriv
+}

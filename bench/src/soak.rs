@@ -699,15 +699,7 @@ impl Worker {
         let me = std::env::current_exe()?;
         let mut command = match user {
             None => Command::new(&me),
-            Some((_, uid, gid)) => {
-                let mut setpriv = Command::new("setpriv");
-                setpriv
-                    .arg(format!("--reuid={uid}"))
-                    .arg(format!("--regid={gid}"))
-                    .args(["--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
-                    .arg(&me);
-                setpriv
-            }
+            Some((_, uid, gid)) => crate::process::as_user(&me, *uid, *gid),
         };
         let mut child = command
             .arg("soak-worker")

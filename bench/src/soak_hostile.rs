@@ -5,7 +5,7 @@
 //! there.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,15 +25,7 @@ pub(crate) struct HostileUser(Child);
 impl HostileUser {
     /// Starts `abiss-hostile-client harass` from `bin_dir` against `socket` for `secs`.
     pub(crate) fn start(bin_dir: &Path, socket: &Path, secs: u64) -> anyhow::Result<Self> {
-        let child = Command::new("setpriv")
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-            ])
-            .arg(bin_dir.join("abiss-hostile-client"))
+        let child = crate::process::as_user(&bin_dir.join("abiss-hostile-client"), 65534, 65534)
             .arg(socket)
             .args(["harass", &secs.to_string(), "0"])
             .stdout(Stdio::piped())

@@ -511,17 +511,7 @@ impl Drop for Ext4Mount {
 /// the tests act as an unprivileged local user.
 #[must_use]
 pub fn as_nobody(program: &Path) -> Command {
-    let mut setpriv = Command::new("setpriv");
-    setpriv
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-        ])
-        .arg(program);
-    setpriv
+    abiss_bench::process::as_user(program, 65534, 65534)
 }
 
 /// A shell of `nobody`'s at best effort 5 that waits for a line on its standard input, then
