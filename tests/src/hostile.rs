@@ -5,6 +5,8 @@ use std::io::{IoSlice, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use abiss_proto::{encode_line, Envelope, Request};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
@@ -60,4 +62,138 @@ pub fn pass_lingering_socket(socket: &str, linger_secs: i32) -> Option<std::net:
     drop(lingering);
     drop(sent?);
     Some(listener)
+}
+
+/// What an ordinary Debian machine lets a user do with FUSE, for one test: `/dev/fuse` open
+/// to all (udev gives it mode 0666; this lab's container has 0600) and `user_allow_other` in
+/// `/etc/fuse.conf` (an administrator's choice, common where users share `sshfs` mounts). Both
+/// are put back as they were when it drops.
+#[derive(Debug)]
+pub struct UsersMayShareFuse {
+    device_mode: u32,
+    config: Option<Vec<u8>>,
+}
+
+const FUSE_CONFIG: &str = "/etc/fuse.conf";
+
+impl UsersMayShareFuse {
+    /// Allows it until the value drops.
+    #[must_use]
+    pub fn allow() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let device_mode = std::fs::metadata("/dev/fuse")
+            .expect("/dev/fuse: install fuse3 (cargo xtask setup)")
+            .permissions()
+            .mode();
+        let config = std::fs::read(FUSE_CONFIG).ok();
+        crate::chmod(Path::new("/dev/fuse"), 0o666);
+        let mut allowed = config.clone().unwrap_or_default();
+        allowed.extend_from_slice(b"\nuser_allow_other\n");
+        std::fs::write(FUSE_CONFIG, allowed).expect("write /etc/fuse.conf");
+        Self {
+            device_mode,
+            config,
+        }
+    }
+}
+
+impl Drop for UsersMayShareFuse {
+    fn drop(&mut self) {
+        crate::chmod(Path::new("/dev/fuse"), self.device_mode & 0o7777);
+        match &self.config {
+            Some(config) => std::fs::write(FUSE_CONFIG, config).expect("restore /etc/fuse.conf"),
+            None => std::fs::remove_file(FUSE_CONFIG).expect("remove /etc/fuse.conf"),
+        }
+    }
+}
+
+/// A child killed when it drops (the stalling file system: its end aborts the connection and
+/// fails every request still waiting on it).
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `abiss-stalling-fs` mounted by `nobody` (as any user can, through set-uid `fusermount3`) on
+/// a mountpoint of its own, with what users need to share FUSE allowed meanwhile. Its file
+/// `media.ts` never answers a request for its attributes; a flush of it is never answered, or
+/// after `flush_after` if given. Unmounted when it drops (the server goes first, which fails
+/// every request still waiting on it).
+#[derive(Debug)]
+pub struct StallingFs {
+    server: KillOnDrop,
+    mountpoint: PathBuf,
+    _scratch: crate::Scratch,
+    _fuse: UsersMayShareFuse,
+}
+
+impl StallingFs {
+    /// Mounts it; panics if `nobody` cannot.
+    #[must_use]
+    pub fn mount(flush_after: Option<Duration>) -> Self {
+        let fuse = UsersMayShareFuse::allow();
+        let scratch = crate::Scratch::new_in("/tmp", "stalling-fs");
+        let mountpoint = scratch.path().join("mnt");
+        std::fs::create_dir(&mountpoint).expect("mountpoint");
+        nix::unistd::chown(&mountpoint, Some(nix::unistd::Uid::from_raw(65534)), None)
+            .expect("chown");
+        // With the ordinary bounding set: `as_nobody` clears it, which would leave
+        // fusermount3 powerless.
+        let mut server = std::process::Command::new("setpriv");
+        server
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "--inh-caps=-all",
+            ])
+            .arg(crate::binary("abiss-stalling-fs"))
+            .arg(&mountpoint)
+            .stdout(std::process::Stdio::piped());
+        if let Some(after) = flush_after {
+            server.arg(after.as_millis().to_string());
+        }
+        let mut server = KillOnDrop(server.spawn().expect("start abiss-stalling-fs"));
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(server.0.stdout.as_mut().expect("piped stdout")),
+            &mut said,
+        )
+        .expect("read abiss-stalling-fs");
+        assert_eq!(
+            said.trim(),
+            "serving",
+            "nobody could not mount the stalling file system"
+        );
+        Self {
+            server,
+            mountpoint,
+            _scratch: scratch,
+            _fuse: fuse,
+        }
+    }
+
+    /// Where it is mounted.
+    #[must_use]
+    pub fn mountpoint(&self) -> PathBuf {
+        self.mountpoint.clone()
+    }
+
+    /// Its file.
+    #[must_use]
+    pub fn file(&self) -> PathBuf {
+        self.mountpoint.join("media.ts")
+    }
+}
+
+impl Drop for StallingFs {
+    fn drop(&mut self) {
+        let _ = self.server.0.kill();
+        let _ = self.server.0.wait();
+    }
 }

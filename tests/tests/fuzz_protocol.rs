@@ -37,7 +37,7 @@ use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestR
 use serde_json::{json, Value};
 
 /// Kinds of descriptor a message may carry (`abiss-fuzz-client` opens them).
-const FD_KINDS: [&str; 11] = [
+const FD_KINDS: [&str; 12] = [
     "file",
     "directory",
     "opath",
@@ -49,6 +49,7 @@ const FD_KINDS: [&str; 11] = [
     "linger",
     "fifo",
     "memfd",
+    "fuse",
 ];
 
 /// How long the daemon may take to give back what a finished case held.
@@ -161,6 +162,8 @@ struct Targets {
     secret_file: PathBuf,
     other_disk: Scratch,
     memory: Scratch,
+    /// A user's FUSE file whose every flush (at every close) is answered only after 200 ms.
+    slow_fs: abiss_tests::hostile::StallingFs,
 }
 
 impl Targets {
@@ -187,6 +190,7 @@ impl Targets {
             secret_file,
             other_disk,
             memory,
+            slow_fs: abiss_tests::hostile::StallingFs::mount(Some(Duration::from_millis(200))),
         }
     }
 
@@ -198,6 +202,7 @@ impl Targets {
             self.managed_file.clone(),
             self.other_disk.path().join("file"),
             self.secret_file.clone(),
+            self.slow_fs.file(),
         ]
     }
 }

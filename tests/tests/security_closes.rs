@@ -5,11 +5,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use abiss_proto::{Request, Response};
-use abiss_tests::{binary, chmod, open_fds, require_root, Connection, Daemon};
+use abiss_tests::hostile::{KillOnDrop, StallingFs};
+use abiss_tests::{binary, open_fds, require_root, Connection, Daemon};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
 fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
@@ -160,57 +161,6 @@ fn a_user_whose_closes_wait_is_refused_and_nobody_else_waits() {
     );
 }
 
-/// What an ordinary Debian machine lets a user do with FUSE, for one test: `/dev/fuse` open
-/// to all (udev gives it mode 0666; this lab's container has 0600) and `user_allow_other` in
-/// `/etc/fuse.conf` (an administrator's choice, common where users share `sshfs` mounts). Both
-/// are put back as they were when it drops.
-struct UsersMayShareFuse {
-    device_mode: u32,
-    config: Option<Vec<u8>>,
-}
-
-const FUSE_CONFIG: &str = "/etc/fuse.conf";
-
-impl UsersMayShareFuse {
-    fn allow() -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let device_mode = std::fs::metadata("/dev/fuse")
-            .expect("/dev/fuse: install fuse3 (cargo xtask setup)")
-            .permissions()
-            .mode();
-        let config = std::fs::read(FUSE_CONFIG).ok();
-        chmod(Path::new("/dev/fuse"), 0o666);
-        let mut allowed = config.clone().unwrap_or_default();
-        allowed.extend_from_slice(b"\nuser_allow_other\n");
-        std::fs::write(FUSE_CONFIG, allowed).expect("write /etc/fuse.conf");
-        Self {
-            device_mode,
-            config,
-        }
-    }
-}
-
-impl Drop for UsersMayShareFuse {
-    fn drop(&mut self) {
-        chmod(Path::new("/dev/fuse"), self.device_mode & 0o7777);
-        match &self.config {
-            Some(config) => std::fs::write(FUSE_CONFIG, config).expect("restore /etc/fuse.conf"),
-            None => std::fs::remove_file(FUSE_CONFIG).expect("remove /etc/fuse.conf"),
-        }
-    }
-}
-
-/// A child killed when it drops (the stalling file system: its end aborts the connection and
-/// fails every request still waiting on it).
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The lines `child` prints, as they come.
 fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
@@ -232,33 +182,10 @@ fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String
 #[test]
 fn a_file_system_that_never_answers_holds_up_nothing() {
     require_root!();
-    let _fuse = UsersMayShareFuse::allow();
     let daemon = Daemon::start();
     let attacker_slot = &mut None;
-    let scratch = abiss_tests::Scratch::new_in("/tmp", "stalling-fs");
-    let mountpoint = scratch.path().join("mnt");
-    std::fs::create_dir(&mountpoint).expect("mountpoint");
-    nix::unistd::chown(&mountpoint, Some(nix::unistd::Uid::from_raw(65534)), None).expect("chown");
-    // nobody mounts it as any user can: through set-uid fusermount3, so with the ordinary
-    // bounding set (`as_nobody` clears it, which would leave fusermount3 powerless).
-    let mut server = Command::new("setpriv");
-    server
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "--inh-caps=-all",
-        ])
-        .arg(binary("abiss-stalling-fs"))
-        .arg(&mountpoint)
-        .stdout(std::process::Stdio::piped());
-    let mut server = KillOnDrop(server.spawn().expect("start abiss-stalling-fs"));
-    let mounted = lines_of(&mut server.0).recv_timeout(Duration::from_secs(10));
-    assert_eq!(
-        mounted.as_deref(),
-        Ok("serving"),
-        "nobody could not mount the stalling file system"
-    );
+    let fs = StallingFs::mount(None);
+    let mountpoint = fs.mountpoint();
     let file = mountpoint.join("media.ts");
     let socket = daemon.socket().to_string_lossy().into_owned();
     let mut attacker = abiss_tests::as_nobody(&binary("abiss-hostile-client"));

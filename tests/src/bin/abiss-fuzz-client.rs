@@ -2,7 +2,7 @@
 //! to abissd's socket exactly what each generated case says, so that the daemon meets the cases
 //! as an unprivileged local user's, while the test (root) generates them and checks the daemon.
 //!
-//! `abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE`
+//! `abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE FUSE_FILE`
 //!
 //! Reads one case per line on standard input, a JSON object:
 //! `{"connections": [{"messages": [{"hex": "…", "fds": ["pipe", …]}], "hang_up": false}]}`.
@@ -19,7 +19,8 @@
 //! manages), `other_disk` (`OTHER_DISK_FILE`, on a disk it does not manage), `linger` (a TCP
 //! socket whose last close waits up to 2 s, `SO_LINGER` with unsent data, until the case ends
 //! and its listener goes), `fifo` (a named pipe, opened read-write) and `memfd` (a file in
-//! memory, `memfd_create`).
+//! memory, `memfd_create`) and `fuse` (`FUSE_FILE`, on a user's FUSE file system whose flushes,
+//! at every close, are answered only after a while).
 use std::fs::File;
 use std::io::{BufRead, BufReader, IoSlice, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -42,6 +43,7 @@ struct Paths {
     managed: String,
     other_disk: String,
     secret: String,
+    fuse: String,
 }
 
 /// What one connection saw.
@@ -57,8 +59,8 @@ struct Outcome {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let [_, socket, file, directory, managed, other_disk, secret] = args.as_slice() else {
-        eprintln!("usage: abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE");
+    let [_, socket, file, directory, managed, other_disk, secret, fuse] = args.as_slice() else {
+        eprintln!("usage: abiss-fuzz-client SOCKET FILE DIRECTORY MANAGED_FILE OTHER_DISK_FILE SECRET_FILE FUSE_FILE");
         return ExitCode::from(2);
     };
     let paths = Paths {
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
         managed: managed.clone(),
         other_disk: other_disk.clone(),
         secret: secret.clone(),
+        fuse: fuse.clone(),
     };
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
@@ -249,6 +252,7 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
         "managed" => open(&paths.managed),
         "other_disk" => open(&paths.other_disk),
         "null" => open("/dev/null"),
+        "fuse" => open(&paths.fuse),
         "opath" => std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH)

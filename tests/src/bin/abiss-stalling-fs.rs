@@ -1,5 +1,5 @@
 //! A FUSE file system an unprivileged user mounts to stall whoever examines its file, run by
-//! the security tests as `nobody`: `abiss-stalling-fs MOUNTPOINT`.
+//! the security tests as `nobody`: `abiss-stalling-fs MOUNTPOINT [FLUSH_AFTER_MS]`.
 //!
 //! It serves one file, `media.ts` (4 MiB of zeros), whose attributes are never cached
 //! (time to live 0). Lookups, opens and reads are answered; a request for the file's
@@ -11,7 +11,8 @@
 //! must never ask the file system anything on behalf of a client before it knows the file
 //! is on a disk it manages.
 //!
-//! Prints `serving` once mounted; unmounts when killed (the kernel aborts the connection
+//! `abiss-stalling-fs MOUNTPOINT FLUSH_AFTER_MS` answers each flush that long after it came
+//! instead (the fuzzer's slow file system). Prints `serving` once mounted; unmounts when killed (the kernel aborts the connection
 //! when the process ends, and every waiting request fails).
 use std::ffi::OsStr;
 use std::process::ExitCode;
@@ -33,8 +34,10 @@ const TTL: Duration = Duration::ZERO;
 struct StallingFs {
     /// Attribute requests for the file, never answered (dropping one would answer EIO).
     held: Vec<ReplyAttr>,
-    /// Flushes of the file, never answered either.
+    /// Flushes of the file, never answered either...
     held_flushes: Vec<ReplyEmpty>,
+    /// ...unless this is given: then each is answered this long after it came.
+    flush_after: Option<Duration>,
 }
 
 fn attr(ino: u64) -> FileAttr {
@@ -87,10 +90,15 @@ impl Filesystem for StallingFs {
         _lock_owner: u64,
         reply: ReplyEmpty,
     ) {
-        if ino == FILE_INO {
-            self.held_flushes.push(reply);
-        } else {
-            reply.ok();
+        match (ino == FILE_INO, self.flush_after) {
+            (true, None) => self.held_flushes.push(reply),
+            (true, Some(after)) => {
+                std::thread::spawn(move || {
+                    std::thread::sleep(after);
+                    reply.ok();
+                });
+            }
+            (false, _) => reply.ok(),
         }
     }
 
@@ -121,9 +129,15 @@ impl Filesystem for StallingFs {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    let [_, mountpoint] = args.as_slice() else {
-        eprintln!("usage: abiss-stalling-fs MOUNTPOINT");
-        return ExitCode::from(2);
+    let (mountpoint, flush_after) = match args.as_slice() {
+        [_, mountpoint] => (mountpoint, None),
+        [_, mountpoint, ms] if ms.parse::<u64>().is_ok() => {
+            (mountpoint, ms.parse().ok().map(Duration::from_millis))
+        }
+        _ => {
+            eprintln!("usage: abiss-stalling-fs MOUNTPOINT [FLUSH_AFTER_MS]");
+            return ExitCode::from(2);
+        }
     };
     let options = [
         MountOption::FSName("abiss-stalling".into()),
@@ -135,6 +149,7 @@ fn main() -> ExitCode {
         StallingFs {
             held: Vec::new(),
             held_flushes: Vec::new(),
+            flush_after,
         },
         std::path::Path::new(mountpoint),
         &options,
