@@ -451,6 +451,8 @@ struct Soak {
     original: Option<DiskSettings>,
     baseline: Value,
     kills: Vec<Value>,
+    /// Set while abissd is killed and restarted (root's asking counts those answers apart).
+    restarting: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Soak {
@@ -466,6 +468,7 @@ impl Soak {
             original: DiskSettings::of(&disk.name),
             baseline: Value::Null,
             kills: Vec::new(),
+            restarting: Arc::default(),
         };
         soak.start(true)?;
         Ok(soak)
@@ -526,6 +529,13 @@ impl Soak {
     /// `kill -9`, then an abissd without disks (it puts back what the killed one left), the
     /// disk's settings compared with the original, and the managing abissd again.
     fn kill_and_restart(&mut self, cycle: u64, baseline_file: &Path) -> anyhow::Result<()> {
+        self.restarting.store(true, Ordering::Relaxed);
+        let result = self.kill_and_restart_now(cycle, baseline_file);
+        self.restarting.store(false, Ordering::Relaxed);
+        result
+    }
+
+    fn kill_and_restart_now(&mut self, cycle: u64, baseline_file: &Path) -> anyhow::Result<()> {
         let before_kill = json!({
             "process": process_footprint(self.pid()),
             "hash_map_entries": hash_map_entries(self.pid()),
@@ -588,7 +598,7 @@ impl Soak {
         // Nobody's attacks and root's view of them last as long as the workers.
         let hostile =
             crate::soak_hostile::HostileUser::start(&self.bin_dir, &self.socket(), 86_400)?;
-        let probe = crate::soak_hostile::StatusProbe::start(&self.socket());
+        let probe = crate::soak_hostile::StatusProbe::start(&self.socket(), &self.restarting);
         let started = Instant::now();
         let mut samples = Vec::new();
         let mut next_kill = args.kill_every;
