@@ -265,10 +265,34 @@ pub struct UringSubmission {
     pub tgid: u32,
     /// Submitting thread.
     pub pid: u32,
+    /// The submitting task's user, whose [`MAX_URING_INFLIGHT_PER_USER`] the request counts
+    /// against until it completes or is dropped.
+    pub uid: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
-/// `io_uring` requests on attached files tracked at once.
-pub const MAX_URING_INFLIGHT: u32 = 4_096;
+/// `io_uring` requests of readers of attached files followed at once, between submission and
+/// completion: [`MAX_URING_INFLIGHT_PER_USER`] for each of 64 users.
+pub const MAX_URING_INFLIGHT: u32 = 16_384;
+
+/// `io_uring` requests one user's readers may have followed at once. Every request of a
+/// process seen reading an attached file is followed (its file is only known at completion),
+/// and one that never completes (a poll, or a read, on a pipe nobody writes) stays until
+/// abissd drops it as stale ([`STALE_URING_NS`]): without a bound per user, one user's 4 096
+/// such requests filled the table every user's requests need. Past it only that user's own
+/// further requests go unfollowed (and unreported).
+pub const MAX_URING_INFLIGHT_PER_USER: u64 = 256;
+
+/// Users whose followed `io_uring` requests are counted at once (the `URING_USERS` map): as
+/// many as processes remembered as readers.
+pub const MAX_URING_USERS: u32 = MAX_FILE_READERS;
+
+/// Age after which abissd drops a followed `io_uring` request (and gives its user's count
+/// back): a read of an attached file on a managed disk completes long before; what is left is
+/// a request that does not read a stream (a poll on a socket or a pipe), or one whose
+/// completion was never seen.
+pub const STALE_URING_NS: u64 = 60_000_000_000;
 
 /// Processes remembered as readers of attached files (least recently seen forgotten first):
 /// only their `io_uring` submissions are followed.
@@ -793,7 +817,7 @@ const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
 const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 40);
 const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
-const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
+const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AttachedFile>() == 24);
