@@ -29,6 +29,18 @@ pub enum Refusal {
         /// The limit.
         max: usize,
     },
+    /// The user holds as many streams of the file as one user may: the file's other slots are
+    /// for other users.
+    #[error(
+        "this user already has {max} streams of {path}, the most one user may have of one file; \
+         detach one first"
+    )]
+    FileFullForUser {
+        /// The file.
+        path: String,
+        /// The limit.
+        max: usize,
+    },
     /// The daemon holds as many streams as it may.
     #[error("abissd already serves {max} streams, its most")]
     DaemonFull {
@@ -75,6 +87,7 @@ impl Refusal {
             Self::BadRequest(_) => ErrorKind::BadRequest,
             Self::AlreadyRecording { .. }
             | Self::FileFull { .. }
+            | Self::FileFullForUser { .. }
             | Self::DaemonFull { .. }
             | Self::UserFull { .. }
             | Self::DoesNotFit(_) => ErrorKind::Refused,

@@ -111,7 +111,10 @@ pub struct AttachedFile {
     /// The file's tag: the id of its first stream, kept while any of its streams lives. Block
     /// requests and page-cache events carry it; abissd finds the stream among the file's.
     pub stream: u64,
-    /// The highest ABISS priority level among the file's streams.
+    /// The most urgent ABISS level among the file's streams (the numerically smallest): a
+    /// request queued below it is reported, and abissd decides by the reader's own stream
+    /// whether it is low for that stream. The least urgent, as before, let one owner's level-7
+    /// stream turn off the reports, and so the raises, of another's level-0 stream.
     pub level: u8,
     /// Padding.
     pub pad: [u8; 3],
@@ -197,11 +200,13 @@ pub struct FillReport {
 /// to the same miss (a readahead inserts its pages within microseconds).
 pub const FILL_REPORT_GAP_NS: u64 = 2_000_000;
 
-/// Reads and faults of one attached file are reported at most one per this long on average,
-/// after a burst of [`READ_REPORT_BURST`] (a token bucket, kept as the time its next token
-/// is due): an owner rereading its own file in a tight loop would otherwise send a record per
-/// read(2) into the ring every stream shares, and crowd other users' misses out of it. This
-/// bounds reads and faults to 10 000 records a second per attached file. Misses are never
+/// Reads and faults of one attached file by one user are reported at most one per this long on
+/// average, after a burst of [`READ_REPORT_BURST`] (a token bucket per file and user, kept as
+/// the time its next token is due): an owner rereading its own file in a tight loop would
+/// otherwise send a record per read(2) into the ring every stream shares, and crowd other
+/// users' misses out of it. Per user, so a co-owner's loop spends its own bucket, not the
+/// other owner's. This bounds reads and faults to 10 000 records a second per attached file
+/// and owner. Misses are never
 /// left out, and a read left out is followed by the reader's next one (whose position is the
 /// newer) or by its miss.
 pub const READ_REPORT_GAP_NS: u64 = 100_000;
@@ -210,6 +215,11 @@ pub const READ_REPORT_GAP_NS: u64 = 100_000;
 /// player's start-up probe (ffmpeg reads 5 MB in 160 reads within milliseconds) and `dd`'s
 /// 2 MiB in 64 KiB reads go through whole, so the window follows them to their last read.
 pub const READ_REPORT_BURST: u64 = 256;
+
+/// Token buckets of [`READ_REPORT_GAP_NS`] kept at once, one per (attached file, reading
+/// user): two owners for each attached file, least recently used forgotten first (a forgotten
+/// bucket starts full again).
+pub const READ_REPORT_BUCKETS: u32 = 2 * MAX_ATTACHED_FILES;
 
 /// A task's access to an attached file, sent to abissd (the daemon's own reads are left out).
 #[repr(C)]
@@ -255,10 +265,34 @@ pub struct UringSubmission {
     pub tgid: u32,
     /// Submitting thread.
     pub pid: u32,
+    /// The submitting task's user, whose [`MAX_URING_INFLIGHT_PER_USER`] the request counts
+    /// against until it completes or is dropped.
+    pub uid: u32,
+    /// Padding.
+    pub pad: u32,
 }
 
-/// `io_uring` requests on attached files tracked at once.
-pub const MAX_URING_INFLIGHT: u32 = 4_096;
+/// `io_uring` requests of readers of attached files followed at once, between submission and
+/// completion: [`MAX_URING_INFLIGHT_PER_USER`] for each of 64 users.
+pub const MAX_URING_INFLIGHT: u32 = 16_384;
+
+/// `io_uring` requests one user's readers may have followed at once. Every request of a
+/// process seen reading an attached file is followed (its file is only known at completion),
+/// and one that never completes (a poll, or a read, on a pipe nobody writes) stays until
+/// abissd drops it as stale ([`STALE_URING_NS`]): without a bound per user, one user's 4 096
+/// such requests filled the table every user's requests need. Past it only that user's own
+/// further requests go unfollowed (and unreported).
+pub const MAX_URING_INFLIGHT_PER_USER: u64 = 256;
+
+/// Users whose followed `io_uring` requests are counted at once (the `URING_USERS` map): as
+/// many as processes remembered as readers.
+pub const MAX_URING_USERS: u32 = MAX_FILE_READERS;
+
+/// Age after which abissd drops a followed `io_uring` request (and gives its user's count
+/// back): a read of an attached file on a managed disk completes long before; what is left is
+/// a request that does not read a stream (a poll on a socket or a pipe), or one whose
+/// completion was never seen.
+pub const STALE_URING_NS: u64 = 60_000_000_000;
 
 /// Processes remembered as readers of attached files (least recently seen forgotten first):
 /// only their `io_uring` submissions are followed.
@@ -783,7 +817,7 @@ const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
 const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 40);
 const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
-const _: () = assert!(core::mem::size_of::<UringSubmission>() == 16);
+const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AttachedFile>() == 24);

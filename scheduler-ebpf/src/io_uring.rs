@@ -2,16 +2,57 @@
 //! remembered (`URING_INFLIGHT`) until they complete, and those on attached files are reported
 //! to abissd (the `PLAYOUT` ring) with their submitter, priority and latency.
 //!
+//! Every request of such a process is remembered (its file is not known yet), so one that never
+//! completes (a poll on a pipe) stays; each user may have `MAX_URING_INFLIGHT_PER_USER` at
+//! once (counted in `URING_USERS`), so one user's stuck requests take only that user's room.
+//!
 //! BTF tracepoints: `io_uring_submit_req`, `io_uring_complete`.
 
-use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission};
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST, helpers::bpf_get_current_uid_gid, macros::btf_tracepoint,
+    programs::BtfTracePointContext,
+};
+use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission, MAX_URING_INFLIGHT_PER_USER};
 
 use crate::kernel::{
     attached_file, current_task_unless, files_attached, inode_key, layout, note_raised_context,
     now_ns, read, report,
 };
-use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT};
+use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT, URING_USERS};
+
+/// User `uid`'s count of followed requests, made at its first request.
+#[inline(always)]
+fn user_count(uid: u32) -> Option<*mut u64> {
+    if let Some(found) = URING_USERS.get_ptr_mut(uid) {
+        return Some(found);
+    }
+    // Two CPUs making it at once make it once.
+    let _ = URING_USERS.insert(uid, 0, u64::from(BPF_NOEXIST));
+    URING_USERS.get_ptr_mut(uid)
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` takes one away) to the count at `count`, with BPF's
+/// atomic add (several CPUs submit for one user at once; `core`'s atomics need compare and
+/// swap, which this target lacks).
+#[inline(always)]
+fn add_to(count: *mut u64, delta: u64) {
+    // SAFETY: an aligned u64 of a live map value.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, delta) };
+}
+
+/// Gives back one of user `uid`'s followed requests (its entry was taken out). A count at zero
+/// stays there: one an emptying of the maps reset is not taken below it.
+#[inline(always)]
+fn give_back(uid: u32) {
+    if let Some(count) = URING_USERS.get_ptr_mut(uid) {
+        // SAFETY: an aligned u64 of a live map value.
+        if unsafe { count.read_volatile() } > 0 {
+            add_to(count, u64::MAX);
+        }
+    }
+}
 
 /// `io_uring_submit_req(req)`: a request leaves the submission queue, in the submitting task
 /// (the ring's owner, or its SQPOLL thread). Its file is not assigned yet, so the submissions
@@ -36,15 +77,40 @@ pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
     // only: its I/O context is what they share.
     note_raised_context();
     let req: u64 = ctx.arg(0);
-    let _ = URING_INFLIGHT.insert(
-        req,
-        UringSubmission {
-            submitted_ns: now_ns(),
-            tgid,
-            pid,
-        },
-        0,
-    );
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the uid")]
+    let uid = bpf_get_current_uid_gid() as u32;
+    let Some(count) = user_count(uid) else {
+        return 0;
+    };
+    add_to(count, 1);
+    // SAFETY: an aligned u64 of a live map value.
+    if unsafe { count.read_volatile() } > MAX_URING_INFLIGHT_PER_USER {
+        // The user's room is full (of requests that have not completed): this one is not
+        // followed, and nobody else's room is taken.
+        add_to(count, u64::MAX);
+        return 0;
+    }
+    // A request at the address of one whose completion was not seen replaces it: that one's
+    // user gets its room back.
+    // SAFETY: pointer to a live map value, one field copied.
+    if let Some(earlier) = URING_INFLIGHT
+        .get_ptr(req)
+        .map(|found| unsafe { (*found).uid })
+    {
+        if URING_INFLIGHT.remove(req).is_ok() {
+            give_back(earlier);
+        }
+    }
+    let submission = UringSubmission {
+        submitted_ns: now_ns(),
+        tgid,
+        pid,
+        uid,
+        pad: 0,
+    };
+    if URING_INFLIGHT.insert(req, submission, 0).is_err() {
+        add_to(count, u64::MAX);
+    }
     0
 }
 
@@ -62,7 +128,11 @@ pub fn abiss_uring_complete(ctx: BtfTracePointContext) -> i32 {
     let Some(submission) = URING_INFLIGHT.get_ptr(req).map(|found| unsafe { *found }) else {
         return 0;
     };
-    let _ = URING_INFLIGHT.remove(req);
+    // Whoever takes the entry out gives its user's room back (abissd may be dropping it as
+    // stale at the same moment).
+    if URING_INFLIGHT.remove(req).is_ok() {
+        give_back(submission.uid);
+    }
     // `req` is untyped here (`void *` in the tracepoint), so the chain is probe-read.
     let Some(file) = read::<u64>(req, layout!(io_kiocb_file)) else {
         return 0;

@@ -13,7 +13,8 @@ use scheduler_common::{
     AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout,
     LatencyCounters, RaiseCounts, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES,
     FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS,
-    MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, PLAYOUT_RING_BYTES,
+    MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, MAX_URING_USERS, PLAYOUT_RING_BYTES,
+    READ_REPORT_BUCKETS,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -60,12 +61,14 @@ pub(crate) static ATTACHED: HashMap<FileKey, AttachedFile> =
 #[map]
 pub(crate) static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES, 0);
 
-/// When each attached file's next read or fault report is due, by file tag: the token bucket
-/// of `READ_REPORT_GAP_NS` and `READ_REPORT_BURST`. LRU: tags of files detached long ago fall
-/// out.
+/// When the next read or fault report of each (attached file, reading user) is due, by
+/// `[file tag, uid]`: the token bucket of `READ_REPORT_GAP_NS` and `READ_REPORT_BURST`, one per
+/// owner, so that a co-owner rereading the file in a loop spends only its own. LRU: buckets of
+/// files detached long ago fall out, and a bucket pushed out (by the readers of a root's file,
+/// who are many) comes back full, which costs ring space, never a report.
 #[map]
-pub(crate) static READ_REPORT_DUE: LruHashMap<u64, u64> =
-    LruHashMap::with_max_entries(MAX_ATTACHED_FILES, 0);
+pub(crate) static READ_REPORT_DUE: LruHashMap<[u64; 2], u64> =
+    LruHashMap::with_max_entries(READ_REPORT_BUCKETS, 0);
 
 /// Processes (tgid) seen reading an attached file, with the stream: their `io_uring` requests
 /// are followed, nobody else's, so other rings pay one lookup per submission.
@@ -73,10 +76,17 @@ pub(crate) static READ_REPORT_DUE: LruHashMap<u64, u64> =
 pub(crate) static FILE_READERS: LruHashMap<u32, u64> =
     LruHashMap::with_max_entries(MAX_FILE_READERS, 0);
 
-/// `io_uring` requests on attached files between submission and completion, by request address.
+/// `io_uring` requests of readers of attached files between submission and completion, by
+/// request address; at most `MAX_URING_INFLIGHT_PER_USER` of one user's (`URING_USERS`).
+/// Whoever takes an entry out (the completion program, or abissd dropping it as stale) gives
+/// its user's count back.
 #[map]
 pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
     HashMap::with_max_entries(MAX_URING_INFLIGHT, 0);
+
+/// How many entries of `URING_INFLIGHT` each user has, by uid (added to atomically).
+#[map]
+pub(crate) static URING_USERS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_URING_USERS, 0);
 
 /// Threads whose new tasks the fork program follows, by thread id: those abissd raised
 /// (written by abissd) and the tasks they made that abissd has not put back yet (written by

@@ -47,7 +47,7 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     }
     // A raised reader is seen here: its I/O context is what its io_uring workers share.
     note_raised_context();
-    if kind != playout_kind::MISS && !read_report_due(attached.stream) {
+    if kind != playout_kind::MISS && !read_report_due(attached.stream, uid) {
         return;
     }
     report_reader(PlayoutEvent {
@@ -59,14 +59,17 @@ fn report_access(inode: u64, first_page: u64, last_page: u64, kind: u32) {
     });
 }
 
-/// Whether a read or fault of the file tagged `stream` is reported now: the file's token
-/// bucket (`READ_REPORT_GAP_NS`, `READ_REPORT_BURST`) holds a token. The map keeps when the
-/// next token is due; a due time more than a burst ahead of now means the bucket is empty.
-/// Two CPUs racing here at worst both report.
+/// Whether a read or fault of the file tagged `stream` by user `uid` is reported now: that
+/// user's token bucket for the file (`READ_REPORT_GAP_NS`, `READ_REPORT_BURST`) holds a token.
+/// Per user, not per file: with one bucket per file, a co-owner rereading one cached byte in a
+/// loop emptied it, and the other owner's reads went unreported (its window stopped following
+/// it, and it missed). The map keeps when the next token is due; a due time more than a burst
+/// ahead of now means the bucket is empty. Two CPUs racing here at worst both report.
 #[inline(always)]
-fn read_report_due(stream: u64) -> bool {
+fn read_report_due(stream: u64, uid: u32) -> bool {
     let now = now_ns();
-    if let Some(due) = READ_REPORT_DUE.get_ptr_mut(stream) {
+    let bucket = [stream, u64::from(uid)];
+    if let Some(due) = READ_REPORT_DUE.get_ptr_mut(&bucket) {
         // SAFETY: a live map value, read and written as one aligned u64.
         unsafe {
             let next = (*due).max(now);
@@ -77,7 +80,7 @@ fn read_report_due(stream: u64) -> bool {
         }
         return true;
     }
-    let _ = READ_REPORT_DUE.insert(stream, now + READ_REPORT_GAP_NS, 0);
+    let _ = READ_REPORT_DUE.insert(&bucket, now + READ_REPORT_GAP_NS, 0);
     true
 }
 

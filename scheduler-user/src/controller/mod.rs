@@ -24,7 +24,9 @@ use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, AddressSpaceBudget, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
 use crate::policy::probe_tail::preroll_locked_bytes;
-use crate::policy::shared_file::{kernel_entry, MAX_STREAMS_PER_FILE};
+use crate::policy::shared_file::{
+    kernel_entry, MAX_STREAMS_PER_FILE, MAX_STREAMS_PER_USER_PER_FILE,
+};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream_table::StreamTable;
 use crate::streams::{
@@ -137,7 +139,7 @@ impl Controller {
         }
         let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
         let for_capacity = sizing.grown();
-        let tag = self.may_share(&file, request.write)?;
+        let tag = self.may_share(&file, request.write, peer_uid)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
         // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
         // everything else has said yes, so a refusal changes nothing.
@@ -272,8 +274,9 @@ impl Controller {
 
     /// Whether a stream may join the streams the file behind `file` already has, and their
     /// tag (`None`: it has none): viewers of one file each have their own stream, up to
-    /// [`MAX_STREAMS_PER_FILE`]; a file has one recording at most.
-    fn may_share(&self, file: &CheckedFile, write: bool) -> Result<Option<u64>, Refusal> {
+    /// [`MAX_STREAMS_PER_FILE`], of which [`MAX_STREAMS_PER_USER_PER_FILE`] of one user's
+    /// (root exempt); a file has one recording at most.
+    fn may_share(&self, file: &CheckedFile, write: bool, uid: u32) -> Result<Option<u64>, Refusal> {
         let Some(tag) = self.streams.tag_of(&file.key) else {
             return Ok(None);
         };
@@ -289,6 +292,17 @@ impl Controller {
             return Err(Refusal::FileFull {
                 path: file.path.clone(),
                 max: MAX_STREAMS_PER_FILE,
+            });
+        }
+        let users = self
+            .streams
+            .of_file(tag)
+            .filter(|s| s.owner_uid == uid)
+            .count();
+        if uid != 0 && users >= MAX_STREAMS_PER_USER_PER_FILE {
+            return Err(Refusal::FileFullForUser {
+                path: file.path.clone(),
+                max: MAX_STREAMS_PER_USER_PER_FILE,
             });
         }
         Ok(Some(tag))

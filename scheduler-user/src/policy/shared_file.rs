@@ -1,7 +1,7 @@
 //! One file, several streams: viewers of one popular file at different points, and a recording
 //! watched while it is being recorded (timeshift).
 //!
-//! The kernel sees one entry per file (its tag, the highest level, whose reads to report), and
+//! The kernel sees one entry per file (its tag, the most urgent level, whose reads to report), and
 //! every access it reports names the file, not the stream. Which stream an access belongs to is
 //! decided here: the stream whose window holds the bytes read, else the stream that process was
 //! seen reading, else a stream still waiting for its first reader. Each stream keeps its own
@@ -15,6 +15,11 @@ use scheduler_common::{AttachedFile, ANY_READER};
 /// The most streams one file may have. Each is a stream of its owner (counted against the
 /// daemon's and the user's limits); this bounds the work of routing one access.
 pub const MAX_STREAMS_PER_FILE: usize = 16;
+
+/// The most streams one user (root exempt) may have of one file: a quarter of
+/// [`MAX_STREAMS_PER_FILE`], so one user's persistent 1 B/s streams cannot take every slot of
+/// a popular file and lock other users out of it.
+pub const MAX_STREAMS_PER_USER_PER_FILE: usize = MAX_STREAMS_PER_FILE / 4;
 
 /// One stream of a file, as routing and the kernel entry see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,10 +40,12 @@ pub struct FileStream {
     pub waiting_for_reader: bool,
 }
 
-/// The kernel's entry for a file whose streams are `streams` (at least one), tagged `tag`.
+/// The kernel's entry for a file whose streams are `streams` (at least one), tagged `tag`, at
+/// the most urgent of their levels: a request below it is reported, and abissd holds it
+/// against the reader's own stream (a raise to a level the thread has already is none).
 #[must_use]
 pub fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
-    let level = streams.iter().map(|s| s.level).max().unwrap_or(0);
+    let level = streams.iter().map(|s| s.level).min().unwrap_or(0);
     let mut owners: Vec<u32> = streams.iter().map(|s| s.owner_uid).collect();
     owners.sort_unstable();
     owners.dedup();
@@ -154,7 +161,7 @@ mod tests {
     }
 
     #[test]
-    fn the_kernel_entry_reports_the_owners_at_the_highest_level() {
+    fn the_kernel_entry_reports_the_owners_at_the_most_urgent_level() {
         let mut streams = vec![viewer(4, 1000, 0..1)];
         assert_eq!(kernel_entry(4, &streams).reader_uids, [1000, 1000]);
         streams.push(FileStream {
@@ -162,7 +169,14 @@ mod tests {
             ..viewer(5, 1001, 0..1)
         });
         let entry = kernel_entry(4, &streams);
-        assert_eq!((entry.stream, entry.level), (4, 3));
+        assert_eq!((entry.stream, entry.level), (4, 1));
+        // Another user's least urgent stream does not hide the first's requests.
+        streams.push(FileStream {
+            level: 7,
+            ..viewer(8, 1001, 0..1)
+        });
+        assert_eq!(kernel_entry(4, &streams).level, 1);
+        streams.pop();
         assert_eq!(entry.reader_uids, [1000, 1001]);
         assert!(entry.reports(1001) && !entry.reports(1002));
         streams.push(viewer(6, 1002, 0..1));
@@ -224,7 +238,7 @@ mod tests {
             let entry = kernel_entry(streams[0].id, &streams);
             for stream in &streams {
                 prop_assert!(entry.reports(stream.owner_uid) || stream.owner_uid == 0);
-                prop_assert!(entry.level >= stream.level);
+                prop_assert!(entry.level <= stream.level);
             }
         }
     }

@@ -100,10 +100,12 @@ impl BlockTracer {
 
     /// Drops request records last used before `now_ns - STALE_REQUEST_NS` (slots of devices
     /// that went idle or away, and requests that vanished without completing or merging), and
-    /// those of disks no longer traced. Returns how many were dropped.
+    /// those of disks no longer traced, and followed `io_uring` requests older than
+    /// `STALE_URING_NS`. Returns how many were dropped.
     pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
-        let old = self.forget_records(|record| record.queued_ns < cutoff)?;
+        let old = self.forget_records(|record| record.queued_ns < cutoff)?
+            + self.sweep_stale_uring(now_ns)?;
         self.retire_ended_streams()?;
         // A program that passed its check just before tracing stopped may have written a
         // record after `set_trace_all` dropped them.

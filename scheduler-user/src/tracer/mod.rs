@@ -1,6 +1,7 @@
 //! Loads, attaches and reads the block-layer tracing programs.
 
 mod histograms;
+mod uring;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,7 +14,7 @@ use aya::{
 };
 use scheduler_common::{
     disk_flags, AttachedFile, Control, FileKey, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RequestOrigin, UringSubmission,
+    LatencyCounters, RequestOrigin,
 };
 
 use crate::capabilities::Feature;
@@ -531,7 +532,7 @@ impl BlockTracer {
         if count == 0 {
             // The completion program stops looking once no file is attached: what is still
             // remembered would never be taken out.
-            self.forget_all::<u64, UringSubmission>("URING_INFLIGHT")?;
+            self.forget_uring()?;
             self.forget_all::<u32, u64>("FILE_READERS")?;
         }
         Ok(())

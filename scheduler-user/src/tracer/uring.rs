@@ -1,0 +1,53 @@
+//! The `io_uring` requests the programs follow (`URING_INFLIGHT`, and each user's count of them
+//! in `URING_USERS`): dropped when they outlive any read of a stream, and forgotten with the
+//! last attached file.
+
+use aya::maps::HashMap;
+use aya::maps::MapData;
+use scheduler_common::{UringSubmission, STALE_URING_NS};
+
+use super::{BlockTracer, TracerError};
+
+impl BlockTracer {
+    /// Drops the followed `io_uring` requests submitted before `now_ns - STALE_URING_NS` (a
+    /// poll or a read on a pipe or a socket that has not completed, or a request whose
+    /// completion was not seen), and gives their users' room back; how many. Each user's
+    /// stuck requests fill only that user's room (`MAX_URING_INFLIGHT_PER_USER`), and this
+    /// lets a user have it back once their requests are old. The count is given back by a read
+    /// and a write, where the programs add atomically: a request the user's readers submit or
+    /// complete between the two is miscounted by one, until the last file is detached and the
+    /// counts start afresh.
+    pub(super) fn sweep_stale_uring(&mut self, now_ns: u64) -> Result<usize, TracerError> {
+        let cutoff = now_ns.saturating_sub(STALE_URING_NS);
+        let name = "URING_INFLIGHT";
+        let mut requests: HashMap<&mut MapData, u64, UringSubmission> = self.typed_map_mut(name)?;
+        let stale: Vec<(u64, u32)> = requests
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(_, submission)| submission.submitted_ns < cutoff)
+            .map(|(req, submission)| (req, submission.uid))
+            .collect();
+        // Only what this removes is given back: the completion program gives back what it
+        // takes out itself.
+        let removed: Vec<u32> = stale
+            .iter()
+            .filter(|(req, _)| requests.remove(req).is_ok())
+            .map(|&(_, uid)| uid)
+            .collect();
+        let name = "URING_USERS";
+        let mut users: HashMap<&mut MapData, u32, u64> = self.typed_map_mut(name)?;
+        for uid in &removed {
+            if let Ok(count) = users.get(uid, 0) {
+                let _ = users.insert(uid, count.saturating_sub(1), 0);
+            }
+        }
+        Ok(removed.len())
+    }
+
+    /// Forgets every followed `io_uring` request and every user's count: no file is attached,
+    /// and the completion program no longer looks.
+    pub(super) fn forget_uring(&mut self) -> Result<(), TracerError> {
+        self.forget_all::<u64, UringSubmission>("URING_INFLIGHT")?;
+        self.forget_all::<u32, u64>("URING_USERS")
+    }
+}
