@@ -110,6 +110,8 @@ pub struct Daemon {
     dir: Scratch,
     /// A load on the lab disk it manages, if it manages one (see [`write_cold_file`]).
     load: Option<DiskLoad>,
+    /// Its standard error goes to this file, at log level info ([`Daemon::start_logging`]).
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -131,6 +133,17 @@ impl Daemon {
     /// Starts abissd with extra arguments (its socket and state directory are private).
     #[must_use]
     pub fn start_with(args: &[&str]) -> Self {
+        Self::launch(args, false)
+    }
+
+    /// Starts abissd with extra arguments, logging at level info to a file [`Daemon::log`]
+    /// reads.
+    #[must_use]
+    pub fn start_logging(args: &[&str]) -> Self {
+        Self::launch(args, true)
+    }
+
+    fn launch(args: &[&str], logging: bool) -> Self {
         // On tmpfs, as abissd's default /run/abiss is on a systemd machine: a raise writes its
         // record there.
         let dir = Scratch::new_in("/dev/shm", "daemon");
@@ -139,11 +152,19 @@ impl Daemon {
             child: None,
             socket,
             args: args.iter().map(|&a| a.to_owned()).collect(),
+            log: logging.then(|| dir.path().join("abissd.log")),
             dir,
             load: None,
         };
         daemon.spawn();
         daemon
+    }
+
+    /// What abissd logged so far (started with [`Daemon::start_logging`]).
+    #[must_use]
+    pub fn log(&self) -> String {
+        let path = self.log.as_ref().expect("started with start_logging");
+        std::fs::read_to_string(path).expect("read abissd's log")
     }
 
     fn spawn(&mut self) {
@@ -155,7 +176,8 @@ impl Daemon {
                 .map(|pair| Path::new(&pair[1]));
             self.load = DiskLoad::on(devices);
         }
-        let child = Command::new(binary("abissd"))
+        let mut command = Command::new(binary("abissd"));
+        command
             .arg("--socket")
             .arg(&self.socket)
             .arg("--state-dir")
@@ -167,9 +189,17 @@ impl Daemon {
             .env(
                 "RUST_LOG",
                 std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .spawn()
-            .expect("start abissd");
+            );
+        if let Some(log) = &self.log {
+            // Appended to: a restart keeps what was logged before it.
+            let file = std::fs::File::options()
+                .create(true)
+                .append(true)
+                .open(log)
+                .expect("open abissd's log");
+            command.env("RUST_LOG", "info").stderr(file);
+        }
+        let child = command.spawn().expect("start abissd");
         self.child = Some(child);
         self.wait_ready();
     }
