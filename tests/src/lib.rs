@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
 
 pub mod hostile;
+pub mod http;
 
 /// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).
 #[must_use]
