@@ -13,13 +13,15 @@ pub enum Refusal {
     BadRequest(String),
     /// The file is being recorded already: a file has one write stream at most.
     #[error(
-        "{path} is already being recorded by stream {stream}; a file has one recording at most"
+        "{path} is already being recorded{}; a file has one recording at most",
+        by_stream(*.stream)
     )]
     AlreadyRecording {
         /// The file.
         path: String,
-        /// Its write stream.
-        stream: u64,
+        /// Its write stream, named only to its owner and root: another user's stream ids are
+        /// not told.
+        stream: Option<u64>,
     },
     /// The file has as many streams as one file may.
     #[error("{path} already has {max} streams, the most one file may; detach one first")]
@@ -56,17 +58,12 @@ pub enum Refusal {
     /// Admission control found no room; the sentence gives the figures.
     #[error("{0}")]
     DoesNotFit(String),
-    /// No stream matches.
+    /// No stream of the asker's matches. Another user's stream gets this answer too, word
+    /// for word, so that no user learns of another's streams by asking.
     #[error("{what} is not attached; `abissctl list` shows the streams")]
     NotAttached {
         /// The stream or file asked for, as a person would name it.
         what: String,
-    },
-    /// The stream is another user's.
-    #[error("stream {stream} belongs to another user; only its owner or root may detach it")]
-    NotOwner {
-        /// The stream.
-        stream: u64,
     },
     /// The device is unknown, or abissd does not manage it.
     #[error("{0}")]
@@ -92,12 +89,16 @@ impl Refusal {
             | Self::UserFull { .. }
             | Self::DoesNotFit(_) => ErrorKind::Refused,
             Self::NotAttached { .. } => ErrorKind::NotFound,
-            Self::NotOwner { .. } => ErrorKind::PermissionDenied,
             Self::UnknownDevice(_) => ErrorKind::UnknownDevice,
             Self::ModelUnusable(_) => ErrorKind::ModelUnusable,
             Self::Internal(_) => ErrorKind::Internal,
         }
     }
+}
+
+/// " by stream N", or nothing when the stream is not the asker's to know.
+fn by_stream(stream: Option<u64>) -> String {
+    stream.map_or_else(String::new, |id| format!(" by stream {id}"))
 }
 
 impl From<Refusal> for Response {
@@ -115,14 +116,27 @@ mod tests {
 
     #[test]
     fn a_refusal_answers_with_its_kind_and_sentence() {
-        let refusal = Refusal::NotOwner { stream: 7 };
+        let refusal = Refusal::NotAttached {
+            what: "stream 7".into(),
+        };
         assert_eq!(
             Response::from(refusal),
             Response::Error {
-                error: ErrorKind::PermissionDenied,
-                message: "stream 7 belongs to another user; only its owner or root may detach it"
-                    .into(),
+                error: ErrorKind::NotFound,
+                message: "stream 7 is not attached; `abissctl list` shows the streams".into(),
             }
+        );
+        let recorded = |stream| Refusal::AlreadyRecording {
+            path: "/a".into(),
+            stream,
+        };
+        assert_eq!(
+            recorded(Some(3)).to_string(),
+            "/a is already being recorded by stream 3; a file has one recording at most"
+        );
+        assert_eq!(
+            recorded(None).to_string(),
+            "/a is already being recorded; a file has one recording at most"
         );
         assert_eq!(Refusal::DaemonFull { max: 3 }.kind(), ErrorKind::Refused);
     }

@@ -22,6 +22,7 @@ pub struct DaemonCommand {
     state: Option<PathBuf>,
     args: Vec<String>,
     log: String,
+    log_file: Option<PathBuf>,
 }
 
 impl DaemonCommand {
@@ -35,6 +36,7 @@ impl DaemonCommand {
             dir: dir.to_path_buf(),
             state: None,
             args: Vec::new(),
+            log_file: None,
             log: std::env::var("ABISS_DAEMON_LOG").unwrap_or_else(|_| "warn".to_owned()),
         }
     }
@@ -64,6 +66,15 @@ impl DaemonCommand {
         self
     }
 
+    /// Its standard error appended to `file` (a restart keeps what was logged before), at log
+    /// level `filter` whatever `ABISS_DAEMON_LOG` says: for a test that reads the log.
+    #[must_use]
+    pub fn log_to(mut self, file: &Path, filter: &str) -> Self {
+        self.log_file = Some(file.to_path_buf());
+        filter.clone_into(&mut self.log);
+        self
+    }
+
     /// The control socket.
     #[must_use]
     pub fn socket(&self) -> PathBuf {
@@ -84,7 +95,8 @@ impl DaemonCommand {
 
     /// Starts abissd and waits until its main loop answers.
     pub fn start(&self) -> anyhow::Result<DaemonProcess> {
-        let child = Command::new(&self.program)
+        let mut command = Command::new(&self.program);
+        command
             .arg("--socket")
             .arg(self.socket())
             .arg("--state-dir")
@@ -92,7 +104,16 @@ impl DaemonCommand {
             .arg("--model-dir")
             .arg(self.model_dir())
             .args(&self.args)
-            .env("RUST_LOG", &self.log)
+            .env("RUST_LOG", &self.log);
+        if let Some(file) = &self.log_file {
+            let log = std::fs::File::options()
+                .create(true)
+                .append(true)
+                .open(file)
+                .with_context(|| format!("cannot open {}", file.display()))?;
+            command.stderr(log);
+        }
+        let child = command
             .spawn()
             .with_context(|| format!("cannot start {}", self.program.display()))?;
         let mut process = DaemonProcess {

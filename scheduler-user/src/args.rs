@@ -87,10 +87,21 @@ pub struct Args {
     /// --locked-memory). Root's streams count only against the total.
     #[arg(long, value_name = "SIZE")]
     pub user_locked_memory: Option<ByteSize>,
-    /// Serve Prometheus metrics on `/metrics` at ADDR, an IP address and port such as
-    /// 127.0.0.1:9565. Off by default.
+    /// Serve Prometheus metrics on `/metrics` at ADDR, a loopback address and port such as
+    /// 127.0.0.1:9565. Off by default. The metrics are root's view: every user's streams with
+    /// their owner's uid, rate and disk, whoever connects; set --metrics-token-file where
+    /// users who should not see that can reach the port.
     #[arg(long, value_name = "ADDR", value_parser = crate::metrics::parse_address)]
     pub metrics: Option<std::net::SocketAddr>,
+    /// Allow --metrics on an address other than loopback (such as 0.0.0.0:9565): the metrics
+    /// are then anyone's who reaches it, unless --metrics-token-file is set too.
+    #[arg(long, requires = "metrics")]
+    pub metrics_remote: bool,
+    /// Answer only scrapes that send the token on the first line of FILE as
+    /// `Authorization: Bearer TOKEN` (Prometheus: `authorization: {credentials_file: FILE}`);
+    /// others get 401. Read at start; FILE must not be readable by other users.
+    #[arg(long, value_name = "FILE", requires = "metrics")]
+    pub metrics_token_file: Option<PathBuf>,
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {

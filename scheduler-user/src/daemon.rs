@@ -65,8 +65,8 @@ pub struct DaemonConfig {
     pub disabled: Vec<Feature>,
     /// What playout buffers may lock, in all and per user.
     pub locked_memory: LockedMemoryBudget,
-    /// Where Prometheus metrics are served (`--metrics`), if anywhere.
-    pub metrics: Option<std::net::SocketAddr>,
+    /// Where and to whom Prometheus metrics are served (`--metrics`), if anywhere.
+    pub metrics: Option<crate::metrics::MetricsSettings>,
 }
 
 /// Reads the configuration again (file and command line) for a reload; the error is one
@@ -225,7 +225,10 @@ fn reconfigure(controller: &mut Controller, running: &mut DaemonConfig, new: Dae
             running.device_config != new.device_config,
         ),
         ("--disable", running.disabled != new.disabled),
-        ("--metrics", running.metrics != new.metrics),
+        (
+            "--metrics/--metrics-remote/--metrics-token-file",
+            running.metrics != new.metrics,
+        ),
         (
             "--locked-memory/--user-locked-memory",
             running.locked_memory != new.locked_memory,
@@ -270,7 +273,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     }
     let support = kernel_layout::resolve(&config.btf)?;
     let (layout, off) = switched_off(support, &config.disabled);
-    let metrics = (config.metrics)
+    let metrics = (config.metrics.as_ref())
         .map(crate::metrics::MetricsListener::bind)
         .transpose()?;
     let socket = ControlSocket::bind(&config.socket)?;

@@ -4,7 +4,7 @@
 //! Outside systemd both are no-ops: without `NOTIFY_SOCKET` nothing is sent, and without
 //! `JOURNAL_STREAM` log lines keep their usual form.
 
-use std::io::Write as _;
+use std::io::Write;
 use std::os::unix::fs::MetadataExt as _;
 
 use log::{warn, Level};
@@ -69,21 +69,83 @@ pub fn syslog_priority(level: Level) -> u8 {
 }
 
 /// Sets up logging (`RUST_LOG`, default `info`): to the journal with priorities when stderr
-/// is the journal (which adds its own time stamps), else with time and level.
+/// is the journal (which adds its own time stamps), else with time and level, as `env_logger`
+/// writes them. Either way a record is one line: its message is written with
+/// [`write_escaped`], since it may hold what clients chose (a path, a thread's name).
 pub fn init_logging() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     if stderr_is_journal() {
         builder.format(|out, record| {
-            writeln!(
+            write!(out, "<{}>", syslog_priority(record.level()))?;
+            write_escaped(out, *record.args())?;
+            writeln!(out)
+        });
+    } else {
+        builder.format(|out, record| {
+            let style = out.default_level_style(record.level());
+            let level = record.level();
+            write!(
                 out,
-                "<{}>{}",
-                syslog_priority(record.level()),
-                record.args()
-            )
+                "[{} {style}{level:<5}{style:#} {}] ",
+                out.timestamp(),
+                record.target()
+            )?;
+            write_escaped(out, *record.args())?;
+            writeln!(out)
         });
     }
     builder.init();
+}
+
+/// Whether `c` is written escaped in a log line: control characters (a newline would start a
+/// line, or with journald an entry at a priority of the writer's choosing; a terminal acts on
+/// escape sequences), the Unicode line and paragraph separators, and the bidirectional
+/// overrides and isolates, which reorder what a terminal shows.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Writes `args` to `out` with every character [`needs_escape`] names escaped as Rust escapes
+/// it (`\n`, `\u{1b}`), so that no file name or thread name a client chose can forge a log
+/// line. A backslash is left as it is: a name holding `\n` as two characters reads like an
+/// escaped newline, but it starts no line.
+pub fn write_escaped(out: &mut impl Write, args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    struct Escaping<'a, W> {
+        out: &'a mut W,
+        error: Option<std::io::Error>,
+    }
+    impl<W: Write> std::fmt::Write for Escaping<'_, W> {
+        fn write_str(&mut self, text: &str) -> std::fmt::Result {
+            let mut rest = text;
+            let written = loop {
+                let Some(at) = rest.find(needs_escape) else {
+                    break self.out.write_all(rest.as_bytes());
+                };
+                let c = rest[at..].chars().next().unwrap_or_default();
+                let escaped = self
+                    .out
+                    .write_all(&rest.as_bytes()[..at])
+                    .and_then(|()| write!(self.out, "{}", c.escape_default()));
+                if escaped.is_err() {
+                    break escaped;
+                }
+                rest = &rest[at + c.len_utf8()..];
+            };
+            written.map_err(|error| {
+                self.error = Some(error);
+                std::fmt::Error
+            })
+        }
+    }
+    let mut escaping = Escaping { out, error: None };
+    match std::fmt::write(&mut escaping, args) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(escaping
+            .error
+            .unwrap_or_else(|| std::io::Error::other("a log message failed to format"))),
+    }
 }
 
 #[cfg(test)]
@@ -96,5 +158,26 @@ mod tests {
         assert_eq!(syslog_priority(Level::Warn), 4);
         assert_eq!(syslog_priority(Level::Info), 6);
         assert_eq!(syslog_priority(Level::Debug), 7);
+    }
+
+    #[test]
+    fn a_message_is_one_line_whatever_a_client_named() {
+        let escaped = |text: &str| {
+            let mut out = Vec::new();
+            write_escaped(&mut out, format_args!("stream 3: {text} at 1 MB/s")).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            escaped("/m/a\n[2026-01-01T00:00:00Z WARN  abissd] forged"),
+            "stream 3: /m/a\\n[2026-01-01T00:00:00Z WARN  abissd] forged at 1 MB/s"
+        );
+        assert_eq!(
+            escaped("x\r\u{1b}[2Jy\u{2028}z\u{202e}é"),
+            "stream 3: x\\r\\u{1b}[2Jy\\u{2028}z\\u{202e}é at 1 MB/s"
+        );
+        assert_eq!(
+            escaped("/plain/ünïcode file"),
+            "stream 3: /plain/ünïcode file at 1 MB/s"
+        );
     }
 }

@@ -15,6 +15,7 @@
 //! | an unprivileged user who means harm, run as `nobody` by the security tests | `src/bin/abiss-hostile-client.rs` |
 //! | the protocol fuzzer's hands: does to the socket what each generated case says | `src/bin/abiss-fuzz-client.rs` |
 //! | a FUSE file system `nobody` mounts to stall whoever examines its file | `src/bin/abiss-stalling-fs.rs` |
+//! | `io_uring` polls that never complete, submitted by a reader of an attached file | `src/bin/abiss-stuck-uring.rs` |
 //! | **the guarantee and the window** | |
 //! | the guarantee: no missed deadline, pages resident when a read begins | `tests/stream_guarantee.rs` |
 //! | streams: prefetch priority, resident and locked window, rate conformance | `tests/streams.rs` |
@@ -49,6 +50,8 @@
 //! | attacks with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
 //! | start-up fills and seek refills bounded per user | `tests/security_burst.rs` |
 //! | closes that wait as long as their owner likes stay off the main loop | `tests/security_closes.rs` |
+//! | what one user learns of others: answers, log lines | `tests/security_privacy.rs` |
+//! | kernel maps one user can fill (`io_uring` requests never completed) deny no other | `tests/security_kernel_maps.rs` |
 //! | connections: hung-up subscribers, too many, idle | `tests/security_connections.rs` |
 //! | a raise never outlives what it is for, nor passes to a forked task | `tests/security_raises.rs` |
 //! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
@@ -70,6 +73,7 @@ use std::time::{Duration, Instant};
 use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
 
 pub mod hostile;
+pub mod http;
 
 /// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).
 #[must_use]
@@ -144,6 +148,8 @@ pub struct Daemon {
     _dir: Scratch,
     /// A load on the lab disk it manages, if it manages one (see [`write_cold_file`]).
     load: Option<DiskLoad>,
+    /// Its standard error goes to this file, at log level info ([`Daemon::start_logging`]).
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -165,14 +171,29 @@ impl Daemon {
     /// Starts abissd with extra arguments (its socket and state directory are private).
     #[must_use]
     pub fn start_with(args: &[&str]) -> Self {
+        Self::launch(args, false)
+    }
+
+    /// Starts abissd with extra arguments, logging at level info to a file [`Daemon::log`]
+    /// reads.
+    #[must_use]
+    pub fn start_logging(args: &[&str]) -> Self {
+        Self::launch(args, true)
+    }
+
+    fn launch(args: &[&str], logging: bool) -> Self {
         // On tmpfs, as abissd's default /run/abiss is on a systemd machine: a raise writes its
         // record there.
         let dir = Scratch::new_in("/dev/shm", "daemon");
-        let command = abiss_bench::daemon::DaemonCommand::new(
+        let log = logging.then(|| dir.path().join("abissd.log"));
+        let mut command = abiss_bench::daemon::DaemonCommand::new(
             binary("abissd").parent().expect("a directory"),
             dir.path(),
         )
         .args(args);
+        if let Some(log) = &log {
+            command = command.log_to(log, "info");
+        }
         let mut daemon = Self {
             process: None,
             socket: command.socket(),
@@ -180,9 +201,17 @@ impl Daemon {
             args: args.iter().map(|&a| a.to_owned()).collect(),
             _dir: dir,
             load: None,
+            log,
         };
         daemon.spawn();
         daemon
+    }
+
+    /// What abissd logged so far (started with [`Daemon::start_logging`]).
+    #[must_use]
+    pub fn log(&self) -> String {
+        let path = self.log.as_ref().expect("started with start_logging");
+        std::fs::read_to_string(path).expect("read abissd's log")
     }
 
     fn spawn(&mut self) {

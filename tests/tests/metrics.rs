@@ -13,48 +13,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_proto::{Log2Histogram, Operation};
+use abiss_tests::http::{exchange, free_address, get, get_with, status_of};
 use abiss_tests::{
-    assert_fails, binary, require_root, wait_until, write_cold_file, Daemon, HddLab, LoopDevice,
-    Scratch,
+    assert_fails, binary, chmod, require_root, wait_until, write_cold_file, Daemon, HddLab,
+    LoopDevice, Scratch,
 };
 
 const PROMETHEUS: &str = "/usr/bin/prometheus";
-
-/// A port nobody listens on now (the kernel's choice, released at once).
-fn free_address() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("its address")
-}
-
-/// Sends `request` as is and reads the whole answer (the server closes after it): the status
-/// and the text.
-fn exchange(address: SocketAddr, request: &[u8]) -> (u16, String) {
-    let mut stream = TcpStream::connect(address).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    stream.write_all(request).expect("send");
-    let mut answer = Vec::new();
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {text:?}"));
-    (status, text)
-}
-
-/// `GET path`: the status and the body.
-fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    let (status, text) = exchange(address, request.as_bytes());
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
-}
 
 /// One scrape of abissd.
 fn scrape(address: SocketAddr) -> String {
@@ -412,38 +377,136 @@ fn the_endpoint_answers_get_on_metrics_only_and_bounds_its_clients() {
     );
     assert_eq!(exchange(address, huge.as_bytes()).0, 431);
 
-    // Eight clients that never finish their request hold every slot: a ninth is turned away
-    // at once, and after the read timeout (5 s) the eight are answered 408 and let go.
+    slow_clients_do_not_keep_a_scraper_out(address);
+}
+
+/// Clients that trickle their request heads, a byte every 100 ms, never finishing them (eight:
+/// as many as there are slots). Before, they held every slot and a scraper was turned away
+/// (503) until they timed out, and again as soon as they came back. Now a scraper that finds
+/// every slot taken takes the slot of the one that has waited longest for its head (which is
+/// answered 503), and those left are still let go after the read timeout (5 s) with 408.
+fn slow_clients_do_not_keep_a_scraper_out(address: SocketAddr) {
     let started = Instant::now();
-    let idle: Vec<TcpStream> = (0..8)
+    let trickling: Vec<TcpStream> = (0..8)
         .map(|_| {
             let mut stream = TcpStream::connect(address).expect("connect");
             stream
-                .write_all(b"GET /metrics HTTP/1.1\r\n")
+                .write_all(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
                 .expect("send");
             stream
         })
         .collect();
+    let writers: Vec<TcpStream> = trickling
+        .iter()
+        .map(|s| s.try_clone().expect("clone"))
+        .collect();
+    let trickle = std::thread::spawn(move || {
+        // Until each is answered (its writes then fail) or 12 s have passed.
+        let mut writers: Vec<Option<TcpStream>> = writers.into_iter().map(Some).collect();
+        while started.elapsed() < Duration::from_secs(12) && writers.iter().any(Option::is_some) {
+            for writer in &mut writers {
+                // Once answered, it stops: a byte sent after the server closed would be
+                // answered with a reset, which can take the unread answer with it.
+                let go_on = writer
+                    .as_mut()
+                    .is_some_and(|w| !answered(w) && w.write_all(b"a").is_ok());
+                if !go_on {
+                    *writer = None;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        get(address, "/metrics").0,
-        503,
-        "a ninth client is turned away"
-    );
-    for mut stream in idle {
+    for scraper in 0..3 {
+        let asked = Instant::now();
+        let (status, body) = get(address, "/metrics");
+        assert_eq!(
+            status, 200,
+            "scraper {scraper} was kept out by 8 trickling clients: {body}"
+        );
+        eprintln!("scraper {scraper} answered in {:?}", asked.elapsed());
+    }
+    let mut statuses = Vec::new();
+    for mut stream in trickling {
         stream
             .set_read_timeout(Some(Duration::from_secs(15)))
             .expect("timeout");
-        let mut answer = String::new();
-        let _ = stream.read_to_string(&mut answer);
-        assert!(answer.starts_with("HTTP/1.1 408 "), "{answer:?}");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        statuses.push(status_of(&String::from_utf8_lossy(&answer)));
     }
     let waited = started.elapsed();
+    trickle.join().expect("the trickling thread");
+    // The first scraper took the oldest one's slot, and gave it back free for the next.
+    assert_eq!(
+        statuses,
+        [503, 408, 408, 408, 408, 408, 408, 408],
+        "the oldest gave way to a scraper, the others timed out"
+    );
     assert!(
         waited >= Duration::from_secs(4) && waited < Duration::from_secs(12),
         "the slow clients were let go after the read timeout ({waited:?})"
     );
     assert_eq!(get(address, "/metrics").0, 200, "the slots are free again");
+}
+
+/// Whether the server has answered on `stream` or closed it (without waiting).
+fn answered(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer that lives across the call, on an open socket.
+    let peeked = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            std::ptr::addr_of_mut!(byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    peeked >= 0
+}
+
+#[test]
+fn with_a_token_file_only_scrapes_that_show_the_token_are_answered() {
+    require_root!();
+    let dir = Scratch::new_in("/tmp", "metrics-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "n0t-a-guess\n").expect("write the token");
+    chmod(&token, 0o600);
+    let address = free_address();
+    let _daemon = Daemon::start_with(&[
+        "--metrics",
+        &address.to_string(),
+        "--metrics-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let (status, text) = exchange(
+        address,
+        b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("WWW-Authenticate: Bearer"), "{text}");
+    assert!(
+        !text.contains("abiss_"),
+        "no metric without the token: {text}"
+    );
+    for wrong in ["n0t-a-gues", "n0t-a-guess2", "N0T-A-GUESS", ""] {
+        let header = format!("Authorization: Bearer {wrong}\r\n");
+        assert_eq!(get_with(address, "/metrics", &header).0, 401, "{wrong:?}");
+    }
+    assert_eq!(
+        get_with(
+            address,
+            "/metrics",
+            "Authorization: Basic bjB0LWEtZ3Vlc3M=\r\n"
+        )
+        .0,
+        401
+    );
+    let (status, body) = get_with(address, "/metrics", "authorization: bearer n0t-a-guess\r\n");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("abiss_daemon_cpu_seconds_total "), "{body}");
 }
 
 #[test]
@@ -453,7 +516,7 @@ fn a_bad_or_busy_metrics_address_stops_abissd_before_it_takes_anything() {
     let socket = dir.path().join("abiss.sock");
     let disk = LoopDevice::new_in("/dev/shm", 16);
     disk.set_scheduler("none");
-    let run = |address: &str| {
+    let run_with = |address: &str, more: &[&str]| {
         Command::new(binary("abissd"))
             .arg("--socket")
             .arg(&socket)
@@ -462,16 +525,37 @@ fn a_bad_or_busy_metrics_address_stops_abissd_before_it_takes_anything() {
             .arg("--device")
             .arg(disk.path())
             .args(["--metrics", address])
+            .args(more)
             .output()
             .expect("run abissd")
     };
+    let run = |address: &str| run_with(address, &[]);
     assert_fails(&run("localhost:9565"), 2, "is not an IP address and port");
     assert_fails(&run("127.0.0.1:0"), 2, "port 0");
 
     let busy = TcpListener::bind("127.0.0.1:0").expect("take a port");
     let address = busy.local_addr().expect("its address").to_string();
     assert_fails(&run(&address), 19, "the port is in use");
-    assert_fails(&run("192.0.2.1:9565"), 19, "no interface of this machine");
+    // Root's view of every stream stays on loopback unless the operator says otherwise.
+    let free = free_address().port();
+    for anywhere in [format!("0.0.0.0:{free}"), format!("[::]:{free}")] {
+        assert_fails(&run(&anywhere), 19, "is not a loopback address");
+    }
+    assert_fails(
+        &run_with("192.0.2.1:9565", &["--metrics-remote"]),
+        19,
+        "no interface of this machine",
+    );
+    // A token others may read is anyone's.
+    let token = dir.path().join("token");
+    std::fs::write(&token, "n0t-a-guess\n").expect("write the token");
+    chmod(&token, 0o644);
+    let with_token = ["--metrics-token-file", token.to_str().unwrap()];
+    assert_fails(
+        &run_with(&free_address().to_string(), &with_token),
+        19,
+        "other users",
+    );
 
     // Nothing was taken: no socket, and the disk keeps its elevator.
     assert!(!socket.exists(), "no control socket was made");

@@ -130,9 +130,9 @@ fn viewers_of_one_file_each_have_their_own_window() {
         daemon.streams()
     );
     assert_eq!(point(&daemon, second), 20 * MIB, "root's stream stayed");
-    // Nobody cannot end root's stream through the shared file.
+    // Nobody cannot end root's stream through the shared file (to nobody it is not there).
     let refused = abissctl_as_nobody(&socket, &["detach", &second.to_string()]);
-    assert_eq!(refused.status.code(), Some(6), "{refused:?}");
+    assert_eq!(refused.status.code(), Some(10), "{refused:?}");
 
     refuses_a_second_recording_and_a_seventeenth_stream(&daemon, &path_text);
 }

@@ -94,7 +94,13 @@ fn daemon_config(args: Args) -> DaemonConfig {
         p_req: args.p_req,
         disabled: args.disabled,
         locked_memory: locked_memory(args.locked_memory, args.user_locked_memory),
-        metrics: args.metrics,
+        metrics: args
+            .metrics
+            .map(|address| abiss_daemon::metrics::MetricsSettings {
+                address,
+                remote: args.metrics_remote,
+                token_file: args.metrics_token_file,
+            }),
     }
 }
 

@@ -139,7 +139,7 @@ impl Controller {
         }
         let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
         let for_capacity = sizing.grown();
-        let tag = self.may_share(&file, request.write, peer_uid)?;
+        let tag = self.may_share(peer_uid, &file, request.write)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
         // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
         // everything else has said yes, so a refusal changes nothing.
@@ -275,16 +275,23 @@ impl Controller {
     /// Whether a stream may join the streams the file behind `file` already has, and their
     /// tag (`None`: it has none): viewers of one file each have their own stream, up to
     /// [`MAX_STREAMS_PER_FILE`], of which [`MAX_STREAMS_PER_USER_PER_FILE`] of one user's
-    /// (root exempt); a file has one recording at most.
-    fn may_share(&self, file: &CheckedFile, write: bool, uid: u32) -> Result<Option<u64>, Refusal> {
+    /// (root exempt); a file has one recording at most, whose id only its owner and root are
+    /// told.
+    fn may_share(
+        &self,
+        peer_uid: u32,
+        file: &CheckedFile,
+        write: bool,
+    ) -> Result<Option<u64>, Refusal> {
         let Some(tag) = self.streams.tag_of(&file.key) else {
             return Ok(None);
         };
         if write {
             if let Some(recording) = self.streams.of_file(tag).find(|s| s.recording.is_some()) {
+                let theirs = peer_uid == 0 || recording.owner_uid == peer_uid;
                 return Err(Refusal::AlreadyRecording {
                     path: file.path.clone(),
-                    stream: recording.id,
+                    stream: theirs.then_some(recording.id),
                 });
             }
         }
@@ -297,9 +304,9 @@ impl Controller {
         let users = self
             .streams
             .of_file(tag)
-            .filter(|s| s.owner_uid == uid)
+            .filter(|s| s.owner_uid == peer_uid)
             .count();
-        if uid != 0 && users >= MAX_STREAMS_PER_USER_PER_FILE {
+        if peer_uid != 0 && users >= MAX_STREAMS_PER_USER_PER_FILE {
             return Err(Refusal::FileFullForUser {
                 path: file.path.clone(),
                 max: MAX_STREAMS_PER_USER_PER_FILE,
@@ -409,18 +416,19 @@ impl Controller {
         Ok(stream.info())
     }
 
-    /// The id of the stream `target` names, if `peer_uid` owns it (root owns all).
+    /// The id of the stream `target` names, if `peer_uid` owns it (root owns all). Another
+    /// user's stream is answered as one that does not exist, word for word: which streams
+    /// other users have, and on which files, is theirs to know.
     fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+        let visible = |s: &&Stream| peer_uid == 0 || s.owner_uid == peer_uid;
         let found = match target {
-            StreamTarget::Id(id) => self.streams.get(*id),
+            StreamTarget::Id(id) => self.streams.get(*id).filter(visible).map(|s| s.id),
             StreamTarget::File { device, inode } => {
-                let of_file = || {
-                    self.streams
-                        .iter()
-                        .filter(|s| s.file_device == *device && s.key.ino == *inode)
-                };
-                let mine: Vec<u64> = of_file()
-                    .filter(|s| peer_uid == 0 || s.owner_uid == peer_uid)
+                let mine: Vec<u64> = self
+                    .streams
+                    .iter()
+                    .filter(|s| s.file_device == *device && s.key.ino == *inode)
+                    .filter(visible)
                     .map(|s| s.id)
                     .collect();
                 if let [_, _, ..] = mine.as_slice() {
@@ -430,23 +438,16 @@ impl Controller {
                         ids.join(", ")
                     )));
                 }
-                // The caller's own, else another's (refused below as not theirs).
-                of_file()
-                    .find(|s| mine.contains(&s.id))
-                    .or_else(|| of_file().next())
+                mine.first().copied()
             }
         };
-        let Some(stream) = found else {
+        found.ok_or_else(|| {
             let what = match target {
                 StreamTarget::Id(id) => format!("stream {id}"),
                 StreamTarget::File { .. } => "that file".to_owned(),
             };
-            return Err(Refusal::NotAttached { what });
-        };
-        if peer_uid != 0 && stream.owner_uid != peer_uid {
-            return Err(Refusal::NotOwner { stream: stream.id });
-        }
-        Ok(stream.id)
+            Refusal::NotAttached { what }
+        })
     }
 
     /// The streams `peer_uid` may see.

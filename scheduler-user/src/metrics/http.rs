@@ -67,11 +67,29 @@ pub fn route(head: &[u8]) -> Route {
     }
 }
 
+/// The credentials of the request's `Authorization: Bearer` header, if it has one.
+#[must_use]
+pub fn bearer_token(head: &[u8]) -> Option<&[u8]> {
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let colon = line.iter().position(|&b| b == b':')?;
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if !name.eq_ignore_ascii_case(b"authorization") {
+            return None;
+        }
+        let scheme = value.get(..7)?;
+        scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| value[7..].trim_ascii())
+    })
+}
+
 /// The reason phrase of the statuses the endpoint answers with.
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
@@ -85,10 +103,10 @@ fn reason(status: u16) -> &'static str {
 /// length, as `HEAD` requires.
 #[must_use]
 pub fn response(status: u16, content_type: &str, body: &[u8], head_only: bool) -> Vec<u8> {
-    let allow = if status == 405 {
-        "Allow: GET, HEAD\r\n"
-    } else {
-        ""
+    let allow = match status {
+        401 => "WWW-Authenticate: Bearer realm=\"abissd\"\r\n",
+        405 => "Allow: GET, HEAD\r\n",
+        _ => "",
     };
     let mut bytes = format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n{allow}Connection: close\r\n\r\n",
@@ -147,6 +165,24 @@ mod tests {
         ] {
             assert_eq!(route(bad), Route::BadRequest, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_bearer_token_is_found_in_any_case_and_only_in_its_header() {
+        let head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nauthorization:  Bearer  abc \r\n\r\n";
+        assert_eq!(bearer_token(head), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"GET /metrics HTTP/1.1\r\n\r\n"), None);
+        assert_eq!(
+            bearer_token(b"GET /metrics HTTP/1.1\r\nAuthorization: Basic abc\r\n\r\n"),
+            None
+        );
+        // The request line is no header.
+        assert_eq!(bearer_token(b"Authorization: Bearer abc\r\n\r\n"), None);
+        let refused = String::from_utf8(error(401, "a token")).unwrap();
+        assert!(
+            refused.contains("401 Unauthorized\r\n")
+                && refused.contains("WWW-Authenticate: Bearer")
+        );
     }
 
     #[test]

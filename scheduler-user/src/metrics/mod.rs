@@ -5,15 +5,23 @@
 //! the answers ([`exposition`]); it reads the daemon's own CPU and memory and the programs'
 //! run time itself. It never sees the controller. Its HTTP is the least Prometheus needs
 //! ([`http`]), bounded so that no client can hold the daemon: at most
-//! [`MAX_CONNECTIONS`] at once (others get 503 at once), a request head of at most
-//! [`MAX_HEAD_BYTES`], read within [`READ_TIMEOUT`], and a whole exchange within
+//! [`MAX_CONNECTIONS`] at once, where a new connection takes the slot of the one that has
+//! waited longest for its request head ([`slots`]; others get 503 at once), a request head of
+//! at most [`MAX_HEAD_BYTES`], read within [`READ_TIMEOUT`], and a whole exchange within
 //! [`EXCHANGE_TIMEOUT`].
+//!
+//! The metrics are root's view: every stream's owner, rate and disk. So they are served on a
+//! loopback address unless the operator says otherwise (`--metrics-remote`), and with
+//! `--metrics-token-file` only to scrapes that show the token.
 
 pub mod exposition;
 pub mod http;
+mod slots;
+mod token;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,11 +30,13 @@ use aya::programs::loaded_programs;
 use log::{info, warn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::server::{Command, Reply};
 use exposition::{ProcessFigures, ProgramRun, Snapshot};
 use http::Route;
+use slots::{Slot, Slots};
+use token::Token;
 
 /// Most scrapes served at once.
 pub const MAX_CONNECTIONS: usize = 8;
@@ -37,9 +47,21 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one exchange (request, snapshot, response) may take in all.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The metrics address could not be taken. The daemon stops before it takes anything else.
+/// Where and to whom the metrics are served (`--metrics`, `--metrics-remote`,
+/// `--metrics-token-file`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsSettings {
+    /// The address to listen on.
+    pub address: SocketAddr,
+    /// An address other than loopback is allowed.
+    pub remote: bool,
+    /// The file whose first line is the token a scrape must show, if any.
+    pub token_file: Option<PathBuf>,
+}
+
+/// The metrics could not be served as asked. The daemon stops before it takes anything else.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot serve metrics on {address}: {why}; choose another --metrics address")]
+#[error("cannot serve metrics on {address}: {why}")]
 pub struct MetricsError {
     address: SocketAddr,
     why: String,
@@ -63,11 +85,27 @@ pub fn parse_address(text: &str) -> Result<SocketAddr, String> {
 #[derive(Debug)]
 pub struct MetricsListener {
     listener: TcpListener,
+    token: Option<Token>,
 }
 
 impl MetricsListener {
-    /// Binds `address`. Must be called inside a tokio runtime.
-    pub fn bind(address: SocketAddr) -> Result<Self, MetricsError> {
+    /// Checks the address and reads the token, then binds. Must be called inside a tokio
+    /// runtime.
+    pub fn bind(settings: &MetricsSettings) -> Result<Self, MetricsError> {
+        let address = settings.address;
+        if !settings.remote && !address.ip().to_canonical().is_loopback() {
+            return Err(MetricsError {
+                address,
+                why: "it is not a loopback address, and the metrics show every user's streams \
+                      to whoever reaches it; give 127.0.0.1:PORT or [::1]:PORT, or add \
+                      --metrics-remote (with --metrics-token-file) to serve them there"
+                    .to_owned(),
+            });
+        }
+        let token = (settings.token_file.as_deref())
+            .map(Token::read)
+            .transpose()
+            .map_err(|why| MetricsError { address, why })?;
         let failed = |error: std::io::Error| {
             let why = match error.kind() {
                 std::io::ErrorKind::AddrInUse => "the port is in use".to_owned(),
@@ -79,12 +117,15 @@ impl MetricsListener {
                 }
                 _ => error.to_string(),
             };
-            MetricsError { address, why }
+            MetricsError {
+                address,
+                why: format!("{why}; choose another --metrics address"),
+            }
         };
         let listener = std::net::TcpListener::bind(address).map_err(failed)?;
         listener.set_nonblocking(true).map_err(failed)?;
         let listener = TcpListener::from_std(listener).map_err(failed)?;
-        Ok(Self { listener })
+        Ok(Self { listener, token })
     }
 
     /// The address it listens on.
@@ -99,6 +140,7 @@ impl MetricsListener {
 struct Sources {
     commands: mpsc::Sender<Command>,
     program_ids: Vec<(String, u32)>,
+    token: Option<Token>,
 }
 
 /// Serves scrapes until the runtime ends. `program_ids` are the daemon's programs (their run
@@ -114,8 +156,9 @@ pub async fn serve(
     let sources = Arc::new(Sources {
         commands,
         program_ids,
+        token: listener.token,
     });
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Slots::new(MAX_CONNECTIONS);
     loop {
         let stream = match listener.listener.accept().await {
             Ok((stream, _)) => stream,
@@ -126,16 +169,16 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            // Full: say so at once rather than queue; a best-effort write to a fresh socket.
+        let Some(slot) = slots.take() else {
+            // Every slot serves a request: say so at once rather than queue; a best-effort
+            // write to a fresh socket.
             let busy = http::error(503, "too many metrics connections at once; retry");
             let _ = stream.try_write(&busy);
             continue;
         };
         let sources = Arc::clone(&sources);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(stream, &sources)).await;
-            drop(slot);
+            let _ = tokio::time::timeout(EXCHANGE_TIMEOUT, exchange(stream, slot, &sources)).await;
         });
     }
 }
@@ -166,11 +209,27 @@ async fn read_head(stream: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
     }
 }
 
-/// Serves one connection: one request, one answer, then it closes.
-async fn exchange(mut stream: TcpStream, sources: &Sources) {
-    let response = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
+/// Serves one connection in `slot`: one request, one answer, then it closes. A newer
+/// connection may take the slot while the head is read; this one is then dropped.
+async fn exchange(mut stream: TcpStream, mut slot: Slot, sources: &Sources) {
+    let read = tokio::select! {
+        read = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)) => read,
+        () = slot.pushed_out() => {
+            let busy = http::error(503, "other connections came while this one's request head did not; send it at once");
+            let _ = stream.try_write(&busy);
+            return;
+        }
+    };
+    if !slot.serve() {
+        return;
+    }
+    let response = match read {
         Err(_) => http::error(408, "the request head took too long"),
         Ok(Err(response)) => response,
+        Ok(Ok(head)) if !admitted(sources, &head) => http::error(
+            401,
+            "abissd's metrics need the token of its --metrics-token-file, as Authorization: Bearer TOKEN",
+        ),
         Ok(Ok(head)) => match http::route(&head) {
             Route::Metrics { head_only } => match gather(sources).await {
                 Some(snapshot) => http::response(
@@ -189,6 +248,14 @@ async fn exchange(mut stream: TcpStream, sources: &Sources) {
     if stream.write_all(&response).await.is_ok() {
         let _ = stream.shutdown().await;
     }
+}
+
+/// Whether the request may have an answer: any, unless a token is set.
+fn admitted(sources: &Sources, head: &[u8]) -> bool {
+    sources
+        .token
+        .as_ref()
+        .is_none_or(|token| token.admits(http::bearer_token(head)))
 }
 
 /// Asks the main loop and waits for its answer; `None` once it has stopped.
