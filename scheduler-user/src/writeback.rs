@@ -20,6 +20,9 @@ use std::sync::Arc;
 use abiss_proto::RecordingInfo;
 use log::{info, warn};
 
+mod give_back;
+pub use give_back::GiveBack;
+
 pub use crate::policy::write_behind::MAX_PREALLOCATE_AHEAD;
 use crate::policy::write_behind::{WriteAction, WriteBehind, WriteBehindShape};
 use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
