@@ -321,8 +321,7 @@ impl Controller {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
-        self.departed
-            .note(stream.readers.keys().copied(), monotonic_ns());
+        self.departed.note(stream.readers.pids(), monotonic_ns());
         self.prefetch.cancel(stream.granted.priority, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
