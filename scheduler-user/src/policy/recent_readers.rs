@@ -115,7 +115,7 @@ mod tests {
 
     proptest! {
         /// Whatever the reports, the list never passes its bound, the latest reader is
-        /// always listed, and nobody idle past READER_IDLE_NS + PRUNE_EVERY_NS is.
+        /// always listed, and nobody idle past `READER_IDLE_NS + PRUNE_EVERY_NS` is.
         #[test]
         fn bounded_and_fresh(reports in proptest::collection::vec((0u32..500, 0u64..3_000 * MS), 1..2000)) {
             let mut readers = RecentReaders::default();

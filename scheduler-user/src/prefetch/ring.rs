@@ -451,7 +451,7 @@ mod tests {
         let file = dir.join("nobody's");
         std::fs::write(&file, b"x").expect("write");
         std::os::unix::fs::chown(&file, Some(65534), Some(65534)).expect("chown");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).expect("chmod");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).expect("chmod");
         let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).expect("path");
 
         let mut ring = IoUring::new(8).expect("ring");

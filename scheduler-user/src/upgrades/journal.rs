@@ -199,7 +199,7 @@ mod tests {
 
     /// Recordings that start over and over find the journal thread with one scan of `/proc`;
     /// a thread that is gone (the file system mounted anew) is looked for again, and a file
-    /// system without one at most every NO_JOURNAL_RECHECK_NS.
+    /// system without one at most every `NO_JOURNAL_RECHECK_NS`.
     #[test]
     fn the_journal_thread_is_scanned_for_once_per_file_system() {
         let mut journals = JournalThreads::default();

@@ -103,7 +103,7 @@ fn serve(receiver: &Receiver<Ended>) {
     let mut open = true;
     while open || !waiting.is_empty() {
         let next_due = waiting.iter().map(|w| w.due).min();
-        let received = match next_due {
+        let arrived = match next_due {
             _ if !open => None,
             None => receiver.recv().ok().or_else(|| {
                 open = false;
@@ -119,7 +119,7 @@ fn serve(receiver: &Receiver<Ended>) {
                 }
             },
         };
-        if let Some(ended) = received {
+        if let Some(ended) = arrived {
             match reopen(ended.file.fd(), std::fs::OpenOptions::new().write(true)) {
                 Ok(file) => waiting.push(Waiting {
                     stream: ended.stream,
