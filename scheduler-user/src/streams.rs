@@ -32,7 +32,6 @@ pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
 /// Largest start-up preroll (64 MiB): it is locked memory and a real-time burst.
 pub const MAX_PREROLL_BYTES: u64 = 64 << 20;
-pub use crate::policy::recent_readers::READER_IDLE_NS;
 /// How often a read stream whose window reaches the end of its file looks whether the file
 /// grew (a recording being watched, by abiss or anything else).
 pub const GROWTH_POLL_NS: u64 = 100_000_000;
