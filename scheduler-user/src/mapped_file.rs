@@ -30,11 +30,22 @@ pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
 /// The reopen is refused (`O_NOATIME` needs the file's owner or `CAP_FOWNER`), or the
 /// reopened file is not the same file; the caller then maps the client's descriptor.
 pub fn reopen_without_atime(fd: &ClientFd) -> io::Result<ClientFd> {
+    reopen(
+        fd,
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOATIME),
+    )
+}
+
+/// The file of `fd` opened anew with `options`, checked to be the same file, closed the way
+/// `fd` is.
+///
+/// # Errors
+/// The reopen is refused, or the reopened file is not the same file.
+pub(crate) fn reopen(fd: &ClientFd, options: &std::fs::OpenOptions) -> io::Result<ClientFd> {
     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    let reopened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOATIME)
-        .open(proc_path)?;
+    let reopened = options.open(proc_path)?;
     let original = nix::sys::stat::fstat(fd.as_raw_fd())?;
     let now = reopened.metadata()?;
     if (original.st_dev, original.st_ino) != (now.dev(), now.ino()) {

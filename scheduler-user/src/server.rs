@@ -267,7 +267,13 @@ async fn serve_requests(
                 return;
             }
         };
-        if !*tracing && matches!(envelope.request, Request::Latency | Request::Events) {
+        // Tracing every disk puts the block programs on every request of the machine: root's
+        // `trace` and `events` switch it on; another user's see the disks traced anyway
+        // (the managed ones), so no user can make every disk's I/O pay for their watching.
+        if !*tracing
+            && peer_uid == 0
+            && matches!(envelope.request, Request::Latency | Request::Events)
+        {
             if ask(context, Command::StartTracing).await.is_none() {
                 let _ = send(socket, &shutting_down()).await;
                 return;

@@ -1,7 +1,6 @@
-//! Streams: attached files with a granted rate, each with its playout buffer, and the checks a
-//! client's descriptor must pass before it becomes one.
+//! Streams: attached files with a granted rate, each with its playout buffer (the checks a
+//! client's descriptor passes first are in `client_file`).
 
-use std::collections::HashMap;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
@@ -15,6 +14,7 @@ use crate::client_file::{AttachError, CheckedFile};
 use crate::policy::admission::StreamDemand;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
 use crate::policy::rate_history::RateHistory;
+use crate::policy::recent_readers::RecentReaders;
 use crate::policy::shared_file::FileStream;
 use crate::policy::write_behind::WriteBehindShape;
 use crate::prefetch::MappedFile;
@@ -30,8 +30,6 @@ pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
 /// Largest start-up preroll (64 MiB): it is locked memory and a real-time burst.
 pub const MAX_PREROLL_BYTES: u64 = 64 << 20;
-/// Tasks not seen reading a stream's file for this long are no longer listed as readers.
-pub const READER_IDLE_NS: u64 = 10_000_000_000;
 /// How often a read stream whose window reaches the end of its file looks whether the file
 /// grew (a recording being watched, by abiss or anything else).
 pub const GROWTH_POLL_NS: u64 = 100_000_000;
@@ -120,8 +118,8 @@ pub struct Stream {
     pub file: Arc<MappedFile>,
     /// The window state machine.
     pub playout: PlayoutBuffer,
-    /// Recent readers: pid → (command, last seen).
-    pub readers: HashMap<u32, (String, u64)>,
+    /// Recent readers, bounded.
+    pub readers: RecentReaders,
     /// Reads that missed the page cache where the window should have held their data.
     pub misses: u64,
     /// Reads that waited for the window a seek asked for.
@@ -218,7 +216,7 @@ impl Stream {
             file_bytes: file.bytes,
             file: mapped,
             playout,
-            readers: HashMap::new(),
+            readers: RecentReaders::default(),
             misses: 0,
             seek_waits: 0,
             uring_requests: 0,
@@ -326,16 +324,14 @@ impl Stream {
             level: self.granted.priority,
             recording: self.recording.is_some(),
             window: self.playout.window_start().min(from)..to,
-            known_reader: self.readers.contains_key(&tgid),
+            known_reader: self.readers.contains(tgid),
             waiting_for_reader: self.readers.is_empty(),
         }
     }
 
     /// Notes a reader task.
     pub fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
-        self.readers.insert(pid, (comm, now_ns));
-        self.readers
-            .retain(|_, (_, seen)| now_ns.saturating_sub(*seen) < READER_IDLE_NS);
+        self.readers.saw(pid, comm, now_ns);
     }
 
     /// The stream as clients see it.
@@ -345,9 +341,9 @@ impl Stream {
         let mut readers: Vec<ReaderInfo> = self
             .readers
             .iter()
-            .map(|(pid, (comm, _))| ReaderInfo {
-                pid: *pid,
-                comm: comm.clone(),
+            .map(|(pid, comm)| ReaderInfo {
+                pid,
+                comm: comm.to_owned(),
                 upgraded: false,
             })
             .collect();

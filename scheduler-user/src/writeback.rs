@@ -7,8 +7,13 @@
 //! the file's real dirty pages with `cachestat` (Linux 6.5) for `abissctl list`.
 //!
 //! abissd runs as root, which may allocate blocks that the file system keeps back for root and
-//! beyond the owner's quota. So it allocates ahead only while the file system has room for
-//! ordinary users (`f_bavail`), and never more than [`MAX_PREALLOCATE_AHEAD`] per stream.
+//! beyond the owner's quota. So the allocation runs with credentials without any capability
+//! (the ring's personality, `prefetch::ring`), which the quota of the file's owner binds as it
+//! binds the owner; it is made only while the file system has room for ordinary users
+//! (`f_bavail`: ext4 lets root's user id into its reserve even without capabilities); a stream
+//! allocates at most [`MAX_PREALLOCATE_AHEAD`] ahead, and no faster than twice that at once
+//! plus its rate; and what it allocated past the file's end is given back when the stream ends
+//! ([`GiveBack`]).
 
 use std::io;
 use std::ops::Range;
@@ -19,6 +24,9 @@ use std::sync::Arc;
 
 use abiss_proto::RecordingInfo;
 use log::{info, warn};
+
+mod give_back;
+pub use give_back::GiveBack;
 
 pub use crate::policy::write_behind::MAX_PREALLOCATE_AHEAD;
 use crate::policy::write_behind::{WriteAction, WriteBehind, WriteBehindShape};

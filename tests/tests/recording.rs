@@ -21,7 +21,7 @@ use abiss_proto::{
     Request, RequestRecord, Response,
 };
 use abiss_tests::{
-    abiss_c_library, abissctl_as_nobody, assert_fails, attached_id, binary, chmod,
+    abiss_c_library, abissctl_as_nobody, as_nobody, assert_fails, attached_id, binary, chmod,
     compile_c_example, evict, paced_read, require_root, resident_bytes,
     run_at_realtime_cpu_priority, Daemon, Ext4Mount, HddLab, LoopDevice, PacedReport, Scratch,
 };
@@ -416,6 +416,59 @@ fn a_recording_asked_to_is_allocated_ahead_of_its_writer() {
     );
     let recording = daemon.streams()[0].recording.clone().expect("a recording");
     assert!(recording.preallocated_end >= 7 * MIB, "{recording:?}");
+}
+
+/// Blocks allocated ahead of a recording's writer are given back when its stream ends (issue
+/// 33): nobody records with `--preallocate`, writes 3 MiB, closes the file and detaches; the
+/// file keeps its size and every byte written, and no block past its end. Before, the 4 MiB
+/// or more allocated ahead stayed the owner's for as long as the file did.
+#[test]
+fn blocks_allocated_ahead_are_given_back_when_the_recording_ends() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    chmod(fs.path(), 0o777);
+    let file = fs.path().join("nobody.ts");
+    let path = file.to_string_lossy().into_owned();
+    let as_nobody_sh = |script: &str| {
+        let status = as_nobody(Path::new("/bin/sh"))
+            .args(["-c", script])
+            .status()
+            .expect("run sh as nobody");
+        assert!(status.success(), "{script}");
+    };
+    as_nobody_sh(&format!("touch '{path}'"));
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let id = attached_id(&abissctl_as_nobody(
+        &socket,
+        &[
+            "attach",
+            &path,
+            "--write",
+            "--preallocate",
+            "--rate",
+            "1MiB/s",
+        ],
+    ));
+    as_nobody_sh(&format!(
+        "head -c {} /dev/zero | tr '\\0' a >> '{path}'",
+        3 * MIB
+    ));
+    let allocated = || std::fs::metadata(&file).expect("stat").blocks() * 512;
+    assert!(
+        abiss_tests::wait_until(Duration::from_secs(2), || allocated() >= 7 * MIB),
+        "allocated {} bytes ahead of 3 MiB written",
+        allocated()
+    );
+    let detach = abissctl_as_nobody(&socket, &["detach", &id.to_string()]);
+    assert!(detach.status.success(), "{}", abiss_tests::stderr(&detach));
+    let given_back = abiss_tests::wait_until(Duration::from_secs(10), || {
+        allocated() <= 3 * MIB + 64 * 1024
+    });
+    let data = std::fs::read(&file).expect("read");
+    assert!(given_back, "{} bytes still allocated", allocated());
+    assert_eq!(data.len() as u64, 3 * MIB, "the size is the writer's");
+    assert!(data.iter().all(|&b| b == b'a'), "every byte written stays");
 }
 
 /// A write stream needs a descriptor open for writing; it is refused on a disk abissd does not

@@ -265,3 +265,47 @@ fn capacity_plans_back_to_back_never_keep_root_waiting() {
         .expect("stop the flood");
     assert!(flood.wait().expect("wait").success());
 }
+
+/// Only root's `trace` switches tracing of every disk on (issue 33): it puts the block programs
+/// on every request of the machine, and before, any user's `trace` or `events` did it for as
+/// long as they watched. nobody's trace shows the managed disks, which are traced anyway.
+#[test]
+fn only_roots_trace_follows_every_disk() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let pid = daemon.pid();
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let watch = |trace: &mut std::process::Child| {
+        let mut switched = false;
+        while trace.try_wait().expect("wait").is_none() {
+            switched |= control_switches(pid).1 == 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        switched
+    };
+    let args = ["trace", "--json", "--interval", "1", "--count", "1"];
+    let mut nobodys = abiss_tests::as_nobody(&binary("abissctl"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start nobody's trace");
+    assert!(
+        !watch(&mut nobodys),
+        "nobody's trace switched every disk on"
+    );
+    let output = nobodys.wait_with_output().expect("nobody's trace");
+    assert!(output.status.success(), "{output:?}");
+    let mut roots = std::process::Command::new(binary("abissctl"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start root's trace");
+    assert!(watch(&mut roots), "root's trace follows every disk");
+    let _ = roots.wait();
+    assert_eq!(control_switches(pid).1, 0, "off once root's trace ended");
+}

@@ -34,6 +34,7 @@ use crate::streams::{
 };
 use crate::tracer::BlockTracer;
 use crate::upgrades::ReaderUpgrades;
+use crate::writeback::GiveBack;
 use access::RaiseBounds;
 
 /// The main loop's state.
@@ -51,6 +52,8 @@ pub struct Controller {
     tails: LatencyTails,
     /// Readers of streams that just ended.
     departed: access::DepartedReaders,
+    /// Blocks ended recordings allocated ahead, given back off the main loop.
+    give_back: GiveBack,
 }
 
 impl Controller {
@@ -74,6 +77,7 @@ impl Controller {
             burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
             tails: LatencyTails::default(),
             departed: access::DepartedReaders::default(),
+            give_back: GiveBack::default(),
         }
     }
 
@@ -338,8 +342,7 @@ impl Controller {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
-        self.departed
-            .note(stream.readers.keys().copied(), monotonic_ns());
+        self.departed.note(stream.readers.pids(), monotonic_ns());
         self.prefetch.cancel(stream.granted.priority, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
@@ -354,7 +357,12 @@ impl Controller {
         }
         self.upgrades.end_stream(id, &mut self.tracer);
         self.charge_owed(monotonic_ns());
-        if stream.recording.is_some() {
+        if let Some(recording) = &stream.recording {
+            if recording.window.preallocated_bytes() > 0 {
+                let allocated_end = recording.window.allocated_end();
+                self.give_back
+                    .ended(id, Arc::clone(&stream.file), allocated_end);
+            }
             // The journal's raise was this recording's: another on the file system keeps it.
             if let Some(other) = self
                 .streams

@@ -56,6 +56,12 @@ use state::{
     SavedDevice, STATE_FORMAT,
 };
 
+/// How often `status` reads a disk's live driver depth; between, it shows the last one read.
+/// Where nobody mounted debugfs, a read mounts it privately (a thread, a mount namespace, a
+/// mount), and any user may ask for `status` as often as they like (issue 33): so that work
+/// is at most once per managed disk in this long, however many ask.
+pub const STATUS_DEPTH_EVERY_NS: u64 = 5_000_000_000;
+
 /// A disk abissd manages; dropping it puts the original settings back.
 #[derive(Debug)]
 pub struct ManagedDevice {
@@ -65,6 +71,8 @@ pub struct ManagedDevice {
     config: DeviceConfig,
     state_file: PathBuf,
     restored: bool,
+    /// The live driver depth `status` last read, and when ([`STATUS_DEPTH_EVERY_NS`]).
+    status_depth: std::sync::Mutex<Option<(u64, Option<u32>)>>,
     // Released when the fields drop, which is after `Drop::drop` removed the state file.
     _lock: Flock<File>,
 }
@@ -154,6 +162,7 @@ impl ManagedDevice {
             config: *config,
             state_file,
             restored: false,
+            status_depth: std::sync::Mutex::new(None),
             _lock: lock,
         };
         // On failure `device` drops here and undoes the writes that succeeded.
@@ -187,7 +196,7 @@ impl ManagedDevice {
 
     /// The disk's settings now, read from sysfs (and blk-mq's debugfs for the depth).
     pub fn status(&self) -> Result<DeviceStatus, DeviceError> {
-        let (dispatch_depth, dispatch_depth_source) = match self.queue.live_driver_depth() {
+        let (dispatch_depth, dispatch_depth_source) = match self.live_depth_for_status() {
             Some(depth) => (depth, DepthSource::Debugfs),
             None => (
                 self.saved
@@ -205,6 +214,23 @@ impl ManagedDevice {
             original_elevator: self.saved.original.elevator.clone(),
             original_dispatch_depth: self.saved.original.driver_depth,
         })
+    }
+
+    /// The live driver depth, read at most every [`STATUS_DEPTH_EVERY_NS`].
+    fn live_depth_for_status(&self) -> Option<u32> {
+        let now = abiss_os::clock::monotonic_ns();
+        let mut last = self
+            .status_depth
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match *last {
+            Some((at, depth)) if now.saturating_sub(at) < STATUS_DEPTH_EVERY_NS => depth,
+            _ => {
+                let depth = self.queue.live_driver_depth();
+                *last = Some((now, depth));
+                depth
+            }
+        }
     }
 
     /// Puts the original settings back and removes the state file. If that fails the state file

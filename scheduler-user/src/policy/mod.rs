@@ -10,6 +10,7 @@ pub mod playout;
 pub mod priority;
 pub mod probe_tail;
 pub mod rate_history;
+pub mod recent_readers;
 pub mod share;
 pub mod shared_file;
 pub mod stray;

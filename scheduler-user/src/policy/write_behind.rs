@@ -32,7 +32,8 @@ use super::page_floor;
 pub const IDLE_FLUSH_NS: u64 = 1_000_000_000;
 /// Seconds of the rate allocated ahead of the writer.
 pub const PREALLOCATE_SECONDS: u64 = 4;
-/// Most a stream allocates ahead of its writer (it counts against nothing else: bounded here).
+/// Most a stream allocates ahead of its writer (it counts against the owner's quota: the
+/// allocation runs without abissd's capabilities).
 pub const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
 /// Allocation is in whole mebibytes.
 const ALLOCATION_UNIT: u64 = 1 << 20;
@@ -98,6 +99,13 @@ pub struct WriteBehind {
     allocated_end: u64,
     /// Whether allocating ahead failed (no room, or a file system without it): not tried again.
     allocation_off: bool,
+    /// What the stream may still allocate: twice its allocation ahead at once (the first
+    /// allocation, and a writer that starts with a burst), then its rate. The writer moves the
+    /// written end, and `ftruncate` moves it without writing: before, each move up had another
+    /// allocation ahead made at once, at the stream's priority, so a stream allocated as fast
+    /// as its writer could truncate (issue 33). Now a stream allocates at most twice its
+    /// allocation ahead plus its rate times the time, in whole mebibytes.
+    allocation_credit: CreditTimer,
     written_back_bytes: u64,
     preallocated_bytes: u64,
 }
@@ -126,6 +134,12 @@ impl WriteBehind {
             in_flight: None,
             allocated_end: file_bytes,
             allocation_off: !shape.preallocate,
+            allocation_credit: CreditTimer::starting_with(
+                shape.rate_bps,
+                2 * shape.preallocate_ahead(),
+                2 * shape.preallocate_ahead(),
+                now_ns,
+            ),
             written_back_bytes: 0,
             preallocated_bytes: 0,
         }
@@ -149,12 +163,18 @@ impl WriteBehind {
     /// Time passed: credit accrued.
     pub fn on_tick(&mut self, now_ns: u64) -> Vec<WriteAction> {
         self.credit.accrue(now_ns);
+        self.allocation_credit.accrue(now_ns);
         let mut actions = Vec::new();
         if let Some(range) = self.next_write_back(now_ns) {
             self.in_flight = Some(range.clone());
             actions.push(WriteAction::WriteBack(range));
         }
         if let Some(range) = self.next_allocation() {
+            let spent = self.allocation_credit.try_spend(range.end - range.start);
+            debug_assert!(
+                spent,
+                "next_allocation asks only for what the credit covers"
+            );
             self.allocated_end = range.end;
             self.preallocated_bytes += range.end - range.start;
             actions.push(WriteAction::Preallocate(range));
@@ -209,7 +229,9 @@ impl WriteBehind {
             return None;
         }
         let start = self.allocated_end.max(self.written_end);
-        let end = target.div_ceil(ALLOCATION_UNIT) * ALLOCATION_UNIT;
+        let end = (target.div_ceil(ALLOCATION_UNIT) * ALLOCATION_UNIT).min(start.saturating_add(
+            self.allocation_credit.credit_bytes() / ALLOCATION_UNIT * ALLOCATION_UNIT,
+        ));
         (end > start).then_some(start..end)
     }
 
@@ -313,6 +335,9 @@ impl WriteBehind {
     pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
         self.shape.rate_bps = rate_bps;
         self.credit.set_rate(rate_bps, now_ns);
+        self.allocation_credit.set_rate(rate_bps, now_ns);
+        self.allocation_credit
+            .set_limit(2 * self.shape.preallocate_ahead(), now_ns);
     }
 }
 

@@ -5,6 +5,7 @@ use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 const BATCH: u64 = 20 * PAGE;
+const SECOND: u64 = 1_000_000_000;
 
 fn shape(buffer_bytes: u64, rate_bps: u64) -> WriteBehindShape {
     WriteBehindShape {
@@ -85,11 +86,11 @@ fn the_file_is_allocated_a_few_seconds_ahead_in_large_steps() {
     assert_eq!(first, vec![WriteAction::Preallocate(0..4 * MIB)]);
     // Nothing more until half of it is written into.
     assert!(!window
-        .on_size(MIB, 1)
+        .on_size(MIB, SECOND)
         .iter()
         .any(|a| matches!(a, WriteAction::Preallocate(_))));
     let again: Vec<_> = window
-        .on_size(2 * MIB, 2)
+        .on_size(2 * MIB, 2 * SECOND)
         .into_iter()
         .filter(|a| matches!(a, WriteAction::Preallocate(_)))
         .collect();
@@ -97,6 +98,30 @@ fn the_file_is_allocated_a_few_seconds_ahead_in_large_steps() {
 }
 
 proptest! {
+    /// A writer that moves its end up with `ftruncate` as fast as it likes has the stream
+    /// allocate at most twice its allocation ahead plus its rate times the time (issue 33).
+    #[test]
+    fn allocation_stays_within_its_rate(
+        rate_kib in 1u64..65536,
+        steps in prop::collection::vec((1u64..1 << 30, 1u64..100_000_000), 1..300),
+    ) {
+        let s = shape(MIB, rate_kib * 1024);
+        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, 0);
+        let (mut now, mut end) = (0u64, 0u64);
+        for (grow, dt) in steps {
+            now += dt;
+            end += grow;
+            window.on_size(end, now);
+            let allowed = 2 * s.preallocate_ahead() + u64::try_from(
+                u128::from(now) * u128::from(s.rate_bps) / u128::from(SECOND)
+            ).unwrap();
+            prop_assert!(
+                window.preallocated_bytes() <= allowed,
+                "{} allocated, {allowed} allowed", window.preallocated_bytes()
+            );
+        }
+    }
+
     /// Whatever the writer does, a stream writes back at most its credit limit plus its rate
     /// times the time (it is admitted for that rate), and never a byte twice.
     #[test]

@@ -33,8 +33,17 @@ pub(super) fn submit_loads(
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
     lockers: &Lockers,
 ) -> io::Result<()> {
+    let ring = IoUring::new(256)?;
+    let allocator = match register_without_capabilities(&ring) {
+        Ok(personality) => Some(personality),
+        Err(error) => {
+            log::warn!("no allocation ahead: cannot drop capabilities for it: {error}");
+            None
+        }
+    };
     let mut ring = LoadRing {
-        ring: IoUring::new(256)?,
+        ring,
+        allocator,
         in_flight: HashMap::new(),
         part_of: HashMap::new(),
         next_id: 1,
@@ -52,6 +61,9 @@ pub(super) fn submit_loads(
 /// One worker's ring and the loads it has in flight.
 struct LoadRing {
     ring: IoUring,
+    /// The ring's personality with abissd's credentials less every capability
+    /// ([`register_without_capabilities`]): allocations run with it, or not at all.
+    allocator: Option<u16>,
     /// By job id (its first part's id).
     in_flight: HashMap<u64, InFlight>,
     /// Submission id to job id.
@@ -73,7 +85,7 @@ impl LoadRing {
         while let Some(batch) = next {
             let mut batch = batch.into_iter();
             while let Some(command) = batch.next() {
-                if let Err(error) = self.queue(command) {
+                if let Err(error) = self.queue(command, done) {
                     // What the ring never saw fails with it.
                     for command in batch {
                         if let WorkerCommand::Load(job) = command {
@@ -112,9 +124,22 @@ impl LoadRing {
     }
 
     /// Puts a load's advice, or a stream's cancellations, on the ring.
-    fn queue(&mut self, command: WorkerCommand) -> io::Result<()> {
+    fn queue(
+        &mut self,
+        command: WorkerCommand,
+        done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+    ) -> io::Result<()> {
         match command {
             WorkerCommand::Load(job) => {
+                if job.kind == JobKind::Allocate && self.allocator.is_none() {
+                    // Never as root: that would pass the owner's quota.
+                    fail(
+                        done,
+                        job,
+                        io::Error::other("abissd cannot allocate without its capabilities"),
+                    );
+                    return Ok(());
+                }
                 if job.kind != JobKind::Load {
                     return self.queue_write_back(job);
                 }
@@ -172,11 +197,12 @@ impl LoadRing {
     fn queue_write_back(&mut self, job: LoadJob) -> io::Result<()> {
         let fd = types::Fd(job.file.fd().as_raw_fd());
         let length = job.range.end - job.range.start;
-        let entry = if job.kind == JobKind::Allocate {
+        let entry = if let (JobKind::Allocate, Some(personality)) = (job.kind, self.allocator) {
             opcode::Fallocate::new(fd, length)
                 .offset(job.range.start)
                 .mode(libc::FALLOC_FL_KEEP_SIZE)
                 .build()
+                .personality(personality)
         } else {
             let length = u32::try_from(length).map_err(io::Error::other)?;
             opcode::SyncFileRange::new(fd, length)
@@ -323,10 +349,128 @@ fn release_written(job: &LoadJob) {
     }
 }
 
+/// Registers on `ring` a personality with the credentials of a thread of abissd's that dropped
+/// every capability, and returns its id. Allocations ahead run with it: the kernel skips the
+/// quota of a file's owner for a caller with `CAP_SYS_RESOURCE` (`ignore_hardlimit`), and lets
+/// it into the blocks ext4 keeps back; an allocation needs none of root's rights (the
+/// descriptor is open for writing). The io-wq worker that runs the `fallocate` takes the
+/// request's credentials, so the quota is checked as for the owner's own `fallocate`.
+///
+/// The capabilities are dropped by a thread of its own that ends at once: credentials are per
+/// thread, and dropping them in the worker would have to raise them again (which the kernel
+/// counts as a privilege change of the whole process). Only capabilities go: changing the
+/// thread's user ids would let that user signal abissd.
+fn register_without_capabilities(ring: &IoUring) -> io::Result<u16> {
+    std::thread::scope(|scope| {
+        std::thread::Builder::new()
+            .name("abiss-no-caps".to_owned())
+            .spawn_scoped(scope, || {
+                drop_all_capabilities()?;
+                ring.submitter().register_personality()
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the thread that drops capabilities panicked"))?
+    })
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Drops every capability of the calling thread (effective, permitted, inheritable), for good.
+fn drop_all_capabilities() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [Data::default(); 2];
+    // SAFETY: capset reads a header and two data words of the kernel's layout, both live
+    // locals; the raw call changes only this thread (glibc would not broadcast it either).
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &raw const header, data.as_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn push(ring: &mut IoUring, entry: &io_uring::squeue::Entry) -> io::Result<()> {
     // SAFETY: every buffer an entry points to lives in `in_flight` until its completion.
     while unsafe { ring.submission().push(entry) }.is_err() {
         ring.submit()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Opens `path` on `ring`, with `personality` if given: the open's result.
+    fn open_on_ring(ring: &mut IoUring, path: &std::ffi::CStr, personality: Option<u16>) -> i32 {
+        let mut entry = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr())
+            .flags(libc::O_RDONLY | libc::O_CLOEXEC)
+            .build()
+            .user_data(7);
+        if let Some(personality) = personality {
+            entry = entry.personality(personality);
+        }
+        push(ring, &entry).expect("push");
+        ring.submit_and_wait(1).expect("submit");
+        let result = ring.completion().next().expect("a completion").result();
+        if result >= 0 {
+            // SAFETY: the ring opened this descriptor for us and nothing else holds it.
+            unsafe { libc::close(result) };
+        }
+        result
+    }
+
+    /// What an allocation runs with has none of root's capabilities (here seen by
+    /// `CAP_DAC_OVERRIDE`, which opens a file its mode refuses to everyone; `CAP_SYS_RESOURCE`,
+    /// which passes quotas, goes with it), while the worker's own thread keeps them.
+    #[test]
+    fn allocations_run_without_capabilities() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("abiss-ring-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("nobody's");
+        std::fs::write(&file, b"x").expect("write");
+        std::os::unix::fs::chown(&file, Some(65534), Some(65534)).expect("chown");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).expect("chmod");
+        let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).expect("path");
+
+        let mut ring = IoUring::new(8).expect("ring");
+        let personality = register_without_capabilities(&ring).expect("register");
+        let as_root = open_on_ring(&mut ring, &path, None);
+        let as_allocator = open_on_ring(&mut ring, &path, Some(personality));
+        // The worker thread itself keeps its capabilities.
+        let still_root = open_on_ring(&mut ring, &path, None);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        assert!(as_root >= 0, "root opens it: {as_root}");
+        assert_eq!(
+            as_allocator,
+            -libc::EACCES,
+            "without capabilities it is refused"
+        );
+        assert!(
+            still_root >= 0,
+            "the worker thread kept its own: {still_root}"
+        );
+    }
 }

@@ -15,6 +15,7 @@
 //! is not policed: it writes the metadata of every file of the file system, which is the point.
 //! File systems without a journal thread (XFS logs through shared workqueues) get nothing.
 
+use std::collections::HashMap;
 use std::io;
 
 use abiss_os::{clock::monotonic_ns, ioprio};
@@ -28,6 +29,60 @@ use crate::policy::upgrade::{raised_priority, Upgrade};
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the journal thread is a kernel thread.
 const PF_KTHREAD: u32 = 0x0020_0000;
+/// How long a file system found without a journal thread is believed to have none.
+pub const NO_JOURNAL_RECHECK_NS: u64 = 10_000_000_000;
+
+/// The journal threads found, per file system. Finding one scans every process in `/proc`,
+/// which any user can make many of, and a user may start and end recordings as fast as they
+/// like (issue 33): so it is scanned for once per file system, and again only when the thread
+/// found is gone or no longer that file system's journal (the file system was mounted anew),
+/// or, for a file system without one, after [`NO_JOURNAL_RECHECK_NS`].
+#[derive(Debug, Default)]
+pub(super) struct JournalThreads {
+    found: HashMap<DeviceNumber, Found>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    Thread(u32),
+    Nothing { at_ns: u64 },
+}
+
+impl JournalThreads {
+    /// The journal thread of the file system on `fs_device`, if it has one.
+    fn thread(&mut self, fs_device: DeviceNumber, now_ns: u64) -> io::Result<Option<u32>> {
+        let Some(wanted) = journal_name(fs_device)? else {
+            return Ok(None);
+        };
+        self.thread_with(fs_device, now_ns, &wanted, scan_for, is_named)
+    }
+
+    /// [`Self::thread`] with the scan of `/proc` and the look at one thread given.
+    fn thread_with(
+        &mut self,
+        fs_device: DeviceNumber,
+        now_ns: u64,
+        wanted: &[u8],
+        scan: impl FnOnce(&[u8]) -> io::Result<Option<u32>>,
+        still: impl FnOnce(u32, &[u8]) -> bool,
+    ) -> io::Result<Option<u32>> {
+        match self.found.get(&fs_device) {
+            Some(&Found::Thread(tid)) if still(tid, wanted) => return Ok(Some(tid)),
+            Some(&Found::Nothing { at_ns })
+                if now_ns.saturating_sub(at_ns) < NO_JOURNAL_RECHECK_NS =>
+            {
+                return Ok(None)
+            }
+            _ => {}
+        }
+        let found = scan(wanted)?;
+        self.found.insert(
+            fs_device,
+            found.map_or(Found::Nothing { at_ns: now_ns }, Found::Thread),
+        );
+        Ok(found)
+    }
+}
 
 impl ReaderUpgrades {
     /// Raises the journal thread of the file system on `fs_device` to ABISS `level` for
@@ -37,7 +92,7 @@ impl ReaderUpgrades {
         if !self.enabled {
             return false;
         }
-        let tid = match journal_thread(fs_device) {
+        let tid = match self.journals.thread(fs_device, monotonic_ns()) {
             Ok(Some(tid)) => tid,
             Ok(None) => return false,
             Err(error) => {
@@ -89,9 +144,9 @@ impl ReaderUpgrades {
     }
 }
 
-/// The journal thread (`jbd2/NAME-…`) of the file system on block device `fs_device`, if it
-/// has one.
-fn journal_thread(fs_device: DeviceNumber) -> io::Result<Option<u32>> {
+/// The start of the journal thread's command name (`jbd2/NAME-…`, at most 15 bytes) of the
+/// file system on block device `fs_device`, if the device has a name.
+fn journal_name(fs_device: DeviceNumber) -> io::Result<Option<Vec<u8>>> {
     let uevent = std::fs::read_to_string(format!(
         "/sys/dev/block/{}:{}/uevent",
         fs_device.major, fs_device.minor
@@ -103,16 +158,86 @@ fn journal_thread(fs_device: DeviceNumber) -> io::Result<Option<u32>> {
         return Ok(None);
     };
     // A command name is at most 15 bytes: a long device name is cut short in it.
-    let wanted = format!("jbd2/{name}-");
-    let wanted = &wanted.as_bytes()[..wanted.len().min(15)];
+    let wanted = format!("jbd2/{name}-").into_bytes();
+    Ok(Some(wanted[..wanted.len().min(15)].to_vec()))
+}
+
+/// Whether `stat` is a kernel thread whose name starts with `wanted`.
+fn named(stat: &procfs::process::Stat, wanted: &[u8]) -> bool {
+    stat.flags & PF_KTHREAD != 0 && stat.comm.as_bytes().starts_with(wanted)
+}
+
+/// Whether thread `tid` is still the kernel thread named `wanted…`.
+fn is_named(tid: u32, wanted: &[u8]) -> bool {
+    i32::try_from(tid)
+        .ok()
+        .and_then(|pid| procfs::process::Process::new(pid).ok())
+        .and_then(|process| process.stat().ok())
+        .is_some_and(|stat| named(&stat, wanted))
+}
+
+/// The first kernel thread in `/proc` named `wanted…`.
+fn scan_for(wanted: &[u8]) -> io::Result<Option<u32>> {
     let processes = procfs::process::all_processes().map_err(io::Error::other)?;
     for process in processes.filter_map(Result::ok) {
         let Ok(stat) = process.stat() else {
             continue;
         };
-        if stat.flags & PF_KTHREAD != 0 && stat.comm.as_bytes().starts_with(wanted) {
+        if named(&stat, wanted) {
             return Ok(u32::try_from(stat.pid).ok());
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    const DEVICE: DeviceNumber = DeviceNumber { major: 7, minor: 0 };
+
+    /// Recordings that start over and over find the journal thread with one scan of `/proc`;
+    /// a thread that is gone (the file system mounted anew) is looked for again, and a file
+    /// system without one at most every `NO_JOURNAL_RECHECK_NS`.
+    #[test]
+    fn the_journal_thread_is_scanned_for_once_per_file_system() {
+        let mut journals = JournalThreads::default();
+        let scans = Cell::new(0);
+        let scan = |found: Option<u32>| {
+            let scans = &scans;
+            move |_: &[u8]| {
+                scans.set(scans.get() + 1);
+                Ok(found)
+            }
+        };
+        for round in 0..1000 {
+            let found =
+                journals.thread_with(DEVICE, round, b"jbd2/loop0-", scan(Some(42)), |tid, _| {
+                    tid == 42
+                });
+            assert_eq!(found.expect("found"), Some(42));
+        }
+        assert_eq!(scans.get(), 1);
+        // Gone: scanned again, the new thread found.
+        let found =
+            journals.thread_with(DEVICE, 1000, b"jbd2/loop0-", scan(Some(43)), |_, _| false);
+        assert_eq!(found.expect("found"), Some(43));
+        assert_eq!(scans.get(), 2);
+        // A file system without a journal thread.
+        let other = DeviceNumber { major: 7, minor: 1 };
+        for round in 0..1000 {
+            let found = journals.thread_with(other, round, b"jbd2/loop1-", scan(None), |_, _| true);
+            assert_eq!(found.expect("found"), None);
+        }
+        assert_eq!(scans.get(), 3);
+        let _ = journals.thread_with(
+            other,
+            NO_JOURNAL_RECHECK_NS,
+            b"jbd2/loop1-",
+            scan(None),
+            |_, _| true,
+        );
+        assert_eq!(scans.get(), 4);
+    }
 }

@@ -107,6 +107,8 @@ pub struct ReaderUpgrades {
     /// Per user, KiB of reads of other files that raises which ended had made and not paid
     /// for ([`Self::take_owed`]).
     owed: HashMap<u32, u64>,
+    /// Journal threads found, per file system.
+    journals: journal::JournalThreads,
 }
 
 impl ReaderUpgrades {
@@ -131,6 +133,7 @@ impl ReaderUpgrades {
             adopted: HashMap::new(),
             gone_checked_ns: None,
             owed: HashMap::new(),
+            journals: journal::JournalThreads::default(),
         }
     }
 
