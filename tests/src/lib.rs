@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`] | `src/lib.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
+//! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
 //! | the guarantee: no missed deadline, pages resident when a read begins | `tests/stream_guarantee.rs` |
 //! | streams: prefetch priority, resident and locked window, rate conformance | `tests/streams.rs` |
@@ -38,6 +39,7 @@ use std::time::{Duration, Instant};
 use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
 
 pub mod hostile;
+pub mod hostile_raises;
 
 /// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).
 #[must_use]

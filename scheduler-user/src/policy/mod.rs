@@ -12,6 +12,7 @@ pub mod probe_tail;
 pub mod rate_history;
 pub mod share;
 pub mod shared_file;
+pub mod shared_io;
 pub mod stray;
 pub mod upgrade;
 pub mod write_behind;
