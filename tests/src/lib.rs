@@ -10,6 +10,7 @@
 //! | --- | --- |
 //! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`], [`as_nobody`] | `src/lib.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
+//! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
 //! | a paced recorder that knows nothing of abiss (write(2), overflows counted) | `src/bin/abiss-test-recorder.rs` |
 //! | an unprivileged user who means harm, run as `nobody` by the security tests | `src/bin/abiss-hostile-client.rs` |
@@ -54,6 +55,7 @@
 //! | kernel maps one user can fill (`io_uring` requests never completed) deny no other | `tests/security_kernel_maps.rs` |
 //! | connections: hung-up subscribers, too many, idle | `tests/security_connections.rs` |
 //! | a raise never outlives what it is for, nor passes to a forked task | `tests/security_raises.rs` |
+//! | a stream's raises, every thread together, read no more at real time than it and its user pay for; raises per user | `tests/security_raise_allowance.rs` |
 //! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
 //! | kernel maps, the playout ring, the state directory against users and disk failures | `tests/security_state.rs` |
 //! | the protocol fuzzer (hostile requests and descriptor sets) | `tests/fuzz_protocol.rs` |
@@ -73,6 +75,7 @@ use std::time::{Duration, Instant};
 use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Response};
 
 pub mod hostile;
+pub mod hostile_raises;
 pub mod http;
 
 /// Where the built binaries are (`ABISS_BIN_DIR`, set by `cargo xtask test`).

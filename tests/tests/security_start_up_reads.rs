@@ -246,7 +246,7 @@ fn raises_that_end_between_checks_are_charged_and_a_user_who_owes_is_not_raised(
 /// left of it) is lent a little for a raised thread's reads of other files: a player that reads
 /// 768 KiB of another file (a font, subtitles, an index) at once keeps its raise, and its user
 /// owes what the allowance could not pay. Before, the raise was dropped for its first KiB, and the thread barred from the
-/// stream. What a raise may owe is bounded (`STRAY_CREDIT_KIB`, 1 MiB): a second player, raised
+/// stream. What a user's raises may owe together is bounded (`STRAY_CREDIT_KIB`, 1 MiB): a second player, raised
 /// at its start, that reads 8 MiB of another file with the allowance nearly empty again (its
 /// preroll too takes what came back) loses its raise.
 #[test]

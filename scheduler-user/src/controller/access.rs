@@ -12,6 +12,7 @@ use crate::kernel_events::{Access, Fork, Reader, StreamAccess};
 use crate::policy::burst::BurstAllowance;
 use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
 use crate::policy::shared_file::route;
+use crate::policy::upgrade::{stream_allowance_kib, OWN_FILE_SLACK_KIB};
 use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::stream_table::StreamTable;
 use crate::streams::Stream;
@@ -41,14 +42,24 @@ impl StreamBounds for RaiseBounds<'_> {
             .map(|s| (s.rates.earned(since_ns, self.now_ns), s.granted.buffer.0))
     }
 
-    fn pay_stray(&mut self, uid: u32, kib: u64) -> u64 {
-        self.burst.grant(uid, kib.saturating_mul(1024), self.now_ns) / 1024
-    }
-
-    fn owe_stray(&mut self, uid: u32, kib: u64) {
+    fn charge(&mut self, uid: u32, kib: u64) {
         self.burst
             .charge(uid, kib.saturating_mul(1024), self.now_ns);
     }
+
+    fn debt_kib(&self, uid: u32) -> u64 {
+        self.burst.debt(uid, self.now_ns).div_ceil(1024)
+    }
+}
+
+/// KiB a stream's raises together may read of its file at real time: its buffer, what its
+/// rates earned since it was attached, and the readahead slack (`policy::stray`).
+pub(super) fn own_file_allowance_kib(stream: &Stream, now_ns: u64) -> u64 {
+    stream_allowance_kib(
+        stream.rates.earned(0, now_ns),
+        stream.granted.buffer.0,
+        OWN_FILE_SLACK_KIB,
+    )
 }
 
 impl Controller {

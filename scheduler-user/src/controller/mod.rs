@@ -355,7 +355,8 @@ impl Controller {
         if let Err(error) = kept {
             warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
-        self.upgrades.end_stream(id, &mut self.tracer);
+        let allowance = access::own_file_allowance_kib(&stream, monotonic_ns());
+        self.upgrades.end_stream(id, allowance, &mut self.tracer);
         self.charge_owed(monotonic_ns());
         if let Some(recording) = &stream.recording {
             if recording.window.preallocated_bytes() > 0 {

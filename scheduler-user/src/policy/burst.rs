@@ -144,8 +144,10 @@ impl BurstAllowance {
     /// of other files that its raise ended before paying for, [`super::stray`]): taken from
     /// its bucket whatever it holds, the rest owed, so that nothing more is granted to the user
     /// (and no thread of theirs raised: [`Self::in_debt`]) until the bucket has come back that
-    /// far. The shared bucket gives what it holds and owes nothing: one user's debt must not
-    /// hold back the others. Root owes nothing.
+    /// far. The shared bucket gives what it holds of the part the user's own bucket paid, and
+    /// nothing of what the user owes: one user's debt must neither hold back the others nor
+    /// empty what their fills, prerolls and refills come from (before, a user who owed 1 GiB
+    /// took the shared 128 MiB with it). Root owes nothing.
     pub fn charge(&mut self, uid: u32, bytes: u64, now_ns: u64) {
         if uid == 0 || bytes == 0 {
             return;
@@ -153,14 +155,25 @@ impl BurstAllowance {
         let limits = self.limits;
         self.shared
             .refill(limits.shared_bytes, limits.shared_rate_bps, now_ns);
-        let shared = self.shared.bytes().min(bytes);
-        self.shared.take(shared);
         let user = self
             .users
             .entry(uid)
             .or_insert_with(|| Bucket::full(limits.user_bytes, now_ns));
         user.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+        let paid = user.bytes().min(bytes);
         user.charge(bytes);
+        let shared = self.shared.bytes().min(paid);
+        self.shared.take(shared);
+    }
+
+    /// Bytes user `uid` owes at `now_ns` ([`Self::charge`]).
+    #[must_use]
+    pub fn debt(&self, uid: u32, now_ns: u64) -> u64 {
+        self.users.get(&uid).map_or(0, |bucket| {
+            let mut bucket = *bucket;
+            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
+            u64::try_from(bucket.debt.div_ceil(NS)).unwrap_or(u64::MAX)
+        })
     }
 
     /// Whether user `uid` still owes for reads it was charged for at `now_ns`.
@@ -244,7 +257,50 @@ mod tests {
         assert!(!burst.in_debt(0, 5 * S));
     }
 
+    #[test]
+    fn a_users_debt_leaves_the_shared_bucket_to_the_others() {
+        let mut burst = BurstAllowance::new(small(), 0);
+        burst.charge(7, 1 << 30, 0);
+        assert!(burst.debt(7, 0) > 0);
+        // User 7's bucket paid 10 000 of it, and the shared one as much; the rest is 7's debt.
+        assert_eq!(burst.grant(8, 10_000, 0), 10_000);
+        assert_eq!(burst.grant(9, 10_000, 0), 5_000);
+        assert_eq!(burst.debt(8, 0), 0);
+    }
+
     proptest! {
+        /// Whatever users are granted and one is charged, and whenever: a charge takes no more
+        /// of the shared bucket than the charged user's own bucket held, so what a user owes
+        /// is never taken from what the others draw on.
+        #[test]
+        fn a_charge_takes_no_more_of_the_shared_bucket_than_the_users_own_held(
+            steps in proptest::collection::vec((0u32..4, 0u64..40_000, 0u64..(S / 2)), 1..120)
+        ) {
+            let limits = small();
+            let mut burst = BurstAllowance::new(limits, 0);
+            let mut now = 0u64;
+            for (who, bytes, step) in steps {
+                now += step;
+                if who != 0 {
+                    burst.grant(who, bytes, now);
+                    continue;
+                }
+                let mut before = burst.clone();
+                before.shared.refill(limits.shared_bytes, limits.shared_rate_bps, now);
+                let held = before.users.get(&7).map_or(limits.user_bytes, |user| {
+                    let mut user = *user;
+                    user.refill(limits.user_bytes, limits.user_rate_bps, now);
+                    user.bytes()
+                });
+                burst.charge(7, bytes, now);
+                let mut after = burst.shared;
+                after.refill(limits.shared_bytes, limits.shared_rate_bps, now);
+                let taken = before.shared.bytes() - after.bytes();
+                // Bytes are read rounded down from byte-nanoseconds: one either way.
+                prop_assert!(taken <= held + 1, "took {taken} of the shared bucket; 7 held {held}");
+            }
+        }
+
         /// Whatever one user is granted and charged, and whenever: together no more than the
         /// bucket, what came back and what is still owed, and nothing granted while owing.
         #[test]

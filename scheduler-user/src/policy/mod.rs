@@ -13,6 +13,7 @@ pub mod rate_history;
 pub mod recent_readers;
 pub mod share;
 pub mod shared_file;
+pub mod shared_io;
 pub mod stray;
 pub mod upgrade;
 pub mod write_behind;

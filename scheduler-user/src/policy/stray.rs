@@ -1,4 +1,4 @@
-//! A raised thread's real-time reads of other files than its stream's: who pays for them.
+//! A raised thread's real-time reads beyond what its stream was admitted for: who pays for them.
 //!
 //! A raise is for reading the stream, not a pass to real-time I/O on every disk (issue 9,
 //! finding 2). But a raised player reads other files too: its shared libraries as it starts,
@@ -10,80 +10,94 @@
 //!
 //! So every KiB of them is paid for out of the reading thread's user's start-up allowance
 //! ([`super::burst`]), the per-user token bucket that already pays for start-up fills, prerolls
-//! and seek refills. When the allowance is empty (a user who just started players with large
-//! prerolls), a raise is lent up to [`STRAY_CREDIT_KIB`], which its user owes at once: a player
-//! that reads a subtitle file, a font or an index then keeps its raise, where it lost it for
-//! its first KiB. A raise whose reads neither the allowance nor that credit covers is dropped.
-//! What a raise read and did not pay for when it ends (dropped, detached, idle, its thread
-//! gone) is charged then or at abissd's next look at its raises, into debt
-//! (`BurstAllowance::charge`), and no thread of a user who owes is raised (nor adopted from a
-//! start raise), so a raise that ends between two checks is no way around it. What is lent is
-//! repaid out of the same bucket. Over any time `t` one user's raises read at most
-//! `user bytes + user rate × t` of other files at real time together, plus [`STRAY_CREDIT_KIB`]
-//! for each raise the user holds at once (plus what their threads raised at once queue in one
-//! check interval before the user owes), and all users but root together no more than the
-//! shared bucket gives (plus the same). Root's threads are exempt, as root's fills are.
+//! and seek refills: charged at abissd's check of the raise, or when the raise ends (dropped,
+//! detached, idle, its thread gone), taken from the bucket whatever it holds and owed beyond
+//! (`BurstAllowance::charge`). No thread of a user who owes is raised (nor adopted from a start
+//! raise). A user's raises may owe together up to [`STRAY_CREDIT_KIB`]: a player that reads a
+//! subtitle file, a font or an index after its user's prerolls emptied the allowance keeps its
+//! raise. A raise that reads at real time while its user owes more is dropped. The credit is the
+//! user's, not each raise's: lent per raise, a user's 32 streams × (32 raised threads + 32 tasks
+//! adopted at a player's start) could owe 2 GiB at real time before any raise was dropped.
+//!
+//! A stream's raises read its own file at real time for what the stream was admitted for, all
+//! of them together ([`StreamLedger`]): its buffer, what its rates earned since it was attached,
+//! and [`super::upgrade::OWN_FILE_SLACK_KIB`] for the kernel's readahead. Counted per raise, a
+//! 1 B/s stream whose short-lived threads were each announced as readers (`reader_starts`) and
+//! read 4 MiB with `O_DIRECT` before exiting read at disk speed at real time. Past the stream's
+//! allowance, its readers' user is charged for every KiB, as for other files, and the raises
+//! that read past it are dropped.
+//!
+//! Over any time `t` one user's raises read at most `user bytes + user rate × t` at real time
+//! beyond what their streams were admitted for, plus [`STRAY_CREDIT_KIB`], plus what their
+//! threads raised at once queue in one check interval before the user owes; all users but root
+//! together no more than the shared bucket gives (plus the same). Root's threads are exempt, as
+//! root's fills are.
 
-/// KiB of its reads of other files that a raise may owe when its user's allowance cannot pay:
-/// a few small files (a font, subtitles, an index), not a program's libraries.
+/// KiB a user's raises may owe together and be kept: a few small files (a font, subtitles, an
+/// index), not a program's libraries.
 pub const STRAY_CREDIT_KIB: u64 = 1024;
 
-/// A raise's account of its reads of other files.
+/// What of a raise's real-time reads, as the kernel counts them, was charged or held against
+/// its stream so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StrayAccount {
-    /// KiB settled so far: paid from the allowance, or owed.
-    pub settled_kib: u64,
-    /// Of those, KiB owed (lent by [`STRAY_CREDIT_KIB`]).
-    pub owed_kib: u64,
+pub struct RaiseAccount {
+    /// KiB of other files than its stream's.
+    pub stray_kib: u64,
+    /// KiB of its stream's file (counted afresh when the thread is raised for another file).
+    pub own_kib: u64,
 }
 
-/// What a check of a raise's reads of other files comes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Settlement {
-    /// The raise's account after the check.
-    pub account: StrayAccount,
-    /// KiB its user owes from this check on (to be charged to the user's bucket as debt).
-    pub owe_now_kib: u64,
-    /// Whether the raise stays.
-    pub stays: bool,
+impl RaiseAccount {
+    /// The kernel counts `stray_kib` and `own_kib` for the raise now: the KiB of each not
+    /// accounted before, with the account brought up to the counts. A count below the
+    /// account (a count the kernel made afresh) brings nothing new.
+    pub fn take_new(&mut self, stray_kib: u64, own_kib: u64) -> (u64, u64) {
+        let new = (
+            stray_kib.saturating_sub(self.stray_kib),
+            own_kib.saturating_sub(self.own_kib),
+        );
+        self.stray_kib = self.stray_kib.max(stray_kib);
+        self.own_kib = self.own_kib.max(own_kib);
+        new
+    }
 }
 
-/// Settles a raise's reads of other files at a check: it queued `stray_kib` of them in all,
-/// and `account` says what was settled before; `pay` is asked for the rest and answers what it
-/// took from the allowance, which may be less. What it lacks is lent while the raise's debt
-/// stays within [`STRAY_CREDIT_KIB`]; otherwise the raise goes, and the rest is charged when it
-/// ends.
-pub fn settle(stray_kib: u64, account: StrayAccount, pay: impl FnOnce(u64) -> u64) -> Settlement {
-    let unpaid = stray_kib.saturating_sub(account.settled_kib);
-    if unpaid == 0 {
-        return Settlement {
-            account,
-            owe_now_kib: 0,
-            stays: true,
-        };
+/// Whether a raise that read at real time beyond what its stream was admitted for may stay
+/// while its user owes `debt_kib` (after that read was charged).
+#[must_use]
+pub fn may_keep(debt_kib: u64) -> bool {
+    debt_kib <= STRAY_CREDIT_KIB
+}
+
+/// What the raises of one stream read of its file at real time, every raise together,
+/// those that ended included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamLedger {
+    /// KiB read.
+    pub read_kib: u64,
+    /// Of those, KiB charged to users for being past the stream's allowance.
+    pub charged_kib: u64,
+    /// The user whose raise read last: who is charged for what ended raises read past the
+    /// allowance (a user's stream raises only that user's threads; root's any user's).
+    pub uid: u32,
+}
+
+impl StreamLedger {
+    /// A raise of user `uid`'s read `kib` more.
+    pub fn add(&mut self, kib: u64, uid: u32) {
+        if kib > 0 {
+            self.read_kib = self.read_kib.saturating_add(kib);
+            self.uid = uid;
+        }
     }
-    // What was taken stays taken even when it is short: those reads were made at real time,
-    // so they are the user's real-time traffic either way.
-    let taken = pay(unpaid).min(unpaid);
-    let short = unpaid - taken;
-    let owed = account.owed_kib.saturating_add(short);
-    if owed <= STRAY_CREDIT_KIB {
-        return Settlement {
-            account: StrayAccount {
-                settled_kib: account.settled_kib.saturating_add(unpaid),
-                owed_kib: owed,
-            },
-            owe_now_kib: short,
-            stays: true,
-        };
-    }
-    Settlement {
-        account: StrayAccount {
-            settled_kib: account.settled_kib.saturating_add(taken),
-            owed_kib: account.owed_kib,
-        },
-        owe_now_kib: 0,
-        stays: false,
+
+    /// The KiB read past `allowance_kib` not charged before, now charged. What was charged
+    /// stays charged when the allowance grows: those reads were made at real time.
+    pub fn charge_past(&mut self, allowance_kib: u64) -> u64 {
+        let past = self.read_kib.saturating_sub(allowance_kib);
+        let new = past.saturating_sub(self.charged_kib);
+        self.charged_kib = self.charged_kib.saturating_add(new);
+        new
     }
 }
 
@@ -92,74 +106,73 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn account(settled_kib: u64, owed_kib: u64) -> StrayAccount {
-        StrayAccount {
-            settled_kib,
-            owed_kib,
-        }
+    #[test]
+    fn a_raise_brings_what_the_kernel_counted_since_and_no_more() {
+        let mut account = RaiseAccount::default();
+        assert_eq!(account.take_new(100, 40), (100, 40));
+        assert_eq!(account.take_new(100, 40), (0, 0));
+        assert_eq!(account.take_new(150, 100), (50, 60));
+        // A count made afresh (another thread's, or another file's) brings nothing it had.
+        assert_eq!(account.take_new(0, 0), (0, 0));
+        assert_eq!(account.take_new(160, 110), (10, 10));
     }
 
     #[test]
-    fn what_is_read_is_paid_for_or_lent_a_little_and_past_that_the_raise_goes() {
-        let settled = |stray, before, pay: u64| {
-            let s = settle(stray, before, |kib| kib.min(pay));
-            (
-                s.account.settled_kib,
-                s.account.owed_kib,
-                s.owe_now_kib,
-                s.stays,
-            )
-        };
-        assert_eq!(settled(0, account(0, 0), 0), (0, 0, 0, true));
-        assert_eq!(settled(100, account(100, 0), 0), (100, 0, 0, true));
-        assert_eq!(settled(100, account(0, 0), u64::MAX), (100, 0, 0, true));
-        assert_eq!(settled(100, account(40, 0), u64::MAX), (100, 0, 0, true));
-        // An empty allowance lends: 1 KiB, then up to the credit.
-        assert_eq!(settled(1, account(0, 0), 0), (1, 1, 1, true));
-        assert_eq!(settled(100, account(0, 0), 60), (100, 40, 40, true));
-        let full = STRAY_CREDIT_KIB;
-        assert_eq!(settled(full, account(0, 0), 0), (full, full, full, true));
-        // Past the credit the raise goes, keeping what it took; nothing more is lent.
-        assert_eq!(settled(full + 1, account(0, 0), 0), (0, 0, 0, false));
-        assert_eq!(
-            settled(full + 10, account(full, full), 5),
-            (full + 5, full, 0, false)
-        );
-        assert_eq!(
-            settled(u64::MAX, account(0, 0), u64::MAX),
-            (u64::MAX, 0, 0, true)
-        );
+    fn the_credit_is_a_little_and_no_more() {
+        assert!(may_keep(0));
+        assert!(may_keep(STRAY_CREDIT_KIB));
+        assert!(!may_keep(STRAY_CREDIT_KIB + 1));
+    }
+
+    #[test]
+    fn a_streams_raises_together_are_charged_past_its_allowance() {
+        let mut ledger = StreamLedger::default();
+        // 96 short-lived threads of a 1 B/s stream, each 4 MiB: the stream's 4 MiB and a bit.
+        for _ in 0..96 {
+            ledger.add(4096, 65534);
+        }
+        assert_eq!(ledger.charge_past(4096 + 64), 95 * 4096 - 64);
+        assert_eq!(ledger.charge_past(4096 + 64), 0, "charged once");
+        assert_eq!(ledger.charge_past(1 << 30), 0, "and not given back");
+        ledger.add(10, 7);
+        assert_eq!(ledger.uid, 7);
+        assert_eq!(ledger.charge_past(4096 + 64), 10);
     }
 
     proptest! {
-        /// Over a raise's checks, against a bucket that holds `bucket` KiB: the raise stays
-        /// only while every KiB it read was paid for or lent; it never pays more than it read
-        /// or the bucket held, and never owes more than the credit.
+        /// However the reads of a stream's raises come and its allowance grows, what is
+        /// charged in all is exactly what was read past the largest allowance at the time of
+        /// the charge: never more than read, and every KiB past the allowance charged.
         #[test]
-        fn a_raise_keeps_only_what_it_paid_for_or_was_lent(
-            reads in proptest::collection::vec(0u64..2048, 1..60),
-            bucket in 0u64..64 * 1024,
+        fn what_is_charged_is_what_was_read_past_the_allowance(
+            steps in proptest::collection::vec((0u64..8192, 0u64..4096), 1..100),
         ) {
-            let (mut stray, mut left, mut owed_total) = (0u64, bucket, 0u64);
-            let mut held = StrayAccount::default();
-            for read in reads {
-                stray += read;
-                let s = settle(stray, held, |kib| {
-                    let taken = kib.min(left);
-                    left -= taken;
-                    taken
-                });
-                owed_total += s.owe_now_kib;
-                held = s.account;
-                prop_assert!(held.settled_kib - held.owed_kib <= bucket);
-                prop_assert!(held.settled_kib <= stray);
-                prop_assert!(held.owed_kib <= STRAY_CREDIT_KIB);
-                prop_assert_eq!(owed_total, held.owed_kib);
-                prop_assert_eq!(s.stays, stray == held.settled_kib);
-                if !s.stays {
-                    break;
-                }
+            let (mut ledger, mut allowance, mut charged, mut read) =
+                (StreamLedger::default(), 0u64, 0u64, 0u64);
+            for (kib, grows) in steps {
+                ledger.add(kib, 1);
+                read += kib;
+                allowance += grows;
+                charged += ledger.charge_past(allowance);
+                prop_assert!(charged <= read);
+                prop_assert!(read <= allowance + charged);
+                prop_assert_eq!(charged, ledger.charged_kib);
             }
+        }
+
+        /// Whatever the counts the kernel shows for a raise, in any order, the KiB brought
+        /// in all are the largest count seen, never more.
+        #[test]
+        fn a_raise_brings_each_kib_once(counts in proptest::collection::vec((0u64..1 << 20, 0u64..1 << 20), 1..50)) {
+            let mut account = RaiseAccount::default();
+            let (mut stray, mut own) = (0u64, 0u64);
+            for (s, o) in &counts {
+                let (new_stray, new_own) = account.take_new(*s, *o);
+                stray += new_stray;
+                own += new_own;
+            }
+            prop_assert_eq!(stray, counts.iter().map(|c| c.0).max().unwrap_or(0));
+            prop_assert_eq!(own, counts.iter().map(|c| c.1).max().unwrap_or(0));
         }
     }
 }

@@ -12,7 +12,8 @@ use std::collections::HashMap;
 
 use scheduler_common::{abiss_level, ioprio};
 
-use super::stray::StrayAccount;
+pub use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
+use super::stray::RaiseAccount;
 
 /// A thread, named robustly against pid reuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -55,13 +56,15 @@ pub struct Upgrade {
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub journal: bool,
-    /// The user the thread runs as, whose start-up allowance pays for its real-time reads of
-    /// other files ([`super::stray`]). Not recorded: only the running daemon polices.
+    /// The user the thread runs as, whose start-up allowance pays for its real-time reads
+    /// beyond what its stream was admitted for ([`super::stray`]). Not recorded: only the
+    /// running daemon polices.
     #[serde(skip)]
     pub uid: u32,
-    /// Its real-time reads of other files paid for or owed so far. Not recorded either.
+    /// What of its real-time reads was charged or held against its stream so far. Not
+    /// recorded either.
     #[serde(skip)]
-    pub stray: StrayAccount,
+    pub account: RaiseAccount,
 }
 
 impl Upgrade {
@@ -152,18 +155,30 @@ pub struct UpgradeTable {
 /// raised threads (`MAX_RAISED`, shared by all), and nobody else could be raised.
 pub const MAX_RAISED_PER_STREAM: usize = 32;
 
+/// Threads one user but root may have raised at once, over all their streams and the tasks
+/// adopted at their players' starts: each raise may owe a little and read at real time until
+/// abissd's next check, and the kernel's table of raised threads is every user's.
+pub const MAX_RAISED_PER_USER: usize = 64;
+
 impl UpgradeTable {
-    /// Whether thread `pid` may be raised for `stream`: it is raised for it already, or the
-    /// stream has fewer than [`MAX_RAISED_PER_STREAM`] raised threads.
+    /// Whether thread `pid` of user `uid` may be raised for `stream`: it is raised for it
+    /// already, or, not counting a raise it has, the stream has fewer than
+    /// [`MAX_RAISED_PER_STREAM`] raised threads and the user fewer than [`MAX_RAISED_PER_USER`].
     #[must_use]
-    pub fn has_room(&self, stream: u64, pid: u32) -> bool {
-        self.upgrades.get(&pid).is_some_and(|u| u.stream == stream)
-            || self
-                .upgrades
-                .values()
-                .filter(|u| u.stream == stream)
-                .count()
-                < MAX_RAISED_PER_STREAM
+    pub fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
+        let others = || self.upgrades.values().filter(|u| u.task.pid != pid);
+        self.upgrades
+            .get(&pid)
+            .is_some_and(|u| u.stream == stream && u.uid == uid)
+            || (others().filter(|u| u.stream == stream).count() < MAX_RAISED_PER_STREAM
+                && (uid == 0 || others().filter(|u| u.uid == uid).count() < MAX_RAISED_PER_USER))
+    }
+
+    /// Whether user `uid` may have one more thread raised ([`MAX_RAISED_PER_USER`]; root
+    /// always).
+    #[must_use]
+    pub fn user_has_room(&self, uid: u32) -> bool {
+        uid == 0 || self.upgrades.values().filter(|u| u.uid == uid).count() < MAX_RAISED_PER_USER
     }
 
     /// An empty table whose upgrades expire after `idle_ns` without an access.
@@ -189,17 +204,19 @@ impl UpgradeTable {
 
     /// Records a raise. A thread raised again (for a second stream at a higher level, or
     /// after it lowered its own priority) keeps the priority it had before the first raise and
-    /// what it paid for its reads of other files (the kernel keeps counting them); raised
+    /// what was charged for its reads of other files (the kernel keeps counting them); raised
     /// again for the same file, it also keeps when it was first raised, from which what it
-    /// may read of the file grows (the kernel keeps counting those too, by the file's tag), so
-    /// a raise renewed by its own thread lends nothing new.
+    /// may read of the file grows, and what of the file was held against its stream (the
+    /// kernel keeps counting those too, by the file's tag), so a raise renewed by its own
+    /// thread lends nothing new. Raised for another file, the kernel counts that file afresh.
     pub fn insert(&mut self, mut upgrade: Upgrade) {
         if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
             if earlier.task == upgrade.task {
                 upgrade.previous = earlier.previous;
-                upgrade.stray = earlier.stray;
+                upgrade.account.stray_kib = earlier.account.stray_kib;
                 if earlier.followed_as().2 == upgrade.followed_as().2 {
                     upgrade.raised_ns = earlier.raised_ns;
+                    upgrade.account.own_kib = earlier.account.own_kib;
                 }
             }
         }
@@ -268,10 +285,10 @@ impl UpgradeTable {
         all
     }
 
-    /// Thread `pid`'s raise has settled its reads of other files as `account` says.
-    pub fn set_stray(&mut self, pid: u32, account: StrayAccount) {
+    /// Thread `pid`'s raise has accounted its real-time reads as `account` says.
+    pub fn set_account(&mut self, pid: u32, account: RaiseAccount) {
         if let Some(upgrade) = self.upgrades.get_mut(&pid) {
-            upgrade.stray = account;
+            upgrade.account = account;
         }
     }
 
@@ -281,89 +298,6 @@ impl UpgradeTable {
         self.upgrades
             .values()
             .any(|u| u.tgid == tgid && u.stream == stream)
-    }
-}
-
-/// Tasks sharing a raised thread's I/O context (`CLONE_IO`) that a stream's raises together may
-/// have noted in the kernel's table of raised threads. Such a task stays in that table as long
-/// as the raise (putting it back alone would put back the raised thread), the table is every
-/// user's, and a stream may have [`MAX_RAISED_PER_STREAM`] raised threads: the eBPF side's own
-/// bound per raise (`MAX_SHARED_IO_TASKS_PER_RAISE`) alone would let one stream note 512. With
-/// it, every stream's raised threads and noted tasks fit the table together.
-pub const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 16;
-
-/// The tasks sharing raised threads' I/O contexts noted so far, per raise: a stream's may not
-/// pass [`MAX_SHARED_IO_TASKS_PER_STREAM`].
-#[derive(Debug, Default)]
-pub struct SharedIoTasks {
-    /// By raised thread: the stream it is raised for, and the tasks noted under its raises
-    /// since it was last restored.
-    by_root: HashMap<u32, (u64, u32)>,
-}
-
-impl SharedIoTasks {
-    /// One more task noted under the raise of thread `root` for `stream`. False once the
-    /// stream's raises together have more than the bound: the raise is then to be dropped
-    /// (and [`Self::forget`] called with it).
-    pub fn note(&mut self, root: u32, stream: u64) -> bool {
-        let noted = self.by_root.entry(root).or_insert((stream, 0));
-        // A thread raised for another stream now keeps the tasks noted under its earlier
-        // raise (they stay in the table until it is restored): they count for the new one.
-        noted.0 = stream;
-        noted.1 = noted.1.saturating_add(1);
-        self.of_stream(stream) <= MAX_SHARED_IO_TASKS_PER_STREAM
-    }
-
-    /// Tasks noted under the raises for `stream`.
-    #[must_use]
-    pub fn of_stream(&self, stream: u64) -> u32 {
-        self.by_root
-            .values()
-            .filter(|(of, _)| *of == stream)
-            .fold(0, |sum, (_, count)| sum.saturating_add(*count))
-    }
-
-    /// Thread `root`'s raise ended: the tasks noted under it left the table with it.
-    pub fn forget(&mut self, root: u32) {
-        self.by_root.remove(&root);
-    }
-}
-
-#[cfg(test)]
-mod shared_io_tests {
-    use super::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
-    use proptest::prelude::*;
-
-    proptest! {
-        /// Whatever the order of tasks noted and raises ended over a few streams, a stream's
-        /// count is what its live raises noted, and noting one more past the bound says so
-        /// (the daemon then drops that raise and forgets it): no stream holds more.
-        #[test]
-        fn a_streams_raises_never_hold_more_than_the_bound(
-            steps in proptest::collection::vec((0u32..8, 0u64..3, proptest::bool::weighted(0.05)), 1..600),
-        ) {
-            let mut tasks = SharedIoTasks::default();
-            let mut model = std::collections::HashMap::<u32, (u64, u32)>::new();
-            for (root, stream, ends) in steps {
-                if ends {
-                    tasks.forget(root);
-                    model.remove(&root);
-                    continue;
-                }
-                let within = tasks.note(root, stream);
-                let noted = model.entry(root).or_insert((stream, 0));
-                noted.0 = stream;
-                noted.1 += 1;
-                let of_stream: u32 = model.values().filter(|(s, _)| *s == stream).map(|(_, c)| c).sum();
-                prop_assert_eq!(tasks.of_stream(stream), of_stream);
-                prop_assert_eq!(within, of_stream <= MAX_SHARED_IO_TASKS_PER_STREAM);
-                if !within {
-                    tasks.forget(root);
-                    model.remove(&root);
-                }
-                prop_assert!(tasks.of_stream(stream) <= MAX_SHARED_IO_TASKS_PER_STREAM);
-            }
-        }
     }
 }
 
@@ -408,7 +342,7 @@ mod tests {
             started_ns: None,
             journal: false,
             uid: 1000,
-            stray: StrayAccount::default(),
+            account: RaiseAccount::default(),
         }
     }
 
@@ -417,27 +351,36 @@ mod tests {
         let mut table = UpgradeTable::new(5);
         let mut first = upgrade(7, 1, 10);
         first.raised_ns = 10;
-        first.stray.settled_kib = 300;
+        first.account = RaiseAccount {
+            stray_kib: 300,
+            own_kib: 200,
+        };
         table.insert(first);
         // The same thread, raised again for the same file after it lowered its priority.
         let mut again = upgrade(7, 1, 50);
         again.raised_ns = 50;
         table.insert(again);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (10, 300));
-        // Raised for another file: what it may read of that one grows from now.
+        assert_eq!((kept.raised_ns, kept.account.stray_kib), (10, 300));
+        assert_eq!(kept.account.own_kib, 200);
+        // Raised for another file: what it may read of that one grows from now, and the kernel
+        // counts it afresh.
         let mut other = upgrade(7, 2, 60);
         other.raised_ns = 60;
         table.insert(other);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (60, 300));
+        assert_eq!((kept.raised_ns, kept.account.stray_kib), (60, 300));
+        assert_eq!(kept.account.own_kib, 0);
         // Another thread that took the id: nothing of the first.
         let mut stranger = upgrade(7, 2, 70);
         stranger.task.start_time = 8;
         stranger.raised_ns = 70;
         table.insert(stranger);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.stray.settled_kib), (70, 0));
+        assert_eq!(
+            (kept.raised_ns, kept.account),
+            (70, RaiseAccount::default())
+        );
     }
 
     #[test]
@@ -466,17 +409,60 @@ mod tests {
         ) {
             let mut table = UpgradeTable::new(1);
             for (pid, stream) in offers {
-                if table.has_room(stream, pid) {
+                if table.has_room(stream, pid, 1000) {
                     table.insert(upgrade(pid, stream, 0));
                 }
                 let raised_here = table.get(pid).is_some_and(|u| u.stream == stream);
-                prop_assert!(!raised_here || table.has_room(stream, pid));
+                prop_assert!(!raised_here || table.has_room(stream, pid, 1000));
                 for stream in 1..4 {
                     let raised = table.all().iter().filter(|u| u.stream == stream).count();
                     prop_assert!(raised <= MAX_RAISED_PER_STREAM);
                 }
             }
         }
+    }
+
+    proptest! {
+        /// However many threads of a few users are offered for raises over many streams, no
+        /// user but root holds more than [`MAX_RAISED_PER_USER`] at once; root is not bound.
+        #[test]
+        fn a_user_never_holds_more_raised_threads_than_the_bound(
+            offers in proptest::collection::vec((1u32..400, 1u64..8, 0u32..3, proptest::bool::weighted(0.1)), 1..600),
+        ) {
+            let mut table = UpgradeTable::new(1);
+            for (pid, stream, uid, ends) in offers {
+                if ends {
+                    table.take_thread(pid);
+                    continue;
+                }
+                if table.has_room(stream, pid, uid) {
+                    let mut raise = upgrade(pid, stream, 0);
+                    raise.uid = uid;
+                    table.insert(raise);
+                }
+                for uid in 1..3 {
+                    let held = table.all().iter().filter(|u| u.uid == uid).count();
+                    prop_assert!(held <= MAX_RAISED_PER_USER);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn root_is_not_bound_by_the_users_cap() {
+        let mut table = UpgradeTable::new(1);
+        for pid in 0..200u32 {
+            let stream = u64::from(pid / 30);
+            assert!(table.has_room(stream, pid, 0));
+            let mut raise = upgrade(pid, stream, 0);
+            raise.uid = 0;
+            table.insert(raise);
+        }
+        assert_eq!(table.all().len(), 200);
+        assert!(
+            table.user_has_room(1000),
+            "root's raises are not user 1000's"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use log::debug;
 use super::task::task_identity;
 use super::ReaderUpgrades;
 use crate::kernel_events::Fork;
-use crate::policy::stray::StrayAccount;
+use crate::policy::stray::RaiseAccount;
 use crate::policy::upgrade::Upgrade;
 use crate::raised_forks::ForkHook;
 
@@ -65,6 +65,10 @@ impl ReaderUpgrades {
         let Ok(Some(identity)) = task_identity(child) else {
             return false;
         };
+        // Adopted tasks count among their user's raises held at once, as raised threads do.
+        if !self.table.user_has_room(identity.uid) {
+            return false;
+        }
         if ioprio::get(child).ok() != Some(fork.raise.applied) {
             return false;
         }
@@ -79,7 +83,7 @@ impl ReaderUpgrades {
             // Its own reads are counted from zero, so it has paid for none of them; they are
             // paid for by the user it runs as.
             uid: identity.uid,
-            stray: StrayAccount::default(),
+            account: RaiseAccount::default(),
             ..parent.clone()
         };
         // Followed as a raised thread of its own (policed, its own tasks followed), then

@@ -24,7 +24,7 @@ use log::{info, warn};
 
 use super::task::task_identity;
 use super::{RaiseFor, ReaderUpgrades};
-use crate::policy::stray::StrayAccount;
+use crate::policy::stray::RaiseAccount;
 use crate::policy::upgrade::{raised_priority, Upgrade};
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the journal thread is a kernel thread.
@@ -122,7 +122,7 @@ impl ReaderUpgrades {
             started_ns: None,
             journal: true,
             uid: identity.uid,
-            stray: StrayAccount::default(),
+            account: RaiseAccount::default(),
         };
         // Recorded first: unlike a reader, nothing waits on this raise right now.
         if !self.record_with(&upgrade) {

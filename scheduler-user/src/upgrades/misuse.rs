@@ -1,12 +1,15 @@
 //! A raise misused: tasks sharing the raised thread's I/O context beyond their bound (heard of
 //! as the raised thread's tasks are reported), and real-time I/O beyond what the raise is for
-//! or its user pays for (checked every `POLICE_INTERVAL_NS`). Either drops the raise at once
-//! and bars the thread from its stream's raises.
+//! or its user pays for (checked every `POLICE_INTERVAL_NS`, charged by [`super::ledger`]).
+//! Either drops the raise at once and bars the thread from its stream's raises.
 
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
+use std::collections::HashMap;
+
 use log::debug;
 
+use super::ledger::OwnRead;
 use super::{ReaderUpgrades, StreamBounds};
 use crate::kernel_events::Fork;
 use crate::policy::stray;
@@ -54,42 +57,51 @@ impl ReaderUpgrades {
         self.forks.on_fork(fork, raised_itself);
     }
 
-    /// Drops the raise of every thread whose real-time requests for other files its user's
-    /// start-up allowance cannot pay for ([`crate::policy::stray`]), that made more tasks
-    /// sharing its I/O context than a raise may have, or that queued more of its stream's file
+    /// Charges the real-time reads of every raise since the last check
+    /// ([`crate::policy::stray`]): of other files to its user, of its stream's file to its
+    /// stream's ledger ([`super::ledger`]). Drops the raise of every thread that read at real
+    /// time while its user owes more than [`stray::STRAY_CREDIT_KIB`], that made more tasks
+    /// sharing its I/O context than a raise may have, that queued more of its stream's file
     /// than the stream was admitted for since the raise (its buffer and what its rates earned,
-    /// plus [`OWN_FILE_SLACK_KIB`]), and bars it from the stream's raises.
+    /// plus [`OWN_FILE_SLACK_KIB`]), or that read its stream's file while the stream's raises
+    /// together passed what it was admitted for since it was attached; bars it from the
+    /// stream's raises.
     pub(super) fn police(&mut self, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
+        let mut read_now: HashMap<u64, Vec<OwnRead>> = HashMap::new();
         for upgrade in self.table.all() {
             let pid = upgrade.task.pid;
             let Some(use_of) = self.forks.use_of(pid) else {
                 continue;
             };
             let (stray, own) = (u64::from(use_of.stray_kib), u64::from(use_of.stream_kib));
+            let mut account = upgrade.account;
+            let (new_stray, new_own) = account.take_new(stray, own);
+            if account != upgrade.account {
+                self.table.set_account(pid, account);
+            }
+            // Charged first, whatever else the raise did: the reads were made at real time.
+            if new_stray > 0 {
+                bounds.charge(upgrade.uid, new_stray);
+                debug!(
+                    "stream {}: thread {pid} read {stray} KiB of other files at real time; \
+                     {new_stray} KiB more charged to uid {}",
+                    upgrade.stream, upgrade.uid
+                );
+            }
+            if new_own > 0 {
+                self.ledgers
+                    .entry(upgrade.stream)
+                    .or_default()
+                    .add(new_own, upgrade.uid);
+                let read = read_now.entry(upgrade.stream).or_default();
+                read.push((pid, upgrade.uid, new_own));
+            }
             let allowed = bounds
                 .admitted(upgrade.stream, upgrade.raised_ns)
                 .map_or(u64::MAX, |(earned, buffer)| {
                     stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });
-            // Paid first, whatever else the raise did: the reads were made at real time.
-            let before = upgrade.stray;
-            let settled = stray::settle(stray, before, |kib| bounds.pay_stray(upgrade.uid, kib));
-            if settled.owe_now_kib > 0 {
-                bounds.owe_stray(upgrade.uid, settled.owe_now_kib);
-            }
-            if settled.account != before {
-                self.table.set_stray(pid, settled.account);
-                debug!(
-                    "stream {}: thread {pid} read {stray} KiB of other files at real time; \
-                     {} KiB of it settled from uid {}'s start-up allowance, {} KiB of that owed",
-                    upgrade.stream,
-                    settled.account.settled_kib,
-                    upgrade.uid,
-                    settled.account.owed_kib
-                );
-            }
-            let stays = settled.stays;
-            let why = if !stays {
+            let why = if new_stray > 0 && !stray::may_keep(bounds.debt_kib(upgrade.uid)) {
                 format!(
                     "{stray} KiB of real-time reads of other files, more than its user's \
                      start-up allowance pays for and {} KiB lent; not raised again",
@@ -107,11 +119,12 @@ impl ReaderUpgrades {
             };
             self.drop_raise(pid, &why, hook);
         }
+        self.charge_streams(&read_now, hook, bounds);
     }
 
     /// Drops the raise of thread `pid` for `why` (the raise was misused), and bars it from
     /// its stream's raises. Nothing if it is not raised.
-    fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
+    pub(super) fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
         let taken = self.table.take_thread(pid);
         let Some((stream, task)) = taken.first().map(|upgrade| (upgrade.stream, upgrade.task))
         else {

@@ -14,9 +14,9 @@ use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::kernel_events::Reader;
-use crate::policy::stray::StrayAccount;
+use crate::policy::stray::{RaiseAccount, StreamLedger};
 use crate::policy::upgrade::{
-    may_raise, raised_priority, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM,
+    may_raise, raised_priority, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER,
 };
 use crate::raised_forks::{ForkHook, RaisedForks};
 
@@ -29,6 +29,7 @@ use task::{restore, task_identity, Restored};
 mod adoption;
 mod barred;
 mod journal;
+mod ledger;
 mod misuse;
 mod reused_id;
 
@@ -43,18 +44,19 @@ const POLICE_INTERVAL_NS: u64 = 250_000_000;
 
 /// What the streams' side tells and lends the policing of raises ([`misuse`]).
 pub trait StreamBounds {
-    /// What stream `stream` was admitted for since `since_ns`: the bytes its rates earned
-    /// since, and its buffer, which bound what its raised readers may read of its file at the
-    /// raised priority. `None` if there is no such stream.
+    /// What stream `stream` was admitted for since `since_ns` (0: since it was attached, as
+    /// far as its rate changes are kept): the bytes its rates earned since, and its buffer,
+    /// which bound what its raised readers may read of its file at the raised priority. `None`
+    /// if there is no such stream.
     fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
 
-    /// Takes up to `kib` KiB out of the start-up allowance of user `uid`, to pay for the reads
-    /// of other files of a thread of theirs that is raised ([`crate::policy::stray`]); what it
-    /// took.
-    fn pay_stray(&mut self, uid: u32, kib: u64) -> u64;
+    /// Charges user `uid` for `kib` KiB of real-time reads of a raised thread of theirs beyond
+    /// what its stream was admitted for ([`crate::policy::stray`]): out of their start-up
+    /// allowance, owed beyond what it holds.
+    fn charge(&mut self, uid: u32, kib: u64);
 
-    /// Charges user `uid` for `kib` KiB of such reads that were lent: owed from now on.
-    fn owe_stray(&mut self, uid: u32, kib: u64);
+    /// KiB user `uid` owes for such reads.
+    fn debt_kib(&self, uid: u32) -> u64;
 }
 
 /// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
@@ -104,11 +106,14 @@ pub struct ReaderUpgrades {
     /// When a full stream's raises were last looked at for threads that are gone (any
     /// stream's: the bound is on abissd's work, not per stream).
     gone_checked_ns: Option<u64>,
-    /// Per user, KiB of reads of other files that raises which ended had made and not paid
+    /// Per user, KiB of real-time reads that raises which ended had made and were not charged
     /// for ([`Self::take_owed`]).
     owed: HashMap<u32, u64>,
     /// Journal threads found, per file system.
     journals: journal::JournalThreads,
+    /// Per stream, what its raises read of its file at real time, every raise together
+    /// ([`ledger`]).
+    ledgers: HashMap<u64, StreamLedger>,
 }
 
 impl ReaderUpgrades {
@@ -134,6 +139,7 @@ impl ReaderUpgrades {
             gone_checked_ns: None,
             owed: HashMap::new(),
             journals: journal::JournalThreads::default(),
+            ledgers: HashMap::new(),
         }
     }
 
@@ -218,8 +224,7 @@ impl ReaderUpgrades {
             debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
             return false;
         }
-        if !self.table.has_room(stream, pid) && !self.let_go_of_gone(stream, at_ns) {
-            debug!("stream {stream}: thread {pid} not raised: the stream has {MAX_RAISED_PER_STREAM} raised");
+        if !self.room_for(stream, pid, uid, at_ns) {
             return false;
         }
         let Ok(current) = ioprio::get(pid) else {
@@ -233,6 +238,8 @@ impl ReaderUpgrades {
             debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
             return false;
         }
+        // What it read of its file so far is its earlier stream's (the kernel may count afresh).
+        self.fold_own_of(pid, stream);
         let raising = RaiseFor { stream, file_tag };
         let Some(followed) = self.follow_and_raise(raising, pid, (current, target), hook) else {
             return false;
@@ -259,7 +266,7 @@ impl ReaderUpgrades {
             started_ns: (!measured).then_some(done),
             journal: false,
             uid,
-            stray: StrayAccount::default(),
+            account: RaiseAccount::default(),
         };
         if !self.record_with(&upgrade) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
@@ -283,6 +290,21 @@ impl ReaderUpgrades {
             done.saturating_sub(at_ns) / 1000
         );
         true
+    }
+
+    /// Whether thread `pid` of user `uid` may be raised for `stream` now: the table has room
+    /// for it, or has after the raises of threads that are gone were let go.
+    fn room_for(&mut self, stream: u64, pid: u32, uid: u32, now_ns: u64) -> bool {
+        if self.table.has_room(stream, pid, uid)
+            || (self.let_go_of_gone(stream, uid, now_ns) && self.table.has_room(stream, pid, uid))
+        {
+            return true;
+        }
+        debug!(
+            "stream {stream}: thread {pid} not raised: the stream has {MAX_RAISED_PER_STREAM} \
+             raised, or uid {uid} {MAX_RAISED_PER_USER}"
+        );
+        false
     }
 
     /// Follows thread `pid`'s forks, then raises it from `current` to `target`; what the fork
@@ -314,14 +336,15 @@ impl ReaderUpgrades {
         Some(followed)
     }
 
-    /// Lets go of the raises for `stream` whose threads are gone, at most once every
-    /// [`GONE_CHECK_NS`]; whether any was let go. A player that reads in short-lived threads
-    /// left each one's raise in the stream's [`MAX_RAISED_PER_STREAM`] until it idled out: 96
+    /// Lets go of the raises for `stream` and of user `uid` whose threads are gone, at most
+    /// once every [`GONE_CHECK_NS`]; whether any was let go (what they read is charged as for
+    /// any raise that ends). A player that reads in short-lived threads left each one's raise
+    /// in the stream's [`MAX_RAISED_PER_STREAM`] until it idled out: 96
     /// of 200 new threads were raised, one every 60 ms, in the upgrades benchmark. This runs
     /// on a miss that waits for its raise, so it is kept short: a thread is gone when `/proc`
     /// has no entry for it (a reused id keeps its place until it idles out); a gone thread has
     /// nothing to put back, and the record is rewritten with the next raise.
-    fn let_go_of_gone(&mut self, stream: u64, now_ns: u64) -> bool {
+    fn let_go_of_gone(&mut self, stream: u64, uid: u32, now_ns: u64) -> bool {
         if self
             .gone_checked_ns
             .is_some_and(|at| now_ns.saturating_sub(at) < GONE_CHECK_NS)
@@ -333,7 +356,7 @@ impl ReaderUpgrades {
             .table
             .all()
             .iter()
-            .filter(|u| u.stream == stream && !u.journal)
+            .filter(|u| (u.stream == stream || u.uid == uid) && !u.journal)
             .map(|u| u.task.pid)
             .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
             .collect();
@@ -381,10 +404,12 @@ impl ReaderUpgrades {
         self.forks.prune_counts();
     }
 
-    /// Restores the threads raised for a stream that ends.
-    pub fn end_stream(&mut self, stream: u64, hook: &mut dyn ForkHook) {
+    /// Restores the threads raised for a stream that ends, and charges what its raises read
+    /// of its file past `allowance_kib` (what it was admitted for, as it ends).
+    pub fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
         let taken = self.table.take_stream(stream);
         self.restore_all(&taken, "stream ended", hook);
+        self.close_ledger(stream, allowance_kib);
         self.per_stream.remove(&stream);
         self.barred.remove(&stream);
         self.adopted.remove(&stream);
@@ -419,28 +444,6 @@ impl ReaderUpgrades {
         self.forks.restored(&pids);
         self.persist();
         RaisedForks::sync(hook, !self.table.is_empty());
-    }
-
-    /// Notes what `upgrades`, which end now, read of other files since they last paid: a
-    /// raise that ends between two checks (detached, idle, its thread gone) is charged too,
-    /// or a user who attached, missed and detached in a loop read at real time for free.
-    fn note_owed(&mut self, upgrades: &[Upgrade]) {
-        for upgrade in upgrades {
-            let Some(use_of) = self.forks.use_of(upgrade.task.pid) else {
-                continue;
-            };
-            let unpaid = u64::from(use_of.stray_kib).saturating_sub(upgrade.stray.settled_kib);
-            if unpaid > 0 {
-                let owed = self.owed.entry(upgrade.uid).or_default();
-                *owed = owed.saturating_add(unpaid);
-            }
-        }
-    }
-
-    /// Per user, the KiB of reads of other files that ended raises made without paying for
-    /// them, to be charged to the user's start-up allowance (`BurstAllowance::charge`).
-    pub fn take_owed(&mut self) -> Vec<(u32, u64)> {
-        self.owed.drain().collect()
     }
 
     /// Nanoseconds until an upgrade goes idle.
@@ -572,8 +575,8 @@ impl ReaderUpgrades {
     }
 }
 
-/// How often, at most, a stream whose raises are all taken has them looked at for threads
-/// that are gone (one clock for all streams): each look reads `/proc` for up to
-/// [`MAX_RAISED_PER_STREAM`] threads, and a user's misses on a full stream would otherwise
-/// make abissd read it at every miss.
+/// How often, at most, a stream or user whose raises are all taken has them looked at for
+/// threads that are gone (one clock for all): each look reads `/proc` for up to
+/// [`MAX_RAISED_PER_STREAM`] + [`MAX_RAISED_PER_USER`] threads, and a user's misses on a full
+/// stream would otherwise make abissd read it at every miss.
 const GONE_CHECK_NS: u64 = 20_000_000;

@@ -15,6 +15,8 @@
 //!   which needs no right to read it; prints the answer.
 //! - `abiss-hostile-client SOCKET threads FILE COUNT`: attaches FILE at 1000 B/s, starts COUNT
 //!   threads that wait, and says each is about to read the stream; prints `raised R of COUNT`.
+//! - `abiss-hostile-client SOCKET direct FILE COUNT` and `users FILE STREAMS`: the attacks on
+//!   raises of `abiss_tests::hostile_raises`.
 //! - `abiss-hostile-client SOCKET speedup FILE SECS`: attaches FILE at 1000 B/s, puts its own
 //!   thread at best effort 5 and has it raised as the stream's reader, waits SECS (reading the
 //!   first page every second, which keeps the raise), sets the
@@ -71,7 +73,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|speedup|flood|opath|linger|harass|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|direct|users|speedup|flood|opath|linger|harass|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -141,10 +143,8 @@ fn main() -> ExitCode {
             };
             admit(socket, first, count)
         }
-        other => {
-            eprintln!("unknown mode {other}");
-            ExitCode::from(2)
-        }
+        // `direct`, `users`, or unknown.
+        other => abiss_tests::hostile_raises::run(other, socket, first, second),
     }
 }
 
