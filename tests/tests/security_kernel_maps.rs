@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use abiss_tests::{
     as_nobody, binary, chmod, daemon_map_dump, require_root, write_cold_file, Daemon, Ext4Mount,
@@ -67,4 +68,22 @@ fn one_users_stuck_io_uring_requests_do_not_deny_another_users() {
         heard > 0,
         "abissd heard of none of root's io_uring reads while nobody's polls were stuck"
     );
+    // Once no file is attached, the maps users filled are emptied: nothing of theirs stays.
+    let detached = daemon.ctl(["detach", &id.to_string()]);
+    assert!(detached.status.success(), "{detached:?}");
+    let maps = [
+        "URING_INFLIGHT",
+        "URING_USERS",
+        "FILE_READERS",
+        "READ_REPORT_DUE",
+    ];
+    let left = || -> Vec<(&str, usize)> {
+        maps.iter()
+            .map(|&map| (map, daemon_map_dump(daemon.pid(), map).len()))
+            .filter(|&(_, entries)| entries > 0)
+            .collect()
+    };
+    // nobody's stream ends with its connection, which the main loop hears of in a moment.
+    abiss_tests::wait_until(Duration::from_secs(3), || left().is_empty());
+    assert_eq!(left(), Vec::new(), "entries kept with no file attached");
 }

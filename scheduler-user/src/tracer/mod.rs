@@ -534,6 +534,8 @@ impl BlockTracer {
             // remembered would never be taken out.
             self.forget_uring()?;
             self.forget_all::<u32, u64>("FILE_READERS")?;
+            // Each file's and reader's report pacing: a bucket forgotten comes back full.
+            self.forget_all::<[u64; 2], u64>("READ_REPORT_DUE")?;
         }
         Ok(())
     }
