@@ -92,9 +92,17 @@ where
             queue.sender = self.start_thread(key, Arc::clone(&queue.pending));
         }
         if let Some(sender) = &queue.sender {
-            for item in queue.backlog.drain(..) {
-                // A thread ends only under this lock, after removing its queue: it is there.
-                let _ = sender.send(item);
+            let mut items = queue.backlog.drain(..);
+            // A thread ends only under this lock, after removing its queue: it is there,
+            // unless it died; then what could not be sent waits for a new one.
+            let unsent: Vec<T> = items
+                .by_ref()
+                .filter_map(|item| sender.send(item).err().map(|error| error.0))
+                .collect();
+            drop(items);
+            if !unsent.is_empty() {
+                queue.sender = None;
+                queue.backlog = unsent;
             }
         }
     }
@@ -151,7 +159,10 @@ fn serve_until_idle<K: Copy + Eq + Hash, T>(
     loop {
         match receiver.recv_timeout(IDLE_EXIT) {
             Ok(item) => {
-                work(key, item);
+                // A panic in one item's work must not end the thread: its queue would stay,
+                // with nobody to take from it (and a closer's items would then be dropped on
+                // the submitter's thread).
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(key, item)));
                 pending.fetch_sub(1, Ordering::SeqCst);
             }
             Err(RecvTimeoutError::Timeout) => {

@@ -199,9 +199,26 @@ pub async fn serve_connection(stream: UnixStream, context: Context) {
         Ok(cred) => cred.uid(),
         Err(error) => {
             warn!("connection without peer credentials refused: {error}");
+            // Whatever it holds in flight is closed off the loop, as anyone's (no user's
+            // closing thread is the root's one).
+            if let Ok(stream) = stream.into_std() {
+                context.closer.close_connection(u32::MAX, stream.into());
+            }
             return;
         }
     };
+    // Out-of-band data is read inline: a reader that skips the out-of-band byte has the
+    // kernel drop the descriptors it carried in the reader's thread, the main loop, whose
+    // close of a lingering socket would then wait there.
+    if let Err(error) =
+        nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::OobInline, &true)
+    {
+        warn!("connection refused: cannot read its out-of-band data inline: {error}");
+        if let Ok(stream) = stream.into_std() {
+            context.closer.close_connection(peer_uid, stream.into());
+        }
+        return;
+    }
     let mut socket = FramedSocket::new(stream, peer_uid, context.closer.clone());
     // Counted until this function returns, and the socket closes with it (on the user's
     // closing thread if it holds anything).

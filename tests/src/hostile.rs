@@ -33,15 +33,41 @@ pub fn lingering_socket(linger_secs: i32) -> (TcpListener, OwnedFd) {
 }
 
 /// Passes one TCP socket whose last close waits `linger_secs` with a `hello` on a connection
-/// of its own to abissd at `socket`, closes our copy and hangs up; its listener (which keeps the linger going) if
+/// of its own to abissd at `socket` (`out_of_band`: on a byte of out-of-band data after the
+/// `hello`), closes our copy and hangs up; its listener (which keeps the linger going) if
 /// the socket was sent. One abissd refused first is reset instead of waiting here.
 #[must_use]
-pub fn pass_lingering_socket(socket: &str, linger_secs: i32) -> Option<std::net::TcpListener> {
+pub fn pass_lingering_socket(
+    socket: &str,
+    linger_secs: i32,
+    out_of_band: bool,
+) -> Option<std::net::TcpListener> {
     let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
     let (listener, lingering) = lingering_socket(linger_secs);
     let sent = UnixStream::connect(socket).ok().filter(|stream| {
         let raw = [lingering.as_raw_fd()];
         let rights = [ControlMessage::ScmRights(&raw)];
+        if out_of_band {
+            // The hello, then the socket on one byte of out-of-band data, which a reader that
+            // does not take it inline skips: the kernel then drops what it carried in the
+            // reader's own thread.
+            let hello = sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[IoSlice::new(&line)],
+                &[],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            );
+            return hello.is_ok()
+                && sendmsg::<()>(
+                    stream.as_raw_fd(),
+                    &[IoSlice::new(b"\n")],
+                    &rights,
+                    MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_OOB,
+                    None,
+                )
+                .is_ok();
+        }
         sendmsg::<()>(
             stream.as_raw_fd(),
             &[IoSlice::new(&line)],

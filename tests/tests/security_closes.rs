@@ -63,14 +63,14 @@ struct LingeringSockets(std::process::Child, u32);
 
 impl LingeringSockets {
     fn hand(daemon: &Daemon, secs: u32, count: u32) -> Self {
+        Self::hand_as(daemon, "linger", secs, count)
+    }
+
+    /// The same with the hostile client's `mode` (`linger`, `linger-oob`).
+    fn hand_as(daemon: &Daemon, mode: &str, secs: u32, count: u32) -> Self {
         let socket = daemon.socket().to_string_lossy().into_owned();
         let mut child = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
-            .args([
-                socket.as_str(),
-                "linger",
-                &secs.to_string(),
-                &count.to_string(),
-            ])
+            .args([socket.as_str(), mode, &secs.to_string(), &count.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -113,6 +113,25 @@ fn a_lingering_socket_passed_with_a_hello_holds_up_nothing() {
         "the close still waits; abissd closes the socket on a closing thread"
     );
     // The listener goes, the connection is reset, the linger ends, and so does the close.
+    drop(attack);
+    assert!(
+        abiss_tests::wait_until(Duration::from_secs(5), || open_fds(daemon.pid()) <= before),
+        "abissd still holds {} descriptors, {before} before",
+        open_fds(daemon.pid())
+    );
+}
+
+/// The same socket on a byte of out-of-band data after the `hello`: a reader that skips such a
+/// byte has the kernel drop what it carried in the reader's own thread, so abissd reads it
+/// inline (`SO_OOBINLINE`), and the socket reaches the closing thread as any other.
+#[test]
+fn a_lingering_socket_passed_out_of_band_holds_up_nothing() {
+    require_root!();
+    let daemon = Daemon::start();
+    let before = open_fds(daemon.pid());
+    let attack = LingeringSockets::hand_as(&daemon, "linger-oob", 60, 1);
+    assert_eq!(attack.1, 1, "the socket was passed");
+    assert_answers_root_in_time(&daemon, Duration::from_secs(2));
     drop(attack);
     assert!(
         abiss_tests::wait_until(Duration::from_secs(5), || open_fds(daemon.pid()) <= before),

@@ -19,6 +19,9 @@ use scheduler_common::{
 
 use crate::capabilities::Feature;
 
+/// The most keys one emptying of a map walks: twice the largest map it empties.
+const FORGET_STEPS: usize = 2 * scheduler_common::MAX_RAISED as usize;
+
 /// The compiled eBPF object, built by build.rs from `scheduler-ebpf`.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/abiss.bpf.o"));
 
@@ -438,12 +441,16 @@ impl BlockTracer {
     ) -> Result<usize, TracerError> {
         let name = "INFLIGHT";
         let mut records: HashMap<&mut MapData, u64, InflightRequest> = self.typed_map_mut(name)?;
-        let dropped: Vec<u64> = records
+        // Cut at one pass's worth of steps: a walk whose key is deleted meanwhile starts over.
+        let mut dropped: Vec<u64> = records
             .iter()
+            .take(scheduler_common::MAX_INFLIGHT as usize)
             .filter_map(Result::ok)
             .filter(|(_, record)| stale(record))
             .map(|(rq, _)| rq)
             .collect();
+        dropped.sort_unstable();
+        dropped.dedup();
         for rq in &dropped {
             let _ = records.remove(rq);
         }
@@ -540,14 +547,20 @@ impl BlockTracer {
         Ok(())
     }
 
-    /// Empties hash map `name`.
+    /// Empties hash map `name` (as far as [`FORGET_STEPS`] keys reach).
     fn forget_all<K: aya::Pod, V: aya::Pod>(
         &mut self,
         name: &'static str,
     ) -> Result<(), TracerError> {
         // One typed map serves both plain and LRU hash maps.
         let mut map: HashMap<&mut MapData, K, V> = self.typed_map_mut(name)?;
-        let keys: Vec<K> = map.keys().filter_map(Result::ok).collect();
+        // Cut at a bound: a walk whose key is deleted meanwhile starts over (the programs
+        // delete while abissd walks), and the largest of these maps holds 20 480 entries.
+        let keys: Vec<K> = map
+            .keys()
+            .take(FORGET_STEPS)
+            .filter_map(Result::ok)
+            .collect();
         for key in &keys {
             let _ = map.remove(key);
         }

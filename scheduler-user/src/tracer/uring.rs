@@ -4,7 +4,7 @@
 
 use aya::maps::HashMap;
 use aya::maps::MapData;
-use scheduler_common::{UringSubmission, STALE_URING_NS};
+use scheduler_common::{UringSubmission, MAX_URING_INFLIGHT, STALE_URING_NS};
 
 use super::{BlockTracer, TracerError};
 
@@ -21,12 +21,18 @@ impl BlockTracer {
         let cutoff = now_ns.saturating_sub(STALE_URING_NS);
         let name = "URING_INFLIGHT";
         let mut requests: HashMap<&mut MapData, u64, UringSubmission> = self.typed_map_mut(name)?;
-        let stale: Vec<(u64, u32)> = requests
+        // The walk starts over from the first bucket when the key it stands on is deleted
+        // meanwhile (the completion program deletes all the time): it is cut at one pass's
+        // worth of steps, and what it saw twice counts once; the rest waits for the next sweep.
+        let mut stale: Vec<(u64, u32)> = requests
             .iter()
+            .take(MAX_URING_INFLIGHT as usize)
             .filter_map(Result::ok)
             .filter(|(_, submission)| submission.submitted_ns < cutoff)
             .map(|(req, submission)| (req, submission.uid))
             .collect();
+        stale.sort_unstable();
+        stale.dedup();
         // Only what this removes is given back: the completion program gives back what it
         // takes out itself.
         let removed: Vec<u32> = stale

@@ -17,6 +17,7 @@
 
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -120,7 +121,14 @@ fn serve(receiver: &Receiver<Ended>) {
             },
         };
         if let Some(ended) = arrived {
-            match reopen(ended.file.fd(), std::fs::OpenOptions::new().write(true)) {
+            // Without waiting: an open for writing breaks a lease on the file, and the owner
+            // may hold one; waiting out its break time (45 s) here would hold every other
+            // recording's give-back.
+            let options = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .clone();
+            match reopen(ended.file.fd(), &options) {
                 Ok(file) => waiting.push(Waiting {
                     stream: ended.stream,
                     file,

@@ -49,7 +49,8 @@
 //!   passes each with a `hello` on a connection of its own, closes its own copies and hangs
 //!   up, so that abissd's close of each is the last; prints `handed N` (how many were sent:
 //!   one abissd refused before it came is reset instead),
-//!   then keeps the listeners until a line arrives on standard input.
+//!   then keeps the listeners until a line arrives on standard input. `linger-oob`: each socket
+//!   rides on a byte of out-of-band data after the `hello`.
 //! - `abiss-hostile-client SOCKET harass SECS 0`: for SECS seconds, every 200 ms, passes a TCP
 //!   socket whose close waits 30 s (let go 3 s later) and a `hello` with four descriptors: the
 //!   soak's hostile user (`cargo xtask bench soak`). Prints `passed N`.
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|direct|users|speedup|flood|opath|linger|harass|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|direct|users|speedup|flood|opath|linger|linger-oob|harass|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -128,12 +129,12 @@ fn main() -> ExitCode {
             }
         }
         "opath" => opath(socket, first),
-        "linger" => {
+        "linger" | "linger-oob" => {
             let (Ok(secs), Ok(count)) = (first.parse::<i32>(), second.parse::<u32>()) else {
                 eprintln!("SECS and COUNT are numbers");
                 return ExitCode::from(2);
             };
-            hand_lingering_sockets(socket, secs, count)
+            hand_lingering_sockets(socket, secs, count, mode == "linger-oob")
         }
         "attach" => attach_and_wait(socket, first),
         "admit" => {
@@ -180,9 +181,9 @@ fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
 
 /// Passes `count` lingering TCP sockets and keeps their listeners (so the lingers last) until
 /// standard input says otherwise.
-fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32) -> ExitCode {
+fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32, oob: bool) -> ExitCode {
     let listeners: Vec<_> = (0..count)
-        .filter_map(|_| abiss_tests::hostile::pass_lingering_socket(socket, linger_secs))
+        .filter_map(|_| abiss_tests::hostile::pass_lingering_socket(socket, linger_secs, oob))
         .collect();
     println!("handed {}", listeners.len());
     let mut line = String::new();
@@ -208,7 +209,7 @@ fn harass(socket: &str, secs: u64) -> ExitCode {
         {
             held.pop_front();
         }
-        if let Some(listener) = abiss_tests::hostile::pass_lingering_socket(socket, 30) {
+        if let Some(listener) = abiss_tests::hostile::pass_lingering_socket(socket, 30, false) {
             held.push_back((now, listener));
             passed += 1;
         }
