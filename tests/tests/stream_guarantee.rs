@@ -225,11 +225,16 @@ fn an_automatic_buffer_follows_the_disks_real_time_tail() {
     let first = bench.daemon.streams()[0].clone();
     let auto = first.buffer_auto.clone().expect("an automatic buffer");
     eprintln!("at attach: buffer {} ({auto:?})", first.buffer);
-    // The copy loop ran 4 s before the attach; its requests' service p99 on the lab hdd is
-    // about 150 ms, above the 100 ms default.
+    // No real-time request has been served yet, so nothing is measured. The copy loop ran 4 s
+    // before the attach: the first buffer is sized from its requests' service p99 where that
+    // is above the 100 ms default, which an estimate only raises. Since managed disks take
+    // requests of at most 512 KiB, that p99 on the lab hdd is about the default itself (100.7
+    // and 101.9 ms in two runs on 2026-12-04, under it in two others), so either may hold.
     assert!(
-        auto.estimated && !auto.measured,
-        "the first buffer is sized from the disk's requests so far: {auto:?}"
+        !auto.measured
+            && auto.tail_us >= 100_000
+            && auto.estimated == (auto.tail_us > 100_000),
+        "the first buffer is sized from the disk's requests so far, or the default: {auto:?}"
     );
     // The reader keeps to the buffer it was given at the start: its deadlines are the
     // tightest the stream has had.
