@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+use abiss_proto::AttachRequest;
 
 /// What each short-lived thread of [`direct_threads`] reads of the stream's file.
 const THREAD_BYTES: u64 = 4 << 20;
@@ -45,15 +45,8 @@ fn attach(socket: &str, file: &str, rate: u64) -> (Client, u64) {
         .attach(
             std::fs::File::open(file).expect("open"),
             AttachRequest {
-                rate: ByteRate(rate),
-                buffer: ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
                 persistent: false,
-                write: false,
-                preallocate: false,
-                preroll: None,
-                buffer_auto: false,
+                ..crate::read_request(rate, 64 << 10, 1)
             },
         )
         .expect("attach");

@@ -231,9 +231,7 @@ fn an_automatic_buffer_follows_the_disks_real_time_tail() {
     // requests of at most 512 KiB, that p99 on the lab hdd is about the default itself (100.7
     // and 101.9 ms in two runs on 2026-12-04, under it in two others), so either may hold.
     assert!(
-        !auto.measured
-            && auto.tail_us >= 100_000
-            && auto.estimated == (auto.tail_us > 100_000),
+        !auto.measured && auto.tail_us >= 100_000 && auto.estimated == (auto.tail_us > 100_000),
         "the first buffer is sized from the disk's requests so far, or the default: {auto:?}"
     );
     // The reader keeps to the buffer it was given at the start: its deadlines are the

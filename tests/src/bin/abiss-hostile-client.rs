@@ -227,15 +227,8 @@ fn attach_slowly(socket: &str, file: &str) -> (Client, abiss_proto::StreamInfo) 
         .attach(
             std::fs::File::open(file).expect("open"),
             AttachRequest {
-                rate: ByteRate(1000),
-                buffer: ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
                 persistent: false,
-                write: false,
-                preallocate: false,
-                preroll: None,
-                buffer_auto: false,
+                ..abiss_tests::read_request(1000, 64 << 10, 1)
             },
         )
         .expect("attach");
@@ -454,15 +447,8 @@ fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode
         };
         if file != "-" {
             let request = AttachRequest {
-                rate: ByteRate(1000),
-                buffer: ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
                 persistent: false,
-                write: false,
-                preallocate: false,
-                preroll: None,
-                buffer_auto: false,
+                ..abiss_tests::read_request(1000, 64 << 10, 1)
             };
             // Another limit (streams, memory, bursts) may refuse an attach: the subscription
             // is the attack, the stream only what it would hold.

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize};
+use abiss_proto::AttachRequest;
 use io_uring::{opcode, types, IoUring};
 
 fn main() -> ExitCode {
@@ -31,15 +31,8 @@ fn main() -> ExitCode {
         .attach(
             opened.try_clone().expect("dup"),
             AttachRequest {
-                rate: ByteRate(1000),
-                buffer: ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
                 persistent: false,
-                write: false,
-                preallocate: false,
-                preroll: None,
-                buffer_auto: false,
+                ..abiss_tests::read_request(1000, 64 << 10, 1)
             },
         )
         .expect("attach");
