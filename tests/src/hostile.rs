@@ -58,12 +58,22 @@ pub fn pass_lingering_socket(
                 MsgFlags::MSG_NOSIGNAL,
                 None,
             );
+            // Another hello after it, so that a reader meets the byte with data behind it (at
+            // the end of what was sent, a reader stops short of it).
             return hello.is_ok()
                 && sendmsg::<()>(
                     stream.as_raw_fd(),
                     &[IoSlice::new(b"\n")],
                     &rights,
                     MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_OOB,
+                    None,
+                )
+                .is_ok()
+                && sendmsg::<()>(
+                    stream.as_raw_fd(),
+                    &[IoSlice::new(&line)],
+                    &[],
+                    MsgFlags::MSG_NOSIGNAL,
                     None,
                 )
                 .is_ok();
