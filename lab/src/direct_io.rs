@@ -9,15 +9,18 @@ use std::time::{Duration, Instant};
 
 use crate::error::LabError;
 
-/// A buffer aligned for `O_DIRECT`.
-pub(crate) struct AlignedBuffer {
+/// A buffer aligned for `O_DIRECT` (the lab's reads and the tests' direct reads).
+#[derive(Debug)]
+pub struct AlignedBuffer {
     storage: Vec<u8>,
     start: usize,
     len: usize,
 }
 
 impl AlignedBuffer {
-    pub(crate) fn new(len: usize) -> Self {
+    /// A zeroed buffer of `len` bytes starting on a 4 KiB boundary.
+    #[must_use]
+    pub fn new(len: usize) -> Self {
         let storage = vec![0u8; len + 4096];
         let start = storage.as_ptr().align_offset(4096);
         Self {
@@ -27,7 +30,8 @@ impl AlignedBuffer {
         }
     }
 
-    fn slice(&mut self, len: usize) -> &mut [u8] {
+    /// Its first `len` bytes (at most its length).
+    pub fn slice(&mut self, len: usize) -> &mut [u8] {
         &mut self.storage[self.start..self.start + len.min(self.len)]
     }
 }

@@ -21,7 +21,7 @@
 //! | waiting until an exact instant: sleep, then spin | [`timing`] |
 //! | per-request statistics and the summary file ([`StatsCursor`]) | [`stats`] |
 //! | measuring a lab's device through the kernel against its model | [`validate`](mod@validate) |
-//! | one timed `O_DIRECT` read at a time (calibration and validation) | `direct_io` |
+//! | one timed `O_DIRECT` read at a time (calibration and validation); the aligned buffer | [`direct_io`] |
 //! | commands, sysfs, mounts and processes | [`system`] |
 //! | errors, one enum per concern, with exit codes | [`error`] |
 //! | the `abiss-lab` command line ([`cli::Cli`]; a library module, so that `cargo xtask man` documents it too) | [`cli`] |
@@ -29,7 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod cli;
-mod direct_io;
+pub mod direct_io;
 pub mod emulator;
 pub mod error;
 pub mod model;

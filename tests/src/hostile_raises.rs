@@ -71,12 +71,8 @@ fn read_direct(file: &str, offset: u64) -> u64 {
         .custom_flags(libc::O_DIRECT)
         .open(file)
         .expect("open O_DIRECT");
-    let layout = std::alloc::Layout::from_size_align(CHUNK, 4096).expect("layout");
-    // SAFETY: the layout has a non-zero size; the buffer is freed below.
-    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
-    assert!(!buffer.is_null());
-    // SAFETY: `buffer` points to `CHUNK` bytes we own.
-    let slice = unsafe { std::slice::from_raw_parts_mut(buffer, CHUNK) };
+    let mut buffer = abiss_lab::direct_io::AlignedBuffer::new(CHUNK);
+    let slice = buffer.slice(CHUNK);
     let mut at_real_time = 0;
     for chunk in 0..THREAD_BYTES / CHUNK as u64 {
         let rt = real_time();
@@ -87,8 +83,6 @@ fn read_direct(file: &str, offset: u64) -> u64 {
             at_real_time += read as u64;
         }
     }
-    // SAFETY: allocated above with this layout.
-    unsafe { std::alloc::dealloc(buffer, layout) };
     at_real_time
 }
 

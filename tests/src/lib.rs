@@ -687,19 +687,12 @@ pub fn direct_reads(device: &Path, block: usize, first_block: u64, count: u64) {
         .custom_flags(libc::O_DIRECT)
         .open(device)
         .expect("open device O_DIRECT");
-    let layout = std::alloc::Layout::from_size_align(block, 4096).expect("layout");
-    // O_DIRECT needs an aligned buffer.
-    // SAFETY: the layout has a non-zero size; the buffer is freed below.
-    let buffer = unsafe { std::alloc::alloc_zeroed(layout) };
-    assert!(!buffer.is_null());
-    // SAFETY: `buffer` points to `block` bytes we own.
-    let slice = unsafe { std::slice::from_raw_parts_mut(buffer, block) };
+    let mut buffer = abiss_lab::direct_io::AlignedBuffer::new(block);
+    let slice = buffer.slice(block);
     for i in 0..count {
         let offset = (first_block + i) * block as u64;
         file.read_exact_at(slice, offset).expect("direct read");
     }
-    // SAFETY: allocated above with this layout.
-    unsafe { std::alloc::dealloc(buffer, layout) };
 }
 
 /// The child processes of process `pid` (its main thread's children).
