@@ -153,6 +153,9 @@ pub fn serve(config: &EmulatorConfig) -> Result<(), LabError> {
     if !timing::make_current_thread_realtime(FUSE_PRIORITY) {
         eprintln!("abiss-lab: warning: no real-time priority; timing may suffer under load");
     }
+    if !timing::lock_memory() {
+        eprintln!("abiss-lab: warning: cannot lock the emulator in memory; timing may suffer");
+    }
     let mut session =
         fuser::Session::new(filesystem, &config.mountpoint, &options).map_err(|e| {
             LabError::FuseUnavailable {

@@ -38,6 +38,16 @@ pub fn make_current_thread_realtime(priority: i32) -> bool {
     rc == 0
 }
 
+/// Locks every page the process maps now (its program, libraries, thread stacks) in memory,
+/// so that serving a request never waits for a page fault on the root disk: on the lab VM the
+/// reclaim takes a program's pages between uses, and the emulator's replies were late by the
+/// faults. Pages mapped later (a heap that grows) are anonymous and fault without I/O, so they
+/// are not locked. Returns whether it worked (it needs `CAP_IPC_LOCK` or the limit for it).
+#[must_use]
+pub fn lock_memory() -> bool {
+    nix::sys::mman::mlockall(nix::sys::mman::MlockAllFlags::MCL_CURRENT).is_ok()
+}
+
 /// Converts a duration to whole nanoseconds, saturating.
 #[must_use]
 pub fn nanos(duration: Duration) -> u64 {

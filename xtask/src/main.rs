@@ -16,6 +16,7 @@
 //! | `kernels`: this build on distribution kernels booted in qemu | `kernels` |
 //! | `man`: man pages and shell completions from the binaries' clap definitions | `docs` |
 //! | running commands with their output shown and failures named | `shell` |
+//! | the integration run's failure sections and times, repeated at its end | `test_log` |
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -28,6 +29,7 @@ mod install;
 mod kernels;
 mod setup;
 mod shell;
+mod test_log;
 
 /// abiss build, test and demo automation.
 #[derive(Debug, Parser)]
@@ -218,11 +220,9 @@ fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow
         integration.push(filter);
     }
     let bin_dir = root.join("target").join("debug");
-    shell::cargo_with_env(
-        root,
-        &integration,
-        &[("ABISS_BIN_DIR", bin_dir.as_os_str())],
-    )
+    let mut command = shell::cargo_command(root, &integration);
+    command.env("ABISS_BIN_DIR", bin_dir.as_os_str());
+    test_log::run_logged(&mut command)
 }
 
 fn nix_is_root() -> bool {

@@ -16,10 +16,16 @@ pub fn cargo(root: &Path, args: &[&str]) -> anyhow::Result<()> {
     cargo_with_env(root, args, &[])
 }
 
-/// Runs cargo in `root` with `args` and extra environment.
-pub fn cargo_with_env(root: &Path, args: &[&str], env: &[(&str, &OsStr)]) -> anyhow::Result<()> {
+/// The command that runs cargo in `root` with `args`.
+pub fn cargo_command(root: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(cargo_binary());
     command.current_dir(root).args(args);
+    command
+}
+
+/// Runs cargo in `root` with `args` and extra environment.
+pub fn cargo_with_env(root: &Path, args: &[&str], env: &[(&str, &OsStr)]) -> anyhow::Result<()> {
+    let mut command = cargo_command(root, args);
     for (key, value) in env {
         command.env(key, value);
     }
