@@ -4,6 +4,7 @@
 //! is passed through as it comes, and at its end the failure sections of the failing test
 //! binaries are printed again, with how long each binary took (the suite has a time budget).
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,22 +70,21 @@ impl TestLog {
 
     /// The summary printed at the end: the slowest binaries, then every failure section.
     pub fn summary(&self) -> String {
-        let mut out = String::new();
         let mut slowest = self.durations.clone();
-        slowest.sort_by(|a, b| b.1.cmp(&a.1));
+        slowest.sort_by_key(|(_, took)| std::cmp::Reverse(*took));
         let total: Duration = self.durations.iter().map(|(_, d)| *d).sum();
-        out.push_str(&format!(
+        let mut out = format!(
             "xtask: {} test binaries in {:.0} s; the slowest:\n",
             self.durations.len(),
             total.as_secs_f64()
-        ));
+        );
         for (name, took) in slowest.iter().take(10) {
-            out.push_str(&format!("  {:>6.1} s  {name}\n", took.as_secs_f64()));
+            let _ = writeln!(out, "  {:>6.1} s  {name}", took.as_secs_f64());
         }
         for (name, lines) in &self.failures {
-            out.push_str(&format!("xtask: {name} failed; what it printed:\n"));
+            let _ = writeln!(out, "xtask: {name} failed; what it printed:");
             for line in lines {
-                out.push_str(&format!("  | {line}\n"));
+                let _ = writeln!(out, "  | {line}");
             }
         }
         out
