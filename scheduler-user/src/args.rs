@@ -8,10 +8,10 @@ use std::time::Duration;
 use abiss_proto::{AdmissionMode, ByteRate, ByteSize};
 use clap::Parser;
 
-use crate::capabilities::Feature;
 use crate::config_file::DEFAULT_CONFIG;
-use crate::device::{DeviceConfig, Elevator};
-use crate::kernel_layout::KERNEL_BTF;
+use crate::disk::device::{DeviceConfig, Elevator};
+use crate::kernel::capabilities::Feature;
+use crate::kernel::layout::KERNEL_BTF;
 
 /// The ABISS controller daemon: guaranteed-rate streams on managed disks, and block I/O
 /// tracing by priority.
@@ -91,7 +91,7 @@ pub struct Args {
     /// 127.0.0.1:9565. Off by default. The metrics are root's view: every user's streams with
     /// their owner's uid, rate and disk, whoever connects; set --metrics-token-file where
     /// users who should not see that can reach the port.
-    #[arg(long, value_name = "ADDR", value_parser = crate::metrics::parse_address)]
+    #[arg(long, value_name = "ADDR", value_parser = crate::serve::metrics::parse_address)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Allow --metrics on an address other than loopback (such as 0.0.0.0:9565): the metrics
     /// are then anyone's who reaches it, unless --metrics-token-file is set too.

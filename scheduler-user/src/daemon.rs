@@ -17,21 +17,23 @@ use log::{error, info, warn};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{broadcast, mpsc};
 
-use crate::capabilities::Feature;
 use crate::controller::Controller;
-use crate::device::{DeviceConfig, DeviceError};
-use crate::disks::{AdmissionSettings, Disks, TakeError};
-use crate::kernel_events::{decode_access, decode_fork, decode_request, Fork, StreamAccess};
-use crate::kernel_layout::{self, KernelSupport, LayoutError};
+use crate::disk::device::{DeviceConfig, DeviceError};
+use crate::disk::managed::{AdmissionSettings, Disks, TakeError};
+use crate::kernel::capabilities::Feature;
+use crate::kernel::events::{decode_fork, Fork, StreamAccess};
+use crate::kernel::layout::{self, KernelSupport, LayoutError};
+use crate::kernel::preflight;
+use crate::kernel::ring_pump::{
+    pump_ring, spawn_request_and_access_pumps, ACCESS_QUEUE, FORK_QUEUE,
+};
+use crate::kernel::tracer::{BlockTracer, TracerError};
 use crate::policy::memory::LockedMemoryBudget;
-use crate::prefetch::{LoadDone, PrefetchEngine};
-use crate::preflight;
-use crate::raised_forks::RaisedForks;
-use crate::ring_pump::{pump_ring, DroppedAccesses, ACCESS_QUEUE, FORK_QUEUE};
-use crate::server::{serve_connection, Command, Context};
-use crate::socket::{ControlSocket, SocketError};
-use crate::tracer::{BlockTracer, TracerError};
-use crate::upgrades::ReaderUpgrades;
+use crate::raise::forks::RaisedForks;
+use crate::raise::ReaderUpgrades;
+use crate::serve::socket::{ControlSocket, SocketError};
+use crate::serve::{serve_connection, Command, Context};
+use crate::stream::prefetch::{LoadDone, PrefetchEngine};
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -66,7 +68,7 @@ pub struct DaemonConfig {
     /// What playout buffers may lock, in all and per user.
     pub locked_memory: LockedMemoryBudget,
     /// Where and to whom Prometheus metrics are served (`--metrics`), if anywhere.
-    pub metrics: Option<crate::metrics::MetricsSettings>,
+    pub metrics: Option<crate::serve::metrics::MetricsSettings>,
 }
 
 /// Reads the configuration again (file and command line) for a reload; the error is one
@@ -98,7 +100,7 @@ pub enum DaemonError {
     Model(#[from] ModelError),
     /// The metrics address could not be taken.
     #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
+    Metrics(#[from] crate::serve::metrics::MetricsError),
     /// The state directory is missing and cannot be made, or others could write to it.
     #[error("cannot keep state in {path}: {source}")]
     StateDir {
@@ -271,10 +273,10 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     if !preflight::can_trace(caps) {
         return Err(DaemonError::NotPrivileged);
     }
-    let support = kernel_layout::resolve(&config.btf)?;
+    let support = layout::resolve(&config.btf)?;
     let (layout, off) = switched_off(support, &config.disabled);
     let metrics = (config.metrics.as_ref())
-        .map(crate::metrics::MetricsListener::bind)
+        .map(crate::serve::metrics::MetricsListener::bind)
         .transpose()?;
     let socket = ControlSocket::bind(&config.socket)?;
     // Everything in the state directory is restored as root: it must be root's alone.
@@ -286,7 +288,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     })?;
     // Before the disks: a disk that cannot be taken (exit 16, 17) must not leave the readers
     // a crashed daemon raised at real-time priority.
-    crate::upgrades::restore_leftovers(&config.state_dir);
+    crate::raise::restore_leftovers(&config.state_dir);
     let disks = Disks::take(
         &config.devices,
         &config.device_config,
@@ -301,7 +303,11 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     let (command_tx, commands) = mpsc::channel(256);
     if let Some(listener) = metrics {
         let ids = tracer.program_ids().to_vec();
-        tokio::spawn(crate::metrics::serve(listener, command_tx.clone(), ids));
+        tokio::spawn(crate::serve::metrics::serve(
+            listener,
+            command_tx.clone(),
+            ids,
+        ));
     }
     let (events, _) = broadcast::channel(8192);
     let (load_tx, loads) = mpsc::unbounded_channel();
@@ -310,7 +316,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         command_tx,
         events.clone(),
         tracer.program_ids().to_vec(),
-        kernel_layout::kernel_release(),
+        layout::kernel_release(),
     );
     let memory = config.locked_memory;
     let controller = Controller::new(
@@ -320,24 +326,9 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         upgrades,
         memory,
     );
-    let pumps = [
-        tokio::spawn(pump_ring(event_ring, move |bytes| {
-            if let Some(record) = decode_request(bytes) {
-                let _ = events.send(record);
-            }
-        })),
-        tokio::spawn(pump_ring(playout_ring, {
-            let mut dropped = DroppedAccesses::default();
-            move |bytes| {
-                if let Some(access) = decode_access(bytes) {
-                    if let Err(mpsc::error::TrySendError::Full(_)) = access_tx.try_send(access) {
-                        dropped.one_more();
-                    }
-                }
-            }
-        })),
-        fork_pump,
-    ];
+    let [requests, accesses_pump] =
+        spawn_request_and_access_pumps(event_ring, playout_ring, events, access_tx);
+    let pumps = [requests, accesses_pump, fork_pump];
     let inputs = Inputs {
         socket,
         context,

@@ -4,13 +4,20 @@
 //! versioned protocol of `abiss-proto` on a Unix socket. The flow reads one way:
 //!
 //! ```text
-//! kernel ring records ─▶ kernel_events (typed) ─┐
-//! client requests ─▶ server (Command) ──────────┼─▶ daemon main loop ─▶ controller
-//! prefetch completions (LoadDone) ──────────────┘                          │
-//!                        policy (pure: playout, credit, admission, upgrades) ◀┘
-//!                                                                          │
-//!          actions: prefetch (io_uring, mlock), upgrades (ioprio), tracer (maps), device (sysfs)
+//! kernel ring records ─▶ kernel (events, typed) ──┐
+//! client requests ─▶ serve (Command) ─────────────┼─▶ daemon main loop ─▶ controller
+//! prefetch completions (LoadDone) ────────────────┘                         │
+//!                        policy (pure: playout, credit, admission, raises) ◀─┘
+//!                                                                           │
+//!     actions: stream (prefetch: io_uring, mlock), raise (ioprio), kernel (maps), disk (sysfs)
 //! ```
+//!
+//! The modules, by concept: [`stream`] (streams, their table, prefetch, mapped files,
+//! write-back), [`raise`] (readers raised to their stream's level, and the tasks they make),
+//! [`disk`] (managed disks, their settings and admission, their latency tail), [`kernel`] (the
+//! programs, their maps and rings, what this kernel allows), [`serve`] (connections, the
+//! descriptors clients pass, metrics), with [`policy`] pure and [`controller`] the one state the
+//! main loop ([`daemon`]) changes.
 //!
 //! Only the main loop touches the controller, and so the maps, streams and disks; everything
 //! else reaches it over channels. No import cycle of any length between its modules
@@ -23,37 +30,19 @@
 //! monotonic clock, atomic file writes) in `abiss-os`.
 //!
 //! Requires Linux 5.15 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`); the
-//! optional parts need newer kernels ([`capabilities`]).
+//! optional parts need newer kernels ([`kernel::capabilities`]).
 #![deny(missing_docs)]
 
 pub mod args;
-pub mod capabilities;
-pub mod client_file;
 pub mod config_file;
-pub mod connection;
 pub mod controller;
 pub mod daemon;
-pub mod device;
-pub mod disks;
-pub mod kernel_events;
-pub mod kernel_layout;
-pub mod keyed_threads;
-pub mod latency_tail;
-pub mod mapped_file;
-pub mod metrics;
+pub mod disk;
+pub mod kernel;
 pub mod policy;
-pub mod prefetch;
-pub mod preflight;
-pub mod raised_forks;
-pub mod ring_pump;
-pub mod server;
-pub mod socket;
-pub mod stats;
-pub mod stream_table;
-pub mod streams;
+pub mod raise;
+pub mod serve;
+pub mod stream;
 pub mod systemd;
-pub mod tracer;
-pub mod upgrades;
-pub mod writeback;
 
 pub use daemon::{run, DaemonConfig, DaemonError, Reload};

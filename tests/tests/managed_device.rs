@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use abiss_daemon::device::{
+use abiss_daemon::disk::device::{
     recover, resolve_disk, DepthSource, DeviceConfig, DeviceError, Disk, Elevator, ManagedDevice,
     RecoveryOutcome,
 };
@@ -239,7 +239,7 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
     disk.assert_depth(&taken, 8, "live driver depth while managed");
     assert_eq!(
         taken.max_request_kib,
-        abiss_daemon::device::REQUEST_CAP_KIB,
+        abiss_daemon::disk::device::REQUEST_CAP_KIB,
         "requests capped while managed"
     );
     let status = managed.status().expect("status");

@@ -101,7 +101,7 @@ fn subscriptions_that_hang_up_are_let_go_at_once() {
 fn one_user_cannot_take_every_connection() {
     require_root!();
     let daemon = Daemon::start();
-    let limit = abiss_daemon::server::limits::MAX_USER_CONNECTIONS;
+    let limit = abiss_daemon::serve::limits::MAX_USER_CONNECTIONS;
     let mut holder = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
         .arg(daemon.socket())
         .args(["hold", &(limit + 4).to_string(), "0"])
@@ -154,11 +154,11 @@ fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
     // other daemon of this file starts.
     let timeout_ms = 1500;
     std::env::set_var(
-        abiss_daemon::server::limits::IDLE_TIMEOUT_ENV,
+        abiss_daemon::serve::limits::IDLE_TIMEOUT_ENV,
         timeout_ms.to_string(),
     );
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
-    std::env::remove_var(abiss_daemon::server::limits::IDLE_TIMEOUT_ENV);
+    std::env::remove_var(abiss_daemon::serve::limits::IDLE_TIMEOUT_ENV);
 
     // A non-persistent stream lives as long as its connection: that connection is never idle.
     let mut holder = abiss_client::Client::connect(daemon.socket()).expect("connect");

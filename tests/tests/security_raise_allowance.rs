@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use abiss_daemon::policy::upgrade::{MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER};
+use abiss_daemon::policy::raise::{MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER};
 use abiss_tests::{as_nobody, binary, chmod, require_root, write_cold_file, Daemon};
 use abiss_tests::{Ext4Mount, LoopDevice};
 

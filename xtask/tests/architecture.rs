@@ -250,7 +250,7 @@ fn no_crate_has_an_import_cycle() {
     assert!(
         daemon
             .get(&vec!["controller".to_owned()])
-            .is_some_and(|uses| uses.contains(&vec!["streams".to_owned()])),
+            .is_some_and(|uses| uses.contains(&vec!["stream".to_owned()])),
         "the import scan finds nothing in the daemon: {daemon:?}"
     );
     let mut found = Vec::new();

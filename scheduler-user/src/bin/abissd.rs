@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use abiss_daemon::args::Args;
 use abiss_daemon::config_file::{self, ConfigError};
-use abiss_daemon::device::DeviceConfig;
+use abiss_daemon::disk::device::DeviceConfig;
 use abiss_daemon::policy::memory::LockedMemoryBudget;
 use abiss_daemon::DaemonConfig;
 use abiss_proto::ByteSize;
@@ -96,7 +96,7 @@ fn daemon_config(args: Args) -> DaemonConfig {
         locked_memory: locked_memory(args.locked_memory, args.user_locked_memory),
         metrics: args
             .metrics
-            .map(|address| abiss_daemon::metrics::MetricsSettings {
+            .map(|address| abiss_daemon::serve::metrics::MetricsSettings {
                 address,
                 remote: args.metrics_remote,
                 token_file: args.metrics_token_file,

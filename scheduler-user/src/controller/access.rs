@@ -8,16 +8,16 @@ use abiss_proto::{Refusal, StreamTarget};
 use log::warn;
 
 use super::Controller;
-use crate::kernel_events::{Access, Fork, Reader, StreamAccess};
+use crate::kernel::events::{Access, Fork, Reader, StreamAccess};
+use crate::kernel::tracer::BlockTracer;
 use crate::policy::burst::BurstAllowance;
 use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
+use crate::policy::raise::{stream_allowance_kib, OWN_FILE_SLACK_KIB};
 use crate::policy::shared_file::route;
-use crate::policy::upgrade::{stream_allowance_kib, OWN_FILE_SLACK_KIB};
-use crate::prefetch::{JobKind, LoadDone, LoadOutcome};
-use crate::stream_table::StreamTable;
-use crate::streams::Stream;
-use crate::tracer::BlockTracer;
-use crate::upgrades::{RaiseFor, ReaderUpgrades, StreamBounds};
+use crate::raise::{RaiseFor, ReaderUpgrades, StreamBounds};
+use crate::stream::prefetch::{JobKind, LoadDone, LoadOutcome};
+use crate::stream::table::StreamTable;
+use crate::stream::Stream;
 
 /// What a raise for `stream` is for.
 pub(super) fn raise_for(stream: &Stream) -> RaiseFor {

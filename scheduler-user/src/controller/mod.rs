@@ -3,8 +3,8 @@
 //! upgrades; it takes typed events (client requests, kernel accesses, finished loads, time),
 //! asks the pure policy what to do, and carries the answers out.
 
-use crate::client_file::{check_file, CheckedFile};
-use crate::server::closer::ClientFd;
+use crate::serve::client_file::{check_file, CheckedFile};
+use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
 use abiss_os::clock::monotonic_ns;
@@ -17,9 +17,9 @@ use log::{info, warn};
 mod access;
 mod sizing;
 
-use crate::disks::Disks;
-use crate::latency_tail::LatencyTails;
-use crate::mapped_file::{mapping_bytes, reopen_without_atime};
+use crate::disk::latency_tail::LatencyTails;
+use crate::disk::managed::Disks;
+use crate::kernel::tracer::BlockTracer;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
 use crate::policy::memory::{locked_at_most, AddressSpaceBudget, LockedMemoryBudget};
 use crate::policy::playout::WindowAction;
@@ -27,14 +27,14 @@ use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::policy::shared_file::{
     kernel_entry, MAX_STREAMS_PER_FILE, MAX_STREAMS_PER_USER_PER_FILE,
 };
-use crate::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
-use crate::stream_table::StreamTable;
-use crate::streams::{
+use crate::raise::ReaderUpgrades;
+use crate::stream::mapped_file::{mapping_bytes, reopen_without_atime};
+use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+use crate::stream::table::StreamTable;
+use crate::stream::writeback::GiveBack;
+use crate::stream::{
     check_parameters, Stream, StreamOwner, StreamStart, MAX_STREAMS, MAX_STREAMS_PER_USER,
 };
-use crate::tracer::BlockTracer;
-use crate::upgrades::ReaderUpgrades;
-use crate::writeback::GiveBack;
 use access::RaiseBounds;
 
 /// The main loop's state.

@@ -16,7 +16,7 @@ use crate::policy::memory::locked_at_most;
 use crate::policy::page_ceil;
 use crate::policy::playout::WindowAction;
 use crate::policy::probe_tail::preroll_locked_bytes;
-use crate::streams::{demand_of, Stream, MAX_BUFFER_BYTES};
+use crate::stream::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
     /// Sizes the buffer of `request` (`--buffer auto`, its `buffer` the application's part)

@@ -8,7 +8,7 @@
 //! `B = app + 2 · R · tail + 2 · batch`, with `tail` the disk's real-time latency tail (p99 of
 //! queue plus service time of its real-time requests over the last seconds, which the block
 //! programs measure for every request), or before the disk has shown it, an estimate from all
-//! its requests (`crate::latency_tail`).
+//! its requests (`crate::disk::latency_tail`).
 //!
 //! Memory also buys disk time. A window is refilled in loads of a third of its buffer, one
 //! disk access each, so a larger buffer means fewer seeks per second of media: with the
@@ -23,7 +23,7 @@ use abiss_proto::PAGE_BYTES;
 use super::{page_ceil, page_floor};
 
 /// The tail assumed for a disk with too few requests measured yet in the stream's class and
-/// in all (`crate::latency_tail`): a hard disk's seek and rotation behind a few queued
+/// in all (`crate::disk::latency_tail`): a hard disk's seek and rotation behind a few queued
 /// requests.
 pub const DEFAULT_TAIL_NS: u64 = 100_000_000;
 

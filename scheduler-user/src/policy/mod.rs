@@ -9,13 +9,13 @@ pub mod memory;
 pub mod playout;
 pub mod priority;
 pub mod probe_tail;
+pub mod raise;
 pub mod rate_history;
 pub mod recent_readers;
 pub mod share;
 pub mod shared_file;
 pub mod shared_io;
 pub mod stray;
-pub mod upgrade;
 pub mod write_behind;
 
 use abiss_proto::PAGE_BYTES;

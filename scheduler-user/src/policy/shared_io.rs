@@ -7,7 +7,7 @@ use std::collections::HashMap;
 /// have noted in the kernel's table of raised threads. Such a task stays in that table as long
 /// as the raise (putting it back alone would put back the raised thread), the table is every
 /// user's, and a stream may have
-/// [`MAX_RAISED_PER_STREAM`](super::upgrade::MAX_RAISED_PER_STREAM) raised threads: the eBPF side's own
+/// [`MAX_RAISED_PER_STREAM`](super::raise::MAX_RAISED_PER_STREAM) raised threads: the eBPF side's own
 /// bound per raise (`MAX_SHARED_IO_TASKS_PER_RAISE`) alone would let one stream note 512. With
 /// it, every stream's raised threads and noted tasks fit the table together.
 pub const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 16;

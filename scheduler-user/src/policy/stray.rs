@@ -21,7 +21,7 @@
 //!
 //! A stream's raises read its own file at real time for what the stream was admitted for, all
 //! of them together ([`StreamLedger`]): its buffer, what its rates earned since it was attached,
-//! and [`super::upgrade::OWN_FILE_SLACK_KIB`] for the kernel's readahead. Counted per raise, a
+//! and [`super::raise::OWN_FILE_SLACK_KIB`] for the kernel's readahead. Counted per raise, a
 //! 1 B/s stream whose short-lived threads were each announced as readers (`reader_starts`) and
 //! read 4 MiB with `O_DIRECT` before exiting read at disk speed at real time. Past the stream's
 //! allowance, its readers' user is charged for every KiB, as for other files, and the raises

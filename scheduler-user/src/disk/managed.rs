@@ -1,0 +1,536 @@
+//! The managed disks and their admission: which disks abissd holds, whether a stream fits on
+//! one (by its measured model, or by a share of a configured capacity until it has one),
+//! capacity planning (`abissctl admit`) and device status (`abissctl status`).
+//!
+//! The arithmetic is pure policy ([`crate::policy::admission`], [`crate::policy::share`]);
+//! this module keeps the per-disk state it runs on and turns its answers into refusals and
+//! reports for clients.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use abiss_model::{DeviceIdentity, DeviceModel, ModelError};
+use abiss_proto::{
+    AdmissionMode, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber,
+    DeviceStatus, Refusal, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES, PAGE_BYTES,
+};
+use log::{info, warn};
+
+use crate::disk::device::{
+    self, resolve_client_disk, resolve_disk, DeviceConfig, DeviceError, Disk, ManagedDevice,
+};
+use crate::policy::admission::{
+    AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
+};
+use crate::policy::share::ShareAdmission;
+use crate::stream::table::StreamTable;
+use crate::stream::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
+
+/// How the daemon admits streams, for every managed disk.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmissionSettings {
+    /// The mode with a device model.
+    pub mode: AdmissionMode,
+    /// Allowed miss probability per window (statistical mode), in (0, 1).
+    pub p_req: f64,
+    /// Share of the device real-time streams may use, percent (1 to 95).
+    pub share_percent: u32,
+    /// Capacity assumed without a model, B/s.
+    pub capacity_bps: u64,
+    /// Where device settings to restore after a crash are kept.
+    pub state_dir: PathBuf,
+    /// Where device models are found.
+    pub model_dir: PathBuf,
+}
+
+/// Why the disks could not be taken at start.
+#[derive(Debug, thiserror::Error)]
+pub enum TakeError {
+    /// A device could not be managed.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A disk's saved model is corrupt or describes another device.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// A managed disk with its admission control.
+#[derive(Debug)]
+pub struct ManagedDisk {
+    /// The device settings abissd holds (restored on drop).
+    pub device: ManagedDevice,
+    /// Its identity, under which its model is saved.
+    pub identity: DeviceIdentity,
+    /// Admission by the configured capacity, until the disk has a model.
+    pub share: ShareAdmission,
+    /// Admission by the disk's model, once it has one.
+    pub model: Option<AdmissionControl>,
+}
+
+impl ManagedDisk {
+    /// A disk with its model loaded from the state directory, if it has one. A model file
+    /// that is corrupt or describes another device is an error, never ignored.
+    pub fn new(device: ManagedDevice, settings: &AdmissionSettings) -> Result<Self, ModelError> {
+        let identity = DeviceIdentity::of(device.disk().number)?;
+        let share = ShareAdmission {
+            device: device.disk().name.clone(),
+            capacity_bps: settings.capacity_bps,
+            share_percent: settings.share_percent,
+        };
+        let mut disk = Self {
+            device,
+            identity,
+            share,
+            model: None,
+        };
+        disk.load_model(settings)?;
+        Ok(disk)
+    }
+
+    /// Loads the disk's model if it has none yet and one was saved since.
+    fn load_model(&mut self, settings: &AdmissionSettings) -> Result<(), ModelError> {
+        if self.model.is_some() {
+            return Ok(());
+        }
+        if let Some(model) = DeviceModel::find(&settings.model_dir, &self.identity)? {
+            info!(
+                "{}: admission by its model {} ({} admission)",
+                self.device.disk(),
+                self.identity.model_path(&settings.model_dir).display(),
+                settings.mode
+            );
+            self.model = Some(AdmissionControl {
+                device: self.device.disk().name.clone(),
+                source: format!(
+                    "model {} measured at {} s since the epoch{}",
+                    self.identity.key,
+                    model.measured_at_unix_s,
+                    if model.quick { " (quick profile)" } else { "" }
+                ),
+                model,
+                mode: settings.mode,
+                p_req: settings.p_req,
+                share_percent: settings.share_percent,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What the streams on `disk` ask of it, but stream `except` (one whose rate is being changed).
+fn demands_on(streams: &StreamTable, disk: DeviceNumber, except: Option<u64>) -> Vec<StreamDemand> {
+    streams
+        .iter()
+        .filter(|s| s.disk == disk && Some(s.id) != except)
+        .map(crate::stream::Stream::demand)
+        .collect()
+}
+
+/// Every managed disk, by device number, and the settings they are admitted by.
+#[derive(Debug)]
+pub struct Disks {
+    settings: AdmissionSettings,
+    disks: BTreeMap<DeviceNumber, ManagedDisk>,
+}
+
+impl Disks {
+    /// Takes every disk of `specs`, after restoring what a crashed daemon left changed.
+    pub fn take(
+        specs: &[String],
+        config: &DeviceConfig,
+        settings: AdmissionSettings,
+    ) -> Result<Self, TakeError> {
+        for outcome in device::recover(&settings.state_dir)? {
+            match outcome {
+                device::RecoveryOutcome::Restored { disk } => {
+                    info!("restored {disk}, left managed by a daemon that did not exit cleanly");
+                }
+                other => warn!("device state from an earlier daemon: {other:?}"),
+            }
+        }
+        let mut disks = BTreeMap::new();
+        for spec in specs {
+            let device = ManagedDevice::take(spec, config, &settings.state_dir)?;
+            let managed = ManagedDisk::new(device, &settings)?;
+            info!(
+                "managing {} with {} at dispatch depth {}",
+                managed.device.disk(),
+                config.elevator,
+                config.dispatch_depth
+            );
+            disks.insert(managed.device.disk().number, managed);
+        }
+        Ok(Self { settings, disks })
+    }
+
+    /// Admits by `settings` from now on (a reload): each disk's share and its model are taken
+    /// up again, so a model saved or replaced since is used. Streams already admitted keep
+    /// running; a disk whose model no longer loads keeps admitting by its share, and says why.
+    pub fn reconfigure(&mut self, settings: AdmissionSettings) {
+        for managed in self.disks.values_mut() {
+            managed.share.capacity_bps = settings.capacity_bps;
+            managed.share.share_percent = settings.share_percent;
+            managed.model = None;
+            if let Err(error) = managed.load_model(&settings) {
+                warn!(
+                    "{}: its model is unusable ({error}); admitting by its share of --capacity",
+                    managed.device.disk()
+                );
+            }
+        }
+        self.settings = settings;
+    }
+
+    /// The settings streams are admitted by.
+    #[must_use]
+    pub fn settings(&self) -> &AdmissionSettings {
+        &self.settings
+    }
+
+    /// The managed disk a file on `file_device` lives on, with any model saved since the
+    /// daemon started taken up (a broken one refuses).
+    pub fn serving(&mut self, file_device: DeviceNumber, path: &str) -> Result<Disk, Refusal> {
+        let unmanaged = |disk: String| {
+            Refusal::UnknownDevice(format!(
+                "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
+            ))
+        };
+        let disk = resolve_disk(&file_device.to_string())
+            .map_err(|_| unmanaged(format!("device {file_device}")))?;
+        let Some(managed) = self.disks.get_mut(&disk.number) else {
+            return Err(unmanaged(disk.to_string()));
+        };
+        managed
+            .load_model(&self.settings)
+            .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
+        Ok(disk)
+    }
+
+    /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream
+    /// `replacing`, which the request would replace): by its model, or by the configured
+    /// capacity until it has one.
+    pub fn admit(
+        &self,
+        disk: DeviceNumber,
+        request: &AttachRequest,
+        streams: &StreamTable,
+        replacing: Option<u64>,
+    ) -> Result<(), Refusal> {
+        let Some(managed) = self.disks.get(&disk) else {
+            return Err(Refusal::Internal(format!("device {disk} is not managed")));
+        };
+        // A write stream is priced by the model's write figures, as `admit --write` plans.
+        let demand = crate::stream::demand_of(request);
+        let refused = |refusal: &dyn std::fmt::Display| Refusal::DoesNotFit(refusal.to_string());
+        match (&managed.model, self.settings.mode) {
+            (_, AdmissionMode::Off) => {}
+            (Some(control), _) => {
+                let prediction = control
+                    .admit(&demands_on(streams, disk, replacing), &demand)
+                    .map_err(|refusal| refused(&refusal))?;
+                info!(
+                    "{}: admitted {} B/s; predicted miss probability {:.4}%",
+                    disk,
+                    request.rate.0,
+                    prediction.miss_probability * 100.0
+                );
+            }
+            (None, _) => managed
+                .share
+                .admit(streams.reserved_on(disk, replacing), request.rate.0)
+                .map_err(|refusal| refused(&refusal))?,
+        }
+        Ok(())
+    }
+
+    /// Whether `disk`'s model admits `demand` next to `existing`: `None` when the disk has no
+    /// model yet or admission is off, where a stream's buffer changes nothing.
+    #[must_use]
+    pub fn model_admits(
+        &self,
+        disk: DeviceNumber,
+        existing: &[StreamDemand],
+        demand: &StreamDemand,
+    ) -> Option<bool> {
+        if self.settings.mode == AdmissionMode::Off {
+            return None;
+        }
+        let control = self.disks.get(&disk)?.model.as_ref()?;
+        Some(control.admit(existing, demand).is_ok())
+    }
+
+    /// Capacity planning: how many streams like the request's fit on its device.
+    pub fn plan(
+        &mut self,
+        request: &AdmitRequest,
+        streams: &StreamTable,
+    ) -> Result<AdmissionReport, Refusal> {
+        let disk = resolve_client_disk(&request.device)
+            .map_err(|error| Refusal::UnknownDevice(error.to_string()))?;
+        let Some(managed) = self.disks.get_mut(&disk.number) else {
+            return Err(Refusal::UnknownDevice(format!(
+                "abissd does not manage {disk}; start it with --device for it"
+            )));
+        };
+        managed
+            .load_model(&self.settings)
+            .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
+        let demand = planned_demand(request)?;
+        let managed = &self.disks[&disk.number];
+        let mode = request.mode.unwrap_or(self.settings.mode);
+        let existing = demands_on(streams, disk.number, None);
+        let Some(control) = &managed.model else {
+            let free = managed
+                .share
+                .budget_bps()
+                .saturating_sub(streams.reserved_on(disk.number, None));
+            return Ok(self.share_plan(managed, request, mode, free, existing.len()));
+        };
+        let control = AdmissionControl {
+            mode,
+            ..control.clone()
+        };
+        Ok(model_plan(&control, request, &existing, &demand))
+    }
+
+    /// Capacity planning without a model: the configured capacity times the share.
+    fn share_plan(
+        &self,
+        managed: &ManagedDisk,
+        request: &AdmitRequest,
+        mode: AdmissionMode,
+        free_bps: u64,
+        admitted: usize,
+    ) -> AdmissionReport {
+        let n_max = (mode != AdmissionMode::Off)
+            .then(|| u32::try_from(free_bps / request.rate.0).unwrap_or(u32::MAX));
+        let disk = managed.device.disk();
+        AdmissionReport {
+            device: disk.name.clone(),
+            mode,
+            p_req: self.settings.p_req,
+            window_ms: SERVICE_WINDOW_MS,
+            realtime_share_percent: managed.share.share_percent,
+            model_source: format!(
+                "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
+                managed.share.capacity_bps, disk.name
+            ),
+            admitted_streams: u32::try_from(admitted).unwrap_or(u32::MAX),
+            current_miss_probability: None,
+            n_max,
+            count: request.count,
+            miss_probability: None,
+            fits: request
+                .count
+                .map(|count| n_max.is_none_or(|n| count <= n)),
+            window_overrun_probability: None,
+        }
+    }
+
+    /// The managed devices as `abissctl status` shows them.
+    #[must_use]
+    pub fn status(&self, streams: &StreamTable) -> Vec<DeviceStatus> {
+        self.disks
+            .values()
+            .map(|managed| self.disk_status(managed, streams))
+            .collect()
+    }
+
+    fn disk_status(&self, managed: &ManagedDisk, streams: &StreamTable) -> DeviceStatus {
+        let disk = managed.device.disk();
+        let now = managed.device.status().ok();
+        let reserved = streams.reserved_on(disk.number, None);
+        let mode = self.settings.mode;
+        let figures = match &managed.model {
+            Some(control) => model_figures(
+                control,
+                &demands_on(streams, disk.number, None),
+                reserved,
+                &self.settings,
+            ),
+            None => AdmissionFigures {
+                capacity_bps: managed.share.capacity_bps,
+                source: "configured (--capacity): no device model yet, a conservative default; `abissctl profile DEV --save` measures one".to_owned(),
+                free_bps: managed.share.budget_bps().saturating_sub(reserved),
+                admission: if mode == AdmissionMode::Off { "off" } else { "share" }.to_owned(),
+                miss_ppm: 0,
+            },
+        };
+        DeviceStatus {
+            name: disk.name.clone(),
+            device: disk.number,
+            elevator: now
+                .as_ref()
+                .map_or_else(|| "?".to_owned(), |s| s.elevator.clone()),
+            dispatch_depth: now.as_ref().map_or(0, |s| s.dispatch_depth),
+            capacity: ByteRate(figures.capacity_bps),
+            capacity_source: figures.source,
+            realtime_share_percent: managed.share.share_percent.clamp(1, 95),
+            reserved: ByteRate(reserved),
+            reserved_write: ByteRate(streams.reserved_write_on(disk.number)),
+            free: ByteRate(figures.free_bps),
+            admission: figures.admission,
+            miss_probability_ppm: figures.miss_ppm,
+            streams: u32::try_from(streams.iter().filter(|s| s.disk == disk.number).count())
+                .unwrap_or(u32::MAX),
+        }
+    }
+
+    /// The managed disks' device numbers.
+    #[must_use]
+    pub fn numbers(&self) -> Vec<DeviceNumber> {
+        self.disks.keys().copied().collect()
+    }
+
+    /// Gives every disk its original settings back.
+    pub fn restore(self) {
+        for (_, managed) in self.disks {
+            if let Err(error) = managed.device.restore() {
+                warn!("{error}");
+            }
+        }
+    }
+}
+
+/// The stream an `admit` request plans for, or why the request is malformed.
+fn planned_demand(request: &AdmitRequest) -> Result<StreamDemand, Refusal> {
+    if request.rate.0 == 0 || request.rate.0 > MAX_RATE_BPS {
+        return Err(Refusal::BadRequest(format!(
+            "a rate of {} B/s is outside 1 B/s to 1 TB/s",
+            request.rate.0
+        )));
+    }
+    if request.rate_stdev.0 > MAX_RATE_BPS || request.buffer.0 == 0 {
+        return Err(Refusal::BadRequest(
+            "the rate's standard deviation must be below 1 TB/s and the buffer above 0".to_owned(),
+        ));
+    }
+    if request.buffer.0 > MAX_BUFFER_BYTES {
+        return Err(Refusal::BadRequest(format!(
+            "a buffer of {} is more than the 1 GiB abissd locks for one stream",
+            request.buffer
+        )));
+    }
+    if request
+        .count
+        .is_some_and(|count| count > MAX_PLANNED_STREAMS)
+    {
+        return Err(Refusal::BadRequest(format!(
+            "plans are for at most {MAX_PLANNED_STREAMS} streams; ask about fewer"
+        )));
+    }
+    let batch_pages = request.batch_pages.unwrap_or(DEFAULT_BATCH_PAGES);
+    if batch_pages == 0 {
+        return Err(Refusal::BadRequest(
+            "a batch must be at least one page".to_owned(),
+        ));
+    }
+    Ok(StreamDemand {
+        rate_stdev_bps: request.rate_stdev.0,
+        write: request.write,
+        ..StreamDemand::playback(
+            request.rate.0,
+            request.buffer.0,
+            u64::from(batch_pages) * PAGE_BYTES,
+        )
+    })
+}
+
+/// Capacity planning with a model.
+fn model_plan(
+    control: &AdmissionControl,
+    request: &AdmitRequest,
+    existing: &[StreamDemand],
+    demand: &StreamDemand,
+) -> AdmissionReport {
+    let mode = control.mode;
+    let with_count = request.count.map(|count| {
+        let mut all = existing.to_vec();
+        all.extend(std::iter::repeat_n(*demand, count as usize));
+        let prediction = control.predict(&all);
+        // The deterministic mode bounds rather than estimates: no miss is possible while the
+        // worst case fits (0), and one cannot be ruled out once it does not (1).
+        let p = match mode {
+            AdmissionMode::Deterministic => {
+                if prediction.worst_work_s <= control.budget_s() {
+                    0.0
+                } else {
+                    1.0
+                }
+            }
+            _ => prediction.miss_probability,
+        };
+        (
+            p,
+            control.fits(mode, &all),
+            prediction.window_overrun_probability,
+        )
+    });
+    AdmissionReport {
+        device: control.device.clone(),
+        mode,
+        p_req: control.p_req,
+        window_ms: SERVICE_WINDOW_MS,
+        realtime_share_percent: control.share_percent,
+        model_source: control.source.clone(),
+        admitted_streams: u32::try_from(existing.len()).unwrap_or(u32::MAX),
+        current_miss_probability: Some(control.predict(existing).miss_probability),
+        n_max: control.n_max(mode, existing, demand),
+        count: request.count,
+        miss_probability: with_count.map(|(p, _, _)| p),
+        fits: with_count.map(|(_, fits, _)| fits),
+        window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
+    }
+}
+
+/// A disk's admission figures for `status`.
+struct AdmissionFigures {
+    capacity_bps: u64,
+    source: String,
+    free_bps: u64,
+    admission: String,
+    miss_ppm: u32,
+}
+
+/// The figures of a disk with a model: "one more stream" is a 1 B/s stream with the default
+/// buffer and batch, so `free` is the most such a stream could ask for.
+fn model_figures(
+    control: &AdmissionControl,
+    existing: &[StreamDemand],
+    reserved_bps: u64,
+    settings: &AdmissionSettings,
+) -> AdmissionFigures {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a rate in B/s"
+    )]
+    let capacity_bps = control.model.max_read_bps() as u64;
+    let one_more = StreamDemand::playback(
+        1,
+        DEFAULT_BUFFER_BYTES,
+        u64::from(DEFAULT_BATCH_PAGES) * PAGE_BYTES,
+    );
+    let miss = control.predict(existing).miss_probability;
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "parts per million"
+    )]
+    let miss_ppm = (miss * 1e6).round() as u32;
+    AdmissionFigures {
+        capacity_bps,
+        source: control.source.clone(),
+        free_bps: if settings.mode == AdmissionMode::Off {
+            capacity_bps.saturating_sub(reserved_bps)
+        } else {
+            control.available_bps(existing, &one_more)
+        },
+        admission: if settings.mode == AdmissionMode::Statistical {
+            format!("statistical (p_req {})", settings.p_req)
+        } else {
+            settings.mode.to_string()
+        },
+        miss_ppm,
+    }
+}

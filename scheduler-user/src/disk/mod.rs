@@ -1,0 +1,7 @@
+//! Disks: the whole disks abissd manages, what it sets on them and gives back
+//! ([`device`]), their admission and capacity ([`managed`]), and the latency tail each
+//! shows ([`latency_tail`]), from which automatic buffers are sized.
+
+pub mod device;
+pub mod latency_tail;
+pub mod managed;

@@ -1,0 +1,108 @@
+//! The threads a player makes as it starts keep its start raise.
+//!
+//! `abissctl run` (and the libraries' open) raise a player's thread before it reads
+//! ([`super::ReaderUpgrades::on_reader_start`]). Real players then read in threads they make
+//! once they run (`GStreamer`'s streaming threads, mpv's demuxer): put back at their fork, as
+//! every task of a raised thread is ([`crate::raise::forks`]), such a thread's first reads queued
+//! below the stream and waited behind best-effort requests until it missed and was raised
+//! again; that was most of those players' start-up stall under load.
+//!
+//! So a task made within [`ADOPTION_WINDOW_NS`] of a start raise, by the raised thread or by a
+//! task adopted this way, is *adopted*: it keeps the raise as an upgrade of its own, as if it
+//! had missed. It is recorded (a crash leaves nothing raised), policed like any raised reader
+//! (its own real-time requests for other files, which its user pays for, and for the stream's
+//! file beyond what the stream's rate and buffer allow), put back when it leaves the file idle
+//! (so a decoder thread that never reads the file goes back after the idle time) and when the
+//! stream ends. At most [`MAX_ADOPTED_PER_STREAM`] tasks per stream; later tasks are put back at
+//! their fork as before.
+
+use abiss_os::clock::monotonic_ns;
+use abiss_os::ioprio;
+use log::debug;
+
+use super::task::task_identity;
+use super::ReaderUpgrades;
+use crate::kernel::events::Fork;
+use crate::policy::raise::Upgrade;
+use crate::policy::stray::RaiseAccount;
+use crate::raise::forks::ForkHook;
+
+/// How long after its start raise a player's new tasks are its own: its start-up.
+pub const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
+
+/// Most tasks adopted per stream.
+pub const MAX_ADOPTED_PER_STREAM: u64 = 32;
+
+impl ReaderUpgrades {
+    /// Adopts the task `fork` made, if it is a task of a player at its start (see the module)
+    /// whose user does not owe (`owes`) for real-time reads (`policy::stray`); whether it was.
+    pub(super) fn adopt(
+        &mut self,
+        fork: &Fork,
+        hook: &mut dyn ForkHook,
+        owes: &dyn Fn(u32) -> bool,
+    ) -> bool {
+        if fork.raise.shares_io_context {
+            return false;
+        }
+        let Some(parent) = self.table.get(fork.raise.root) else {
+            return false;
+        };
+        let Some(started_ns) = parent.started_ns else {
+            return false;
+        };
+        if owes(parent.uid) {
+            return false;
+        }
+        let stream = parent.stream;
+        if fork.at_ns.saturating_sub(started_ns) > ADOPTION_WINDOW_NS
+            || self.adopted.get(&stream).copied().unwrap_or(0) >= MAX_ADOPTED_PER_STREAM
+        {
+            return false;
+        }
+        // The task must still be the one made, with the raise it was made with.
+        let child = fork.child;
+        let Ok(Some(identity)) = task_identity(child) else {
+            return false;
+        };
+        // Adopted tasks count among their user's raises held at once, as raised threads do.
+        if !self.table.user_has_room(identity.uid) {
+            return false;
+        }
+        if ioprio::get(child).ok() != Some(fork.raise.applied) {
+            return false;
+        }
+        let now = monotonic_ns();
+        let upgrade = Upgrade {
+            task: identity.task,
+            tgid: identity.tgid,
+            last_access_ns: now,
+            raised_ns: now,
+            previous: fork.raise.previous,
+            applied: fork.raise.applied,
+            // Its own reads are counted from zero, so it has paid for none of them; they are
+            // paid for by the user it runs as.
+            uid: identity.uid,
+            account: RaiseAccount::default(),
+            ..parent.clone()
+        };
+        // Followed as a raised thread of its own (policed, its own tasks followed), then
+        // recorded; unrecorded, it is put back at once as before.
+        if self
+            .forks
+            .follow(child, upgrade.followed_as(), hook)
+            .is_err()
+            || !self.record_with(&upgrade)
+        {
+            return false;
+        }
+        self.table.insert(upgrade);
+        *self.adopted.entry(stream).or_default() += 1;
+        debug!(
+            "stream {stream}: thread {} made {child} {} ms after its start raise; it keeps the raise",
+            fork.parent,
+            fork.at_ns.saturating_sub(started_ns) / 1_000_000
+        );
+        true
+    }
+}

@@ -1,0 +1,583 @@
+//! Raising and restoring readers' I/O priorities: the system calls, `/proc`, and the record in
+//! the state directory that lets a restarted daemon undo what a crashed one did.
+//!
+//! The decisions are in [`crate::policy::raise`]. The tasks a raised thread makes are
+//! followed and put back at once by [`crate::raise::forks`], which says why that way.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use abiss_os::{clock::monotonic_ns, ioprio};
+use abiss_proto::UpgradeReport;
+use hdrhistogram::Histogram;
+use log::{debug, info, warn};
+
+use crate::kernel::events::Reader;
+use crate::policy::raise::{
+    may_raise, raised_priority, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER,
+};
+use crate::policy::stray::{RaiseAccount, StreamLedger};
+use crate::raise::forks::{ForkHook, RaisedForks};
+
+mod task;
+
+use barred::BarredThreads;
+pub use task::restore_leftovers;
+use task::{restore, task_identity, Restored};
+
+mod adoption;
+mod barred;
+pub mod forks;
+mod journal;
+mod ledger;
+mod misuse;
+mod reused_id;
+
+/// The file in the state directory listing the threads to restore.
+pub const UPGRADES_FILE: &str = "upgrades.json";
+
+/// While the record cannot be written, how often a miss tries again (then raises, if it can).
+const RECORD_RETRY_NS: u64 = 5_000_000_000;
+
+/// How often raised threads' stray requests are checked while any thread is raised.
+const POLICE_INTERVAL_NS: u64 = 250_000_000;
+
+/// What the streams' side tells and lends the policing of raises ([`misuse`]).
+pub trait StreamBounds {
+    /// What stream `stream` was admitted for since `since_ns` (0: since it was attached, as
+    /// far as its rate changes are kept): the bytes its rates earned since, and its buffer,
+    /// which bound what its raised readers may read of its file at the raised priority. `None`
+    /// if there is no such stream.
+    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
+
+    /// Charges user `uid` for `kib` KiB of real-time reads of a raised thread of theirs beyond
+    /// what its stream was admitted for ([`crate::policy::stray`]): out of their start-up
+    /// allowance, owed beyond what it holds.
+    fn charge(&mut self, uid: u32, kib: u64);
+
+    /// KiB user `uid` owes for such reads.
+    fn debt_kib(&self, uid: u32) -> u64;
+}
+
+/// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
+/// program counts the thread's own real-time requests by).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RaiseFor {
+    /// The stream.
+    pub stream: u64,
+    /// Its file's tag ([`crate::stream::Stream::file_tag`]).
+    pub file_tag: u64,
+}
+
+/// A thread its stream's owner said is about to read the stream, as `/proc` shows it.
+#[derive(Debug)]
+pub struct StartingReader {
+    /// Its process: the stream's reader from now on, so that the file's other streams do
+    /// not take its first reads (a viewer's jump to where it starts playing).
+    pub tgid: u32,
+    /// The process's command.
+    pub command: String,
+    /// Whether it was raised now.
+    pub raised: bool,
+}
+
+/// The daemon's upgrades of readers.
+#[derive(Debug)]
+pub struct ReaderUpgrades {
+    table: UpgradeTable,
+    enabled: bool,
+    record: PathBuf,
+    /// Event to priority set, ns.
+    latency: Histogram<u64>,
+    total: u64,
+    restored: u64,
+    per_stream: HashMap<u64, u64>,
+    /// Raises dropped for stray real-time requests.
+    policed: u64,
+    /// Per stream, the threads whose raise was dropped: never raised again for it.
+    barred: HashMap<u64, BarredThreads>,
+    /// Set while the record cannot be written: no thread is raised then (a crash would leave
+    /// it raised for good), and a miss tries the record again from this time on.
+    unrecorded_retry_ns: Option<u64>,
+    /// The tasks raised threads make.
+    forks: RaisedForks,
+    /// Per stream, the tasks adopted from its players' start raises ([`adoption`]).
+    adopted: HashMap<u64, u64>,
+    /// When a full stream's raises were last looked at for threads that are gone (any
+    /// stream's: the bound is on abissd's work, not per stream).
+    gone_checked_ns: Option<u64>,
+    /// Per user, KiB of real-time reads that raises which ended had made and were not charged
+    /// for ([`Self::take_owed`]).
+    owed: HashMap<u32, u64>,
+    /// Journal threads found, per file system.
+    journals: journal::JournalThreads,
+    /// Per stream, what its raises read of its file at real time, every raise together
+    /// ([`ledger`]).
+    ledgers: HashMap<u64, StreamLedger>,
+}
+
+impl ReaderUpgrades {
+    /// Upgrades that expire after `idle_ns` without an access, recorded in `state_dir`, the
+    /// tasks raised threads make followed by `forks`; `enabled` false makes every call a
+    /// no-op (for comparisons).
+    #[must_use]
+    pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool, forks: RaisedForks) -> Self {
+        Self {
+            table: UpgradeTable::new(idle_ns),
+            enabled,
+            record: state_dir.join(UPGRADES_FILE),
+            latency: Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
+                .expect("1 µs to 60 s at 2 significant digits are valid bounds"),
+            total: 0,
+            restored: 0,
+            per_stream: HashMap::new(),
+            policed: 0,
+            barred: HashMap::new(),
+            unrecorded_retry_ns: None,
+            forks,
+            adopted: HashMap::new(),
+            gone_checked_ns: None,
+            owed: HashMap::new(),
+            journals: journal::JournalThreads::default(),
+            ledgers: HashMap::new(),
+        }
+    }
+
+    /// A thread missed the page cache on the file of stream `stream` (owned by `owner_uid`,
+    /// at ABISS `level`): raise it if it needs it and may have it, its forks followed (`hook`
+    /// attaches the fork program) from before the raise on. Returns whether it was raised now.
+    pub fn on_miss(
+        &mut self,
+        stream: RaiseFor,
+        reader: &Reader,
+        when: (u64, u8),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+    ) -> bool {
+        self.raise(stream, reader, when, owner_uid, hook, true)
+    }
+
+    /// The stream's owner says thread `reader` is about to read the stream (a player that
+    /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
+    /// so that its first reads are not queued below the stream. The same checks, record,
+    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
+    /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
+    /// `None` when the thread is gone or not the asking user's.
+    pub fn on_reader_start(
+        &mut self,
+        (stream, may_raise): (RaiseFor, bool),
+        (tid, uid): (u32, u32),
+        when: (u64, u8),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+    ) -> Option<StartingReader> {
+        // The thread must be the asking user's; its process comes from /proc.
+        let Ok(Some(identity)) = task_identity(tid) else {
+            return None;
+        };
+        if identity.uid != uid {
+            debug!(
+                "stream {}: thread {tid} is not uid {uid}'s; not raised",
+                stream.stream
+            );
+            return None;
+        }
+        let reader = Reader {
+            tgid: identity.tgid,
+            pid: tid,
+            uid,
+            command: String::new(),
+        };
+        let raised = may_raise && self.raise(stream, &reader, when, owner_uid, hook, false);
+        Some(StartingReader {
+            tgid: identity.tgid,
+            command: identity.command,
+            raised,
+        })
+    }
+
+    /// [`Self::on_miss`], with the event's latency `measured` or not.
+    fn raise(
+        &mut self,
+        RaiseFor { stream, file_tag }: RaiseFor,
+        reader: &Reader,
+        (at_ns, level): (u64, u8),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+        measured: bool,
+    ) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        // The uid comes with the event, so the thread is raised before anything is read from
+        // /proc: the reads it waits for are being queued right now.
+        let (pid, uid) = (reader.pid, reader.uid);
+        if !may_raise(owner_uid, uid) {
+            debug!("stream {stream}: thread {pid} of uid {uid} is not the owner's; not raised");
+            return false;
+        }
+        if self
+            .barred
+            .get_mut(&stream)
+            .is_some_and(|barred| barred.bars(pid))
+        {
+            debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
+            return false;
+        }
+        if !self.room_for(stream, pid, uid, at_ns) {
+            return false;
+        }
+        let Ok(current) = ioprio::get(pid) else {
+            return false;
+        };
+        let Some(target) = raised_priority(current, level) else {
+            self.table.touch(pid, stream, at_ns);
+            return false;
+        };
+        if !self.can_record(at_ns) {
+            debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
+            return false;
+        }
+        // What it read of its file so far is its earlier stream's (the kernel may count afresh).
+        self.fold_own_of(pid, stream);
+        let raising = RaiseFor { stream, file_tag };
+        let Some(followed) = self.follow_and_raise(raising, pid, (current, target), hook) else {
+            return false;
+        };
+        let done = monotonic_ns();
+        if measured {
+            let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
+        }
+        let Some((task, followed)) =
+            self.confirm_reader(reader, raising, (current, target), followed, hook)
+        else {
+            return false;
+        };
+        let upgrade = Upgrade {
+            task,
+            tgid: reader.tgid,
+            stream,
+            file_tag,
+            previous: current,
+            applied: target,
+            last_access_ns: done,
+            raised_ns: done,
+            // A start raise's player makes its reading threads next ([`adoption`]).
+            started_ns: (!measured).then_some(done),
+            journal: false,
+            uid,
+            account: RaiseAccount::default(),
+        };
+        if !self.record_with(&upgrade) {
+            // Unrecorded, a crash would leave it raised for good: put back at once.
+            let _ = ioprio::set(pid, current);
+            return self.not_raised(pid, hook);
+        }
+        self.table.insert(upgrade);
+        if let Some(kept) = self.table.get(pid).map(Upgrade::followed_as) {
+            // As the table keeps it (the id may have named a thread raised before). Only if
+            // that differs: each follow rewrites the thread's whole entry (what the eBPF side
+            // counts of the raise is not in it: `RAISE_COUNTS`).
+            if kept != followed {
+                let _ = self.forks.follow_back(pid, kept, hook);
+            }
+        }
+        self.total += 1;
+        *self.per_stream.entry(stream).or_default() += 1;
+        info!(
+            "stream {stream}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
+            reader.command,
+            done.saturating_sub(at_ns) / 1000
+        );
+        true
+    }
+
+    /// Whether thread `pid` of user `uid` may be raised for `stream` now: the table has room
+    /// for it, or has after the raises of threads that are gone were let go.
+    fn room_for(&mut self, stream: u64, pid: u32, uid: u32, now_ns: u64) -> bool {
+        if self.table.has_room(stream, pid, uid)
+            || (self.let_go_of_gone(stream, uid, now_ns) && self.table.has_room(stream, pid, uid))
+        {
+            return true;
+        }
+        debug!(
+            "stream {stream}: thread {pid} not raised: the stream has {MAX_RAISED_PER_STREAM} \
+             raised, or uid {uid} {MAX_RAISED_PER_USER}"
+        );
+        false
+    }
+
+    /// Follows thread `pid`'s forks, then raises it from `current` to `target`; what the fork
+    /// program was told of the raise (previous, applied, file tag), if it was raised. (Followed
+    /// first: whatever it makes from the raise on is put back.)
+    fn follow_and_raise(
+        &mut self,
+        RaiseFor { stream, file_tag }: RaiseFor,
+        pid: u32,
+        (current, target): (u16, u16),
+        hook: &mut dyn ForkHook,
+    ) -> Option<(u16, u16, u64)> {
+        // An earlier raise of the thread keeps the priority it had before it.
+        let previous = self
+            .table
+            .get(pid)
+            .map_or(current, |earlier| earlier.previous);
+        let followed = (previous, target, file_tag);
+        if let Err(error) = self.forks.follow(pid, followed, hook) {
+            warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); not raised");
+            self.not_raised(pid, hook);
+            return None;
+        }
+        if let Err(error) = ioprio::set(pid, target) {
+            warn!("stream {stream}: cannot raise thread {pid}: {error}");
+            self.not_raised(pid, hook);
+            return None;
+        }
+        Some(followed)
+    }
+
+    /// Lets go of the raises for `stream` and of user `uid` whose threads are gone, at most
+    /// once every [`GONE_CHECK_NS`]; whether any was let go (what they read is charged as for
+    /// any raise that ends). A player that reads in short-lived threads left each one's raise
+    /// in the stream's [`MAX_RAISED_PER_STREAM`] until it idled out: 96
+    /// of 200 new threads were raised, one every 60 ms, in the upgrades benchmark. This runs
+    /// on a miss that waits for its raise, so it is kept short: a thread is gone when `/proc`
+    /// has no entry for it (a reused id keeps its place until it idles out); a gone thread has
+    /// nothing to put back, and the record is rewritten with the next raise.
+    fn let_go_of_gone(&mut self, stream: u64, uid: u32, now_ns: u64) -> bool {
+        if self
+            .gone_checked_ns
+            .is_some_and(|at| now_ns.saturating_sub(at) < GONE_CHECK_NS)
+        {
+            return false;
+        }
+        self.gone_checked_ns = Some(now_ns);
+        let gone: Vec<u32> = self
+            .table
+            .all()
+            .iter()
+            .filter(|u| (u.stream == stream || u.uid == uid) && !u.journal)
+            .map(|u| u.task.pid)
+            .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .collect();
+        let taken: Vec<Upgrade> = gone
+            .iter()
+            .flat_map(|&pid| self.table.take_thread(pid))
+            .collect();
+        self.note_owed(&taken);
+        self.forks.restored(&gone);
+        // No detach of the fork program even if the table is empty now: the raise this makes
+        // room for attaches it again at once (or, failing, syncs it), and a detach waits for
+        // the tracepoint's readers: 12-14 ms on this miss on one kernel build (6.18.44-fc-v657),
+        // 0.09 ms on another (-v1147), measured.
+        !gone.is_empty()
+    }
+
+    /// Thread `pid` was followed for a raise that did not happen (or was undone at once):
+    /// follows it as its earlier raise has it, or not at all. Always false.
+    fn not_raised(&mut self, pid: u32, hook: &mut dyn ForkHook) -> bool {
+        match self.table.get(pid) {
+            Some(earlier) => {
+                let _ = self.forks.follow_back(pid, earlier.followed_as(), hook);
+            }
+            None => self.forks.restored(&[pid]),
+        }
+        RaisedForks::sync(hook, !self.table.is_empty());
+        false
+    }
+
+    /// Thread `pid` touched stream `stream`'s file.
+    pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+        self.table.touch(pid, stream, now_ns);
+    }
+
+    /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
+    /// program could not report; polices the raises ([`misuse`]) by what `bounds` says of
+    /// their streams.
+    pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
+        let idle = self.table.take_idle(now_ns);
+        self.restore_all(&idle, "idle", hook);
+        self.police(hook, bounds);
+        if !self.table.is_empty() {
+            self.forks.find_unreported();
+        }
+        self.forks.prune_counts();
+    }
+
+    /// Restores the threads raised for a stream that ends, and charges what its raises read
+    /// of its file past `allowance_kib` (what it was admitted for, as it ends).
+    pub fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
+        let taken = self.table.take_stream(stream);
+        self.restore_all(&taken, "stream ended", hook);
+        self.close_ledger(stream, allowance_kib);
+        self.per_stream.remove(&stream);
+        self.barred.remove(&stream);
+        self.adopted.remove(&stream);
+    }
+
+    /// Restores every raised thread, and every task they made still followed (daemon
+    /// shutdown).
+    pub fn shutdown(&mut self, hook: &mut dyn ForkHook) {
+        let all = self.table.take_all();
+        self.restore_all(&all, "daemon stopping", hook);
+        self.forks.shutdown();
+    }
+
+    /// Restores each upgrade, then the tasks its thread made that are still followed;
+    /// detaches the fork program once nothing is raised.
+    fn restore_all(&mut self, upgrades: &[Upgrade], why: &str, hook: &mut dyn ForkHook) {
+        if upgrades.is_empty() {
+            return;
+        }
+        for upgrade in upgrades {
+            if matches!(restore(upgrade), Restored::Yes) {
+                self.restored += 1;
+                info!(
+                    "stream {}: restored thread {} to ioprio {:#x} ({why})",
+                    upgrade.stream, upgrade.task.pid, upgrade.previous
+                );
+            }
+        }
+        // After their own restores: from then on what they make starts at their own priority.
+        let pids: Vec<u32> = upgrades.iter().map(|u| u.task.pid).collect();
+        self.note_owed(upgrades);
+        self.forks.restored(&pids);
+        self.persist();
+        RaisedForks::sync(hook, !self.table.is_empty());
+    }
+
+    /// Nanoseconds until an upgrade goes idle.
+    #[must_use]
+    pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+        let expiry = self.table.ns_until_next_expiry(now_ns);
+        // While a thread is raised, its stray requests are looked at this often; after the last
+        // raise ended, once more, for counts made as it ended.
+        if self.table.is_empty() && !self.forks.counts_to_prune() {
+            expiry
+        } else {
+            Some(expiry.map_or(POLICE_INTERVAL_NS, |ns| ns.min(POLICE_INTERVAL_NS)))
+        }
+    }
+
+    /// Whether a thread of `tgid` is raised for `stream`.
+    #[must_use]
+    pub fn raises(&self, tgid: u32, stream: u64) -> bool {
+        self.table.raises(tgid, stream)
+    }
+
+    /// Readers of `stream` whose raise was dropped for stray real-time I/O.
+    #[must_use]
+    pub fn policed_for(&self, stream: u64) -> u64 {
+        self.barred.get(&stream).map_or(0, BarredThreads::dropped)
+    }
+
+    /// Upgrades made for `stream` so far.
+    #[must_use]
+    pub fn count_for(&self, stream: u64) -> u64 {
+        self.per_stream.get(&stream).copied().unwrap_or(0)
+    }
+
+    /// Figures for `status`.
+    #[must_use]
+    pub fn report(&self) -> UpgradeReport {
+        let quantile =
+            |q: f64| (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(q) / 1000);
+        UpgradeReport {
+            enabled: self.enabled,
+            active: u64::try_from(self.table.all().len()).unwrap_or(u64::MAX),
+            total: self.total,
+            restored: self.restored,
+            latency_p50_us: quantile(0.5),
+            latency_p99_us: quantile(0.99),
+            latency_max_us: (!self.latency.is_empty()).then(|| self.latency.max() / 1000),
+            policed: self.policed,
+        }
+    }
+
+    /// Rewrites the record of raised threads (removed when there is none).
+    fn persist(&mut self) {
+        let all = self.table.all();
+        let result = if all.is_empty() {
+            match std::fs::remove_file(&self.record) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+                _ => Ok(()),
+            }
+        } else {
+            self.write_record(&all)
+        };
+        self.note_record(result);
+    }
+
+    /// Replaces the record whole, without a sync. It has to survive abissd, not the machine:
+    /// a restarted daemon reads it from the page cache, and after a reboot none of the threads
+    /// it names is left to restore. The write is on the thread that raises the next reader, so
+    /// it must not wait for a disk: the state directory belongs on a memory file system
+    /// (`/run/abiss`, and abissd says so at start otherwise). On ext4 under load a write here
+    /// took up to 68 ms without a sync and 60–100 ms more with one (2026-12-01).
+    fn write_record(&self, upgrades: &[Upgrade]) -> io::Result<()> {
+        serde_json::to_vec(upgrades)
+            .map_err(io::Error::other)
+            .and_then(|bytes| abiss_os::fs::replace(&self.record, &bytes))
+    }
+
+    /// Records the raised threads with `upgrade` among them (as the table will hold it),
+    /// before the table holds it; whether the record was written.
+    fn record_with(&mut self, upgrade: &Upgrade) -> bool {
+        let mut all = self.table.all();
+        let mut new = upgrade.clone();
+        if let Some(earlier) = all.iter().find(|u| u.task == new.task) {
+            new.previous = earlier.previous;
+        }
+        all.retain(|u| u.task.pid != new.task.pid);
+        all.push(new);
+        let result = self.write_record(&all);
+        self.note_record(result)
+    }
+
+    /// Whether a raise may be recorded now: yes unless the last write failed, and then only
+    /// if writing works again (tried at most every `RECORD_RETRY_NS`).
+    fn can_record(&mut self, now_ns: u64) -> bool {
+        match self.unrecorded_retry_ns {
+            None => true,
+            Some(retry) if now_ns < retry => false,
+            Some(_) => {
+                let result = self.write_record(&self.table.all());
+                self.note_record(result)
+            }
+        }
+    }
+
+    /// Notes whether a write of the record worked, saying so when that changes; whether it did.
+    fn note_record(&mut self, result: io::Result<()>) -> bool {
+        let was_unrecorded = self.unrecorded_retry_ns.is_some();
+        match result {
+            Ok(()) => {
+                if was_unrecorded {
+                    info!(
+                        "raised threads can be recorded in {} again; raising readers again",
+                        self.record.display()
+                    );
+                }
+                self.unrecorded_retry_ns = None;
+                true
+            }
+            Err(error) => {
+                if !was_unrecorded {
+                    warn!(
+                        "cannot record raised threads in {}: {error}; raising no reader until it can be written, since a crash would leave an unrecorded raise for good",
+                        self.record.display()
+                    );
+                }
+                self.unrecorded_retry_ns = Some(monotonic_ns() + RECORD_RETRY_NS);
+                false
+            }
+        }
+    }
+}
+
+/// How often, at most, a stream or user whose raises are all taken has them looked at for
+/// threads that are gone (one clock for all): each look reads `/proc` for up to
+/// [`MAX_RAISED_PER_STREAM`] + [`MAX_RAISED_PER_USER`] threads, and a user's misses on a full
+/// stream would otherwise make abissd read it at every miss.
+const GONE_CHECK_NS: u64 = 20_000_000;
