@@ -403,9 +403,9 @@ impl Client {
     /// The managed devices, and the daemon's reader upgrades.
     pub fn status_and_upgrades(
         &mut self,
-    ) -> Result<(Vec<DeviceStatus>, abiss_proto::UpgradeReport), ClientError> {
+    ) -> Result<(Vec<DeviceStatus>, abiss_proto::RaiseReport), ClientError> {
         self.status_report()
-            .map(|report| (report.devices, report.upgrades))
+            .map(|report| (report.devices, report.raises))
     }
 
     /// Everything `abissctl status` shows.

@@ -359,9 +359,10 @@ pub struct StreamInfo {
     pub seek_waits: u64,
     /// Bytes loaded by the stream's prefetch.
     pub prefetched_bytes: u64,
-    /// Reader threads raised to the stream's priority after a page-cache miss, so far.
-    #[serde(default)]
-    pub upgrades: u64,
+    /// Reader threads raised to the stream's priority after a page-cache miss, so far. (On the
+    /// wire by its name from before the code said "raise".)
+    #[serde(default, rename = "upgrades")]
+    pub raises: u64,
     /// `io_uring` requests readers submitted on the file, so far.
     #[serde(default)]
     pub uring_requests: u64,
@@ -438,9 +439,10 @@ pub struct ReaderInfo {
     pub pid: u32,
     /// Command name.
     pub comm: String,
-    /// Whether a thread of it runs at the stream's priority after a miss.
-    #[serde(default)]
-    pub upgraded: bool,
+    /// Whether a thread of it runs at the stream's priority after a miss (on the wire by its
+    /// earlier name).
+    #[serde(default, rename = "upgraded")]
+    pub raised: bool,
 }
 
 /// One part of abiss that needs kernel hooks some kernels lack, and whether it is on.
@@ -463,15 +465,15 @@ pub struct Capability {
     pub stand_in: Option<String>,
 }
 
-/// What [`Request::Status`] answers: the managed devices, the reader upgrades, what the daemon
+/// What [`Request::Status`] answers: the managed devices, the reader raises, what the daemon
 /// can do on this kernel, and locked memory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     /// The managed devices.
     pub devices: Vec<DeviceStatus>,
-    /// Reader upgrades.
-    #[serde(default)]
-    pub upgrades: UpgradeReport,
+    /// Reader raises.
+    #[serde(default, rename = "upgrades")]
+    pub raises: RaiseReport,
     /// What this daemon can do on this kernel.
     #[serde(default)]
     pub capabilities: Vec<Capability>,
@@ -497,10 +499,10 @@ pub struct MemoryReport {
     pub yours_locked_bytes: u64,
 }
 
-/// Automatic priority upgrades of readers, daemon-wide.
+/// Automatic priority raises of readers, daemon-wide.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UpgradeReport {
-    /// Whether the daemon upgrades readers at all.
+pub struct RaiseReport {
+    /// Whether the daemon raises readers at all.
     pub enabled: bool,
     /// Threads raised now.
     pub active: u64,
@@ -593,7 +595,7 @@ pub enum Response {
     /// Answer to [`Request::ReaderStarts`].
     ReaderRaised {
         /// Whether the thread is at the stream's level now (false: it was already, or reader
-        /// upgrades are off, or it cannot be raised; the stream works either way).
+        /// raises are off, or it cannot be raised; the stream works either way).
         raised: bool,
     },
     /// Answer to [`Request::SetRate`]: the stream as it is now.

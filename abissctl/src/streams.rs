@@ -334,7 +334,7 @@ fn readers(info: &StreamInfo) -> String {
         .iter()
         .map(|r| {
             // A raised reader is marked with a `^`.
-            let mark = if r.upgraded { "^" } else { "" };
+            let mark = if r.raised { "^" } else { "" };
             format!("{}({}){mark}", r.comm, r.pid)
         })
         .collect::<Vec<_>>()
@@ -381,7 +381,7 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
             ByteSize(info.locked_bytes).to_string(),
             info.credit_bytes,
             info.misses,
-            info.upgrades,
+            info.raises,
             ByteSize(info.prefetched_bytes).to_string(),
             readers(info)
         );
@@ -482,21 +482,21 @@ fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
     )
 }
 
-/// One line on reader upgrades.
-fn upgrade_line(upgrades: &abiss_proto::UpgradeReport) -> String {
-    if !upgrades.enabled {
-        return "reader upgrades: off (abissd --no-upgrades)".to_owned();
+/// One line on reader raises.
+fn raise_line(raises: &abiss_proto::RaiseReport) -> String {
+    if !raises.enabled {
+        return "reader raises: off (abissd --no-raises)".to_owned();
     }
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| format!("{us} µs"));
     format!(
-        "reader upgrades: {} raised now, {} in all, {} restored, {} dropped for other files' I/O; event to priority p50 {}, p99 {}, max {}",
-        upgrades.active,
-        upgrades.total,
-        upgrades.restored,
-        upgrades.policed,
-        micros(upgrades.latency_p50_us),
-        micros(upgrades.latency_p99_us),
-        micros(upgrades.latency_max_us)
+        "reader raises: {} raised now, {} in all, {} restored, {} dropped for other files' I/O; event to priority p50 {}, p99 {}, max {}",
+        raises.active,
+        raises.total,
+        raises.restored,
+        raises.policed,
+        micros(raises.latency_p50_us),
+        micros(raises.latency_p99_us),
+        micros(raises.latency_max_us)
     )
 }
 
@@ -513,7 +513,7 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
         return Ok(());
     }
     let devices = report.devices;
-    let _ = writeln!(out, "{}", upgrade_line(&report.upgrades));
+    let _ = writeln!(out, "{}", raise_line(&report.raises));
     let memory = &report.memory;
     let _ = writeln!(
         out,

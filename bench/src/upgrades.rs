@@ -193,7 +193,7 @@ struct UpgradeFigures {
     /// The load it was measured under.
     load: BestEffortLoad,
     /// abissd's upgrade count and latencies.
-    upgrades: abiss_proto::UpgradeReport,
+    upgrades: abiss_proto::RaiseReport,
     /// Miss threads raised by the time their read returned.
     raised_in_time: u32,
     /// Latency of the miss reads.

@@ -58,13 +58,13 @@ pub struct Args {
     #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(1..=95))]
     pub realtime_share: u32,
     /// Do not raise readers that miss the page cache on an attached file to the stream's
-    /// priority (for comparisons).
-    #[arg(long)]
-    pub no_upgrades: bool,
+    /// priority (for comparisons). `--no-upgrades`, its earlier name, is still taken.
+    #[arg(long, alias = "no-upgrades")]
+    pub no_raises: bool,
     /// Seconds a raised reader may go without reading its file before its priority is put
-    /// back.
-    #[arg(long, default_value = "5", value_parser = parse_seconds)]
-    pub upgrade_idle: Duration,
+    /// back. `--upgrade-idle`, its earlier name, is still taken.
+    #[arg(long, alias = "upgrade-idle", default_value = "5", value_parser = parse_seconds)]
+    pub raise_idle: Duration,
     /// Admission on disks with a measured model: deterministic (the worst case must fit),
     /// statistical (TRAC: the predicted miss probability must stay at most --p-req), or off
     /// (admit everything: for measurements only).
@@ -75,7 +75,7 @@ pub struct Args {
     #[arg(long, default_value = "0.01", value_parser = parse_probability)]
     pub p_req: f64,
     /// Switch an optional part off, as on a kernel without its hooks (repeatable):
-    /// read-tracking (Linux 6.12), miss-upgrades (6.18; an older hook then stands in, as on
+    /// read-tracking (Linux 6.12), miss-raises (6.18; an older hook then stands in, as on
     /// such a kernel), uring-reports (6.4), direct-io-tagging. `abissctl status` shows what
     /// is on.
     #[arg(long = "disable", value_name = "PART", value_enum)]

@@ -6,7 +6,7 @@
 //! elevator = "mq-deadline"
 //! capacity = "30MB/s"
 //! realtime_share = 80
-//! no_upgrades = false          # a flag is on with `true`
+//! no_raises = false          # a flag is on with `true`
 //! ```
 //!
 //! A key is a long option with `_` or `-` between words. The file is turned into arguments
@@ -104,7 +104,10 @@ pub fn merge(
         let long = key.replace('_', "-");
         let arg = command
             .get_arguments()
-            .find(|a| a.get_long() == Some(long.as_str()))
+            .find(|a| {
+                a.get_long() == Some(long.as_str())
+                    || a.get_all_aliases().is_some_and(|all| all.contains(&long.as_str()))
+            })
             .filter(|_| !NOT_IN_FILE.contains(&long.as_str()))
             .ok_or_else(|| {
                 invalid(format!(
@@ -203,8 +206,8 @@ mod tests {
                     .value_parser(clap::value_parser!(u32).range(1..=95)),
             )
             .arg(
-                Arg::new("no_upgrades")
-                    .long("no-upgrades")
+                Arg::new("no_raises")
+                    .long("no-raises")
                     .action(ArgAction::SetTrue),
             )
             .arg(Arg::new("config").long("config"))
@@ -246,7 +249,7 @@ mod tests {
     #[test]
     fn settings_become_arguments_and_the_command_line_wins() {
         let out = merged(
-            "device = [\"sdb\", \"sdc\"]\ncapacity = \"30MB/s\"\nrealtime_share = 70\nno_upgrades = true\n",
+            "device = [\"sdb\", \"sdc\"]\ncapacity = \"30MB/s\"\nrealtime_share = 70\nno_raises = true\n",
             &["abissd", "--capacity", "40MB/s"],
         )
         .unwrap();
@@ -258,7 +261,7 @@ mod tests {
                 "sdb",
                 "--device",
                 "sdc",
-                "--no-upgrades",
+                "--no-raises",
                 "--realtime-share",
                 "70",
                 "--capacity",
@@ -268,6 +271,19 @@ mod tests {
         // Devices on the command line replace the file's list rather than adding to it.
         let out = merged("device = [\"sdb\"]\n", &["abissd", "--device", "sdd"]).unwrap();
         assert_eq!(out, ["abissd", "--device", "sdd"]);
+    }
+
+    /// A configuration written before the code said "raise" keeps working: its keys are the
+    /// daemon's options' earlier names, which abissd still takes.
+    #[test]
+    fn an_earlier_name_of_a_setting_is_still_taken() {
+        use clap::{CommandFactory as _, Parser as _};
+        let f = ScratchFile::new("no_upgrades = true\nupgrade_idle = 7\n");
+        let command = crate::args::Args::command();
+        let merged = merge(&command, &f.0, true, &args(&["abissd"])).unwrap();
+        let parsed = crate::args::Args::try_parse_from(&merged).unwrap();
+        assert!(parsed.no_raises);
+        assert_eq!(parsed.raise_idle, std::time::Duration::from_secs(7));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::kernel::ring_pump::{
 use crate::kernel::tracer::{BlockTracer, TracerError};
 use crate::policy::memory::LockedMemoryBudget;
 use crate::raise::forks::RaisedForks;
-use crate::raise::ReaderUpgrades;
+use crate::raise::ReaderRaises;
 use crate::serve::socket::{ControlSocket, SocketError};
 use crate::serve::{serve_connection, Command, Context};
 use crate::stream::prefetch::{LoadDone, PrefetchEngine};
@@ -56,9 +56,9 @@ pub struct DaemonConfig {
     pub realtime_share_percent: u32,
     /// Whether readers that miss the page cache on an attached file are raised to the
     /// stream's priority.
-    pub upgrades: bool,
+    pub raises: bool,
     /// How long a raised reader may go without reading its file before it is put back.
-    pub upgrade_idle: Duration,
+    pub raise_idle: Duration,
     /// Admission mode for disks with a model.
     pub admission_mode: AdmissionMode,
     /// Allowed miss probability per service window, in (0, 1).
@@ -236,8 +236,8 @@ fn reconfigure(controller: &mut Controller, running: &mut DaemonConfig, new: Dae
             running.locked_memory != new.locked_memory,
         ),
         (
-            "--no-upgrades/--upgrade-idle",
-            running.upgrades != new.upgrades || running.upgrade_idle != new.upgrade_idle,
+            "--no-raises/--raise-idle",
+            running.raises != new.raises || running.raise_idle != new.raise_idle,
         ),
     ]
     .into_iter()
@@ -298,7 +298,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     tracer.set_managed_disks(&disks.numbers())?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;
-    let (upgrades, forks, fork_pump) = reader_upgrades(config, &mut tracer)?;
+    let (raises, forks, fork_pump) = reader_raises(config, &mut tracer)?;
 
     let (command_tx, commands) = mpsc::channel(256);
     if let Some(listener) = metrics {
@@ -319,13 +319,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         layout::kernel_release(),
     );
     let memory = config.locked_memory;
-    let controller = Controller::new(
-        tracer,
-        PrefetchEngine::new(load_tx),
-        disks,
-        upgrades,
-        memory,
-    );
+    let controller = Controller::new(tracer, PrefetchEngine::new(load_tx), disks, raises, memory);
     let [requests, accesses_pump] =
         spawn_request_and_access_pumps(event_ring, playout_ring, events, access_tx);
     let pumps = [requests, accesses_pump, fork_pump];
@@ -356,14 +350,14 @@ fn warn_unless_in_memory(state_dir: &std::path::Path) {
     }
 }
 
-/// The reader upgrades, with the tasks raised threads make followed: their reports, and the
+/// The reader raises, with the tasks raised threads make followed: their reports, and the
 /// pump that brings them.
-fn reader_upgrades(
+fn reader_raises(
     config: &DaemonConfig,
     tracer: &mut BlockTracer,
 ) -> Result<
     (
-        ReaderUpgrades,
+        ReaderRaises,
         mpsc::Receiver<Fork>,
         tokio::task::JoinHandle<()>,
     ),
@@ -371,16 +365,15 @@ fn reader_upgrades(
 > {
     let map_error = |name| move |source| TracerError::Map { name, source };
     let ring = RingBuf::try_from(tracer.take_map("FORKS")?).map_err(map_error("FORKS"))?;
-    let raised = (
+    let maps = (
         tracer.take_map("RAISED")?,
         tracer.take_map("RAISE_COUNTS")?,
         tracer.take_map("RAISED_CONTEXTS")?,
         tracer.take_map("FORK_LOST")?,
     );
-    let raised =
-        RaisedForks::new(raised.0, raised.1, raised.2, raised.3).map_err(map_error("RAISED"))?;
+    let followed = RaisedForks::new(maps.0, maps.1, maps.2, maps.3).map_err(map_error("RAISED"))?;
     let (fork_tx, forks) = mpsc::channel(FORK_QUEUE);
-    let unqueued = raised.unqueued();
+    let unqueued = followed.unqueued();
     let pump = tokio::spawn(pump_ring(ring, move |bytes| {
         if let Some(fork) = decode_fork(bytes) {
             if let Err(mpsc::error::TrySendError::Full(_)) = fork_tx.try_send(fork) {
@@ -388,13 +381,13 @@ fn reader_upgrades(
             }
         }
     }));
-    let upgrades = ReaderUpgrades::new(
+    let raises = ReaderRaises::new(
         &config.state_dir,
-        u64::try_from(config.upgrade_idle.as_nanos()).unwrap_or(u64::MAX),
-        config.upgrades,
-        raised,
+        u64::try_from(config.raise_idle.as_nanos()).unwrap_or(u64::MAX),
+        config.raises,
+        followed,
     );
-    Ok((upgrades, forks, pump))
+    Ok((raises, forks, pump))
 }
 
 /// What a connection watches.

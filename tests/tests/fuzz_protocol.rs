@@ -992,11 +992,11 @@ fn final_state(daemon: &Daemon) -> String {
     let streams = daemon.streams().len();
     assert_eq!(streams, 0, "streams left");
     assert_eq!(status.memory.locked_bytes, 0, "memory still locked");
-    assert_eq!(status.upgrades.active, 0, "readers still raised");
+    assert_eq!(status.raises.active, 0, "readers still raised");
     let fp = footprint(daemon.pid()).expect("footprint");
     format!(
         "{streams} streams, {} B locked (VmLck {} kB), {} raised readers, {} descriptors, {} threads",
-        status.memory.locked_bytes, fp.locked_kib, status.upgrades.active, fp.fds, fp.threads
+        status.memory.locked_bytes, fp.locked_kib, status.raises.active, fp.fds, fp.threads
     )
 }
 

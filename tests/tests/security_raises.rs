@@ -242,15 +242,15 @@ impl NobodysStream {
     fn until_recorded(&self, raises: u64) {
         let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
         let recorded = abiss_tests::wait_until(Duration::from_secs(2), || {
-            client.status_report().expect("status").upgrades.active >= raises
+            client.status_report().expect("status").raises.active >= raises
         });
         assert!(recorded, "abissd did not record {raises} raises");
     }
 
     /// What `status` says of upgrades, and what `list` says of the stream's policed readers.
-    fn policed(&self) -> (abiss_proto::UpgradeReport, u64) {
+    fn policed(&self) -> (abiss_proto::RaiseReport, u64) {
         let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
-        let upgrades = client.status_report().expect("status").upgrades;
+        let upgrades = client.status_report().expect("status").raises;
         let listed = client.list().expect("list");
         (upgrades, listed[0].policed)
     }

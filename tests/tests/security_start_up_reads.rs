@@ -96,7 +96,7 @@ impl Setup {
     /// What `status` says of policed raises.
     fn policed(&self) -> u64 {
         let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
-        client.status_report().expect("status").upgrades.policed
+        client.status_report().expect("status").raises.policed
     }
 }
 

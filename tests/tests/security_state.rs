@@ -423,7 +423,7 @@ fn raises_stop_while_their_record_cannot_be_written() {
     let mut reader = test_reader(NOBODY_UID, &files[0], 4, 16 << 20, 2);
     let pid = reader.id();
     std::thread::sleep(Duration::from_secs(3));
-    let upgrades = daemon.client().status_report().expect("status").upgrades;
+    let upgrades = daemon.client().status_report().expect("status").raises;
     let now = abiss_os::ioprio::get(pid).expect("ioprio of the reader");
     let _ = reader.kill();
     let _ = reader.wait();

@@ -177,12 +177,12 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     );
 
     let listed = &bench.daemon.streams()[0];
-    assert!(listed.upgrades >= 1, "the upgrade is counted");
+    assert!(listed.raises >= 1, "the upgrade is counted");
     assert!(
         listed
             .readers
             .iter()
-            .any(|r| r.pid == pid_of(&attached) && r.upgraded),
+            .any(|r| r.pid == pid_of(&attached) && r.raised),
         "list shows the raised reader: {:?}",
         listed.readers
     );

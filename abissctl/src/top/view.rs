@@ -78,18 +78,18 @@ fn header_line(sample: &Sample, styles: &Styles) -> Line<'static> {
 }
 
 fn daemon_line(sample: &Sample) -> Line<'static> {
-    let upgrades = &sample.report.upgrades;
+    let raises = &sample.report.raises;
     let memory = &sample.report.memory;
-    let raised = if upgrades.enabled {
+    let raise_line = if raises.enabled {
         format!(
-            "reader upgrades: {} raised now, {} in all",
-            upgrades.active, upgrades.total
+            "reader raises: {} raised now, {} in all",
+            raises.active, raises.total
         )
     } else {
-        "reader upgrades: off".to_owned()
+        "reader raises: off".to_owned()
     };
     Line::from(format!(
-        "{raised}   locked memory: {} of {} (reserved {})",
+        "{raise_line}   locked memory: {} of {} (reserved {})",
         size(memory.locked_bytes),
         size(memory.budget_bytes),
         size(memory.reserved_bytes)
@@ -148,7 +148,7 @@ fn draw_streams(frame: &mut Frame, area: Rect, streams: &[StreamInfo], styles: &
 }
 
 fn stream_row<'a>(info: &'a StreamInfo, styles: &Styles) -> Row<'a> {
-    let raised = info.readers.iter().filter(|r| r.upgraded).count();
+    let raised = info.readers.iter().filter(|r| r.raised).count();
     let misses = Cell::from(info.misses.to_string());
     let misses = if info.misses > 0 {
         misses.style(styles.alert)
@@ -186,7 +186,7 @@ fn readers(info: &StreamInfo) -> String {
     }
     info.readers
         .iter()
-        .map(|r| format!("{}({}){}", r.comm, r.pid, if r.upgraded { "^" } else { "" }))
+        .map(|r| format!("{}({}){}", r.comm, r.pid, if r.raised { "^" } else { "" }))
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -339,12 +339,12 @@ mod tests {
             readers: vec![ReaderInfo {
                 pid: 4242,
                 comm: "player".into(),
-                upgraded: true,
+                raised: true,
             }],
             misses: 3,
             seek_waits: 0,
             prefetched_bytes: 2 << 20,
-            upgrades: 1,
+            raises: 1,
             uring_requests: 0,
             suggestion: None,
             start_limited: false,
@@ -384,7 +384,7 @@ mod tests {
             }],
             report: StatusReport {
                 devices: Vec::new(),
-                upgrades: abiss_proto::UpgradeReport::default(),
+                raises: abiss_proto::RaiseReport::default(),
                 capabilities: Vec::new(),
                 memory: abiss_proto::MemoryReport::default(),
             },

@@ -118,7 +118,7 @@ impl StreamWatch {
                     buffer_bytes: stream.buffer.0,
                     misses: stream.misses,
                     seek_waits: stream.seek_waits,
-                    upgrades: stream.upgrades,
+                    upgrades: stream.raises,
                     prefetched_bytes: stream.prefetched_bytes,
                     suggestion: stream.suggestion,
                     requests,

@@ -14,7 +14,7 @@ use crate::policy::burst::BurstAllowance;
 use crate::policy::playout::{PlayoutBuffer, ReaderWait, WindowAction};
 use crate::policy::raise::{stream_allowance_kib, OWN_FILE_SLACK_KIB};
 use crate::policy::shared_file::route;
-use crate::raise::{RaiseFor, ReaderUpgrades, StreamBounds};
+use crate::raise::{RaiseFor, ReaderRaises, StreamBounds};
 use crate::stream::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::stream::table::StreamTable;
 use crate::stream::Stream;
@@ -65,14 +65,14 @@ pub(super) fn own_file_allowance_kib(stream: &Stream, now_ns: u64) -> u64 {
 impl Controller {
     /// Charges their users for what ended raises read of other files and did not pay for.
     pub(super) fn charge_owed(&mut self, now_ns: u64) {
-        charge_owed(&mut self.upgrades, &mut self.burst, now_ns);
+        charge_owed(&mut self.raises, &mut self.burst, now_ns);
     }
 }
 
 /// [`Controller::charge_owed`], for callers that hold other parts of the controller. Called
 /// right after whatever may end raises, so that the next raise knows who owes.
-fn charge_owed(upgrades: &mut ReaderUpgrades, burst: &mut BurstAllowance, now_ns: u64) {
-    for (uid, kib) in upgrades.take_owed() {
+fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now_ns: u64) {
+    for (uid, kib) in raises.take_owed() {
         burst.charge(uid, kib.saturating_mul(1024), now_ns);
     }
 }
@@ -81,7 +81,7 @@ fn charge_owed(upgrades: &mut ReaderUpgrades, burst: &mut BurstAllowance, now_ns
 /// raise that ended before its reads of other files were paid for): then no thread of theirs
 /// is raised until their start-up allowance has come back that far (`policy::stray`).
 fn raise_after_miss(
-    (upgrades, burst, hook): (&mut ReaderUpgrades, &mut BurstAllowance, &mut BlockTracer),
+    (raises, burst, hook): (&mut ReaderRaises, &mut BurstAllowance, &mut BlockTracer),
     (stream, reader): (&Stream, &Reader),
     when: (u64, u8),
 ) {
@@ -94,9 +94,9 @@ fn raise_after_miss(
         );
         return;
     }
-    upgrades.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
+    raises.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
     // Making room for the raise may have let go of raises whose threads are gone.
-    charge_owed(upgrades, burst, when.0);
+    charge_owed(raises, burst, when.0);
 }
 
 /// The readers of streams that ended, for a few seconds: their reads still on their way
@@ -208,9 +208,9 @@ impl Controller {
         // still the stream's reader.
         let raising = (raise_for(stream), !self.burst.in_debt(peer_uid, now_ns));
         let hook = &mut self.tracer;
-        let Some(reader) =
-            self.upgrades
-                .on_reader_start(raising, (tid, peer_uid), when, owner, hook)
+        let Some(reader) = self
+            .raises
+            .on_reader_start(raising, (tid, peer_uid), when, owner, hook)
         else {
             return Ok(false);
         };
@@ -291,7 +291,7 @@ impl Controller {
             Access::Miss(_) | Access::Filled | Access::QueuedLow
         ) {
             // Raise the reader first: the reads it waits for now are being queued.
-            let raising = (&mut self.upgrades, &mut self.burst, &mut self.tracer);
+            let raising = (&mut self.raises, &mut self.burst, &mut self.tracer);
             raise_after_miss(raising, (stream, reader), (event.at_ns, level));
         }
         let actions = match event.access {
@@ -324,11 +324,11 @@ impl Controller {
             }
             Access::UringComplete { .. } => {
                 stream.uring_requests += 1;
-                self.upgrades.touch(reader.pid, stream.id, now_ns);
+                self.raises.touch(reader.pid, stream.id, now_ns);
                 return;
             }
             Access::Read(range) | Access::Fault(range) => {
-                self.upgrades.touch(reader.pid, stream.id, now_ns);
+                self.raises.touch(reader.pid, stream.id, now_ns);
                 if !stream.newer_evidence(event.at_ns) {
                     return;
                 }
@@ -346,7 +346,7 @@ impl Controller {
         // What an over-bound drop leaves owed counts before the next raise is decided.
         let burst = &self.burst;
         let owes = |uid: u32| burst.in_debt(uid, now_ns);
-        self.upgrades.on_fork(fork, &mut self.tracer, &owes);
+        self.raises.on_fork(fork, &mut self.tracer, &owes);
         self.charge_owed(now_ns);
     }
 

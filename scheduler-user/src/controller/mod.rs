@@ -1,6 +1,6 @@
 //! The controller: the daemon's main-loop state and the only place that changes it. It owns
 //! the streams, the tracer's maps, the prefetch engine, the managed disks and the reader
-//! upgrades; it takes typed events (client requests, kernel accesses, finished loads, time),
+//! raises; it takes typed events (client requests, kernel accesses, finished loads, time),
 //! asks the pure policy what to do, and carries the answers out.
 
 use crate::serve::client_file::{check_file, CheckedFile};
@@ -27,7 +27,7 @@ use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::policy::shared_file::{
     kernel_entry, MAX_STREAMS_PER_FILE, MAX_STREAMS_PER_USER_PER_FILE,
 };
-use crate::raise::ReaderUpgrades;
+use crate::raise::ReaderRaises;
 use crate::stream::mapped_file::{mapping_bytes, reopen_without_atime};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream::table::StreamTable;
@@ -44,7 +44,7 @@ pub struct Controller {
     streams: StreamTable,
     prefetch: PrefetchEngine,
     disks: Disks,
-    upgrades: ReaderUpgrades,
+    raises: ReaderRaises,
     memory: LockedMemoryBudget,
     /// Start-up credit of new streams, per user and shared.
     burst: BurstAllowance,
@@ -63,7 +63,7 @@ impl Controller {
         tracer: BlockTracer,
         prefetch: PrefetchEngine,
         disks: Disks,
-        upgrades: ReaderUpgrades,
+        raises: ReaderRaises,
         memory: LockedMemoryBudget,
     ) -> Self {
         Self {
@@ -71,7 +71,7 @@ impl Controller {
             streams: StreamTable::default(),
             prefetch,
             disks,
-            upgrades,
+            raises,
             memory,
             // Full buckets at any time: time 0 is long enough ago.
             burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
@@ -214,9 +214,9 @@ impl Controller {
             }
         );
         if stream.recording.is_some() {
-            // Its writes wait for the file system's journal (see `upgrades::journal`).
+            // Its writes wait for the file system's journal (see `raises::journal`).
             let at = access::raise_for(&stream);
-            self.upgrades
+            self.raises
                 .raise_journal(at, stream.file_device, stream.granted.priority);
         }
         self.streams.insert(stream);
@@ -356,7 +356,7 @@ impl Controller {
             warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
         let allowance = access::own_file_allowance_kib(&stream, monotonic_ns());
-        self.upgrades.end_stream(id, allowance, &mut self.tracer);
+        self.raises.end_stream(id, allowance, &mut self.tracer);
         self.charge_owed(monotonic_ns());
         if let Some(recording) = &stream.recording {
             if recording.window.preallocated_bytes() > 0 {
@@ -371,7 +371,7 @@ impl Controller {
                 .find(|s| s.recording.is_some() && s.file_device == stream.file_device)
             {
                 let at = access::raise_for(other);
-                self.upgrades
+                self.raises
                     .raise_journal(at, other.file_device, other.granted.priority);
             }
         }
@@ -467,23 +467,23 @@ impl Controller {
             .filter(|s| peer_uid == 0 || s.owner_uid == peer_uid)
             .map(|s| {
                 let mut info = s.info();
-                info.upgrades = self.upgrades.count_for(s.id);
-                info.policed = self.upgrades.policed_for(s.id);
+                info.raises = self.raises.count_for(s.id);
+                info.policed = self.raises.policed_for(s.id);
                 for reader in &mut info.readers {
-                    reader.upgraded = self.upgrades.raises(reader.pid, s.id);
+                    reader.raised = self.raises.raises(reader.pid, s.id);
                 }
                 info
             })
             .collect()
     }
 
-    /// The managed devices, the daemon's reader upgrades, what it can do on this kernel,
+    /// The managed devices, the daemon's reader raises, what it can do on this kernel,
     /// and locked memory (with `peer_uid`'s own).
     #[must_use]
     pub fn status(&self, peer_uid: u32) -> StatusReport {
         StatusReport {
             devices: self.disks.status(&self.streams),
-            upgrades: self.upgrades.report(),
+            raises: self.raises.report(),
             capabilities: self.tracer.capabilities().to_vec(),
             memory: MemoryReport {
                 budget_bytes: self.memory.total_bytes,
@@ -533,7 +533,7 @@ impl Controller {
                 }
             })
             .min();
-        let expiry = self.upgrades.ns_until_next_expiry(now_ns);
+        let expiry = self.raises.ns_until_next_expiry(now_ns);
         // Automatic buffers are sized from the tail measured once a second, which the tick
         // takes: it used to come with the timer that woke every millisecond for credit a
         // window would not spend, and without it no tail was ever measured.
@@ -556,7 +556,7 @@ impl Controller {
             burst: &mut self.burst,
             now_ns,
         };
-        self.upgrades.expire(now_ns, &mut self.tracer, &mut bounds);
+        self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
@@ -581,7 +581,7 @@ impl Controller {
         for id in ids {
             self.end_stream(id);
         }
-        self.upgrades.shutdown(&mut self.tracer);
+        self.raises.shutdown(&mut self.tracer);
         // Workers finish their in-flight loads; then the mappings go and the devices are
         // restored (ManagedDevice restores on drop).
         drop(self.prefetch);

@@ -12,8 +12,10 @@ use abiss_proto::Capability;
 pub enum Feature {
     /// Following unmodified readers' playout point from their buffered reads and faults.
     ReadTracking,
-    /// Raising a reader the moment it misses the page cache on an attached file.
-    MissUpgrades,
+    /// Raising a reader the moment it misses the page cache on an attached file
+    /// (`miss-upgrades`, its earlier name, is still taken).
+    #[value(alias = "miss-upgrades")]
+    MissRaises,
     /// Counting `io_uring` requests on attached files and their latency and priority.
     UringReports,
     /// Finding the file of direct I/O requests, so they are tagged with their stream.
@@ -24,7 +26,7 @@ impl Feature {
     /// Every optional part.
     pub const ALL: [Self; 4] = [
         Self::ReadTracking,
-        Self::MissUpgrades,
+        Self::MissRaises,
         Self::UringReports,
         Self::DirectIoTagging,
     ];
@@ -34,7 +36,7 @@ impl Feature {
     pub fn name(self) -> &'static str {
         match self {
             Self::ReadTracking => "read-tracking",
-            Self::MissUpgrades => "miss-upgrades",
+            Self::MissRaises => "miss-raises",
             Self::UringReports => "uring-reports",
             Self::DirectIoTagging => "direct-io-tagging",
         }
@@ -48,7 +50,7 @@ impl Feature {
                 ("abiss_get_pages", "mm_filemap_get_pages"),
                 ("abiss_fault", "mm_filemap_fault"),
             ],
-            Self::MissUpgrades => &[("abiss_sync_ra", "page_cache_sync_ra")],
+            Self::MissRaises => &[("abiss_sync_ra", "page_cache_sync_ra")],
             Self::UringReports => &[
                 ("abiss_uring_submit", "io_uring_submit_req"),
                 ("abiss_uring_complete", "io_uring_complete"),
@@ -63,7 +65,7 @@ impl Feature {
     #[must_use]
     pub fn stand_in(self) -> Option<(&'static [(&'static str, &'static str)], &'static str)> {
         match self {
-            Self::MissUpgrades => Some((
+            Self::MissRaises => Some((
                 &[("abiss_cache_fill", "mm_filemap_add_to_page_cache")],
                 "standing in: filemap:mm_filemap_add_to_page_cache (pages a reader adds to the page cache); misses are counted and the reader is raised, but the window does not jump to where it missed",
             )),
@@ -74,7 +76,7 @@ impl Feature {
     fn gives(self) -> &'static str {
         match self {
             Self::ReadTracking => "the window follows unmodified readers (read(2), mmap)",
-            Self::MissUpgrades => "a reader that misses the page cache is raised at once",
+            Self::MissRaises => "a reader that misses the page cache is raised at once",
             Self::UringReports => "io_uring requests on attached files are counted per stream",
             Self::DirectIoTagging => {
                 "direct I/O requests carry their stream and raise their reader"
@@ -85,7 +87,7 @@ impl Feature {
     fn needs(self) -> &'static str {
         match self {
             Self::ReadTracking => "filemap:mm_filemap_get_pages and mm_filemap_fault (Linux 6.12)",
-            Self::MissUpgrades => "readahead:page_cache_sync_ra (Linux 6.18)",
+            Self::MissRaises => "readahead:page_cache_sync_ra (Linux 6.18)",
             Self::UringReports => {
                 "io_uring:io_uring_submit_req (Linux 6.4) and io_uring_complete with its request (5.18), io_kiocb.cmd (6.0)"
             }
@@ -101,7 +103,7 @@ impl Feature {
             Self::ReadTracking => {
                 "unmodified readers' windows stay where they were filled; readers that send position messages (libabiss, abiss-client) are followed"
             }
-            Self::MissUpgrades => "upgrades on low-priority requests still work",
+            Self::MissRaises => "raises on low-priority requests still work",
             Self::UringReports => "io_uring reads are still prefetched and tagged; only the counts are missing",
             Self::DirectIoTagging => "buffered reads are tagged as before",
         }
@@ -155,7 +157,7 @@ mod tests {
 
     #[test]
     fn an_off_capability_says_why_and_what_still_works() {
-        let off = Feature::MissUpgrades.report(Some("switched off (--disable miss-upgrades)"));
+        let off = Feature::MissRaises.report(Some("switched off (--disable miss-raises)"));
         assert!(!off.on);
         let why = off.off_because.expect("reason");
         assert!(

@@ -18,7 +18,7 @@ use scheduler_common::{
 pub struct Reader {
     /// Process id.
     pub tgid: u32,
-    /// Thread id: the one whose I/O priority an upgrade changes.
+    /// Thread id: the one whose I/O priority an raise changes.
     pub pid: u32,
     /// Real user id.
     pub uid: u32,

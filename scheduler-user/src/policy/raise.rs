@@ -1,10 +1,10 @@
-//! Automatic priority upgrades of real-time readers: which task to raise, and when to put its
+//! Automatic priority raises of real-time readers: which task to raise, and when to put its
 //! priority back.
 //!
 //! ABISS's elevator could raise a queued request when the application came to need it. Here the
 //! kernel tells the daemon that a task missed the page cache on an attached file; the daemon
 //! raises that thread's I/O priority to the stream's level, so the reads it is about to wait
-//! for (and its next misses) are served ahead of best-effort traffic. The upgrade lasts while
+//! for (and its next misses) are served ahead of best-effort traffic. The raise lasts while
 //! the task keeps reading the file; it is reverted when the stream ends or the task has been
 //! idle for a while. This module decides; `crate::raise` touches the tasks.
 
@@ -26,7 +26,7 @@ pub struct TaskId {
 
 /// One raised thread.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Upgrade {
+pub struct Raise {
     /// The thread.
     pub task: TaskId,
     /// Its process.
@@ -49,10 +49,10 @@ pub struct Upgrade {
     #[serde(default)]
     pub raised_ns: u64,
     /// For a raise at a player's start, and the tasks adopted from it: when the player was
-    /// raised. Tasks it makes in its start-up keep the raise (`upgrades::adoption`).
+    /// raised. Tasks it makes in its start-up keep the raise (`raises::adoption`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_ns: Option<u64>,
-    /// The journal thread of a recording's file system (`upgrades::journal`): it reads no
+    /// The journal thread of a recording's file system (`raises::journal`): it reads no
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub journal: bool,
@@ -67,7 +67,7 @@ pub struct Upgrade {
     pub account: RaiseAccount,
 }
 
-impl Upgrade {
+impl Raise {
     /// What the fork program is told of the raise: (previous, applied, file tag).
     #[must_use]
     pub fn followed_as(&self) -> (u16, u16, u64) {
@@ -122,7 +122,7 @@ pub fn may_raise(owner_uid: u32, reader_uid: u32) -> bool {
 pub const MISSES_BEFORE_ADVICE: u64 = 3;
 
 /// Advice for a stream whose readers keep missing the page cache (and so keep needing
-/// upgrades): a buffer twice as large absorbs twice the jitter or burst. An automatic buffer
+/// raises): a buffer twice as large absorbs twice the jitter or burst. An automatic buffer
 /// (`auto_app`: its application's part) already follows the disk's latency, so what is left is
 /// the reader's own burst: the advice is an application part as large as the whole buffer now.
 #[must_use]
@@ -145,8 +145,8 @@ pub fn buffer_suggestion(
 
 /// The raised threads, by thread id.
 #[derive(Debug, Default)]
-pub struct UpgradeTable {
-    upgrades: HashMap<u32, Upgrade>,
+pub struct RaiseTable {
+    raises: HashMap<u32, Raise>,
     idle_ns: u64,
 }
 
@@ -160,14 +160,14 @@ pub const MAX_RAISED_PER_STREAM: usize = 32;
 /// abissd's next check, and the kernel's table of raised threads is every user's.
 pub const MAX_RAISED_PER_USER: usize = 64;
 
-impl UpgradeTable {
+impl RaiseTable {
     /// Whether thread `pid` of user `uid` may be raised for `stream`: it is raised for it
     /// already, or, not counting a raise it has, the stream has fewer than
     /// [`MAX_RAISED_PER_STREAM`] raised threads and the user fewer than [`MAX_RAISED_PER_USER`].
     #[must_use]
     pub fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
-        let others = || self.upgrades.values().filter(|u| u.task.pid != pid);
-        self.upgrades
+        let others = || self.raises.values().filter(|u| u.task.pid != pid);
+        self.raises
             .get(&pid)
             .is_some_and(|u| u.stream == stream && u.uid == uid)
             || (others().filter(|u| u.stream == stream).count() < MAX_RAISED_PER_STREAM
@@ -178,14 +178,14 @@ impl UpgradeTable {
     /// always).
     #[must_use]
     pub fn user_has_room(&self, uid: u32) -> bool {
-        uid == 0 || self.upgrades.values().filter(|u| u.uid == uid).count() < MAX_RAISED_PER_USER
+        uid == 0 || self.raises.values().filter(|u| u.uid == uid).count() < MAX_RAISED_PER_USER
     }
 
-    /// An empty table whose upgrades expire after `idle_ns` without an access.
+    /// An empty table whose raises expire after `idle_ns` without an access.
     #[must_use]
     pub fn new(idle_ns: u64) -> Self {
         Self {
-            upgrades: HashMap::new(),
+            raises: HashMap::new(),
             idle_ns,
         }
     }
@@ -193,13 +193,13 @@ impl UpgradeTable {
     /// Whether no thread is raised.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.upgrades.is_empty()
+        self.raises.is_empty()
     }
 
-    /// The upgrade of thread `pid`, if raised.
+    /// The raise of thread `pid`, if raised.
     #[must_use]
-    pub fn get(&self, pid: u32) -> Option<&Upgrade> {
-        self.upgrades.get(&pid)
+    pub fn get(&self, pid: u32) -> Option<&Raise> {
+        self.raises.get(&pid)
     }
 
     /// Records a raise. A thread raised again (for a second stream at a higher level, or
@@ -209,93 +209,93 @@ impl UpgradeTable {
     /// may read of the file grows, and what of the file was held against its stream (the
     /// kernel keeps counting those too, by the file's tag), so a raise renewed by its own
     /// thread lends nothing new. Raised for another file, the kernel counts that file afresh.
-    pub fn insert(&mut self, mut upgrade: Upgrade) {
-        if let Some(earlier) = self.upgrades.get(&upgrade.task.pid) {
-            if earlier.task == upgrade.task {
-                upgrade.previous = earlier.previous;
-                upgrade.account.stray_kib = earlier.account.stray_kib;
-                if earlier.followed_as().2 == upgrade.followed_as().2 {
-                    upgrade.raised_ns = earlier.raised_ns;
-                    upgrade.account.own_kib = earlier.account.own_kib;
+    pub fn insert(&mut self, mut raise: Raise) {
+        if let Some(earlier) = self.raises.get(&raise.task.pid) {
+            if earlier.task == raise.task {
+                raise.previous = earlier.previous;
+                raise.account.stray_kib = earlier.account.stray_kib;
+                if earlier.followed_as().2 == raise.followed_as().2 {
+                    raise.raised_ns = earlier.raised_ns;
+                    raise.account.own_kib = earlier.account.own_kib;
                 }
             }
         }
-        self.upgrades.insert(upgrade.task.pid, upgrade);
+        self.raises.insert(raise.task.pid, raise);
     }
 
-    /// A thread touched `stream`'s file: its upgrade stays.
+    /// A thread touched `stream`'s file: its raise stays.
     pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
-        if let Some(upgrade) = self.upgrades.get_mut(&pid) {
-            if upgrade.stream == stream {
-                upgrade.last_access_ns = upgrade.last_access_ns.max(now_ns);
+        if let Some(raise) = self.raises.get_mut(&pid) {
+            if raise.stream == stream {
+                raise.last_access_ns = raise.last_access_ns.max(now_ns);
             }
         }
     }
 
-    /// Removes and returns the upgrades idle since before `now_ns - idle`.
-    pub fn take_idle(&mut self, now_ns: u64) -> Vec<Upgrade> {
+    /// Removes and returns the raises idle since before `now_ns - idle`.
+    pub fn take_idle(&mut self, now_ns: u64) -> Vec<Raise> {
         let idle_ns = self.idle_ns;
         self.take_where(|u| !u.journal && now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
     }
 
-    /// Removes and returns the upgrades made for `stream`.
-    pub fn take_stream(&mut self, stream: u64) -> Vec<Upgrade> {
+    /// Removes and returns the raises made for `stream`.
+    pub fn take_stream(&mut self, stream: u64) -> Vec<Raise> {
         self.take_where(|u| u.stream == stream)
     }
 
-    /// Removes and returns the upgrade of thread `pid`.
-    pub fn take_thread(&mut self, pid: u32) -> Vec<Upgrade> {
+    /// Removes and returns the raise of thread `pid`.
+    pub fn take_thread(&mut self, pid: u32) -> Vec<Raise> {
         self.take_where(|u| u.task.pid == pid)
     }
 
-    /// Removes and returns every upgrade.
-    pub fn take_all(&mut self) -> Vec<Upgrade> {
+    /// Removes and returns every raise.
+    pub fn take_all(&mut self) -> Vec<Raise> {
         self.take_where(|_| true)
     }
 
-    fn take_where(&mut self, mut pred: impl FnMut(&Upgrade) -> bool) -> Vec<Upgrade> {
+    fn take_where(&mut self, mut pred: impl FnMut(&Raise) -> bool) -> Vec<Raise> {
         let pids: Vec<u32> = self
-            .upgrades
+            .raises
             .values()
             .filter(|u| pred(u))
             .map(|u| u.task.pid)
             .collect();
-        let mut taken: Vec<Upgrade> = pids
+        let mut taken: Vec<Raise> = pids
             .iter()
-            .filter_map(|pid| self.upgrades.remove(pid))
+            .filter_map(|pid| self.raises.remove(pid))
             .collect();
         taken.sort_by_key(|u| u.task.pid);
         taken
     }
 
-    /// Nanoseconds until the next upgrade goes idle, if any is active.
+    /// Nanoseconds until the next raise goes idle, if any is active.
     #[must_use]
     pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
-        self.upgrades
+        self.raises
             .values()
             .map(|u| (u.last_access_ns + self.idle_ns).saturating_sub(now_ns))
             .min()
     }
 
-    /// Every upgrade, in thread order.
+    /// Every raise, in thread order.
     #[must_use]
-    pub fn all(&self) -> Vec<Upgrade> {
-        let mut all: Vec<Upgrade> = self.upgrades.values().cloned().collect();
+    pub fn all(&self) -> Vec<Raise> {
+        let mut all: Vec<Raise> = self.raises.values().cloned().collect();
         all.sort_by_key(|u| u.task.pid);
         all
     }
 
     /// Thread `pid`'s raise has accounted its real-time reads as `account` says.
     pub fn set_account(&mut self, pid: u32, account: RaiseAccount) {
-        if let Some(upgrade) = self.upgrades.get_mut(&pid) {
-            upgrade.account = account;
+        if let Some(raise) = self.raises.get_mut(&pid) {
+            raise.account = account;
         }
     }
 
     /// Whether any thread of process `tgid` is raised for `stream`.
     #[must_use]
     pub fn raises(&self, tgid: u32, stream: u64) -> bool {
-        self.upgrades
+        self.raises
             .values()
             .any(|u| u.tgid == tgid && u.stream == stream)
     }
@@ -329,8 +329,8 @@ mod tests {
     const BE4: u16 = ioprio::encode(ioprio::CLASS_BE, 4);
     const RT0: u16 = ioprio::encode(ioprio::CLASS_RT, 0);
 
-    fn upgrade(pid: u32, stream: u64, last_access_ns: u64) -> Upgrade {
-        Upgrade {
+    fn raise(pid: u32, stream: u64, last_access_ns: u64) -> Raise {
+        Raise {
             task: TaskId { pid, start_time: 7 },
             tgid: pid,
             stream,
@@ -348,8 +348,8 @@ mod tests {
 
     #[test]
     fn a_raise_renewed_by_its_own_thread_keeps_what_it_paid_and_when_it_began() {
-        let mut table = UpgradeTable::new(5);
-        let mut first = upgrade(7, 1, 10);
+        let mut table = RaiseTable::new(5);
+        let mut first = raise(7, 1, 10);
         first.raised_ns = 10;
         first.account = RaiseAccount {
             stray_kib: 300,
@@ -357,7 +357,7 @@ mod tests {
         };
         table.insert(first);
         // The same thread, raised again for the same file after it lowered its priority.
-        let mut again = upgrade(7, 1, 50);
+        let mut again = raise(7, 1, 50);
         again.raised_ns = 50;
         table.insert(again);
         let kept = table.get(7).unwrap();
@@ -365,14 +365,14 @@ mod tests {
         assert_eq!(kept.account.own_kib, 200);
         // Raised for another file: what it may read of that one grows from now, and the kernel
         // counts it afresh.
-        let mut other = upgrade(7, 2, 60);
+        let mut other = raise(7, 2, 60);
         other.raised_ns = 60;
         table.insert(other);
         let kept = table.get(7).unwrap();
         assert_eq!((kept.raised_ns, kept.account.stray_kib), (60, 300));
         assert_eq!(kept.account.own_kib, 0);
         // Another thread that took the id: nothing of the first.
-        let mut stranger = upgrade(7, 2, 70);
+        let mut stranger = raise(7, 2, 70);
         stranger.task.start_time = 8;
         stranger.raised_ns = 70;
         table.insert(stranger);
@@ -407,10 +407,10 @@ mod tests {
         fn a_stream_never_holds_more_raised_threads_than_its_share(
             offers in proptest::collection::vec((1u32..200, 1u64..4), 1..400),
         ) {
-            let mut table = UpgradeTable::new(1);
+            let mut table = RaiseTable::new(1);
             for (pid, stream) in offers {
                 if table.has_room(stream, pid, 1000) {
-                    table.insert(upgrade(pid, stream, 0));
+                    table.insert(raise(pid, stream, 0));
                 }
                 let raised_here = table.get(pid).is_some_and(|u| u.stream == stream);
                 prop_assert!(!raised_here || table.has_room(stream, pid, 1000));
@@ -429,14 +429,14 @@ mod tests {
         fn a_user_never_holds_more_raised_threads_than_the_bound(
             offers in proptest::collection::vec((1u32..400, 1u64..8, 0u32..3, proptest::bool::weighted(0.1)), 1..600),
         ) {
-            let mut table = UpgradeTable::new(1);
+            let mut table = RaiseTable::new(1);
             for (pid, stream, uid, ends) in offers {
                 if ends {
                     table.take_thread(pid);
                     continue;
                 }
                 if table.has_room(stream, pid, uid) {
-                    let mut raise = upgrade(pid, stream, 0);
+                    let mut raise = raise(pid, stream, 0);
                     raise.uid = uid;
                     table.insert(raise);
                 }
@@ -450,11 +450,11 @@ mod tests {
 
     #[test]
     fn root_is_not_bound_by_the_users_cap() {
-        let mut table = UpgradeTable::new(1);
+        let mut table = RaiseTable::new(1);
         for pid in 0..200u32 {
             let stream = u64::from(pid / 30);
             assert!(table.has_room(stream, pid, 0));
-            let mut raise = upgrade(pid, stream, 0);
+            let mut raise = raise(pid, stream, 0);
             raise.uid = 0;
             table.insert(raise);
         }
@@ -478,9 +478,9 @@ mod tests {
 
     #[test]
     fn idle_upgrades_expire_and_accesses_keep_them() {
-        let mut table = UpgradeTable::new(5_000);
-        table.insert(upgrade(1, 10, 0));
-        table.insert(upgrade(2, 10, 0));
+        let mut table = RaiseTable::new(5_000);
+        table.insert(raise(1, 10, 0));
+        table.insert(raise(2, 10, 0));
         table.touch(2, 10, 4_000);
         table.touch(1, 11, 4_000); // another stream's file does not keep it
         assert_eq!(table.ns_until_next_expiry(4_000), Some(1_000));
@@ -493,15 +493,15 @@ mod tests {
 
     #[test]
     fn a_second_raise_keeps_the_first_previous_priority() {
-        let mut table = UpgradeTable::new(5_000);
-        table.insert(upgrade(1, 10, 0));
-        let mut again = upgrade(1, 11, 10);
+        let mut table = RaiseTable::new(5_000);
+        table.insert(raise(1, 10, 0));
+        let mut again = raise(1, 11, 10);
         again.previous = RT0;
         table.insert(again);
         assert_eq!(table.get(1).unwrap().previous, BE4);
         assert_eq!(table.get(1).unwrap().stream, 11);
         // A new thread with a reused pid is a different task: its own previous priority.
-        let mut reused = upgrade(1, 12, 20);
+        let mut reused = raise(1, 12, 20);
         reused.task.start_time = 99;
         reused.previous = 0;
         table.insert(reused);

@@ -1,7 +1,7 @@
 //! What a stream was admitted for over time: the bytes its rate earned between two instants.
 //!
 //! A raised reader may read its stream's file at the raised priority for as much as the stream
-//! was admitted for since the raise: its buffer and what its rate earned (`upgrade`'s
+//! was admitted for since the raise: its buffer and what its rate earned (`raise`'s
 //! allowance). The rate changes (trick play, `SetRate`), so what it earned is the integral of
 //! the rates it had, not today's rate times the time since the raise: with the latter, a 1 B/s
 //! stream raised an hour ago and set to 10 MB/s for a moment lent its reader 36 GB of real-time

@@ -1,14 +1,14 @@
 //! The threads a player makes as it starts keep its start raise.
 //!
 //! `abissctl run` (and the libraries' open) raise a player's thread before it reads
-//! ([`super::ReaderUpgrades::on_reader_start`]). Real players then read in threads they make
+//! ([`super::ReaderRaises::on_reader_start`]). Real players then read in threads they make
 //! once they run (`GStreamer`'s streaming threads, mpv's demuxer): put back at their fork, as
 //! every task of a raised thread is ([`crate::raise::forks`]), such a thread's first reads queued
 //! below the stream and waited behind best-effort requests until it missed and was raised
 //! again; that was most of those players' start-up stall under load.
 //!
 //! So a task made within [`ADOPTION_WINDOW_NS`] of a start raise, by the raised thread or by a
-//! task adopted this way, is *adopted*: it keeps the raise as an upgrade of its own, as if it
+//! task adopted this way, is *adopted*: it keeps the raise as an raise of its own, as if it
 //! had missed. It is recorded (a crash leaves nothing raised), policed like any raised reader
 //! (its own real-time requests for other files, which its user pays for, and for the stream's
 //! file beyond what the stream's rate and buffer allow), put back when it leaves the file idle
@@ -21,9 +21,9 @@ use abiss_os::ioprio;
 use log::debug;
 
 use super::task::task_identity;
-use super::ReaderUpgrades;
+use super::ReaderRaises;
 use crate::kernel::events::Fork;
-use crate::policy::raise::Upgrade;
+use crate::policy::raise::Raise;
 use crate::policy::stray::RaiseAccount;
 use crate::raise::forks::ForkHook;
 
@@ -33,7 +33,7 @@ pub const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
 /// Most tasks adopted per stream.
 pub const MAX_ADOPTED_PER_STREAM: u64 = 32;
 
-impl ReaderUpgrades {
+impl ReaderRaises {
     /// Adopts the task `fork` made, if it is a task of a player at its start (see the module)
     /// whose user does not owe (`owes`) for real-time reads (`policy::stray`); whether it was.
     pub(super) fn adopt(
@@ -73,7 +73,7 @@ impl ReaderUpgrades {
             return false;
         }
         let now = monotonic_ns();
-        let upgrade = Upgrade {
+        let raise = Raise {
             task: identity.task,
             tgid: identity.tgid,
             last_access_ns: now,
@@ -88,15 +88,11 @@ impl ReaderUpgrades {
         };
         // Followed as a raised thread of its own (policed, its own tasks followed), then
         // recorded; unrecorded, it is put back at once as before.
-        if self
-            .forks
-            .follow(child, upgrade.followed_as(), hook)
-            .is_err()
-            || !self.record_with(&upgrade)
+        if self.forks.follow(child, raise.followed_as(), hook).is_err() || !self.record_with(&raise)
         {
             return false;
         }
-        self.table.insert(upgrade);
+        self.table.insert(raise);
         *self.adopted.entry(stream).or_default() += 1;
         debug!(
             "stream {stream}: thread {} made {child} {} ms after its start raise; it keeps the raise",

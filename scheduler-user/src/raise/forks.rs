@@ -24,7 +24,7 @@
 //!   priority, so a recorded child would need identity checks of its own at every restore.
 //!
 //! A player's own start-up is the other exception: a task made soon after a start raise is
-//! adopted as an upgrade of its own instead (`upgrades::adoption`), with its own record, policing
+//! adopted as an raise of its own instead (`raises::adoption`), with its own record, policing
 //! and put-back, so none of the reasons above applies to it.
 //!
 //! One kind of task is the exception: one made with `CLONE_IO` by the raised thread, or by
@@ -168,7 +168,7 @@ impl RaisedForks {
         // it, its I/O context and what it read at real time are still there, in its counts,
         // which only the eBPF side writes (its user paid for its reads of other files,
         // `policy::stray`, and its reads of the file raised for again count against the same
-        // raise: `UpgradeTable::insert`), so a thread cannot renew its raise's allowances by
+        // raise: `RaiseTable::insert`), so a thread cannot renew its raise's allowances by
         // lowering its own priority and missing. Followed afresh: counts left from a raise
         // under its id that ended as the eBPF side counted (`counts_of` in the eBPF crate)
         // are not its; nothing counts for it until its entry below is in.
@@ -178,7 +178,7 @@ impl RaisedForks {
             let _ = self.counts.remove(&tid);
         }
         // Raised for another file: its count of the stream's own file starts afresh, as the
-        // table's record of the raise does (`UpgradeTable::insert`).
+        // table's record of the raise does (`RaiseTable::insert`).
         let generation = own.map_or(0, |own| {
             if own.stream == stream {
                 own.generation
@@ -313,7 +313,7 @@ impl RaisedForks {
 
     /// Follows thread `tid` as [`Self::follow`] does, but with nothing the kernel counted for
     /// an earlier raise under its id: that raise was another thread's, which had the id before
-    /// (`upgrades::reused_id`). The tasks noted under the earlier raise are put back and its
+    /// (`raises::reused_id`). The tasks noted under the earlier raise are put back and its
     /// I/O context is forgotten, as at its restore; the entry is overwritten, not removed
     /// first, so that no fork of the thread falls between two entries unfollowed.
     pub fn follow_afresh(

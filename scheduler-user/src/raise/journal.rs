@@ -23,8 +23,8 @@ use abiss_proto::DeviceNumber;
 use log::{info, warn};
 
 use super::task::task_identity;
-use super::{RaiseFor, ReaderUpgrades};
-use crate::policy::raise::{raised_priority, Upgrade};
+use super::{RaiseFor, ReaderRaises};
+use crate::policy::raise::{raised_priority, Raise};
 use crate::policy::stray::RaiseAccount;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the journal thread is a kernel thread.
@@ -84,7 +84,7 @@ impl JournalThreads {
     }
 }
 
-impl ReaderUpgrades {
+impl ReaderRaises {
     /// Raises the journal thread of the file system on `fs_device` to ABISS `level` for
     /// recording `stream`, unless it is raised already (for another recording) or there is
     /// none; whether it is raised now.
@@ -110,7 +110,7 @@ impl ReaderUpgrades {
             return false;
         };
         let now = monotonic_ns();
-        let upgrade = Upgrade {
+        let raise = Raise {
             task: identity.task,
             tgid: identity.tgid,
             stream: stream.stream,
@@ -125,7 +125,7 @@ impl ReaderUpgrades {
             account: RaiseAccount::default(),
         };
         // Recorded first: unlike a reader, nothing waits on this raise right now.
-        if !self.record_with(&upgrade) {
+        if !self.record_with(&raise) {
             return false;
         }
         if let Err(error) = ioprio::set(tid, target) {
@@ -139,7 +139,7 @@ impl ReaderUpgrades {
             "stream {}: raised the journal thread {tid} of {fs_device} from ioprio {current:#x} to {target:#x}",
             stream.stream
         );
-        self.table.insert(upgrade);
+        self.table.insert(raise);
         true
     }
 }

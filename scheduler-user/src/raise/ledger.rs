@@ -5,36 +5,36 @@
 
 use log::debug;
 
-use super::{ReaderUpgrades, StreamBounds};
-use crate::policy::raise::{stream_allowance_kib, Upgrade, OWN_FILE_SLACK_KIB};
+use super::{ReaderRaises, StreamBounds};
+use crate::policy::raise::{stream_allowance_kib, Raise, OWN_FILE_SLACK_KIB};
 use crate::raise::forks::ForkHook;
 
 /// Of one check: a thread of a user read so many KiB of its stream's file at real time.
 pub(super) type OwnRead = (u32, u32, u64);
 
-impl ReaderUpgrades {
-    /// Notes what `upgrades`, which end now, read at real time since their last check: a raise
+impl ReaderRaises {
+    /// Notes what `raises`, which end now, read at real time since their last check: a raise
     /// that ends between two checks (detached, idle, its thread gone) is charged too, or a user
     /// who attached, missed and detached in a loop (or whose short-lived threads each were
     /// raised and read before the next check) read at real time for free. Reads of other files
     /// are owed by the thread's user ([`Self::take_owed`]); reads of the stream's file go to
     /// the stream's ledger, charged past its allowance at the next check or as it ends.
-    pub(super) fn note_owed(&mut self, upgrades: &[Upgrade]) {
-        for upgrade in upgrades {
-            let Some(use_of) = self.forks.use_of(upgrade.task.pid) else {
+    pub(super) fn note_owed(&mut self, raises: &[Raise]) {
+        for raise in raises {
+            let Some(use_of) = self.forks.use_of(raise.task.pid) else {
                 continue;
             };
-            let mut account = upgrade.account;
+            let mut account = raise.account;
             let (stray, own) = account.take_new(use_of.stray_kib.into(), use_of.stream_kib.into());
             if stray > 0 {
-                let owed = self.owed.entry(upgrade.uid).or_default();
+                let owed = self.owed.entry(raise.uid).or_default();
                 *owed = owed.saturating_add(stray);
             }
             if own > 0 {
                 self.ledgers
-                    .entry(upgrade.stream)
+                    .entry(raise.stream)
                     .or_default()
-                    .add(own, upgrade.uid);
+                    .add(own, raise.uid);
             }
         }
     }

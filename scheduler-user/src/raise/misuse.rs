@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use log::debug;
 
 use super::ledger::OwnRead;
-use super::{ReaderUpgrades, StreamBounds};
+use super::{ReaderRaises, StreamBounds};
 use crate::kernel::events::Fork;
 use crate::policy::raise::{
     stream_allowance_kib, MAX_RAISED_PER_STREAM, MAX_SHARED_IO_TASKS_PER_STREAM, OWN_FILE_SLACK_KIB,
@@ -30,7 +30,7 @@ const _: () = assert!(
         <= scheduler_common::MAX_RAISED as usize
 );
 
-impl ReaderUpgrades {
+impl ReaderRaises {
     /// A followed thread made a task: put back at once (see [`crate::raise::forks`]), unless
     /// a player at its start made it and its user does not owe (`owes`) for real-time reads.
     pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook, owes: &dyn Fn(u32) -> bool) {
@@ -68,40 +68,40 @@ impl ReaderUpgrades {
     /// stream's raises.
     pub(super) fn police(&mut self, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
         let mut read_now: HashMap<u64, Vec<OwnRead>> = HashMap::new();
-        for upgrade in self.table.all() {
-            let pid = upgrade.task.pid;
+        for raise in self.table.all() {
+            let pid = raise.task.pid;
             let Some(use_of) = self.forks.use_of(pid) else {
                 continue;
             };
             let (stray, own) = (u64::from(use_of.stray_kib), u64::from(use_of.stream_kib));
-            let mut account = upgrade.account;
+            let mut account = raise.account;
             let (new_stray, new_own) = account.take_new(stray, own);
-            if account != upgrade.account {
+            if account != raise.account {
                 self.table.set_account(pid, account);
             }
             // Charged first, whatever else the raise did: the reads were made at real time.
             if new_stray > 0 {
-                bounds.charge(upgrade.uid, new_stray);
+                bounds.charge(raise.uid, new_stray);
                 debug!(
                     "stream {}: thread {pid} read {stray} KiB of other files at real time; \
                      {new_stray} KiB more charged to uid {}",
-                    upgrade.stream, upgrade.uid
+                    raise.stream, raise.uid
                 );
             }
             if new_own > 0 {
                 self.ledgers
-                    .entry(upgrade.stream)
+                    .entry(raise.stream)
                     .or_default()
-                    .add(new_own, upgrade.uid);
-                let read = read_now.entry(upgrade.stream).or_default();
-                read.push((pid, upgrade.uid, new_own));
+                    .add(new_own, raise.uid);
+                let read = read_now.entry(raise.stream).or_default();
+                read.push((pid, raise.uid, new_own));
             }
             let allowed = bounds
-                .admitted(upgrade.stream, upgrade.raised_ns)
+                .admitted(raise.stream, raise.raised_ns)
                 .map_or(u64::MAX, |(earned, buffer)| {
                     stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });
-            let why = if new_stray > 0 && !stray::may_keep(bounds.debt_kib(upgrade.uid)) {
+            let why = if new_stray > 0 && !stray::may_keep(bounds.debt_kib(raise.uid)) {
                 format!(
                     "{stray} KiB of real-time reads of other files, more than its user's \
                      start-up allowance pays for and {} KiB lent; not raised again",
@@ -126,8 +126,7 @@ impl ReaderUpgrades {
     /// its stream's raises. Nothing if it is not raised.
     pub(super) fn drop_raise(&mut self, pid: u32, why: &str, hook: &mut dyn ForkHook) {
         let taken = self.table.take_thread(pid);
-        let Some((stream, task)) = taken.first().map(|upgrade| (upgrade.stream, upgrade.task))
-        else {
+        let Some((stream, task)) = taken.first().map(|raise| (raise.stream, raise.task)) else {
             return;
         };
         self.restore_all(&taken, why, hook);

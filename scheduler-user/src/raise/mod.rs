@@ -9,13 +9,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use abiss_os::{clock::monotonic_ns, ioprio};
-use abiss_proto::UpgradeReport;
+use abiss_proto::RaiseReport;
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
 use crate::kernel::events::Reader;
 use crate::policy::raise::{
-    may_raise, raised_priority, Upgrade, UpgradeTable, MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER,
+    may_raise, raised_priority, Raise, RaiseTable, MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER,
 };
 use crate::policy::stray::{RaiseAccount, StreamLedger};
 use crate::raise::forks::{ForkHook, RaisedForks};
@@ -34,8 +34,10 @@ mod ledger;
 mod misuse;
 mod reused_id;
 
-/// The file in the state directory listing the threads to restore.
-pub const UPGRADES_FILE: &str = "upgrades.json";
+/// The file in the state directory listing the threads to restore. Its name is from before
+/// the code said "raise" for what it once called an upgrade: an abissd started over the state
+/// an earlier version left when it crashed finds its raised threads to put back.
+pub const RAISES_FILE: &str = "upgrades.json";
 
 /// While the record cannot be written, how often a miss tries again (then raises, if it can).
 const RECORD_RETRY_NS: u64 = 5_000_000_000;
@@ -82,10 +84,10 @@ pub struct StartingReader {
     pub raised: bool,
 }
 
-/// The daemon's upgrades of readers.
+/// The daemon's raises of readers.
 #[derive(Debug)]
-pub struct ReaderUpgrades {
-    table: UpgradeTable,
+pub struct ReaderRaises {
+    table: RaiseTable,
     enabled: bool,
     record: PathBuf,
     /// Event to priority set, ns.
@@ -117,16 +119,16 @@ pub struct ReaderUpgrades {
     ledgers: HashMap<u64, StreamLedger>,
 }
 
-impl ReaderUpgrades {
-    /// Upgrades that expire after `idle_ns` without an access, recorded in `state_dir`, the
+impl ReaderRaises {
+    /// Raises that expire after `idle_ns` without an access, recorded in `state_dir`, the
     /// tasks raised threads make followed by `forks`; `enabled` false makes every call a
     /// no-op (for comparisons).
     #[must_use]
     pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool, forks: RaisedForks) -> Self {
         Self {
-            table: UpgradeTable::new(idle_ns),
+            table: RaiseTable::new(idle_ns),
             enabled,
-            record: state_dir.join(UPGRADES_FILE),
+            record: state_dir.join(RAISES_FILE),
             latency: Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
                 .expect("1 µs to 60 s at 2 significant digits are valid bounds"),
             total: 0,
@@ -254,7 +256,7 @@ impl ReaderUpgrades {
         else {
             return false;
         };
-        let upgrade = Upgrade {
+        let raise = Raise {
             task,
             tgid: reader.tgid,
             stream,
@@ -269,13 +271,13 @@ impl ReaderUpgrades {
             uid,
             account: RaiseAccount::default(),
         };
-        if !self.record_with(&upgrade) {
+        if !self.record_with(&raise) {
             // Unrecorded, a crash would leave it raised for good: put back at once.
             let _ = ioprio::set(pid, current);
             return self.not_raised(pid, hook);
         }
-        self.table.insert(upgrade);
-        if let Some(kept) = self.table.get(pid).map(Upgrade::followed_as) {
+        self.table.insert(raise);
+        if let Some(kept) = self.table.get(pid).map(Raise::followed_as) {
             // As the table keeps it (the id may have named a thread raised before). Only if
             // that differs: each follow rewrites the thread's whole entry (what the eBPF side
             // counts of the raise is not in it: `RAISE_COUNTS`).
@@ -341,7 +343,7 @@ impl ReaderUpgrades {
     /// once every [`GONE_CHECK_NS`]; whether any was let go (what they read is charged as for
     /// any raise that ends). A player that reads in short-lived threads left each one's raise
     /// in the stream's [`MAX_RAISED_PER_STREAM`] until it idled out: 96
-    /// of 200 new threads were raised, one every 60 ms, in the upgrades benchmark. This runs
+    /// of 200 new threads were raised, one every 60 ms, in the raises benchmark. This runs
     /// on a miss that waits for its raise, so it is kept short: a thread is gone when `/proc`
     /// has no entry for it (a reused id keeps its place until it idles out); a gone thread has
     /// nothing to put back, and the record is rewritten with the next raise.
@@ -361,7 +363,7 @@ impl ReaderUpgrades {
             .map(|u| u.task.pid)
             .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
             .collect();
-        let taken: Vec<Upgrade> = gone
+        let taken: Vec<Raise> = gone
             .iter()
             .flat_map(|&pid| self.table.take_thread(pid))
             .collect();
@@ -424,30 +426,30 @@ impl ReaderUpgrades {
         self.forks.shutdown();
     }
 
-    /// Restores each upgrade, then the tasks its thread made that are still followed;
+    /// Restores each raise, then the tasks its thread made that are still followed;
     /// detaches the fork program once nothing is raised.
-    fn restore_all(&mut self, upgrades: &[Upgrade], why: &str, hook: &mut dyn ForkHook) {
-        if upgrades.is_empty() {
+    fn restore_all(&mut self, raises: &[Raise], why: &str, hook: &mut dyn ForkHook) {
+        if raises.is_empty() {
             return;
         }
-        for upgrade in upgrades {
-            if matches!(restore(upgrade), Restored::Yes) {
+        for raise in raises {
+            if matches!(restore(raise), Restored::Yes) {
                 self.restored += 1;
                 info!(
                     "stream {}: restored thread {} to ioprio {:#x} ({why})",
-                    upgrade.stream, upgrade.task.pid, upgrade.previous
+                    raise.stream, raise.task.pid, raise.previous
                 );
             }
         }
         // After their own restores: from then on what they make starts at their own priority.
-        let pids: Vec<u32> = upgrades.iter().map(|u| u.task.pid).collect();
-        self.note_owed(upgrades);
+        let pids: Vec<u32> = raises.iter().map(|u| u.task.pid).collect();
+        self.note_owed(raises);
         self.forks.restored(&pids);
         self.persist();
         RaisedForks::sync(hook, !self.table.is_empty());
     }
 
-    /// Nanoseconds until an upgrade goes idle.
+    /// Nanoseconds until an raise goes idle.
     #[must_use]
     pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
         let expiry = self.table.ns_until_next_expiry(now_ns);
@@ -472,7 +474,7 @@ impl ReaderUpgrades {
         self.barred.get(&stream).map_or(0, BarredThreads::dropped)
     }
 
-    /// Upgrades made for `stream` so far.
+    /// Raises made for `stream` so far.
     #[must_use]
     pub fn count_for(&self, stream: u64) -> u64 {
         self.per_stream.get(&stream).copied().unwrap_or(0)
@@ -480,10 +482,10 @@ impl ReaderUpgrades {
 
     /// Figures for `status`.
     #[must_use]
-    pub fn report(&self) -> UpgradeReport {
+    pub fn report(&self) -> RaiseReport {
         let quantile =
             |q: f64| (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(q) / 1000);
-        UpgradeReport {
+        RaiseReport {
             enabled: self.enabled,
             active: u64::try_from(self.table.all().len()).unwrap_or(u64::MAX),
             total: self.total,
@@ -515,17 +517,17 @@ impl ReaderUpgrades {
     /// it must not wait for a disk: the state directory belongs on a memory file system
     /// (`/run/abiss`, and abissd says so at start otherwise). On ext4 under load a write here
     /// took up to 68 ms without a sync and 60–100 ms more with one (2026-12-01).
-    fn write_record(&self, upgrades: &[Upgrade]) -> io::Result<()> {
-        serde_json::to_vec(upgrades)
+    fn write_record(&self, raises: &[Raise]) -> io::Result<()> {
+        serde_json::to_vec(raises)
             .map_err(io::Error::other)
             .and_then(|bytes| abiss_os::fs::replace(&self.record, &bytes))
     }
 
-    /// Records the raised threads with `upgrade` among them (as the table will hold it),
+    /// Records the raised threads with `raise` among them (as the table will hold it),
     /// before the table holds it; whether the record was written.
-    fn record_with(&mut self, upgrade: &Upgrade) -> bool {
+    fn record_with(&mut self, raise: &Raise) -> bool {
         let mut all = self.table.all();
-        let mut new = upgrade.clone();
+        let mut new = raise.clone();
         if let Some(earlier) = all.iter().find(|u| u.task == new.task) {
             new.previous = earlier.previous;
         }

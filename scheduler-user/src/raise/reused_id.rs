@@ -15,12 +15,12 @@ use abiss_os::ioprio;
 use log::warn;
 
 use super::task::task_identity;
-use super::{RaiseFor, ReaderUpgrades};
+use super::{RaiseFor, ReaderRaises};
 use crate::kernel::events::Reader;
 use crate::policy::raise::TaskId;
 use crate::raise::forks::ForkHook;
 
-impl ReaderUpgrades {
+impl ReaderRaises {
     /// Thread `reader.pid` was just raised from `current` to `target` for `stream`, and
     /// followed as `followed` (previous, applied, file tag). The raise came first, for the
     /// reader waiting right now; now its id must still name the thread of the event, and not

@@ -7,8 +7,8 @@ use std::path::Path;
 use abiss_os::ioprio;
 use log::{info, warn};
 
-use super::UPGRADES_FILE;
-use crate::policy::raise::{TaskId, Upgrade};
+use super::RAISES_FILE;
+use crate::policy::raise::{Raise, TaskId};
 
 /// Who a thread is, from `/proc`.
 pub(super) struct Identity {
@@ -56,34 +56,34 @@ pub(super) enum Restored {
     Unknown,
 }
 
-/// Puts back the priority of an upgraded thread if it is still the same thread and nobody
+/// Puts back the priority of an raised thread if it is still the same thread and nobody
 /// changed its priority since.
-pub(super) fn restore(upgrade: &Upgrade) -> Restored {
-    let identity = match task_identity(upgrade.task.pid) {
+pub(super) fn restore(raise: &Raise) -> Restored {
+    let identity = match task_identity(raise.task.pid) {
         Ok(Some(identity)) => identity,
         Ok(None) => return Restored::NotNeeded,
         Err(error) => {
-            warn!("cannot look at thread {}: {error}", upgrade.task.pid);
+            warn!("cannot look at thread {}: {error}", raise.task.pid);
             return Restored::Unknown;
         }
     };
-    if identity.task != upgrade.task {
+    if identity.task != raise.task {
         return Restored::NotNeeded; // the pid belongs to another thread now
     }
-    if !lowers(upgrade.previous, upgrade.applied) {
+    if !lowers(raise.previous, raise.applied) {
         // No raise abissd made is undone by raising: this record was not written by abissd.
         warn!(
             "not restoring thread {} to ioprio {:#x}: that is above the {:#x} it was raised to",
-            upgrade.task.pid, upgrade.previous, upgrade.applied
+            raise.task.pid, raise.previous, raise.applied
         );
         return Restored::NotNeeded;
     }
-    match ioprio::get(upgrade.task.pid) {
-        Ok(current) if current == upgrade.applied => {
-            match ioprio::set(upgrade.task.pid, upgrade.previous) {
+    match ioprio::get(raise.task.pid) {
+        Ok(current) if current == raise.applied => {
+            match ioprio::set(raise.task.pid, raise.previous) {
                 Ok(()) => Restored::Yes,
                 Err(error) => {
-                    warn!("cannot restore thread {}: {error}", upgrade.task.pid);
+                    warn!("cannot restore thread {}: {error}", raise.task.pid);
                     Restored::Unknown
                 }
             }
@@ -106,12 +106,12 @@ fn lowers(previous: u16, applied: u16) -> bool {
 /// Restores the threads a previous daemon raised and did not restore (it crashed), and
 /// removes the record; says in the log what it did.
 pub fn restore_leftovers(state_dir: &Path) {
-    let path = state_dir.join(UPGRADES_FILE);
+    let path = state_dir.join(RAISES_FILE);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return;
     };
-    let upgrades: Vec<Upgrade> = match serde_json::from_str(&text) {
-        Ok(upgrades) => upgrades,
+    let raises: Vec<Raise> = match serde_json::from_str(&text) {
+        Ok(raises) => raises,
         Err(error) => {
             warn!("{} is corrupt ({error}); setting it aside", path.display());
             let _ = std::fs::rename(&path, path.with_extension("json.corrupt"));
@@ -120,11 +120,11 @@ pub fn restore_leftovers(state_dir: &Path) {
     };
     let mut restored = 0;
     let mut unknown = Vec::new();
-    for upgrade in &upgrades {
-        match restore(upgrade) {
+    for raise in &raises {
+        match restore(raise) {
             Restored::Yes => restored += 1,
             Restored::NotNeeded => {}
-            Restored::Unknown => unknown.push(upgrade.clone()),
+            Restored::Unknown => unknown.push(raise.clone()),
         }
     }
     // What could not be looked at stays recorded for the next start.
@@ -138,10 +138,10 @@ pub fn restore_leftovers(state_dir: &Path) {
     if let Err(error) = kept {
         warn!("cannot update {}: {error}", path.display());
     }
-    if !upgrades.is_empty() {
+    if !raises.is_empty() {
         info!(
             "restored {restored} of {} reader priorities raised by an earlier daemon",
-            upgrades.len()
+            raises.len()
         );
     }
 }

@@ -116,7 +116,7 @@ pub enum Command {
         /// The answer.
         reply: Reply<Vec<StreamInfo>>,
     },
-    /// The managed devices, the reader upgrades and the capabilities.
+    /// The managed devices, the reader raises and the capabilities.
     Status {
         /// The peer, whose own locked memory the answer shows.
         uid: u32,

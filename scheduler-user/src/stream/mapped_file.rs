@@ -191,7 +191,7 @@ impl MappedFile {
     ///
     /// `munlock` alone leaves them mapped, so every page a stream ever played stayed in
     /// abissd's resident set, and the kernel's `POSIX_FADV_DONTNEED` skips mapped pages: a
-    /// reader could not drop what it had played (the upgrade benchmark's misses found
+    /// reader could not drop what it had played (the raise benchmark's misses found
     /// 75 of 200 drops refused, 2026-12-01), and reclaim had to unmap them first.
     /// `MADV_DONTNEED` on a shared file mapping only removes the mapping; the data is the
     /// file's.

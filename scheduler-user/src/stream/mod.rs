@@ -349,7 +349,7 @@ impl Stream {
             .map(|(pid, comm)| ReaderInfo {
                 pid,
                 comm: comm.to_owned(),
-                upgraded: false,
+                raised: false,
             })
             .collect();
         readers.sort_by_key(|r| r.pid);
@@ -381,7 +381,7 @@ impl Stream {
             misses: self.misses,
             seek_waits: self.seek_waits,
             prefetched_bytes: self.playout.prefetched_bytes(),
-            upgrades: 0,
+            raises: 0,
             uring_requests: self.uring_requests,
             suggestion: crate::policy::raise::buffer_suggestion(
                 self.misses,

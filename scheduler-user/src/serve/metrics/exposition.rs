@@ -55,7 +55,7 @@ pub struct Snapshot {
     pub latency: Option<Vec<LatencyGroup>>,
     /// Every stream.
     pub streams: Vec<StreamInfo>,
-    /// The managed disks, upgrades, capabilities and locked memory.
+    /// The managed disks, raises, capabilities and locked memory.
     pub status: StatusReport,
     /// The daemon's CPU and memory.
     pub process: ProcessFigures,
@@ -325,7 +325,7 @@ const STREAM_COUNTERS: [StreamCounter; 5] = [
     (
         "abiss_stream_upgrades",
         "Reader threads raised to the stream's priority.",
-        |s| s.upgrades,
+        |s| s.raises,
     ),
     (
         "abiss_stream_prefetched_bytes",
@@ -466,24 +466,24 @@ fn encode_daemon(snapshot: &Snapshot, encoder: &mut DescriptorEncoder) -> fmt::R
         (
             "abiss_reader_upgrades_active",
             "Reader threads raised to a stream's priority now.",
-            snapshot.status.upgrades.active,
+            snapshot.status.raises.active,
         ),
     ];
     for (name, help, value) in g {
         gauges(encoder, name, help, &[(none(), value)])?;
     }
-    let upgrades = &snapshot.status.upgrades;
+    let raises = &snapshot.status.raises;
     counters(
         encoder,
         "abiss_reader_upgrades",
         "Reader threads raised since abissd started.",
-        &[(none(), upgrades.total)],
+        &[(none(), raises.total)],
     )?;
     counters(
         encoder,
         "abiss_reader_restores",
         "Raised reader threads put back to their earlier priority.",
-        &[(none(), upgrades.restored)],
+        &[(none(), raises.restored)],
     )?;
     let capabilities: Vec<(Labels, u64)> = snapshot
         .status

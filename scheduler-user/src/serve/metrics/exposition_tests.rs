@@ -38,7 +38,7 @@ fn snapshot() -> Snapshot {
         "inode": 12, "file_bytes": 1, "rate": 1_000_000, "buffer": 577_536, "batch_pages": 20,
         "priority": 2, "persistent": true, "playout_point": 0, "window_start": 0,
         "loaded_end": 0, "resident_bytes": 4096, "locked_bytes": 8192, "credit_bytes": -512,
-        "readers": [], "misses": 3, "prefetched_bytes": 65536, "upgrades": 1,
+        "readers": [], "misses": 3, "prefetched_bytes": 65536, "raises": 1,
     });
     let status = json!({"devices": [{
         "name": "loop3", "device": LOOP, "elevator": "mq-deadline", "dispatch_depth": 8,
