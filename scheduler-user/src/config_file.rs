@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 
 /// Where abissd looks for its configuration unless `--config` says otherwise.
-pub const DEFAULT_CONFIG: &str = "/etc/abiss/abissd.toml";
+pub(crate) const DEFAULT_CONFIG: &str = "/etc/abiss/abissd.toml";
 
 /// The largest configuration file read: a list of disks and a few settings are far smaller,
 /// and the file is read again on every reload.
@@ -31,7 +31,7 @@ const NOT_IN_FILE: [&str; 3] = ["config", "help", "version"];
 
 /// Why the configuration file cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// The file cannot be read.
     #[error("cannot read the configuration file {path}: {source}")]
     Read {
@@ -62,7 +62,7 @@ pub enum ConfigError {
 /// `command` is the daemon's command-line definition; `args` the command line, program name
 /// first. A missing file is no error when it is the default one (`required` false): the
 /// daemon then runs on its flags alone.
-pub fn merge(
+pub(crate) fn merge(
     command: &clap::Command,
     file: &Path,
     required: bool,

@@ -37,47 +37,47 @@ use crate::stream::prefetch::{LoadDone, PrefetchEngine};
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
-pub struct DaemonConfig {
+pub(crate) struct DaemonConfig {
     /// Control socket path.
-    pub socket: PathBuf,
+    pub(crate) socket: PathBuf,
     /// Kernel BTF to resolve struct layouts from.
-    pub btf: PathBuf,
+    pub(crate) btf: PathBuf,
     /// Where device settings to restore are kept (survives a crash, not a reboot).
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Where device models are kept (survives a reboot).
-    pub model_dir: PathBuf,
+    pub(crate) model_dir: PathBuf,
     /// Devices to manage, as users name them.
-    pub devices: Vec<String>,
+    pub(crate) devices: Vec<String>,
     /// Elevator and dispatch depth of managed devices.
-    pub device_config: DeviceConfig,
+    pub(crate) device_config: DeviceConfig,
     /// Sustained capacity assumed for every managed device until it has a measured model, B/s.
-    pub capacity_bps: u64,
+    pub(crate) capacity_bps: u64,
     /// Share of the capacity real-time streams may reserve, percent.
-    pub realtime_share_percent: u32,
+    pub(crate) realtime_share_percent: u32,
     /// Whether readers that miss the page cache on an attached file are raised to the
     /// stream's priority.
-    pub raises: bool,
+    pub(crate) raises: bool,
     /// How long a raised reader may go without reading its file before it is put back.
-    pub raise_idle: Duration,
+    pub(crate) raise_idle: Duration,
     /// Admission mode for disks with a model.
-    pub admission_mode: AdmissionMode,
+    pub(crate) admission_mode: AdmissionMode,
     /// Allowed miss probability per service window, in (0, 1).
-    pub p_req: f64,
+    pub(crate) p_req: f64,
     /// Optional parts switched off by the operator (`--disable`), whatever the kernel has.
-    pub disabled: Vec<Feature>,
+    pub(crate) disabled: Vec<Feature>,
     /// What playout buffers may lock, in all and per user.
-    pub locked_memory: LockedMemoryBudget,
+    pub(crate) locked_memory: LockedMemoryBudget,
     /// Where and to whom Prometheus metrics are served (`--metrics`), if anywhere.
-    pub metrics: Option<crate::serve::metrics::MetricsSettings>,
+    pub(crate) metrics: Option<crate::serve::metrics::MetricsSettings>,
 }
 
 /// Reads the configuration again (file and command line) for a reload; the error is one
 /// sentence saying what is wrong.
-pub type Reload = Box<dyn Fn() -> Result<DaemonConfig, String>>;
+pub(crate) type Reload = Box<dyn Fn() -> Result<DaemonConfig, String>>;
 
 /// Why the daemon could not start or had to stop. Each kind has its own exit code.
 #[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
+pub(crate) enum DaemonError {
     /// Not root and without the capabilities to load tracing programs.
     #[error(
         "abissd needs root (or CAP_BPF and CAP_PERFMON) to load its eBPF programs; run it as root"
@@ -118,7 +118,7 @@ pub enum DaemonError {
 impl DaemonError {
     /// The process exit code for this error (documented in docs/operator-guide.md).
     #[must_use]
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Io(_) => 1,
             Self::NotPrivileged => 10,
@@ -193,7 +193,7 @@ struct Inputs {
 
 /// Runs the daemon until SIGINT or SIGTERM; on SIGHUP it applies what `reload` reads. Must
 /// be called inside a tokio runtime.
-pub async fn run(config: DaemonConfig, reload: Reload) -> Result<(), DaemonError> {
+pub(crate) async fn run(config: DaemonConfig, reload: Reload) -> Result<(), DaemonError> {
     let (mut controller, inputs) = start(&config)?;
     // Once started: a start that fails says one sentence, its error.
     warn_unless_in_memory(&config.state_dir);
@@ -291,7 +291,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     crate::raise::restore_leftovers(&config.state_dir);
     let disks = Disks::take(
         &config.devices,
-        &config.device_config,
+        config.device_config,
         admission_settings(config),
     )?;
     let mut tracer = BlockTracer::load(&layout, &config.btf, &off)?;

@@ -32,17 +32,19 @@
 //! Requires Linux 5.15 or newer with BTF, and root (or `CAP_BPF` with `CAP_PERFMON`); the
 //! optional parts need newer kernels ([`kernel::capabilities`]).
 #![deny(missing_docs)]
+// Its modules are crate-private; the daemon's documentation is read with
+// `cargo doc --document-private-items`, where these links resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod args;
-pub mod config_file;
-pub mod controller;
-pub mod daemon;
+mod config_file;
+mod controller;
+mod daemon;
 pub mod disk;
-pub mod kernel;
+mod kernel;
 pub mod policy;
-pub mod raise;
+mod raise;
 pub mod serve;
-pub mod stream;
-pub mod systemd;
-
-pub use daemon::{run, DaemonConfig, DaemonError, Reload};
+pub mod start;
+mod stream;
+mod systemd;

@@ -12,13 +12,13 @@ use sd_notify::NotifyState;
 
 /// Tells the service manager that the daemon serves: the programs are attached and the disks
 /// taken, so a unit ordered after abissd finds it ready.
-pub fn ready(status: &str) {
+pub(crate) fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
 /// Tells the service manager that the daemon re-reads its configuration (SIGHUP); `ready`
 /// follows when it is done.
-pub fn reloading() {
+pub(crate) fn reloading() {
     // systemd matches a reload by the monotonic time at which it began.
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send(&[NotifyState::Reloading, now]),
@@ -27,7 +27,7 @@ pub fn reloading() {
 }
 
 /// Tells the service manager that the daemon stops: it restores the disks first.
-pub fn stopping() {
+pub(crate) fn stopping() {
     send(&[NotifyState::Stopping]);
 }
 
@@ -44,7 +44,7 @@ fn send(states: &[NotifyState]) {
 /// inode of the stream it connected, and a child whose stderr was redirected inherits the
 /// variable, so the numbers are compared rather than trusted.
 #[must_use]
-pub fn stderr_is_journal() -> bool {
+pub(crate) fn stderr_is_journal() -> bool {
     let Some(value) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
     };
@@ -59,7 +59,7 @@ pub fn stderr_is_journal() -> bool {
 
 /// The syslog priority of a log level, as the `<N>` prefix journald reads on a stream.
 #[must_use]
-pub fn syslog_priority(level: Level) -> u8 {
+pub(crate) fn syslog_priority(level: Level) -> u8 {
     match level {
         Level::Error => 3,
         Level::Warn => 4,
@@ -72,7 +72,7 @@ pub fn syslog_priority(level: Level) -> u8 {
 /// is the journal (which adds its own time stamps), else with time and level, as `env_logger`
 /// writes them. Either way a record is one line: its message is written with
 /// [`write_escaped`], since it may hold what clients chose (a path, a thread's name).
-pub fn init_logging() {
+pub(crate) fn init_logging() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     if stderr_is_journal() {
@@ -111,7 +111,10 @@ fn needs_escape(c: char) -> bool {
 /// it (`\n`, `\u{1b}`), so that no file name or thread name a client chose can forge a log
 /// line. A backslash is left as it is: a name holding `\n` as two characters reads like an
 /// escaped newline, but it starts no line.
-pub fn write_escaped(out: &mut impl Write, args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+pub(crate) fn write_escaped(
+    out: &mut impl Write,
+    args: std::fmt::Arguments<'_>,
+) -> std::io::Result<()> {
     struct Escaping<'a, W> {
         out: &'a mut W,
         error: Option<std::io::Error>,

@@ -30,9 +30,9 @@ pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
 /// The streams and their owners' start-up allowances, as the policing of raises sees them
 /// at `now_ns`.
 pub(super) struct RaiseBounds<'a> {
-    pub streams: &'a StreamTable,
-    pub burst: &'a mut BurstAllowance,
-    pub now_ns: u64,
+    pub(crate) streams: &'a StreamTable,
+    pub(crate) burst: &'a mut BurstAllowance,
+    pub(crate) now_ns: u64,
 }
 
 impl StreamBounds for RaiseBounds<'_> {
@@ -189,7 +189,7 @@ pub(super) fn fill_from_allowance(
 impl Controller {
     /// `peer_uid`'s thread `tid` is about to read stream `stream`: raised now, as a miss would
     /// raise it (the same checks: the thread must be the peer's user's).
-    pub fn reader_starts(
+    pub(crate) fn reader_starts(
         &mut self,
         peer_uid: u32,
         stream: u64,
@@ -226,7 +226,14 @@ impl Controller {
     }
 
     /// The application's explicit playout point; `at_ns` is when the application was there.
-    pub fn position(&mut self, peer_uid: u32, id: u64, offset: u64, at_ns: u64, now_ns: u64) {
+    pub(crate) fn position(
+        &mut self,
+        peer_uid: u32,
+        id: u64,
+        offset: u64,
+        at_ns: u64,
+        now_ns: u64,
+    ) {
         let Some(stream) = self.streams.get_mut(id) else {
             return;
         };
@@ -246,7 +253,7 @@ impl Controller {
 
     /// A task read, faulted on or missed pages of an attached file, or queued or completed a
     /// request on it.
-    pub fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
+    pub(crate) fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
         let reader = &event.reader;
         if self.departed.before_leaving(reader.tgid, event.at_ns) {
             return;
@@ -341,7 +348,7 @@ impl Controller {
     }
 
     /// A raised thread made a task, which started with its raise.
-    pub fn on_fork(&mut self, fork: &Fork) {
+    pub(crate) fn on_fork(&mut self, fork: &Fork) {
         let now_ns = abiss_os::clock::monotonic_ns();
         // What an over-bound drop leaves owed counts before the next raise is decided.
         let burst = &self.burst;
@@ -351,7 +358,7 @@ impl Controller {
     }
 
     /// A load finished.
-    pub fn loaded(&mut self, done: LoadDone) {
+    pub(crate) fn loaded(&mut self, done: LoadDone) {
         log::debug!(
             "stream {}: {:?} {:?}",
             done.stream,

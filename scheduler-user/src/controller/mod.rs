@@ -39,7 +39,7 @@ use access::RaiseBounds;
 
 /// The main loop's state.
 #[derive(Debug)]
-pub struct Controller {
+pub(crate) struct Controller {
     tracer: BlockTracer,
     streams: StreamTable,
     prefetch: PrefetchEngine,
@@ -59,7 +59,7 @@ pub struct Controller {
 impl Controller {
     /// A controller over loaded programs and taken disks.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         tracer: BlockTracer,
         prefetch: PrefetchEngine,
         disks: Disks,
@@ -82,12 +82,12 @@ impl Controller {
     }
 
     /// The managed disks, for a reload of their admission settings.
-    pub fn disks(&mut self) -> &mut Disks {
+    pub(crate) fn disks(&mut self) -> &mut Disks {
         &mut self.disks
     }
 
     /// The loaded programs and their maps.
-    pub fn tracer(&mut self) -> &mut BlockTracer {
+    pub(crate) fn tracer(&mut self) -> &mut BlockTracer {
         &mut self.tracer
     }
 
@@ -125,7 +125,7 @@ impl Controller {
     }
 
     /// Attaches the file behind `fd` for `peer_uid`.
-    pub fn attach(
+    pub(crate) fn attach(
         &mut self,
         peer_uid: u32,
         connection: u64,
@@ -381,7 +381,7 @@ impl Controller {
     }
 
     /// Detaches a stream on behalf of `peer_uid` (its owner, or root).
-    pub fn detach(&mut self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+    pub(crate) fn detach(&mut self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
         let id = self.owned_stream(peer_uid, target)?;
         self.end_stream(id);
         Ok(id)
@@ -389,7 +389,7 @@ impl Controller {
 
     /// Gives a stream of `peer_uid` (or any, for root) rate `rate` from `now_ns`, if its disk
     /// admits the stream at that rate next to the others; refused, nothing changes.
-    pub fn set_rate(
+    pub(crate) fn set_rate(
         &mut self,
         peer_uid: u32,
         target: &StreamTarget,
@@ -461,7 +461,7 @@ impl Controller {
 
     /// The streams `peer_uid` may see.
     #[must_use]
-    pub fn list(&self, peer_uid: u32) -> Vec<StreamInfo> {
+    pub(crate) fn list(&self, peer_uid: u32) -> Vec<StreamInfo> {
         self.streams
             .iter()
             .filter(|s| peer_uid == 0 || s.owner_uid == peer_uid)
@@ -480,7 +480,7 @@ impl Controller {
     /// The managed devices, the daemon's reader raises, what it can do on this kernel,
     /// and locked memory (with `peer_uid`'s own).
     #[must_use]
-    pub fn status(&self, peer_uid: u32) -> StatusReport {
+    pub(crate) fn status(&self, peer_uid: u32) -> StatusReport {
         StatusReport {
             devices: self.disks.status(&self.streams),
             raises: self.raises.report(),
@@ -497,12 +497,12 @@ impl Controller {
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.
-    pub fn plan(&mut self, request: &AdmitRequest) -> Result<AdmissionReport, Refusal> {
+    pub(crate) fn plan(&mut self, request: &AdmitRequest) -> Result<AdmissionReport, Refusal> {
         self.disks.plan(request, &self.streams)
     }
 
     /// A connection closed: its non-persistent streams end with it.
-    pub fn connection_closed(&mut self, connection: u64) {
+    pub(crate) fn connection_closed(&mut self, connection: u64) {
         let ending: Vec<u64> = self
             .streams
             .iter()
@@ -518,7 +518,7 @@ impl Controller {
     /// is due to be put back; `None` while neither can happen (then only a reader moving on
     /// can change anything).
     #[must_use]
-    pub fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
         let loads = self
             .streams
             .iter()
@@ -547,7 +547,7 @@ impl Controller {
 
     /// Time passed: credit accrued for every stream, idle raises put back, automatic
     /// buffers sized again (once a second).
-    pub fn tick(&mut self, now_ns: u64) {
+    pub(crate) fn tick(&mut self, now_ns: u64) {
         if self.refresh_tails(now_ns) {
             self.grow_auto_buffers(now_ns);
         }
@@ -576,7 +576,7 @@ impl Controller {
     }
 
     /// Ends every stream and gives the devices back.
-    pub fn shutdown(mut self) {
+    pub(crate) fn shutdown(mut self) {
         let ids: Vec<u64> = self.streams.iter().map(|s| s.id).collect();
         for id in ids {
             self.end_stream(id);

@@ -33,14 +33,14 @@ use abiss_proto::{DeviceNumber, IoClass, LatencyGroup, Log2Histogram};
 use crate::policy::buffer_sizing::MIN_TAIL_SAMPLES;
 
 /// Seconds of history the tail is taken over, at least.
-pub const WINDOW_SECONDS: usize = 10;
+pub(crate) const WINDOW_SECONDS: usize = 10;
 
 /// Seconds of history kept, for classes whose requests are too few to measure in
 /// [`WINDOW_SECONDS`].
-pub const MAX_WINDOW_SECONDS: usize = 60;
+pub(crate) const MAX_WINDOW_SECONDS: usize = 60;
 
 /// How often the histograms are looked at.
-pub const UPDATE_NS: u64 = 1_000_000_000;
+pub(crate) const UPDATE_NS: u64 = 1_000_000_000;
 
 /// One disk's and class's (queue, service) histograms.
 type Pair = (Log2Histogram, Log2Histogram);
@@ -60,7 +60,7 @@ fn served_as(class: IoClass) -> Option<IoClass> {
 
 /// The recent latency of every disk, per class.
 #[derive(Debug, Default)]
-pub struct LatencyTails {
+pub(crate) struct LatencyTails {
     cumulative: BTreeMap<Key, Pair>,
     recent: BTreeMap<Key, VecDeque<Pair>>,
     updated_ns: Option<u64>,
@@ -69,14 +69,14 @@ pub struct LatencyTails {
 impl LatencyTails {
     /// Whether it is time to look at the histograms again.
     #[must_use]
-    pub fn due(&self, now_ns: u64) -> bool {
+    pub(crate) fn due(&self, now_ns: u64) -> bool {
         self.updated_ns
             .is_none_or(|at| now_ns.saturating_sub(at) >= UPDATE_NS)
     }
 
     /// Nanoseconds from `now_ns` until it is time to look at the histograms again.
     #[must_use]
-    pub fn ns_until_due(&self, now_ns: u64) -> u64 {
+    pub(crate) fn ns_until_due(&self, now_ns: u64) -> u64 {
         self.updated_ns
             .map_or(0, |at| at.saturating_add(UPDATE_NS).saturating_sub(now_ns))
     }
@@ -85,7 +85,7 @@ impl LatencyTails {
     /// at only while automatic streams run, so after a longer pause the window is emptied
     /// first: its seconds are not the last ones, and what the disk did since the last look
     /// comes as one step.
-    pub fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
+    pub(crate) fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
         let window_ns = UPDATE_NS.saturating_mul(WINDOW_SECONDS as u64);
         if self
             .updated_ns
@@ -123,7 +123,7 @@ impl LatencyTails {
     /// window (as long as it takes to hold [`MIN_TAIL_SAMPLES`]), in ns; `None` while fewer
     /// completed in all the history kept.
     #[must_use]
-    pub fn tail_ns(&self, device: DeviceNumber, class: IoClass) -> Option<u64> {
+    pub(crate) fn tail_ns(&self, device: DeviceNumber, class: IoClass) -> Option<u64> {
         let recent = self.recent.get(&(device, served_as(class)?))?;
         let mut queue = Log2Histogram::default();
         let mut service = Log2Histogram::default();
@@ -145,7 +145,7 @@ impl LatencyTails {
     /// window (as long as it takes to hold [`MIN_TAIL_SAMPLES`]), in ns: what a class that has
     /// not shown its own latency is estimated by (see the module); `None` while fewer completed.
     #[must_use]
-    pub fn estimate_ns(&self, device: DeviceNumber) -> Option<u64> {
+    pub(crate) fn estimate_ns(&self, device: DeviceNumber) -> Option<u64> {
         let classes: Vec<&VecDeque<Pair>> = self
             .recent
             .iter()

@@ -28,24 +28,24 @@ use crate::stream::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
 /// How the daemon admits streams, for every managed disk.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdmissionSettings {
+pub(crate) struct AdmissionSettings {
     /// The mode with a device model.
-    pub mode: AdmissionMode,
+    pub(crate) mode: AdmissionMode,
     /// Allowed miss probability per window (statistical mode), in (0, 1).
-    pub p_req: f64,
+    pub(crate) p_req: f64,
     /// Share of the device real-time streams may use, percent (1 to 95).
-    pub share_percent: u32,
+    pub(crate) share_percent: u32,
     /// Capacity assumed without a model, B/s.
-    pub capacity_bps: u64,
+    pub(crate) capacity_bps: u64,
     /// Where device settings to restore after a crash are kept.
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// Where device models are found.
-    pub model_dir: PathBuf,
+    pub(crate) model_dir: PathBuf,
 }
 
 /// Why the disks could not be taken at start.
 #[derive(Debug, thiserror::Error)]
-pub enum TakeError {
+pub(crate) enum TakeError {
     /// A device could not be managed.
     #[error(transparent)]
     Device(#[from] DeviceError),
@@ -56,21 +56,24 @@ pub enum TakeError {
 
 /// A managed disk with its admission control.
 #[derive(Debug)]
-pub struct ManagedDisk {
+pub(crate) struct ManagedDisk {
     /// The device settings abissd holds (restored on drop).
-    pub device: ManagedDevice,
+    pub(crate) device: ManagedDevice,
     /// Its identity, under which its model is saved.
-    pub identity: DeviceIdentity,
+    pub(crate) identity: DeviceIdentity,
     /// Admission by the configured capacity, until the disk has a model.
-    pub share: ShareAdmission,
+    pub(crate) share: ShareAdmission,
     /// Admission by the disk's model, once it has one.
-    pub model: Option<AdmissionControl>,
+    pub(crate) model: Option<AdmissionControl>,
 }
 
 impl ManagedDisk {
     /// A disk with its model loaded from the state directory, if it has one. A model file
     /// that is corrupt or describes another device is an error, never ignored.
-    pub fn new(device: ManagedDevice, settings: &AdmissionSettings) -> Result<Self, ModelError> {
+    pub(crate) fn new(
+        device: ManagedDevice,
+        settings: &AdmissionSettings,
+    ) -> Result<Self, ModelError> {
         let identity = DeviceIdentity::of(device.disk().number)?;
         let share = ShareAdmission {
             device: device.disk().name.clone(),
@@ -128,16 +131,16 @@ fn demands_on(streams: &StreamTable, disk: DeviceNumber, except: Option<u64>) ->
 
 /// Every managed disk, by device number, and the settings they are admitted by.
 #[derive(Debug)]
-pub struct Disks {
+pub(crate) struct Disks {
     settings: AdmissionSettings,
     disks: BTreeMap<DeviceNumber, ManagedDisk>,
 }
 
 impl Disks {
     /// Takes every disk of `specs`, after restoring what a crashed daemon left changed.
-    pub fn take(
+    pub(crate) fn take(
         specs: &[String],
-        config: &DeviceConfig,
+        config: DeviceConfig,
         settings: AdmissionSettings,
     ) -> Result<Self, TakeError> {
         for outcome in device::recover(&settings.state_dir)? {
@@ -150,7 +153,7 @@ impl Disks {
         }
         let mut disks = BTreeMap::new();
         for spec in specs {
-            let device = ManagedDevice::take(spec, config, &settings.state_dir)?;
+            let device = ManagedDevice::take(spec, &config, &settings.state_dir)?;
             let managed = ManagedDisk::new(device, &settings)?;
             info!(
                 "managing {} with {} at dispatch depth {}",
@@ -166,7 +169,7 @@ impl Disks {
     /// Admits by `settings` from now on (a reload): each disk's share and its model are taken
     /// up again, so a model saved or replaced since is used. Streams already admitted keep
     /// running; a disk whose model no longer loads keeps admitting by its share, and says why.
-    pub fn reconfigure(&mut self, settings: AdmissionSettings) {
+    pub(crate) fn reconfigure(&mut self, settings: AdmissionSettings) {
         for managed in self.disks.values_mut() {
             managed.share.capacity_bps = settings.capacity_bps;
             managed.share.share_percent = settings.share_percent;
@@ -181,15 +184,13 @@ impl Disks {
         self.settings = settings;
     }
 
-    /// The settings streams are admitted by.
-    #[must_use]
-    pub fn settings(&self) -> &AdmissionSettings {
-        &self.settings
-    }
-
     /// The managed disk a file on `file_device` lives on, with any model saved since the
     /// daemon started taken up (a broken one refuses).
-    pub fn serving(&mut self, file_device: DeviceNumber, path: &str) -> Result<Disk, Refusal> {
+    pub(crate) fn serving(
+        &mut self,
+        file_device: DeviceNumber,
+        path: &str,
+    ) -> Result<Disk, Refusal> {
         let unmanaged = |disk: String| {
             Refusal::UnknownDevice(format!(
                 "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
@@ -209,7 +210,7 @@ impl Disks {
     /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream
     /// `replacing`, which the request would replace): by its model, or by the configured
     /// capacity until it has one.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         disk: DeviceNumber,
         request: &AttachRequest,
@@ -246,7 +247,7 @@ impl Disks {
     /// Whether `disk`'s model admits `demand` next to `existing`: `None` when the disk has no
     /// model yet or admission is off, where a stream's buffer changes nothing.
     #[must_use]
-    pub fn model_admits(
+    pub(crate) fn model_admits(
         &self,
         disk: DeviceNumber,
         existing: &[StreamDemand],
@@ -260,7 +261,7 @@ impl Disks {
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.
-    pub fn plan(
+    pub(crate) fn plan(
         &mut self,
         request: &AdmitRequest,
         streams: &StreamTable,
@@ -329,7 +330,7 @@ impl Disks {
 
     /// The managed devices as `abissctl status` shows them.
     #[must_use]
-    pub fn status(&self, streams: &StreamTable) -> Vec<DeviceStatus> {
+    pub(crate) fn status(&self, streams: &StreamTable) -> Vec<DeviceStatus> {
         self.disks
             .values()
             .map(|managed| self.disk_status(managed, streams))
@@ -378,12 +379,12 @@ impl Disks {
 
     /// The managed disks' device numbers.
     #[must_use]
-    pub fn numbers(&self) -> Vec<DeviceNumber> {
+    pub(crate) fn numbers(&self) -> Vec<DeviceNumber> {
         self.disks.keys().copied().collect()
     }
 
     /// Gives every disk its original settings back.
-    pub fn restore(self) {
+    pub(crate) fn restore(self) {
         for (_, managed) in self.disks {
             if let Err(error) = managed.device.restore() {
                 warn!("{error}");

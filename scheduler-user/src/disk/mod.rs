@@ -3,5 +3,5 @@
 //! shows ([`latency_tail`]), from which automatic buffers are sized.
 
 pub mod device;
-pub mod latency_tail;
-pub mod managed;
+pub(crate) mod latency_tail;
+pub(crate) mod managed;

@@ -15,20 +15,20 @@ use scheduler_common::{
 
 /// The task behind an access, as the kernel saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reader {
+pub(crate) struct Reader {
     /// Process id.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// Thread id: the one whose I/O priority an raise changes.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Real user id.
-    pub uid: u32,
+    pub(crate) uid: u32,
     /// Command name.
-    pub command: String,
+    pub(crate) command: String,
 }
 
 /// What a task did to an attached file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// A read(2)-family call asked the page cache for these bytes.
     Read(Range<u64>),
     /// A fault on a mapping of the file, at these bytes.
@@ -52,55 +52,55 @@ pub enum Access {
 
 /// One access of a task to a stream's file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StreamAccess {
+pub(crate) struct StreamAccess {
     /// The stream whose file it is.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
-    pub at_ns: u64,
+    pub(crate) at_ns: u64,
     /// Who.
-    pub reader: Reader,
+    pub(crate) reader: Reader,
     /// What.
-    pub access: Access,
+    pub(crate) access: Access,
 }
 
 /// The raise a task made by a raised thread started with, as the fork program passed it on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct InheritedRaise {
+pub(crate) struct InheritedRaise {
     /// The thread abissd raised, whose raise it is.
-    pub root: u32,
+    pub(crate) root: u32,
     /// The tag of the file the raise is for (shared by the file's streams).
-    pub file_tag: u64,
+    pub(crate) file_tag: u64,
     /// That thread's priority before the raise (encoded): what the task is put back to.
-    pub previous: u16,
+    pub(crate) previous: u16,
     /// The priority abissd set (encoded): the task still has it if nobody changed it since.
-    pub applied: u16,
+    pub(crate) applied: u16,
     /// Made with `CLONE_IO`: it shares its parent's I/O context, so it cannot be put back
     /// alone; it goes back with its parent.
-    pub shares_io_context: bool,
+    pub(crate) shares_io_context: bool,
     /// Made past the bound on such tasks per raise
     /// (`scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE`): not noted in the map, and the
     /// raise is to be dropped.
-    pub over_bound: bool,
+    pub(crate) over_bound: bool,
 }
 
 /// A task made by a thread whose forks are followed (one the daemon raised, or a task such a
 /// thread made).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fork {
+pub(crate) struct Fork {
     /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
-    pub at_ns: u64,
+    pub(crate) at_ns: u64,
     /// Thread id of the task that made it.
-    pub parent: u32,
+    pub(crate) parent: u32,
     /// Thread id of the new task.
-    pub child: u32,
+    pub(crate) child: u32,
     /// The raise it started with.
-    pub raise: InheritedRaise,
+    pub(crate) raise: InheritedRaise,
 }
 
 /// A `RAISED` entry the fork program wrote (for a task made by a followed thread); `None`
 /// for the daemon's own entries.
 #[must_use]
-pub fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
+pub(crate) fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
     (entry.flags & raised_flags::INHERITED != 0).then_some(InheritedRaise {
         root: entry.root,
         file_tag: entry.stream,
@@ -113,7 +113,7 @@ pub fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
 
 /// Decodes one FORKS record; `None` for a short one, or one that is not an inherited raise.
 #[must_use]
-pub fn decode_fork(bytes: &[u8]) -> Option<Fork> {
+pub(crate) fn decode_fork(bytes: &[u8]) -> Option<Fork> {
     let event: ForkEvent = read_record(bytes)?;
     Some(Fork {
         at_ns: event.ts_ns,
@@ -125,7 +125,7 @@ pub fn decode_fork(bytes: &[u8]) -> Option<Fork> {
 
 /// A kernel command name (`TASK_COMM_LEN` bytes, NUL-padded) as text.
 #[must_use]
-pub fn command_name(comm: &[u8; COMM_LEN]) -> String {
+pub(crate) fn command_name(comm: &[u8; COMM_LEN]) -> String {
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     String::from_utf8_lossy(&comm[..len]).into_owned()
 }
@@ -143,7 +143,7 @@ fn read_record<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 
 /// Decodes one EVENTS record into its protocol form.
 #[must_use]
-pub fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
+pub(crate) fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
     let event: RequestEvent = read_record(bytes)?;
     let request = event.request;
     let origin = event.origin;
@@ -173,7 +173,7 @@ pub fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
 /// Decodes one PLAYOUT record; `None` for a short record or a kind this daemon does not know
 /// (from a newer eBPF object, which the build never pairs with it).
 #[must_use]
-pub fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
+pub(crate) fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
     let event: PlayoutEvent = read_record(bytes)?;
     let pages = || {
         event.first_page.saturating_mul(PAGE_BYTES)

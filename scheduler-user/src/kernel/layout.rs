@@ -14,11 +14,11 @@ use scheduler_common::KernelLayout;
 use crate::kernel::capabilities::Feature;
 
 /// Where the kernel publishes its own BTF.
-pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Failures to resolve the kernel layout.
 #[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
+pub(crate) enum LayoutError {
     /// The BTF file does not exist: the kernel was built without BTF.
     #[error("this kernel has no BTF ({path} is missing); abissd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
     NoBtf {
@@ -44,16 +44,16 @@ pub enum LayoutError {
 /// What the running kernel offers the programs: the struct offsets they read, and the
 /// optional parts whose hooks or fields it lacks (with the reason, for the log and `status`).
 #[derive(Debug)]
-pub struct KernelSupport {
+pub(crate) struct KernelSupport {
     /// The offsets, written into the programs' read-only data.
-    pub layout: KernelLayout,
+    pub(crate) layout: KernelLayout,
     /// Optional parts this kernel cannot run, and why.
-    pub missing: Vec<(Feature, String)>,
+    pub(crate) missing: Vec<(Feature, String)>,
 }
 
 /// Reads the offsets the programs need from the BTF at `path`, and which optional parts the
 /// kernel lacks. A field of the required block programs that is missing is an error.
-pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
+pub(crate) fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
     if !path.exists() {
         return Err(LayoutError::NoBtf {
             path: path.to_path_buf(),
@@ -224,7 +224,7 @@ impl FieldFinder<'_> {
 /// The address of kernel function `name`, from `/proc/kallsyms` (none when the file hides
 /// addresses or lacks the symbol).
 #[must_use]
-pub fn kernel_symbol(name: &str) -> Option<u64> {
+pub(crate) fn kernel_symbol(name: &str) -> Option<u64> {
     let symbols = std::fs::read_to_string("/proc/kallsyms").ok()?;
     symbol_in(&symbols, name)
 }
@@ -250,7 +250,7 @@ fn symbol_in(kallsyms: &str, name: &str) -> Option<u64> {
 
 /// The running kernel's release (`uname -r`).
 #[must_use]
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default()

@@ -4,10 +4,10 @@
 //! ([`ring_pump`]) and decoded once into typed events ([`events`]), and what it all costs
 //! ([`stats`]).
 
-pub mod capabilities;
-pub mod events;
-pub mod layout;
-pub mod preflight;
-pub mod ring_pump;
-pub mod stats;
-pub mod tracer;
+pub(crate) mod capabilities;
+pub(crate) mod events;
+pub(crate) mod layout;
+pub(crate) mod preflight;
+pub(crate) mod ring_pump;
+pub(crate) mod stats;
+pub(crate) mod tracer;

@@ -8,13 +8,13 @@ const CAP_BPF: u32 = 39;
 
 /// Whether the effective capability set `cap_eff` allows loading and attaching tracing programs.
 #[must_use]
-pub fn can_trace(cap_eff: u64) -> bool {
+pub(crate) fn can_trace(cap_eff: u64) -> bool {
     let has = |cap: u32| cap_eff & (1 << cap) != 0;
     has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON))
 }
 
 /// This process's effective capability set, from `/proc/self/status`.
-pub fn effective_capabilities() -> std::io::Result<u64> {
+pub(crate) fn effective_capabilities() -> std::io::Result<u64> {
     let status = procfs::process::Process::myself()
         .and_then(|me| me.status())
         .map_err(std::io::Error::other)?;

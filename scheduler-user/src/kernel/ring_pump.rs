@@ -21,12 +21,12 @@ use crate::kernel::events::{decode_access, decode_request, StreamAccess};
 /// took abissd from 27 MB to 906 MB in 10 s of two threads reading one byte, and root's
 /// `status` waited 4.6 s behind it. Beyond this many, events are dropped as when the ring
 /// itself is full (each is position evidence, and a miss is seen again at the next read).
-pub const ACCESS_QUEUE: usize = 4096;
+pub(crate) const ACCESS_QUEUE: usize = 4096;
 
 /// Tasks made by raised threads waiting for the main loop, at most: a user can fork in a loop.
 /// Beyond this many they are dropped and counted, and the main loop looks for them in the
 /// kernel's table of raised threads, as when the fork ring itself was full.
-pub const FORK_QUEUE: usize = 4096;
+pub(crate) const FORK_QUEUE: usize = 4096;
 
 /// Records a ring buffer's pump hands on before it lets the main loop run: with one thread
 /// for both, a pump that drained a ring someone keeps full never gave the loop a turn.
@@ -34,14 +34,14 @@ const RECORDS_PER_TURN: usize = 64;
 
 /// Accesses dropped for a full queue: counted, and said at most once a minute.
 #[derive(Debug, Default)]
-pub struct DroppedAccesses {
+pub(crate) struct DroppedAccesses {
     count: u64,
     said: Option<std::time::Instant>,
 }
 
 impl DroppedAccesses {
     /// One more dropped.
-    pub fn one_more(&mut self) {
+    pub(crate) fn one_more(&mut self) {
         self.count += 1;
         if self
             .said
@@ -60,7 +60,7 @@ impl DroppedAccesses {
 /// `events`) and of the access ring (`PLAYOUT`: reads and misses of attached files to the main
 /// loop, `accesses`, dropped and counted when its queue is full).
 #[must_use]
-pub fn spawn_request_and_access_pumps(
+pub(crate) fn spawn_request_and_access_pumps(
     request_ring: RingBuf<MapData>,
     access_ring: RingBuf<MapData>,
     events: broadcast::Sender<RequestRecord>,
@@ -84,7 +84,7 @@ pub fn spawn_request_and_access_pumps(
 }
 
 /// Hands every record of a ring buffer to `deliver`.
-pub async fn pump_ring(ring: RingBuf<MapData>, mut deliver: impl FnMut(&[u8])) {
+pub(crate) async fn pump_ring(ring: RingBuf<MapData>, mut deliver: impl FnMut(&[u8])) {
     // SAFETY: the ring buffer owns its map descriptor for as long as the AsyncFd owns the ring.
     let Ok(mut ring) = (unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) })
     else {

@@ -39,7 +39,10 @@ fn rss_bytes() -> u64 {
 }
 
 /// Measures the programs in `ids` over `window`. Waits for the window to pass.
-pub async fn measure(ids: &[(String, u32)], window: Duration) -> std::io::Result<StatsReport> {
+pub(crate) async fn measure(
+    ids: &[(String, u32)],
+    window: Duration,
+) -> std::io::Result<StatsReport> {
     let stats_on = enable_stats(Stats::RunTime).map_err(std::io::Error::other)?;
     let started = Instant::now();
     let cpu_before = cpu_time();

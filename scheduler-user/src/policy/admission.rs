@@ -33,13 +33,13 @@ use abiss_proto::AdmissionMode;
 use super::load_bytes;
 
 /// The service window admission looks at (TRAC's `T_svr`, one second there too), ms.
-pub const SERVICE_WINDOW_MS: u64 = 1000;
+pub(crate) const SERVICE_WINDOW_MS: u64 = 1000;
 /// The same in seconds.
-pub const SERVICE_WINDOW_S: f64 = 1.0;
+pub(crate) const SERVICE_WINDOW_S: f64 = 1.0;
 
 /// A VBR stream's peak rate for the deterministic worst case: its mean plus this many standard
 /// deviations.
-pub const PEAK_STDEVS: f64 = 3.0;
+pub(crate) const PEAK_STDEVS: f64 = 3.0;
 
 /// Most streams capacity planning considers (`count`, and how far `n_max` searches): far
 /// more real-time streams than any disk serves, and small enough that a plan costs
@@ -47,29 +47,29 @@ pub const PEAK_STDEVS: f64 = 3.0;
 /// of 1 B/s on a disk with a model, statistical mode) took 36 ms in a debug build on a 2-core
 /// machine, under the 50 ms at which it would have to move off the loop. The server asks for
 /// one plan at a time (`server::limits::PLANS_AT_ONCE`).
-pub const MAX_PLANNED_STREAMS: u32 = 10_000;
+pub(crate) const MAX_PLANNED_STREAMS: u32 = 10_000;
 
 /// What one stream asks of the device.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct StreamDemand {
+pub(crate) struct StreamDemand {
     /// Mean rate, B/s.
-    pub rate_bps: u64,
+    pub(crate) rate_bps: u64,
     /// Standard deviation of the rate over a window, B/s (0 for a constant rate).
-    pub rate_stdev_bps: u64,
+    pub(crate) rate_stdev_bps: u64,
     /// Bytes per load: one access each.
-    pub load_bytes: u64,
+    pub(crate) load_bytes: u64,
     /// Bytes the stream holds ahead of its reader when it asks for a load (its playout buffer
     /// less a load): how far the disk may fall behind before a read waits.
-    pub ahead_bytes: u64,
+    pub(crate) ahead_bytes: u64,
     /// A recording stream (written) rather than playback.
-    pub write: bool,
+    pub(crate) write: bool,
 }
 
 impl StreamDemand {
     /// A playback stream with a playout buffer of `buffer_bytes` and batches of `batch_bytes`:
     /// one disk access per load, whose size is the playout buffer's own rule.
     #[must_use]
-    pub fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
+    pub(crate) fn playback(rate_bps: u64, buffer_bytes: u64, batch_bytes: u64) -> Self {
         let load_bytes = load_bytes(buffer_bytes, batch_bytes);
         Self {
             rate_bps,
@@ -93,67 +93,67 @@ struct ModelMoments {
 /// Why a stream was refused, with the figures.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("a stream of {requested_bps} B/s does not fit on {device} ({mode} admission, {model_source}): with it the {streams} streams would need {needed_ms:.0} ms of every {window_ms} ms window where {budget_ms:.0} ms ({share_percent}%) are for real time, a predicted miss probability of {miss_probability_percent:.3}% where {p_req_percent}% is allowed; at most {available_bps} B/s more fits; ask for less, or detach another stream")]
-pub struct ModelRefusal {
+pub(crate) struct ModelRefusal {
     /// The device's name.
-    pub device: String,
+    pub(crate) device: String,
     /// The mode.
-    pub mode: AdmissionMode,
+    pub(crate) mode: AdmissionMode,
     /// Where the model comes from.
-    pub model_source: String,
+    pub(crate) model_source: String,
     /// The rate asked for, B/s.
-    pub requested_bps: u64,
+    pub(crate) requested_bps: u64,
     /// The highest rate that would still fit, B/s.
-    pub available_bps: u64,
+    pub(crate) available_bps: u64,
     /// Streams with the new one.
-    pub streams: usize,
+    pub(crate) streams: usize,
     /// Work per window with the new stream (mean for statistical, worst case for
     /// deterministic), ms.
-    pub needed_ms: f64,
+    pub(crate) needed_ms: f64,
     /// Window, ms.
-    pub window_ms: u64,
+    pub(crate) window_ms: u64,
     /// Real-time part of the window, ms.
-    pub budget_ms: f64,
+    pub(crate) budget_ms: f64,
     /// Share, percent.
-    pub share_percent: u32,
+    pub(crate) share_percent: u32,
     /// Predicted miss probability with the new stream, percent.
-    pub miss_probability_percent: f64,
+    pub(crate) miss_probability_percent: f64,
     /// The allowed miss probability, percent.
-    pub p_req_percent: f64,
+    pub(crate) p_req_percent: f64,
 }
 
 /// What admission predicts for a set of streams.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Prediction {
+pub(crate) struct Prediction {
     /// Mean work per window, s.
-    pub mean_work_s: f64,
+    pub(crate) mean_work_s: f64,
     /// Its standard deviation, s.
-    pub stdev_work_s: f64,
+    pub(crate) stdev_work_s: f64,
     /// Worst-case work per window, s.
-    pub worst_work_s: f64,
+    pub(crate) worst_work_s: f64,
     /// TRAC's overcommit probability: that a window's work exceeds the real-time budget.
-    pub window_overrun_probability: f64,
+    pub(crate) window_overrun_probability: f64,
     /// The slack of the least buffered stream, s.
-    pub slack_s: f64,
+    pub(crate) slack_s: f64,
     /// Probability that the real-time backlog outgrows that slack, so a read waits: what
     /// statistical admission holds to `p_req`.
-    pub miss_probability: f64,
+    pub(crate) miss_probability: f64,
 }
 
 /// Model-based admission of one device.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AdmissionControl {
+pub(crate) struct AdmissionControl {
     /// The device's name, for messages.
-    pub device: String,
+    pub(crate) device: String,
     /// The device model.
-    pub model: DeviceModel,
+    pub(crate) model: DeviceModel,
     /// Where the model comes from, for messages and `status`.
-    pub source: String,
+    pub(crate) source: String,
     /// The mode.
-    pub mode: AdmissionMode,
+    pub(crate) mode: AdmissionMode,
     /// Allowed miss probability per window, in (0, 1).
-    pub p_req: f64,
+    pub(crate) p_req: f64,
     /// Share of each window real-time streams may use, percent (1 to 95).
-    pub share_percent: u32,
+    pub(crate) share_percent: u32,
 }
 
 #[expect(clippy::cast_precision_loss, reason = "rates and sizes far below 2^52")]
@@ -164,7 +164,7 @@ fn as_f64(value: u64) -> f64 {
 impl AdmissionControl {
     /// The real-time part of a window, s.
     #[must_use]
-    pub fn budget_s(&self) -> f64 {
+    pub(crate) fn budget_s(&self) -> f64 {
         SERVICE_WINDOW_S * f64::from(self.share_percent.clamp(1, 95)) / 100.0
     }
 
@@ -209,7 +209,7 @@ impl AdmissionControl {
     /// loads of the busiest stream (the stream count for equal streams; a slow stream counts
     /// for less). With more work it never falls, so admission stays monotone.
     #[must_use]
-    pub fn predict(&self, streams: &[StreamDemand]) -> Prediction {
+    pub(crate) fn predict(&self, streams: &[StreamDemand]) -> Prediction {
         let worst_access = self.model.worst_access_s();
         let slowest = self.model.min_read_bps();
         let loads_of = |demand: &StreamDemand| {
@@ -288,7 +288,7 @@ impl AdmissionControl {
 
     /// Whether `streams` fit in `mode`.
     #[must_use]
-    pub fn fits(&self, mode: AdmissionMode, streams: &[StreamDemand]) -> bool {
+    pub(crate) fn fits(&self, mode: AdmissionMode, streams: &[StreamDemand]) -> bool {
         let sum: u128 = streams.iter().map(|s| u128::from(s.rate_bps)).sum();
         // Never more than the device can move at all, whatever the approximation says.
         #[expect(clippy::cast_precision_loss, reason = "a comparison of rates")]
@@ -308,7 +308,7 @@ impl AdmissionControl {
 
     /// How many more streams like `demand` fit next to `existing` (`None` with admission off).
     #[must_use]
-    pub fn n_max(
+    pub(crate) fn n_max(
         &self,
         mode: AdmissionMode,
         existing: &[StreamDemand],
@@ -346,7 +346,7 @@ impl AdmissionControl {
 
     /// The highest rate one more stream shaped like `demand` could be admitted at.
     #[must_use]
-    pub fn available_bps(&self, existing: &[StreamDemand], demand: &StreamDemand) -> u64 {
+    pub(crate) fn available_bps(&self, existing: &[StreamDemand], demand: &StreamDemand) -> u64 {
         let fits = |rate: u64| {
             let mut all = existing.to_vec();
             all.push(StreamDemand {
@@ -380,7 +380,7 @@ impl AdmissionControl {
     }
 
     /// Whether `demand` may join `existing`.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         existing: &[StreamDemand],
         demand: &StreamDemand,
@@ -425,7 +425,7 @@ impl AdmissionControl {
 
 /// The standard normal distribution's upper tail, `P(Z > z)`.
 #[must_use]
-pub fn normal_upper_tail(z: f64) -> f64 {
+pub(crate) fn normal_upper_tail(z: f64) -> f64 {
     if z.is_nan() {
         return f64::NAN;
     }

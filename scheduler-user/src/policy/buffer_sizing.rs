@@ -25,20 +25,25 @@ use super::{page_ceil, page_floor};
 /// The tail assumed for a disk with too few requests measured yet in the stream's class and
 /// in all (`crate::disk::latency_tail`): a hard disk's seek and rotation behind a few queued
 /// requests.
-pub const DEFAULT_TAIL_NS: u64 = 100_000_000;
+pub(crate) const DEFAULT_TAIL_NS: u64 = 100_000_000;
 
 /// Requests a disk must have completed in the window before its tail in a class is believed,
 /// and before its requests of every class estimate a class not seen yet.
-pub const MIN_TAIL_SAMPLES: u64 = 50;
+pub(crate) const MIN_TAIL_SAMPLES: u64 = 50;
 
 /// Grow an automatic buffer only when the new size is this much larger (in percent), so a
 /// tail that wanders a little does not resize it every second.
-pub const GROW_HYSTERESIS_PERCENT: u64 = 10;
+pub(crate) const GROW_HYSTERESIS_PERCENT: u64 = 10;
 
 /// The buffer for a stream of `rate_bps` with `app_bytes` of its own, on a disk whose
 /// latency tail (in the stream's class) is `tail_ns`, loading in batches of `batch_bytes`: whole pages.
 #[must_use]
-pub fn auto_buffer_bytes(app_bytes: u64, rate_bps: u64, tail_ns: u64, batch_bytes: u64) -> u64 {
+pub(crate) fn auto_buffer_bytes(
+    app_bytes: u64,
+    rate_bps: u64,
+    tail_ns: u64,
+    batch_bytes: u64,
+) -> u64 {
     let during_tail = u128::from(rate_bps) * u128::from(tail_ns) / 1_000_000_000;
     let os = u64::try_from(during_tail.saturating_mul(2))
         .unwrap_or(u64::MAX)
@@ -48,14 +53,14 @@ pub fn auto_buffer_bytes(app_bytes: u64, rate_bps: u64, tail_ns: u64, batch_byte
 
 /// Whether a buffer of `now_bytes` should grow to `wanted_bytes`.
 #[must_use]
-pub fn should_grow(now_bytes: u64, wanted_bytes: u64) -> bool {
+pub(crate) fn should_grow(now_bytes: u64, wanted_bytes: u64) -> bool {
     u128::from(wanted_bytes) * 100
         > u128::from(now_bytes) * u128::from(100 + GROW_HYSTERESIS_PERCENT)
 }
 
 /// Halvings of the gap between a buffer that does not fit and one that does: the buffer
 /// found is within 1/256 of that gap of the smallest that fits, in at most as many tries.
-pub const FITTING_SEARCH_HALVINGS: u32 = 8;
+pub(crate) const FITTING_SEARCH_HALVINGS: u32 = 8;
 
 /// The smallest buffer from `from_bytes` up to `cap_bytes` (whole pages) for which `fits`
 /// holds, `None` if not even `cap_bytes` does. `fits` is the disk's admission and the memory
@@ -63,7 +68,7 @@ pub const FITTING_SEARCH_HALVINGS: u32 = 8;
 /// a second, more held ahead). Doubling from `from_bytes` finds one that fits, then
 /// [`FITTING_SEARCH_HALVINGS`] halvings of the gap close in on the smallest: at most about 40
 /// admissions for any sizes, each a few microseconds for the streams one disk holds.
-pub fn smallest_fitting_buffer(
+pub(crate) fn smallest_fitting_buffer(
     from_bytes: u64,
     cap_bytes: u64,
     mut fits: impl FnMut(u64) -> bool,

@@ -22,21 +22,21 @@ const NS: u128 = 1_000_000_000;
 
 /// The sizes of the buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BurstLimits {
+pub(crate) struct BurstLimits {
     /// What one user may start at once, in bytes.
-    pub user_bytes: u64,
+    pub(crate) user_bytes: u64,
     /// How fast a user's allowance comes back, in bytes per second.
-    pub user_rate_bps: u64,
+    pub(crate) user_rate_bps: u64,
     /// What all users but root may start at once together.
-    pub shared_bytes: u64,
+    pub(crate) shared_bytes: u64,
     /// How fast the shared allowance comes back.
-    pub shared_rate_bps: u64,
+    pub(crate) shared_rate_bps: u64,
 }
 
 impl BurstLimits {
     /// The defaults: a user may start a few players with large buffers at once (32 MiB) and
     /// gets 1 MiB/s back; all users together 128 MiB and 4 MiB/s, a small share of a disk.
-    pub const DEFAULT: Self = Self {
+    pub(crate) const DEFAULT: Self = Self {
         user_bytes: 32 << 20,
         user_rate_bps: 1 << 20,
         shared_bytes: 128 << 20,
@@ -95,7 +95,7 @@ impl Bucket {
 
 /// The buckets of every user who started a stream lately.
 #[derive(Clone, Debug)]
-pub struct BurstAllowance {
+pub(crate) struct BurstAllowance {
     limits: BurstLimits,
     shared: Bucket,
     /// Users whose bucket is not full; a full bucket is the same as none, so the map holds
@@ -107,7 +107,7 @@ pub struct BurstAllowance {
 impl BurstAllowance {
     /// Full buckets.
     #[must_use]
-    pub fn new(limits: BurstLimits, now_ns: u64) -> Self {
+    pub(crate) fn new(limits: BurstLimits, now_ns: u64) -> Self {
         Self {
             limits,
             shared: Bucket::full(limits.shared_bytes, now_ns),
@@ -117,7 +117,7 @@ impl BurstAllowance {
 
     /// Grants a new stream of `uid` up to `wanted` bytes of start-up credit, and takes them
     /// from the buckets.
-    pub fn grant(&mut self, uid: u32, wanted: u64, now_ns: u64) -> u64 {
+    pub(crate) fn grant(&mut self, uid: u32, wanted: u64, now_ns: u64) -> u64 {
         if uid == 0 {
             return wanted;
         }
@@ -148,7 +148,7 @@ impl BurstAllowance {
     /// nothing of what the user owes: one user's debt must neither hold back the others nor
     /// empty what their fills, prerolls and refills come from (before, a user who owed 1 GiB
     /// took the shared 128 MiB with it). Root owes nothing.
-    pub fn charge(&mut self, uid: u32, bytes: u64, now_ns: u64) {
+    pub(crate) fn charge(&mut self, uid: u32, bytes: u64, now_ns: u64) {
         if uid == 0 || bytes == 0 {
             return;
         }
@@ -168,7 +168,7 @@ impl BurstAllowance {
 
     /// Bytes user `uid` owes at `now_ns` ([`Self::charge`]).
     #[must_use]
-    pub fn debt(&self, uid: u32, now_ns: u64) -> u64 {
+    pub(crate) fn debt(&self, uid: u32, now_ns: u64) -> u64 {
         self.users.get(&uid).map_or(0, |bucket| {
             let mut bucket = *bucket;
             bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
@@ -178,7 +178,7 @@ impl BurstAllowance {
 
     /// Whether user `uid` still owes for reads it was charged for at `now_ns`.
     #[must_use]
-    pub fn in_debt(&self, uid: u32, now_ns: u64) -> bool {
+    pub(crate) fn in_debt(&self, uid: u32, now_ns: u64) -> bool {
         self.users.get(&uid).is_some_and(|bucket| {
             let mut bucket = *bucket;
             bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
@@ -188,7 +188,8 @@ impl BurstAllowance {
 
     /// Users with a bucket that is not full.
     #[must_use]
-    pub fn users_tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn users_tracked(&self) -> usize {
         self.users.len()
     }
 }

@@ -11,7 +11,7 @@ const NS: i128 = 1_000_000_000;
 /// A token bucket in bytes, exact to the nanosecond (credit is kept in byte-nanoseconds, so
 /// no rounding accumulates however often it is read).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CreditTimer {
+pub(crate) struct CreditTimer {
     rate_bps: u64,
     /// Credit in bytes × 10⁹.
     scaled: i128,
@@ -22,14 +22,20 @@ pub struct CreditTimer {
 impl CreditTimer {
     /// A full timer at `rate_bps` that holds at most `limit_bytes` of credit.
     #[must_use]
-    pub fn new(rate_bps: u64, limit_bytes: u64, now_ns: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(rate_bps: u64, limit_bytes: u64, now_ns: u64) -> Self {
         Self::starting_with(rate_bps, limit_bytes, limit_bytes, now_ns)
     }
 
     /// A timer that starts with `start_bytes` of credit (at most the limit): a stream whose
     /// start-up burst was cut short ([`super::burst`]).
     #[must_use]
-    pub fn starting_with(rate_bps: u64, limit_bytes: u64, start_bytes: u64, now_ns: u64) -> Self {
+    pub(crate) fn starting_with(
+        rate_bps: u64,
+        limit_bytes: u64,
+        start_bytes: u64,
+        now_ns: u64,
+    ) -> Self {
         let limit_scaled = i128::from(limit_bytes) * NS;
         Self {
             rate_bps,
@@ -40,14 +46,14 @@ impl CreditTimer {
     }
 
     /// From `now_ns` on, credit accrues at `rate_bps` (what accrued until then stays).
-    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
         self.accrue(now_ns);
         self.rate_bps = rate_bps;
     }
 
     /// From `now_ns` on, the timer holds at most `limit_bytes` (a buffer that grew): what
     /// accrued until then stays, up to the new limit.
-    pub fn set_limit(&mut self, limit_bytes: u64, now_ns: u64) {
+    pub(crate) fn set_limit(&mut self, limit_bytes: u64, now_ns: u64) {
         self.accrue(now_ns);
         self.limit_scaled = i128::from(limit_bytes) * NS;
         self.scaled = self.scaled.min(self.limit_scaled);
@@ -55,12 +61,12 @@ impl CreditTimer {
 
     /// Adds `bytes` of credit from outside the rate (a seek's refill, paid by the owner's
     /// start-up allowance), up to the limit.
-    pub fn grant(&mut self, bytes: u64) {
+    pub(crate) fn grant(&mut self, bytes: u64) {
         self.scaled = (self.scaled + i128::from(bytes) * NS).min(self.limit_scaled);
     }
 
     /// Adds the credit earned since the last call.
-    pub fn accrue(&mut self, now_ns: u64) {
+    pub(crate) fn accrue(&mut self, now_ns: u64) {
         let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));
         self.last_ns = self.last_ns.max(now_ns);
         self.scaled = (self.scaled + elapsed * i128::from(self.rate_bps)).min(self.limit_scaled);
@@ -68,12 +74,12 @@ impl CreditTimer {
 
     /// Whole bytes of credit now.
     #[must_use]
-    pub fn credit_bytes(&self) -> u64 {
+    pub(crate) fn credit_bytes(&self) -> u64 {
         u64::try_from(self.scaled / NS).unwrap_or(0)
     }
 
     /// Spends `bytes` if the credit covers them.
-    pub fn try_spend(&mut self, bytes: u64) -> bool {
+    pub(crate) fn try_spend(&mut self, bytes: u64) -> bool {
         let cost = i128::from(bytes) * NS;
         if self.scaled >= cost {
             self.scaled -= cost;
@@ -89,7 +95,7 @@ impl CreditTimer {
     /// so that a client polling `list` every 50 ms kept a window from refilling for as long
     /// as it polled.
     #[must_use]
-    pub fn ns_until(&self, bytes: u64, now_ns: u64) -> u64 {
+    pub(crate) fn ns_until(&self, bytes: u64, now_ns: u64) -> u64 {
         let missing = i128::from(bytes) * NS - self.scaled;
         if missing <= 0 || self.rate_bps == 0 {
             return 0;

@@ -13,16 +13,16 @@
 
 /// The locked-memory budgets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LockedMemoryBudget {
+pub(crate) struct LockedMemoryBudget {
     /// Most bytes all streams together may lock.
-    pub total_bytes: u64,
+    pub(crate) total_bytes: u64,
     /// Most bytes the streams of one user other than root may lock.
-    pub per_user_bytes: u64,
+    pub(crate) per_user_bytes: u64,
 }
 
 /// Why a stream's buffer does not fit, with the figures.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MemoryRefusal {
+pub(crate) enum MemoryRefusal {
     /// The machine-wide budget is spent.
     #[error("a stream locking {wanted_bytes} bytes (its buffer, a batch and any preroll) does not fit: {free_bytes} of the {budget_bytes} bytes abissd may lock for all streams are free; ask for a smaller --buffer or --preroll, or detach a stream")]
     Total {
@@ -93,7 +93,7 @@ fn check(
 
 /// What a stream with `buffer_bytes` and batches of `batch_bytes` may lock at most.
 #[must_use]
-pub fn locked_at_most(buffer_bytes: u64, batch_bytes: u64) -> u64 {
+pub(crate) fn locked_at_most(buffer_bytes: u64, batch_bytes: u64) -> u64 {
     buffer_bytes.saturating_add(batch_bytes)
 }
 
@@ -101,7 +101,7 @@ impl LockedMemoryBudget {
     /// The defaults for a machine with `ram_bytes` of memory: a quarter of it for all streams,
     /// and a quarter of that for one user.
     #[must_use]
-    pub fn for_ram(ram_bytes: u64) -> Self {
+    pub(crate) fn for_ram(ram_bytes: u64) -> Self {
         let total_bytes = ram_bytes / 4;
         Self {
             total_bytes,
@@ -111,7 +111,7 @@ impl LockedMemoryBudget {
 
     /// Whether a stream of `uid` that locks up to `wanted_bytes` fits next to streams that
     /// lock up to `locked_total` together and `locked_by_user` for this user.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         uid: u32,
         wanted_bytes: u64,
@@ -138,25 +138,25 @@ impl LockedMemoryBudget {
 
 /// The address-space budgets of read streams' mappings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AddressSpaceBudget {
+pub(crate) struct AddressSpaceBudget {
     /// Most bytes all streams' mappings together may take.
-    pub total_bytes: u64,
+    pub(crate) total_bytes: u64,
     /// Most bytes the mappings of one user other than root may take.
-    pub per_user_bytes: u64,
+    pub(crate) per_user_bytes: u64,
 }
 
 impl AddressSpaceBudget {
     /// Half of a process's 128 TiB (47-bit) address space for all streams, a quarter of that
     /// for one user: room for 256 streams with their 64 GiB to grow each (16 TiB), and for any
     /// user's media files many times over.
-    pub const DEFAULT: Self = Self {
+    pub(crate) const DEFAULT: Self = Self {
         total_bytes: 64 << 40,
         per_user_bytes: 16 << 40,
     };
 
     /// Whether a stream of `uid` that maps `wanted_bytes` fits next to mappings of
     /// `mapped_total` together and `mapped_by_user` for this user.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         uid: u32,
         wanted_bytes: u64,

@@ -1,34 +1,34 @@
 //! Policy: pure decisions with no I/O. Fed events and time, they answer what to load, lock,
 //! release and admit; the daemon carries the decisions out. Unit and property tests pin them.
 
-pub mod admission;
-pub mod buffer_sizing;
-pub mod burst;
-pub mod credit;
-pub mod memory;
-pub mod playout;
-pub mod priority;
-pub mod probe_tail;
+pub(crate) mod admission;
+pub(crate) mod buffer_sizing;
+pub(crate) mod burst;
+pub(crate) mod credit;
+pub(crate) mod memory;
+pub(crate) mod playout;
+pub(crate) mod priority;
+pub(crate) mod probe_tail;
 pub mod raise;
-pub mod rate_history;
-pub mod recent_readers;
-pub mod share;
-pub mod shared_file;
-pub mod shared_io;
-pub mod stray;
-pub mod write_behind;
+pub(crate) mod rate_history;
+pub(crate) mod recent_readers;
+pub(crate) mod share;
+pub(crate) mod shared_file;
+pub(crate) mod shared_io;
+pub(crate) mod stray;
+pub(crate) mod write_behind;
 
 use abiss_proto::PAGE_BYTES;
 
 /// `offset` rounded down to a page boundary: windows load, lock and write back whole pages.
 #[must_use]
-pub fn page_floor(offset: u64) -> u64 {
+pub(crate) fn page_floor(offset: u64) -> u64 {
     offset / PAGE_BYTES * PAGE_BYTES
 }
 
 /// `offset` rounded up to a page boundary.
 #[must_use]
-pub fn page_ceil(offset: u64) -> u64 {
+pub(crate) fn page_ceil(offset: u64) -> u64 {
     offset.div_ceil(PAGE_BYTES) * PAGE_BYTES
 }
 
@@ -36,7 +36,7 @@ pub fn page_ceil(offset: u64) -> u64 {
 /// gathered into loads of a third of the buffer (at least a batch). That keeps the reader two
 /// thirds of a buffer ahead and the seeks per stream few.
 #[must_use]
-pub fn min_load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
+pub(crate) fn min_load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
     page_floor(buffer_bytes / 3).max(batch_bytes.max(PAGE_BYTES))
 }
 
@@ -44,7 +44,7 @@ pub fn min_load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
 /// one worth a request rounded up to whole batches (564 KiB with 20-page batches: three
 /// batches, 240 KiB). Admission counts a disk access per load of this size.
 #[must_use]
-pub fn load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
+pub(crate) fn load_bytes(buffer_bytes: u64, batch_bytes: u64) -> u64 {
     let batch = batch_bytes.max(PAGE_BYTES);
     min_load_bytes(buffer_bytes, batch)
         .div_ceil(batch)

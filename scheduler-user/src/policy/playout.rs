@@ -26,22 +26,22 @@ use preroll::PREROLL_LEAD_BYTES;
 
 /// Shape of a stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlayoutShape {
+pub(crate) struct PlayoutShape {
     /// File size in bytes.
-    pub file_bytes: u64,
+    pub(crate) file_bytes: u64,
     /// Playout buffer B in bytes (rounded up to pages).
-    pub buffer_bytes: u64,
+    pub(crate) buffer_bytes: u64,
     /// Batch in bytes (pages × page size).
-    pub batch_bytes: u64,
+    pub(crate) batch_bytes: u64,
     /// Granted rate.
-    pub rate_bps: u64,
+    pub(crate) rate_bps: u64,
     /// Credit limit in bytes.
-    pub credit_limit_bytes: u64,
+    pub(crate) credit_limit_bytes: u64,
 }
 
 /// What the daemon has to do for a stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WindowAction {
+pub(crate) enum WindowAction {
     /// Read these bytes into the page cache at the stream's priority, then lock them.
     Load {
         /// Page-aligned byte range.
@@ -60,7 +60,7 @@ pub enum WindowAction {
 
 /// The window state machine of one stream.
 #[derive(Clone, Debug)]
-pub struct PlayoutBuffer {
+pub(crate) struct PlayoutBuffer {
     shape: PlayoutShape,
     credit: CreditTimer,
     app_point: u64,
@@ -88,7 +88,7 @@ pub struct PlayoutBuffer {
 
 /// What a reader that waited for the disk waited for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReaderWait {
+pub(crate) enum ReaderWait {
     /// The stream's first window.
     Start,
     /// The window's refill after a seek.
@@ -100,14 +100,15 @@ pub enum ReaderWait {
 impl PlayoutBuffer {
     /// A stream at the start of its file with a full credit timer; returns the initial fill.
     #[must_use]
-    pub fn new(shape: PlayoutShape, now_ns: u64) -> (Self, Vec<WindowAction>) {
+    #[cfg(test)]
+    pub(crate) fn new(shape: PlayoutShape, now_ns: u64) -> (Self, Vec<WindowAction>) {
         Self::starting_with(shape, shape.credit_limit_bytes, now_ns)
     }
 
     /// A stream at the start of its file whose credit timer holds `start_credit_bytes`;
     /// returns the initial fill, as far as that credit goes.
     #[must_use]
-    pub fn starting_with(
+    pub(crate) fn starting_with(
         shape: PlayoutShape,
         start_credit_bytes: u64,
         now_ns: u64,
@@ -268,7 +269,7 @@ impl PlayoutBuffer {
     }
 
     /// The application is at `offset` (an explicit position message).
-    pub fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
         // A client's number: anything past the end of the file is the end of the file.
         let offset = offset.min(self.file_end());
         let mut actions = Vec::new();
@@ -284,7 +285,7 @@ impl PlayoutBuffer {
 
     /// The application read `range` (inferred from the page cache): a read that starts out of
     /// the window is a seek; otherwise the playout point becomes the end of the read.
-    pub fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
         let start = range.start.min(self.file_end());
         let range = start..range.end.clamp(start, self.file_end());
         let mut actions = Vec::new();
@@ -308,7 +309,7 @@ impl PlayoutBuffer {
     /// Whether the stream is still loading its first window: a reader's wait for the disk
     /// now is its start, not a miss.
     #[must_use]
-    pub fn is_starting(&self) -> bool {
+    pub(crate) fn is_starting(&self) -> bool {
         !self.started && !self.window_locked()
     }
 
@@ -316,7 +317,7 @@ impl PlayoutBuffer {
     /// a seek asked for is locked), or a miss. Call it after the read moved the window: a
     /// read that jumped waits for the refill it caused.
     #[must_use]
-    pub fn reader_wait(&self) -> ReaderWait {
+    pub(crate) fn reader_wait(&self) -> ReaderWait {
         if self.is_starting() {
             ReaderWait::Start
         } else if self.refilling && !self.window_locked() {
@@ -340,13 +341,13 @@ impl PlayoutBuffer {
     /// Credit the window lacks to fill up to a full buffer ahead of the reader now: what a
     /// refill after a seek asks of the owner's start-up allowance.
     #[must_use]
-    pub fn refill_shortfall(&self) -> u64 {
+    pub(crate) fn refill_shortfall(&self) -> u64 {
         self.lacking().saturating_sub(self.credit.credit_bytes())
     }
 
     /// Takes `bytes` of credit from outside the rate (see [`Self::refill_shortfall`]) and loads
     /// what it allows.
-    pub fn grant_credit(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn grant_credit(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
         self.credit.accrue(now_ns);
         self.credit.grant(bytes);
         let mut actions = Vec::new();
@@ -357,14 +358,14 @@ impl PlayoutBuffer {
     /// Whether the window reaches the end of the file: a file that grows (a recording being
     /// watched) has more to load only once its new size is known.
     #[must_use]
-    pub fn reaches_file_end(&self) -> bool {
+    pub(crate) fn reaches_file_end(&self) -> bool {
         self.window_start + self.shape.buffer_bytes >= self.file_end()
     }
 
     /// The file now holds `file_bytes` (it grew: it is being written); the window extends
     /// into the new data as the credit allows. A file never shrinks under a window: a
     /// truncation fails the loads past its end instead.
-    pub fn file_grew(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn file_grew(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WindowAction> {
         let mut actions = Vec::new();
         if file_bytes > self.shape.file_bytes {
             self.shape.file_bytes = file_bytes;
@@ -375,7 +376,7 @@ impl PlayoutBuffer {
 
     /// The buffer is now `buffer_bytes` (an automatic buffer that grew; `credit_limit_bytes`
     /// with it): the window reaches further ahead from `now_ns` on, as the credit allows.
-    pub fn set_buffer(
+    pub(crate) fn set_buffer(
         &mut self,
         buffer_bytes: u64,
         credit_limit_bytes: u64,
@@ -391,7 +392,7 @@ impl PlayoutBuffer {
 
     /// The stream's rate changed at `now_ns` (trick play): credit accrues at `rate_bps` from
     /// now on, and the window moves as far as the credit then allows.
-    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {
         self.credit.set_rate(rate_bps, now_ns);
         self.shape.rate_bps = rate_bps;
         let mut actions = Vec::new();
@@ -400,7 +401,7 @@ impl PlayoutBuffer {
     }
 
     /// Time passed: credit accrued, so more of the window may be loaded.
-    pub fn on_tick(&mut self, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_tick(&mut self, now_ns: u64) -> Vec<WindowAction> {
         let mut actions = Vec::new();
         self.fill(now_ns, &mut actions);
         actions
@@ -408,7 +409,7 @@ impl PlayoutBuffer {
 
     /// A load finished and its pages are locked. Pages that are no longer in the window (the
     /// reader moved on, or a seek made the load stale) are released at once.
-    pub fn on_loaded(&mut self, range: Range<u64>, generation: u32) -> Vec<WindowAction> {
+    pub(crate) fn on_loaded(&mut self, range: Range<u64>, generation: u32) -> Vec<WindowAction> {
         let mut actions = Vec::new();
         if generation != self.generation {
             actions.push(WindowAction::Release { range });
@@ -444,7 +445,7 @@ impl PlayoutBuffer {
     }
 
     /// A load failed: its part of the window will be asked for again on the next fill.
-    pub fn on_failed(&mut self, range: &Range<u64>, generation: u32) {
+    pub(crate) fn on_failed(&mut self, range: &Range<u64>, generation: u32) {
         if generation == self.generation
             && range.start < self.requested_end
             && range.start >= self.window_start
@@ -473,56 +474,51 @@ impl PlayoutBuffer {
 
     /// Bytes loaded and locked now.
     #[must_use]
-    pub fn locked_bytes(&self) -> u64 {
+    pub(crate) fn locked_bytes(&self) -> u64 {
         let tail = self.tail.as_ref().map_or(0, ProbeTail::locked_bytes);
         self.locked.iter().map(|r| r.end - r.start).sum::<u64>() + tail
     }
 
     /// The application's playout point.
     #[must_use]
-    pub fn app_point(&self) -> u64 {
+    pub(crate) fn app_point(&self) -> u64 {
         self.app_point
     }
 
     /// The window's start (the kernel playout point).
     #[must_use]
-    pub fn window_start(&self) -> u64 {
+    pub(crate) fn window_start(&self) -> u64 {
         self.window_start
     }
 
     /// End of what is loaded or being loaded.
     #[must_use]
-    pub fn requested_end(&self) -> u64 {
+    pub(crate) fn requested_end(&self) -> u64 {
         self.requested_end
     }
 
     /// Current credit in bytes.
     #[must_use]
-    pub fn credit_bytes(&self) -> u64 {
+    pub(crate) fn credit_bytes(&self) -> u64 {
         self.credit.credit_bytes()
     }
 
     /// Bytes requested by this stream's prefetch so far.
     #[must_use]
-    pub fn prefetched_bytes(&self) -> u64 {
+    pub(crate) fn prefetched_bytes(&self) -> u64 {
         self.prefetched_bytes
     }
 
     /// Seeks seen so far.
     #[must_use]
-    pub fn seeks(&self) -> u64 {
+    pub(crate) fn seeks(&self) -> u64 {
         self.seeks
-    }
-
-    /// The current seek generation.
-    #[must_use]
-    pub fn generation(&self) -> u32 {
-        self.generation
     }
 
     /// Whether `offset` is loaded and locked.
     #[must_use]
-    pub fn is_resident(&self, offset: u64) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_resident(&self, offset: u64) -> bool {
         self.locked.iter().any(|r| r.contains(&offset))
     }
 
@@ -531,7 +527,7 @@ impl PlayoutBuffer {
     /// less than a load's worth waits for its reader, not for time: woken every millisecond
     /// for a batch of credit it would not spend, it only spun.
     #[must_use]
-    pub fn ns_until_next_load(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_load(&self, now_ns: u64) -> Option<u64> {
         if !self.wants_load() {
             return None;
         }
@@ -542,7 +538,7 @@ impl PlayoutBuffer {
 
     /// Every range still locked (to release when the stream ends).
     #[must_use]
-    pub fn locked_ranges(&self) -> Vec<Range<u64>> {
+    pub(crate) fn locked_ranges(&self) -> Vec<Range<u64>> {
         let window = self.window_start..self.requested_end;
         let tail = self.tail.clone().map(|tail| tail.release(&window));
         self.locked

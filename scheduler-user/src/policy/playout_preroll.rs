@@ -14,7 +14,7 @@ pub(super) struct PendingPreroll {
 
 /// A preroll's head queued before its probe tail: one request of the usual largest size
 /// (`max_sectors_kb` 512), so the piece a player reads next is first in the disk's queue.
-pub const PREROLL_LEAD_BYTES: u64 = 512 << 10;
+pub(crate) const PREROLL_LEAD_BYTES: u64 = 512 << 10;
 
 impl PlayoutBuffer {
     /// Loads the file's head up to `end` beyond the window (a start-up preroll, paid by the
@@ -32,7 +32,7 @@ impl PlayoutBuffer {
     /// four best-effort requests went into the lab hdd's queue, and the preroll waited 45 ms
     /// for them. The first piece keeps the disk on the stream's work meanwhile, though a disk
     /// that orders its queue by position may serve it before the window.
-    pub fn preroll(
+    pub(crate) fn preroll(
         &mut self,
         end: u64,
         with_tail: bool,

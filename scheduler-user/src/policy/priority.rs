@@ -18,11 +18,11 @@
 use scheduler_common::ioprio;
 
 /// Kernel (class, level) of an ABISS level; levels above 7 are treated as 7.
-pub use scheduler_common::abiss_level::to_kernel as kernel_ioprio;
+pub(crate) use scheduler_common::abiss_level::to_kernel as kernel_ioprio;
 
 /// The encoded kernel ioprio value of an ABISS level.
 #[must_use]
-pub const fn encoded_ioprio(level: u8) -> u16 {
+pub(crate) const fn encoded_ioprio(level: u8) -> u16 {
     let (class, kernel_level) = kernel_ioprio(level);
     ioprio::encode(class, kernel_level)
 }

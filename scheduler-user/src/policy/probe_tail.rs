@@ -20,12 +20,12 @@ use super::{page_ceil, page_floor};
 
 /// How much of a file's end a preroll loads: ffmpeg's first look at the end (250,000 bytes),
 /// with room for one more of its tries further back, and page rounding.
-pub const PROBE_TAIL_BYTES: u64 = 512 << 10;
+pub(crate) const PROBE_TAIL_BYTES: u64 = 512 << 10;
 
 /// What a preroll of the head up to `preroll` bytes locks at most in a file of `file_bytes`
 /// (`u64::MAX` when it is not known): the head, and the tail unless the head reaches it.
 #[must_use]
-pub fn preroll_locked_bytes(preroll: u64, file_bytes: u64) -> u64 {
+pub(crate) fn preroll_locked_bytes(preroll: u64, file_bytes: u64) -> u64 {
     if preroll == 0 {
         return 0;
     }
@@ -44,7 +44,7 @@ pub fn preroll_locked_bytes(preroll: u64, file_bytes: u64) -> u64 {
 
 /// The tail of a stream's file, loaded for the player's probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProbeTail {
+pub(crate) struct ProbeTail {
     /// Page-aligned range, up to the end of the file.
     range: Range<u64>,
     /// Whether its load completed and its pages are locked.
@@ -57,7 +57,7 @@ impl ProbeTail {
     /// The tail of a file of `file_bytes` for a preroll of the head up to `head_end`: none
     /// when the preroll already reaches it.
     #[must_use]
-    pub fn for_preroll(file_bytes: u64, head_end: u64) -> Option<Self> {
+    pub(crate) fn for_preroll(file_bytes: u64, head_end: u64) -> Option<Self> {
         let end = page_ceil(file_bytes);
         let start = page_floor(file_bytes.saturating_sub(PROBE_TAIL_BYTES));
         (start > head_end).then_some(Self {
@@ -69,18 +69,18 @@ impl ProbeTail {
 
     /// The range to load.
     #[must_use]
-    pub fn range(&self) -> Range<u64> {
+    pub(crate) fn range(&self) -> Range<u64> {
         self.range.clone()
     }
 
     /// Whether a read of `range` is the player's probe of the tail.
     #[must_use]
-    pub fn holds(&self, range: &Range<u64>) -> bool {
+    pub(crate) fn holds(&self, range: &Range<u64>) -> bool {
         range.start >= self.range.start && range.end <= self.range.end
     }
 
     /// A load of `range` completed; whether it was the tail's (now locked).
-    pub fn on_loaded(&mut self, range: &Range<u64>) -> bool {
+    pub(crate) fn on_loaded(&mut self, range: &Range<u64>) -> bool {
         let ours = *range == self.range;
         self.locked |= ours;
         ours
@@ -88,14 +88,14 @@ impl ProbeTail {
 
     /// Whether a window that starts at `window_start` has passed the head preroll.
     #[must_use]
-    pub fn is_passed(&self, window_start: u64) -> bool {
+    pub(crate) fn is_passed(&self, window_start: u64) -> bool {
         window_start >= self.until
     }
 
     /// What to unlock when the tail is let go, leaving alone what the window itself has
     /// loaded from `window_end` on (a short file's window reaches the tail).
     #[must_use]
-    pub fn release(self, window: &Range<u64>) -> Vec<Range<u64>> {
+    pub(crate) fn release(self, window: &Range<u64>) -> Vec<Range<u64>> {
         if !self.locked {
             return Vec::new();
         }
@@ -108,7 +108,7 @@ impl ProbeTail {
 
     /// Bytes it holds locked.
     #[must_use]
-    pub fn locked_bytes(&self) -> u64 {
+    pub(crate) fn locked_bytes(&self) -> u64 {
         if self.locked {
             self.range.end - self.range.start
         } else {

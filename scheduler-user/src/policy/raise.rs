@@ -12,65 +12,65 @@ use std::collections::HashMap;
 
 use scheduler_common::{abiss_level, ioprio};
 
-pub use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
+pub(crate) use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
 use super::stray::RaiseAccount;
 
 /// A thread, named robustly against pid reuse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct TaskId {
+pub(crate) struct TaskId {
     /// Thread id.
-    pub pid: u32,
+    pub(crate) pid: u32,
     /// Start time in clock ticks since boot (`/proc/<pid>/stat`, field 22).
-    pub start_time: u64,
+    pub(crate) start_time: u64,
 }
 
 /// One raised thread.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Raise {
+pub(crate) struct Raise {
     /// The thread.
-    pub task: TaskId,
+    pub(crate) task: TaskId,
     /// Its process.
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// The stream whose level it was raised to.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// The tag of that stream's file in the kernel maps: the block program counts the
     /// thread's real-time requests for the file so tagged as its own (0 in records written
     /// before files had tags: then the stream's id, which was the tag).
     #[serde(default)]
-    pub file_tag: u64,
+    pub(crate) file_tag: u64,
     /// Its I/O priority before (encoded), put back on revert.
-    pub previous: u16,
+    pub(crate) previous: u16,
     /// The priority set (encoded); a revert leaves the thread alone if it changed since.
-    pub applied: u16,
+    pub(crate) applied: u16,
     /// Last time it touched the stream's file (`CLOCK_MONOTONIC` ns).
-    pub last_access_ns: u64,
+    pub(crate) last_access_ns: u64,
     /// When it was raised (`CLOCK_MONOTONIC` ns): what it may read of the stream's file at the
     /// raised priority grows from then at the stream's rate.
     #[serde(default)]
-    pub raised_ns: u64,
+    pub(crate) raised_ns: u64,
     /// For a raise at a player's start, and the tasks adopted from it: when the player was
     /// raised. Tasks it makes in its start-up keep the raise (`raises::adoption`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_ns: Option<u64>,
+    pub(crate) started_ns: Option<u64>,
     /// The journal thread of a recording's file system (`raises::journal`): it reads no
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub journal: bool,
+    pub(crate) journal: bool,
     /// The user the thread runs as, whose start-up allowance pays for its real-time reads
     /// beyond what its stream was admitted for ([`super::stray`]). Not recorded: only the
     /// running daemon polices.
     #[serde(skip)]
-    pub uid: u32,
+    pub(crate) uid: u32,
     /// What of its real-time reads was charged or held against its stream so far. Not
     /// recorded either.
     #[serde(skip)]
-    pub account: RaiseAccount,
+    pub(crate) account: RaiseAccount,
 }
 
 impl Raise {
     /// What the fork program is told of the raise: (previous, applied, file tag).
     #[must_use]
-    pub fn followed_as(&self) -> (u16, u16, u64) {
+    pub(crate) fn followed_as(&self) -> (u16, u16, u64) {
         let tag = if self.file_tag == 0 {
             self.stream
         } else {
@@ -82,14 +82,14 @@ impl Raise {
 
 /// KiB of slack on a raised thread's real-time reads of its stream's file: the kernel's
 /// readahead beyond what was asked.
-pub const OWN_FILE_SLACK_KIB: u64 = 4 * 1024;
+pub(crate) const OWN_FILE_SLACK_KIB: u64 = 4 * 1024;
 
 /// KiB a thread raised for a stream with `buffer_bytes` may read of the stream's file at the
 /// raised priority, when the stream's rate earned `earned_bytes` since the raise
 /// ([`super::rate_history::RateHistory::earned`]): the buffer, that, and `slack_kib` for
 /// readahead beyond what was asked.
 #[must_use]
-pub fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_kib: u64) -> u64 {
+pub(crate) fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_kib: u64) -> u64 {
     let bytes = u128::from(buffer_bytes).saturating_add(earned_bytes);
     u64::try_from(bytes / 1024)
         .unwrap_or(u64::MAX)
@@ -99,7 +99,7 @@ pub fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_kib: u6
 /// The priority to raise a thread at `current` (encoded ioprio) to for a stream at ABISS
 /// `level`, or `None` if it is already served at that level or above.
 #[must_use]
-pub fn raised_priority(current: u16, level: u8) -> Option<u16> {
+pub(crate) fn raised_priority(current: u16, level: u8) -> Option<u16> {
     let (class, kernel_level) = ioprio::split(current);
     if abiss_level::from_kernel(class, kernel_level) <= level {
         return None;
@@ -113,20 +113,20 @@ pub fn raised_priority(current: u16, level: u8) -> Option<u16> {
 /// A user can only obtain for their own tasks what they could obtain by attaching the file
 /// themselves; root's streams raise any reader, because root chose to serve that file.
 #[must_use]
-pub fn may_raise(owner_uid: u32, reader_uid: u32) -> bool {
+pub(crate) fn may_raise(owner_uid: u32, reader_uid: u32) -> bool {
     owner_uid == 0 || owner_uid == reader_uid
 }
 
 /// Misses after which a stream is told its buffer is too small: the first one or two are
 /// explained by a start or a seek; more mean the reader outruns its window.
-pub const MISSES_BEFORE_ADVICE: u64 = 3;
+pub(crate) const MISSES_BEFORE_ADVICE: u64 = 3;
 
 /// Advice for a stream whose readers keep missing the page cache (and so keep needing
 /// raises): a buffer twice as large absorbs twice the jitter or burst. An automatic buffer
 /// (`auto_app`: its application's part) already follows the disk's latency, so what is left is
 /// the reader's own burst: the advice is an application part as large as the whole buffer now.
 #[must_use]
-pub fn buffer_suggestion(
+pub(crate) fn buffer_suggestion(
     misses: u64,
     buffer: abiss_proto::ByteSize,
     auto_app: Option<u64>,
@@ -145,7 +145,7 @@ pub fn buffer_suggestion(
 
 /// The raised threads, by thread id.
 #[derive(Debug, Default)]
-pub struct RaiseTable {
+pub(crate) struct RaiseTable {
     raises: HashMap<u32, Raise>,
     idle_ns: u64,
 }
@@ -165,7 +165,7 @@ impl RaiseTable {
     /// already, or, not counting a raise it has, the stream has fewer than
     /// [`MAX_RAISED_PER_STREAM`] raised threads and the user fewer than [`MAX_RAISED_PER_USER`].
     #[must_use]
-    pub fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
+    pub(crate) fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
         let others = || self.raises.values().filter(|u| u.task.pid != pid);
         self.raises
             .get(&pid)
@@ -177,13 +177,13 @@ impl RaiseTable {
     /// Whether user `uid` may have one more thread raised ([`MAX_RAISED_PER_USER`]; root
     /// always).
     #[must_use]
-    pub fn user_has_room(&self, uid: u32) -> bool {
+    pub(crate) fn user_has_room(&self, uid: u32) -> bool {
         uid == 0 || self.raises.values().filter(|u| u.uid == uid).count() < MAX_RAISED_PER_USER
     }
 
     /// An empty table whose raises expire after `idle_ns` without an access.
     #[must_use]
-    pub fn new(idle_ns: u64) -> Self {
+    pub(crate) fn new(idle_ns: u64) -> Self {
         Self {
             raises: HashMap::new(),
             idle_ns,
@@ -192,13 +192,13 @@ impl RaiseTable {
 
     /// Whether no thread is raised.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.raises.is_empty()
     }
 
     /// The raise of thread `pid`, if raised.
     #[must_use]
-    pub fn get(&self, pid: u32) -> Option<&Raise> {
+    pub(crate) fn get(&self, pid: u32) -> Option<&Raise> {
         self.raises.get(&pid)
     }
 
@@ -209,7 +209,7 @@ impl RaiseTable {
     /// may read of the file grows, and what of the file was held against its stream (the
     /// kernel keeps counting those too, by the file's tag), so a raise renewed by its own
     /// thread lends nothing new. Raised for another file, the kernel counts that file afresh.
-    pub fn insert(&mut self, mut raise: Raise) {
+    pub(crate) fn insert(&mut self, mut raise: Raise) {
         if let Some(earlier) = self.raises.get(&raise.task.pid) {
             if earlier.task == raise.task {
                 raise.previous = earlier.previous;
@@ -224,7 +224,7 @@ impl RaiseTable {
     }
 
     /// A thread touched `stream`'s file: its raise stays.
-    pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
         if let Some(raise) = self.raises.get_mut(&pid) {
             if raise.stream == stream {
                 raise.last_access_ns = raise.last_access_ns.max(now_ns);
@@ -233,23 +233,23 @@ impl RaiseTable {
     }
 
     /// Removes and returns the raises idle since before `now_ns - idle`.
-    pub fn take_idle(&mut self, now_ns: u64) -> Vec<Raise> {
+    pub(crate) fn take_idle(&mut self, now_ns: u64) -> Vec<Raise> {
         let idle_ns = self.idle_ns;
         self.take_where(|u| !u.journal && now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
     }
 
     /// Removes and returns the raises made for `stream`.
-    pub fn take_stream(&mut self, stream: u64) -> Vec<Raise> {
+    pub(crate) fn take_stream(&mut self, stream: u64) -> Vec<Raise> {
         self.take_where(|u| u.stream == stream)
     }
 
     /// Removes and returns the raise of thread `pid`.
-    pub fn take_thread(&mut self, pid: u32) -> Vec<Raise> {
+    pub(crate) fn take_thread(&mut self, pid: u32) -> Vec<Raise> {
         self.take_where(|u| u.task.pid == pid)
     }
 
     /// Removes and returns every raise.
-    pub fn take_all(&mut self) -> Vec<Raise> {
+    pub(crate) fn take_all(&mut self) -> Vec<Raise> {
         self.take_where(|_| true)
     }
 
@@ -270,7 +270,7 @@ impl RaiseTable {
 
     /// Nanoseconds until the next raise goes idle, if any is active.
     #[must_use]
-    pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
         self.raises
             .values()
             .map(|u| (u.last_access_ns + self.idle_ns).saturating_sub(now_ns))
@@ -279,14 +279,14 @@ impl RaiseTable {
 
     /// Every raise, in thread order.
     #[must_use]
-    pub fn all(&self) -> Vec<Raise> {
+    pub(crate) fn all(&self) -> Vec<Raise> {
         let mut all: Vec<Raise> = self.raises.values().cloned().collect();
         all.sort_by_key(|u| u.task.pid);
         all
     }
 
     /// Thread `pid`'s raise has accounted its real-time reads as `account` says.
-    pub fn set_account(&mut self, pid: u32, account: RaiseAccount) {
+    pub(crate) fn set_account(&mut self, pid: u32, account: RaiseAccount) {
         if let Some(raise) = self.raises.get_mut(&pid) {
             raise.account = account;
         }
@@ -294,7 +294,7 @@ impl RaiseTable {
 
     /// Whether any thread of process `tgid` is raised for `stream`.
     #[must_use]
-    pub fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
         self.raises
             .values()
             .any(|u| u.tgid == tgid && u.stream == stream)

@@ -9,11 +9,11 @@
 
 /// Changes kept: older ones are forgotten, and an instant before the oldest kept one counts
 /// as that change's (what was earned before it is not counted: an allowance only shrinks).
-pub const MAX_RATE_CHANGES: usize = 16;
+pub(crate) const MAX_RATE_CHANGES: usize = 16;
 
 /// The rates a stream had, from when it was attached.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RateHistory {
+pub(crate) struct RateHistory {
     /// `(from_ns, bytes per second, bytes earned before from_ns since the stream began)`,
     /// oldest first; never empty.
     changes: Vec<(u64, u64, u128)>,
@@ -22,7 +22,7 @@ pub struct RateHistory {
 impl RateHistory {
     /// A stream at `rate_bps` from `now_ns`.
     #[must_use]
-    pub fn new(rate_bps: u64, now_ns: u64) -> Self {
+    pub(crate) fn new(rate_bps: u64, now_ns: u64) -> Self {
         Self {
             changes: vec![(now_ns, rate_bps, 0)],
         }
@@ -30,7 +30,7 @@ impl RateHistory {
 
     /// The stream has `rate_bps` from `now_ns` on (an instant before the last change counts as
     /// the last change's).
-    pub fn set(&mut self, rate_bps: u64, now_ns: u64) {
+    pub(crate) fn set(&mut self, rate_bps: u64, now_ns: u64) {
         let at = now_ns.max(self.last().0);
         let earned = self.earned_at(at);
         self.changes.push((at, rate_bps, earned));
@@ -41,7 +41,7 @@ impl RateHistory {
 
     /// Bytes the rate earned from `since_ns` to `now_ns`.
     #[must_use]
-    pub fn earned(&self, since_ns: u64, now_ns: u64) -> u128 {
+    pub(crate) fn earned(&self, since_ns: u64, now_ns: u64) -> u128 {
         self.earned_at(now_ns)
             .saturating_sub(self.earned_at(since_ns.min(now_ns)))
     }

@@ -13,22 +13,22 @@ use std::collections::HashMap;
 
 /// Most readers one stream lists. A player is one process, a few with helpers; a user who
 /// reads from more at once still has them read, and raised if they miss, but not all listed.
-pub const MAX_READERS: usize = 64;
+pub(crate) const MAX_READERS: usize = 64;
 /// Readers not seen reading for this long are forgotten.
-pub const READER_IDLE_NS: u64 = 10_000_000_000;
+pub(crate) const READER_IDLE_NS: u64 = 10_000_000_000;
 /// Idle readers are looked for at most this often (and when the list is full).
-pub const PRUNE_EVERY_NS: u64 = 1_000_000_000;
+pub(crate) const PRUNE_EVERY_NS: u64 = 1_000_000_000;
 
 /// A stream's recent readers: process id → (command, last seen).
 #[derive(Clone, Debug, Default)]
-pub struct RecentReaders {
+pub(crate) struct RecentReaders {
     readers: HashMap<u32, (String, u64)>,
     pruned_at_ns: u64,
 }
 
 impl RecentReaders {
     /// Process `pid` (running `comm`) read the stream's file at `now_ns`.
-    pub fn saw(&mut self, pid: u32, comm: String, now_ns: u64) {
+    pub(crate) fn saw(&mut self, pid: u32, comm: String, now_ns: u64) {
         if now_ns.saturating_sub(self.pruned_at_ns) >= PRUNE_EVERY_NS {
             self.prune(now_ns);
         }
@@ -60,29 +60,30 @@ impl RecentReaders {
 
     /// Whether `pid` is listed.
     #[must_use]
-    pub fn contains(&self, pid: u32) -> bool {
+    pub(crate) fn contains(&self, pid: u32) -> bool {
         self.readers.contains_key(&pid)
     }
 
     /// Whether no reader is listed.
     #[must_use]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.readers.is_empty()
     }
 
     /// Readers listed.
     #[must_use]
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.readers.len()
     }
 
     /// The listed readers' process ids.
-    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn pids(&self) -> impl Iterator<Item = u32> + '_ {
         self.readers.keys().copied()
     }
 
     /// The listed readers: process id and command.
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &str)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &str)> + '_ {
         self.readers
             .iter()
             .map(|(pid, (comm, _))| (*pid, comm.as_str()))

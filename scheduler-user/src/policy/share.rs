@@ -6,44 +6,44 @@
 /// Why a stream was refused by share admission, with the figures.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("a stream of {requested_bps} B/s does not fit on {device}: {available_bps} B/s of its {budget_bps} B/s real-time budget ({share_percent}% of {capacity_bps} B/s) is free; ask for less, or detach another stream")]
-pub struct ShareRefusal {
+pub(crate) struct ShareRefusal {
     /// The device's name.
-    pub device: String,
+    pub(crate) device: String,
     /// The rate asked for.
-    pub requested_bps: u64,
+    pub(crate) requested_bps: u64,
     /// What is still free.
-    pub available_bps: u64,
+    pub(crate) available_bps: u64,
     /// The real-time budget.
-    pub budget_bps: u64,
+    pub(crate) budget_bps: u64,
     /// The device capacity.
-    pub capacity_bps: u64,
+    pub(crate) capacity_bps: u64,
     /// The real-time share in percent.
-    pub share_percent: u32,
+    pub(crate) share_percent: u32,
 }
 
 /// Share-of-capacity admission for a device without a model: a configured capacity, of which
 /// a configured share may be reserved by real-time streams.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ShareAdmission {
+pub(crate) struct ShareAdmission {
     /// The device's name, for messages.
-    pub device: String,
+    pub(crate) device: String,
     /// Sustained capacity of the device in B/s.
-    pub capacity_bps: u64,
+    pub(crate) capacity_bps: u64,
     /// Share of the capacity real-time streams may reserve, in percent (1 to 95: some is always
     /// kept for best-effort traffic).
-    pub share_percent: u32,
+    pub(crate) share_percent: u32,
 }
 
 impl ShareAdmission {
     /// Most that real-time streams may reserve together.
     #[must_use]
-    pub fn budget_bps(&self) -> u64 {
+    pub(crate) fn budget_bps(&self) -> u64 {
         let share = u128::from(self.share_percent.clamp(1, 95));
         u64::try_from(u128::from(self.capacity_bps) * share / 100).unwrap_or(u64::MAX)
     }
 
     /// Whether a stream of `requested_bps` fits next to `reserved_bps` already admitted.
-    pub fn admit(&self, reserved_bps: u64, requested_bps: u64) -> Result<(), ShareRefusal> {
+    pub(crate) fn admit(&self, reserved_bps: u64, requested_bps: u64) -> Result<(), ShareRefusal> {
         let available = self.budget_bps().saturating_sub(reserved_bps);
         if requested_bps <= available {
             Ok(())

@@ -14,37 +14,37 @@ use scheduler_common::{AttachedFile, ANY_READER};
 
 /// The most streams one file may have. Each is a stream of its owner (counted against the
 /// daemon's and the user's limits); this bounds the work of routing one access.
-pub const MAX_STREAMS_PER_FILE: usize = 16;
+pub(crate) const MAX_STREAMS_PER_FILE: usize = 16;
 
 /// The most streams one user (root exempt) may have of one file: a quarter of
 /// [`MAX_STREAMS_PER_FILE`], so one user's persistent 1 B/s streams cannot take every slot of
 /// a popular file and lock other users out of it.
-pub const MAX_STREAMS_PER_USER_PER_FILE: usize = MAX_STREAMS_PER_FILE / 4;
+pub(crate) const MAX_STREAMS_PER_USER_PER_FILE: usize = MAX_STREAMS_PER_FILE / 4;
 
 /// One stream of a file, as routing and the kernel entry see it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileStream {
+pub(crate) struct FileStream {
     /// Stream id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Its owner.
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
     /// Its ABISS level.
-    pub level: u8,
+    pub(crate) level: u8,
     /// A write stream (a recording): reads are not its.
-    pub recording: bool,
+    pub(crate) recording: bool,
     /// Where its reader is and how far ahead it holds data: the bytes whose reads are its.
-    pub window: Range<u64>,
+    pub(crate) window: Range<u64>,
     /// The process of the access was seen reading it.
-    pub known_reader: bool,
+    pub(crate) known_reader: bool,
     /// No reader was seen on it yet (just attached: its player is starting).
-    pub waiting_for_reader: bool,
+    pub(crate) waiting_for_reader: bool,
 }
 
 /// The kernel's entry for a file whose streams are `streams` (at least one), tagged `tag`, at
 /// the most urgent of their levels: a request below it is reported, and abissd holds it
 /// against the reader's own stream (a raise to a level the thread has already is none).
 #[must_use]
-pub fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
+pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
     let level = streams.iter().map(|s| s.level).min().unwrap_or(0);
     let mut owners: Vec<u32> = streams.iter().map(|s| s.owner_uid).collect();
     owners.sort_unstable();
@@ -64,7 +64,7 @@ pub fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
 /// with no stream of their own on the file); reads go to read streams, and to a recording
 /// only when the file has no read stream of the user.
 #[must_use]
-pub fn route(streams: &[FileStream], uid: u32, range: Option<&Range<u64>>) -> Option<u64> {
+pub(crate) fn route(streams: &[FileStream], uid: u32, range: Option<&Range<u64>>) -> Option<u64> {
     // A user's own streams take the user's accesses; root's take them only when the user has
     // none on the file (a service reading a file root attached for it).
     let owns = streams.iter().any(|s| s.owner_uid == uid);

@@ -10,12 +10,12 @@ use std::collections::HashMap;
 /// [`MAX_RAISED_PER_STREAM`](super::raise::MAX_RAISED_PER_STREAM) raised threads: the eBPF side's own
 /// bound per raise (`MAX_SHARED_IO_TASKS_PER_RAISE`) alone would let one stream note 512. With
 /// it, every stream's raised threads and noted tasks fit the table together.
-pub const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 16;
+pub(crate) const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 16;
 
 /// The tasks sharing raised threads' I/O contexts noted so far, per raise: a stream's may not
 /// pass [`MAX_SHARED_IO_TASKS_PER_STREAM`].
 #[derive(Debug, Default)]
-pub struct SharedIoTasks {
+pub(crate) struct SharedIoTasks {
     /// By raised thread: the stream it is raised for, and the tasks noted under its raises
     /// since it was last restored.
     by_root: HashMap<u32, (u64, u32)>,
@@ -25,7 +25,7 @@ impl SharedIoTasks {
     /// One more task noted under the raise of thread `root` for `stream`. False once the
     /// stream's raises together have more than the bound: the raise is then to be dropped
     /// (and [`Self::forget`] called with it).
-    pub fn note(&mut self, root: u32, stream: u64) -> bool {
+    pub(crate) fn note(&mut self, root: u32, stream: u64) -> bool {
         let noted = self.by_root.entry(root).or_insert((stream, 0));
         // A thread raised for another stream now keeps the tasks noted under its earlier
         // raise (they stay in the table until it is restored): they count for the new one.
@@ -36,7 +36,7 @@ impl SharedIoTasks {
 
     /// Tasks noted under the raises for `stream`.
     #[must_use]
-    pub fn of_stream(&self, stream: u64) -> u32 {
+    pub(crate) fn of_stream(&self, stream: u64) -> u32 {
         self.by_root
             .values()
             .filter(|(of, _)| *of == stream)
@@ -44,7 +44,7 @@ impl SharedIoTasks {
     }
 
     /// Thread `root`'s raise ended: the tasks noted under it left the table with it.
-    pub fn forget(&mut self, root: u32) {
+    pub(crate) fn forget(&mut self, root: u32) {
         self.by_root.remove(&root);
     }
 }

@@ -35,23 +35,23 @@
 
 /// KiB a user's raises may owe together and be kept: a few small files (a font, subtitles, an
 /// index), not a program's libraries.
-pub const STRAY_CREDIT_KIB: u64 = 1024;
+pub(crate) const STRAY_CREDIT_KIB: u64 = 1024;
 
 /// What of a raise's real-time reads, as the kernel counts them, was charged or held against
 /// its stream so far.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RaiseAccount {
+pub(crate) struct RaiseAccount {
     /// KiB of other files than its stream's.
-    pub stray_kib: u64,
+    pub(crate) stray_kib: u64,
     /// KiB of its stream's file (counted afresh when the thread is raised for another file).
-    pub own_kib: u64,
+    pub(crate) own_kib: u64,
 }
 
 impl RaiseAccount {
     /// The kernel counts `stray_kib` and `own_kib` for the raise now: the KiB of each not
     /// accounted before, with the account brought up to the counts. A count below the
     /// account (a count the kernel made afresh) brings nothing new.
-    pub fn take_new(&mut self, stray_kib: u64, own_kib: u64) -> (u64, u64) {
+    pub(crate) fn take_new(&mut self, stray_kib: u64, own_kib: u64) -> (u64, u64) {
         let new = (
             stray_kib.saturating_sub(self.stray_kib),
             own_kib.saturating_sub(self.own_kib),
@@ -65,26 +65,26 @@ impl RaiseAccount {
 /// Whether a raise that read at real time beyond what its stream was admitted for may stay
 /// while its user owes `debt_kib` (after that read was charged).
 #[must_use]
-pub fn may_keep(debt_kib: u64) -> bool {
+pub(crate) fn may_keep(debt_kib: u64) -> bool {
     debt_kib <= STRAY_CREDIT_KIB
 }
 
 /// What the raises of one stream read of its file at real time, every raise together,
 /// those that ended included.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StreamLedger {
+pub(crate) struct StreamLedger {
     /// KiB read.
-    pub read_kib: u64,
+    pub(crate) read_kib: u64,
     /// Of those, KiB charged to users for being past the stream's allowance.
-    pub charged_kib: u64,
+    pub(crate) charged_kib: u64,
     /// The user whose raise read last: who is charged for what ended raises read past the
     /// allowance (a user's stream raises only that user's threads; root's any user's).
-    pub uid: u32,
+    pub(crate) uid: u32,
 }
 
 impl StreamLedger {
     /// A raise of user `uid`'s read `kib` more.
-    pub fn add(&mut self, kib: u64, uid: u32) {
+    pub(crate) fn add(&mut self, kib: u64, uid: u32) {
         if kib > 0 {
             self.read_kib = self.read_kib.saturating_add(kib);
             self.uid = uid;
@@ -93,7 +93,7 @@ impl StreamLedger {
 
     /// The KiB read past `allowance_kib` not charged before, now charged. What was charged
     /// stays charged when the allowance grows: those reads were made at real time.
-    pub fn charge_past(&mut self, allowance_kib: u64) -> u64 {
+    pub(crate) fn charge_past(&mut self, allowance_kib: u64) -> u64 {
         let past = self.read_kib.saturating_sub(allowance_kib);
         let new = past.saturating_sub(self.charged_kib);
         self.charged_kib = self.charged_kib.saturating_add(new);

@@ -29,41 +29,41 @@ use super::min_load_bytes;
 use super::page_floor;
 
 /// A writer that has not written for this long has its last partial request written back.
-pub const IDLE_FLUSH_NS: u64 = 1_000_000_000;
+pub(crate) const IDLE_FLUSH_NS: u64 = 1_000_000_000;
 /// Seconds of the rate allocated ahead of the writer.
-pub const PREALLOCATE_SECONDS: u64 = 4;
+pub(crate) const PREALLOCATE_SECONDS: u64 = 4;
 /// Most a stream allocates ahead of its writer (it counts against the owner's quota: the
 /// allocation runs without abissd's capabilities).
-pub const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
+pub(crate) const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
 /// Allocation is in whole mebibytes.
 const ALLOCATION_UNIT: u64 = 1 << 20;
 
 /// Shape of a write stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WriteBehindShape {
+pub(crate) struct WriteBehindShape {
     /// The write-behind buffer B in bytes.
-    pub buffer_bytes: u64,
+    pub(crate) buffer_bytes: u64,
     /// Batch in bytes.
-    pub batch_bytes: u64,
+    pub(crate) batch_bytes: u64,
     /// Granted rate.
-    pub rate_bps: u64,
+    pub(crate) rate_bps: u64,
     /// Credit limit in bytes.
-    pub credit_limit_bytes: u64,
+    pub(crate) credit_limit_bytes: u64,
     /// Whether to allocate ahead of the writer.
-    pub preallocate: bool,
+    pub(crate) preallocate: bool,
 }
 
 impl WriteBehindShape {
     /// Bytes of one write-back request (a third of the buffer, at least a batch): the unit the
     /// window is written back in, as a read stream's loads.
     #[must_use]
-    pub fn request_bytes(&self) -> u64 {
+    pub(crate) fn request_bytes(&self) -> u64 {
         min_load_bytes(self.buffer_bytes, self.batch_bytes)
     }
 
     /// How far ahead of the written end the file is allocated.
     #[must_use]
-    pub fn preallocate_ahead(&self) -> u64 {
+    pub(crate) fn preallocate_ahead(&self) -> u64 {
         let ahead = self
             .rate_bps
             .saturating_mul(PREALLOCATE_SECONDS)
@@ -74,7 +74,7 @@ impl WriteBehindShape {
 
 /// What the daemon has to do for a write stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WriteAction {
+pub(crate) enum WriteAction {
     /// Write these bytes back at the stream's priority, wait for them, then drop them from
     /// the page cache.
     WriteBack(Range<u64>),
@@ -84,7 +84,7 @@ pub enum WriteAction {
 
 /// A write stream's window state.
 #[derive(Clone, Debug)]
-pub struct WriteBehind {
+pub(crate) struct WriteBehind {
     shape: WriteBehindShape,
     credit: CreditTimer,
     /// How far the application has written.
@@ -114,7 +114,7 @@ impl WriteBehind {
     /// A window over a file of `file_bytes` (written back from its last whole page on: what is
     /// there already is the kernel's), with `start_credit_bytes` of credit.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         shape: WriteBehindShape,
         file_bytes: u64,
         start_credit_bytes: u64,
@@ -146,7 +146,7 @@ impl WriteBehind {
     }
 
     /// The application has written up to `file_bytes` (the file's size now).
-    pub fn on_size(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn on_size(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WriteAction> {
         if file_bytes > self.written_end {
             self.written_end = file_bytes;
             self.grew_at_ns = now_ns;
@@ -161,7 +161,7 @@ impl WriteBehind {
     }
 
     /// Time passed: credit accrued.
-    pub fn on_tick(&mut self, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn on_tick(&mut self, now_ns: u64) -> Vec<WriteAction> {
         self.credit.accrue(now_ns);
         self.allocation_credit.accrue(now_ns);
         let mut actions = Vec::new();
@@ -236,7 +236,7 @@ impl WriteBehind {
     }
 
     /// A write-back is on the disk: its pages can go.
-    pub fn on_written_back(&mut self, range: &Range<u64>, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn on_written_back(&mut self, range: &Range<u64>, now_ns: u64) -> Vec<WriteAction> {
         if self.in_flight.as_ref() == Some(range) {
             self.in_flight = None;
             if range.start <= self.written_back_end {
@@ -249,20 +249,20 @@ impl WriteBehind {
 
     /// A write-back failed: it is tried again (its credit is spent; a disk that keeps failing
     /// must not be asked faster than the rate).
-    pub fn on_failed(&mut self, range: &Range<u64>) {
+    pub(crate) fn on_failed(&mut self, range: &Range<u64>) {
         if self.in_flight.as_ref() == Some(range) {
             self.in_flight = None;
         }
     }
 
     /// Allocating ahead failed: it is not tried again for this stream.
-    pub fn allocation_failed(&mut self) {
+    pub(crate) fn allocation_failed(&mut self) {
         self.allocation_off = true;
     }
 
     /// Nanoseconds until the window may write something back, if anything is waiting.
     #[must_use]
-    pub fn ns_until_next_write_back(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_write_back(&self, now_ns: u64) -> Option<u64> {
         if self.in_flight.is_some() {
             return None;
         }
@@ -282,32 +282,32 @@ impl WriteBehind {
 
     /// How far the application has written.
     #[must_use]
-    pub fn written_end(&self) -> u64 {
+    pub(crate) fn written_end(&self) -> u64 {
         self.written_end
     }
 
     /// Written back and released up to here.
     #[must_use]
-    pub fn written_back_end(&self) -> u64 {
+    pub(crate) fn written_back_end(&self) -> u64 {
         self.written_back_end
     }
 
     /// Bytes written back so far.
     #[must_use]
-    pub fn written_back_bytes(&self) -> u64 {
+    pub(crate) fn written_back_bytes(&self) -> u64 {
         self.written_back_bytes
     }
 
     /// What the application wrote beyond the written-back end: the stream's dirty bytes, as
     /// far as the stream knows (the kernel may have written some of them back itself).
     #[must_use]
-    pub fn behind_bytes(&self) -> u64 {
+    pub(crate) fn behind_bytes(&self) -> u64 {
         self.written_end.saturating_sub(self.written_back_end)
     }
 
     /// Room in the window before the application is a buffer ahead of the written-back end.
     #[must_use]
-    pub fn headroom_bytes(&self) -> i64 {
+    pub(crate) fn headroom_bytes(&self) -> i64 {
         let buffer = i128::from(self.shape.buffer_bytes);
         let behind = i128::from(self.behind_bytes());
         i64::try_from(buffer - behind).unwrap_or(i64::MIN)
@@ -315,24 +315,24 @@ impl WriteBehind {
 
     /// Allocated up to here.
     #[must_use]
-    pub fn allocated_end(&self) -> u64 {
+    pub(crate) fn allocated_end(&self) -> u64 {
         self.allocated_end
     }
 
     /// Bytes allocated ahead so far.
     #[must_use]
-    pub fn preallocated_bytes(&self) -> u64 {
+    pub(crate) fn preallocated_bytes(&self) -> u64 {
         self.preallocated_bytes
     }
 
     /// Credit now, in bytes.
     #[must_use]
-    pub fn credit_bytes(&self) -> u64 {
+    pub(crate) fn credit_bytes(&self) -> u64 {
         self.credit.credit_bytes()
     }
 
     /// The granted rate changes from `now_ns` on.
-    pub fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
         self.shape.rate_bps = rate_bps;
         self.credit.set_rate(rate_bps, now_ns);
         self.allocation_credit.set_rate(rate_bps, now_ns);

@@ -28,10 +28,10 @@ use crate::policy::stray::RaiseAccount;
 use crate::raise::forks::ForkHook;
 
 /// How long after its start raise a player's new tasks are its own: its start-up.
-pub const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
+pub(crate) const ADOPTION_WINDOW_NS: u64 = 10_000_000_000;
 
 /// Most tasks adopted per stream.
-pub const MAX_ADOPTED_PER_STREAM: u64 = 32;
+pub(crate) const MAX_ADOPTED_PER_STREAM: u64 = 32;
 
 impl ReaderRaises {
     /// Adopts the task `fork` made, if it is a task of a player at its start (see the module)

@@ -73,7 +73,7 @@ use crate::kernel::tracer::BlockTracer;
 use crate::policy::raise::SharedIoTasks;
 
 /// Attaches the fork program while some thread is raised and detaches it once none is.
-pub trait ForkHook {
+pub(crate) trait ForkHook {
     /// Whether the new tasks of raised threads are to be followed from now on.
     fn follow_forks(&mut self, on: bool) -> Result<(), String>;
 }
@@ -86,18 +86,18 @@ impl ForkHook for BlockTracer {
 
 /// What a raised thread did with its raise, as the eBPF side counted it since it was followed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RaiseUse {
+pub(crate) struct RaiseUse {
     /// KiB of real-time requests it queued for other files than its stream's.
-    pub stray_kib: u32,
+    pub(crate) stray_kib: u32,
     /// KiB of real-time requests it queued for its stream's own file.
-    pub stream_kib: u32,
+    pub(crate) stream_kib: u32,
     /// More tasks made under the raise share its I/O context than a raise may note.
-    pub over_bound: bool,
+    pub(crate) over_bound: bool,
 }
 
 /// The `RAISED` map, what the eBPF side counted of each raise, the fork program's count of
 /// reports it could not make, and what was put back.
-pub struct RaisedForks {
+pub(crate) struct RaisedForks {
     raised: HashMap<MapData, u32, RaisedThread>,
     /// `RAISE_COUNTS`, written only by the eBPF side: abissd reads an entry and deletes it when
     /// the raise ends, and never writes one (it would lose what the programs add meanwhile).
@@ -134,7 +134,12 @@ impl std::fmt::Debug for RaisedForks {
 impl RaisedForks {
     /// Over the `RAISED`, `RAISE_COUNTS`, `RAISED_CONTEXTS` and `FORK_LOST` maps of the loaded
     /// object.
-    pub fn new(raised: Map, counts: Map, contexts: Map, lost: Map) -> Result<Self, MapError> {
+    pub(crate) fn new(
+        raised: Map,
+        counts: Map,
+        contexts: Map,
+        lost: Map,
+    ) -> Result<Self, MapError> {
         Ok(Self {
             raised: HashMap::try_from(raised)?,
             counts: HashMap::try_from(counts)?,
@@ -152,13 +157,13 @@ impl RaisedForks {
     /// The count of the fork ring's reports the pump could not queue for the main loop:
     /// those tasks are looked for in the map as the unreported ones are.
     #[must_use]
-    pub fn unqueued(&self) -> Arc<AtomicU64> {
+    pub(crate) fn unqueued(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.unqueued)
     }
 
     /// Follows thread `tid`'s forks under a raise from `previous` to `applied`, with the fork
     /// program attached: called before the thread is raised.
-    pub fn follow(
+    pub(crate) fn follow(
         &mut self,
         tid: u32,
         (previous, applied, stream): (u16, u16, u64),
@@ -194,7 +199,7 @@ impl RaisedForks {
     /// entry goes back as it was, generation included, so what the thread read of the file of
     /// `earlier` still counts against it (with [`Self::follow`]'s change of file, that count
     /// would start afresh while the table's raise goes on).
-    pub fn follow_back(
+    pub(crate) fn follow_back(
         &mut self,
         tid: u32,
         earlier: (u16, u16, u64),
@@ -238,7 +243,7 @@ impl RaisedForks {
     /// What raised thread `tid` did with its raise, as the eBPF side counted it (`None` if it
     /// is not followed).
     #[must_use]
-    pub fn use_of(&self, tid: u32) -> Option<RaiseUse> {
+    pub(crate) fn use_of(&self, tid: u32) -> Option<RaiseUse> {
         let entry = self.raised.get(&tid, 0).ok()?;
         let counts = self.counts.get(&tid, 0).unwrap_or_default();
         Some(RaiseUse {
@@ -253,7 +258,7 @@ impl RaisedForks {
     /// the tasks they made still followed are put back (in one look at the map), then they are
     /// no longer followed and their I/O contexts are forgotten (in this order: while a thread
     /// is followed, the forks of a task past the bound are still found through its context).
-    pub fn restored(&mut self, tids: &[u32]) {
+    pub(crate) fn restored(&mut self, tids: &[u32]) {
         let own: Vec<(u32, RaisedThread)> = tids
             .iter()
             .filter_map(|&tid| Some((tid, self.own_entry(tid)?)))
@@ -275,7 +280,7 @@ impl RaisedForks {
     /// entry just before abissd deleted it, and counted just after), if a raise ended since
     /// the last look: called on abissd's periodic check, when such a count has long been
     /// made. The sweeps do the same.
-    pub fn prune_counts(&mut self) {
+    pub(crate) fn prune_counts(&mut self) {
         if std::mem::take(&mut self.ended_since_prune) {
             let followed = self.followed();
             self.prune_counts_but(&followed);
@@ -284,7 +289,7 @@ impl RaisedForks {
 
     /// Whether a raise ended since [`Self::prune_counts`] last looked.
     #[must_use]
-    pub fn counts_to_prune(&self) -> bool {
+    pub(crate) fn counts_to_prune(&self) -> bool {
         self.ended_since_prune
     }
 
@@ -316,7 +321,7 @@ impl RaisedForks {
     /// (`raises::reused_id`). The tasks noted under the earlier raise are put back and its
     /// I/O context is forgotten, as at its restore; the entry is overwritten, not removed
     /// first, so that no fork of the thread falls between two entries unfollowed.
-    pub fn follow_afresh(
+    pub(crate) fn follow_afresh(
         &mut self,
         tid: u32,
         (previous, applied, stream): (u16, u16, u64),
@@ -367,7 +372,7 @@ impl RaisedForks {
     }
 
     /// Keeps the fork program attached while `any_raised`, and only then.
-    pub fn sync(hook: &mut dyn ForkHook, any_raised: bool) {
+    pub(crate) fn sync(hook: &mut dyn ForkHook, any_raised: bool) {
         if let Err(error) = hook.follow_forks(any_raised) {
             warn!("cannot switch the fork program: {error}");
         }
@@ -379,7 +384,7 @@ impl RaisedForks {
     /// (`over_bound`) is put back even though it shares the context, which puts back the
     /// raised thread with it (its raise is dropped next): if the raised thread is gone, this
     /// task is what is left to reach the context by.
-    pub fn on_fork(&mut self, fork: &Fork, raised_itself: bool) {
+    pub(crate) fn on_fork(&mut self, fork: &Fork, raised_itself: bool) {
         if fork.raise.over_bound {
             self.put_back(fork.child, &fork.raise);
             return;
@@ -409,7 +414,7 @@ impl RaisedForks {
     /// context: the fork program found one raise's too many, or the raise is the table's for
     /// stream `stream` and that stream's raises together now have more than
     /// [`crate::policy::raise::MAX_SHARED_IO_TASKS_PER_STREAM`] noted.
-    pub fn too_many_shared(&mut self, fork: &Fork, stream: Option<u64>) -> bool {
+    pub(crate) fn too_many_shared(&mut self, fork: &Fork, stream: Option<u64>) -> bool {
         let raise = &fork.raise;
         if raise.over_bound {
             return true;
@@ -424,7 +429,7 @@ impl RaisedForks {
 
     /// Puts back the followed tasks the fork program could not report, if it says there were
     /// any since the last look.
-    pub fn find_unreported(&mut self) {
+    pub(crate) fn find_unreported(&mut self) {
         let lost = self
             .lost
             .get(&0, 0)
@@ -442,7 +447,7 @@ impl RaisedForks {
     }
 
     /// Puts back every task still followed (daemon shutdown, once no thread is raised).
-    pub fn shutdown(&mut self) {
+    pub(crate) fn shutdown(&mut self) {
         self.sweep(None, true);
         if self.put_back > 0 {
             info!("put back {} tasks made by raised threads", self.put_back);

@@ -30,7 +30,7 @@ use crate::policy::stray::RaiseAccount;
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the journal thread is a kernel thread.
 const PF_KTHREAD: u32 = 0x0020_0000;
 /// How long a file system found without a journal thread is believed to have none.
-pub const NO_JOURNAL_RECHECK_NS: u64 = 10_000_000_000;
+pub(crate) const NO_JOURNAL_RECHECK_NS: u64 = 10_000_000_000;
 
 /// The journal threads found, per file system. Finding one scans every process in `/proc`,
 /// which any user can make many of, and a user may start and end recordings as fast as they
@@ -88,7 +88,12 @@ impl ReaderRaises {
     /// Raises the journal thread of the file system on `fs_device` to ABISS `level` for
     /// recording `stream`, unless it is raised already (for another recording) or there is
     /// none; whether it is raised now.
-    pub fn raise_journal(&mut self, stream: RaiseFor, fs_device: DeviceNumber, level: u8) -> bool {
+    pub(crate) fn raise_journal(
+        &mut self,
+        stream: RaiseFor,
+        fs_device: DeviceNumber,
+        level: u8,
+    ) -> bool {
         if !self.enabled {
             return false;
         }

@@ -123,7 +123,7 @@ impl ReaderRaises {
 
     /// Per user, the KiB of real-time reads that ended raises made without being charged for
     /// them, to be charged to the user's start-up allowance (`BurstAllowance::charge`).
-    pub fn take_owed(&mut self) -> Vec<(u32, u64)> {
+    pub(crate) fn take_owed(&mut self) -> Vec<(u32, u64)> {
         self.owed.drain().collect()
     }
 }

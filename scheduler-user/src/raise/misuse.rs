@@ -33,7 +33,12 @@ const _: () = assert!(
 impl ReaderRaises {
     /// A followed thread made a task: put back at once (see [`crate::raise::forks`]), unless
     /// a player at its start made it and its user does not owe (`owes`) for real-time reads.
-    pub fn on_fork(&mut self, fork: &Fork, hook: &mut dyn ForkHook, owes: &dyn Fn(u32) -> bool) {
+    pub(crate) fn on_fork(
+        &mut self,
+        fork: &Fork,
+        hook: &mut dyn ForkHook,
+        owes: &dyn Fn(u32) -> bool,
+    ) {
         let raised_itself = self.table.get(fork.child).is_some();
         // The stream of the raise the report comes from, if that raise is still the table's
         // (a late report must not drop a later raise of the same thread id).

@@ -23,12 +23,12 @@ use crate::raise::forks::{ForkHook, RaisedForks};
 mod task;
 
 use barred::BarredThreads;
-pub use task::restore_leftovers;
+pub(crate) use task::restore_leftovers;
 use task::{restore, task_identity, Restored};
 
 mod adoption;
 mod barred;
-pub mod forks;
+pub(crate) mod forks;
 mod journal;
 mod ledger;
 mod misuse;
@@ -37,7 +37,7 @@ mod reused_id;
 /// The file in the state directory listing the threads to restore. Its name is from before
 /// the code said "raise" for what it once called an upgrade: an abissd started over the state
 /// an earlier version left when it crashed finds its raised threads to put back.
-pub const RAISES_FILE: &str = "upgrades.json";
+pub(crate) const RAISES_FILE: &str = "upgrades.json";
 
 /// While the record cannot be written, how often a miss tries again (then raises, if it can).
 const RECORD_RETRY_NS: u64 = 5_000_000_000;
@@ -46,7 +46,7 @@ const RECORD_RETRY_NS: u64 = 5_000_000_000;
 const POLICE_INTERVAL_NS: u64 = 250_000_000;
 
 /// What the streams' side tells and lends the policing of raises ([`misuse`]).
-pub trait StreamBounds {
+pub(crate) trait StreamBounds {
     /// What stream `stream` was admitted for since `since_ns` (0: since it was attached, as
     /// far as its rate changes are kept): the bytes its rates earned since, and its buffer,
     /// which bound what its raised readers may read of its file at the raised priority. `None`
@@ -65,28 +65,28 @@ pub trait StreamBounds {
 /// The stream a thread is raised for, and its file's tag in the kernel maps (what the block
 /// program counts the thread's own real-time requests by).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RaiseFor {
+pub(crate) struct RaiseFor {
     /// The stream.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// Its file's tag ([`crate::stream::Stream::file_tag`]).
-    pub file_tag: u64,
+    pub(crate) file_tag: u64,
 }
 
 /// A thread its stream's owner said is about to read the stream, as `/proc` shows it.
 #[derive(Debug)]
-pub struct StartingReader {
+pub(crate) struct StartingReader {
     /// Its process: the stream's reader from now on, so that the file's other streams do
     /// not take its first reads (a viewer's jump to where it starts playing).
-    pub tgid: u32,
+    pub(crate) tgid: u32,
     /// The process's command.
-    pub command: String,
+    pub(crate) command: String,
     /// Whether it was raised now.
-    pub raised: bool,
+    pub(crate) raised: bool,
 }
 
 /// The daemon's raises of readers.
 #[derive(Debug)]
-pub struct ReaderRaises {
+pub(crate) struct ReaderRaises {
     table: RaiseTable,
     enabled: bool,
     record: PathBuf,
@@ -124,7 +124,7 @@ impl ReaderRaises {
     /// tasks raised threads make followed by `forks`; `enabled` false makes every call a
     /// no-op (for comparisons).
     #[must_use]
-    pub fn new(state_dir: &Path, idle_ns: u64, enabled: bool, forks: RaisedForks) -> Self {
+    pub(crate) fn new(state_dir: &Path, idle_ns: u64, enabled: bool, forks: RaisedForks) -> Self {
         Self {
             table: RaiseTable::new(idle_ns),
             enabled,
@@ -149,7 +149,7 @@ impl ReaderRaises {
     /// A thread missed the page cache on the file of stream `stream` (owned by `owner_uid`,
     /// at ABISS `level`): raise it if it needs it and may have it, its forks followed (`hook`
     /// attaches the fork program) from before the raise on. Returns whether it was raised now.
-    pub fn on_miss(
+    pub(crate) fn on_miss(
         &mut self,
         stream: RaiseFor,
         reader: &Reader,
@@ -166,7 +166,7 @@ impl ReaderRaises {
     /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
     /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
     /// `None` when the thread is gone or not the asking user's.
-    pub fn on_reader_start(
+    pub(crate) fn on_reader_start(
         &mut self,
         (stream, may_raise): (RaiseFor, bool),
         (tid, uid): (u32, u32),
@@ -390,14 +390,19 @@ impl ReaderRaises {
     }
 
     /// Thread `pid` touched stream `stream`'s file.
-    pub fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
         self.table.touch(pid, stream, now_ns);
     }
 
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
     /// program could not report; polices the raises ([`misuse`]) by what `bounds` says of
     /// their streams.
-    pub fn expire(&mut self, now_ns: u64, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
+    pub(crate) fn expire(
+        &mut self,
+        now_ns: u64,
+        hook: &mut dyn ForkHook,
+        bounds: &mut dyn StreamBounds,
+    ) {
         let idle = self.table.take_idle(now_ns);
         self.restore_all(&idle, "idle", hook);
         self.police(hook, bounds);
@@ -409,7 +414,7 @@ impl ReaderRaises {
 
     /// Restores the threads raised for a stream that ends, and charges what its raises read
     /// of its file past `allowance_kib` (what it was admitted for, as it ends).
-    pub fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
+    pub(crate) fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
         let taken = self.table.take_stream(stream);
         self.restore_all(&taken, "stream ended", hook);
         self.close_ledger(stream, allowance_kib);
@@ -420,7 +425,7 @@ impl ReaderRaises {
 
     /// Restores every raised thread, and every task they made still followed (daemon
     /// shutdown).
-    pub fn shutdown(&mut self, hook: &mut dyn ForkHook) {
+    pub(crate) fn shutdown(&mut self, hook: &mut dyn ForkHook) {
         let all = self.table.take_all();
         self.restore_all(&all, "daemon stopping", hook);
         self.forks.shutdown();
@@ -451,7 +456,7 @@ impl ReaderRaises {
 
     /// Nanoseconds until an raise goes idle.
     #[must_use]
-    pub fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
         let expiry = self.table.ns_until_next_expiry(now_ns);
         // While a thread is raised, its stray requests are looked at this often; after the last
         // raise ended, once more, for counts made as it ended.
@@ -464,25 +469,25 @@ impl ReaderRaises {
 
     /// Whether a thread of `tgid` is raised for `stream`.
     #[must_use]
-    pub fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
         self.table.raises(tgid, stream)
     }
 
     /// Readers of `stream` whose raise was dropped for stray real-time I/O.
     #[must_use]
-    pub fn policed_for(&self, stream: u64) -> u64 {
+    pub(crate) fn policed_for(&self, stream: u64) -> u64 {
         self.barred.get(&stream).map_or(0, BarredThreads::dropped)
     }
 
     /// Raises made for `stream` so far.
     #[must_use]
-    pub fn count_for(&self, stream: u64) -> u64 {
+    pub(crate) fn count_for(&self, stream: u64) -> u64 {
         self.per_stream.get(&stream).copied().unwrap_or(0)
     }
 
     /// Figures for `status`.
     #[must_use]
-    pub fn report(&self) -> RaiseReport {
+    pub(crate) fn report(&self) -> RaiseReport {
         let quantile =
             |q: f64| (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(q) / 1000);
         RaiseReport {

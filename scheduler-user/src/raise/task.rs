@@ -105,7 +105,7 @@ fn lowers(previous: u16, applied: u16) -> bool {
 
 /// Restores the threads a previous daemon raised and did not restore (it crashed), and
 /// removes the record; says in the log what it did.
-pub fn restore_leftovers(state_dir: &Path) {
+pub(crate) fn restore_leftovers(state_dir: &Path) {
     let path = state_dir.join(RAISES_FILE);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return;

@@ -13,7 +13,7 @@ use crate::serve::closer::ClientFd;
 
 /// Why a descriptor or parameters cannot become a stream. Each message is one sentence.
 #[derive(Debug, thiserror::Error)]
-pub enum AttachError {
+pub(crate) enum AttachError {
     /// A parameter is out of range.
     #[error("{0}")]
     BadParameter(String),
@@ -30,24 +30,24 @@ impl From<AttachError> for Refusal {
 
 /// What the daemon learns from a client's descriptor.
 #[derive(Debug)]
-pub struct CheckedFile {
+pub(crate) struct CheckedFile {
     /// The descriptor, closed on its user's closing thread.
-    pub fd: ClientFd,
+    pub(crate) fd: ClientFd,
     /// Path as the kernel names it.
-    pub path: String,
+    pub(crate) path: String,
     /// Filesystem device and inode.
-    pub key: FileKey,
+    pub(crate) key: FileKey,
     /// Filesystem device number.
-    pub file_device: DeviceNumber,
+    pub(crate) file_device: DeviceNumber,
     /// Size in bytes.
-    pub bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 /// What the kernel knows of `fd` without asking its file system (`statx` with
 /// `AT_STATX_DONT_SYNC`, `F_GETFL`), or why it can never be a stream's file (a phrase that
 /// follows the file's name): it is no regular file, or it was opened with `O_PATH`.
 /// abissd examines every passed descriptor so at receipt, and refuses such ones there.
-pub fn examine(fd: BorrowedFd<'_>) -> Result<(abiss_os::fs::CachedStat, OFlag), String> {
+pub(crate) fn examine(fd: BorrowedFd<'_>) -> Result<(abiss_os::fs::CachedStat, OFlag), String> {
     let stat =
         abiss_os::fs::stat_cached(fd).map_err(|error| format!("cannot be examined: {error}"))?;
     let kind = SFlag::from_bits_truncate(stat.mode) & SFlag::S_IFMT;
@@ -80,7 +80,7 @@ pub fn examine(fd: BorrowedFd<'_>) -> Result<(abiss_os::fs::CachedStat, OFlag), 
 /// Nothing here asks the file's file system: the descriptor is the client's, and so may be its
 /// file system (a FUSE server that never answers would hold the main loop, and every stream
 /// with it). The caller refuses files off managed disks before anything else touches them.
-pub fn check_file(fd: ClientFd, write: bool) -> Result<CheckedFile, AttachError> {
+pub(crate) fn check_file(fd: ClientFd, write: bool) -> Result<CheckedFile, AttachError> {
     let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_or_else(
         |_| "(unnamed file)".to_owned(),
         |p| p.to_string_lossy().into_owned(),

@@ -21,12 +21,12 @@ use crate::serve::keyed_threads::KeyedThreads;
 /// Descriptors of one user waiting to be closed (the one being closed included) beyond which
 /// abissd takes no more from that user. Four connections' worth of waiting descriptors
 /// (`MAX_PENDING_FDS`): a client that hangs up with everything it may hold is never stalled.
-pub const MAX_CLOSING_PER_USER: usize = 16;
+pub(crate) const MAX_CLOSING_PER_USER: usize = 16;
 
 /// The closing threads, one per user with descriptors waiting (named `abiss-close`). Cloned
 /// freely: every clone closes through the same threads.
 #[derive(Clone, Debug)]
-pub struct Closer {
+pub(crate) struct Closer {
     threads: KeyedThreads<u32, OwnedFd>,
 }
 
@@ -39,7 +39,7 @@ impl Default for Closer {
 impl Closer {
     /// A closer with no thread yet.
     #[must_use]
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             threads: KeyedThreads::new("abiss-close", |_| {}, |_, fd: OwnedFd| drop(fd)),
         }
@@ -47,14 +47,14 @@ impl Closer {
 
     /// Closes `fd`, which user `uid` handed abissd, on that user's closing thread. Never
     /// waits for the close, and never closes anything on the caller's thread.
-    pub fn close(&self, uid: u32, fd: OwnedFd) {
+    pub(crate) fn close(&self, uid: u32, fd: OwnedFd) {
         self.threads.submit(uid, fd);
     }
 
     /// Closes a connection socket of `uid`'s. After a shutdown of both directions nothing
     /// more can arrive on it; if nothing is queued either, it holds no descriptor in flight
     /// and its close cannot wait, so it is closed here. Otherwise on the user's thread.
-    pub fn close_connection(&self, uid: u32, socket: OwnedFd) {
+    pub(crate) fn close_connection(&self, uid: u32, socket: OwnedFd) {
         let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         if queued_bytes(socket.as_fd()) == Some(0) {
             drop(socket);
@@ -65,20 +65,21 @@ impl Closer {
 
     /// Descriptors of `uid` handed over and not yet closed.
     #[must_use]
-    pub fn pending(&self, uid: u32) -> usize {
+    pub(crate) fn pending(&self, uid: u32) -> usize {
         self.threads.pending(uid)
     }
 
     /// Whether `uid` has so many descriptors waiting to be closed that abissd takes no more
     /// from them (their connections are not read, new ones are refused).
     #[must_use]
-    pub fn is_stalled(&self, uid: u32) -> bool {
+    pub(crate) fn is_stalled(&self, uid: u32) -> bool {
         self.pending(uid) >= MAX_CLOSING_PER_USER
     }
 
     /// Closing threads running.
     #[must_use]
-    pub fn threads(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
         self.threads.threads()
     }
 }
@@ -94,7 +95,7 @@ fn queued_bytes(socket: BorrowedFd<'_>) -> Option<usize> {
 /// A descriptor a client passed: closed on its user's closing thread when it drops, so no
 /// drop anywhere in abissd can wait on the client's object.
 #[derive(Debug)]
-pub struct ClientFd {
+pub(crate) struct ClientFd {
     fd: Option<OwnedFd>,
     uid: u32,
     closer: Closer,
@@ -103,7 +104,7 @@ pub struct ClientFd {
 impl ClientFd {
     /// `fd`, handed over by `uid`, to be closed through `closer`.
     #[must_use]
-    pub fn new(fd: OwnedFd, uid: u32, closer: Closer) -> Self {
+    pub(crate) fn new(fd: OwnedFd, uid: u32, closer: Closer) -> Self {
         Self {
             fd: Some(fd),
             uid,
@@ -113,19 +114,19 @@ impl ClientFd {
 
     /// The user who handed it over.
     #[must_use]
-    pub fn uid(&self) -> u32 {
+    pub(crate) fn uid(&self) -> u32 {
         self.uid
     }
 
     /// A duplicate, closed the same way.
-    pub fn try_clone(&self) -> std::io::Result<Self> {
+    pub(crate) fn try_clone(&self) -> std::io::Result<Self> {
         Ok(self.same_owner(self.as_fd().try_clone_to_owned()?))
     }
 
     /// Another descriptor of the same object (the daemon's reopen of the client's file),
     /// closed the same way.
     #[must_use]
-    pub fn same_owner(&self, fd: OwnedFd) -> Self {
+    pub(crate) fn same_owner(&self, fd: OwnedFd) -> Self {
         Self::new(fd, self.uid, self.closer.clone())
     }
 }

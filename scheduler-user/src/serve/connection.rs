@@ -18,11 +18,11 @@ use crate::serve::closer::{ClientFd, Closer};
 
 /// A descriptor as it arrived: held, or already given back with the reason it can never be a
 /// stream.
-pub type Received = Result<ClientFd, String>;
+pub(crate) type Received = Result<ClientFd, String>;
 
 /// A Unix stream socket read as lines, keeping every descriptor that arrives in order.
 #[derive(Debug)]
-pub struct FramedSocket {
+pub(crate) struct FramedSocket {
     stream: Option<UnixStream>,
     buffer: Vec<u8>,
     fds: VecDeque<Received>,
@@ -34,7 +34,7 @@ impl FramedSocket {
     /// Wraps an accepted connection of user `uid`: what it passes, and the socket itself, are
     /// closed through `closer`.
     #[must_use]
-    pub fn new(stream: UnixStream, uid: u32, closer: Closer) -> Self {
+    pub(crate) fn new(stream: UnixStream, uid: u32, closer: Closer) -> Self {
         Self {
             stream: Some(stream),
             buffer: Vec::new(),
@@ -50,14 +50,8 @@ impl FramedSocket {
             .expect("the socket is taken only when the connection drops")
     }
 
-    /// The connected stream (for peer credentials).
-    #[must_use]
-    pub fn stream(&self) -> &UnixStream {
-        self.socket()
-    }
-
     /// The next line, without its newline; `None` at the end of the connection.
-    pub async fn next_line(&mut self) -> io::Result<Option<Vec<u8>>> {
+    pub(crate) async fn next_line(&mut self) -> io::Result<Option<Vec<u8>>> {
         loop {
             if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
                 let mut line: Vec<u8> = self.buffer.drain(..=end).collect();
@@ -90,12 +84,12 @@ impl FramedSocket {
     }
 
     /// The oldest descriptor received and not yet taken.
-    pub fn take_fd(&mut self) -> Option<Received> {
+    pub(crate) fn take_fd(&mut self) -> Option<Received> {
         self.fds.pop_front()
     }
 
     /// Writes all of `bytes`.
-    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+    pub(crate) async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.stream
             .as_mut()
             .expect("the socket is taken only when the connection drops")
@@ -130,7 +124,7 @@ const SCM_MAX_FD: usize = 253;
 
 /// The most descriptors a connection may have waiting for the requests that take them: an
 /// attach takes one, and a client has no reason to send ahead.
-pub const MAX_PENDING_FDS: usize = 4;
+pub(crate) const MAX_PENDING_FDS: usize = 4;
 
 /// One `recvmsg`: data into `buffer`, descriptors onto `fds` (close-on-exec). A message with
 /// more than one descriptor, or more waiting than [`MAX_PENDING_FDS`], is refused; every

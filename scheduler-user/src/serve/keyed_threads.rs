@@ -14,14 +14,14 @@ use std::time::Duration;
 use log::warn;
 
 /// How long a key's thread waits for more before it ends.
-pub const IDLE_EXIT: Duration = Duration::from_secs(5);
+pub(crate) const IDLE_EXIT: Duration = Duration::from_secs(5);
 
 /// What each thread does: `start` once when it begins, `work` for each item.
 type Start<K> = dyn Fn(K) + Send + Sync;
 type Work<K, T> = dyn Fn(K, T) + Send + Sync;
 
 /// Threads by key, each with its queue. Cloned freely: every clone submits to the same threads.
-pub struct KeyedThreads<K, T> {
+pub(crate) struct KeyedThreads<K, T> {
     queues: Arc<Mutex<HashMap<K, Queue<T>>>>,
     name: String,
     start: Arc<Start<K>>,
@@ -64,7 +64,7 @@ where
 {
     /// Threads named `name` (the kernel keeps 15 bytes of it) that run `start` when they
     /// begin and `work` on each item.
-    pub fn new(
+    pub(crate) fn new(
         name: &str,
         start: impl Fn(K) + Send + Sync + 'static,
         work: impl Fn(K, T) + Send + Sync + 'static,
@@ -79,7 +79,7 @@ where
 
     /// Hands `item` to `key`'s thread, starting one if there is none. Never waits for the
     /// work, and never does it on the caller's thread.
-    pub fn submit(&self, key: K, item: T) {
+    pub(crate) fn submit(&self, key: K, item: T) {
         let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         let queue = queues.entry(key).or_insert_with(|| Queue {
             sender: None,
@@ -109,7 +109,7 @@ where
 
     /// Items of `key` submitted and not yet done.
     #[must_use]
-    pub fn pending(&self, key: K) -> usize {
+    pub(crate) fn pending(&self, key: K) -> usize {
         let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         queues
             .get(&key)
@@ -118,7 +118,8 @@ where
 
     /// Threads running.
     #[must_use]
-    pub fn threads(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn threads(&self) -> usize {
         let queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
         queues
             .values()

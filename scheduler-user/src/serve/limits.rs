@@ -12,11 +12,11 @@ use std::time::Duration;
 /// waiting descriptors, so the most they hold is 2 560 descriptors, well inside the
 /// descriptor limit abissd raises itself to (and far more clients than a machine streams
 /// to).
-pub const MAX_CONNECTIONS: usize = 512;
+pub(crate) const MAX_CONNECTIONS: usize = 512;
 
 /// Of [`MAX_CONNECTIONS`], how many only root may take: however many users fill the rest,
 /// the administrator can still run `abissctl status` and `detach`.
-pub const ROOT_RESERVED_CONNECTIONS: usize = 32;
+pub(crate) const ROOT_RESERVED_CONNECTIONS: usize = 32;
 
 /// Connections open at once by one user other than root. A player needs one per open
 /// stream and a user has at most 32 streams; the rest is room for `abissctl` and `top`.
@@ -26,7 +26,7 @@ pub const MAX_USER_CONNECTIONS: usize = 64;
 /// every client asks at once after it connects, and `top` and `trace` ask every interval.
 /// Connections with a stream (its lifetime is the connection's) and event subscriptions
 /// (which wait for the daemon) are never idle.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Environment variable, in milliseconds, that replaces [`IDLE_TIMEOUT`]: for the tests, so
 /// they need not wait a minute. Only whoever starts abissd sets its environment.
@@ -39,14 +39,14 @@ pub const IDLE_TIMEOUT_ENV: &str = "ABISSD_IDLE_TIMEOUT_MS";
 /// at which it would move off the loop. Yet 32 connections asking for it back to back once
 /// kept root's `status` waiting 1.3 to 2.5 s behind the queued plans; one at a time, a
 /// request waits for at most one plan.
-pub const PLANS_AT_ONCE: usize = 1;
+pub(crate) const PLANS_AT_ONCE: usize = 1;
 
 /// How long a refusal may take to write before the connection is simply closed.
-pub const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The idle timeout in force: [`IDLE_TIMEOUT`] unless [`IDLE_TIMEOUT_ENV`] names another.
 #[must_use]
-pub fn idle_timeout() -> Duration {
+pub(crate) fn idle_timeout() -> Duration {
     std::env::var(IDLE_TIMEOUT_ENV)
         .ok()
         .and_then(|ms| ms.parse::<u64>().ok())
@@ -56,7 +56,7 @@ pub fn idle_timeout() -> Duration {
 
 /// Open connections, counted in all and per user.
 #[derive(Clone, Debug, Default)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     counts: Arc<Mutex<Counts>>,
 }
 
@@ -68,14 +68,14 @@ struct Counts {
 
 /// A connection counted against the limits until it drops.
 #[derive(Debug)]
-pub struct ConnectionSlot {
+pub(crate) struct ConnectionSlot {
     counts: Arc<Mutex<Counts>>,
     uid: u32,
 }
 
 impl ConnectionLimits {
     /// Counts a new connection of `uid`, or says in one sentence why it may not open.
-    pub fn admit(&self, uid: u32) -> Result<ConnectionSlot, String> {
+    pub(crate) fn admit(&self, uid: u32) -> Result<ConnectionSlot, String> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let (room, whose) = if uid == 0 {
             (MAX_CONNECTIONS, "")

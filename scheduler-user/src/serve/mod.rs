@@ -6,13 +6,13 @@
 //! daemon's main loop answers the commands (as console-subscriber keeps its server apart from
 //! its aggregator). What one client may hold (connections, idle time) is in [`limits`].
 
-pub mod client_file;
-pub mod closer;
-pub mod connection;
-pub mod keyed_threads;
+pub(crate) mod client_file;
+pub(crate) mod closer;
+pub(crate) mod connection;
+pub(crate) mod keyed_threads;
 pub mod limits;
-pub mod metrics;
-pub mod socket;
+pub(crate) mod metrics;
+pub(crate) mod socket;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,12 +35,12 @@ use closer::Closer;
 use limits::{ConnectionLimits, PLANS_AT_ONCE, REFUSAL_WRITE_TIMEOUT};
 
 /// Where the main loop sends its answer.
-pub type Reply<T> = oneshot::Sender<T>;
+pub(crate) type Reply<T> = oneshot::Sender<T>;
 
 /// What connections ask of the main loop, the only place that touches maps and streams. Each
 /// carries the asking peer's uid where the answer depends on who asks.
 #[derive(Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// The cumulative latency histograms.
     Latency(Reply<Result<Vec<LatencyGroup>, String>>),
     /// Requests in flight and records kept, for `stats`.
@@ -136,7 +136,7 @@ pub enum Command {
 
 /// Shared, read-only context of every connection.
 #[derive(Clone, Debug)]
-pub struct Context {
+pub(crate) struct Context {
     commands: mpsc::Sender<Command>,
     events: broadcast::Sender<RequestRecord>,
     program_ids: Arc<Vec<(String, u32)>>,
@@ -152,7 +152,7 @@ impl Context {
     /// What connections share: the way to the main loop, the request events to fan out, the
     /// programs whose costs `stats` measures, and the kernel release `hello` reports.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         commands: mpsc::Sender<Command>,
         events: broadcast::Sender<RequestRecord>,
         program_ids: Vec<(String, u32)>,
@@ -199,7 +199,7 @@ fn shutting_down() -> Response {
 
 /// Serves one client until it hangs up; its non-persistent streams end then. A connection
 /// over the [`limits`] is told why and closed.
-pub async fn serve_connection(stream: UnixStream, context: Context) {
+pub(crate) async fn serve_connection(stream: UnixStream, context: Context) {
     let peer_uid = match stream.peer_cred() {
         Ok(cred) => cred.uid(),
         Err(error) => {

@@ -11,7 +11,7 @@ use tokio::net::UnixListener;
 
 /// Failures to take the socket path.
 #[derive(Debug, thiserror::Error)]
-pub enum SocketError {
+pub(crate) enum SocketError {
     /// Another daemon holds the path.
     #[error("another abissd is already serving {path}; stop it first, or give this one another --socket")]
     AlreadyRunning {
@@ -37,7 +37,7 @@ pub enum SocketError {
 
 /// A bound control socket. Dropping it removes the socket file and releases the lock.
 #[derive(Debug)]
-pub struct ControlSocket {
+pub(crate) struct ControlSocket {
     path: PathBuf,
     listener: UnixListener,
     _lock: Flock<File>,
@@ -45,7 +45,7 @@ pub struct ControlSocket {
 
 impl ControlSocket {
     /// Binds `path`, refusing if another daemon serves it. Must run inside a tokio runtime.
-    pub fn bind(path: &Path) -> Result<Self, SocketError> {
+    pub(crate) fn bind(path: &Path) -> Result<Self, SocketError> {
         let io_error = |source| SocketError::Io {
             path: path.to_path_buf(),
             source,
@@ -98,7 +98,7 @@ impl ControlSocket {
 
     /// The listener.
     #[must_use]
-    pub fn listener(&self) -> &UnixListener {
+    pub(crate) fn listener(&self) -> &UnixListener {
         &self.listener
     }
 }

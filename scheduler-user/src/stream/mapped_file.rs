@@ -17,7 +17,7 @@ use nix::sys::mman::{madvise, mlock, mmap, munlock, munmap, MapFlags, MmapAdvise
 /// How far past its size at attach a read stream's file is mapped: a file being recorded grows
 /// while it is watched (timeshift), and its window follows it this far. It is address space,
 /// not memory: only the window's pages are ever locked.
-pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
+pub(crate) const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
 
 /// The file of `fd` (a descriptor the client proved it may read with) opened anew for
 /// reading with `O_NOATIME`, for the daemon's own mapping: mapping a file updates its access
@@ -29,7 +29,7 @@ pub const GROWTH_RESERVE_BYTES: u64 = 64 << 30;
 /// # Errors
 /// The reopen is refused (`O_NOATIME` needs the file's owner or `CAP_FOWNER`), or the
 /// reopened file is not the same file; the caller then maps the client's descriptor.
-pub fn reopen_without_atime(fd: &ClientFd) -> io::Result<ClientFd> {
+pub(crate) fn reopen_without_atime(fd: &ClientFd) -> io::Result<ClientFd> {
     reopen(
         fd,
         std::fs::OpenOptions::new()
@@ -59,7 +59,7 @@ pub(crate) fn reopen(fd: &ClientFd, options: &std::fs::OpenOptions) -> io::Resul
 /// The address space a read stream's mapping of a file of `bytes` takes: its whole pages and
 /// [`GROWTH_RESERVE_BYTES`].
 #[must_use]
-pub fn mapping_bytes(bytes: u64) -> u64 {
+pub(crate) fn mapping_bytes(bytes: u64) -> u64 {
     bytes
         .div_ceil(4096)
         .saturating_mul(4096)
@@ -68,7 +68,7 @@ pub fn mapping_bytes(bytes: u64) -> u64 {
 
 /// A file a stream reads, mapped read-only so its window's pages can be locked.
 #[derive(Debug)]
-pub struct MappedFile {
+pub(crate) struct MappedFile {
     fd: ClientFd,
     map: NonNull<libc::c_void>,
     map_bytes: usize,
@@ -96,7 +96,7 @@ unsafe impl Sync for MappedFile {}
 impl MappedFile {
     /// Maps `fd` (a readable regular file of `bytes`), with room to grow by
     /// [`GROWTH_RESERVE_BYTES`].
-    pub fn new(fd: ClientFd, bytes: u64) -> io::Result<Self> {
+    pub(crate) fn new(fd: ClientFd, bytes: u64) -> io::Result<Self> {
         if bytes == 0 {
             return Err(io::Error::other("the file is empty"));
         }
@@ -129,7 +129,7 @@ impl MappedFile {
     /// A write stream's file: not mapped (its descriptor may be write-only, and its window is
     /// written back, never locked), so locking, unlocking and residency see nothing.
     #[must_use]
-    pub fn unmapped(fd: ClientFd) -> Self {
+    pub(crate) fn unmapped(fd: ClientFd) -> Self {
         Self {
             fd,
             map: NonNull::dangling(),
@@ -142,27 +142,27 @@ impl MappedFile {
     /// which the kernel reads whole from one advice (so a load goes to the disk in requests as
     /// large as the disk takes, not only where the elevator merges smaller pieces).
     #[must_use]
-    pub fn with_advice_bytes(mut self, bytes: u64) -> Self {
+    pub(crate) fn with_advice_bytes(mut self, bytes: u64) -> Self {
         self.advice_bytes = bytes.clamp(DEFAULT_ADVICE_BYTES, MAX_ADVICE_BYTES);
         self
     }
 
     /// The most one `POSIX_FADV_WILLNEED` on this file is asked to read.
     #[must_use]
-    pub fn advice_bytes(&self) -> u64 {
+    pub(crate) fn advice_bytes(&self) -> u64 {
         self.advice_bytes
     }
 
     /// The descriptor.
     #[must_use]
-    pub fn fd(&self) -> &ClientFd {
+    pub(crate) fn fd(&self) -> &ClientFd {
         &self.fd
     }
 
     /// The most of the file the mapping reaches (pages past the file's end are never
     /// touched: windows stop at the end of the data).
     #[must_use]
-    pub fn reach_bytes(&self) -> u64 {
+    pub(crate) fn reach_bytes(&self) -> u64 {
         self.map_bytes as u64
     }
 
@@ -178,7 +178,7 @@ impl MappedFile {
     }
 
     /// Locks the pages of `range` (they are read in first if they are not resident).
-    pub fn lock(&self, range: &Range<u64>) -> io::Result<()> {
+    pub(crate) fn lock(&self, range: &Range<u64>) -> io::Result<()> {
         match self.span(range) {
             // SAFETY: the span lies within our mapping.
             Some((address, length)) => unsafe { mlock(address, length) }.map_err(io::Error::from),
@@ -195,7 +195,7 @@ impl MappedFile {
     /// 75 of 200 drops refused, 2026-12-01), and reclaim had to unmap them first.
     /// `MADV_DONTNEED` on a shared file mapping only removes the mapping; the data is the
     /// file's.
-    pub fn unlock(&self, range: &Range<u64>) -> io::Result<()> {
+    pub(crate) fn unlock(&self, range: &Range<u64>) -> io::Result<()> {
         let Some((address, length)) = self.span(range) else {
             return Ok(());
         };
@@ -208,7 +208,7 @@ impl MappedFile {
     }
 
     /// Bytes of `range` resident in the page cache (`mincore`).
-    pub fn resident_bytes(&self, range: &Range<u64>) -> io::Result<u64> {
+    pub(crate) fn resident_bytes(&self, range: &Range<u64>) -> io::Result<u64> {
         let Some((address, length)) = self.span(range) else {
             return Ok(0);
         };

@@ -1,10 +1,10 @@
 //! Streams: attached files with a granted rate, each with its playout buffer (the checks a
 //! client's descriptor passes first are in `client_file`).
 
-pub mod mapped_file;
-pub mod prefetch;
-pub mod table;
-pub mod writeback;
+pub(crate) mod mapped_file;
+pub(crate) mod prefetch;
+pub(crate) mod table;
+pub(crate) mod writeback;
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -26,24 +26,24 @@ use crate::stream::prefetch::MappedFile;
 use crate::stream::writeback::Recording;
 
 /// Most streams at once, and per user.
-pub const MAX_STREAMS: usize = 256;
+pub(crate) const MAX_STREAMS: usize = 256;
 /// Most streams one (non-root) user may hold.
-pub const MAX_STREAMS_PER_USER: usize = 32;
+pub(crate) const MAX_STREAMS_PER_USER: usize = 32;
 /// Highest rate a stream may ask for (1 TB/s): anything above is a mistake, not a stream.
-pub const MAX_RATE_BPS: u64 = 1_000_000_000_000;
+pub(crate) const MAX_RATE_BPS: u64 = 1_000_000_000_000;
 /// Largest playout buffer (1 GiB): it is locked memory.
-pub const MAX_BUFFER_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_BUFFER_BYTES: u64 = 1 << 30;
 /// Largest start-up preroll (64 MiB): it is locked memory and a real-time burst.
-pub const MAX_PREROLL_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_PREROLL_BYTES: u64 = 64 << 20;
 /// How often a read stream whose window reaches the end of its file looks whether the file
 /// grew (a recording being watched, by abiss or anything else).
-pub const GROWTH_POLL_NS: u64 = 100_000_000;
+pub(crate) const GROWTH_POLL_NS: u64 = 100_000_000;
 /// A stream's failed loads are logged at most once in this long: a file truncated under its
 /// stream fails every load of its window, as often as the window asks again.
-pub const LOAD_FAILURE_LOG_NS: u64 = 60_000_000_000;
+pub(crate) const LOAD_FAILURE_LOG_NS: u64 = 60_000_000_000;
 
 /// Validates stream parameters (the client checked them too; the daemon trusts no client).
-pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
+pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
     let bad = |message: String| Err(AttachError::BadParameter(message));
     if request.rate.0 == 0 || request.rate.0 > MAX_RATE_BPS {
         return bad(format!(
@@ -97,87 +97,87 @@ pub fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
 
 /// A stream being served.
 #[derive(Debug)]
-pub struct Stream {
+pub(crate) struct Stream {
     /// Stream id.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Its file's tag in the kernel maps: the id of the file's first stream still attached
     /// when this one was (see [`crate::policy::shared_file`]).
-    pub file_tag: u64,
+    pub(crate) file_tag: u64,
     /// User that attached it.
-    pub owner_uid: u32,
+    pub(crate) owner_uid: u32,
     /// Connection that attached it (non-persistent streams end with it).
-    pub connection: u64,
+    pub(crate) connection: u64,
     /// The request it was granted.
-    pub granted: AttachRequest,
+    pub(crate) granted: AttachRequest,
     /// The file's path.
-    pub path: String,
+    pub(crate) path: String,
     /// The file's identity.
-    pub key: FileKey,
+    pub(crate) key: FileKey,
     /// The filesystem device.
-    pub file_device: DeviceNumber,
+    pub(crate) file_device: DeviceNumber,
     /// The disk serving it.
-    pub disk: DeviceNumber,
+    pub(crate) disk: DeviceNumber,
     /// File size.
-    pub file_bytes: u64,
+    pub(crate) file_bytes: u64,
     /// The mapped file (window pages are locked in this mapping).
-    pub file: Arc<MappedFile>,
+    pub(crate) file: Arc<MappedFile>,
     /// The window state machine.
-    pub playout: PlayoutBuffer,
+    pub(crate) playout: PlayoutBuffer,
     /// Recent readers, bounded.
-    pub readers: RecentReaders,
+    pub(crate) readers: RecentReaders,
     /// Reads that missed the page cache where the window should have held their data.
-    pub misses: u64,
+    pub(crate) misses: u64,
     /// Reads that waited for the window a seek asked for.
-    pub seek_waits: u64,
+    pub(crate) seek_waits: u64,
     /// `io_uring` requests submitted on the file by readers.
-    pub uring_requests: u64,
+    pub(crate) uring_requests: u64,
     /// Time of the newest position evidence (a read seen in the kernel, or a position
     /// message), `CLOCK_MONOTONIC` ns.
-    pub newest_evidence_ns: u64,
+    pub(crate) newest_evidence_ns: u64,
     /// When a failed load was last logged, and how many failed since without a log line.
-    pub load_failures: (Option<u64>, u64),
+    pub(crate) load_failures: (Option<u64>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
-    pub start_limited: bool,
+    pub(crate) start_limited: bool,
     /// A write stream's window (then `playout` has nothing to load: its file is unmapped).
-    pub recording: Option<Recording>,
+    pub(crate) recording: Option<Recording>,
     /// When a read stream at the end of its file last looked whether it grew.
-    pub growth_checked_ns: u64,
+    pub(crate) growth_checked_ns: u64,
     /// The rates it had: what it was admitted for since a raise of its reader.
-    pub rates: RateHistory,
+    pub(crate) rates: RateHistory,
     /// How abissd sized the buffer from the disk, for `--buffer auto`.
-    pub auto_buffer: Option<AutoBufferInfo>,
+    pub(crate) auto_buffer: Option<AutoBufferInfo>,
 }
 
 /// Who holds a stream: the user that attached it, over which connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamOwner {
+pub(crate) struct StreamOwner {
     /// User id of the client.
-    pub uid: u32,
+    pub(crate) uid: u32,
     /// The client's connection (non-persistent streams end with it).
-    pub connection: u64,
+    pub(crate) connection: u64,
 }
 
 /// When a stream starts, and the credit its start-up burst was granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StreamStart {
+pub(crate) struct StreamStart {
     /// Now.
-    pub now_ns: u64,
+    pub(crate) now_ns: u64,
     /// Credit granted for the first fill ([`crate::policy::burst`]); the credit limit is the
     /// most a stream can use.
-    pub credit_bytes: u64,
+    pub(crate) credit_bytes: u64,
 }
 
 impl Stream {
     /// The credit a stream may hold: the initial fill and one seek refill are immediate;
     /// beyond that the stream loads at its rate (see `CreditTimer`).
     #[must_use]
-    pub fn credit_limit_bytes(granted: &AttachRequest) -> u64 {
+    pub(crate) fn credit_limit_bytes(granted: &AttachRequest) -> u64 {
         granted.buffer.0.saturating_mul(2)
     }
 
     /// A stream over `file` with the granted parameters; returns the initial fill.
     #[must_use]
-    pub fn new(
+    pub(crate) fn new(
         (id, file_tag): (u64, u64),
         owner: StreamOwner,
         granted: AttachRequest,
@@ -239,7 +239,11 @@ impl Stream {
 
     /// Gives the stream rate `rate` from `now_ns` on (admitted by the caller); returns the
     /// window's moves.
-    pub fn set_rate(&mut self, rate: abiss_proto::ByteRate, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn set_rate(
+        &mut self,
+        rate: abiss_proto::ByteRate,
+        now_ns: u64,
+    ) -> Vec<WindowAction> {
         self.granted.rate = rate;
         self.rates.set(rate.0, now_ns);
         if let Some(recording) = &mut self.recording {
@@ -250,7 +254,7 @@ impl Stream {
 
     /// What the stream asks of its disk, for admission.
     #[must_use]
-    pub fn demand(&self) -> StreamDemand {
+    pub(crate) fn demand(&self) -> StreamDemand {
         demand_of(&self.granted)
     }
 
@@ -258,7 +262,7 @@ impl Stream {
     /// the newest). Reads seen in the kernel and the application's position messages travel
     /// different ways; a message that arrives after a read it precedes (as after a seek) must
     /// not move the window back.
-    pub fn newer_evidence(&mut self, at_ns: u64) -> bool {
+    pub(crate) fn newer_evidence(&mut self, at_ns: u64) -> bool {
         if at_ns < self.newest_evidence_ns {
             return false;
         }
@@ -268,7 +272,7 @@ impl Stream {
 
     /// A load failed at `now_ns`: whether to log it (the first, then one per
     /// [`LOAD_FAILURE_LOG_NS`]), with the failures not logged since the last line.
-    pub fn log_load_failure(&mut self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn log_load_failure(&mut self, now_ns: u64) -> Option<u64> {
         let (logged_at, unlogged) = &mut self.load_failures;
         if logged_at.is_some_and(|at| now_ns.saturating_sub(at) < LOAD_FAILURE_LOG_NS) {
             *unlogged += 1;
@@ -280,7 +284,7 @@ impl Stream {
 
     /// The buffer is now `bytes` (`--buffer auto`, grown: admitted by the caller); returns the
     /// window's moves.
-    pub fn set_buffer(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn set_buffer(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
         self.granted.buffer = ByteSize(bytes);
         let limit = Self::credit_limit_bytes(&self.granted);
         self.playout.set_buffer(bytes, limit, now_ns)
@@ -288,7 +292,7 @@ impl Stream {
 
     /// A read stream whose window reaches the end of its file looks (every
     /// [`GROWTH_POLL_NS`]) whether the file grew, and extends its window into the new data.
-    pub fn follow_growth(&mut self, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn follow_growth(&mut self, now_ns: u64) -> Vec<WindowAction> {
         if self.recording.is_some()
             || !self.playout.reaches_file_end()
             || now_ns.saturating_sub(self.growth_checked_ns) < GROWTH_POLL_NS
@@ -310,14 +314,14 @@ impl Stream {
 
     /// Until a read stream at the end of its file looks again whether the file grew.
     #[must_use]
-    pub fn ns_until_growth_check(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_growth_check(&self, now_ns: u64) -> Option<u64> {
         (self.recording.is_none() && self.playout.reaches_file_end())
             .then(|| (self.growth_checked_ns + GROWTH_POLL_NS).saturating_sub(now_ns))
     }
 
     /// The stream as routing among its file's streams sees it, for an access by `tgid`.
     #[must_use]
-    pub fn as_shared(&self, tgid: u32) -> FileStream {
+    pub(crate) fn as_shared(&self, tgid: u32) -> FileStream {
         let from = self.playout.app_point();
         let to = self
             .playout
@@ -335,13 +339,13 @@ impl Stream {
     }
 
     /// Notes a reader task.
-    pub fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
+    pub(crate) fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
         self.readers.saw(pid, comm, now_ns);
     }
 
     /// The stream as clients see it.
     #[must_use]
-    pub fn info(&self) -> StreamInfo {
+    pub(crate) fn info(&self) -> StreamInfo {
         let window = self.playout.window_start()..self.playout.requested_end();
         let mut readers: Vec<ReaderInfo> = self
             .readers
@@ -399,7 +403,7 @@ impl Stream {
 /// What a stream of `request` asks of its disk, for admission: a recording's write-backs are
 /// requests of the same size as a playback's loads, and the model prices them as writes.
 #[must_use]
-pub fn demand_of(request: &AttachRequest) -> StreamDemand {
+pub(crate) fn demand_of(request: &AttachRequest) -> StreamDemand {
     StreamDemand {
         write: request.write,
         ..StreamDemand::playback(

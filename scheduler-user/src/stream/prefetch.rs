@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use abiss_os::ioprio;
 use log::warn;
 
-pub use crate::stream::mapped_file::MappedFile;
+pub(crate) use crate::stream::mapped_file::MappedFile;
 
 mod ring;
 use crate::policy::priority::encoded_ioprio;
@@ -40,22 +40,22 @@ use ring::submit_loads;
 
 /// One window range to load for a stream.
 #[derive(Debug)]
-pub struct LoadJob {
+pub(crate) struct LoadJob {
     /// Stream id.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// Seek generation (stale generations are cancelled).
-    pub generation: u32,
+    pub(crate) generation: u32,
     /// Page-aligned byte range.
-    pub range: Range<u64>,
+    pub(crate) range: Range<u64>,
     /// The stream's file.
-    pub file: Arc<MappedFile>,
+    pub(crate) file: Arc<MappedFile>,
     /// What to do with the range.
-    pub kind: JobKind,
+    pub(crate) kind: JobKind,
 }
 
 /// What a job does with its range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobKind {
+pub(crate) enum JobKind {
     /// Read it into the page cache and lock it (a read stream's window).
     Load,
     /// Write its dirty pages back, wait for them, and drop them from the page cache (a write
@@ -70,7 +70,7 @@ pub enum JobKind {
 
 /// How a load ended.
 #[derive(Debug)]
-pub enum LoadOutcome {
+pub(crate) enum LoadOutcome {
     /// Read into the page cache and locked (a load), or written back and dropped (a
     /// write-back).
     Loaded,
@@ -82,17 +82,17 @@ pub enum LoadOutcome {
 
 /// A finished load, reported to the daemon's main loop.
 #[derive(Debug)]
-pub struct LoadDone {
+pub(crate) struct LoadDone {
     /// Stream id.
-    pub stream: u64,
+    pub(crate) stream: u64,
     /// Seek generation.
-    pub generation: u32,
+    pub(crate) generation: u32,
     /// The range.
-    pub range: Range<u64>,
+    pub(crate) range: Range<u64>,
     /// What the job did.
-    pub kind: JobKind,
+    pub(crate) kind: JobKind,
     /// How it ended.
-    pub outcome: LoadOutcome,
+    pub(crate) outcome: LoadOutcome,
 }
 
 /// A level's lockers: a thread per user with locks waiting, at the level's priority.
@@ -108,7 +108,7 @@ enum WorkerCommand {
 
 /// Worker threads, one per ABISS level in use.
 #[derive(Debug)]
-pub struct PrefetchEngine {
+pub(crate) struct PrefetchEngine {
     workers: HashMap<u8, Worker>,
     done: tokio::sync::mpsc::UnboundedSender<LoadDone>,
 }
@@ -131,7 +131,7 @@ impl std::fmt::Debug for WorkerCommand {
 impl PrefetchEngine {
     /// An engine that reports finished loads to `done`.
     #[must_use]
-    pub fn new(done: tokio::sync::mpsc::UnboundedSender<LoadDone>) -> Self {
+    pub(crate) fn new(done: tokio::sync::mpsc::UnboundedSender<LoadDone>) -> Self {
         Self {
             workers: HashMap::new(),
             done,
@@ -159,7 +159,7 @@ impl PrefetchEngine {
     }
 
     /// Loads `job` at ABISS `level`.
-    pub fn load(&mut self, level: u8, job: LoadJob) -> io::Result<()> {
+    pub(crate) fn load(&mut self, level: u8, job: LoadJob) -> io::Result<()> {
         self.worker(level)?
             .commands
             .send(WorkerCommand::Load(job))
@@ -167,7 +167,7 @@ impl PrefetchEngine {
     }
 
     /// Cancels a stream's in-flight loads (of one generation, or all).
-    pub fn cancel(&mut self, level: u8, stream: u64, generation: Option<u32>) {
+    pub(crate) fn cancel(&mut self, level: u8, stream: u64, generation: Option<u32>) {
         if let Some(worker) = self.workers.get(&level) {
             let _ = worker
                 .commands

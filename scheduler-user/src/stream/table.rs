@@ -12,42 +12,42 @@ use crate::stream::Stream;
 
 /// All streams, by id.
 #[derive(Debug, Default)]
-pub struct StreamTable {
+pub(crate) struct StreamTable {
     streams: BTreeMap<u64, Stream>,
     next_id: u64,
 }
 
 impl StreamTable {
     /// A fresh id.
-    pub fn next_id(&mut self) -> u64 {
+    pub(crate) fn next_id(&mut self) -> u64 {
         self.next_id += 1;
         self.next_id
     }
 
     /// Adds a stream.
-    pub fn insert(&mut self, stream: Stream) {
+    pub(crate) fn insert(&mut self, stream: Stream) {
         self.streams.insert(stream.id, stream);
     }
 
     /// Removes a stream.
-    pub fn remove(&mut self, id: u64) -> Option<Stream> {
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Stream> {
         self.streams.remove(&id)
     }
 
     /// A stream by id.
-    pub fn get_mut(&mut self, id: u64) -> Option<&mut Stream> {
+    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Stream> {
         self.streams.get_mut(&id)
     }
 
     /// A stream by id.
     #[must_use]
-    pub fn get(&self, id: u64) -> Option<&Stream> {
+    pub(crate) fn get(&self, id: u64) -> Option<&Stream> {
         self.streams.get(&id)
     }
 
     /// The tag of a file's streams, if it has any ([`AttachedFile::stream`]).
     #[must_use]
-    pub fn tag_of(&self, key: &FileKey) -> Option<u64> {
+    pub(crate) fn tag_of(&self, key: &FileKey) -> Option<u64> {
         self.streams
             .values()
             .find(|s| s.key == *key)
@@ -55,50 +55,44 @@ impl StreamTable {
     }
 
     /// The streams of the file tagged `tag`.
-    pub fn of_file(&self, tag: u64) -> impl Iterator<Item = &Stream> {
+    pub(crate) fn of_file(&self, tag: u64) -> impl Iterator<Item = &Stream> {
         self.streams.values().filter(move |s| s.file_tag == tag)
     }
 
     /// The streams of the file tagged `tag` as routing sees them, for an access by process
     /// `tgid`.
     #[must_use]
-    pub fn sharing(&self, tag: u64, tgid: u32) -> Vec<FileStream> {
+    pub(crate) fn sharing(&self, tag: u64, tgid: u32) -> Vec<FileStream> {
         self.of_file(tag).map(|s| s.as_shared(tgid)).collect()
     }
 
     /// What the kernel should know of the file tagged `tag`; `None` once it has no stream.
     #[must_use]
-    pub fn kernel_entry(&self, tag: u64) -> Option<AttachedFile> {
+    pub(crate) fn kernel_entry(&self, tag: u64) -> Option<AttachedFile> {
         let streams = self.sharing(tag, 0);
         (!streams.is_empty()).then(|| kernel_entry(tag, &streams))
     }
 
     /// All streams.
-    pub fn iter(&self) -> impl Iterator<Item = &Stream> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Stream> {
         self.streams.values()
     }
 
     /// All streams, mutable.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Stream> {
         self.streams.values_mut()
     }
 
     /// Number of streams.
     #[must_use]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.streams.len()
-    }
-
-    /// Whether there are none.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.streams.is_empty()
     }
 
     /// Sum of the granted rates on `disk`, but for stream `except` (one whose rate is being
     /// changed).
     #[must_use]
-    pub fn reserved_on(&self, disk: DeviceNumber, except: Option<u64>) -> u64 {
+    pub(crate) fn reserved_on(&self, disk: DeviceNumber, except: Option<u64>) -> u64 {
         self.streams
             .values()
             .filter(|s| s.disk == disk && Some(s.id) != except)
@@ -108,7 +102,7 @@ impl StreamTable {
 
     /// Whether a stream on `disk` is still loading its first window.
     #[must_use]
-    pub fn starting_on(&self, disk: DeviceNumber) -> bool {
+    pub(crate) fn starting_on(&self, disk: DeviceNumber) -> bool {
         self.streams
             .values()
             .any(|s| s.disk == disk && s.playout.is_starting())
@@ -116,7 +110,7 @@ impl StreamTable {
 
     /// Sum of the granted rates of the write streams on `disk`.
     #[must_use]
-    pub fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {
+    pub(crate) fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {
         self.streams
             .values()
             .filter(|s| s.disk == disk && s.granted.write)
@@ -126,7 +120,7 @@ impl StreamTable {
 
     /// The address space the mappings of all streams (or those of `uid`) take.
     #[must_use]
-    pub fn mapped_bytes(&self, uid: Option<u32>) -> u64 {
+    pub(crate) fn mapped_bytes(&self, uid: Option<u32>) -> u64 {
         self.streams
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
@@ -136,7 +130,7 @@ impl StreamTable {
 
     /// The most all streams (or those of `uid`) may lock: buffer plus a batch each.
     #[must_use]
-    pub fn locked_at_most(&self, uid: Option<u32>) -> u64 {
+    pub(crate) fn locked_at_most(&self, uid: Option<u32>) -> u64 {
         self.streams
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
@@ -153,7 +147,7 @@ impl StreamTable {
 
     /// What all streams (or those of `uid`) have locked now.
     #[must_use]
-    pub fn locked_now(&self, uid: Option<u32>) -> u64 {
+    pub(crate) fn locked_now(&self, uid: Option<u32>) -> u64 {
         self.streams
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
@@ -163,7 +157,7 @@ impl StreamTable {
 
     /// Streams held by `uid`.
     #[must_use]
-    pub fn count_of(&self, uid: u32) -> usize {
+    pub(crate) fn count_of(&self, uid: u32) -> usize {
         self.streams.values().filter(|s| s.owner_uid == uid).count()
     }
 }

@@ -26,9 +26,8 @@ use abiss_proto::RecordingInfo;
 use log::{info, warn};
 
 mod give_back;
-pub use give_back::GiveBack;
+pub(crate) use give_back::GiveBack;
 
-pub use crate::policy::write_behind::MAX_PREALLOCATE_AHEAD;
 use crate::policy::write_behind::{WriteAction, WriteBehind, WriteBehindShape};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 
@@ -37,9 +36,9 @@ const POLL_NS: Range<u64> = 10_000_000..250_000_000;
 
 /// A write stream's window and what the daemon knows of its file.
 #[derive(Debug)]
-pub struct Recording {
+pub(crate) struct Recording {
     /// The window.
-    pub window: WriteBehind,
+    pub(crate) window: WriteBehind,
     shape: WriteBehindShape,
     /// When the file's size was last looked at.
     polled_at_ns: u64,
@@ -50,7 +49,12 @@ pub struct Recording {
 impl Recording {
     /// A recording of a file of `file_bytes`, with `credit_bytes` of start-up credit.
     #[must_use]
-    pub fn new(shape: WriteBehindShape, file_bytes: u64, credit_bytes: u64, now_ns: u64) -> Self {
+    pub(crate) fn new(
+        shape: WriteBehindShape,
+        file_bytes: u64,
+        credit_bytes: u64,
+        now_ns: u64,
+    ) -> Self {
         Self {
             window: WriteBehind::new(shape, file_bytes, credit_bytes, now_ns),
             shape,
@@ -62,7 +66,7 @@ impl Recording {
     /// Time between two looks at the file's size: a quarter of a write-back request at the
     /// rate, so the window never lags a request behind the writer.
     #[must_use]
-    pub fn poll_interval_ns(&self) -> u64 {
+    pub(crate) fn poll_interval_ns(&self) -> u64 {
         let request_ns = u128::from(self.shape.request_bytes()) * 1_000_000_000
             / u128::from(self.shape.rate_bps.max(1));
         u64::try_from(request_ns / 4)
@@ -72,7 +76,7 @@ impl Recording {
 
     /// Nanoseconds until this stream needs the main loop.
     #[must_use]
-    pub fn ns_until_due(&self, now_ns: u64) -> u64 {
+    pub(crate) fn ns_until_due(&self, now_ns: u64) -> u64 {
         let poll = self
             .polled_at_ns
             .saturating_add(self.poll_interval_ns())
@@ -83,7 +87,7 @@ impl Recording {
     }
 
     /// Looks at the file's size if a poll is due, and lets the window act on it.
-    pub fn poll(&mut self, file: &MappedFile, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn poll(&mut self, file: &MappedFile, now_ns: u64) -> Vec<WriteAction> {
         if now_ns.saturating_sub(self.polled_at_ns) < self.poll_interval_ns() {
             return self.window.on_tick(now_ns);
         }
@@ -97,7 +101,7 @@ impl Recording {
     }
 
     /// Carries out the window's actions for stream `stream` at ABISS `level`.
-    pub fn carry_out(
+    pub(crate) fn carry_out(
         &mut self,
         prefetch: &mut PrefetchEngine,
         (stream, level): (u64, u8),
@@ -142,13 +146,13 @@ impl Recording {
     }
 
     /// Allocating ahead failed: the stream goes on without it.
-    pub fn allocation_failed(&mut self, stream: u64, error: &dyn std::fmt::Display) {
+    pub(crate) fn allocation_failed(&mut self, stream: u64, error: &dyn std::fmt::Display) {
         info!("stream {stream}: no allocation ahead of the writer: {error}");
         self.window.allocation_failed();
     }
 
     /// A write-back ended (`failed` with the error, if it did).
-    pub fn written_back(
+    pub(crate) fn written_back(
         &mut self,
         stream: u64,
         range: &Range<u64>,
@@ -171,7 +175,7 @@ impl Recording {
 
     /// The window as clients see it.
     #[must_use]
-    pub fn info(&self, file: &MappedFile) -> RecordingInfo {
+    pub(crate) fn info(&self, file: &MappedFile) -> RecordingInfo {
         let window = &self.window;
         RecordingInfo {
             written_end: window.written_end(),
@@ -223,7 +227,7 @@ const SYS_CACHESTAT: libc::c_long = 451;
 ///
 /// # Errors
 /// The kernel has no `cachestat` (before Linux 6.5).
-pub fn dirty_bytes(fd: &ClientFd) -> io::Result<u64> {
+pub(crate) fn dirty_bytes(fd: &ClientFd) -> io::Result<u64> {
     let range = CachestatRange {
         offset: 0,
         length: 0,

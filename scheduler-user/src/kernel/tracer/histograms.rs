@@ -13,7 +13,7 @@ use super::{BlockTracer, TracerError};
 
 impl BlockTracer {
     /// The cumulative latency histograms, summed over CPUs.
-    pub fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
+    pub(crate) fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
         let name = "LATENCY";
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
             self.typed_map(name)?;
@@ -83,7 +83,7 @@ impl BlockTracer {
     }
 
     /// Request records: (in flight now, records kept in all).
-    pub fn request_records(&self) -> Result<(u64, u64), TracerError> {
+    pub(crate) fn request_records(&self) -> Result<(u64, u64), TracerError> {
         let name = "INFLIGHT";
         let records: HashMap<&MapData, u64, InflightRequest> = self.typed_map(name)?;
         let (mut in_flight, mut kept) = (0, 0);
@@ -102,7 +102,7 @@ impl BlockTracer {
     /// that went idle or away, and requests that vanished without completing or merging), and
     /// those of disks no longer traced, and followed `io_uring` requests older than
     /// `STALE_URING_NS`. Returns how many were dropped.
-    pub fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
+    pub(crate) fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
         let old = self.forget_records(|record| record.queued_ns < cutoff)?
             + self.sweep_stale_uring(now_ns)?;

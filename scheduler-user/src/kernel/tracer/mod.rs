@@ -41,7 +41,7 @@ const FORK_PROGRAM: (&str, &str) = ("abiss_fork", "sched_process_fork");
 
 /// Failures to load, attach or read the programs.
 #[derive(Debug, thiserror::Error)]
-pub enum TracerError {
+pub(crate) enum TracerError {
     /// The kernel BTF could not be read by the loader.
     #[error("cannot read the kernel BTF: {source}")]
     Btf {
@@ -200,7 +200,7 @@ impl Part<'_> {
 
 /// The loaded tracer. Dropping it detaches and unloads everything.
 #[derive(Debug)]
-pub struct BlockTracer {
+pub(crate) struct BlockTracer {
     ebpf: Ebpf,
     program_ids: Vec<(String, u32)>,
     hooks: Vec<Hook>,
@@ -220,7 +220,7 @@ impl BlockTracer {
     /// block programs and those of every optional part not in `off`. An optional part whose
     /// programs the kernel refuses is switched off too, with the kernel's reason; a block
     /// program that cannot attach is an error. Then each is detached until it has work.
-    pub fn load(
+    pub(crate) fn load(
         layout: &KernelLayout,
         btf_path: &Path,
         off: &[(Feature, String)],
@@ -288,7 +288,7 @@ impl BlockTracer {
 
     /// What this daemon can do on this kernel.
     #[must_use]
-    pub fn capabilities(&self) -> &[Capability] {
+    pub(crate) fn capabilities(&self) -> &[Capability] {
         &self.capabilities
     }
 
@@ -318,7 +318,7 @@ impl BlockTracer {
 
     /// Names and kernel ids of the attached programs.
     #[must_use]
-    pub fn program_ids(&self) -> &[(String, u32)] {
+    pub(crate) fn program_ids(&self) -> &[(String, u32)] {
         &self.program_ids
     }
 
@@ -374,7 +374,7 @@ impl BlockTracer {
     }
 
     /// Switches per-request events on or off.
-    pub fn set_emit_events(&mut self, emit: bool) -> Result<(), TracerError> {
+    pub(crate) fn set_emit_events(&mut self, emit: bool) -> Result<(), TracerError> {
         self.set_control(Control {
             emit_events: u32::from(emit),
             ..self.control
@@ -383,7 +383,7 @@ impl BlockTracer {
 
     /// Lists the managed disks in `DISKS`: their requests are always followed, traced and
     /// tagged with their streams; every other disk costs the programs one lookup per event.
-    pub fn set_managed_disks(&mut self, disks: &[DeviceNumber]) -> Result<(), TracerError> {
+    pub(crate) fn set_managed_disks(&mut self, disks: &[DeviceNumber]) -> Result<(), TracerError> {
         let name = "DISKS";
         let mut listed: HashMap<&mut MapData, u32, u32> = self.typed_map_mut(name)?;
         for disk in disks {
@@ -406,7 +406,7 @@ impl BlockTracer {
     /// follow every disk's requests into the histograms; when it stops, the records of
     /// requests still in flight on disks no longer traced are dropped (their completions go
     /// unseen).
-    pub fn set_trace_all(&mut self, on: bool) -> Result<(), TracerError> {
+    pub(crate) fn set_trace_all(&mut self, on: bool) -> Result<(), TracerError> {
         self.set_control(Control {
             trace_all: u32::from(on),
             ..self.control
@@ -463,27 +463,27 @@ impl BlockTracer {
     }
 
     /// Takes map `name` out of the object (once), for its own owner.
-    pub fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, TracerError> {
+    pub(crate) fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, TracerError> {
         self.ebpf
             .take_map(name)
             .ok_or(TracerError::MissingMap { name })
     }
 
     /// Takes the ring buffer that carries per-request events (once).
-    pub fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
+    pub(crate) fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
         let name = "EVENTS";
         RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
     /// Takes the ring buffer that carries reads of attached files (once).
-    pub fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
+    pub(crate) fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
         let name = "PLAYOUT";
         RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
     /// A process was seen reading an attached file: from now on (until no file is attached)
     /// the `io_uring` programs follow the requests of such processes.
-    pub fn note_reader(&mut self) -> Result<(), TracerError> {
+    pub(crate) fn note_reader(&mut self) -> Result<(), TracerError> {
         if self.readers_seen {
             return Ok(());
         }
@@ -492,7 +492,7 @@ impl BlockTracer {
     }
 
     /// Attaches the fork program while some thread is raised, detaches it once none is.
-    pub fn set_raised(&mut self, raised: bool) -> Result<(), TracerError> {
+    pub(crate) fn set_raised(&mut self, raised: bool) -> Result<(), TracerError> {
         if (self.control.raised_threads != 0) == raised {
             return Ok(());
         }
@@ -503,7 +503,11 @@ impl BlockTracer {
     }
 
     /// Tells the programs that `key` is streamed as `file`.
-    pub fn attach_file(&mut self, key: FileKey, file: AttachedFile) -> Result<(), TracerError> {
+    pub(crate) fn attach_file(
+        &mut self,
+        key: FileKey,
+        file: AttachedFile,
+    ) -> Result<(), TracerError> {
         let name = "ATTACHED";
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
             self.typed_map_mut(name)?;
@@ -518,7 +522,7 @@ impl BlockTracer {
     }
 
     /// Tells the programs that `key` is no longer streamed.
-    pub fn detach_file(&mut self, key: FileKey) -> Result<(), TracerError> {
+    pub(crate) fn detach_file(&mut self, key: FileKey) -> Result<(), TracerError> {
         let name = "ATTACHED";
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
             self.typed_map_mut(name)?;

@@ -23,46 +23,46 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 /// The `Content-Type` of what [`render`] writes.
-pub use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// The admission modes a disk can be in, as `abiss_disk_admission_mode{mode}` lists them.
 const ADMISSION_MODES: [&str; 4] = ["statistical", "deterministic", "share", "off"];
 
 /// The daemon's own cost, read from the kernel at scrape time.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ProcessFigures {
+pub(crate) struct ProcessFigures {
     /// User plus system CPU time so far, seconds.
-    pub cpu_seconds: f64,
+    pub(crate) cpu_seconds: f64,
     /// Resident set size, bytes.
-    pub resident_bytes: u64,
+    pub(crate) resident_bytes: u64,
 }
 
 /// One eBPF program's cumulative cost, while the kernel's BPF statistics are on.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ProgramRun {
+pub(crate) struct ProgramRun {
     /// The program's name.
-    pub name: String,
+    pub(crate) name: String,
     /// Runs counted so far.
-    pub runs: u64,
+    pub(crate) runs: u64,
     /// Time spent in it so far, seconds.
-    pub run_seconds: f64,
+    pub(crate) run_seconds: f64,
 }
 
 /// Everything one scrape shows.
 #[derive(Clone, Debug)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The cumulative latency histograms (`None` when the maps could not be read).
-    pub latency: Option<Vec<LatencyGroup>>,
+    pub(crate) latency: Option<Vec<LatencyGroup>>,
     /// Every stream.
-    pub streams: Vec<StreamInfo>,
+    pub(crate) streams: Vec<StreamInfo>,
     /// The managed disks, raises, capabilities and locked memory.
-    pub status: StatusReport,
+    pub(crate) status: StatusReport,
     /// The daemon's CPU and memory.
-    pub process: ProcessFigures,
+    pub(crate) process: ProcessFigures,
     /// Per program run time; `None` while `kernel.bpf_stats_enabled` is off.
-    pub programs: Option<Vec<ProgramRun>>,
+    pub(crate) programs: Option<Vec<ProgramRun>>,
     /// Kernel names of the disks (`loop3`); a disk without one is labelled `major:minor`.
-    pub device_names: BTreeMap<DeviceNumber, String>,
+    pub(crate) device_names: BTreeMap<DeviceNumber, String>,
 }
 
 impl Snapshot {
@@ -77,7 +77,7 @@ impl Snapshot {
 
 /// Renders `snapshot` in the Prometheus text format.
 #[must_use]
-pub fn render(snapshot: Snapshot) -> String {
+pub(crate) fn render(snapshot: Snapshot) -> String {
     let mut registry = Registry::default();
     registry.register_collector(Box::new(snapshot));
     let mut text = String::new();

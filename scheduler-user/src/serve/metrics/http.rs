@@ -4,7 +4,7 @@
 
 /// What a request asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// `GET /metrics` (or `HEAD`, which gets the headers only).
     Metrics {
         /// A `HEAD` request: no body.
@@ -19,12 +19,12 @@ pub enum Route {
 }
 
 /// The path of the metrics.
-pub const METRICS_PATH: &str = "/metrics";
+pub(crate) const METRICS_PATH: &str = "/metrics";
 
 /// The length of the request head in `buffer` (up to and including its blank line), once it
 /// is all there.
 #[must_use]
-pub fn head_length(buffer: &[u8]) -> Option<usize> {
+pub(crate) fn head_length(buffer: &[u8]) -> Option<usize> {
     let crlf = buffer
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -42,7 +42,7 @@ pub fn head_length(buffer: &[u8]) -> Option<usize> {
 
 /// Routes a request by its first line. The query string is ignored.
 #[must_use]
-pub fn route(head: &[u8]) -> Route {
+pub(crate) fn route(head: &[u8]) -> Route {
     let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
     let Ok(line) = std::str::from_utf8(&head[..line_end]) else {
         return Route::BadRequest;
@@ -69,7 +69,7 @@ pub fn route(head: &[u8]) -> Route {
 
 /// The credentials of the request's `Authorization: Bearer` header, if it has one.
 #[must_use]
-pub fn bearer_token(head: &[u8]) -> Option<&[u8]> {
+pub(crate) fn bearer_token(head: &[u8]) -> Option<&[u8]> {
     head.split(|&b| b == b'\n').skip(1).find_map(|line| {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let colon = line.iter().position(|&b| b == b':')?;
@@ -102,7 +102,7 @@ fn reason(status: u16) -> &'static str {
 /// A whole response that closes the connection. `head_only` leaves the body out but keeps its
 /// length, as `HEAD` requires.
 #[must_use]
-pub fn response(status: u16, content_type: &str, body: &[u8], head_only: bool) -> Vec<u8> {
+pub(crate) fn response(status: u16, content_type: &str, body: &[u8], head_only: bool) -> Vec<u8> {
     let allow = match status {
         401 => "WWW-Authenticate: Bearer realm=\"abissd\"\r\n",
         405 => "Allow: GET, HEAD\r\n",
@@ -122,7 +122,7 @@ pub fn response(status: u16, content_type: &str, body: &[u8], head_only: bool) -
 
 /// A plain-text error response: the status and one line saying what to do.
 #[must_use]
-pub fn error(status: u16, message: &str) -> Vec<u8> {
+pub(crate) fn error(status: u16, message: &str) -> Vec<u8> {
     response(
         status,
         "text/plain; charset=utf-8",

@@ -14,8 +14,8 @@
 //! loopback address unless the operator says otherwise (`--metrics-remote`), and with
 //! `--metrics-token-file` only to scrapes that show the token.
 
-pub mod exposition;
-pub mod http;
+pub(crate) mod exposition;
+pub(crate) mod http;
 mod slots;
 mod token;
 
@@ -39,36 +39,36 @@ use slots::{Slot, Slots};
 use token::Token;
 
 /// Most scrapes served at once.
-pub const MAX_CONNECTIONS: usize = 8;
+pub(crate) const MAX_CONNECTIONS: usize = 8;
 /// Largest request head accepted.
-pub const MAX_HEAD_BYTES: usize = 8 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// How long a client may take to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one exchange (request, snapshot, response) may take in all.
-pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Where and to whom the metrics are served (`--metrics`, `--metrics-remote`,
 /// `--metrics-token-file`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MetricsSettings {
+pub(crate) struct MetricsSettings {
     /// The address to listen on.
-    pub address: SocketAddr,
+    pub(crate) address: SocketAddr,
     /// An address other than loopback is allowed.
-    pub remote: bool,
+    pub(crate) remote: bool,
     /// The file whose first line is the token a scrape must show, if any.
-    pub token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 /// The metrics could not be served as asked. The daemon stops before it takes anything else.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve metrics on {address}: {why}")]
-pub struct MetricsError {
+pub(crate) struct MetricsError {
     address: SocketAddr,
     why: String,
 }
 
 /// Parses `--metrics ADDR`: an IP address and a port other than 0.
-pub fn parse_address(text: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_address(text: &str) -> Result<SocketAddr, String> {
     match text.trim().parse::<SocketAddr>() {
         Ok(address) if address.port() != 0 => Ok(address),
         Ok(_) => Err(format!(
@@ -83,7 +83,7 @@ pub fn parse_address(text: &str) -> Result<SocketAddr, String> {
 /// The bound metrics socket, taken at start so that a busy port stops the daemon before it
 /// touches anything.
 #[derive(Debug)]
-pub struct MetricsListener {
+pub(crate) struct MetricsListener {
     listener: TcpListener,
     token: Option<Token>,
 }
@@ -91,7 +91,7 @@ pub struct MetricsListener {
 impl MetricsListener {
     /// Checks the address and reads the token, then binds. Must be called inside a tokio
     /// runtime.
-    pub fn bind(settings: &MetricsSettings) -> Result<Self, MetricsError> {
+    pub(crate) fn bind(settings: &MetricsSettings) -> Result<Self, MetricsError> {
         let address = settings.address;
         if !settings.remote && !address.ip().to_canonical().is_loopback() {
             return Err(MetricsError {
@@ -130,7 +130,7 @@ impl MetricsListener {
 
     /// The address it listens on.
     #[must_use]
-    pub fn address(&self) -> Option<SocketAddr> {
+    pub(crate) fn address(&self) -> Option<SocketAddr> {
         self.listener.local_addr().ok()
     }
 }
@@ -145,7 +145,7 @@ struct Sources {
 
 /// Serves scrapes until the runtime ends. `program_ids` are the daemon's programs (their run
 /// time is shown while the kernel's BPF statistics are on).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: MetricsListener,
     commands: mpsc::Sender<Command>,
     program_ids: Vec<(String, u32)>,

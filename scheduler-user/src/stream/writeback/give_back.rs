@@ -30,9 +30,9 @@ use crate::stream::prefetch::MappedFile;
 
 /// Ended recordings whose blocks wait to be given back; beyond, a recording's stay (as many as
 /// streams can be at once).
-pub const MAX_WAITING: usize = crate::stream::MAX_STREAMS;
+pub(crate) const MAX_WAITING: usize = crate::stream::MAX_STREAMS;
 /// Tries of a file still open for writing elsewhere, [`FIRST_PAUSE`] apart, doubling.
-pub const TRIES: u32 = 8;
+pub(crate) const TRIES: u32 = 8;
 /// The pause before the second try.
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// `fcntl`'s `F_SETSIG` (Linux's number; the libc crate does not name it).
@@ -59,14 +59,14 @@ struct Waiting {
 
 /// The thread that gives back, started with the first recording that allocated.
 #[derive(Debug, Default)]
-pub struct GiveBack {
+pub(crate) struct GiveBack {
     sender: Option<SyncSender<Ended>>,
 }
 
 impl GiveBack {
     /// Stream `stream`, which allocated `file` up to `allocated_end`, ended: its blocks past
     /// the file's size are given back on the thread. Never waits.
-    pub fn ended(&mut self, stream: u64, file: Arc<MappedFile>, allocated_end: u64) {
+    pub(crate) fn ended(&mut self, stream: u64, file: Arc<MappedFile>, allocated_end: u64) {
         if self.sender.is_none() {
             let (sender, receiver) = mpsc::sync_channel(MAX_WAITING);
             match std::thread::Builder::new()
