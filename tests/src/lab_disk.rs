@@ -6,7 +6,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use crate::devices::{Ext4Mount, LoopDevice};
 use crate::page_cache::evict;
+use crate::users::chmod;
 use crate::Scratch;
 
 /// An emulated laptop hdd from the lab (FUSE + loop device) with ext4 mounted; torn down on
@@ -277,6 +279,25 @@ pub fn write_cold_file(path: &Path, bytes: u64) {
     }
     evict(&file);
     drop(model_off);
+}
+
+/// A 128 MiB ext4 over memory whose root every user may enter, with a cold file
+/// ([`write_cold_file`]) of each of `files` (name, bytes) that every user may read: where
+/// the tests of what one user may do to another's stream put their files.
+#[must_use]
+pub fn shared_fs(files: &[(&str, u64)]) -> (Ext4Mount, Vec<PathBuf>) {
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+    chmod(fs.path(), 0o755);
+    let paths = files
+        .iter()
+        .map(|&(name, bytes)| {
+            let path = fs.path().join(name);
+            write_cold_file(&path, bytes);
+            chmod(&path, 0o644);
+            path
+        })
+        .collect();
+    (fs, paths)
 }
 
 /// The contents [`write_cold_file`] writes for a file of `bytes` bytes.

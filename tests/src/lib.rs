@@ -19,6 +19,7 @@
 //! | the C API built and its examples compiled: [`abiss_c_library`], [`compile_c_example`] | `src/c_api.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
+//! | a stream `nobody` owns, with raised readers: [`raises::NobodysStream`] | `src/raises.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
 //! | a paced recorder that knows nothing of abiss (write(2), overflows counted) | `src/bin/abiss-test-recorder.rs` |
 //! | an unprivileged user who means harm, run as `nobody` by the security tests | `src/bin/abiss-hostile-client.rs` |
@@ -62,10 +63,12 @@
 //! | what one user learns of others: answers, log lines | `tests/security_privacy.rs` |
 //! | kernel maps one user can fill (`io_uring` requests never completed) deny no other | `tests/security_kernel_maps.rs` |
 //! | connections: hung-up subscribers, too many, idle | `tests/security_connections.rs` |
-//! | a raise never outlives what it is for, nor passes to a forked task | `tests/security_raises.rs` |
+//! | a raise never outlives what it is for, nor passes to a forked task, nor lends more than its rate | `tests/security_raises.rs` |
+//! | tasks sharing a raised reader's I/O context (`CLONE_IO`) bounded, and put back with the raise | `tests/security_raises_clone_io.rs` |
 //! | a stream's raises, every thread together, read no more at real time than it and its user pay for; raises per user | `tests/security_raise_allowance.rs` |
 //! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
-//! | kernel maps, the playout ring, the state directory against users and disk failures | `tests/security_state.rs` |
+//! | kernel maps, the playout ring, prefetch workers against users and failing files | `tests/security_state.rs` |
+//! | the state directory against users, a full disk and a crash | `tests/security_state_dir.rs` |
 //! | the protocol fuzzer (hostile requests and descriptor sets) | `tests/fuzz_protocol.rs` |
 //! | nothing left behind: bounded records, nothing in flight, no programs | `tests/teardown.rs` |
 //!
@@ -84,6 +87,7 @@ mod kernel_maps;
 mod lab_disk;
 mod output;
 mod page_cache;
+pub mod raises;
 mod users;
 
 pub use c_api::{abiss_c_library, compile_c_example};
@@ -94,12 +98,13 @@ pub use devices::{
     direct_reads, disk_bytes_read, disk_reads, file_extents, on_extents, Ext4Mount, LoopDevice,
 };
 pub use kernel_maps::{control_field, daemon_map_dump, daemon_map_id, map_dump, program_loaded};
-pub use lab_disk::{cold_file_bytes, write_cold_file, CopyLoop, HddLab};
+pub use lab_disk::{cold_file_bytes, shared_fs, write_cold_file, CopyLoop, HddLab};
 pub use output::{assert_fails, attached_id, json_of, stderr};
 pub use page_cache::{evict, paced_read, resident_bytes, PacedReport, SlowRead};
 pub use users::{
-    abissctl_as_nobody, as_nobody, children_of, chmod, nobody_waiting_to_run, open_fds,
-    run_at_realtime_cpu_priority, set_thread_ioprio, spawn_with_id, wait_for_ioprio,
+    abissctl_as, abissctl_as_nobody, as_nobody, as_user, attach_as, children_of, chmod,
+    nobody_waiting_to_run, open_fds, run_at_realtime_cpu_priority, set_thread_ioprio,
+    spawn_with_id, wait_for_ioprio, BE5, NOBODY_UID, RT0,
 };
 
 /// The path of built binary `name` (in `ABISS_BIN_DIR`, set by `cargo xtask test`), its pages

@@ -5,14 +5,32 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::output::attached_id;
 use crate::{binary, wait_until};
 
 /// A command that runs `program` as `nobody` (uid and gid 65534), without capabilities: how
 /// the tests act as an unprivileged local user.
 #[must_use]
 pub fn as_nobody(program: &Path) -> Command {
-    abiss_bench::process::as_user(program, 65534, 65534)
+    as_user(NOBODY_UID, program)
 }
+
+/// `nobody`'s user and group id.
+pub const NOBODY_UID: u32 = 65534;
+
+/// A command that runs `program` as user `uid` (and the group of the same number), without
+/// capabilities: a local user other than `nobody`, such as the owner of a stream `nobody`
+/// attacks.
+#[must_use]
+pub fn as_user(uid: u32, program: &Path) -> Command {
+    abiss_bench::process::as_user(program, uid, uid)
+}
+
+/// Best effort, level 5 (encoded as `ioprio_get` gives it): the priority a test's reader sets
+/// itself, so that a put-back is told from the kernel's default (best effort 4).
+pub const BE5: u16 = (2 << 13) | 5;
+/// Real time, level 0 (encoded): what abissd raises a reader to.
+pub const RT0: u16 = 1 << 13;
 
 /// A shell of `nobody`'s at best effort 5 that waits for a line on its standard input, then
 /// runs `then` in its place (same thread id). Returned once it is the shell (`setpriv` and
@@ -76,12 +94,27 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 
 /// `abissctl --socket SOCKET ARGS…` as `nobody`.
 pub fn abissctl_as_nobody(socket: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
-    as_nobody(&binary("abissctl"))
+    abissctl_as(NOBODY_UID, socket, args)
+}
+
+/// `abissctl --socket SOCKET ARGS…` as user `uid`.
+pub fn abissctl_as(uid: u32, socket: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> Output {
+    as_user(uid, &binary("abissctl"))
         .arg("--socket")
         .arg(socket)
         .args(args)
         .output()
-        .expect("run abissctl as nobody")
+        .unwrap_or_else(|error| panic!("run abissctl as {uid}: {error}"))
+}
+
+/// `abissctl attach FILE --rate RATE` as user `uid`: the stream id (which a test that only
+/// needs the stream to be there leaves unused).
+pub fn attach_as(uid: u32, socket: &Path, file: &Path, rate: &str) -> u64 {
+    attached_id(&abissctl_as(
+        uid,
+        socket,
+        &["attach", &file.to_string_lossy(), "--rate", rate],
+    ))
 }
 
 /// Sets the calling thread's I/O priority (class, level).
