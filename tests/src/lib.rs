@@ -69,7 +69,7 @@
 //! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
 //! | kernel maps, the playout ring, prefetch workers against users and failing files | `tests/security_state.rs` |
 //! | the state directory against users, a full disk and a crash | `tests/security_state_dir.rs` |
-//! | the protocol fuzzer (hostile requests and descriptor sets) | `tests/fuzz_protocol.rs` |
+//! | the protocol fuzzer (hostile requests and descriptor sets; its generator and harness in `tests/fuzz_protocol/`) | `tests/fuzz_protocol.rs` |
 //! | nothing left behind: bounded records, nothing in flight, no programs | `tests/teardown.rs` |
 //!
 //! `xtask/tests/doc_index.rs` fails when a file of `tests/` is missing from this table.
