@@ -43,6 +43,7 @@
 //! | automatic buffers enlarged for the disk's admission, within the memory budgets | `tests/capacity_buffers.rs` |
 //! | **devices, kernels, tracing** | |
 //! | managed devices: elevator, driver depth, restore, `recover` | `tests/managed_device.rs` |
+//! | which devices may be managed: partitions resolve to their disk; unknown devices, other files, bad settings refused | `tests/managed_device_specs.rs` |
 //! | `abissctl profile` recovers the emulated disk; bad devices and model files | `tests/device_profile.rs` |
 //! | the tracer counts every request, in the right class, on the right device | `tests/trace_counts.rs` |
 //! | requests attributed to their submitting task and their file | `tests/attribution.rs` |

@@ -107,8 +107,8 @@ pub fn abissctl_as(uid: u32, socket: impl AsRef<std::ffi::OsStr>, args: &[&str])
         .unwrap_or_else(|error| panic!("run abissctl as {uid}: {error}"))
 }
 
-/// `abissctl attach FILE --rate RATE` as user `uid`: the stream id (which a test that only
-/// needs the stream to be there leaves unused).
+/// `abissctl attach FILE --rate RATE` as user `uid`: the stream id.
+#[must_use]
 pub fn attach_as(uid: u32, socket: &Path, file: &Path, rate: &str) -> u64 {
     attached_id(&abissctl_as(
         uid,

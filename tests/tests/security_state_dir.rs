@@ -104,7 +104,7 @@ fn raises_stop_while_their_record_cannot_be_written() {
         .log_to(&log_file, "warn")
         .start()
         .expect("start abissd");
-    attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
+    let _stream = attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
     state.fill();
     // nobody's reader of nobody's stream starts far outside the window: it misses, and would
     // be raised, but the raise could not be recorded.
@@ -138,7 +138,7 @@ fn a_crashed_daemons_raises_are_put_back_even_when_the_next_start_fails_on_a_dis
     require_root!();
     let (fs, files) = shared_fs(&[("stream.bin", 64 << 20)]);
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
-    attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
+    let _stream = attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
     let mut reader = test_reader(NOBODY_UID, &files[0], 2, 16 << 20, 30);
     let pid = reader.id();
     let raised = wait_until(Duration::from_secs(5), || {

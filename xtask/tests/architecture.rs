@@ -30,8 +30,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("bench/src/overhead.rs", "the overhead benchmark; to be split"),
     ("bench/src/players/session.rs", "the players benchmark's session; to be split"),
     ("tests/tests/recording.rs", "recording tests; to be split by concern"),
-    ("tests/tests/managed_device.rs", "managed-device tests; to be split by concern"),
-    ("tests/tests/streams.rs", "stream tests; to be split by concern"),
 ];
 
 /// The workspace root.
