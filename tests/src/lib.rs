@@ -34,7 +34,9 @@
 //! | abissd's own use of a file leaves its access time alone | `tests/access_time.rs` |
 //! | a rate change on a live stream (fast-forward, slow motion) | `tests/trick_play.rs` |
 //! | several streams of one file; a reader behind a recording | `tests/shared_files.rs` |
-//! | write streams (recordings): write-back at the stream's level, a paced recorder | `tests/recording.rs` |
+//! | write streams (recordings): write-back at the stream's level, allocation ahead, refusals (helpers shared in `tests/recording/`) | `tests/recording.rs` |
+//! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
+//! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
 //! | **priorities and admission** | |

@@ -29,7 +29,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("bench/src/memory.rs", "the memory benchmark; to be split"),
     ("bench/src/overhead.rs", "the overhead benchmark; to be split"),
     ("bench/src/players/session.rs", "the players benchmark's session; to be split"),
-    ("tests/tests/recording.rs", "recording tests; to be split by concern"),
 ];
 
 /// The workspace root.
