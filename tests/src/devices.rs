@@ -18,6 +18,23 @@ pub struct LoopDevice {
     _dir: Scratch,
 }
 
+/// Attaches `image` to the first free loop device with `option` (`losetup --find --show`); the
+/// device's path.
+#[must_use]
+pub fn attach_loop(image: &Path, option: &str) -> PathBuf {
+    let output = Command::new("losetup")
+        .args(["--find", "--show", option])
+        .arg(image)
+        .output()
+        .expect("run losetup");
+    assert!(
+        output.status.success(),
+        "losetup failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
 impl LoopDevice {
     /// A `size_mib` loop device with direct I/O to its image, which lives under `base`.
     #[must_use]
@@ -27,17 +44,7 @@ impl LoopDevice {
         File::create(&image)
             .and_then(|f| f.set_len(size_mib << 20))
             .expect("create image");
-        let output = Command::new("losetup")
-            .args(["--find", "--show", "--direct-io=on"])
-            .arg(&image)
-            .output()
-            .expect("run losetup");
-        assert!(
-            output.status.success(),
-            "losetup failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let path = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        let path = attach_loop(&image, "--direct-io=on");
         let name = path
             .file_name()
             .expect("device name")

@@ -98,7 +98,8 @@ pub use daemon::{
     abissd_command, read_request, save_laptop_model, Connection, Daemon, OLD_KERNEL_ARGS,
 };
 pub use devices::{
-    direct_reads, disk_bytes_read, disk_reads, file_extents, on_extents, Ext4Mount, LoopDevice,
+    attach_loop, direct_reads, disk_bytes_read, disk_reads, file_extents, on_extents, Ext4Mount,
+    LoopDevice,
 };
 pub use kernel_maps::{control_field, daemon_map_dump, daemon_map_id, map_dump, program_loaded};
 pub use lab_disk::{cold_file_bytes, shared_fs, write_cold_file, CopyLoop, HddLab};

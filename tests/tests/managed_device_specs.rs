@@ -11,7 +11,7 @@ use std::time::Duration;
 use abiss_daemon::device::{
     resolve_disk, DeviceConfig, DeviceError, Disk, Elevator, ManagedDevice,
 };
-use abiss_tests::{require_root, wait_until, Scratch};
+use abiss_tests::{attach_loop, require_root, wait_until, Scratch};
 
 // A test file is the root of its crate, so a module it shares is named by its path; each
 // file uses part of it.
@@ -137,17 +137,9 @@ impl PartitionedLoop {
             .open(&image)
             .and_then(|file| file.set_len(u64::from(SECTORS) * SECTOR as u64))
             .expect("size image");
-        let output = Command::new("losetup")
-            .args(["--find", "--show", "--partscan"])
-            .arg(&image)
-            .output()
-            .expect("run losetup");
-        assert!(
-            output.status.success(),
-            "losetup failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let path = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        let path = attach_loop(&image, "--partscan")
+            .to_string_lossy()
+            .into_owned();
         let name = path.trim_start_matches("/dev/").to_owned();
         let disk = Self { name, _dir: dir };
         let partition = format!("/dev/{}p1", disk.name);
