@@ -93,8 +93,10 @@ impl DaemonCommand {
         self.state_dir().join("models")
     }
 
-    /// Starts abissd and waits until its main loop answers.
-    pub fn start(&self) -> anyhow::Result<DaemonProcess> {
+    /// The command [`DaemonCommand::start`] runs, its standard error not redirected: for a
+    /// test whose abissd must refuse to start, and which reads the exit code and the message.
+    #[must_use]
+    pub fn command(&self) -> Command {
         let mut command = Command::new(&self.program);
         command
             .arg("--socket")
@@ -105,6 +107,12 @@ impl DaemonCommand {
             .arg(self.model_dir())
             .args(&self.args)
             .env("RUST_LOG", &self.log);
+        command
+    }
+
+    /// Starts abissd and waits until its main loop answers.
+    pub fn start(&self) -> anyhow::Result<DaemonProcess> {
+        let mut command = self.command();
         if let Some(file) = &self.log_file {
             let log = std::fs::File::options()
                 .create(true)

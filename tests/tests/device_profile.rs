@@ -5,11 +5,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use abiss_bench::daemon::DaemonCommand;
 use abiss_lab::model::HddParams;
 use abiss_model::{DeviceIdentity, DeviceModel};
 use abiss_proto::DeviceNumber;
 use abiss_tests::{
-    assert_fails, binary, require_root, stderr, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
+    abissd_command, assert_fails, binary, require_root, stderr, Daemon, Ext4Mount, HddLab,
+    LoopDevice, Scratch,
 };
 
 fn abissctl(args: &[&str]) -> Output {
@@ -136,20 +138,14 @@ fn profile_refuses_unknown_small_and_busy_devices_and_never_writes_unasked() {
     assert!(before == after, "a read-only profile changed the device");
 }
 
-fn start_abissd(state: &Path, socket: &Path, device: &Path) -> std::process::Child {
-    Command::new(binary("abissd"))
-        .arg("--socket")
-        .arg(socket)
-        .arg("--state-dir")
-        .arg(state)
-        .arg("--model-dir")
-        .arg(state)
-        .arg("--device")
-        .arg(device)
+/// abissd on `device` with its socket, state and models in `dir`, run until it exits (a start
+/// that must fail), logging at warn whatever `ABISS_DAEMON_LOG` says.
+fn failed_start(command: &DaemonCommand) -> std::process::Output {
+    command
+        .command()
         .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start abissd")
+        .output()
+        .expect("run abissd")
 }
 
 #[test]
@@ -158,16 +154,13 @@ fn corrupt_or_foreign_models_are_errors_never_used() {
     let disk = LoopDevice::new_in("/dev/shm", 96);
     let identity = DeviceIdentity::of(disk.number()).unwrap();
     let dir = Scratch::new_in("/tmp", "wt6-model-state");
-    let state = dir.path().join("state");
-    let socket = dir.path().join("s.sock");
-    let path = identity.model_path(&state);
+    let abissd = abissd_command(dir.path()).args(["--device", &disk.path().to_string_lossy()]);
+    let path = identity.model_path(&abissd.model_dir());
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
 
     // A corrupt model: abissd does not start (exit 17), and says which file.
     std::fs::write(&path, b"{\"version\": 1, \"zones\": [").unwrap();
-    let output = start_abissd(&state, &socket, disk.path())
-        .wait_with_output()
-        .unwrap();
+    let output = failed_start(&abissd);
     assert_fails(&output, 17, "not a usable device model");
     assert!(stderr(&output).contains(path.to_str().unwrap()));
 
@@ -178,9 +171,7 @@ fn corrupt_or_foreign_models_are_errors_never_used() {
     });
     foreign.mean_access_ms = 10.0;
     std::fs::write(&path, serde_json::to_vec(&foreign).unwrap()).unwrap();
-    let output = start_abissd(&state, &socket, disk.path())
-        .wait_with_output()
-        .unwrap();
+    let output = failed_start(&abissd);
     assert_fails(&output, 17, "describes device");
 
     // A model that turns corrupt after the start refuses attaches (exit 15), and `admit`.

@@ -1,6 +1,7 @@
 //! Managed devices on real loop devices: taking one sets the elevator and a shallow driver queue,
 //! dropping or restoring it puts back exactly what was there, and `recover` undoes the work of a
-//! daemon that was killed.
+//! daemon that was killed. Which devices may be taken at all is in
+//! `tests/managed_device_specs.rs`.
 //!
 //! Each test first gives its loop device settings no kernel default has (kyber with a latency
 //! target of its own, over a driver depth of 100, requests of up to 1000 KiB), so "restored"
@@ -15,215 +16,30 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use abiss_daemon::disk::device::{
-    recover, resolve_disk, DepthSource, DeviceConfig, DeviceError, Disk, Elevator, ManagedDevice,
-    RecoveryOutcome,
+    recover, DepthSource, DeviceConfig, DeviceError, Elevator, ManagedDevice, RecoveryOutcome,
 };
-use abiss_proto::DeviceNumber;
-use abiss_tests::{require_root, wait_until, LoopDevice, Scratch};
+use abiss_tests::{require_root, Scratch};
+
+// A test file is the root of its crate, so a module it shares is named by its path; each
+// file uses part of it.
+#[path = "managed_device/queue.rs"]
+#[allow(dead_code)]
+mod queue;
+
+use queue::{block_file, deadline_over_8, read_number, state_files, TestDisk};
 
 /// Set in child processes of this binary to what they should do (see [`child_process`]).
 const CHILD_ROLE: &str = "ABISS_DEVICE_TEST_CHILD_ROLE";
+
 const CHILD_DEVICE: &str = "ABISS_DEVICE_TEST_CHILD_DEVICE";
+
 const CHILD_STATE_DIR: &str = "ABISS_DEVICE_TEST_CHILD_STATE_DIR";
+
 /// What a child prints once it has taken its device.
 const TAKEN_MARKER: &str = "abiss-device-child: taken";
+
 /// What an unprivileged child prints when it was refused as it should be.
 const REFUSED_MARKER: &str = "abiss-device-child: refused";
-
-/// The settings a managed device changes, read straight from sysfs and debugfs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct QueueSettings {
-    scheduler: String,
-    nr_requests: u32,
-    /// `None` without debugfs.
-    driver_depth: Option<u32>,
-    /// kyber's `read_lat_nsec`, when kyber is active.
-    read_lat_nsec: Option<String>,
-    /// `max_sectors_kb`, the largest request.
-    max_request_kib: u32,
-}
-
-/// A loop device over a /dev/shm image that is put back as it was found before it is detached.
-struct TestDisk {
-    found_scheduler: String,
-    found_driver_depth: u32,
-    found_max_request_kib: String,
-    /// Whether the kernel shows the live driver depth (blk-mq's debugfs, which a kernel built
-    /// without `CONFIG_BLK_DEBUG_FS` lacks). Where it does not, the depth checks are left out
-    /// and said so; `lab/tests/queue_depth.rs` measures a depth by what the disk receives.
-    shows_depth: bool,
-    // Detached after `Drop::drop` put the queue back.
-    device: LoopDevice,
-}
-
-impl TestDisk {
-    fn new() -> Self {
-        let device = LoopDevice::new_in("/dev/shm", 16);
-        let name = device.name();
-        let shown = live_driver_depth(&name);
-        if shown.is_none() {
-            eprintln!(
-                "this kernel does not show the driver depth (no blk-mq debugfs): depth checks left out"
-            );
-        }
-        // Without debugfs: under `none` the depth is `nr_requests`, else the allocated tags.
-        let found_driver_depth = shown.unwrap_or_else(|| {
-            if active_scheduler(&name) == "none" {
-                read_number(&queue_file(&name, "nr_requests"))
-            } else {
-                read_number(&block_file(&name, "mq/0/nr_tags"))
-            }
-        });
-        Self {
-            found_scheduler: active_scheduler(&name),
-            found_driver_depth,
-            found_max_request_kib: read(&queue_file(&name, "max_sectors_kb")),
-            shows_depth: shown.is_some(),
-            device,
-        }
-    }
-
-    /// Asserts that `settings` show driver depth `expected`, where the kernel shows it.
-    fn assert_depth(&self, settings: &QueueSettings, expected: u32, what: &str) {
-        if self.shows_depth {
-            assert_eq!(settings.driver_depth, Some(expected), "{what}");
-        }
-    }
-
-    fn name(&self) -> String {
-        self.device.name()
-    }
-
-    fn spec(&self) -> String {
-        self.device.path().to_string_lossy().into_owned()
-    }
-
-    fn number(&self) -> DeviceNumber {
-        self.device.number()
-    }
-
-    fn disk(&self) -> Disk {
-        Disk {
-            name: self.name(),
-            number: self.number(),
-        }
-    }
-
-    /// Gives the device settings no default has: kyber with depth 100 and its own read latency
-    /// target over a driver depth of 100, and requests of up to 1000 KiB (above abissd's cap).
-    fn prepare(&self) -> QueueSettings {
-        self.set_driver_depth(100);
-        write(&queue_file(&self.name(), "max_sectors_kb"), "1000");
-        self.device.set_scheduler("kyber");
-        write(&queue_file(&self.name(), "nr_requests"), "100");
-        write(
-            &queue_file(&self.name(), "iosched/read_lat_nsec"),
-            "3000000",
-        );
-        let prepared = self.settings();
-        assert_eq!(prepared.scheduler, "kyber");
-        assert_eq!(prepared.nr_requests, 100);
-        assert_eq!(prepared.read_lat_nsec.as_deref(), Some("3000000"));
-        assert_eq!(prepared.max_request_kib, 1000);
-        self.assert_depth(&prepared, 100, "prepared driver depth");
-        prepared
-    }
-
-    /// Sets the driver depth under scheduler `none` (and leaves `none` selected). The kernel
-    /// ignores a write of the value already shown, so step through a neighbour.
-    fn set_driver_depth(&self, depth: u32) {
-        self.device.set_scheduler("none");
-        let nr_requests = queue_file(&self.name(), "nr_requests");
-        write(&nr_requests, &(depth - 1).to_string());
-        write(&nr_requests, &depth.to_string());
-    }
-
-    fn settings(&self) -> QueueSettings {
-        let name = self.name();
-        let scheduler = active_scheduler(&name);
-        QueueSettings {
-            read_lat_nsec: (scheduler == "kyber")
-                .then(|| read(&queue_file(&name, "iosched/read_lat_nsec"))),
-            scheduler,
-            nr_requests: read_number(&queue_file(&name, "nr_requests")),
-            driver_depth: live_driver_depth(&name),
-            max_request_kib: read_number(&queue_file(&name, "max_sectors_kb")),
-        }
-    }
-}
-
-impl Drop for TestDisk {
-    fn drop(&mut self) {
-        let name = self.name();
-        let nr_requests = queue_file(&name, "nr_requests");
-        let _ = std::fs::write(queue_file(&name, "scheduler"), "none");
-        let _ = std::fs::write(&nr_requests, (self.found_driver_depth + 1).to_string());
-        let _ = std::fs::write(&nr_requests, self.found_driver_depth.to_string());
-        let _ = std::fs::write(queue_file(&name, "scheduler"), &self.found_scheduler);
-        let _ = std::fs::write(
-            queue_file(&name, "max_sectors_kb"),
-            &self.found_max_request_kib,
-        );
-    }
-}
-
-fn block_file(name: &str, file: &str) -> PathBuf {
-    Path::new("/sys/block").join(name).join(file)
-}
-
-fn queue_file(name: &str, file: &str) -> PathBuf {
-    block_file(name, "queue").join(file)
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path)
-        .unwrap_or_else(|error| panic!("read {}: {error}", path.display()))
-        .trim()
-        .to_owned()
-}
-
-fn read_number(path: &Path) -> u32 {
-    read(path).parse().expect("a number")
-}
-
-fn write(path: &Path, value: &str) {
-    std::fs::write(path, value)
-        .unwrap_or_else(|error| panic!("write {value} to {}: {error}", path.display()));
-}
-
-fn active_scheduler(name: &str) -> String {
-    let line = read(&queue_file(name, "scheduler"));
-    let start = line.find('[').expect("an active scheduler") + 1;
-    let end = line.find(']').expect("an active scheduler");
-    line[start..end].to_owned()
-}
-
-/// The live driver tag depth, read as the kernel shows it (blk-mq's debugfs, mounted privately
-/// when nobody mounted it), so every test checks the depth on a fresh machine too.
-fn live_driver_depth(name: &str) -> Option<u32> {
-    abiss_os::blk_mq::driver_tag_depth(name).map(|(depth, _)| depth)
-}
-
-/// mq-deadline, which every kernel abissd runs on has (bfq may be missing), over a depth of 8:
-/// both differ from what `TestDisk::prepare` sets.
-fn deadline_over_8() -> DeviceConfig {
-    DeviceConfig {
-        elevator: Elevator::MqDeadline,
-        dispatch_depth: 8,
-    }
-}
-
-fn state_files(state: &Scratch) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(state.path().join("devices")) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = entries
-        .map(|entry| entry.expect("dir entry").path())
-        .filter(|path| path.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
-    files
-}
 
 #[test]
 fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
@@ -447,90 +263,6 @@ fn a_managed_disk_is_neither_taken_twice_nor_recovered_under_its_daemon() {
 }
 
 #[test]
-fn partitions_resolve_to_their_whole_disk() {
-    require_root!();
-    let disk = PartitionedLoop::new();
-    let partition = format!("{}p1", disk.name);
-    let partition_path = format!("/dev/{partition}");
-    let partition_number = read(&Path::new("/sys/class/block").join(&partition).join("dev"));
-    let whole = Disk {
-        name: disk.name.clone(),
-        number: read(&block_file(&disk.name, "dev"))
-            .parse()
-            .expect("number"),
-    };
-    for spec in [&partition, &partition_path, &partition_number] {
-        assert_eq!(resolve_disk(spec).expect("resolve"), whole, "{spec}");
-    }
-
-    let state = Scratch::new_in("/tmp", "device-state-partition");
-    // Not the elevator the take selects, so that the take shows.
-    let untouched = active_scheduler(&disk.name);
-    write(&queue_file(&disk.name, "scheduler"), "kyber");
-    let found_scheduler = active_scheduler(&disk.name);
-    let managed =
-        ManagedDevice::take(&partition_path, &deadline_over_8(), state.path()).expect("take");
-    assert_eq!(managed.disk(), &whole);
-    assert_eq!(active_scheduler(&disk.name), "mq-deadline");
-    drop(managed);
-    assert_eq!(active_scheduler(&disk.name), found_scheduler);
-    write(&queue_file(&disk.name, "scheduler"), &untouched);
-}
-
-#[test]
-fn unknown_devices_non_block_files_and_bad_settings_are_refused() {
-    require_root!();
-    let state = Scratch::new_in("/tmp", "device-state-refused");
-    let take = |spec: &str, config: &DeviceConfig| {
-        ManagedDevice::take(spec, config, state.path()).expect_err("refused")
-    };
-
-    let error = take("abiss-no-such-disk", &DeviceConfig::default());
-    assert!(
-        matches!(error, DeviceError::UnknownDevice { .. }),
-        "{error}"
-    );
-    assert!(error.to_string().contains("abiss-no-such-disk"), "{error}");
-    let error = take("4095:1048575", &DeviceConfig::default());
-    assert!(
-        matches!(error, DeviceError::UnknownDevice { .. }),
-        "{error}"
-    );
-    let error = take("/dev/null", &DeviceConfig::default());
-    assert!(
-        matches!(error, DeviceError::NotABlockDevice { .. }),
-        "{error}"
-    );
-    assert!(error.to_string().contains("/dev/null"), "{error}");
-
-    let error = "kyber".parse::<Elevator>().unwrap_err();
-    assert!(
-        matches!(error, DeviceError::UnknownElevator { .. }),
-        "{error}"
-    );
-    let disk = TestDisk::new();
-    let shallow = DeviceConfig {
-        dispatch_depth: 2,
-        ..DeviceConfig::default()
-    };
-    let error = take(&disk.spec(), &shallow);
-    assert!(
-        matches!(error, DeviceError::DispatchDepthTooSmall { depth: 2 }),
-        "{error}"
-    );
-
-    // zram is bio-based: no request queue, no elevator.
-    if Path::new("/sys/block/zram0").exists() {
-        let error = take("zram0", &DeviceConfig::default());
-        assert!(
-            matches!(error, DeviceError::NoElevatorQueue { .. }),
-            "{error}"
-        );
-    }
-    assert!(state_files(&state).is_empty(), "a refusal saves nothing");
-}
-
-#[test]
 fn an_unprivileged_daemon_is_refused_before_anything_changes() {
     require_root!();
     let disk = TestDisk::new();
@@ -594,79 +326,5 @@ fn child_process() {
             other => panic!("expected a permission error, got {other:?}"),
         },
         other => panic!("unknown child role {other}"),
-    }
-}
-
-/// A loop device whose image holds an MBR with one partition, attached with partition scanning.
-/// Kernels without the MBR parser (`CONFIG_MSDOS_PARTITION`) get the partition from `partx`,
-/// which reads the table itself and adds it with the BLKPG ioctl.
-struct PartitionedLoop {
-    name: String,
-    _dir: Scratch,
-}
-
-impl PartitionedLoop {
-    fn new() -> Self {
-        const SECTOR: usize = 512;
-        const SECTORS: u32 = 32 * 2048;
-        const FIRST: u32 = 2048;
-        let dir = Scratch::new_in("/dev/shm", "partitioned");
-        let image = dir.path().join("disk.img");
-        let mut mbr = vec![0_u8; SECTOR];
-        // One Linux partition from sector 2048 to the end: status, CHS start, type, CHS end,
-        // LBA start, sector count.
-        let entry = &mut mbr[446..462];
-        entry[4] = 0x83;
-        entry[8..12].copy_from_slice(&FIRST.to_le_bytes());
-        entry[12..16].copy_from_slice(&(SECTORS - FIRST).to_le_bytes());
-        mbr[510] = 0x55;
-        mbr[511] = 0xaa;
-        std::fs::write(&image, &mbr).expect("write MBR");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .and_then(|file| file.set_len(u64::from(SECTORS) * SECTOR as u64))
-            .expect("size image");
-        let output = Command::new("losetup")
-            .args(["--find", "--show", "--partscan"])
-            .arg(&image)
-            .output()
-            .expect("run losetup");
-        assert!(
-            output.status.success(),
-            "losetup failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let path = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-        let name = path.trim_start_matches("/dev/").to_owned();
-        let disk = Self { name, _dir: dir };
-        let partition = format!("/dev/{}p1", disk.name);
-        let appeared = || {
-            Path::new(&partition).exists()
-                && Path::new("/sys/class/block")
-                    .join(format!("{}p1", disk.name))
-                    .exists()
-        };
-        if !wait_until(Duration::from_millis(500), appeared) {
-            let status = Command::new("partx")
-                .args(["--add", &path])
-                .status()
-                .expect("run partx");
-            assert!(status.success(), "partx --add {path} failed");
-        }
-        assert!(
-            wait_until(Duration::from_secs(5), appeared),
-            "{partition} did not appear"
-        );
-        disk
-    }
-}
-
-impl Drop for PartitionedLoop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup")
-            .arg("-d")
-            .arg(format!("/dev/{}", self.name))
-            .status();
     }
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice};
-use abiss_tests::{chmod, open_fds};
+use abiss_tests::{chmod, open_fds, shared_fs};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
 fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
@@ -253,11 +253,8 @@ fn locked_memory_stays_within_its_budgets() {
 #[test]
 fn another_users_reads_do_not_steer_a_stream() {
     require_root!();
-    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
-    chmod(fs.path(), 0o755);
-    let file = fs.path().join("shared.bin");
-    write_cold_file(&file, 16 << 20);
-    chmod(&file, 0o644);
+    let (fs, files) = shared_fs(&[("shared.bin", 16 << 20)]);
+    let file = &files[0];
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
     let path = file.to_string_lossy().into_owned();
@@ -385,11 +382,8 @@ fn sparse_files_of_the_largest_size_leave_address_space_to_everyone_else() {
 #[test]
 fn an_owner_reading_its_own_file_in_a_loop_costs_the_daemon_neither_memory_nor_turns() {
     require_root!();
-    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 64));
-    chmod(fs.path(), 0o755);
-    let file = fs.path().join("nobodys.bin");
-    write_cold_file(&file, 1 << 20);
-    chmod(&file, 0o644);
+    let (fs, files) = shared_fs(&[("nobodys.bin", 1 << 20)]);
+    let file = &files[0];
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let socket = daemon.socket().to_string_lossy().into_owned();
     let before = status_bytes(daemon.pid(), "VmRSS");

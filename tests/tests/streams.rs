@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
 use abiss_proto::{AttachRequest, ByteRate, ByteSize, IoClass};
 use abiss_tests::{
-    binary, disk_reads, require_root, resident_bytes, wait_until, write_cold_file, Daemon,
-    Ext4Mount, LoopDevice,
+    binary, disk_reads, read_request, require_root, resident_bytes, wait_until, write_cold_file,
+    Daemon, Ext4Mount, LoopDevice,
 };
 
 const BUFFER: u64 = 564 * 1024;
@@ -42,28 +42,15 @@ fn locked_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-fn daemon_pid(daemon: &Daemon) -> u32 {
-    match daemon.connect().call(abiss_proto::Request::Hello) {
-        abiss_proto::Response::Hello { pid, .. } => pid,
-        other => panic!("unexpected {other:?}"),
-    }
-}
-
 fn ctl(daemon: &Daemon, args: &[&str]) -> std::process::Output {
     daemon.ctl(args)
 }
 
+/// A persistent read stream at `rate` with the measurement's buffer, at `priority`.
 fn request(rate: u64, priority: u8) -> AttachRequest {
     AttachRequest {
-        rate: ByteRate(rate),
-        buffer: ByteSize(BUFFER),
-        batch_pages: 20,
         priority,
-        persistent: true,
-        write: false,
-        preallocate: false,
-        preroll: None,
-        buffer_auto: false,
+        ..read_request(rate, BUFFER, 20)
     }
 }
 
@@ -127,7 +114,7 @@ fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
     let (daemon, fs) = (&setup.daemon, &setup.fs);
     let file = fs.path().join("movie.bin");
     write_cold_file(&file, 16 << 20);
-    let pid = daemon_pid(daemon);
+    let pid = daemon.pid();
     assert_eq!(locked_kib(pid), 0);
 
     let id = daemon.attach_at_1mb(&file);
@@ -223,7 +210,7 @@ fn bad_input_is_refused_and_changes_nothing() {
     let file = fs.path().join("ok.bin");
     write_cold_file(&file, 2 << 20);
     let path = file.to_str().unwrap();
-    let pid = daemon_pid(daemon);
+    let pid = daemon.pid();
     // A fixed buffer, so that what is locked is known (a reader's default is automatic).
     let existing = ctl(
         daemon,

@@ -29,13 +29,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("bench/src/memory.rs", "the memory benchmark; to be split"),
     ("bench/src/overhead.rs", "the overhead benchmark; to be split"),
     ("bench/src/players/session.rs", "the players benchmark's session; to be split"),
-    ("tests/src/lib.rs", "the integration tests' fixtures; to be split into modules"),
-    ("tests/tests/fuzz_protocol.rs", "the protocol fuzzer and its generator; to be split"),
-    ("tests/tests/recording.rs", "recording tests; to be split by concern"),
-    ("tests/tests/security_raises.rs", "raise attacks; to be split by concern"),
-    ("tests/tests/managed_device.rs", "managed-device tests; to be split by concern"),
-    ("tests/tests/security_state.rs", "state-file attacks; to be split by concern"),
-    ("tests/tests/streams.rs", "stream tests; to be split by concern"),
 ];
 
 /// The workspace root.

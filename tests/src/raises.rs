@@ -1,0 +1,90 @@
+//! A stream `nobody` owns on a managed disk over memory, with readers of `nobody`'s that
+//! abissd raises: the fixture of the raise attacks (`tests/security_raises.rs`,
+//! `tests/security_raises_clone_io.rs`).
+
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use crate::daemon::Daemon;
+use crate::devices::Ext4Mount;
+use crate::lab_disk::shared_fs;
+use crate::users::{abissctl_as_nobody, as_nobody, wait_for_ioprio, RT0};
+use crate::{binary, wait_until};
+
+/// The reader's own priority, set by itself (an unprivileged user may): BE/5, so a put-back
+/// is told from the kernel's default.
+pub const READER_IOPRIO: &str = "2/5";
+
+/// A managed disk over memory with nobody's stream on `stream_bytes` of cold file at `rate`,
+/// attached by nobody, and another cold file of `other_bytes` nobody may read.
+#[derive(Debug)]
+pub struct NobodysStream {
+    /// The file system, on its loop device.
+    pub fs: Ext4Mount,
+    /// The stream's file.
+    pub stream: PathBuf,
+    /// The other file.
+    pub other: PathBuf,
+    /// abissd, managing the loop device.
+    pub daemon: Daemon,
+}
+
+impl NobodysStream {
+    /// Files of `stream_bytes` and `other_bytes`, the first attached by nobody at `rate`.
+    #[must_use]
+    pub fn new(stream_bytes: u64, other_bytes: u64, rate: &str) -> Self {
+        let (fs, files) = shared_fs(&[("nobodys.bin", stream_bytes), ("other.bin", other_bytes)]);
+        let [stream, other] = <[PathBuf; 2]>::try_from(files).expect("two files");
+        let daemon = Daemon::start_managing(fs.device().path(), &[]);
+        let attached = abissctl_as_nobody(
+            daemon.socket(),
+            &["attach", &stream.to_string_lossy(), "--rate", rate],
+        );
+        assert!(attached.status.success(), "{attached:?}");
+        Self {
+            fs,
+            stream,
+            other,
+            daemon,
+        }
+    }
+
+    /// Nobody's test reader of the stream with `args` (rate, read size, buffer, seconds,
+    /// options); returns it once it is raised, which is the premise of the tests.
+    #[must_use]
+    pub fn raised_reader(&self, args: &[&str]) -> Child {
+        let reader = as_nobody(&binary("abiss-test-reader"))
+            .arg(&self.stream)
+            .args(args)
+            .args(["--ioprio", READER_IOPRIO])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the test reader as nobody");
+        assert!(
+            wait_for_ioprio(reader.id(), RT0, Duration::from_secs(2)).is_some(),
+            "nobody's reader of nobody's stream is raised (the premise of the test)"
+        );
+        reader
+    }
+
+    /// Waits until abissd has `raises` raises in its table: a reader is seen raised a moment
+    /// before abissd has recorded its raise, and a test that stops abissd must not stop it in
+    /// between.
+    pub fn until_recorded(&self, raises: u64) {
+        let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
+        let recorded = wait_until(Duration::from_secs(2), || {
+            client.status_report().expect("status").raises.active >= raises
+        });
+        assert!(recorded, "abissd did not record {raises} raises");
+    }
+
+    /// What `status` says of upgrades, and what `list` says of the stream's policed readers.
+    #[must_use]
+    pub fn policed(&self) -> (abiss_proto::RaiseReport, u64) {
+        let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
+        let upgrades = client.status_report().expect("status").raises;
+        let listed = client.list().expect("list");
+        (upgrades, listed[0].policed)
+    }
+}

@@ -1,0 +1,165 @@
+//! What the recording tests share: the paced recorder (`abiss-test-recorder`) run and read, a
+//! write stream attached, a best-effort writer, and the dirty pages of a file. Included by
+//! `tests/recording.rs`, `tests/recording_deadlines.rs` and `tests/recording_clients.rs`.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use abiss_tests::{attached_id, binary, Daemon};
+
+pub(crate) const MIB: u64 = 1 << 20;
+
+pub(crate) const RATE: u64 = MIB;
+
+pub(crate) const BUFFER: u64 = MIB;
+
+pub(crate) const BATCH: u64 = 20 * 4096;
+
+pub(crate) const WRITE: u64 = 64 * 1024;
+
+/// Dirty and under-writeback bytes of `path` in the page cache (`cachestat`, Linux 6.5).
+pub(crate) fn dirty_bytes(path: &Path) -> u64 {
+    #[repr(C)]
+    struct Range {
+        offset: u64,
+        length: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    let Ok(file) = File::open(path) else {
+        return 0;
+    };
+    let range = Range {
+        offset: 0,
+        length: 0,
+    };
+    let mut stat = Stat::default();
+    // SAFETY: cachestat reads `range` and writes `stat`, live locals of the kernel's layout.
+    let rc = unsafe { libc::syscall(451, file.as_raw_fd(), &raw const range, &raw mut stat, 0u32) };
+    assert_eq!(rc, 0, "cachestat: {}", std::io::Error::last_os_error());
+    let _ = (stat.cache, stat.evicted, stat.recently_evicted);
+    (stat.dirty + stat.writeback) * 4096
+}
+
+/// Runs the paced recorder on `file` for `seconds` with a capture buffer of `capture_ms`
+/// (under `SCHED_FIFO` with `ABISS_RECORDER_FIFO=1`, for a comparison: the kernel lets
+/// real-time tasks dirty a quarter more than others).
+pub(crate) fn record(file: &Path, capture_ms: u64, seconds: u64) -> serde_json::Value {
+    run_recorder(&[], file, (capture_ms, seconds), &[])
+}
+
+/// [`record`], started by the command line `prefix` (a tracer's cgroup), with each write's time
+/// and wait for a CPU in the summary (`per-write`).
+pub(crate) fn record_per_write(
+    prefix: &[String],
+    file: &Path,
+    capture_ms: u64,
+    seconds: u64,
+) -> serde_json::Value {
+    run_recorder(prefix, file, (capture_ms, seconds), &["per-write"])
+}
+
+pub(crate) fn run_recorder(
+    prefix: &[String],
+    file: &Path,
+    (capture_ms, seconds): (u64, u64),
+    options: &[&str],
+) -> serde_json::Value {
+    let mut command = if let Some((first, rest)) = prefix.split_first() {
+        let mut command = Command::new(first);
+        command.args(rest).arg(binary("abiss-test-recorder"));
+        command
+    } else if std::env::var_os("ABISS_RECORDER_FIFO").is_some() {
+        let mut chrt = Command::new("chrt");
+        chrt.args(["-f", "30"]).arg(binary("abiss-test-recorder"));
+        chrt
+    } else {
+        Command::new(binary("abiss-test-recorder"))
+    };
+    let output = command
+        .arg(file)
+        .args([
+            RATE.to_string(),
+            WRITE.to_string(),
+            capture_ms.to_string(),
+            seconds.to_string(),
+        ])
+        .args(options)
+        .output()
+        .expect("run the recorder");
+    assert!(
+        output.status.success(),
+        "recorder: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("recorder summary")
+}
+
+pub(crate) fn attach_for_writing(daemon: &Daemon, file: &Path) -> u64 {
+    let output = daemon.ctl([
+        "attach".as_ref(),
+        file.as_os_str(),
+        "--write".as_ref(),
+        "--rate".as_ref(),
+        "1MiB/s".as_ref(),
+        "--buffer".as_ref(),
+        "1MiB".as_ref(),
+    ]);
+    attached_id(&output)
+}
+
+/// A best-effort sequential writer of 1 MiB blocks, going round a 512 MiB file; stopped on
+/// drop. Returns the bytes written.
+pub(crate) struct BestEffortWriter {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl BestEffortWriter {
+    pub(crate) fn start(path: PathBuf) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut file = File::create(&path).expect("create the writer's file");
+            let block = vec![0x3c_u8; 1 << 20];
+            let mut written = 0u64;
+            while !stopping.load(Ordering::Relaxed) {
+                if written.is_multiple_of(512 * MIB) {
+                    file.seek(SeekFrom::Start(0)).expect("rewind");
+                }
+                file.write_all(&block).expect("best-effort write");
+                written += MIB;
+            }
+            written
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub(crate) fn stop(&mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .map_or(0, |thread| thread.join().expect("writer"))
+    }
+}
+
+impl Drop for BestEffortWriter {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
