@@ -5,7 +5,7 @@
 //! A stream's window is refilled in loads of a third of its buffer, one disk access each
 //! (`policy::playout::load_bytes`), so a larger buffer buys fewer seeks per second of media: at
 //! 564 KiB most of the disk's time goes to seeks, at megabytes most of it goes to transfer. Each
-//! budget is sized out in one of two ways (`--sizing`):
+//! budget is sized out in one of two ways, its row says which (`abiss-BUDGET`, `abiss-auto-BUDGET`):
 //!
 //! - **equal**: the benchmark gives each stream an equal share for the most streams the sweep
 //!   tries: buffer = budget / streams, less the batch a stream may lock beyond its buffer, and

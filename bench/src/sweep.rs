@@ -344,7 +344,7 @@ fn markdown(
 
 /// The smallest to the largest playout buffer abissd gave a step's streams (they differ where
 /// it sized them itself), or `-` for the stock rows.
-fn buffer_range(bytes: Option<(u64, u64)>) -> String {
+pub(crate) fn buffer_range(bytes: Option<(u64, u64)>) -> String {
     match bytes {
         None => "-".to_owned(),
         Some((low, high)) if low == high => ByteSize(low).to_string(),

@@ -87,14 +87,14 @@ const RT0: u16 = 1 << 13;
 /// Runs the measurement and writes upgrades.{json,md,svg}.
 pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
-    let bin_dir = std::env::var_os("ABISS_BIN_DIR")
-        .map(PathBuf::from)
-        .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
     let loads = args.rows.select(
         vec![BestEffortLoad::Copy, BestEffortLoad::Seeky],
         |load| load.name(),
         row::always,
     )?;
+    let bin_dir = std::env::var_os("ABISS_BIN_DIR")
+        .map(PathBuf::from)
+        .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
     let mut rows = Vec::new();
     for load in loads {
         eprintln!(

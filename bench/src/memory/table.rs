@@ -12,6 +12,7 @@ use crate::abiss::BATCH_PAGES;
 use crate::configuration::ConfigurationInfo;
 use crate::reference::STREAM;
 use crate::report::{self, Results};
+use crate::sweep::buffer_range;
 
 pub(super) fn markdown(
     results: &Results<ConfigurationInfo, BudgetSweep>,
@@ -67,10 +68,10 @@ fn summary_row(text: &mut String, sweep: &BudgetSweep, args: &MemoryArgs) {
         .sustained_streams
         .and_then(|n| sweep.steps.iter().find(|r| r.streams == n));
     let clean_copy = most.map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.be_copy_mb_s));
-    let given = most
-        .and_then(|r| r.daemon.as_ref())
-        .and_then(|d| d.buffer_bytes)
-        .map_or_else(|| "-".to_owned(), buffer_range);
+    let given = buffer_range(
+        most.and_then(|r| r.daemon.as_ref())
+            .and_then(|d| d.buffer_bytes),
+    );
     let predicted = sweep
         .predicted_n_max_statistical
         .zip(sweep.predicted_n_max_deterministic)
@@ -116,11 +117,7 @@ fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
     );
     for sweep in sweeps {
         for row in &sweep.steps {
-            let given = row
-                .daemon
-                .as_ref()
-                .and_then(|d| d.buffer_bytes)
-                .map_or_else(|| "-".to_owned(), buffer_range);
+            let given = buffer_range(row.daemon.as_ref().and_then(|d| d.buffer_bytes));
             let _ = writeln!(
                 text,
                 "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
@@ -148,15 +145,6 @@ fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
                 ByteSize(sweep.budget_bytes)
             );
         }
-    }
-}
-
-/// The smallest and largest buffer abissd gave, as the tables show them.
-fn buffer_range((min, max): (u64, u64)) -> String {
-    if min == max {
-        ByteSize(min).to_string()
-    } else {
-        format!("{} to {}", ByteSize(min), ByteSize(max))
     }
 }
 
