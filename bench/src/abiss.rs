@@ -329,10 +329,22 @@ fn abiss_row(
 }
 
 /// Every row the benchmarks know, in report order: the stock rows, then the ABISS rows.
-/// `--configs` picks from these.
+/// `--rows` picks from these.
 #[must_use]
 pub fn all_configurations() -> Vec<Configuration> {
     let mut all = configuration::stock_configurations();
     all.extend(abiss_configurations());
     all
+}
+
+/// The configurations of the reference measurement and the sweep named in `--rows` (by
+/// default all but those run on request), in report order, less those whose elevator this
+/// kernel lacks.
+pub fn select(rows: &crate::row::RowsArg) -> anyhow::Result<Vec<Configuration>> {
+    rows.select_present(
+        all_configurations(),
+        |c| &c.name,
+        |c| !c.on_request,
+        |c| &c.elevator,
+    )
 }

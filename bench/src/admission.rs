@@ -20,14 +20,15 @@ use serde_json::json;
 
 use crate::abiss::{AbissHook, Daemon, StreamBuffer};
 use crate::chart::{self, MissSeries};
-use crate::configuration::Configuration;
+use crate::configuration::{Configuration, ConfigurationInfo};
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
 use crate::reference::{
     workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
 };
-use crate::report;
-use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::report::{self, Results, Row};
+use crate::row::{self, RowsArg};
+use crate::trial::{run_trial, TrialFigures, TrialPlan};
 
 /// `abiss-bench admission`.
 #[derive(Debug, clap::Args)]
@@ -53,9 +54,35 @@ pub struct AdmissionArgs {
     /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
     #[arg(long, default_value_t = 128)]
     pub read_ahead_kb: u32,
+    /// Its one row, `abiss-admission-off`: abissd with admission off, steps of more readers.
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
+}
+
+/// The benchmark's one row: abissd measures, with admission off, what admission predicted.
+fn admission_off() -> Configuration {
+    Configuration::new(
+        "abiss-admission-off",
+        "ABISS over mq-deadline, real-time streams, admission off",
+        "mq-deadline",
+    )
+    .with_hook(AbissHook {
+        elevator: "mq-deadline",
+        level: 0,
+        daemon_args: vec!["--admission".to_owned(), "off".to_owned()],
+        buffer: StreamBuffer::Fixed,
+        state_dir: None,
+    })
+}
+
+/// What the row measured: `n_max` per mode and measured, and each step.
+#[derive(Debug, Serialize)]
+struct AdmissionFigures {
+    n_max: serde_json::Value,
+    steps: Vec<Step>,
 }
 
 /// The stream counts tried: coarse to 8, then every count (where `n_max` is decided).
@@ -88,7 +115,7 @@ struct Step {
     predicted_statistical: f64,
     predicted_window_overrun: f64,
     measured_miss_ratio: f64,
-    trial: TrialRow,
+    trial: TrialFigures,
 }
 
 /// A fixed permutation (xorshift Fisher–Yates): the first n stream files land at random places
@@ -214,6 +241,10 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
         .map(PathBuf::from)
         .context("needs ABISS_BIN_DIR (where abissd and abissctl are); run it through `cargo xtask bench admission`")?;
+    let mut rows = args
+        .rows
+        .select(vec![admission_off()], |c| &c.name, row::always)?;
+    let configuration = rows.pop().context("no row to run")?;
     let steps = admission_steps(args.max_streams);
     let stream_file_bytes =
         (STREAM.rate_bps * args.secs + STREAM.buffer_bytes).next_multiple_of(1_000_000) + 1_000_000;
@@ -221,7 +252,14 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     // On tmpfs, as abissd's default /run/abiss is on a systemd machine (see bench::abiss).
     let state_dir = std::path::Path::new("/dev/shm")
         .join(format!("abiss-bench-admission-{}", std::process::id()));
-    let result = run_on(args, &bin_dir, &disk, &state_dir, &steps, stream_file_bytes);
+    let result = run_on(
+        args,
+        &bin_dir,
+        &disk,
+        &state_dir,
+        &configuration,
+        stream_file_bytes,
+    );
     let _ = std::fs::remove_dir_all(&state_dir);
     let (model, predictions, rows, files) = result?;
     let queue = disk.queue_settings();
@@ -233,8 +271,6 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
         .map(|s| (s.streams, s.measured_miss_ratio))
         .collect();
     let n_max_measured = measured_n_max(&measured, args.p_req);
-    let command = report::command_line("admission");
-    let machine = report::machine();
     let parameters = report::step_parameters(
         args.secs,
         args.warmup_secs,
@@ -248,43 +284,28 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
             "file_order": "random (fixed permutation)",
         }),
     );
-    let report = report::document(
+    let n_max = json!({
+        "deterministic": predictions.n_max_deterministic,
+        "statistical": predictions.n_max_statistical,
+        "trac_window_overrun": predictions.n_max_window_overrun,
+        "measured": n_max_measured,
+    });
+    let results = Results::new(
         "admission",
-        &command,
-        &machine,
         begun,
-        json!({
-        "parameters": workload_parameters(
-            parameters,
-            stream_file_bytes,
-            &lab_model,
-            &queue,
-            &files,
-        ),
-        "device_model": model,
-        "n_max": {
-            "deterministic": predictions.n_max_deterministic,
-            "statistical": predictions.n_max_statistical,
-            "trac_window_overrun": predictions.n_max_window_overrun,
-            "measured": n_max_measured,
-        },
-        "steps": rows,
-        }),
-    );
-    let markdown = markdown(
-        &command,
-        &machine,
-        args,
-        &predictions,
-        n_max_measured,
-        &rows,
-        &queue,
-    );
-    report::write_results(&args.results_dir, "admission", &report, &markdown)?;
-    let svg = args.results_dir.join("admission.svg");
-    draw(&svg, args, &rows, measured)?;
-    println!("written: {}", svg.display());
-    Ok(())
+        workload_parameters(parameters, stream_file_bytes, &lab_model, &queue, &files),
+        vec![Row::new(
+            &configuration.name,
+            configuration.describe(),
+            AdmissionFigures { n_max, steps: rows },
+        )],
+    )
+    .with("device_model", model)?;
+    let steps = &results.rows[0].figures.steps;
+    let markdown = markdown(&results, args, &predictions, n_max_measured, &queue);
+    results.write(&args.results_dir, "admission", &markdown, |svg| {
+        draw(svg, args, steps, measured)
+    })
 }
 
 /// The chart: measured and predicted misses against streams.
@@ -340,9 +361,10 @@ fn run_on(
     bin_dir: &Path,
     disk: &LabDisk,
     state_dir: &Path,
-    steps: &[usize],
+    configuration: &Configuration,
     stream_file_bytes: u64,
 ) -> anyhow::Result<Outcome> {
+    let steps = &admission_steps(args.max_streams);
     eprintln!("profiling {} (quick) …", disk.device().display());
     let model = profile(bin_dir, disk.device(), state_dir)?;
     let predictions = predict(bin_dir, disk.device(), state_dir, args, steps)?;
@@ -358,18 +380,6 @@ fn run_on(
         COPY_FILE_BYTES,
     )?;
     shuffle(&mut files, 0x5eed_ab15);
-    let configuration = Configuration::new(
-        "abiss-admission-off",
-        "ABISS over mq-deadline, real-time streams, admission off",
-        "mq-deadline",
-    )
-    .with_hook(AbissHook {
-        elevator: "mq-deadline",
-        level: 0,
-        daemon_args: vec!["--admission".to_owned(), "off".to_owned()],
-        buffer: StreamBuffer::Fixed,
-        state_dir: None,
-    });
     let mut rows = Vec::new();
     let mut after_miss: Option<usize> = None;
     for &(streams, det, stat, overrun) in &predictions.per_n {
@@ -377,7 +387,7 @@ fn run_on(
         let trial = run_trial(
             disk,
             &TrialPlan {
-                configuration: &configuration,
+                configuration,
                 files: &files,
                 streams,
                 stream: STREAM,
@@ -390,7 +400,7 @@ fn run_on(
         .with_context(|| format!("{streams} streams"))?;
         eprintln!(
             "  {} (predicted: deterministic {:.4}, statistical {:.4})",
-            trial.progress_line(),
+            trial.progress_line(&configuration.name),
             det,
             stat
         );
@@ -426,14 +436,13 @@ fn percent(p: f64) -> String {
 }
 
 fn markdown(
-    command: &str,
-    machine: &serde_json::Value,
+    results: &Results<ConfigurationInfo, AdmissionFigures>,
     args: &AdmissionArgs,
     predictions: &Predictions,
     n_max_measured: Option<usize>,
-    rows: &[Step],
     queue: &crate::lab_disk::QueueSettings,
 ) -> String {
+    let rows = &results.rows[0].figures.steps;
     let mut text = format!(
         "### Admission control: predicted against measured misses, lab hdd\n\n\
          `{command}`: the lab hdd profiled with `abissctl profile --quick`; abissd predicts per \
@@ -455,8 +464,9 @@ fn markdown(
         slack = STREAM.slack().as_secs_f64() * 1000.0,
         secs = args.secs,
         warmup = args.warmup_secs,
+        command = results.command,
         disk_line = report::disk_line(queue),
-        machine_line = report::machine_line(machine),
+        machine_line = report::machine_line(&results.machine),
         p = args.p_req * 100.0,
         det = predictions.n_max_deterministic,
         stat = predictions.n_max_statistical,

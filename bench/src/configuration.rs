@@ -30,7 +30,6 @@ use std::fmt;
 use std::fs::File;
 use std::path::Path;
 
-use anyhow::bail;
 use serde::Serialize;
 
 use crate::ioprio::IoClass;
@@ -38,7 +37,7 @@ use crate::schedule::StreamSpec;
 
 /// One row of a benchmark.
 pub struct Configuration {
-    /// Short name, used by `--configs` and in the reports (e.g. `bfq-rt`).
+    /// Short name, used by `--rows` and in the reports (e.g. `bfq-rt`).
     pub name: String,
     /// What the row is, for the reports (e.g. "bfq, readers in ionice -c1").
     pub description: String,
@@ -49,7 +48,7 @@ pub struct Configuration {
     pub reader_class: Option<IoClass>,
     /// What else the row does around a run and around each reader.
     pub hook: Box<dyn RunHook>,
-    /// Run only when named in `--configs` (a comparison row, not part of every run).
+    /// Run only when named in `--rows` (a comparison row, not part of every run).
     pub on_request: bool,
 }
 
@@ -148,42 +147,6 @@ pub fn stock_configurations() -> Vec<Configuration> {
         )
         .with_reader_class(rt),
     ]
-}
-
-/// The configurations named in `names` (for an empty list, all but the ones run on request),
-/// in `all`'s order.
-pub fn select(all: Vec<Configuration>, names: &[String]) -> anyhow::Result<Vec<Configuration>> {
-    if let Some(unknown) = names.iter().find(|n| !all.iter().any(|c| &c.name == *n)) {
-        let known: Vec<&str> = all.iter().map(|c| c.name.as_str()).collect();
-        bail!(
-            "unknown configuration {unknown:?}; known: {}",
-            known.join(", ")
-        );
-    }
-    Ok(all
-        .into_iter()
-        .filter(|c| {
-            if names.is_empty() {
-                !c.on_request
-            } else {
-                names.contains(&c.name)
-            }
-        })
-        .collect())
-}
-
-/// [`select`], less the configurations whose elevator this kernel lacks (said on stderr; an
-/// error for one named in `names`).
-pub fn select_present(
-    all: Vec<Configuration>,
-    names: &[String],
-) -> anyhow::Result<Vec<Configuration>> {
-    crate::lab_disk::with_elevators_present(
-        select(all, names)?,
-        names,
-        |c| &c.name,
-        |c| &c.elevator,
-    )
 }
 
 /// What a run's hook gets to know: the lab and the streams about to be read.
@@ -327,24 +290,25 @@ mod tests {
     }
 
     #[test]
-    fn select_keeps_the_stock_order_and_rejects_unknown_names() {
-        let picked = select(
-            stock_configurations(),
-            &["bfq".to_owned(), "none".to_owned()],
-        )
-        .unwrap();
+    fn rows_keep_the_stock_order_and_comparison_rows_run_only_when_named() {
+        let rows = |names: &[&str]| crate::row::RowsArg {
+            rows: names.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        let pick = |names: &[&str], all: Vec<Configuration>| {
+            rows(names).select(all, |c| &c.name, |c| !c.on_request)
+        };
+        let picked = pick(&["bfq", "none"], stock_configurations()).unwrap();
         assert_eq!(names(&picked), ["none", "bfq"]);
-        assert_eq!(select(stock_configurations(), &[]).unwrap().len(), 6);
-        let error = select(stock_configurations(), &["cfq".to_owned()]).unwrap_err();
-        assert!(error.to_string().contains("unknown configuration \"cfq\""));
-        // Comparison rows run only when named.
-        let everything = names(&select(all_configurations(), &[]).unwrap())
+        assert_eq!(pick(&[], stock_configurations()).unwrap().len(), 6);
+        let error = pick(&["cfq"], stock_configurations()).unwrap_err();
+        assert!(error.to_string().contains("unknown row \"cfq\""));
+        let everything = names(&pick(&[], all_configurations()).unwrap())
             .iter()
             .map(|n| (*n).to_owned())
             .collect::<Vec<_>>();
         assert!(!everything.contains(&"abiss-bfq-fixed".to_owned()));
         assert!(everything.contains(&"abiss-mq-deadline-fixed".to_owned()));
-        let named = select(all_configurations(), &["abiss-bfq-fixed".to_owned()]).unwrap();
+        let named = pick(&["abiss-bfq-fixed"], all_configurations()).unwrap();
         assert_eq!(names(&named), ["abiss-bfq-fixed"]);
     }
 }

@@ -33,7 +33,8 @@
 //! | real, unmodified players (GStreamer, ffmpeg, mpv) under a seeky best-effort load | [`players`] |
 //! | real recorders (ffmpeg, GStreamer, the test recorder) next to players under a best-effort writer, per file system | [`recording`] |
 //! | the soak: attach/detach cycles by four users, abissd killed on the way, what is left | [`soak`] |
-//! | results as JSON and Markdown under `bench/results/` | [`report`] |
+//! | the one kind of benchmark row, and `--rows` | [`row`] |
+//! | results as JSON, Markdown and a chart under `bench/results/`, through one writer | [`report`] |
 //! | SVG charts of the results | [`chart`] |
 
 #![deny(missing_docs)]
@@ -58,9 +59,9 @@ pub mod process;
 pub mod recording;
 pub mod reference;
 pub mod report;
+pub mod row;
 pub mod schedule;
 pub mod soak;
-mod soak_hostile;
 pub mod sweep;
 pub mod throughput;
 pub mod trial;

@@ -5,7 +5,7 @@
 //! A stream's window is refilled in loads of a third of its buffer, one disk access each
 //! (`policy::playout::load_bytes`), so a larger buffer buys fewer seeks per second of media: at
 //! 564 KiB most of the disk's time goes to seeks, at megabytes most of it goes to transfer. Each
-//! budget is sized out in one of two ways (`--sizing`):
+//! budget is sized out in one of two ways, its row says which (`abiss-BUDGET`, `abiss-auto-BUDGET`):
 //!
 //! - **equal**: the benchmark gives each stream an equal share for the most streams the sweep
 //!   tries: buffer = budget / streams, less the batch a stream may lock beyond its buffer, and
@@ -20,31 +20,33 @@
 //! abissd runs with the budget as its `--locked-memory` either way, so the budget is enforced,
 //! not only assumed.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use abiss_client::{Client, ClientError};
 use abiss_proto::{AdmissionMode, AdmitRequest, ByteRate, ByteSize, PAGE_BYTES};
 use anyhow::Context as _;
-use plotters::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
 use crate::abiss::{AbissHook, Daemon, StreamBuffer, BATCH_PAGES};
 use crate::configuration::Configuration;
+use crate::configuration::ConfigurationInfo;
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
 use crate::reference::{
     workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
 };
-use crate::report;
+use crate::report::{self, Results, Row};
+use crate::row::RowsArg;
 use crate::schedule::StreamSpec;
 use crate::sweep::{stream_steps, sustained_streams, EarlyStop};
-use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::trial::{run_trial, TrialFigures, TrialPlan};
+
+mod table;
 
 /// Who shares a budget out among the streams.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Sizing {
     /// The benchmark: equal shares for `--max-streams` streams.
@@ -53,21 +55,18 @@ pub enum Sizing {
     Abissd,
 }
 
+/// The budgets of the default rows (20MiB gives about the reference's 564 KiB buffers).
+const DEFAULT_BUDGETS: [u64; 4] = [20 << 20, 64 << 20, 128 << 20, 256 << 20];
+
 /// `abiss-bench memory`.
 #[derive(Debug, clap::Args)]
 pub struct MemoryArgs {
-    /// Locked-memory budgets to sweep, each shared equally by `--max-streams` streams
-    /// (20MiB gives about the reference's 564 KiB buffers).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "20MiB,64MiB,128MiB,256MiB"
-    )]
-    pub budgets: Vec<ByteSize>,
-    /// Who sizes the buffers out of each budget: the benchmark in equal shares, abissd, or
-    /// both (one sweep each).
-    #[arg(long, value_delimiter = ',', default_value = "equal,abissd")]
-    pub sizing: Vec<Sizing>,
+    /// A row is a locked-memory budget and who sizes the buffers out of it: `abiss-BUDGET`
+    /// shares it equally among `--max-streams` streams, `abiss-auto-BUDGET` lets abissd size
+    /// them (`--buffer auto`); e.g. `--rows abiss-64MiB,abiss-auto-64MiB`. Default: both
+    /// sizings of 20MiB, 64MiB, 128MiB and 256MiB.
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// Seconds the readers read per step.
     #[arg(long, default_value_t = 20)]
     pub secs: u64,
@@ -104,6 +103,60 @@ pub fn buffer_for(budget_bytes: u64, streams: usize) -> u64 {
     share.saturating_sub(batch) / PAGE_BYTES * PAGE_BYTES
 }
 
+/// A row: who sizes the buffers out of which budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryRow {
+    /// Who sizes the buffers.
+    pub sizing: Sizing,
+    /// The locked-memory budget.
+    pub budget: ByteSize,
+}
+
+impl MemoryRow {
+    /// The row's name: `abiss-BUDGET` (equal shares) or `abiss-auto-BUDGET` (abissd).
+    #[must_use]
+    pub fn name(self) -> String {
+        match self.sizing {
+            Sizing::Equal => format!("abiss-{}", self.budget),
+            Sizing::Abissd => format!("abiss-auto-{}", self.budget),
+        }
+    }
+
+    /// The row named `name`.
+    pub fn parse(name: &str) -> anyhow::Result<Self> {
+        let (sizing, budget) = if let Some(budget) = name.strip_prefix("abiss-auto-") {
+            (Sizing::Abissd, budget)
+        } else if let Some(budget) = name.strip_prefix("abiss-") {
+            (Sizing::Equal, budget)
+        } else {
+            anyhow::bail!(
+                "unknown row {name:?}; rows are abiss-BUDGET (equal shares) and \
+                 abiss-auto-BUDGET (abissd sizes), e.g. abiss-64MiB"
+            );
+        };
+        let budget = budget
+            .parse()
+            .map_err(|error| anyhow::anyhow!("row {name:?}: {error}"))?;
+        Ok(Self { sizing, budget })
+    }
+
+    /// The rows `--rows` names, in its order, or the default rows.
+    pub fn selected(rows: &RowsArg) -> anyhow::Result<Vec<Self>> {
+        if rows.rows.is_empty() {
+            return Ok([Sizing::Equal, Sizing::Abissd]
+                .into_iter()
+                .flat_map(|sizing| {
+                    DEFAULT_BUDGETS.map(|budget| Self {
+                        sizing,
+                        budget: ByteSize(budget),
+                    })
+                })
+                .collect());
+        }
+        rows.rows.iter().map(|name| Self::parse(name)).collect()
+    }
+}
+
 /// One budget's sweep.
 #[derive(Debug, Serialize)]
 struct BudgetSweep {
@@ -124,7 +177,7 @@ struct BudgetSweep {
     /// [`FROM_MEMORY_P99_MS`], in every step up to it. A larger buffer is a longer deadline
     /// slack, so misses alone would let a read wait seconds for the disk unseen.
     from_memory_streams: Option<usize>,
-    steps: Vec<TrialRow>,
+    steps: Vec<TrialFigures>,
 }
 
 /// A read p99 under this means at least 99 % of the reads found their pages in memory: a
@@ -147,7 +200,7 @@ pub fn from_memory_streams(steps: &[(usize, u64, f64)]) -> Option<usize> {
 pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
-    anyhow::ensure!(!args.budgets.is_empty(), "--budgets names no budget");
+    let rows = MemoryRow::selected(&args.rows)?;
     anyhow::ensure!(
         args.min_streams >= 1 && args.min_streams <= args.max_streams,
         "--min-streams must be between 1 and --max-streams"
@@ -155,7 +208,7 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
         .map(PathBuf::from)
         .context("needs ABISS_BIN_DIR (where abissd and abissctl are); run it through `cargo xtask bench memory`")?;
-    for budget in &args.budgets {
+    for MemoryRow { budget, .. } in &rows {
         anyhow::ensure!(
             buffer_for(budget.0, args.max_streams) >= PAGE_BYTES,
             "a budget of {budget} leaves no buffer for {} streams: give at least {} per stream",
@@ -167,10 +220,9 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|n| *n >= args.min_streams)
         .collect();
-    let largest = args
-        .budgets
+    let largest = rows
         .iter()
-        .map(|b| buffer_for(b.0, args.max_streams))
+        .map(|row| buffer_for(row.budget.0, args.max_streams))
         .max()
         .unwrap_or(STREAM.buffer_bytes);
     let stream_file_bytes =
@@ -179,15 +231,20 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     // On tmpfs, as abissd's default /run/abiss is on a systemd machine (see bench::abiss).
     let state_dir =
         std::path::Path::new("/dev/shm").join(format!("abiss-bench-memory-{}", std::process::id()));
-    let result = run_on(args, &bin_dir, &disk, &state_dir, &steps, stream_file_bytes);
+    let result = run_on(
+        args,
+        &bin_dir,
+        &disk,
+        &state_dir,
+        (&steps, &rows),
+        stream_file_bytes,
+    );
     let _ = std::fs::remove_dir_all(&state_dir);
     let (model, sweeps, files) = result?;
     let queue = disk.queue_settings();
     let lab_model = serde_json::to_value(disk.model())?;
     drop(disk);
 
-    let command = report::command_line("memory");
-    let machine = report::machine();
     let parameters = report::step_parameters(
         args.secs,
         args.warmup_secs,
@@ -196,39 +253,30 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         args.steps_after_miss,
         json!({ "p_req": args.p_req, "batch_pages": BATCH_PAGES }),
     );
-    let report = report::document(
+    let results = Results::new(
         "memory",
-        &command,
-        &machine,
         begun,
-        json!({
-            "parameters": workload_parameters(
-                parameters,
-                stream_file_bytes,
-                &lab_model,
-                &queue,
-                &files,
-            ),
-            "device_model": model,
-            "budgets": sweeps,
-        }),
-    );
-    let markdown = markdown(&command, &machine, args, &queue, &sweeps);
-    report::write_results(&args.results_dir, "memory", &report, &markdown)?;
-    let svg = args.results_dir.join("memory.svg");
-    draw(&svg, args, &sweeps).context("cannot draw memory.svg")?;
-    println!("written: {}", svg.display());
-    Ok(())
+        workload_parameters(parameters, stream_file_bytes, &lab_model, &queue, &files),
+        sweeps,
+    )
+    .with("device_model", model)?;
+    let markdown = table::markdown(&results, args, &queue);
+    results.write(&args.results_dir, "memory", &markdown, |svg| {
+        table::draw(svg, args, &results.rows)
+    })
 }
 
-type Outcome = (serde_json::Value, Vec<BudgetSweep>, BenchFiles);
+/// A row of the benchmark: the configuration of a budget and sizing, and its sweep.
+type BudgetRow = Row<ConfigurationInfo, BudgetSweep>;
+
+type Outcome = (serde_json::Value, Vec<BudgetRow>, BenchFiles);
 
 fn run_on(
     args: &MemoryArgs,
     bin_dir: &Path,
     disk: &LabDisk,
     state_dir: &Path,
-    steps: &[usize],
+    (steps, rows): (&[usize], &[MemoryRow]),
     stream_file_bytes: u64,
 ) -> anyhow::Result<Outcome> {
     eprintln!("profiling {} (quick) …", disk.device().display());
@@ -241,21 +289,15 @@ fn run_on(
         COPY_FILE_BYTES,
     )?;
     let mut sweeps = Vec::new();
-    for sizing in &args.sizing {
-        for budget in &args.budgets {
-            sweeps.push(sweep_budget(
-                args, bin_dir, disk, state_dir, steps, &files, *sizing, *budget,
-            )?);
-        }
+    for row in rows {
+        sweeps.push(sweep_budget(
+            args, bin_dir, disk, state_dir, steps, &files, *row,
+        )?);
     }
     Ok((model, sweeps, files))
 }
 
 /// One budget's sweep, sized by `sizing`.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the sweep's fixed parts (disk, files, model) and the row's two (sizing, budget)"
-)]
 fn sweep_budget(
     args: &MemoryArgs,
     bin_dir: &Path,
@@ -263,9 +305,8 @@ fn sweep_budget(
     state_dir: &Path,
     steps: &[usize],
     files: &BenchFiles,
-    sizing: Sizing,
-    budget: ByteSize,
-) -> anyhow::Result<BudgetSweep> {
+    MemoryRow { sizing, budget }: MemoryRow,
+) -> anyhow::Result<BudgetRow> {
     let (buffer, predicted, configuration) =
         row_setup(args, bin_dir, disk, state_dir, sizing, budget)?;
     let name = &configuration.name;
@@ -299,7 +340,7 @@ fn sweep_budget(
             }
             Err(error) => return Err(error.context(format!("{name} with {streams} streams"))),
         };
-        eprintln!("  {}", row.progress_line());
+        eprintln!("  {}", row.progress_line(name));
         let go_on = early_stop.record(row.deadlines.misses);
         rows.push(row);
         if !go_on {
@@ -317,7 +358,7 @@ fn sweep_budget(
             .map(|r| (r.streams, r.deadlines.misses, r.latency.p99_ms))
             .collect::<Vec<_>>(),
     );
-    Ok(BudgetSweep {
+    let sweep = BudgetSweep {
         sizing,
         budget_bytes: budget.0,
         buffer_bytes: buffer,
@@ -328,7 +369,8 @@ fn sweep_budget(
         first_streams_with_misses: first_miss,
         from_memory_streams: from_memory,
         steps: rows,
-    })
+    };
+    Ok(Row::new(name, configuration.describe(), sweep))
 }
 
 /// A row's readers' buffer, admission's `n_max` (statistical, deterministic) for it, and its
@@ -385,10 +427,7 @@ fn row_setup(
             (STREAM.buffer_bytes, None, hook)
         }
     };
-    let name = match sizing {
-        Sizing::Equal => format!("abiss-{budget}"),
-        Sizing::Abissd => format!("abiss-auto-{budget}"),
-    };
+    let name = MemoryRow { sizing, budget }.name();
     let description = match sizing {
         Sizing::Equal => format!(
             "ABISS over mq-deadline, --locked-memory {budget}, {} buffers",
@@ -462,244 +501,6 @@ fn predict(
         statistical.n_max.unwrap_or(0),
         deterministic.n_max.unwrap_or(0),
     ))
-}
-
-fn markdown(
-    command: &str,
-    machine: &serde_json::Value,
-    args: &MemoryArgs,
-    queue: &crate::lab_disk::QueueSettings,
-    sweeps: &[BudgetSweep],
-) -> String {
-    let mut text = format!(
-        "### Streams against memory: 1 MB/s readers against the copy loop, lab hdd\n\n\
-         `{command}`: per locked-memory budget, abissd runs with `--locked-memory` set to it. \
-         **Equal**: every stream gets an equal share of the budget for {max} streams (the \
-         buffer, plus the {batch}-page batch a stream may lock beyond it), and the readers' \
-         deadline slack is that buffer's (buffer / rate); admission's n_max is abissd's \
-         prediction for that buffer from the disk's model at p_req {p_req} and a 95 % real-time \
-         share. **Abissd**: the streams attach with `--buffer auto+{app}` (the application's \
-         own part, whose slack the readers' deadlines keep: {slack:.0} ms), abissd has the \
-         disk's model and admission on, and enlarges the buffers as far as the disk's admission \
-         needs, within the budget; a stream it refuses ends the sweep. Readers as in the sweep \
-         (1 MB/s in 64 KiB reads, starting once their window is loaded) against the reference \
-         copy loop (175 MB in 128 KiB calls); steps of {secs} s after {warmup} s of copy \
-         warm-up, from {min} streams, stopping {after} step(s) after the first with misses. The \
-         disk's model: `abissctl profile --quick`. {disk_line} {machine_line}\n\n\
-         **From memory** counts a step only while its reads' p99 stays under {from_memory} ms as \
-         well: a larger buffer is a longer slack, so a read may wait seconds for the disk and \
-         still not miss.\n\n\
-         | sizing | budget | buffer per stream | admission predicts (statistical / deterministic) | most streams with zero misses | first streams with misses | most streams from memory | abissd refused a stream at | buffers abissd gave at the most streams | BE copy MB/s at the most streams |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        max = args.max_streams,
-        batch = BATCH_PAGES,
-        app = ByteSize(STREAM.buffer_bytes),
-        slack = STREAM.slack().as_secs_f64() * 1000.0,
-        secs = args.secs,
-        warmup = args.warmup_secs,
-        min = args.min_streams,
-        after = args.steps_after_miss,
-        p_req = args.p_req,
-        from_memory = FROM_MEMORY_P99_MS,
-        disk_line = report::disk_line(queue),
-        machine_line = report::machine_line(machine),
-    );
-    for sweep in sweeps {
-        summary_row(&mut text, sweep, args);
-    }
-    steps_table(&mut text, sweeps);
-    text.push_str("\nStreams against the budget: memory.svg.\n");
-    text
-}
-
-/// One budget's line of the summary table.
-fn summary_row(text: &mut String, sweep: &BudgetSweep, args: &MemoryArgs) {
-    let most = sweep
-        .sustained_streams
-        .and_then(|n| sweep.steps.iter().find(|r| r.streams == n));
-    let clean_copy = most.map_or_else(|| "-".to_owned(), |r| format!("{:.1}", r.be_copy_mb_s));
-    let given = most
-        .and_then(|r| r.daemon.as_ref())
-        .and_then(|d| d.buffer_bytes)
-        .map_or_else(|| "-".to_owned(), buffer_range);
-    let predicted = sweep
-        .predicted_n_max_statistical
-        .zip(sweep.predicted_n_max_deterministic)
-        .map_or_else(|| "-".to_owned(), |(s, d)| format!("{s} / {d}"));
-    let buffer = match sweep.sizing {
-        Sizing::Equal => ByteSize(sweep.buffer_bytes).to_string(),
-        Sizing::Abissd => format!("auto+{}", ByteSize(sweep.buffer_bytes)),
-    };
-    let _ = writeln!(
-        text,
-        "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-        sweep.sizing,
-        ByteSize(sweep.budget_bytes),
-        buffer,
-        predicted,
-        match (sweep.sustained_streams, sweep.first_streams_with_misses) {
-            (None, _) => format!("none from {}", args.min_streams),
-            (Some(n), None) => format!("≥ {n}"),
-            (Some(n), Some(_)) => n.to_string(),
-        },
-        sweep.first_streams_with_misses.map_or_else(
-            || format!("none up to {}", args.max_streams),
-            |n| n.to_string()
-        ),
-        sweep.from_memory_streams.map_or_else(
-            || format!("none from {}", args.min_streams),
-            |n| n.to_string()
-        ),
-        sweep
-            .refused_at
-            .as_ref()
-            .map_or_else(|| "-".to_owned(), |(n, _)| n.to_string()),
-        given,
-        clean_copy,
-    );
-}
-
-/// Every step of every sweep, a line each.
-fn steps_table(text: &mut String, sweeps: &[BudgetSweep]) {
-    text.push_str(
-        "\n| sizing | budget | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | buffers abissd gave | BE copy MB/s | disk busy % |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-    );
-    for sweep in sweeps {
-        for row in &sweep.steps {
-            let given = row
-                .daemon
-                .as_ref()
-                .and_then(|d| d.buffer_bytes)
-                .map_or_else(|| "-".to_owned(), buffer_range);
-            let _ = writeln!(
-                text,
-                "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
-                sweep.sizing,
-                ByteSize(sweep.budget_bytes),
-                row.streams,
-                row.deadlines.reads,
-                row.deadlines.misses,
-                report::ms(row.latency.p50_ms),
-                report::ms(row.latency.p99_ms),
-                report::ms(row.latency.max_ms),
-                report::ms(row.deadlines.worst_overrun_ms),
-                given,
-                row.be_copy_mb_s,
-                row.device.busy_fraction * 100.0,
-            );
-        }
-    }
-    for sweep in sweeps {
-        if let Some((n, sentence)) = &sweep.refused_at {
-            let _ = writeln!(
-                text,
-                "\n{:?}, {}: at {n} streams abissd refused one: {sentence}",
-                sweep.sizing,
-                ByteSize(sweep.budget_bytes)
-            );
-        }
-    }
-}
-
-/// The smallest and largest buffer abissd gave, as the tables show them.
-fn buffer_range((min, max): (u64, u64)) -> String {
-    if min == max {
-        ByteSize(min).to_string()
-    } else {
-        format!("{} to {}", ByteSize(min), ByteSize(max))
-    }
-}
-
-/// A budget in MiB, for the chart's axis.
-fn mib(bytes: u64) -> f64 {
-    #[expect(
-        clippy::cast_precision_loss,
-        reason = "budgets in MiB are far below 2^52"
-    )]
-    let mib = bytes as f64 / f64::from(1 << 20);
-    mib
-}
-
-/// The chart's lines: (name, points of budget MiB and streams).
-fn chart_series(sweeps: &[BudgetSweep], max_streams: u32) -> [(&'static str, Vec<(f64, f64)>); 4] {
-    let measured = |sizing: Sizing, from_memory: bool| -> Vec<(f64, f64)> {
-        sweeps
-            .iter()
-            .filter(|s| s.sizing == sizing)
-            .map(|s| {
-                let n = if from_memory {
-                    s.from_memory_streams
-                } else {
-                    s.sustained_streams
-                }
-                .unwrap_or(0);
-                (
-                    mib(s.budget_bytes),
-                    f64::from(u32::try_from(n).unwrap_or(0)),
-                )
-            })
-            .collect()
-    };
-    let predicted: Vec<(f64, f64)> = sweeps
-        .iter()
-        .filter_map(|s| {
-            s.predicted_n_max_statistical
-                .map(|n| (mib(s.budget_bytes), f64::from(n.min(max_streams + 1))))
-        })
-        .collect();
-    [
-        (
-            "equal shares: most streams with zero misses",
-            measured(Sizing::Equal, false),
-        ),
-        (
-            "equal shares: most streams from memory (read p99 < 10 ms)",
-            measured(Sizing::Equal, true),
-        ),
-        (
-            "equal shares: admission predicts (statistical n_max)",
-            predicted,
-        ),
-        (
-            "abissd sizes --buffer auto: most streams with zero misses",
-            measured(Sizing::Abissd, false),
-        ),
-    ]
-}
-
-/// memory.svg: zero-miss streams (measured) and admission's `n_max` against the budget.
-fn draw(path: &Path, args: &MemoryArgs, sweeps: &[BudgetSweep]) -> anyhow::Result<()> {
-    let max_mib = sweeps
-        .iter()
-        .map(|s| mib(s.budget_bytes))
-        .fold(1.0, f64::max);
-    let max_streams = u32::try_from(args.max_streams).unwrap_or(u32::MAX);
-    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Zero-miss 1 MB/s streams against the locked-memory budget, lab hdd under a copy loop",
-            ("sans-serif", 20),
-        )
-        .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..max_mib * 1.05, 0f64..f64::from(max_streams + 2))?;
-    chart
-        .configure_mesh()
-        .x_desc("locked-memory budget (MiB), shared by the streams")
-        .y_desc("streams")
-        .draw()?;
-    let series = chart_series(sweeps, max_streams);
-    for (index, (name, points)) in series
-        .into_iter()
-        .filter(|(_, points)| !points.is_empty())
-        .enumerate()
-    {
-        crate::chart::marked_line(&mut chart, index, name, points, 4)?;
-    }
-    crate::chart::finish(&mut chart, &root)
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@
 //!
 //! Needs root, fio, mkfs.ext4 and the built abissd/abissctl (`ABISS_BIN_DIR`).
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,9 +19,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::chart::{self, CostBar};
 use crate::empty_program::{self, EmptyProgram};
-use crate::report;
+use crate::report::Row;
+use crate::row::{self, RowsArg};
+
+mod table;
+
+/// A row: a situation of abissd and what the programs cost in it.
+type OverheadRow = Row<Value, Value>;
 
 /// `abiss-bench overhead`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +34,10 @@ pub struct OverheadArgs {
     /// Seconds of load per row (the stats window is 4 s shorter).
     #[arg(long, default_value_t = 12)]
     pub secs: u64,
+    /// The situations to measure: `floor`, `a`, `b`, `b+`, `c`, `d` (see the module's doc;
+    /// without `floor`, nothing is taken off as the statistics' own cost).
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
@@ -343,6 +351,7 @@ struct OverheadBench {
 
 /// Per-event and per-I/O cost of the programs in each situation; see the module's doc.
 pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
+    let begun = Instant::now();
     let secs = args.secs;
     let bin_dir = bin_dir()?;
     if secs < 6 {
@@ -358,9 +367,12 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
     bench.disk.set_scheduler(ELEVATOR)?;
     let baseline_disk = fio_iops(&output(&mut fio(Path::new(&bench.disk.device), secs))?)?;
     let baseline_file = fio_iops(&output(&mut fio(&bench.managed.load_file(), secs))?)?;
+    let situations = args
+        .rows
+        .select(Situation::ALL.to_vec(), |s| s.row(), row::always)?;
     let mut rows = Vec::new();
     let mut floor_ns = 0.0;
-    for situation in Situation::ALL {
+    for situation in situations {
         let baseline = if situation == Situation::ManagedStream {
             baseline_file
         } else {
@@ -368,19 +380,24 @@ pub fn run(args: &OverheadArgs) -> anyhow::Result<()> {
         };
         let row = bench.row(situation, baseline, floor_ns)?;
         if situation == Situation::Floor {
-            floor_ns = row["avg_ns_per_event"].as_f64().unwrap_or(0.0);
+            floor_ns = row.figures["avg_ns_per_event"].as_f64().unwrap_or(0.0);
         }
         rows.push(row);
     }
     let window = bench.window;
     drop(bench);
-    write_report(&args.results_dir, secs, window, floor_ns, &rows)
+    table::write(args, begun, window, floor_ns, rows)
 }
 
 impl OverheadBench {
     /// One row: a fresh abissd in `situation` (if it has one), the load, and the programs'
     /// costs over the window; `floor_ns` is the empty program's ns per run, once measured.
-    fn row(&self, situation: Situation, baseline: f64, floor_ns: f64) -> anyhow::Result<Value> {
+    fn row(
+        &self,
+        situation: Situation,
+        baseline: f64,
+        floor_ns: f64,
+    ) -> anyhow::Result<OverheadRow> {
         let daemon = self.start_daemon(situation)?;
         let trace = match (&daemon, situation) {
             (Some(daemon), Situation::Traced) => Some(self.start_trace_client(daemon)?),
@@ -425,7 +442,9 @@ impl OverheadBench {
         #[expect(clippy::cast_precision_loss, reason = "rates for the report")]
         let reads = (after.0 - before.0) as f64 / after.1.duration_since(before.1).as_secs_f64()
             * Duration::from_secs(self.window).as_secs_f64();
-        Ok(row_json(situation, baseline, iops, reads, floor_ns, &cost))
+        Ok(table::row(
+            situation, baseline, iops, reads, floor_ns, &cost,
+        ))
     }
 
     /// abissd as `situation` wants it: none, idle, managing the managed disk, with a stream.
@@ -491,142 +510,4 @@ impl OverheadBench {
             stats: Value::Null,
         })
     }
-}
-
-/// One row of the report; `reads` is the I/Os completed on the loaded disk in the window.
-fn row_json(
-    situation: Situation,
-    baseline: f64,
-    iops: f64,
-    reads: f64,
-    floor_ns: f64,
-    cost: &WindowCost,
-) -> Value {
-    #[expect(clippy::cast_precision_loss, reason = "means for the report")]
-    let (runs, time) = (cost.runs as f64, cost.run_time_ns as f64);
-    let per_io = |value: f64| if reads > 0.0 { value / reads } else { 0.0 };
-    json!({
-        "row": situation.row(),
-        "situation": situation.description(),
-        "scheduler": ELEVATOR,
-        "file_attached": situation == Situation::ManagedStream,
-        "trace_client": situation == Situation::Traced,
-        "iops_untraced": baseline,
-        "iops_traced": iops,
-        "ios_in_window": reads,
-        "events": cost.runs,
-        "avg_ns_per_event": if runs > 0.0 { time / runs } else { 0.0 },
-        "runs_per_io": per_io(runs),
-        "ns_per_io": per_io(time),
-        "ns_per_io_less_floor": per_io((time - floor_ns * runs).max(0.0)),
-        "programs": cost.programs,
-        "daemon_cpu_ns": cost.stats["daemon_cpu_ns"],
-        "daemon_rss_bytes": cost.stats["daemon_rss_bytes"],
-        "window_ns": cost.stats["window_ns"],
-    })
-}
-
-/// Writes overhead.json, overhead.md and overhead.svg.
-fn write_report(
-    dir: &Path,
-    secs: u64,
-    window: u64,
-    floor_ns: f64,
-    rows: &[Value],
-) -> anyhow::Result<()> {
-    let command = format!("cargo xtask bench overhead --secs {secs}");
-    let machine = report::machine();
-    let markdown = markdown(&command, &machine, window, floor_ns, rows);
-    let report = json!({
-        "benchmark": "overhead",
-        "command": command,
-        "machine": machine,
-        "parameters": {
-            "secs": secs, "window_s": window, "block": "4k", "iodepth": 32,
-            "engine": "io_uring", "direct": true, "elevator": ELEVATOR,
-        },
-        "floor_ns_per_run": floor_ns,
-        "goals_ns_per_io": GOALS.iter().map(|(row, _, ns)| json!({"row": row, "ns": ns})).collect::<Vec<_>>(),
-        "rows": rows,
-    });
-    report::write_results(dir, "overhead", &report, &markdown)?;
-    let bars: Vec<CostBar<'_>> = rows
-        .iter()
-        .filter(|row| row["row"] != "a")
-        .map(|row| CostBar {
-            name: row["row"].as_str().unwrap_or("?"),
-            ns_per_io: row["ns_per_io"].as_f64().unwrap_or(0.0),
-            net_ns_per_io: row["ns_per_io_less_floor"].as_f64().unwrap_or(0.0),
-        })
-        .collect();
-    let goals: Vec<(&str, f64)> = GOALS.iter().map(|(_, name, ns)| (*name, *ns)).collect();
-    let chart = dir.join("overhead.svg");
-    chart::cost_per_io(
-        &chart,
-        "eBPF run time per 4 KiB read (fio io_uring, iodepth 32, loop device over memory)",
-        &bars,
-        &goals,
-    )?;
-    println!("written: {}", chart.display());
-    Ok(())
-}
-
-/// The Markdown report: the table, the command, the machine, what the columns mean.
-fn markdown(command: &str, machine: &Value, window: u64, floor_ns: f64, rows: &[Value]) -> String {
-    let mut markdown = format!(
-        "### Tracer overhead: 4 KiB random reads, fio io_uring iodepth 32, O_DIRECT, loop devices over memory\n\n\
-         `{command}`; stats window {window} s, elevator {ELEVATOR}.\n{}\n\n\
-         ns per I/O: the run time of all abiss programs in the window (the kernel's BPF \
-         statistics) over the reads completed on the loaded disk. The kernel charges every run \
-         its clock reads too: an empty program costs {floor_ns:.0} ns per run here (row floor), \
-         so \"less floor\" takes that off each run. Programs with nothing to do are detached \
-         (row b runs none; \"–\": the program did not run). IOPS vary by a few percent from \
-         run to run.\n\n\
-         | row | situation | IOPS without abissd | IOPS | runs per I/O | ns per I/O | less floor | insert ns | issue ns | complete ns | uring submit ns | uring complete ns | abissd CPU % |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        report::machine_line(machine)
-    );
-    for row in rows {
-        let program_ns = |name: &str| {
-            row["programs"]
-                .as_array()
-                .and_then(|ps| ps.iter().find(|p| p["name"] == name))
-                .filter(|p| p["run_count"].as_u64().unwrap_or(0) > 0)
-                .and_then(|p| p["avg_ns"].as_f64())
-                .map_or_else(|| "–".to_owned(), |ns| format!("{ns:.0}"))
-        };
-        #[expect(clippy::cast_precision_loss, reason = "a share for the report")]
-        let cpu_percent = row["window_ns"].as_u64().map_or_else(
-            || "–".to_owned(),
-            |window_ns| {
-                let cpu = row["daemon_cpu_ns"].as_u64().unwrap_or(0) as f64;
-                format!("{:.3}", cpu / window_ns.max(1) as f64 * 100.0)
-            },
-        );
-        let number = |field: &str, decimals: usize| {
-            format!("{:.*}", decimals, row[field].as_f64().unwrap_or(0.0))
-        };
-        let _ = writeln!(
-            markdown,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {cpu_percent} |",
-            row["row"].as_str().unwrap_or(""),
-            row["situation"].as_str().unwrap_or(""),
-            number("iops_untraced", 0),
-            number("iops_traced", 0),
-            number("runs_per_io", 2),
-            number("ns_per_io", 0),
-            number("ns_per_io_less_floor", 0),
-            program_ns("abiss_insert"),
-            program_ns("abiss_issue"),
-            program_ns("abiss_complete"),
-            program_ns("abiss_uring_submit"),
-            program_ns("abiss_uring_complete"),
-        );
-    }
-    let _ = writeln!(
-        markdown,
-        "\nGoals: row b under {:.0} ns per I/O, row c at most {:.0} ns.",
-        GOALS[0].2, GOALS[1].2
-    );
-    markdown
 }

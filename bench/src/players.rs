@@ -4,6 +4,7 @@
 //! players in `ionice -c1`, and abiss (each player under `abissctl run`); then one player
 //! seeking every 10 s, and 8 viewers of one file. Stall is defined in [`stall`].
 
+pub mod baseline;
 pub mod load;
 pub mod media;
 pub mod player;
@@ -20,9 +21,11 @@ use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::report;
+use crate::report::{Results, Row};
+use crate::row::{self, RowsArg};
+use baseline::Baseline;
 use player::PlayerKind;
-use session::{Baseline, RowPlan, RowResult, Session};
+use session::{RowPlan, RowResult, Session};
 
 /// The lab disk: the media copies, the load's 1.25 GiB and room to spare.
 const DISK_BYTES: u64 = 4 << 30;
@@ -50,9 +53,9 @@ pub struct PlayersArgs {
     /// Seconds the load runs before the players start.
     #[arg(long, default_value_t = 3)]
     pub warmup_secs: u64,
-    /// Rows to run, by name (default: all), e.g. `--rows mq-deadline,abiss`.
-    #[arg(long, value_delimiter = ',')]
-    pub rows: Vec<String>,
+    /// The rows to run ([`all_rows`]), e.g. `--rows mq-deadline,abiss`.
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// The rate each abiss row's player is attached at (`abissctl run --rate`); the media is
     /// 1 MB/s.
     #[arg(long, default_value = "1.1MB/s")]
@@ -117,9 +120,9 @@ pub enum Scenario {
     FourArriving,
 }
 
-/// One row of the benchmark.
+/// What one row of the benchmark runs (reported as its [`crate::row::Row`]'s configuration).
 #[derive(Clone, Debug, Serialize)]
-pub struct Row {
+pub struct Configuration {
     /// Short name (`--rows`).
     pub name: &'static str,
     /// What it is.
@@ -147,8 +150,8 @@ fn row(
     elevator: &'static str,
     class: Class,
     scenario: Scenario,
-) -> Row {
-    Row {
+) -> Configuration {
+    Configuration {
         name,
         description,
         elevator,
@@ -165,8 +168,8 @@ fn abiss_with(
     name: &'static str,
     description: &'static str,
     run_options: &'static [&'static str],
-) -> Row {
-    Row {
+) -> Configuration {
+    Configuration {
         run_options,
         ..row(
             name,
@@ -180,13 +183,13 @@ fn abiss_with(
 
 /// The rows without the load: the floor a cold start costs the disk, and the floor starting
 /// the players at once costs the machine with their files in memory.
-fn no_load_rows() -> Vec<Row> {
-    let no_load = |row: Row| Row {
+fn no_load_rows() -> Vec<Configuration> {
+    let no_load = |row: Configuration| Configuration {
         no_load: true,
         ..row
     };
     vec![
-        Row {
+        Configuration {
             warm: true,
             ..no_load(row(
                 "mq-deadline-warm-no-load",
@@ -214,7 +217,7 @@ fn no_load_rows() -> Vec<Row> {
 
 /// Every row, in report order.
 #[must_use]
-pub fn all_rows() -> Vec<Row> {
+pub fn all_rows() -> Vec<Configuration> {
     use Class::{Abiss, Default, RealTime};
     use Scenario::{EightViewers, Four, FourOneSeeking};
     let loaded = vec![
@@ -260,7 +263,7 @@ pub fn all_rows() -> Vec<Row> {
             Default,
             FourOneSeeking,
         ),
-        Row {
+        Configuration {
             run_options: &["--preroll", "6MiB"],
             ..row(
                 "abiss-seek",
@@ -277,7 +280,7 @@ pub fn all_rows() -> Vec<Row> {
             Default,
             EightViewers,
         ),
-        Row {
+        Configuration {
             run_options: &["--preroll", "6MiB"],
             ..row(
                 "abiss-8-viewers",
@@ -296,7 +299,7 @@ pub fn all_rows() -> Vec<Row> {
 }
 
 /// The rows whose players arrive one by one.
-fn arriving_rows() -> [Row; 2] {
+fn arriving_rows() -> [Configuration; 2] {
     [
         row(
             "mq-deadline-arriving",
@@ -305,7 +308,7 @@ fn arriving_rows() -> [Row; 2] {
             Class::Default,
             Scenario::FourArriving,
         ),
-        Row {
+        Configuration {
             run_options: &["--preroll", "6MiB"],
             ..row(
                 "abiss-arriving",
@@ -318,34 +321,13 @@ fn arriving_rows() -> [Row; 2] {
     ]
 }
 
-/// The rows of `all` named in `wanted` (`--rows`), in `all`'s order; all of them if `wanted` is
-/// empty. A name that is not a row is an error that lists the known ones. The recording
-/// benchmark picks its rows this way too.
-pub(crate) fn select_rows<R>(
-    all: Vec<R>,
-    wanted: &[String],
-    name: impl Fn(&R) -> &str,
-) -> anyhow::Result<Vec<R>> {
-    if let Some(unknown) = wanted
-        .iter()
-        .find(|n| !all.iter().any(|r| name(r) == n.as_str()))
-    {
-        let known: Vec<&str> = all.iter().map(&name).collect();
-        anyhow::bail!("unknown row {unknown:?}; known: {}", known.join(", "));
-    }
-    Ok(all
-        .into_iter()
-        .filter(|r| wanted.is_empty() || wanted.iter().any(|n| n == name(r)))
-        .collect())
-}
-
 /// Runs the benchmark and writes players.{json,md,svg}.
 pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
-    let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
-    let rows =
-        crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
+    let rows = args
+        .rows
+        .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
     let session = Session::up(
         "players",
@@ -358,7 +340,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
         &[PlayerKind::Gstreamer, PlayerKind::Ffmpeg, PlayerKind::Mpv],
         args.baseline_secs,
     )?;
-    let mut results = Vec::new();
+    let mut measured = Vec::new();
     for row in &rows {
         for run in 1..=args.repeat {
             let plan = RowPlan {
@@ -375,23 +357,19 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
                 .run_row(&plan, &baselines)
                 .with_context(|| format!("row {}", plan.label()))?;
             eprintln!("  {}", table::progress_line(&result));
-            results.push(result);
+            measured.push(result);
         }
     }
     let queue = session.queue_settings();
     drop(session);
 
-    let command = report::command_line("players");
-    let machine = report::machine();
     let mut media_parameters = media::parameters(media_secs.max(150));
     media_parameters["codec"] =
         json!("MPEG-2 video 7 Mbit/s, MP2 audio 192 kbit/s, MPEG-TS muxrate 8 Mbit/s");
-    let report = json!({
-        "benchmark": "players",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": {
+    let results = Results::new(
+        "players",
+        begun,
+        json!({
             "secs": args.secs,
             "warmup_secs": args.warmup_secs,
             "repeat": args.repeat,
@@ -401,13 +379,23 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
             "freeze_tolerance_s": stall::FREEZE_TOLERANCE,
             "queue": queue,
             "disk_bytes": DISK_BYTES,
-        },
-        "baselines": baselines,
-        "rows": results,
-    });
-    let markdown = table::markdown(&command, &machine, args, &queue, &baselines, &results);
-    report::write_results_and_chart(&args.results_dir, "players", &report, &markdown, |svg| {
-        table::chart(svg, args.secs, &results)
+        }),
+        measured
+            .iter()
+            .map(|result| Row::new(result.label(), &result.row, result))
+            .collect(),
+    )
+    .with("baselines", &baselines)?;
+    let markdown = table::markdown(
+        &results.command,
+        &results.machine,
+        args,
+        &queue,
+        &baselines,
+        &measured,
+    );
+    results.write(&args.results_dir, "players", &markdown, |svg| {
+        table::chart(svg, args.secs, &measured)
     })
 }
 
@@ -425,7 +413,7 @@ pub fn measure_one(
         session.set_bin_dir(bin_dir);
     }
     let baselines = session.baselines(&[kind], 2)?;
-    let row = Row {
+    let row = Configuration {
         name: if abiss.is_some() {
             "abiss"
         } else {

@@ -24,8 +24,9 @@ use anyhow::Context as _;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::players::{media, select_rows, Class};
-use crate::report;
+use crate::players::{media, Class};
+use crate::report::{Results, Row};
+use crate::row::{self, RowsArg};
 use filesystem::{DirtyLimits, FileSystem};
 use recorder::RecorderKind;
 use session::{Bench, RowPlan};
@@ -57,8 +58,8 @@ pub struct RecordingArgs {
     #[arg(long, default_value_t = 5)]
     pub warmup_secs: u64,
     /// Rows to run, by name (default: all), e.g. `--rows mq-deadline,abiss`.
-    #[arg(long, value_delimiter = ',')]
-    pub rows: Vec<String>,
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// The capture buffer overflows are counted against, ms.
     #[arg(long, default_value_t = 1000)]
     pub capture_ms: u64,
@@ -89,9 +90,9 @@ pub struct RecordingArgs {
     pub traces_dir: Option<PathBuf>,
 }
 
-/// One row of the benchmark.
+/// What one row of the benchmark runs (reported as its [`crate::row::Row`]'s configuration).
 #[derive(Clone, Debug, Serialize)]
-pub struct Row {
+pub struct Configuration {
     /// Short name (`--rows`).
     pub name: &'static str,
     /// What it is.
@@ -106,10 +107,10 @@ pub struct Row {
 
 /// Every row, in report order (grouped by file system: each is made once).
 #[must_use]
-pub fn all_rows() -> Vec<Row> {
+pub fn all_rows() -> Vec<Configuration> {
     use Class::{Abiss, Default, RealTime};
     use FileSystem::{Ext4, Ext4Writeback, Xfs};
-    let row = |name, description, elevator, class, file_system| Row {
+    let row = |name, description, elevator, class, file_system| Configuration {
         name,
         description,
         elevator,
@@ -171,9 +172,9 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     anyhow::ensure!(args.secs >= 10, "--secs must be at least 10");
     anyhow::ensure!(args.capture_ms > 0, "--capture-ms must be positive");
-    let rows = select_rows(all_rows(), &args.rows, |r| r.name)?;
-    let rows =
-        crate::lab_disk::with_elevators_present(rows, &args.rows, |r| r.name, |r| r.elevator)?;
+    let rows = args
+        .rows
+        .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + 30;
     let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb)?;
     eprintln!("recording: what timing write(2) costs");
@@ -220,8 +221,8 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     drop(bench);
     write_report(
         args,
+        begun,
         &Outcome {
-            wall_s: begun.elapsed().as_secs_f64(),
             media_secs: media_secs.max(90),
             windows,
             saved_vm,
@@ -235,27 +236,21 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
 
 /// What a run produced, for the report.
 struct Outcome {
-    wall_s: f64,
     media_secs: u32,
     windows: Vec<serde_json::Value>,
     saved_vm: filesystem::SavedSettings,
     queue: crate::lab_disk::QueueSettings,
     tracer_cost: Vec<tracer_cost::MethodCost>,
-    baselines: std::collections::BTreeMap<String, crate::players::session::Baseline>,
+    baselines: std::collections::BTreeMap<String, crate::players::baseline::Baseline>,
     results: Vec<session::RowResult>,
 }
 
 /// Writes recording.{json,md,svg}.
-fn write_report(args: &RecordingArgs, outcome: &Outcome) -> anyhow::Result<()> {
-    let command = report::command_line("recording");
-    let machine = report::machine();
-    let report = json!({
-        "benchmark": "recording",
-        "command": command,
-        "machine": machine,
-        "wall_s": outcome.wall_s,
-        "row_starts_utc": outcome.windows,
-        "parameters": {
+fn write_report(args: &RecordingArgs, begun: Instant, outcome: &Outcome) -> anyhow::Result<()> {
+    let results = Results::new(
+        "recording",
+        begun,
+        json!({
             "secs": args.secs,
             "warmup_secs": args.warmup_secs,
             "capture_ms": args.capture_ms,
@@ -273,21 +268,27 @@ fn write_report(args: &RecordingArgs, outcome: &Outcome) -> anyhow::Result<()> {
             "goal_p999_ms": GOAL_P999_MS,
             "queue": outcome.queue,
             "disk_bytes": DISK_BYTES,
-        },
-        "tracer_cost": outcome.tracer_cost,
-        "baselines": outcome.baselines,
-        "rows": outcome.results,
-    });
+        }),
+        outcome
+            .results
+            .iter()
+            .map(|result| Row::new(result.row.name, &result.row, result))
+            .collect(),
+    )
+    .with("row_starts_utc", &outcome.windows)?
+    .with("tracer_cost", &outcome.tracer_cost)?
+    .with("baselines", &outcome.baselines)?;
+    let (command, machine) = (&results.command, &results.machine);
     let markdown = table::markdown(&table::Context {
-        command: &command,
-        machine: &machine,
+        command,
+        machine,
         args,
         queue: &outcome.queue,
         tracer_cost: &outcome.tracer_cost,
         baselines: &outcome.baselines,
         results: &outcome.results,
     });
-    report::write_results_and_chart(&args.results_dir, "recording", &report, &markdown, |svg| {
+    results.write(&args.results_dir, "recording", &markdown, |svg| {
         table::chart(svg, args.secs, args.capture_ms, &outcome.results)
     })
 }

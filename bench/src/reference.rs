@@ -10,12 +10,16 @@ use anyhow::Context as _;
 use serde_json::json;
 
 use crate::chart::{self, LatencySeries};
-use crate::configuration::{self, Configuration};
+use crate::configuration::{Configuration, ConfigurationInfo};
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
-use crate::report;
+use crate::report::{self, Results, Row};
+use crate::row::RowsArg;
 use crate::schedule::StreamSpec;
-use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::trial::{run_trial, TrialFigures, TrialPlan};
+
+/// A row of the reference measurement: a configuration and what its run measured.
+type TrialRow = Row<ConfigurationInfo, TrialFigures>;
 use crate::workload::WRITEBACK_WINDOW;
 
 /// A stream of the slides: 1 MB/s, 64 kB reads, a 564 kB playout buffer.
@@ -77,9 +81,9 @@ pub struct ReferenceArgs {
     /// Seconds the copy loop runs before the readers start.
     #[arg(long, default_value_t = 3)]
     pub warmup_secs: u64,
-    /// Configurations to run, by name (default: all), e.g. `--configs bfq,bfq-rt`.
-    #[arg(long, value_delimiter = ',')]
-    pub configs: Vec<String>,
+    /// The configurations to run (`crate::abiss::all_configurations`).
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
     #[arg(long, default_value_t = 128)]
     pub read_ahead_kb: u32,
@@ -107,8 +111,7 @@ impl ReferenceArgs {
 pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
-    let configurations =
-        configuration::select_present(crate::abiss::all_configurations(), &args.configs)?;
+    let configurations = crate::abiss::select(&args.rows)?;
     let names: Vec<&str> = configurations.iter().map(|c| c.name.as_str()).collect();
     eprintln!(
         "reference: {} configurations ({}), {} s each after {} s of copy warm-up",
@@ -135,14 +138,10 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let model = serde_json::to_value(disk.model())?;
     drop(disk);
 
-    let command = report::command_line("reference");
-    let machine = report::machine();
-    let report = json!({
-        "benchmark": "reference",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": workload_parameters(
+    let results = Results::new(
+        "reference",
+        begun,
+        workload_parameters(
             json!({
                 "secs": args.secs,
                 "warmup_secs": args.warmup_secs,
@@ -155,17 +154,21 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
             &queue,
             &files,
         ),
-        "rows": rows,
-    });
-    let markdown = markdown(&command, &machine, args, &queue, &rows);
-    let name = args.results_name();
-    report::write_results(&args.results_dir, name, &report, &markdown)?;
-    let svg = args.results_dir.join(format!("{name}.svg"));
+        rows,
+    );
+    let markdown = markdown(&results, args, &queue);
+    results.write(&args.results_dir, args.results_name(), &markdown, |svg| {
+        chart(svg, args, &results.rows)
+    })
+}
+
+/// The latency percentile curves of every row.
+fn chart(svg: &std::path::Path, args: &ReferenceArgs, rows: &[TrialRow]) -> anyhow::Result<()> {
     let series: Vec<LatencySeries<'_>> = rows
         .iter()
         .map(|r| LatencySeries {
-            name: &r.configuration.name,
-            curve: &r.percentile_curve,
+            name: &r.name,
+            curve: &r.figures.percentile_curve,
         })
         .collect();
     // Each chart names its own run: the seek storm is not the reference measurement.
@@ -174,7 +177,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         |every| format!("4 readers at 1 MB/s seeking every {every} s"),
     );
     chart::latency_percentiles(
-        &svg,
+        svg,
         &format!(
             "read(2) latency of {readers} against a 175 MB copy loop, lab hdd ({} s)",
             args.secs
@@ -182,9 +185,6 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         &series,
         STREAM.slack().as_secs_f64() * 1000.0,
     )
-    .with_context(|| format!("cannot draw {name}.svg"))?;
-    println!("written: {}", svg.display());
-    Ok(())
 }
 
 fn run_configurations(
@@ -210,19 +210,18 @@ fn run_configurations(
             },
         )
         .with_context(|| format!("configuration {}", configuration.name))?;
-        eprintln!("  {}", row.progress_line());
-        rows.push(row);
+        eprintln!("  {}", row.progress_line(&configuration.name));
+        rows.push(Row::new(&configuration.name, configuration.describe(), row));
     }
     Ok(rows)
 }
 
 fn markdown(
-    command: &str,
-    machine: &serde_json::Value,
+    results: &Results<ConfigurationInfo, TrialFigures>,
     args: &ReferenceArgs,
     queue: &QueueSettings,
-    rows: &[TrialRow],
 ) -> String {
+    let rows = &results.rows;
     let mut text = format!(
         "### Reference measurement (ABISS slides): 4 readers at 1 MB/s vs a copy loop, lab hdd\n\n\
          `{command}`: {secs} s per configuration after {warmup} s of copy warm-up, cold page cache. \
@@ -235,16 +234,22 @@ fn markdown(
         secs = args.secs,
         warmup = args.warmup_secs,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
+        command = results.command,
         disk_line = report::disk_line(queue),
-        machine_line = report::machine_line(machine),
+        machine_line = report::machine_line(&results.machine),
     );
-    for row in rows {
+    for Row {
+        configuration,
+        figures: row,
+        ..
+    } in rows
+    {
         let _ = writeln!(
             text,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} ({:.2} %) | {:.1} | {:.0} |",
-            row.configuration.name,
-            row.configuration.elevator,
-            row.configuration.reader_class,
+            configuration.name,
+            configuration.elevator,
+            configuration.reader_class,
             row.deadlines.reads,
             report::ms(row.latency.p50_ms),
             report::ms(row.latency.p99_ms),
@@ -271,7 +276,7 @@ fn markdown(
 fn daemon_table(text: &mut String, rows: &[TrialRow]) {
     let counted: Vec<(&TrialRow, &crate::configuration::DaemonFigures)> = rows
         .iter()
-        .filter_map(|r| r.daemon.as_ref().map(|d| (r, d)))
+        .filter_map(|r| r.figures.daemon.as_ref().map(|d| (r, d)))
         .collect();
     if counted.is_empty() {
         return;
@@ -288,7 +293,7 @@ fn daemon_table(text: &mut String, rows: &[TrialRow]) {
         let _ = writeln!(
             text,
             "| {} | {} | {} | {} | {} | {} |",
-            row.configuration.name,
+            row.name,
             daemon.stream_requests,
             daemon.inversions,
             daemon.upgrades,
@@ -312,11 +317,11 @@ fn seek_table(text: &mut String, rows: &[TrialRow], every: Option<u64>) {
          | --- | ---: | ---: | ---: | ---: | --- |\n"
     );
     for row in rows {
-        if let Some(seeks) = &row.seeks {
+        if let Some(seeks) = &row.figures.seeks {
             let _ = writeln!(
                 text,
                 "| {} | {} | {} | {:.1} | {:.1} | {} |",
-                row.configuration.name,
+                row.name,
                 seeks.seeks,
                 seeks.misses_after_seeks,
                 seeks.recovery_p50_ms,

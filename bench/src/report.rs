@@ -1,11 +1,16 @@
-//! Writing results: JSON and Markdown under bench/results/, with the machine, the kernel and
-//! the exact command, as `cargo xtask bench overhead` does.
+//! Writing results: every benchmark's [`Results`] (its [`Row`]s, the machine, the kernel and
+//! the exact command) as JSON, Markdown and an SVG chart under bench/results/, through one
+//! writer.
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::Context as _;
+use serde::Serialize;
 use serde_json::{json, Value};
+
+pub use crate::row::Row;
 
 /// Machine, kernel and time of a run.
 #[must_use]
@@ -59,28 +64,6 @@ pub fn command_line(benchmark: &str) -> String {
     command
 }
 
-/// A benchmark's JSON document: its name, the command that ran it, the machine and the wall
-/// time since `begun`, then the entries of `fields` (an object: parameters and results).
-#[must_use]
-pub fn document(
-    benchmark: &str,
-    command: &str,
-    machine: &Value,
-    begun: std::time::Instant,
-    fields: Value,
-) -> Value {
-    let mut document = json!({
-        "benchmark": benchmark,
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-    });
-    if let (Some(document), Value::Object(fields)) = (document.as_object_mut(), fields) {
-        document.extend(fields);
-    }
-    document
-}
-
 /// The parameters of a benchmark that steps through stream counts, with `more` (an object)
 /// of its own.
 #[must_use]
@@ -105,33 +88,79 @@ pub fn step_parameters(
     parameters
 }
 
-/// Writes `name.json` and `name.md` under `dir` and prints the Markdown.
-pub fn write_results(dir: &Path, name: &str, report: &Value, markdown: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    std::fs::write(
-        dir.join(format!("{name}.json")),
-        serde_json::to_string_pretty(report)? + "\n",
-    )?;
-    std::fs::write(dir.join(format!("{name}.md")), markdown)?;
-    println!("{markdown}");
-    println!("written: {0}/{name}.json and {0}/{name}.md", dir.display());
-    Ok(())
+/// A benchmark's results, as every benchmark writes them: its name, the command that ran it,
+/// the machine, the wall time, the conditions all rows share (`parameters`), what it found
+/// beyond its rows (`more`: baselines, headline figures, written beside the rows), and its
+/// [`Row`]s.
+#[derive(Debug, Serialize)]
+pub struct Results<C, F> {
+    /// The benchmark (`reference`, `sweep`, …).
+    pub benchmark: &'static str,
+    /// The command that ran it, as a user would type it.
+    pub command: String,
+    /// Machine, kernel and date ([`machine`]).
+    pub machine: Value,
+    /// Seconds the whole benchmark took.
+    pub wall_s: f64,
+    /// The conditions every row ran under: durations, disk, files, loads.
+    pub parameters: Value,
+    /// What the benchmark found beyond its rows.
+    #[serde(flatten)]
+    pub more: serde_json::Map<String, Value>,
+    /// The rows, in the order they ran.
+    pub rows: Vec<Row<C, F>>,
 }
 
-/// Writes `name.json` and `name.md` as [`write_results`] does, then `name.svg` under `dir`
-/// with `chart`, and says so.
-pub fn write_results_and_chart(
-    dir: &Path,
-    name: &str,
-    report: &Value,
-    markdown: &str,
-    chart: impl FnOnce(&Path) -> anyhow::Result<()>,
-) -> anyhow::Result<()> {
-    write_results(dir, name, report, markdown)?;
-    let svg = dir.join(format!("{name}.svg"));
-    chart(&svg).with_context(|| format!("cannot draw {name}.svg"))?;
-    println!("written: {}", svg.display());
-    Ok(())
+impl<C: Serialize, F: Serialize> Results<C, F> {
+    /// The results of `benchmark`, begun at `begun`: the command line and the machine as they
+    /// are now.
+    #[must_use]
+    pub fn new(
+        benchmark: &'static str,
+        begun: Instant,
+        parameters: Value,
+        rows: Vec<Row<C, F>>,
+    ) -> Self {
+        Self {
+            benchmark,
+            command: command_line(benchmark),
+            machine: machine(),
+            wall_s: begun.elapsed().as_secs_f64(),
+            parameters,
+            more: serde_json::Map::new(),
+            rows,
+        }
+    }
+
+    /// The same results with `value` written beside the rows as `key`.
+    pub fn with(mut self, key: &str, value: impl Serialize) -> anyhow::Result<Self> {
+        self.more
+            .insert(key.to_owned(), serde_json::to_value(value)?);
+        Ok(self)
+    }
+
+    /// Writes `name.json`, `name.md` (`markdown`, also printed) and `name.svg` (drawn by
+    /// `chart`) under `dir`, and says so: the one writer of every benchmark.
+    pub fn write(
+        &self,
+        dir: &Path,
+        name: &str,
+        markdown: &str,
+        chart: impl FnOnce(&Path) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        std::fs::write(
+            dir.join(format!("{name}.json")),
+            serde_json::to_string_pretty(self)? + "\n",
+        )?;
+        std::fs::write(dir.join(format!("{name}.md")), markdown)?;
+        println!("{markdown}");
+        println!("written: {0}/{name}.json and {0}/{name}.md", dir.display());
+        let svg = dir.join(format!("{name}.svg"));
+        chart(&svg).with_context(|| format!("cannot draw {name}.svg"))?;
+        println!("written: {}", svg.display());
+        Ok(())
+    }
 }
 
 /// A latency in milliseconds with three significant digits (sub-millisecond page-cache hits
@@ -201,24 +230,33 @@ mod tests {
     }
 
     #[test]
-    fn a_document_has_the_run_then_its_fields_and_steps_their_parameters() {
-        let begun = std::time::Instant::now();
-        let machine = json!({ "cores": 2 });
+    fn results_have_the_run_then_their_findings_and_rows_and_steps_their_parameters() {
         let parameters = step_parameters(20, 3, 32, &[12, 14], 1, json!({ "p_req": 0.01 }));
         assert_eq!(parameters["steps"], json!([12, 14]));
         assert_eq!(parameters["p_req"], 0.01);
         assert_eq!(parameters["secs_per_step"], 20);
-        let document = document(
+        let results = Results::new(
             "memory",
-            "cargo xtask bench memory",
-            &machine,
-            begun,
-            json!({ "parameters": parameters, "budgets": [] }),
-        );
+            Instant::now(),
+            parameters,
+            vec![Row::new(
+                "abiss-20MiB",
+                json!({"budget": 20}),
+                json!({"misses": 0}),
+            )],
+        )
+        .with("device_model", json!({"seek_ms": 12}))
+        .unwrap();
+        let document = serde_json::to_value(&results).unwrap();
         assert_eq!(document["benchmark"], "memory");
-        assert_eq!(document["machine"]["cores"], 2);
+        assert!(document["command"]
+            .as_str()
+            .unwrap()
+            .starts_with("cargo xtask bench memory"));
         assert!(document["wall_s"].as_f64().is_some());
         assert_eq!(document["parameters"]["max_streams"], 32);
-        assert_eq!(document["budgets"], json!([]));
+        assert_eq!(document["device_model"]["seek_ms"], 12);
+        assert_eq!(document["rows"][0]["name"], "abiss-20MiB");
+        assert_eq!(document["rows"][0]["figures"]["misses"], 0);
     }
 }

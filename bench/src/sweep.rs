@@ -2,7 +2,7 @@
 //! reference streams' reads and buffer) until deadline misses appear, per configuration.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use abiss_proto::ByteSize;
@@ -11,14 +11,15 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::chart::{self, MissSeries};
-use crate::configuration::{self, Configuration, ConfigurationInfo};
+use crate::configuration::{Configuration, ConfigurationInfo};
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
 use crate::reference::{
     workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
 };
-use crate::report;
-use crate::trial::{run_trial, TrialPlan, TrialRow};
+use crate::report::{self, Results, Row};
+use crate::row::RowsArg;
+use crate::trial::{run_trial, TrialFigures, TrialPlan};
 
 /// `abiss-bench sweep`.
 #[derive(Debug, clap::Args)]
@@ -29,9 +30,9 @@ pub struct SweepArgs {
     /// Seconds the copy loop runs before each step's readers start.
     #[arg(long, default_value_t = 3)]
     pub warmup_secs: u64,
-    /// Configurations to run, by name (default: all), e.g. `--configs bfq,bfq-rt`.
-    #[arg(long, value_delimiter = ',')]
-    pub configs: Vec<String>,
+    /// The configurations to sweep (`crate::abiss::all_configurations`).
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// The most streams to try.
     #[arg(long, default_value_t = 32)]
     pub max_streams: usize,
@@ -109,24 +110,25 @@ pub fn sustained_streams(steps: &[(usize, u64)]) -> (Option<usize>, Option<usize
     )
 }
 
-/// One configuration's sweep.
+/// What one configuration's sweep measured.
 #[derive(Debug, Serialize)]
-struct ConfigurationSweep {
-    configuration: ConfigurationInfo,
+struct SweepFigures {
     /// The most streams with zero misses (steps before the first with misses).
     sustained_streams: Option<usize>,
     /// The streams of the first step with misses, if any.
     first_streams_with_misses: Option<usize>,
-    steps: Vec<TrialRow>,
+    steps: Vec<TrialFigures>,
 }
+
+/// A row of the sweep: a configuration and its steps.
+type ConfigurationSweep = Row<ConfigurationInfo, SweepFigures>;
 
 /// Runs the sweep and writes sweep.{json,md,svg}.
 pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
     anyhow::ensure!(args.max_streams >= 1, "--max-streams must be at least 1");
-    let configurations =
-        configuration::select_present(crate::abiss::all_configurations(), &args.configs)?;
+    let configurations = crate::abiss::select(&args.rows)?;
     let steps = stream_steps(args.max_streams);
     eprintln!(
         "sweep: {} configurations, streams {:?}, {} s per step after {} s of copy warm-up",
@@ -168,8 +170,6 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
     let model = serde_json::to_value(disk.model())?;
     drop(disk);
 
-    let command = report::command_line("sweep");
-    let machine = report::machine();
     let parameters = report::step_parameters(
         args.secs,
         args.warmup_secs,
@@ -178,29 +178,26 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<()> {
         args.steps_after_miss,
         json!({}),
     );
-    let report = report::document(
+    let results = Results::new(
         "sweep",
-        &command,
-        &machine,
         begun,
-        json!({
-            "parameters": workload_parameters(parameters, stream_file_bytes, &model, &queue, &files),
-            "configurations": sweeps,
-        }),
+        workload_parameters(parameters, stream_file_bytes, &model, &queue, &files),
+        sweeps,
     );
-    let markdown = markdown(&command, &machine, args, &queue, &sweeps);
-    report::write_results(&args.results_dir, "sweep", &report, &markdown)?;
-    draw_chart(args, &sweeps)
+    let markdown = markdown(&results, args, &queue);
+    results.write(&args.results_dir, "sweep", &markdown, |svg| {
+        draw_chart(svg, args, &results.rows)
+    })
 }
 
 /// Draws sweep.svg: each configuration's miss fraction by streams.
-fn draw_chart(args: &SweepArgs, sweeps: &[ConfigurationSweep]) -> anyhow::Result<()> {
-    let svg = args.results_dir.join("sweep.svg");
+fn draw_chart(svg: &Path, args: &SweepArgs, sweeps: &[ConfigurationSweep]) -> anyhow::Result<()> {
     let series: Vec<MissSeries<'_>> = sweeps
         .iter()
         .map(|s| MissSeries {
-            name: &s.configuration.name,
+            name: &s.name,
             steps: s
+                .figures
                 .steps
                 .iter()
                 .map(|r| (r.streams, r.deadlines.miss_fraction))
@@ -208,16 +205,13 @@ fn draw_chart(args: &SweepArgs, sweeps: &[ConfigurationSweep]) -> anyhow::Result
         })
         .collect();
     chart::misses_by_streams(
-        &svg,
+        svg,
         &format!(
             "Deadline misses of 1 MB/s readers against a copy loop, lab hdd ({} s steps)",
             args.secs
         ),
         &series,
     )
-    .context("cannot draw sweep.svg")?;
-    println!("written: {}", svg.display());
-    Ok(())
 }
 
 /// Runs one configuration's steps until the early stop.
@@ -251,7 +245,7 @@ fn sweep_configuration(
                 configuration.name
             )
         })?;
-        eprintln!("  {}", row.progress_line());
+        eprintln!("  {}", row.progress_line(&configuration.name));
         let go_on = early_stop.record(row.deadlines.misses);
         rows.push(row);
         if !go_on {
@@ -263,21 +257,23 @@ fn sweep_configuration(
         .map(|r| (r.streams, r.deadlines.misses))
         .collect();
     let (sustained, first_miss) = sustained_streams(&counts);
-    Ok(ConfigurationSweep {
-        configuration: configuration.describe(),
-        sustained_streams: sustained,
-        first_streams_with_misses: first_miss,
-        steps: rows,
-    })
+    Ok(Row::new(
+        &configuration.name,
+        configuration.describe(),
+        SweepFigures {
+            sustained_streams: sustained,
+            first_streams_with_misses: first_miss,
+            steps: rows,
+        },
+    ))
 }
 
 fn markdown(
-    command: &str,
-    machine: &serde_json::Value,
+    results: &Results<ConfigurationInfo, SweepFigures>,
     args: &SweepArgs,
     queue: &QueueSettings,
-    sweeps: &[ConfigurationSweep],
 ) -> String {
+    let sweeps = &results.rows;
     let mut text = format!(
         "### Saturation sweep: 1 MB/s readers against the copy loop, lab hdd\n\n\
          `{command}`: steps of {secs} s after {warmup} s of copy warm-up, cold page cache, up to \
@@ -292,16 +288,22 @@ fn markdown(
         max = args.max_streams,
         after = args.steps_after_miss,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
+        command = results.command,
         disk_line = report::disk_line(queue),
-        machine_line = report::machine_line(machine),
+        machine_line = report::machine_line(&results.machine),
     );
-    for sweep in sweeps {
+    for Row {
+        configuration,
+        figures: sweep,
+        ..
+    } in sweeps
+    {
         let _ = writeln!(
             text,
             "| {} | {} | {} | {} | {} |",
-            sweep.configuration.name,
-            sweep.configuration.elevator,
-            sweep.configuration.reader_class,
+            configuration.name,
+            configuration.elevator,
+            configuration.reader_class,
             match (sweep.sustained_streams, sweep.first_streams_with_misses) {
                 (None, _) => "0".to_owned(),
                 (Some(n), None) => format!("≥ {n}"),
@@ -318,11 +320,11 @@ fn markdown(
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for sweep in sweeps {
-        for row in &sweep.steps {
+        for row in &sweep.figures.steps {
             let _ = writeln!(
                 text,
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {} |",
-                sweep.configuration.name,
+                sweep.name,
                 row.streams,
                 row.deadlines.reads,
                 row.deadlines.misses,
@@ -342,7 +344,7 @@ fn markdown(
 
 /// The smallest to the largest playout buffer abissd gave a step's streams (they differ where
 /// it sized them itself), or `-` for the stock rows.
-fn buffer_range(bytes: Option<(u64, u64)>) -> String {
+pub(crate) fn buffer_range(bytes: Option<(u64, u64)>) -> String {
     match bytes {
         None => "-".to_owned(),
         Some((low, high)) if low == high => ByteSize(low).to_string(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context as _};
 use serde::Serialize;
 
-use crate::configuration::{Configuration, ConfigurationInfo, RunContext, RunSetup};
+use crate::configuration::{Configuration, RunContext, RunSetup};
 use crate::interrupt;
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
@@ -40,9 +40,7 @@ pub struct TrialPlan<'a> {
 
 /// What a run measured.
 #[derive(Clone, Debug, Serialize)]
-pub struct TrialRow {
-    /// The configuration.
-    pub configuration: ConfigurationInfo,
+pub struct TrialFigures {
     /// Real-time readers.
     pub streams: usize,
     /// Length of the measurement window.
@@ -169,13 +167,12 @@ impl SeekRow {
     }
 }
 
-impl TrialRow {
-    /// A one-line summary for the progress output.
+impl TrialFigures {
+    /// A one-line summary of configuration `name`'s run for the progress output.
     #[must_use]
-    pub fn progress_line(&self) -> String {
+    pub fn progress_line(&self, name: &str) -> String {
         format!(
-            "{} with {} streams: p50 {} ms, p99 {} ms, max {} ms, {} of {} reads missed, BE copy {:.1} MB/s, busy {:.0} %",
-            self.configuration.name,
+            "{name} with {} streams: p50 {} ms, p99 {} ms, max {} ms, {} of {} reads missed, BE copy {:.1} MB/s, busy {:.0} %",
             self.streams,
             crate::report::ms(self.latency.p50_ms),
             crate::report::ms(self.latency.p99_ms),
@@ -191,7 +188,7 @@ impl TrialRow {
 /// Runs one configuration: selects its elevator, drops the files' pages, starts its hook and
 /// the copy loop, lets the copy warm up, then starts all readers at one instant and measures
 /// until the window ends. The copy's destination is removed afterwards.
-pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRow> {
+pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFigures> {
     interrupt::check()?;
     let begun = Instant::now();
     let files = plan.files;
@@ -239,8 +236,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialRo
         latency.merge(&outcome.latency);
         tally.merge(&outcome.tally);
     }
-    Ok(TrialRow {
-        configuration: configuration.describe(),
+    Ok(TrialFigures {
         streams: plan.streams,
         window_s: window.as_secs_f64(),
         latency: latency.summary(),

@@ -27,9 +27,11 @@ use crate::cpu::{busy_pct, cpu_times};
 use crate::ioprio::current_thread_ioprio;
 use crate::lab_disk::LabDisk;
 use crate::latency::{LatencyHistogram, LatencySummary};
+use crate::layout;
 use crate::reference::{COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM_FILE_BYTES};
+use crate::report::{self, Results, Row};
+use crate::row::{self, RowsArg};
 use crate::workload::CopyLoop;
-use crate::{layout, report};
 
 /// `abiss-bench upgrades`.
 #[derive(Debug, clap::Args)]
@@ -37,16 +39,16 @@ pub struct UpgradesArgs {
     /// Misses to make (one new reader thread each).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub misses: u32,
-    /// The best-effort loads to measure under, one row each.
-    #[arg(long, value_delimiter = ',', default_value = "copy,seeky")]
-    pub loads: Vec<BestEffortLoad>,
+    /// The best-effort loads to measure under, one row each: `copy`, `seeky`.
+    #[command(flatten)]
+    pub rows: RowsArg,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
 }
 
 /// What loads the lab hdd while the misses are made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BestEffortLoad {
     /// The reference measurement's copy loop (64 KiB reads and writes, one process).
@@ -56,6 +58,14 @@ pub enum BestEffortLoad {
 }
 
 impl BestEffortLoad {
+    /// The row's name.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Copy => "copy",
+            Self::Seeky => "seeky",
+        }
+    }
+
     fn describe(self) -> &'static str {
         match self {
             Self::Copy => "copy loop",
@@ -77,55 +87,54 @@ const RT0: u16 = 1 << 13;
 /// Runs the measurement and writes upgrades.{json,md,svg}.
 pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
+    let loads = args.rows.select(
+        vec![BestEffortLoad::Copy, BestEffortLoad::Seeky],
+        |load| load.name(),
+        row::always,
+    )?;
     let bin_dir = std::env::var_os("ABISS_BIN_DIR")
         .map(PathBuf::from)
         .context("needs ABISS_BIN_DIR (where abissd is); run it through `cargo xtask bench`")?;
     let mut rows = Vec::new();
-    for &load in &args.loads {
+    for load in loads {
         eprintln!(
             "upgrades: {} misses under the {}",
             args.misses,
             load.describe()
         );
-        rows.push(measure(&bin_dir, args.misses, load)?);
+        rows.push(Row::new(
+            load.name(),
+            load,
+            measure(&bin_dir, args.misses, load)?,
+        ));
     }
 
-    let command = report::command_line("upgrades");
-    let machine = report::machine();
-    let report = json!({
-        "benchmark": "upgrades",
-        "command": command,
-        "machine": machine,
-        "wall_s": begun.elapsed().as_secs_f64(),
-        "parameters": {
+    let results = Results::new(
+        "upgrades",
+        begun,
+        json!({
             "misses": args.misses,
             "read_bytes": READ_BYTES,
             "stream": {"rate_bps": 1_000_000, "buffer_bytes": 564 << 10, "level": 0},
             "copy_file_bytes": COPY_FILE_BYTES,
             "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
-        },
-        "rows": rows.iter().map(|row| json!({
-            "load": row.load,
-            "upgrades": row.upgrades,
-            "raised_before_the_read_returned": row.raised_in_time,
-            "miss_read_latency": row.read_summary,
-            "program_costs_with_a_file_attached": row.costs,
-            "cpu_busy_pct": row.cpu_busy_pct,
-            "steal_ms": row.steal_ms,
-        })).collect::<Vec<_>>(),
-    });
-    let markdown = markdown(&command, &machine, args.misses, &rows);
-    report::write_results_and_chart(&args.results_dir, "upgrades", &report, &markdown, |path| {
-        chart(path, &rows)
-    })?;
-    Ok(())
+        }),
+        rows,
+    );
+    let markdown = markdown(&results, args.misses);
+    results.write(&args.results_dir, "upgrades", &markdown, |path| {
+        chart(path, &results.rows)
+    })
 }
+
+/// A row: a best-effort load and the upgrades under it.
+type UpgradeRow = Row<BestEffortLoad, UpgradeFigures>;
 
 /// Issue 12's goal for the upgrade latency under the seeky load, µs (p99).
 const GOAL_P99_US: f64 = 2000.0;
 
 /// Upgrade latency per load as bars on a log scale (p50, p99, max), with the goal.
-fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
+fn chart(path: &Path, rows: &[UpgradeRow]) -> anyhow::Result<()> {
     use plotters::prelude::*;
     const FLOOR: f64 = 10.0;
     #[expect(
@@ -135,7 +144,7 @@ fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
     let figures: Vec<[f64; 3]> = rows
         .iter()
         .map(|row| {
-            let u = &row.upgrades;
+            let u = &row.figures.upgrades;
             [u.latency_p50_us, u.latency_p99_us, u.latency_max_us]
                 .map(|us| us.map_or(FLOOR, |us| (us as f64).max(FLOOR)))
         })
@@ -150,7 +159,7 @@ fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
     let width = rows.len() as f64;
     let names: Vec<&str> = rows
         .iter()
-        .map(|row| match row.load {
+        .map(|row| match row.configuration {
             BestEffortLoad::Copy => "copy loop",
             BestEffortLoad::Seeky => "seeky load",
         })
@@ -189,16 +198,18 @@ fn chart(path: &Path, rows: &[UpgradeFigures]) -> anyhow::Result<()> {
 }
 
 /// What [`measure`] found.
+#[derive(Debug, Serialize)]
 struct UpgradeFigures {
-    /// The load it was measured under.
-    load: BestEffortLoad,
     /// abissd's upgrade count and latencies.
     upgrades: abiss_proto::RaiseReport,
     /// Miss threads raised by the time their read returned.
+    #[serde(rename = "raised_before_the_read_returned")]
     raised_in_time: u32,
     /// Latency of the miss reads.
+    #[serde(rename = "miss_read_latency")]
     read_summary: LatencySummary,
     /// The programs' cost over the first 10 s, with the file attached.
+    #[serde(rename = "program_costs_with_a_file_attached")]
     costs: abiss_proto::StatsReport,
     /// Busy share of all CPUs while the misses were made, %.
     cpu_busy_pct: f64,
@@ -277,7 +288,6 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     drop(daemon);
     drop(disk);
     Ok(UpgradeFigures {
-        load,
         upgrades,
         raised_in_time,
         read_summary: reads.summary(),
@@ -346,12 +356,8 @@ fn make_misses(path: &Path, count: u32) -> anyhow::Result<(LatencyHistogram, u32
 }
 
 /// The Markdown report.
-fn markdown(
-    command: &str,
-    machine: &serde_json::Value,
-    misses: u32,
-    rows: &[UpgradeFigures],
-) -> String {
+fn markdown(results: &Results<BestEffortLoad, UpgradeFigures>, misses: u32) -> String {
+    let command = &results.command;
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
     let mut markdown = format!(
         "### Upgrade latency: page-cache miss on an attached file to raised I/O priority\n\n\
@@ -364,13 +370,18 @@ fn markdown(
          | load | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms | CPU busy % | steal ms |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         misses,
-        report::machine_line(machine)
+        report::machine_line(&results.machine)
     );
-    for row in rows {
+    for Row {
+        configuration: load,
+        figures: row,
+        ..
+    } in &results.rows
+    {
         let _ = writeln!(
             markdown,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
-            row.load.describe(),
+            load.describe(),
             misses,
             row.upgrades.total,
             micros(row.upgrades.latency_p50_us),
@@ -384,13 +395,18 @@ fn markdown(
                 .map_or_else(|| "-".to_owned(), |ms| ms.to_string())
         );
     }
-    for row in rows {
+    for Row {
+        configuration: load,
+        figures: row,
+        ..
+    } in &results.rows
+    {
         let _ = write!(
             markdown,
             "\nCost of the eBPF programs over the first 10 s under the {}, with the stream's \
              file attached (each request's file is then looked up and tagged):\n\n\
              | program | runs | mean ns |\n| --- | ---: | ---: |\n",
-            row.load.describe()
+            load.describe()
         );
         for program in &row.costs.programs {
             let _ = writeln!(

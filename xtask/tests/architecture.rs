@@ -25,10 +25,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     ("lab/src/lab.rs", "the lab's setup and teardown; to be split"),
     ("lab/src/emulator.rs", "the FUSE disk emulator; to be split"),
     ("xtask/src/kernels.rs", "the qemu kernel matrix; to be split"),
-    ("bench/src/soak.rs", "the soak benchmark; to be split"),
-    ("bench/src/memory.rs", "the memory benchmark; to be split"),
-    ("bench/src/overhead.rs", "the overhead benchmark; to be split"),
-    ("bench/src/players/session.rs", "the players benchmark's session; to be split"),
 ];
 
 /// The workspace root.

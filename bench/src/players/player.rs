@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use serde::Serialize;
 
 use super::stall::Event;
+use crate::interrupt;
 use crate::process::{self, is_zombie};
 
 /// The `GStreamer` helper (playbin from Python: gst-launch cannot report positions).
@@ -481,4 +482,28 @@ fn collect_mpv(socket: &Path, events: &Mutex<Vec<Event>>, stopping: &AtomicBool)
             }
         }
     }
+}
+
+/// Lets `players` play until `secs` after their launch (or the first ends early), runs
+/// `before_stop`, then stops them all.
+pub(crate) fn play_for(
+    mut players: Vec<RunningPlayer>,
+    secs: Duration,
+    before_stop: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<PlayerRun>> {
+    let until = Instant::now() + secs;
+    while Instant::now() < until {
+        interrupt::check()?;
+        if players.iter_mut().all(RunningPlayer::has_ended) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50).min(until - Instant::now()));
+    }
+    before_stop()?;
+    let (stopped_ns, signalled) = (monotonic_ns(), Instant::now());
+    let stopping = players
+        .into_iter()
+        .map(|p| p.signal_stop(stopped_ns))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    stopping.into_iter().map(|p| p.collect(signalled)).collect()
 }

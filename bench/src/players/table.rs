@@ -6,7 +6,8 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::session::{Baseline, PlayerResult, RowResult};
+use super::baseline::Baseline;
+use super::session::{PlayerResult, RowResult};
 use super::watch::{self, StreamFigures};
 use super::{Class, PlayersArgs};
 use crate::lab_disk::QueueSettings;
@@ -276,8 +277,7 @@ fn repeats_table(text: &mut String, results: &[RowResult]) {
             .collect();
         let mut sorted = totals.clone();
         sorted.sort_by(f64::total_cmp);
-        // The upper median, as the baselines take theirs.
-        let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+        let median = abiss_lab::stats::quantile(&sorted, 0.5).unwrap_or(0.0);
         let per_run: Vec<String> = totals.iter().map(|t| format!("{t:.2}")).collect();
         let _ = writeln!(
             text,

@@ -13,15 +13,17 @@ use super::filesystem::FileSystem;
 use super::load::{self, LoadFigures, LoadFiles};
 use super::recorder::{RecorderKind, RecorderResult, RunningRecorder, Tracer};
 use super::writes::quantile;
-use super::{Row, DISK_BYTES, PLAYERS, RECORDERS};
+use super::{Configuration, DISK_BYTES, PLAYERS, RECORDERS};
 use crate::abiss::Daemon;
 use crate::cpu::{busy_pct, cpu_times, load_average};
 use crate::interrupt;
 use crate::lab_disk::LabDisk;
 use crate::layout::drop_cached_pages;
+use crate::players::baseline::{baseline, Baseline};
 use crate::players::media;
+use crate::players::player::play_for;
 use crate::players::player::{PlayerKind, PlayerSpec, RunningPlayer, Wrapper};
-use crate::players::session::{baseline, play_for, player_result, Baseline, PlayerResult};
+use crate::players::session::{player_result, PlayerResult};
 use crate::players::watch::{StreamFigures, StreamWatch};
 use crate::players::Class;
 use crate::trial::sleep_interruptibly;
@@ -33,7 +35,7 @@ const TRACER_SETUP: Duration = Duration::from_secs(2);
 #[derive(Clone, Copy, Debug)]
 pub struct RowPlan<'a> {
     /// The row.
-    pub row: &'a Row,
+    pub row: &'a Configuration,
     /// Seconds the load runs before the recorders and players start.
     pub warmup: Duration,
     /// Seconds they run.
@@ -96,8 +98,9 @@ pub struct Bench {
 /// One row's results.
 #[derive(Clone, Debug, Serialize)]
 pub struct RowResult {
-    /// The row.
-    pub row: Row,
+    /// What the row ran: the report writes it as its row's configuration, not again here.
+    #[serde(skip)]
+    pub row: Configuration,
     /// Seconds the recorders and players ran.
     pub secs: u64,
     /// Each recorder.

@@ -11,7 +11,7 @@ use super::session::RowResult;
 use super::tracer_cost::MethodCost;
 use super::{RecordingArgs, DIRTY_BACKGROUND_BYTES, DIRTY_BYTES, GOAL_P999_MS, RECORDERS};
 use crate::lab_disk::QueueSettings;
-use crate::players::session::Baseline;
+use crate::players::baseline::Baseline;
 use crate::players::watch::{self, StreamFigures};
 use crate::players::Class;
 use crate::report;
