@@ -9,6 +9,7 @@
 //! | concern | file |
 //! | --- | --- |
 //! | fixtures: [`Daemon`], [`Connection`], [`LoopDevice`], [`Ext4Mount`], [`HddLab`], [`CopyLoop`], [`Scratch`], [`require_root!`], [`as_nobody`] | `src/lib.rs` |
+//! | a systemd of the test's own, booted in namespaces: [`systemd::ServiceManager`] | `src/systemd.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
@@ -46,6 +47,7 @@
 //! | man pages and completions from `cargo xtask man` | `tests/man_pages.rs` |
 //! | `--metrics` scraped by a real Prometheus; the Grafana dashboard's names | `tests/metrics.rs` |
 //! | abissd as a systemd service under a real systemd (`cargo xtask install`) | `tests/service.rs` |
+//! | the Debian package (`cargo xtask deb`) under a real systemd: installed, serving, upgraded over itself, purged without a trace | `tests/deb_package.rs` |
 //! | bad input: one sentence, its exit code, nothing changed | `tests/bad_input.rs` |
 //! | **security: an unprivileged user (`nobody`) against abissd** | |
 //! | attacks with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
@@ -77,6 +79,7 @@ use abiss_proto::{decode_line, encode_line, DeviceNumber, Envelope, Request, Res
 pub mod hostile;
 pub mod hostile_raises;
 pub mod http;
+pub mod systemd;
 
 /// The path of built binary `name` (in `ABISS_BIN_DIR`, set by `cargo xtask test`), its pages
 /// read into the page cache first: on the lab VM the reclaim takes a test program's pages
