@@ -17,6 +17,7 @@
 //! | files and the page cache: [`evict`], [`resident_bytes`], [`paced_read`] | `src/page_cache.rs` |
 //! | abissd's eBPF maps and programs through `bpftool`: [`daemon_map_dump`], [`program_loaded`] | `src/kernel_maps.rs` |
 //! | the C API built and its examples compiled: [`abiss_c_library`], [`compile_c_example`] | `src/c_api.rs` |
+//! | a systemd of the test's own, booted in namespaces: [`systemd::ServiceManager`] | `src/systemd.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
 //! | a stream `nobody` owns, with raised readers: [`raises::NobodysStream`] | `src/raises.rs` |
@@ -58,6 +59,7 @@
 //! | man pages and completions from `cargo xtask man` | `tests/man_pages.rs` |
 //! | `--metrics` scraped by a real Prometheus; the Grafana dashboard's names | `tests/metrics.rs` |
 //! | abissd as a systemd service under a real systemd (`cargo xtask install`) | `tests/service.rs` |
+//! | the Debian package (`cargo xtask deb`) under a real systemd: installed, serving, upgraded over itself, purged without a trace | `tests/deb_package.rs` |
 //! | bad input: one sentence, its exit code, nothing changed | `tests/bad_input.rs` |
 //! | **security: an unprivileged user (`nobody`) against abissd** | |
 //! | attacks with `src/bin/abiss-hostile-client.rs` | `tests/security.rs` |
@@ -91,6 +93,7 @@ mod lab_disk;
 mod output;
 mod page_cache;
 pub mod raises;
+pub mod systemd;
 mod users;
 
 pub use c_api::{abiss_c_library, compile_c_example};

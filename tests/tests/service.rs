@@ -3,224 +3,29 @@
 //! hardening option of the unit on, reloads its configuration file, restarts after a
 //! `kill -9` and puts the disk back on stop; a broken configuration is not restarted in a loop.
 //!
-//! This machine's PID 1 is not systemd, and CI's is not either. The test boots the distribution's
-//! systemd as PID 1 of new PID, mount, UTS and IPC namespaces (as a container would, sharing
-//! the host's devices and file systems), with a private `/run`, `/var/lib` and unit directory,
-//! and drives it with `systemctl` through `nsenter`. On a machine whose PID 1 is systemd the
-//! same unit runs under the host's manager; this test still uses its own.
-//!
-//! That systemd shares the host's `/tmp`, `/sys` and `/dev`, so it must never run the boot
-//! jobs of `sysinit.target`: `systemd-tmpfiles-setup` empties `/tmp` (it did, once, while
-//! this test was written), udev would trigger every device, sysctl would apply the
-//! distribution's settings. The unit under test gets a drop-in with `DefaultDependencies=no`
-//! (its ordering after sysinit is all that changes), and the boot targets and jobs are masked,
-//! so anything that still asked for them would fail rather than run.
+//! The systemd is the test's own, booted in namespaces (`abiss_tests::systemd`), with a private
+//! `/run`, `/var/lib` and unit directory.
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::Duration;
 
+use abiss_tests::systemd::{prepare_units, ServiceManager, SYSTEMD};
 use abiss_tests::{binary, require_root, wait_until, Ext4Mount, LoopDevice, Scratch};
 
-const SYSTEMD: &str = "/lib/systemd/systemd";
-
-/// The target the namespace's systemd boots into: nothing but what the test starts.
-const BOOT_TARGET: &str = "[Unit]\nDescription=abiss service test\nDefaultDependencies=no\n";
-
-/// Units masked in the namespace: the boot targets and the jobs that would touch the host.
-const MASKED: [&str; 16] = [
-    "sysinit.target",
-    "basic.target",
-    "local-fs.target",
-    "swap.target",
-    "sockets.target",
-    "timers.target",
-    "paths.target",
-    "systemd-tmpfiles-setup.service",
-    "systemd-tmpfiles-setup-dev.service",
-    "systemd-tmpfiles-clean.timer",
-    "systemd-udevd.service",
-    "systemd-udev-trigger.service",
-    "systemd-sysctl.service",
-    "systemd-modules-load.service",
-    "systemd-remount-fs.service",
-    "systemd-random-seed.service",
-];
-
-/// The test's unit directory: the installed unit with the drop-in, the boot target, masks.
-fn prepare_units(units: &Path) {
-    std::fs::write(units.join("abiss-test.target"), BOOT_TARGET).unwrap();
-    let drop_in = units.join("abissd.service.d");
-    std::fs::create_dir_all(&drop_in).unwrap();
-    std::fs::write(
-        drop_in.join("namespace.conf"),
-        "[Unit]\nDefaultDependencies=no\n",
-    )
-    .unwrap();
-    for unit in MASKED {
-        let link = units.join(unit);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink("/dev/null", &link).unwrap();
-    }
+/// Boots the test's systemd with `units` as its unit directory.
+fn boot(units: &Path, log: &Path) -> ServiceManager {
+    let mounts = format!(
+        "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /var/lib; \
+         if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
+         mount --bind {units} /etc/systemd/system",
+        units = units.display()
+    );
+    ServiceManager::boot(&mounts, log)
 }
 
-/// A systemd running as PID 1 of its own PID and mount namespaces; killed with everything it
-/// started on drop, and the control groups it made removed.
-struct ServiceManager {
-    unshare: Child,
-    /// Its PID as the host sees it.
-    pid: u32,
-    cgroups_before: BTreeSet<PathBuf>,
-}
-
-impl ServiceManager {
-    fn boot(units: &Path, log: &Path) -> Self {
-        let cgroups_before = cgroup_dirs();
-        let script = format!(
-            "set -e; mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /var/lib; \
-             if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
-             mount --bind {units} /etc/systemd/system; \
-             exec {SYSTEMD} --system --unit=abiss-test.target --log-target=console",
-            units = units.display()
-        );
-        let unshare = Command::new("unshare")
-            .args([
-                "--pid",
-                "--fork",
-                "--mount",
-                "--mount-proc",
-                "--uts",
-                "--ipc",
-            ])
-            .args(["--propagation", "private"])
-            .args(["sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(log).expect("log file"))
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start unshare");
-        let mut pid = None;
-        let found = wait_until(Duration::from_secs(10), || {
-            pid = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", unshare.id()))
-                .ok()
-                .and_then(|children| children.split_whitespace().next()?.parse().ok());
-            pid.is_some()
-        });
-        let manager = Self {
-            unshare,
-            pid: pid.unwrap_or(0),
-            cgroups_before,
-        };
-        assert!(found, "systemd did not start; its log: {}", read(log));
-        let up = wait_until(Duration::from_secs(30), || {
-            let state = manager.systemctl(&["is-system-running"]);
-            let state = String::from_utf8_lossy(&state.stdout);
-            ["running", "degraded"].contains(&state.trim())
-        });
-        assert!(up, "systemd did not come up; its log: {}", read(log));
-        // The journal, so that the service's log lines and their levels can be read back.
-        manager.systemctl_ok(&[
-            "start",
-            "systemd-journald.socket",
-            "systemd-journald.service",
-        ]);
-        manager
-    }
-
-    /// Runs `program` inside the namespaces.
-    fn run(&self, program: &Path, args: &[&str]) -> Output {
-        Command::new("nsenter")
-            .args(["-t", &self.pid.to_string(), "-m", "-p", "-u", "-i", "--"])
-            .arg(program)
-            .args(args)
-            .output()
-            .expect("run nsenter")
-    }
-
-    fn systemctl(&self, args: &[&str]) -> Output {
-        self.run(Path::new("/bin/systemctl"), args)
-    }
-
-    fn systemctl_ok(&self, args: &[&str]) {
-        let output = self.systemctl(args);
-        assert!(
-            output.status.success(),
-            "systemctl {args:?}: {}{}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr),
-            self.journal()
-        );
-    }
-
-    fn property(&self, unit: &str, name: &str) -> String {
-        let output = self.systemctl(&["show", "-p", name, "--value", unit]);
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    }
-
-    fn abissctl(&self, args: &[&str]) -> Output {
-        self.run(&binary("abissctl"), args)
-    }
-
-    /// The service's journal, with priorities.
-    fn journal(&self) -> String {
-        let output = self.run(
-            Path::new("/bin/journalctl"),
-            &[
-                "-u",
-                "abissd",
-                "--no-pager",
-                "-o",
-                "json",
-                "--output-fields=PRIORITY,MESSAGE",
-            ],
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
-    }
-}
-
-impl Drop for ServiceManager {
-    fn drop(&mut self) {
-        if self.pid > 1 {
-            // PID 1 of a namespace dies only of SIGKILL from outside; everything in the
-            // namespace dies with it.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(self.pid).unwrap_or(0)),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = self.unshare.kill();
-        let _ = self.unshare.wait();
-        // The control groups systemd made, deepest first, once their processes are gone.
-        let _ = wait_until(Duration::from_secs(5), || {
-            let made: Vec<PathBuf> = cgroup_dirs()
-                .difference(&self.cgroups_before)
-                .cloned()
-                .collect();
-            for dir in made.iter().rev() {
-                let _ = std::fs::remove_dir(dir);
-            }
-            cgroup_dirs().difference(&self.cgroups_before).count() == 0
-        });
-    }
-}
-
-/// Every control group directory (all hierarchies), sorted so that parents come first.
-fn cgroup_dirs() -> BTreeSet<PathBuf> {
-    fn walk(dir: &Path, out: &mut BTreeSet<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                out.insert(entry.path());
-                walk(&entry.path(), out);
-            }
-        }
-    }
-    let mut out = BTreeSet::new();
-    walk(Path::new("/sys/fs/cgroup"), &mut out);
-    out
+fn abissctl(manager: &ServiceManager, args: &[&str]) -> Output {
+    manager.run(&binary("abissctl"), args)
 }
 
 fn read(path: &Path) -> String {
@@ -405,7 +210,7 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
     );
     let root = Scratch::new_in(env!("CARGO_TARGET_TMPDIR"), "service");
     let installed = install(root.path());
-    prepare_units(&installed.units);
+    let _ = prepare_units(&installed.units);
     let disk = LoopDevice::new_in("/dev/shm", 128);
     disk.set_scheduler("none");
     let mount = Ext4Mount::new(disk);
@@ -414,12 +219,12 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
     let device = mount.device().path().to_owned();
     write_config(&installed.etc, &device, "80");
 
-    let manager = ServiceManager::boot(&installed.units, &root.path().join("systemd.log"));
+    let manager = boot(&installed.units, &root.path().join("systemd.log"));
     // Type=notify: start returns once abissd said READY=1, after it took the disk.
     manager.systemctl_ok(&["start", "abissd"]);
     assert_eq!(manager.property("abissd", "ActiveState"), "active");
     assert_eq!(scheduler_of(mount.device()), "mq-deadline");
-    let status = manager.abissctl(&["status", "--json"]);
+    let status = abissctl(&manager, &["status", "--json"]);
     assert!(status.status.success(), "status: {}", text(&status));
     let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("status JSON");
     assert_eq!(
@@ -437,7 +242,10 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
     // A stream works under every hardening option: prefetch through io_uring at the
     // stream's priority, buffers locked in memory.
     let media_arg = media.to_string_lossy().into_owned();
-    let attach = manager.abissctl(&["attach", &media_arg, "--rate", "1MB/s", "--json"]);
+    let attach = abissctl(
+        &manager,
+        &["attach", &media_arg, "--rate", "1MB/s", "--json"],
+    );
     assert!(
         attach.status.success(),
         "attach: {}\n{}",
@@ -445,7 +253,7 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
         manager.journal()
     );
     let loaded = wait_until(Duration::from_secs(10), || {
-        let list = manager.abissctl(&["list", "--json"]);
+        let list = abissctl(&manager, &["list", "--json"]);
         serde_json::from_slice::<serde_json::Value>(&list.stdout)
             .ok()
             .and_then(|v| v[0]["resident_bytes"].as_u64())
@@ -464,7 +272,7 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
     write_config(&installed.etc, &device, "50");
     manager.systemctl_ok(&["reload", "abissd"]);
     let share = wait_until(Duration::from_secs(5), || {
-        let status = manager.abissctl(&["status", "--json"]);
+        let status = abissctl(&manager, &["status", "--json"]);
         serde_json::from_slice::<serde_json::Value>(&status.stdout)
             .is_ok_and(|v| v["devices"][0]["realtime_share_percent"] == 50)
     });
@@ -500,7 +308,7 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
         "the restarted daemon did not restore the disk first\n{}",
         manager.journal()
     );
-    assert!(manager.abissctl(&["status"]).status.success());
+    assert!(abissctl(&manager, &["status"]).status.success());
     // How exposed the unit is, by systemd's own measure (a figure for the log).
     let exposure = manager.run(
         Path::new("/bin/systemd-analyze"),

@@ -1,14 +1,18 @@
 //! `cargo xtask install`: puts abiss on a machine as a system service.
 //!
-//! | what | where (prefix `/usr/local`) |
+//! | what | where (prefix `PREFIX`, `/usr/local` by default) |
 //! | --- | --- |
 //! | `abissd` | `PREFIX/sbin` |
 //! | `abissctl`, `abiss-lab` | `PREFIX/bin` |
-//! | `libabiss.so.0` (SONAME), `libabiss.so`, `libabiss.a` | `PREFIX/lib` |
+//! | `libabiss.so.0` (SONAME), `libabiss.so`, `libabiss.a` | `PREFIX/lib` (`--libdir`) |
 //! | `abiss.h` / `abiss.pc` | `PREFIX/include` / `PREFIX/lib/pkgconfig` |
 //! | man pages, bash/zsh/fish completions | `PREFIX/share/...` |
-//! | `abissd.service` | `/etc/systemd/system` |
-//! | `abissd.toml` (only if there is none) | `/etc/abiss` |
+//! | `abissd.service` | `PREFIX/lib/systemd/system` (`/lib/systemd/system` for `/usr`) |
+//! | `abissd.toml` (only if there is none) | `PREFIX/etc/abiss` (`/etc/abiss` for `/usr`) |
+//!
+//! The configuration and the unit follow the prefix as Autotools, Meson and `CMake`'s
+//! `GNUInstallDirs` do: an install into a home directory writes nothing outside it. systemd reads
+//! units in `/usr/local/lib/systemd/system`, so the default prefix needs no `--unitdir`.
 //!
 //! Installing again replaces the files and keeps the configuration. `--destdir` stages
 //! everything under another root (packaging); the installed files still name the final
@@ -27,12 +31,18 @@ pub struct InstallArgs {
     #[arg(long, default_value = "/usr/local")]
     pub prefix: PathBuf,
     /// System configuration directory; abissd's file is `SYSCONFDIR/abiss/abissd.toml`, and
-    /// the unit names it with --config unless it is /etc.
-    #[arg(long, default_value = "/etc")]
-    pub sysconfdir: PathBuf,
-    /// Where the systemd unit goes.
-    #[arg(long, default_value = "/etc/systemd/system")]
-    pub unitdir: PathBuf,
+    /// the unit names it with --config unless it is /etc. [default: PREFIX/etc, or /etc when
+    /// PREFIX is /usr]
+    #[arg(long)]
+    pub sysconfdir: Option<PathBuf>,
+    /// Where the systemd unit goes. [default: PREFIX/lib/systemd/system, or
+    /// /lib/systemd/system when PREFIX is /usr]
+    #[arg(long)]
+    pub unitdir: Option<PathBuf>,
+    /// Where the libraries and abiss.pc go (Debian's packages use /usr/lib/MULTIARCH).
+    /// [default: PREFIX/lib]
+    #[arg(long)]
+    pub libdir: Option<PathBuf>,
     /// Stage under this root instead of installing (for packages).
     #[arg(long)]
     pub destdir: Option<PathBuf>,
@@ -67,6 +77,30 @@ const DEFAULT_CONFIG: &str = "\
 # metrics = \"127.0.0.1:9565\"
 ";
 
+impl InstallArgs {
+    /// `--sysconfdir`, or where the prefix puts it.
+    fn sysconfdir(&self) -> PathBuf {
+        self.sysconfdir.clone().unwrap_or_else(|| {
+            if self.prefix == Path::new("/usr") {
+                PathBuf::from("/etc")
+            } else {
+                self.prefix.join("etc")
+            }
+        })
+    }
+
+    /// `--unitdir`, or where the prefix puts it.
+    fn unitdir(&self) -> PathBuf {
+        self.unitdir.clone().unwrap_or_else(|| {
+            if self.prefix == Path::new("/usr") {
+                PathBuf::from("/lib/systemd/system")
+            } else {
+                self.prefix.join("lib/systemd/system")
+            }
+        })
+    }
+}
+
 pub fn run(root: &Path, args: &InstallArgs) -> anyhow::Result<()> {
     let built = if let Some(dir) = &args.from {
         dir.clone()
@@ -88,13 +122,14 @@ pub fn run(root: &Path, args: &InstallArgs) -> anyhow::Result<()> {
             0o755,
         )?;
     }
-    install_library(root, &built, prefix, &stage)?;
+    let libdir = args.libdir.clone().unwrap_or_else(|| prefix.join("lib"));
+    install_library(root, &built, prefix, &libdir, &stage)?;
     let share = stage(&prefix.join("share"));
     crate::docs::generate(&share.join("man"), &share.join("completions-staging"))
         .context("cannot generate the man pages and completions")?;
     place_completions(&share)?;
     install_unit(root, args, &stage)?;
-    let config = stage(&args.sysconfdir.join("abiss/abissd.toml"));
+    let config = stage(&args.sysconfdir().join("abiss/abissd.toml"));
     if config.exists() {
         println!("kept {}", config.display());
     } else {
@@ -113,7 +148,7 @@ pub fn run(root: &Path, args: &InstallArgs) -> anyhow::Result<()> {
     println!(
         "installed under {}; name the disks in {}, then `systemctl enable --now abissd`",
         stage(prefix).display(),
-        args.sysconfdir.join("abiss/abissd.toml").display()
+        args.sysconfdir().join("abiss/abissd.toml").display()
     );
     Ok(())
 }
@@ -124,9 +159,10 @@ fn install_library(
     root: &Path,
     built: &Path,
     prefix: &Path,
+    libdir: &Path,
     stage: &dyn Fn(&Path) -> PathBuf,
 ) -> anyhow::Result<()> {
-    let lib = stage(&prefix.join("lib"));
+    let lib = stage(libdir);
     let real = format!("libabiss.so.{LIBRARY_VERSION}");
     copy(&built.join("libabiss.so"), &lib.join(&real), 0o755)?;
     symlink(&real, &lib.join(format!("libabiss.so.{LIBRARY_MAJOR}")))?;
@@ -138,11 +174,12 @@ fn install_library(
         0o644,
     )?;
     let pc = format!(
-        "prefix={prefix}\nlibdir=${{prefix}}/lib\nincludedir=${{prefix}}/include\n\n\
+        "prefix={prefix}\nlibdir={libdir}\nincludedir=${{prefix}}/include\n\n\
          Name: abiss\nDescription: ABISS guaranteed-rate file streams (client of abissd)\n\
          Version: {LIBRARY_VERSION}\nLibs: -L${{libdir}} -labiss\n\
          Libs.private: -lpthread -ldl -lm\nCflags: -I${{includedir}}\n",
-        prefix = prefix.display()
+        prefix = prefix.display(),
+        libdir = libdir.display()
     );
     write(&lib.join("pkgconfig/abiss.pc"), pc.as_bytes(), 0o644)
 }
@@ -178,19 +215,20 @@ fn install_unit(
 ) -> anyhow::Result<()> {
     let template = std::fs::read_to_string(root.join("deploy/systemd/abissd.service"))
         .context("cannot read deploy/systemd/abissd.service")?;
-    let config_args = if args.sysconfdir == Path::new("/etc") {
+    let sysconfdir = args.sysconfdir();
+    let config_args = if sysconfdir == Path::new("/etc") {
         String::new()
     } else {
         format!(
             " --config {}",
-            args.sysconfdir.join("abiss/abissd.toml").display()
+            sysconfdir.join("abiss/abissd.toml").display()
         )
     };
     let unit = template
         .replace("@SBINDIR@", &args.prefix.join("sbin").to_string_lossy())
         .replace("@CONFIG_ARGS@", &config_args);
     write(
-        &stage(&args.unitdir).join("abissd.service"),
+        &stage(&args.unitdir()).join("abissd.service"),
         unit.as_bytes(),
         0o644,
     )
@@ -232,4 +270,50 @@ fn symlink(target: &str, link: &Path) -> anyhow::Result<()> {
     }
     std::os::unix::fs::symlink(target, link)
         .with_context(|| format!("cannot link {} to {target}", link.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(prefix: &str) -> InstallArgs {
+        InstallArgs {
+            prefix: PathBuf::from(prefix),
+            sysconfdir: None,
+            unitdir: None,
+            libdir: None,
+            destdir: None,
+            from: None,
+        }
+    }
+
+    #[test]
+    fn a_prefix_keeps_the_configuration_and_the_unit() {
+        let home = args("/home/ann/abiss");
+        assert_eq!(home.sysconfdir(), Path::new("/home/ann/abiss/etc"));
+        assert_eq!(
+            home.unitdir(),
+            Path::new("/home/ann/abiss/lib/systemd/system")
+        );
+        let local = args("/usr/local");
+        assert_eq!(local.sysconfdir(), Path::new("/usr/local/etc"));
+        assert_eq!(local.unitdir(), Path::new("/usr/local/lib/systemd/system"));
+    }
+
+    #[test]
+    fn the_prefix_usr_uses_the_system_directories() {
+        for prefix in ["/usr", "/usr/"] {
+            assert_eq!(args(prefix).sysconfdir(), Path::new("/etc"));
+            assert_eq!(args(prefix).unitdir(), Path::new("/lib/systemd/system"));
+        }
+    }
+
+    #[test]
+    fn the_options_override_the_prefix() {
+        let mut given = args("/opt/abiss");
+        given.sysconfdir = Some(PathBuf::from("/etc"));
+        given.unitdir = Some(PathBuf::from("/etc/systemd/system"));
+        assert_eq!(given.sysconfdir(), Path::new("/etc"));
+        assert_eq!(given.unitdir(), Path::new("/etc/systemd/system"));
+    }
 }

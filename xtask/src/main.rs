@@ -1,7 +1,8 @@
-//! Project automation: `cargo xtask setup | build | test | bench | demo`.
+//! Project automation: `cargo xtask setup | build | test | bench | demo | install | deb`.
 //!
-//! Every command first makes sure the machine has what the build needs (Debian packages,
-//! bpf-linker), so a fresh clone needs nothing but `cargo xtask demo` or `cargo xtask test`.
+//! Every command first makes sure the machine has what it needs (Debian packages, bpf-linker),
+//! so a fresh clone needs nothing but `cargo xtask demo` or `cargo xtask test`. Each installs
+//! only what it runs: the demo the build and the lab, the tests and benchmarks the rest.
 //! It holds no project logic of its own: the benchmarks live in `abiss-bench`, the integration
 //! tests in `abiss-tests`, the lab in `abiss-lab`, and the eBPF object is built by
 //! `scheduler-user`'s build script.
@@ -9,10 +10,11 @@
 //! | concern | module |
 //! | --- | --- |
 //! | arguments; `build` and `test` (unit tests, then the root-only integration tests one at a time) | crate root (`main.rs`) |
-//! | `setup`: the packages, Debian's rustc-web and bpf-linker, idempotently | `setup` |
+//! | `setup`: the packages each command needs, Debian's rustc-web and bpf-linker, idempotently; no package's service enabled | `setup`, `setup/services.rs` |
 //! | `bench`: runs `abiss-bench`, results under `bench/results/` | `bench` |
 //! | `demo`: an emulated laptop hdd, a copy loop and a 1 MB/s player streamed by abissd | `demo` |
 //! | `install`: binaries, library, header, man pages, completions, systemd unit, configuration | `install` |
+//! | `deb`: the Debian package, from the tree `install` stages | `deb` |
 //! | `kernels`: this build on distribution kernels booted in qemu | `kernels` |
 //! | `man`: man pages and shell completions from the binaries' clap definitions | `docs` |
 //! | running commands with their output shown and failures named | `shell` |
@@ -23,6 +25,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod deb;
 mod demo;
 mod docs;
 mod install;
@@ -40,7 +43,8 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Install (idempotently) the Debian packages and bpf-linker the build needs.
+    /// Install (idempotently) the Debian packages and bpf-linker that the build, the demo and
+    /// the tests need (each other command installs only what it runs).
     Setup,
     /// Build the eBPF object and the user-space binaries (the object is embedded in abissd).
     Build {
@@ -59,6 +63,9 @@ enum Command {
     /// Install abiss as a system service: binaries, libabiss (with SONAME and a pkg-config
     /// file), the header, man pages, completions, the systemd unit and a configuration file.
     Install(install::InstallArgs),
+    /// A Debian package, in target/deb: the installed tree, the unit
+    /// enabled on install, /etc/abiss/abissd.toml as a conffile.
+    Deb(deb::DebArgs),
     /// Man pages (abissctl, abiss-lab: section 1; abissd: 8) and bash, zsh and fish
     /// completions, generated from the binaries' clap definitions.
     Man(docs::ManArgs),
@@ -151,7 +158,15 @@ fn workspace_root() -> PathBuf {
 fn main() -> ExitCode {
     let args = Args::parse();
     let root = workspace_root();
-    let result = setup::ensure(&root).and_then(|()| match args.command {
+    let needs = match &args.command {
+        Command::Setup | Command::Test { .. } | Command::Bench { .. } | Command::Kernels(_) => {
+            setup::Needs::Everything
+        }
+        Command::Demo { .. } => setup::Needs::Demo,
+        Command::Deb(_) => setup::Needs::Package,
+        Command::Build { .. } | Command::Install(_) | Command::Man(_) => setup::Needs::Build,
+    };
+    let result = setup::ensure(needs).and_then(|()| match args.command {
         Command::Setup => Ok(()),
         Command::Build { release } => build(&root, release),
         Command::Test { unit, filter } => test(&root, unit, filter.as_deref()),
@@ -168,6 +183,7 @@ fn main() -> ExitCode {
         }),
         Command::Demo { secs } => build(&root, false).and_then(|()| demo::run(&root, secs)),
         Command::Install(args) => install::run(&root, &args),
+        Command::Deb(args) => deb::run(&root, &args),
         Command::Man(args) => docs::run(&args),
         Command::Kernels(args) => kernels::run(&root, &args),
     });

@@ -5,16 +5,18 @@
 //! LLVM 22. Where apt cannot provide that compiler (another distribution, or no apt at all),
 //! setup stops with one sentence saying what it needs instead of a raw apt error.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::Context;
 
 use crate::shell;
 
-/// Debian packages the build, the tests and the demo use.
-const PACKAGES: &[&str] = &[
-    // eBPF build: compiler with the bpf target's core, and what bpf-linker links against.
+mod services;
+
+/// Debian packages the build uses: the eBPF compiler with the bpf target's core, and what
+/// bpf-linker links against.
+const BUILD: &[&str] = &[
     "rustc-web",
     "cargo-web",
     "libstd-rust-web-dev-bpf",
@@ -22,24 +24,32 @@ const PACKAGES: &[&str] = &[
     "libpolly-22-dev",
     "zlib1g-dev",
     "libzstd-dev",
-    // Lab and tests: loop devices, filesystems, FUSE, load generators, inspection.
-    "util-linux",
-    "e2fsprogs",
-    "fuse3",
-    "libfuse3-dev",
+];
+
+/// What `cargo xtask demo` runs besides the build: the lab's loop device, ext4 and FUSE
+/// emulator, fio as the player, bpftool for its teardown check.
+const DEMO: &[&str] = &["util-linux", "e2fsprogs", "fuse3", "fio", "bpftool"];
+
+/// What `cargo xtask deb` runs: dpkg-shlibdeps computes the package's dependencies, strip
+/// strips its binaries.
+const PACKAGE: &[&str] = &["dpkg-dev", "binutils"];
+
+/// What only the tests and benchmarks use.
+const TESTS: &[&str] = &[
     "pkg-config",
-    "fio",
-    "bpftool",
-    // The metrics test runs a real Prometheus server (its binary, not the packaged service).
+    "libfuse3-dev",
+    // The metrics test runs a real Prometheus server (its binary; the packaged service is
+    // left disabled, see `install`).
     "prometheus",
     // `abissctl top` is tested in a tmux pane; the generated man pages are rendered by man.
     "tmux",
     "man-db",
     // The service test boots Debian's systemd in namespaces and checks the installed library
-    // (readelf) and a C program built against it.
+    // (readelf) and a C program built against it; the package test checks the .deb.
     "systemd",
     "binutils",
     "gcc",
+    "lintian",
     // `cargo xtask kernels` boots distribution kernels in qemu with a busybox initramfs, from
     // packages it downloads (curl), unpacks and whose modules it decompresses (xz, zstd) and
     // orders by their dependencies (modinfo, from kmod: a fresh container has none).
@@ -66,6 +76,38 @@ const PACKAGES: &[&str] = &[
     "linux-perf",
 ];
 
+/// What a command needs installed: each adds to the build's packages only what it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Building, installing, man pages.
+    Build,
+    /// `cargo xtask demo`.
+    Demo,
+    /// `cargo xtask deb`.
+    Package,
+    /// The tests, benchmarks and kernels: everything.
+    Everything,
+}
+
+impl Needs {
+    fn packages(self) -> Vec<&'static str> {
+        let extra: &[&[&str]] = match self {
+            Self::Build => &[],
+            Self::Demo => &[DEMO],
+            Self::Package => &[PACKAGE],
+            Self::Everything => &[DEMO, PACKAGE, TESTS],
+        };
+        let mut packages: Vec<&str> = BUILD
+            .iter()
+            .chain(extra.iter().copied().flatten())
+            .copied()
+            .collect();
+        packages.sort_unstable();
+        packages.dedup();
+        packages
+    }
+}
+
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// The packages of Debian's rustc-web that carry the eBPF compiler: the one part of the recipe
@@ -78,9 +120,13 @@ const NEEDS_EBPF_COMPILER: &str = "cargo xtask setup needs Debian's rustc-web wi
     apt here cannot install them: build the eBPF object the rustup-nightly way described in \
     docs/building.md and pass it to a plain `cargo build` with ABISS_EBPF_OBJECT=<path>.";
 
-/// Installs whatever is missing.
-pub fn ensure(_root: &Path) -> anyhow::Result<()> {
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+/// Installs whatever `needs` lacks.
+pub fn ensure(needs: Needs) -> anyhow::Result<()> {
+    let missing: Vec<&str> = needs
+        .packages()
+        .into_iter()
+        .filter(|p| !installed(p))
+        .collect();
     if !missing.is_empty() {
         let needs_compiler = missing.iter().any(|p| EBPF_COMPILER.contains(p));
         if needs_compiler && !runs("apt-get") {
@@ -96,13 +142,7 @@ pub fn ensure(_root: &Path) -> anyhow::Result<()> {
         {
             anyhow::bail!(NEEDS_EBPF_COMPILER);
         }
-        shell::run(
-            Command::new("apt-get")
-                .args(["install", "-y", "-qq", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )
-        .context("installing the build's Debian packages failed")?;
+        services::install_quietly(&missing)?;
     }
     let linker = bpf_linker();
     let current = Command::new(&linker)
