@@ -158,13 +158,13 @@ struct StreamArgs {
     /// whole bytes.
     #[arg(long, short = 'r')]
     rate: Written<ByteRate>,
-    /// Playout buffer: how much is kept loaded ahead of the reader, `auto` (the default when
-    /// reading) or a size (564KiB; 64k is 64 KiB). With `auto`, abissd sizes it from the
-    /// latency its disk shows at the stream's priority and grows it with that latency, and on
-    /// a disk with a model makes your automatic buffers there as large as the disk's admission
-    /// needs to take the stream, within the locked-memory budgets; `auto+256KiB` adds your own
-    /// part (what your player buffers itself). A recording takes a size only [default:
-    /// 564KiB].
+    /// Playout buffer: how much is kept loaded ahead of the reader, `auto` or a size (564KiB;
+    /// 64k is 64 KiB). Without --buffer a reader's is `auto` and a recording's 564KiB (a
+    /// recording takes a size only). With `auto`, abissd sizes it from the latency its disk
+    /// shows at the stream's priority and grows it with that latency, and on a disk with a
+    /// model makes your automatic buffers there as large as the disk's admission needs to take
+    /// the stream, within the locked-memory budgets; `auto+256KiB` adds your own part (what
+    /// your player buffers itself).
     #[arg(long, short = 'b')]
     buffer: Option<BufferArg>,
     /// Pages loaded per credit step.
@@ -320,4 +320,48 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
         }
     }
     .map(|()| 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The long help of `abissctl SUBCOMMAND`.
+    fn help(subcommand: &str) -> String {
+        Cli::command()
+            .find_subcommand_mut(subcommand)
+            .expect("a subcommand")
+            .render_long_help()
+            .to_string()
+    }
+
+    #[test]
+    fn the_buffer_help_names_the_defaults_the_code_applies() {
+        let recording = ByteSize(DEFAULT_BUFFER_BYTES).readable();
+        for subcommand in ["attach", "run"] {
+            let text = help(subcommand);
+            let buffer = &text[text.find("--buffer").expect("--buffer")..];
+            let buffer = &buffer[..buffer.find("--batch").expect("--batch after it")];
+            assert!(
+                buffer.contains(&format!("a reader's is `auto` and a recording's {recording}")),
+                "{buffer}"
+            );
+            assert!(!buffer.contains("[default"), "no single default: {buffer}");
+        }
+        let admit = help("admit");
+        assert!(admit.contains(&format!("[default: {recording}]")), "{admit}");
+        let parameters = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            match cli.command {
+                Command::Attach { stream, .. } => stream.parameters(),
+                _ => unreachable!(),
+            }
+        };
+        let reader = parameters(&["abissctl", "attach", "-r", "1MB/s", "f"]);
+        assert!(reader.buffer_auto);
+        let writer = parameters(&["abissctl", "attach", "-r", "1MB/s", "-w", "f"]);
+        assert_eq!((writer.buffer_auto, writer.buffer.readable()), (false, recording));
+    }
 }

@@ -15,6 +15,7 @@
 //! | `admit`: capacity planning answered by abissd's admission control; nothing is attached | `planning` |
 //! | `profile`: measuring a disk with `O_DIRECT` and fitting its model | `profile` |
 //! | what `profile` prints without `--json` | `profile::report` |
+//! | sizes and rates as people read them (`5.88GiB`, `1MB/s`) | `sizes` |
 //! | `stats`: what the eBPF programs and the daemon cost | `stats` |
 //! | `attach`, `detach`, `run`, `list`, `status`: streams | `streams` |
 //! | `top`: a live view of the streams and the managed disks | `top` |
@@ -27,6 +28,7 @@ mod error;
 mod interval;
 mod planning;
 mod profile;
+mod sizes;
 mod stats;
 mod streams;
 mod top;

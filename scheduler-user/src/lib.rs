@@ -27,7 +27,6 @@
 #![deny(missing_docs)]
 
 pub mod args;
-pub mod capabilities;
 pub mod client_file;
 pub mod config_file;
 pub mod connection;
@@ -36,7 +35,6 @@ pub mod daemon;
 pub mod device;
 pub mod disks;
 pub mod kernel_events;
-pub mod kernel_layout;
 pub mod keyed_threads;
 pub mod latency_tail;
 pub mod mapped_file;
@@ -57,3 +55,6 @@ pub mod upgrades;
 pub mod writeback;
 
 pub use daemon::{run, DaemonConfig, DaemonError, Reload};
+// The kernel probes live in `abiss-kernel`, which `abissctl doctor` shares; these names keep
+// the daemon's paths to them.
+pub use abiss_kernel::{capabilities, layout as kernel_layout};

@@ -54,6 +54,12 @@ pub struct KernelSupport {
 /// Reads the offsets the programs need from the BTF at `path`, and which optional parts the
 /// kernel lacks. A field of the required block programs that is missing is an error.
 pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
+    probe(path).map(|(support, _)| support)
+}
+
+/// [`resolve`], and the optional parts whose stand-in tracepoints this kernel has
+/// ([`Feature::stand_in`]): what `abissctl doctor` reports of a part the kernel lacks.
+pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> {
     if !path.exists() {
         return Err(LayoutError::NoBtf {
             path: path.to_path_buf(),
@@ -68,6 +74,16 @@ pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
     let bytes = std::fs::read(path).map_err(|error| unreadable(error.to_string()))?;
     let btf = Btf::from_bytes(&bytes).map_err(|error| unreadable(error.to_string()))?;
     let finder = FieldFinder { btf: &btf };
+    let stand_ins = Feature::ALL
+        .into_iter()
+        .filter(|feature| {
+            feature.stand_in().is_some_and(|(programs, _)| {
+                programs
+                    .iter()
+                    .all(|(_, tracepoint)| finder.has_tracepoint(tracepoint))
+            })
+        })
+        .collect();
     let mut missing = finder.missing_tracepoints();
     let mut optional = |feature: Feature, name: &str, field: &str| {
         finder.offset(name, field).unwrap_or_else(|_| {
@@ -129,7 +145,7 @@ pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
         pad: 0,
         iomap_dio_end_io,
     };
-    Ok(KernelSupport { layout, missing })
+    Ok((KernelSupport { layout, missing }, stand_ins))
 }
 
 struct FieldFinder<'a> {
