@@ -74,16 +74,7 @@ pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> 
     let bytes = std::fs::read(path).map_err(|error| unreadable(error.to_string()))?;
     let btf = Btf::from_bytes(&bytes).map_err(|error| unreadable(error.to_string()))?;
     let finder = FieldFinder { btf: &btf };
-    let stand_ins = Feature::ALL
-        .into_iter()
-        .filter(|feature| {
-            feature.stand_in().is_some_and(|(programs, _)| {
-                programs
-                    .iter()
-                    .all(|(_, tracepoint)| finder.has_tracepoint(tracepoint))
-            })
-        })
-        .collect();
+    let stand_ins = finder.stand_ins();
     let mut missing = finder.missing_tracepoints();
     let mut optional = |feature: Feature, name: &str, field: &str| {
         finder.offset(name, field).unwrap_or_else(|_| {
@@ -167,6 +158,20 @@ impl FieldFinder<'_> {
                     feature,
                     format!("tracepoint {tracepoint} missing from this kernel"),
                 ))
+            })
+            .collect()
+    }
+
+    /// The optional parts whose stand-in programs' tracepoints this kernel has.
+    fn stand_ins(&self) -> Vec<Feature> {
+        Feature::ALL
+            .into_iter()
+            .filter(|feature| {
+                feature.stand_in().is_some_and(|(programs, _)| {
+                    programs
+                        .iter()
+                        .all(|(_, tracepoint)| self.has_tracepoint(tracepoint))
+                })
             })
             .collect()
     }

@@ -471,7 +471,10 @@ fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
     let allocated = if recording.preallocated_bytes == 0 {
         String::new()
     } else {
-        format!("; allocated to {}", ByteSize(recording.preallocated_end).readable())
+        format!(
+            "; allocated to {}",
+            ByteSize(recording.preallocated_end).readable()
+        )
     };
     format!(
         "recording: written {}, written back {} ({} by abissd), {} dirty; {headroom}{allocated}",

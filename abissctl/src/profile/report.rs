@@ -102,7 +102,11 @@ fn describe_access(model: &DeviceModel, text: &mut String) {
             rate(as_f64(point.bytes) / point.service_ms * 1e3)
         );
     }
-    let _ = writeln!(text, "\n  in flight   ms per {} read", ByteSize(64 * KIB).readable());
+    let _ = writeln!(
+        text,
+        "\n  in flight   ms per {} read",
+        ByteSize(64 * KIB).readable()
+    );
     for point in &model.queue_depths {
         let _ = writeln!(text, "  {:>9}   {:>10.2}", point.depth, point.service_ms);
     }
