@@ -20,6 +20,8 @@
 //!
 //! [`Display`](fmt::Display) writes the shortest text that parses back to exactly the same
 //! value, in explicit units only (`1MB`, `564KiB`, `1.1MiB`, `12345B`; rates add `/s`).
+//! `readable()` is what people are shown: that text when it has at most three significant
+//! digits, else three in KiB, MiB, GiB or TiB, rounded down (`6170948KiB` reads `5.88GiB`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -122,6 +124,25 @@ impl FromStr for ByteRate {
     /// Parses a rate, rounding a fraction of a byte per second up (see the crate documentation).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Self::parse_written(s).map(|written| written.value)
+    }
+}
+
+impl ByteSize {
+    /// As people read it: the exact [`Display`](fmt::Display) when that has at most three
+    /// significant digits (`564KiB`, `1MB`), else three significant digits in KiB, MiB, GiB or
+    /// TiB, rounded down (`5.88GiB`). It parses back to at most the value, less than 1% under.
+    #[must_use]
+    pub fn readable(self) -> String {
+        parse::readable(self.0)
+    }
+}
+
+impl ByteRate {
+    /// As people read it: [`ByteSize::readable`] per second (`1MB/s`, `87.6MiB/s`), never more
+    /// than the rate, so a free rate read from it is there to take.
+    #[must_use]
+    pub fn readable(self) -> String {
+        format!("{}/s", parse::readable(self.0))
     }
 }
 

@@ -277,3 +277,50 @@ fn in_unit(bytes: u64, unit: u64, name: &str) -> Option<String> {
     }
     None
 }
+
+/// Significant digits a person reads at a glance; more are rounded off (down) by [`readable`].
+const READABLE_DIGITS: usize = 3;
+
+/// Powers of 1024 [`readable`] rounds into, as `top` and `free -h` do.
+const READABLE_UNITS: [(u64, &str); 4] = [
+    (1 << 40, "TiB"),
+    (1 << 30, "GiB"),
+    (1 << 20, "MiB"),
+    (1 << 10, "KiB"),
+];
+
+/// `bytes` for people: [`shortest`] when it has at most three significant digits (`564KiB`,
+/// `1MB`, `1.1MiB`), else three significant digits (all of the whole part) in the largest power
+/// of 1024 it reaches, rounded down: `6319050752` is `5.88GiB`. It parses back to at most
+/// `bytes` and less than 1% under it, so a free rate read from it is never more than is free.
+pub(crate) fn readable(bytes: u64) -> String {
+    let exact = shortest(bytes);
+    if significant_digits(&exact) <= READABLE_DIGITS {
+        return exact;
+    }
+    let Some((unit, name)) = READABLE_UNITS.into_iter().find(|(unit, _)| bytes >= *unit) else {
+        return exact;
+    };
+    let whole = bytes / unit;
+    let whole_digits = whole.to_string().len();
+    let decimals = READABLE_DIGITS.saturating_sub(whole_digits);
+    let power = 10u128.pow(u32::try_from(decimals).unwrap_or(0));
+    // Rounded down: whole units and the fraction's first `decimals` digits, no float.
+    let fraction = u128::from(bytes % unit) * power / u128::from(unit);
+    let digits = format!("{fraction:0decimals$}");
+    let digits = digits.trim_end_matches('0');
+    if digits.is_empty() {
+        format!("{whole}{name}")
+    } else {
+        format!("{whole}.{digits}{name}")
+    }
+}
+
+/// The digits of a number's text from the first non-zero one (`1.1MiB`: 2, `12345B`: 5).
+fn significant_digits(text: &str) -> usize {
+    text.chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .filter(char::is_ascii_digit)
+        .skip_while(|c| *c == '0')
+        .count()
+}

@@ -167,6 +167,47 @@ const UNITS: [(&str, u128, u128); 14] = [
     ("Gbit/s", 1_000_000_000, 8),
 ];
 
+#[test]
+fn readable_is_exact_when_short_and_three_digits_rounded_down_otherwise() {
+    assert_eq!(
+        ByteSize(6_170_948 * 1024).readable(),
+        "5.88GiB",
+        "the status line of issue 38"
+    );
+    assert_eq!(ByteSize(564 * 1024).readable(), "564KiB");
+    assert_eq!(ByteSize(1_000_000).readable(), "1MB");
+    assert_eq!(ByteSize(1_153_434).readable(), "1.1MiB");
+    assert_eq!(ByteSize(512).readable(), "512B");
+    assert_eq!(ByteSize(1000).readable(), "1kB");
+    assert_eq!(
+        ByteSize(1023).readable(),
+        "1023B",
+        "below a KiB nothing rounds"
+    );
+    assert_eq!(ByteSize(0).readable(), "0B");
+    assert_eq!(ByteSize(1_543_503_872).readable(), "1.43GiB");
+    assert_eq!(
+        ByteSize((1 << 30) + 1).readable(),
+        "1GiB",
+        "trailing zeros go"
+    );
+    assert_eq!(ByteSize(1023 * 1024 + 1000).readable(), "1023KiB");
+    assert_eq!(ByteRate(87_654_321).readable(), "83.5MiB/s");
+    assert_eq!(ByteRate(1_000_000).readable(), "1MB/s");
+}
+
+proptest! {
+    #[test]
+    fn readable_parses_back_to_at_most_the_value_and_within_one_percent(bytes in 1u64..=u64::MAX / 2) {
+        let text = ByteSize(bytes).readable();
+        let back = size(&text);
+        prop_assert!(back <= bytes, "{text} is {back}, over {bytes}");
+        prop_assert!(u128::from(back) * 100 >= u128::from(bytes) * 99, "{text} is {back}, 1% under {bytes}");
+        let rate_text = ByteRate(bytes).readable();
+        prop_assert_eq!(rate(&rate_text), back, "{}", rate_text);
+    }
+}
+
 proptest! {
     #[test]
     fn display_parses_back_to_the_same_value(bytes in 1u64..=u64::MAX) {

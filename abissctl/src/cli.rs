@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use crate::doctor;
 use crate::error::CliError;
 use crate::interval::parse_seconds;
 use crate::planning::{self, AdmitQuestion};
@@ -117,6 +118,30 @@ enum Command {
     /// rotation, request size, requests in flight) and fit the device model abissd admits
     /// streams by. Needs root. Reads only, unless --write.
     Profile(ProfileOptions),
+    /// What this machine allows abiss, and whether abiss can serve PATH: one line per finding.
+    ///
+    /// The kernel: BTF, the block programs' fields, each optional part (with what a running
+    /// abissd made of it: `off` is switched off there, e.g. `abissd --disable`), `io_uring`,
+    /// I/O priorities, the cgroup memory and io controllers, device mapper and md, and the
+    /// elevators each disk offers. Then whether abissd answers (on --socket), the disks it
+    /// manages, and its locked-memory room. With PATH: its file system, the block devices
+    /// under it down to the physical disks (partitions, dm-crypt, LVM, md, loop, the members
+    /// of a btrfs), whether abissd manages the disk it would serve PATH from, that disk's
+    /// model and admission, and the rate admission would give a stream now.
+    ///
+    /// Runs as any user (as root it can also tell whether the kernel has direct-io-tagging,
+    /// which needs /proc/kallsyms' addresses); reads no debugfs and mounts nothing.
+    ///
+    /// Exit codes: 0 when PATH can be served now (or without PATH); 16 when PATH cannot be
+    /// served now (not on a block device, on btrfs, on a disk abissd does not manage, abissd
+    /// not running, the disk full, or not readable to you); 11 when PATH cannot be examined.
+    Doctor {
+        /// A file (or a directory of files) to check.
+        path: Option<PathBuf>,
+        /// Print JSON: the findings, PATH's file system, stack and disk, and the exit code.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
     /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's `p_req`,
     /// and the predicted miss probability of N of them. Attaches nothing.
     Admit {
@@ -158,13 +183,13 @@ struct StreamArgs {
     /// whole bytes.
     #[arg(long, short = 'r')]
     rate: Written<ByteRate>,
-    /// Playout buffer: how much is kept loaded ahead of the reader, `auto` (the default when
-    /// reading) or a size (564KiB; 64k is 64 KiB). With `auto`, abissd sizes it from the
-    /// latency its disk shows at the stream's priority and grows it with that latency, and on
-    /// a disk with a model makes your automatic buffers there as large as the disk's admission
-    /// needs to take the stream, within the locked-memory budgets; `auto+256KiB` adds your own
-    /// part (what your player buffers itself). A recording takes a size only [default:
-    /// 564KiB].
+    /// Playout buffer: how much is kept loaded ahead of the reader, `auto` or a size (564KiB;
+    /// 64k is 64 KiB). Without --buffer a reader's is `auto` and a recording's 564KiB (a
+    /// recording takes a size only). With `auto`, abissd sizes it from the latency its disk
+    /// shows at the stream's priority and grows it with that latency, and on a disk with a
+    /// model makes your automatic buffers there as large as the disk's admission needs to take
+    /// the stream, within the locked-memory budgets; `auto+256KiB` adds your own part (what
+    /// your player buffers itself).
     #[arg(long, short = 'b')]
     buffer: Option<BufferArg>,
     /// Pages loaded per credit step.
@@ -294,6 +319,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
         }
         Command::Stats { interval, json } => stats::show(&mut connect()?, interval, json),
         Command::Profile(options) => profile::run(&options),
+        Command::Doctor { path, json } => return doctor::run(&cli.socket, path.as_ref(), json),
         Command::Admit {
             device,
             rate,
@@ -320,4 +346,56 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
         }
     }
     .map(|()| 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// The long help of `abissctl SUBCOMMAND`.
+    fn help(subcommand: &str) -> String {
+        Cli::command()
+            .find_subcommand_mut(subcommand)
+            .expect("a subcommand")
+            .render_long_help()
+            .to_string()
+    }
+
+    #[test]
+    fn the_buffer_help_names_the_defaults_the_code_applies() {
+        let recording = ByteSize(DEFAULT_BUFFER_BYTES).readable();
+        for subcommand in ["attach", "run"] {
+            let text = help(subcommand);
+            let buffer = &text[text.find("--buffer").expect("--buffer")..];
+            let buffer = &buffer[..buffer.find("--batch").expect("--batch after it")];
+            assert!(
+                buffer.contains(&format!(
+                    "a reader's is `auto` and a recording's {recording}"
+                )),
+                "{buffer}"
+            );
+            assert!(!buffer.contains("[default"), "no single default: {buffer}");
+        }
+        let admit = help("admit");
+        assert!(
+            admit.contains(&format!("[default: {recording}]")),
+            "{admit}"
+        );
+        let parameters = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            match cli.command {
+                Command::Attach { stream, .. } => stream.parameters(),
+                _ => unreachable!(),
+            }
+        };
+        let reader = parameters(&["abissctl", "attach", "-r", "1MB/s", "f"]);
+        assert!(reader.buffer_auto);
+        let writer = parameters(&["abissctl", "attach", "-r", "1MB/s", "-w", "f"]);
+        assert_eq!(
+            (writer.buffer_auto, writer.buffer.readable()),
+            (false, recording)
+        );
+    }
 }

@@ -75,14 +75,14 @@ pub fn admit(client: &mut Client, question: &AdmitQuestion) -> Result<(), CliErr
 fn stream_kind(question: &AdmitQuestion) -> String {
     format!(
         "{} {} streams{}",
-        question.rate,
+        question.rate.readable(),
         if question.write {
             "recording"
         } else {
             "playback"
         },
         if question.stdev.0 > 0 {
-            format!(" (σ {})", question.stdev)
+            format!(" (σ {})", question.stdev.readable())
         } else {
             String::new()
         }

@@ -64,12 +64,12 @@ fn write_text(out: &mut impl Write, report: &StatsReport) -> std::io::Result<()>
     )?;
     writeln!(
         out,
-        "daemon: cpu {:.3} ms in {:.2} s ({:.3}%), {:.1} s in all; rss {:.1} MiB; {} requests in flight, {} request records",
+        "daemon: cpu {:.3} ms in {:.2} s ({:.3}%), {:.1} s in all; rss {}; {} requests in flight, {} request records",
         report.daemon_cpu_ns as f64 / 1e6,
         window_s,
         report.daemon_cpu_ns as f64 / report.window_ns as f64 * 100.0,
         report.daemon_cpu_total_ns as f64 / 1e9,
-        report.daemon_rss_bytes as f64 / (1024.0 * 1024.0),
+        abiss_proto::ByteSize(report.daemon_rss_bytes).readable(),
         report.tracked_requests,
         report.request_records
     )

@@ -111,7 +111,7 @@ pub fn detach(client: &mut Client, target: &str) -> Result<(), CliError> {
 /// `abissctl set-rate`: prints the stream's new rate.
 pub fn set_rate(client: &mut Client, target: &str, rate: ByteRate) -> Result<(), CliError> {
     let info = client.set_rate(stream_target(target)?, rate)?;
-    println!("stream {} now at {}", info.id, info.rate);
+    println!("stream {} now at {}", info.id, info.rate.readable());
     Ok(())
 }
 
@@ -374,15 +374,15 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
             "{:>4} {:<32} {:>12} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>8} {:>11}  {}",
             info.id,
             info.path,
-            info.rate.to_string(),
-            info.buffer.to_string(),
+            info.rate.readable(),
+            info.buffer.readable(),
             info.playout_point,
-            ByteSize(info.resident_bytes).to_string(),
-            ByteSize(info.locked_bytes).to_string(),
-            info.credit_bytes,
+            ByteSize(info.resident_bytes).readable(),
+            ByteSize(info.locked_bytes).readable(),
+            crate::sizes::signed_size(info.credit_bytes),
             info.misses,
             info.raises,
-            ByteSize(info.prefetched_bytes).to_string(),
+            ByteSize(info.prefetched_bytes).readable(),
             readers(info)
         );
         if let Some(recording) = &info.recording {
@@ -439,7 +439,7 @@ fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
     let app = if auto.app_bytes == 0 {
         String::new()
     } else {
-        format!(" plus your {}", ByteSize(auto.app_bytes))
+        format!(" plus your {}", ByteSize(auto.app_bytes).readable())
     };
     let capped = if auto.capped {
         "; it would be larger, but the locked-memory budget has no room"
@@ -449,7 +449,7 @@ fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
     let capacity = auto.for_capacity_bytes.map_or_else(String::new, |bytes| {
         format!(
             "; enlarged to {} so that the disk admits it next to the other streams (larger loads, fewer seeks)",
-            ByteSize(bytes)
+            ByteSize(bytes).readable()
         )
     });
     format!("buffer auto: twice the rate over {tail}, plus two batches{app}{capped}{capacity}")
@@ -460,25 +460,28 @@ fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
     let headroom = if recording.headroom_bytes >= 0 {
         format!(
             "{} before the writer is a buffer ahead",
-            ByteSize(recording.headroom_bytes.unsigned_abs())
+            ByteSize(recording.headroom_bytes.unsigned_abs()).readable()
         )
     } else {
         format!(
             "the writer is {} beyond its buffer (it may be throttled)",
-            ByteSize(recording.headroom_bytes.unsigned_abs())
+            ByteSize(recording.headroom_bytes.unsigned_abs()).readable()
         )
     };
     let allocated = if recording.preallocated_bytes == 0 {
         String::new()
     } else {
-        format!("; allocated to {}", ByteSize(recording.preallocated_end))
+        format!(
+            "; allocated to {}",
+            ByteSize(recording.preallocated_end).readable()
+        )
     };
     format!(
         "recording: written {}, written back {} ({} by abissd), {} dirty; {headroom}{allocated}",
-        ByteSize(recording.written_end),
-        ByteSize(recording.written_back_end),
-        ByteSize(recording.written_back_bytes),
-        ByteSize(recording.dirty_bytes),
+        ByteSize(recording.written_end).readable(),
+        ByteSize(recording.written_back_end).readable(),
+        ByteSize(recording.written_back_bytes).readable(),
+        ByteSize(recording.dirty_bytes).readable(),
     )
 }
 
@@ -518,12 +521,12 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
     let _ = writeln!(
         out,
         "locked memory: {} locked, {} reserved of {} (yours: {} locked, {} reserved of {} per user)",
-        ByteSize(memory.locked_bytes),
-        ByteSize(memory.reserved_bytes),
-        ByteSize(memory.budget_bytes),
-        ByteSize(memory.yours_locked_bytes),
-        ByteSize(memory.yours_reserved_bytes),
-        ByteSize(memory.per_user_budget_bytes),
+        ByteSize(memory.locked_bytes).readable(),
+        ByteSize(memory.reserved_bytes).readable(),
+        ByteSize(memory.budget_bytes).readable(),
+        ByteSize(memory.yours_locked_bytes).readable(),
+        ByteSize(memory.yours_reserved_bytes).readable(),
+        ByteSize(memory.per_user_budget_bytes).readable(),
     );
     for capability in &report.capabilities {
         let _ = match &capability.off_because {
@@ -569,12 +572,12 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
             device.device.to_string(),
             device.elevator,
             device.dispatch_depth,
-            device.capacity.to_string(),
+            device.capacity.readable(),
             device.realtime_share_percent,
-            device.reserved.to_string(),
-            ByteRate(device.reserved.0.saturating_sub(device.reserved_write.0)).to_string(),
-            device.reserved_write.to_string(),
-            device.free.to_string(),
+            device.reserved.readable(),
+            ByteRate(device.reserved.0.saturating_sub(device.reserved_write.0)).readable(),
+            device.reserved_write.readable(),
+            device.free.readable(),
             device.streams,
             device.capacity_source
         );

@@ -287,7 +287,7 @@ fn write_text(
             group.operation,
             group.priority,
             group.requests,
-            group.bytes
+            abiss_proto::ByteSize(group.bytes).readable()
         )?;
         if options.queued {
             write_histogram(out, "queue usecs", &group.queue)?;
@@ -532,7 +532,7 @@ fn write_event(
         names.name(record.device),
         record.operation.letter(),
         record.sector,
-        record.bytes,
+        abiss_proto::ByteSize(u64::from(record.bytes)).readable(),
         record.priority.to_string(),
         record
             .inode

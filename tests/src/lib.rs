@@ -51,6 +51,7 @@
 //! | the tracer counts every request, in the right class, on the right device | `tests/trace_counts.rs` |
 //! | requests attributed to their submitting task and their file | `tests/attribution.rs` |
 //! | optional parts switched off as on older kernels (`--disable`) | `tests/capabilities.rs` |
+//! | `abissctl doctor`: the kernel's parts, a path's stack and disk, served or not (exit 16), as root and `nobody` | `tests/doctor.rs` |
 //! | this build on the distributions' own kernels, in qemu (`cargo xtask kernels`) | `tests/kernels.rs` |
 //! | **interfaces** | |
 //! | the C API from real C programs | `tests/c_example.rs` |

@@ -358,3 +358,53 @@ fn a_rate_with_an_unknown_unit_is_a_usage_error_in_one_sentence() {
         "zero",
     );
 }
+
+/// Sizes as people read them: `status` printed the locked-memory budget as `6170948KiB` (a
+/// quarter of this machine's RAM), where `top` prints 5.9GiB. Now every figure of its line
+/// is the one parser's readable form (it parses back, three significant digits at most), for
+/// `nobody` as for root; and `--buffer`'s help names the default of each kind of stream
+/// instead of a single `[default: 564KiB]` beside "`auto` (the default when reading)".
+#[test]
+fn status_shows_sizes_as_people_read_them_and_help_agrees_with_the_defaults() {
+    require_root!();
+    let daemon = Daemon::start_with(&["--locked-memory", "6170948KiB"]);
+    let output = abiss_tests::abissctl_as_nobody(daemon.socket(), &["status"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("locked memory:"))
+        .unwrap_or_else(|| panic!("no locked memory line in\n{text}"));
+    assert!(
+        line.contains("of 5.88GiB") && line.contains("of 1.47GiB per user"),
+        "{line}"
+    );
+    for figure in line
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter(|word| word.starts_with(|c: char| c.is_ascii_digit()))
+        // Nothing locked yet: the parser takes no zero, and this says it plainly.
+        .filter(|word| *word != "0B")
+    {
+        assert!(
+            figure.parse::<abiss_proto::ByteSize>().is_ok(),
+            "{figure} in {line}"
+        );
+        let digits = figure
+            .chars()
+            .take_while(|c| c.is_ascii_digit() || *c == '.')
+            .filter(char::is_ascii_digit)
+            .count();
+        assert!(digits <= 3, "{figure} in {line}");
+    }
+    for subcommand in ["run", "attach"] {
+        let help = abissctl(daemon.socket(), &[subcommand, "--help"])
+            .output()
+            .expect("run abissctl --help");
+        let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            help.contains("a reader's is `auto` and a recording's 564KiB"),
+            "{help}"
+        );
+        assert!(!help.contains("[default: 564KiB]"), "{help}");
+    }
+}

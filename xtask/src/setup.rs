@@ -73,6 +73,8 @@ const TESTS: &[&str] = &[
     "gir1.2-gstreamer-1.0",
     "mpv",
     "xfsprogs",
+    // `abissctl doctor` on a two-device btrfs (tests/tests/doctor.rs).
+    "btrfs-progs",
     "linux-perf",
 ];
 

@@ -5,7 +5,19 @@ use std::time::Duration;
 
 use abiss_model::DeviceModel;
 
+use abiss_proto::{ByteRate, ByteSize};
+
 use super::{as_f64, KIB};
+
+/// A measured rate as people read it (`57.2MiB/s`; rounded down to whole bytes per second).
+fn rate(bytes_per_second: f64) -> String {
+    #[expect(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        reason = "a measured rate in B/s, for people"
+    )]
+    ByteRate(bytes_per_second.max(0.0) as u64).readable()
+}
 
 /// The model for people.
 #[must_use]
@@ -20,9 +32,9 @@ pub fn describe(model: &DeviceModel, took: Duration) -> String {
     );
     let _ = writeln!(
         text,
-        "sequential read: {:.1} MB/s (outer) to {:.1} MB/s (slowest zone); writes {}",
-        model.zones.first().map_or(0.0, |z| z.read_bps / 1e6),
-        model.min_read_bps() / 1e6,
+        "sequential read: {} (outer) to {} (slowest zone); writes {}",
+        rate(model.zones.first().map_or(0.0, |z| z.read_bps)),
+        rate(model.min_read_bps()),
         if model.writes_measured {
             format!(
                 "at {:.0}% of reads (measured)",
@@ -35,15 +47,14 @@ pub fn describe(model: &DeviceModel, took: Duration) -> String {
             )
         }
     );
-    let _ = writeln!(text, "\n  position   read MB/s  write MB/s");
+    let _ = writeln!(text, "\n  position        read       write");
     for zone in &model.zones {
         let _ = writeln!(
             text,
-            "  {:>7.1}%  {:>10.1}  {:>10}",
+            "  {:>7.1}%  {:>10}  {:>10}",
             zone.position * 100.0,
-            zone.read_bps / 1e6,
-            zone.write_bps
-                .map_or_else(|| "-".to_owned(), |w| format!("{:.1}", w / 1e6))
+            rate(zone.read_bps),
+            zone.write_bps.map_or_else(|| "-".to_owned(), rate)
         );
     }
     describe_access(model, &mut text);
@@ -81,17 +92,21 @@ fn describe_access(model: &DeviceModel, text: &mut String) {
             model.seek.seek_ms(point.distance) + model.revolution_ms / 2.0
         );
     }
-    let _ = writeln!(text, "\n  random read size   ms per read   MB/s");
+    let _ = writeln!(text, "\n  random read size   ms per read        rate");
     for point in &model.request_sizes {
         let _ = writeln!(
             text,
-            "  {:>12} KiB  {:>11.2}  {:>6.1}",
-            point.bytes / KIB,
+            "  {:>16}  {:>11.2}  {:>10}",
+            ByteSize(point.bytes).readable(),
             point.service_ms,
-            as_f64(point.bytes) / point.service_ms / 1e3
+            rate(as_f64(point.bytes) / point.service_ms * 1e3)
         );
     }
-    let _ = writeln!(text, "\n  in flight   ms per 64 KiB read");
+    let _ = writeln!(
+        text,
+        "\n  in flight   ms per {} read",
+        ByteSize(64 * KIB).readable()
+    );
     for point in &model.queue_depths {
         let _ = writeln!(text, "  {:>9}   {:>10.2}", point.depth, point.service_ms);
     }
@@ -114,7 +129,7 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("60.0 MB/s (outer) to 35.0 MB/s"), "{text}");
+        assert!(text.contains("60MB/s (outer) to 35MB/s"), "{text}");
         assert!(text.contains("(5400 rpm)"), "{text}");
     }
 }

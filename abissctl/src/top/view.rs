@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use abiss_proto::{Log2Histogram, StreamInfo};
+use abiss_proto::{ByteRate, ByteSize, Log2Histogram, StreamInfo};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -164,16 +164,16 @@ fn stream_row<'a>(info: &'a StreamInfo, styles: &Styles) -> Row<'a> {
     Row::new([
         Cell::from(info.id.to_string()),
         Cell::from(left_ellipsis(&info.path, 56)),
-        // As attached (`1MB/s`, `564KiB`); the figures that move are rounded (`size`).
-        Cell::from(info.rate.to_string()),
-        Cell::from(info.buffer.to_string()),
+        // Exact when short (`1MB/s`, `564KiB`, as usually attached), else three digits.
+        Cell::from(info.rate.readable()),
+        Cell::from(info.buffer.readable()),
         Cell::from(format!(
             "{}-{}",
             size(info.window_start),
             size(info.loaded_end)
         )),
         Cell::from(size(info.resident_bytes)),
-        Cell::from(signed_size(info.credit_bytes)),
+        Cell::from(crate::sizes::signed_size(info.credit_bytes)),
         misses,
         raised_cell,
         Cell::from(readers(info)),
@@ -261,38 +261,13 @@ fn quantile(histogram: &Log2Histogram, q: f64) -> String {
     }
 }
 
-/// A byte count in binary units, short: `812B`, `564KiB`, `1.1MiB`, `12MiB`.
+/// A byte count as people read it: `812B`, `564KiB`, `1.1MiB`, `12MiB`.
 fn size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (unit, name) in UNITS {
-        if bytes >= unit {
-            #[expect(clippy::cast_precision_loss, reason = "a rounded figure for people")]
-            let value = bytes as f64 / unit as f64;
-            return if value < 10.0 {
-                format!("{value:.1}{name}")
-            } else {
-                format!("{value:.0}{name}")
-            };
-        }
-    }
-    format!("{bytes}B")
-}
-
-fn signed_size(bytes: i64) -> String {
-    if bytes < 0 {
-        format!("-{}", size(bytes.unsigned_abs()))
-    } else {
-        size(bytes.unsigned_abs())
-    }
+    ByteSize(bytes).readable()
 }
 
 fn rate(bytes_per_second: u64) -> String {
-    format!("{}/s", size(bytes_per_second))
+    ByteRate(bytes_per_second).readable()
 }
 
 /// The end of `text` in at most `width` characters, with `…` in front when cut: a path's
@@ -420,12 +395,12 @@ mod tests {
             "refresh 7",
             "/mnt/lab/movie.bin",
             "1MB/s",
-            "1.0MiB-1.6MiB",
-            "-4.0KiB",
+            "1MiB-1.55MiB",
+            "-4KiB",
             "player(4242)^",
             "1/1",
             "loop3",
-            "14MiB/s",
+            "15MB/s",
             // The RT p50, capped by the 5 ms maximum.
             "5.0ms",
         ] {
@@ -450,7 +425,6 @@ mod tests {
         assert_eq!(size(812), "812B");
         assert_eq!(size(564 << 10), "564KiB");
         assert_eq!(size(1_153_434), "1.1MiB");
-        assert_eq!(signed_size(-(12 << 20)), "-12MiB");
         assert_eq!(left_ellipsis("/a/b/movie.bin", 10), "…movie.bin");
         assert_eq!(left_ellipsis("movie.bin", 10), "movie.bin");
     }

@@ -4,21 +4,21 @@
 //! them up here and writes them into the programs' read-only data before loading. A kernel whose
 //! structs lack a field fails here, by name, rather than in the verifier or at run time; a
 //! field or tracepoint that only an optional part needs switches that part off instead
-//! (`crate::kernel::capabilities`).
+//! (`crate::capabilities`).
 
 use std::path::{Path, PathBuf};
 
 use btf_rs::{Btf, Type};
 use scheduler_common::KernelLayout;
 
-use crate::kernel::capabilities::Feature;
+use crate::capabilities::Feature;
 
 /// Where the kernel publishes its own BTF.
-pub(crate) const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Failures to resolve the kernel layout.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LayoutError {
+pub enum LayoutError {
     /// The BTF file does not exist: the kernel was built without BTF.
     #[error("this kernel has no BTF ({path} is missing); abissd needs a kernel built with CONFIG_DEBUG_INFO_BTF=y")]
     NoBtf {
@@ -44,16 +44,22 @@ pub(crate) enum LayoutError {
 /// What the running kernel offers the programs: the struct offsets they read, and the
 /// optional parts whose hooks or fields it lacks (with the reason, for the log and `status`).
 #[derive(Debug)]
-pub(crate) struct KernelSupport {
+pub struct KernelSupport {
     /// The offsets, written into the programs' read-only data.
-    pub(crate) layout: KernelLayout,
+    pub layout: KernelLayout,
     /// Optional parts this kernel cannot run, and why.
-    pub(crate) missing: Vec<(Feature, String)>,
+    pub missing: Vec<(Feature, String)>,
 }
 
 /// Reads the offsets the programs need from the BTF at `path`, and which optional parts the
 /// kernel lacks. A field of the required block programs that is missing is an error.
-pub(crate) fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
+pub fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
+    probe(path).map(|(support, _)| support)
+}
+
+/// [`resolve`], and the optional parts whose stand-in tracepoints this kernel has
+/// ([`Feature::stand_in`]): what `abissctl doctor` reports of a part the kernel lacks.
+pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> {
     if !path.exists() {
         return Err(LayoutError::NoBtf {
             path: path.to_path_buf(),
@@ -68,6 +74,7 @@ pub(crate) fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
     let bytes = std::fs::read(path).map_err(|error| unreadable(error.to_string()))?;
     let btf = Btf::from_bytes(&bytes).map_err(|error| unreadable(error.to_string()))?;
     let finder = FieldFinder { btf: &btf };
+    let stand_ins = finder.stand_ins();
     let mut missing = finder.missing_tracepoints();
     let mut optional = |feature: Feature, name: &str, field: &str| {
         finder.offset(name, field).unwrap_or_else(|_| {
@@ -129,7 +136,7 @@ pub(crate) fn resolve(path: &Path) -> Result<KernelSupport, LayoutError> {
         pad: 0,
         iomap_dio_end_io,
     };
-    Ok(KernelSupport { layout, missing })
+    Ok((KernelSupport { layout, missing }, stand_ins))
 }
 
 struct FieldFinder<'a> {
@@ -151,6 +158,20 @@ impl FieldFinder<'_> {
                     feature,
                     format!("tracepoint {tracepoint} missing from this kernel"),
                 ))
+            })
+            .collect()
+    }
+
+    /// The optional parts whose stand-in programs' tracepoints this kernel has.
+    fn stand_ins(&self) -> Vec<Feature> {
+        Feature::ALL
+            .into_iter()
+            .filter(|feature| {
+                feature.stand_in().is_some_and(|(programs, _)| {
+                    programs
+                        .iter()
+                        .all(|(_, tracepoint)| self.has_tracepoint(tracepoint))
+                })
             })
             .collect()
     }
@@ -224,7 +245,7 @@ impl FieldFinder<'_> {
 /// The address of kernel function `name`, from `/proc/kallsyms` (none when the file hides
 /// addresses or lacks the symbol).
 #[must_use]
-pub(crate) fn kernel_symbol(name: &str) -> Option<u64> {
+pub fn kernel_symbol(name: &str) -> Option<u64> {
     let symbols = std::fs::read_to_string("/proc/kallsyms").ok()?;
     symbol_in(&symbols, name)
 }
@@ -250,7 +271,7 @@ fn symbol_in(kallsyms: &str, name: &str) -> Option<u64> {
 
 /// The running kernel's release (`uname -r`).
 #[must_use]
-pub(crate) fn kernel_release() -> String {
+pub fn kernel_release() -> String {
     nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default()

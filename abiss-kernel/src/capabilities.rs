@@ -9,7 +9,7 @@ use abiss_proto::Capability;
 
 /// An optional part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
-pub(crate) enum Feature {
+pub enum Feature {
     /// Following unmodified readers' playout point from their buffered reads and faults.
     ReadTracking,
     /// Raising a reader the moment it misses the page cache on an attached file
@@ -24,7 +24,7 @@ pub(crate) enum Feature {
 
 impl Feature {
     /// Every optional part.
-    pub(crate) const ALL: [Self; 4] = [
+    pub const ALL: [Self; 4] = [
         Self::ReadTracking,
         Self::MissRaises,
         Self::UringReports,
@@ -33,7 +33,7 @@ impl Feature {
 
     /// The name users give it (`--disable read-tracking`).
     #[must_use]
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::ReadTracking => "read-tracking",
             Self::MissRaises => "miss-raises",
@@ -44,7 +44,7 @@ impl Feature {
 
     /// Its programs and the tracepoints they attach to.
     #[must_use]
-    pub(crate) fn programs(self) -> &'static [(&'static str, &'static str)] {
+    pub fn programs(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::ReadTracking => &[
                 ("abiss_get_pages", "mm_filemap_get_pages"),
@@ -63,9 +63,7 @@ impl Feature {
     /// Older programs that stand in when [`Self::programs`] cannot run (the kernel lacks
     /// them, or the operator switched them off as on such a kernel), and what they do less.
     #[must_use]
-    pub(crate) fn stand_in(
-        self,
-    ) -> Option<(&'static [(&'static str, &'static str)], &'static str)> {
+    pub fn stand_in(self) -> Option<(&'static [(&'static str, &'static str)], &'static str)> {
         match self {
             Self::MissRaises => Some((
                 &[("abiss_cache_fill", "mm_filemap_add_to_page_cache")],
@@ -113,7 +111,7 @@ impl Feature {
 
     /// The capability, on or off with the reason.
     #[must_use]
-    pub(crate) fn report(self, off_because: Option<&str>) -> Capability {
+    pub fn report(self, off_because: Option<&str>) -> Capability {
         Capability {
             name: self.name().to_owned(),
             on: off_because.is_none(),
@@ -126,7 +124,7 @@ impl Feature {
 
     /// The capability, on through its stand-in because its own hooks are off for `why`.
     #[must_use]
-    pub(crate) fn report_standing_in(self, why: &str) -> Capability {
+    pub fn report_standing_in(self, why: &str) -> Capability {
         Capability {
             stand_in: self.stand_in().map(|(_, does)| format!("{why}; {does}")),
             ..self.report(None)

@@ -1,0 +1,268 @@
+//! PATH's part of `doctor`: its file system, its stack down to the physical disks, whether
+//! abissd manages the disk it would serve PATH from, that disk's model, and the rate admission
+//! would give a stream there now (abissd's `status`, as `abissctl status` shows it).
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use abiss_proto::{ByteRate, ByteSize, DeviceNumber, DeviceStatus, StatusReport};
+use serde::Serialize;
+
+use super::stack::{self, Layer, Mount};
+use super::{Finding, State};
+use crate::error::CliError;
+
+const SYS: &str = "/sys";
+
+/// PATH as the user can see it.
+#[derive(Debug)]
+pub(super) struct Examined {
+    path: PathBuf,
+    device: DeviceNumber,
+    what: String,
+    readable: bool,
+}
+
+/// Looks PATH up as the user; a path the user cannot reach is an error (exit 11).
+pub(super) fn examine(path: &Path) -> Result<Examined, CliError> {
+    let canonical = std::fs::canonicalize(path).map_err(|error| {
+        CliError::BadFile(format!("cannot examine {}: {error}", path.display()))
+    })?;
+    let meta = std::fs::metadata(&canonical).map_err(|error| {
+        CliError::BadFile(format!("cannot examine {}: {error}", path.display()))
+    })?;
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        format!("a regular file of {}", ByteSize(meta.len()).readable())
+    } else if kind.is_dir() {
+        "a directory: what follows holds for the files in it".to_owned()
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device node: abissd streams regular files, and this node's own file system is below"
+            .to_owned()
+    } else {
+        "neither a file nor a directory: abissd streams regular files".to_owned()
+    };
+    let readable = nix::unistd::access(&canonical, nix::unistd::AccessFlags::R_OK).is_ok();
+    Ok(Examined {
+        device: DeviceNumber {
+            major: libc::major(meta.dev()),
+            minor: libc::minor(meta.dev()),
+        },
+        path: canonical,
+        what,
+        readable,
+    })
+}
+
+/// The disk a file would be served from, as `--json` shows it.
+#[derive(Debug, Serialize)]
+pub(super) struct ServingDisk {
+    name: String,
+    device: DeviceNumber,
+    managed: bool,
+    /// Where abissd's figures for it come from (its device model, or the configured capacity).
+    model: Option<String>,
+    admission: Option<String>,
+    /// The rate admission would give one more stream with the default buffer now.
+    free: Option<ByteRate>,
+}
+
+/// What `doctor` found of PATH.
+#[derive(Debug, Serialize)]
+pub(super) struct PathReport {
+    path: PathBuf,
+    file_system: Option<Mount>,
+    /// The block devices under the file system (several for a multi-device btrfs).
+    stack: Vec<Layer>,
+    disk: Option<ServingDisk>,
+    /// Whether abiss can serve PATH now; when not, why.
+    pub served: bool,
+    why_not: Option<String>,
+    #[serde(skip)]
+    pub findings: Vec<Finding>,
+}
+
+/// The report on PATH, with what abissd said (`None`: it does not answer).
+pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathReport {
+    let mut findings = vec![Finding::info(
+        "path",
+        format!("{}: {}", examined.path.display(), examined.what),
+    )];
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| stack::parse_mountinfo(&text))
+        .unwrap_or_default();
+    let mount = stack::mount_of(&mounts, &examined.path, examined.device).cloned();
+    findings.push(file_system_finding(mount.as_ref(), examined.device));
+    let stacks = stacks_of(mount.as_ref(), examined.device);
+    for layer in &stacks {
+        findings.push(Finding::info("stack", layer.describe()));
+    }
+    let devices = daemon.map_or(&[][..], |report| report.devices.as_slice());
+    let physical: Vec<&Layer> = stacks.iter().flat_map(Layer::physical).collect();
+    for disk in &physical {
+        findings.push(managed_finding(disk, devices, daemon.is_some()));
+    }
+    // abissd serves a file by its file system's device (a partition's disk); it follows no
+    // stack, and a file system without one device (btrfs) gives files an anonymous number.
+    let serving = (examined.device.major != 0)
+        .then(|| stacks.first().map(Layer::serving_disk))
+        .flatten();
+    let status = serving.and_then(|disk| devices.iter().find(|d| d.device == disk.device));
+    if let Some(disk) = serving.filter(|disk| !physical.iter().any(|p| p.device == disk.device)) {
+        // A dm or md device: abissd would serve from it, not from the disks below.
+        findings.push(managed_finding(disk, devices, daemon.is_some()));
+    }
+    let why_not = why_not(&examined, mount.as_ref(), serving, status, daemon.is_some());
+    findings.push(match &why_not {
+        None => Finding::new(
+            "served",
+            State::Yes,
+            format!(
+                "abiss can serve it from {}: admission would give a stream up to {} now",
+                serving.map_or("?", |d| d.name.as_str()),
+                status.map_or_else(String::new, |s| s.free.readable())
+            ),
+        ),
+        Some(why) => Finding::new("served", State::No, why.clone()),
+    });
+    PathReport {
+        path: examined.path,
+        file_system: mount,
+        disk: serving.map(|disk| serving_disk(disk, status)),
+        stack: stacks,
+        served: why_not.is_none(),
+        why_not,
+        findings,
+    }
+}
+
+fn file_system_finding(mount: Option<&Mount>, device: DeviceNumber) -> Finding {
+    match mount {
+        Some(mount) => Finding::info(
+            "file system",
+            format!(
+                "{} from {} at {}; its files report device {device}",
+                mount.fs_type,
+                mount.source,
+                mount.at.display()
+            ),
+        ),
+        None => Finding::new(
+            "file system",
+            State::Unknown,
+            format!("no mount in /proc/self/mountinfo holds it; its files report device {device}"),
+        ),
+    }
+}
+
+/// The stacks under the file system: one for a file system on one device; for btrfs, one per
+/// member device, found from the device it was mounted from.
+fn stacks_of(mount: Option<&Mount>, device: DeviceNumber) -> Vec<Layer> {
+    let sys = Path::new(SYS);
+    if device.major != 0 {
+        return stack::stack_of(sys, device).into_iter().collect();
+    }
+    let Some(mount) = mount.filter(|m| m.fs_type == "btrfs") else {
+        return Vec::new();
+    };
+    let source =
+        std::fs::canonicalize(&mount.source).unwrap_or_else(|_| PathBuf::from(&mount.source));
+    let Some(name) = source.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    stack::btrfs_devices(sys, &name)
+        .iter()
+        .filter_map(|dir| stack::layer_at(dir, 0))
+        .collect()
+}
+
+fn managed_finding(disk: &Layer, devices: &[DeviceStatus], daemon: bool) -> Finding {
+    let topic = format!("disk {}", disk.name);
+    match devices.iter().find(|d| d.device == disk.device) {
+        Some(status) => Finding::new(
+            topic,
+            State::Yes,
+            format!(
+                "managed by abissd: elevator {}, capacity {} ({}), admission {}, {} streams reserving {}, {} free",
+                status.elevator,
+                status.capacity.readable(),
+                status.capacity_source,
+                status.admission,
+                status.streams,
+                status.reserved.readable(),
+                status.free.readable()
+            ),
+        ),
+        None if daemon => Finding::new(
+            topic,
+            State::No,
+            format!("{} ({}) is not managed by abissd (abissd --device {})", disk.name, disk.device, disk.name),
+        ),
+        None => Finding::new(topic, State::Unknown, "abissd does not answer, so nothing is managed now"),
+    }
+}
+
+fn serving_disk(disk: &Layer, status: Option<&DeviceStatus>) -> ServingDisk {
+    ServingDisk {
+        name: disk.name.clone(),
+        device: disk.device,
+        managed: status.is_some(),
+        model: status.map(|s| s.capacity_source.clone()),
+        admission: status.map(|s| s.admission.clone()),
+        free: status.map(|s| s.free),
+    }
+}
+
+/// Why abiss cannot serve PATH now, or `None` when it can.
+fn why_not(
+    examined: &Examined,
+    mount: Option<&Mount>,
+    serving: Option<&Layer>,
+    status: Option<&DeviceStatus>,
+    daemon: bool,
+) -> Option<String> {
+    let fs_type = mount.map_or("its file system", |m| m.fs_type.as_str());
+    if examined.device.major == 0 {
+        return Some(if fs_type == "btrfs" {
+            format!("btrfs gives its files an anonymous device ({}), not a disk, so abissd cannot tell which disk serves them; put the files on a file system on one device (ext4, XFS)", examined.device)
+        } else {
+            format!("{fs_type} is on no block device (its files report {}); abissd serves files of disk file systems", examined.device)
+        });
+    }
+    let Some(disk) = serving else {
+        return Some(format!(
+            "device {} is not in /sys/dev/block",
+            examined.device
+        ));
+    };
+    if !daemon {
+        return Some("abissd is not running; start it with --device for this disk".to_owned());
+    }
+    let Some(status) = status else {
+        return Some(format!(
+            "{} is on {} ({}), which abissd does not manage; start abissd with --device {}{}",
+            examined.path.display(),
+            disk.name,
+            disk.device,
+            disk.name,
+            if disk.below.is_empty() {
+                ""
+            } else {
+                " (abissd serves by the device the file system is on, not the disks below it)"
+            }
+        ));
+    };
+    if status.free == ByteRate(0) {
+        return Some(format!(
+            "{} is full: admission would give a stream nothing now",
+            disk.name
+        ));
+    }
+    if !examined.readable {
+        return Some(
+            "you may not read it, so you cannot attach it (abissctl opens the file as you)"
+                .to_owned(),
+        );
+    }
+    None
+}
