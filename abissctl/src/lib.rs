@@ -32,6 +32,7 @@ mod devices;
 mod doctor;
 mod error;
 mod interval;
+mod json;
 mod planning;
 mod profile;
 mod sizes;

@@ -59,11 +59,7 @@ pub fn admit(client: &mut Client, question: &AdmitQuestion) -> Result<(), CliErr
     })?;
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        crate::json::print(&mut out, &report);
         return Ok(());
     }
     print_state(&mut out, &report);

@@ -370,11 +370,7 @@ pub fn run(options: &ProfileOptions) -> Result<(), CliError> {
     })?;
     let mut out = std::io::stdout().lock();
     if options.json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&model).unwrap_or_default()
-        );
+        crate::json::print(&mut out, &model);
     } else {
         let _ = write!(out, "{}", describe(&model, started.elapsed()));
     }

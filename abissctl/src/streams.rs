@@ -346,11 +346,7 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
     let streams = client.list()?;
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&streams).unwrap_or_default()
-        );
+        crate::json::print(&mut out, &streams);
         return Ok(());
     }
     let _ = writeln!(
@@ -508,11 +504,7 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
     let report = client.status_report()?;
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        crate::json::print(&mut out, &report);
         return Ok(());
     }
     let devices = report.devices;

@@ -233,3 +233,52 @@ fn cgroup_dirs() -> BTreeSet<PathBuf> {
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
+
+/// Standard output and error of `output`, one after the other (for failure messages).
+#[must_use]
+pub fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// The elevator active on `disk` (`/sys/block/NAME/queue/scheduler`'s bracketed word).
+#[must_use]
+pub fn scheduler_of(disk: &crate::LoopDevice) -> String {
+    let line = std::fs::read_to_string(format!("/sys/block/{}/queue/scheduler", disk.name()))
+        .unwrap_or_default();
+    line.split_whitespace()
+        .find(|s| s.starts_with('['))
+        .map(|s| s.trim_matches(['[', ']']).to_owned())
+        .unwrap_or_default()
+}
+
+impl ServiceManager {
+    /// Attaches `media` at 1 MB/s with `abissctl` (the path of the one the test installed) in
+    /// the namespace, and waits until the stream's window is loaded; the journal goes into the
+    /// failure message.
+    pub fn attach_until_loaded(&self, abissctl: &Path, media: &Path) {
+        let media = media.to_string_lossy().into_owned();
+        let attach = self.run(abissctl, &["attach", &media, "--rate", "1MB/s", "--json"]);
+        assert!(
+            attach.status.success(),
+            "attach: {}\n{}",
+            text(&attach),
+            self.journal()
+        );
+        let loaded = wait_until(Duration::from_secs(10), || {
+            let list = self.run(abissctl, &["list", "--json"]);
+            serde_json::from_slice::<serde_json::Value>(&list.stdout)
+                .ok()
+                .and_then(|v| v[0]["resident_bytes"].as_u64())
+                .is_some_and(|bytes| bytes > 0)
+        });
+        assert!(
+            loaded,
+            "the stream's window was never loaded\n{}",
+            self.journal()
+        );
+    }
+}

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use abiss_tests::systemd::{prepare_units, ServiceManager, SYSTEMD};
+use abiss_tests::systemd::{prepare_units, scheduler_of, text, ServiceManager, SYSTEMD};
 use abiss_tests::{
     binary, program_loaded, require_root, wait_until, Ext4Mount, LoopDevice, Scratch,
 };
@@ -34,14 +34,6 @@ const HOST_PATHS: [&str; 4] = [
     "/etc/abiss",
     "/lib/systemd/system/abissd.service",
 ];
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
 
 /// `cargo xtask deb` of the test's binaries, into `out`.
 fn build_package(out: &Path) -> PathBuf {
@@ -122,15 +114,6 @@ fn disk_settings(disk: &LoopDevice) -> Vec<(String, String)> {
             ((*file).to_owned(), value.trim().to_owned())
         })
         .collect()
-}
-
-fn scheduler_of(disk: &LoopDevice) -> String {
-    let line = std::fs::read_to_string(format!("/sys/block/{}/queue/scheduler", disk.name()))
-        .unwrap_or_default();
-    line.split_whitespace()
-        .find(|s| s.starts_with('['))
-        .map(|s| s.trim_matches(['[', ']']).to_owned())
-        .unwrap_or_default()
 }
 
 /// Every path under `dir` (files, links and directories), relative to it; an overlay's
@@ -223,26 +206,7 @@ fn the_package_installs_serves_upgrades_and_purges_without_a_trace() {
     assert!(written.status.success(), "{}", text(&written));
     manager.systemctl_ok(&["restart", "abissd"]);
     assert_eq!(scheduler_of(mount.device()), "mq-deadline");
-    let media_arg = media.to_string_lossy().into_owned();
-    let attach = abissctl(&manager, &["attach", &media_arg, "--rate", "1MB/s"]);
-    assert!(
-        attach.status.success(),
-        "attach: {}\n{}",
-        text(&attach),
-        manager.journal()
-    );
-    let loaded = wait_until(Duration::from_secs(10), || {
-        let list = abissctl(&manager, &["list", "--json"]);
-        serde_json::from_slice::<serde_json::Value>(&list.stdout)
-            .ok()
-            .and_then(|v| v[0]["resident_bytes"].as_u64())
-            .is_some_and(|bytes| bytes > 0)
-    });
-    assert!(
-        loaded,
-        "the stream's window was never loaded\n{}",
-        manager.journal()
-    );
+    manager.attach_until_loaded(Path::new("/usr/bin/abissctl"), &media);
     let mut programs = program_ids(&manager);
 
     // Upgraded over itself: the operator's configuration is kept, abissd restarted with it.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use abiss_tests::systemd::{prepare_units, ServiceManager, SYSTEMD};
+use abiss_tests::systemd::{prepare_units, scheduler_of, text, ServiceManager, SYSTEMD};
 use abiss_tests::{binary, require_root, wait_until, Ext4Mount, LoopDevice, Scratch};
 
 /// Boots the test's systemd with `units` as its unit directory.
@@ -30,23 +30,6 @@ fn abissctl(manager: &ServiceManager, args: &[&str]) -> Output {
 
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-fn scheduler_of(disk: &LoopDevice) -> String {
-    let path = format!("/sys/block/{}/queue/scheduler", disk.name());
-    let line = read(Path::new(&path));
-    line.split_whitespace()
-        .find(|s| s.starts_with('['))
-        .map(|s| s.trim_matches(['[', ']']).to_owned())
-        .unwrap_or_default()
 }
 
 /// The optional parts that are on, by name.
@@ -241,29 +224,7 @@ fn the_unit_starts_serves_reloads_restarts_and_restores_under_systemd() {
 
     // A stream works under every hardening option: prefetch through io_uring at the
     // stream's priority, buffers locked in memory.
-    let media_arg = media.to_string_lossy().into_owned();
-    let attach = abissctl(
-        &manager,
-        &["attach", &media_arg, "--rate", "1MB/s", "--json"],
-    );
-    assert!(
-        attach.status.success(),
-        "attach: {}\n{}",
-        text(&attach),
-        manager.journal()
-    );
-    let loaded = wait_until(Duration::from_secs(10), || {
-        let list = abissctl(&manager, &["list", "--json"]);
-        serde_json::from_slice::<serde_json::Value>(&list.stdout)
-            .ok()
-            .and_then(|v| v[0]["resident_bytes"].as_u64())
-            .is_some_and(|bytes| bytes > 0)
-    });
-    assert!(
-        loaded,
-        "the stream's window was never loaded\n{}",
-        manager.journal()
-    );
+    manager.attach_until_loaded(&binary("abissctl"), &media);
     // Not checked here: raising a reader that misses. The eBPF side reports thread ids of the
     // initial PID namespace, and this test's abissd lives in the namespace of its systemd, so
     // it cannot find them (a gap of abissd in any PID namespace, noted on the issue).

@@ -111,11 +111,7 @@ pub(crate) fn run(socket: &Path, target: Option<&PathBuf>, json: bool) -> Result
     };
     let mut out = std::io::stdout().lock();
     if json {
-        let _ = writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        crate::json::print(&mut out, &report);
     } else {
         for finding in &report.findings {
             let _ = writeln!(
