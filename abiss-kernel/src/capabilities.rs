@@ -6,6 +6,7 @@
 //! The first releases are those of `docs/building.md` ("Kernel history").
 
 use abiss_proto::Capability;
+use scheduler_common::names::program;
 
 /// An optional part.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
@@ -47,13 +48,13 @@ impl Feature {
     pub fn programs(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::ReadTracking => &[
-                ("abiss_get_pages", "mm_filemap_get_pages"),
-                ("abiss_fault", "mm_filemap_fault"),
+                (program::GET_PAGES, "mm_filemap_get_pages"),
+                (program::FAULT, "mm_filemap_fault"),
             ],
-            Self::MissRaises => &[("abiss_sync_ra", "page_cache_sync_ra")],
+            Self::MissRaises => &[(program::SYNC_RA, "page_cache_sync_ra")],
             Self::UringReports => &[
-                ("abiss_uring_submit", "io_uring_submit_req"),
-                ("abiss_uring_complete", "io_uring_complete"),
+                (program::URING_SUBMIT, "io_uring_submit_req"),
+                (program::URING_COMPLETE, "io_uring_complete"),
             ],
             // Done inside the block programs, when the layout has the fields and the symbol.
             Self::DirectIoTagging => &[],
@@ -66,7 +67,7 @@ impl Feature {
     pub fn stand_in(self) -> Option<(&'static [(&'static str, &'static str)], &'static str)> {
         match self {
             Self::MissRaises => Some((
-                &[("abiss_cache_fill", "mm_filemap_add_to_page_cache")],
+                &[(program::CACHE_FILL, "mm_filemap_add_to_page_cache")],
                 "standing in: filemap:mm_filemap_add_to_page_cache (pages a reader adds to the page cache); misses are counted and the reader is raised, but the window does not jump to where it missed",
             )),
             Self::ReadTracking | Self::UringReports | Self::DirectIoTagging => None,

@@ -29,6 +29,8 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod names;
+
 /// Number of log2 buckets in a latency histogram. Bucket `i` counts latencies in
 /// `[2^(i-1), 2^i)` microseconds (bucket 0 holds latencies under 1 µs); the last bucket also
 /// holds everything longer. 27 buckets reach about 67 s, as bcc's biolatency does.

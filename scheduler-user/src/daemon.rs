@@ -34,6 +34,7 @@ use crate::raise::ReaderRaises;
 use crate::serve::socket::{ControlSocket, SocketError};
 use crate::serve::{serve_connection, Command, Context};
 use crate::stream::prefetch::{LoadDone, PrefetchEngine};
+use scheduler_common::names::map;
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -364,14 +365,15 @@ fn reader_raises(
     DaemonError,
 > {
     let map_error = |name| move |source| TracerError::Map { name, source };
-    let ring = RingBuf::try_from(tracer.take_map("FORKS")?).map_err(map_error("FORKS"))?;
+    let ring = RingBuf::try_from(tracer.take_map(map::FORKS)?).map_err(map_error(map::FORKS))?;
     let maps = (
-        tracer.take_map("RAISED")?,
-        tracer.take_map("RAISE_COUNTS")?,
-        tracer.take_map("RAISED_CONTEXTS")?,
-        tracer.take_map("FORK_LOST")?,
+        tracer.take_map(map::RAISED)?,
+        tracer.take_map(map::RAISE_COUNTS)?,
+        tracer.take_map(map::RAISED_CONTEXTS)?,
+        tracer.take_map(map::FORK_LOST)?,
     );
-    let followed = RaisedForks::new(maps.0, maps.1, maps.2, maps.3).map_err(map_error("RAISED"))?;
+    let followed =
+        RaisedForks::new(maps.0, maps.1, maps.2, maps.3).map_err(map_error(map::RAISED))?;
     let (fork_tx, forks) = mpsc::channel(FORK_QUEUE);
     let unqueued = followed.unqueued();
     let pump = tokio::spawn(pump_ring(ring, move |bytes| {

@@ -10,11 +10,12 @@ use scheduler_common::{
 };
 
 use super::{BlockTracer, TracerError};
+use scheduler_common::names::map;
 
 impl BlockTracer {
     /// The cumulative latency histograms, summed over CPUs.
     pub(crate) fn latency(&self) -> Result<Vec<LatencyGroup>, TracerError> {
-        let name = "LATENCY";
+        let name = map::LATENCY;
         let histograms: PerCpuHashMap<&MapData, HistogramKey, LatencyCounters> =
             self.typed_map(name)?;
         let mut totals = self.retired.clone();
@@ -51,13 +52,13 @@ impl BlockTracer {
     /// many keys went. Run at each detach, and at each sweep for the requests of an ended
     /// stream that completed after its detach.
     pub(super) fn retire_ended_streams(&mut self) -> Result<usize, TracerError> {
-        let attached: HashMap<&MapData, FileKey, AttachedFile> = self.typed_map("ATTACHED")?;
+        let attached: HashMap<&MapData, FileKey, AttachedFile> = self.typed_map(map::ATTACHED)?;
         let live: Vec<u64> = attached
             .iter()
             .filter_map(Result::ok)
             .map(|(_, file)| file.stream)
             .collect();
-        let name = "LATENCY";
+        let name = map::LATENCY;
         let mut histograms: PerCpuHashMap<&mut MapData, HistogramKey, LatencyCounters> =
             self.typed_map_mut(name)?;
         let ended: Vec<HistogramKey> = histograms
@@ -84,7 +85,7 @@ impl BlockTracer {
 
     /// Request records: (in flight now, records kept in all).
     pub(crate) fn request_records(&self) -> Result<(u64, u64), TracerError> {
-        let name = "INFLIGHT";
+        let name = map::INFLIGHT;
         let records: HashMap<&MapData, u64, InflightRequest> = self.typed_map(name)?;
         let (mut in_flight, mut kept) = (0, 0);
         for (_, record) in records.iter().flatten() {

@@ -1,6 +1,8 @@
 //! Loads, attaches and reads the block-layer tracing programs.
 
 mod histograms;
+#[cfg(test)]
+mod names_tests;
 mod uring;
 
 use std::collections::BTreeMap;
@@ -18,6 +20,7 @@ use scheduler_common::{
 };
 
 use crate::kernel::capabilities::Feature;
+use scheduler_common::names::{map, program};
 
 /// The most keys one emptying of a map walks: twice the largest map it empties.
 const FORGET_STEPS: usize = 2 * scheduler_common::MAX_RAISED as usize;
@@ -28,16 +31,16 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 /// The required programs, the block layer's, and the kernel tracepoints they attach to. The
 /// optional ones are listed by `Feature::programs`.
 const BLOCK_PROGRAMS: [(&str, &str); 5] = [
-    ("abiss_insert", "block_rq_insert"),
-    ("abiss_issue", "block_rq_issue"),
-    ("abiss_complete", "block_rq_complete"),
-    ("abiss_merge", "block_rq_merge"),
-    ("abiss_requeue", "block_rq_requeue"),
+    (program::INSERT, "block_rq_insert"),
+    (program::ISSUE, "block_rq_issue"),
+    (program::COMPLETE, "block_rq_complete"),
+    (program::MERGE, "block_rq_merge"),
+    (program::REQUEUE, "block_rq_requeue"),
 ];
 
 /// The program that follows the new tasks of raised threads (`crate::raise`), required
 /// too: a daemon that raises threads must see what they make.
-const FORK_PROGRAM: (&str, &str) = ("abiss_fork", "sched_process_fork");
+const FORK_PROGRAM: (&str, &str) = (program::FORK, "sched_process_fork");
 
 /// Failures to load, attach or read the programs.
 #[derive(Debug, thiserror::Error)]
@@ -325,7 +328,7 @@ impl BlockTracer {
     /// Writes the switches, then attaches the programs that now have work and detaches those
     /// that have none (so a program never runs with switches older than its attachment).
     fn set_control(&mut self, control: Control) -> Result<(), TracerError> {
-        let name = "CONTROL";
+        let name = map::CONTROL;
         let mut array: Array<&mut MapData, Control> = self.typed_map_mut(name)?;
         array
             .set(0, control, 0)
@@ -384,7 +387,7 @@ impl BlockTracer {
     /// Lists the managed disks in `DISKS`: their requests are always followed, traced and
     /// tagged with their streams; every other disk costs the programs one lookup per event.
     pub(crate) fn set_managed_disks(&mut self, disks: &[DeviceNumber]) -> Result<(), TracerError> {
-        let name = "DISKS";
+        let name = map::DISKS;
         let mut listed: HashMap<&mut MapData, u32, u32> = self.typed_map_mut(name)?;
         for disk in disks {
             listed
@@ -423,7 +426,7 @@ impl BlockTracer {
         if self.control.trace_all != 0 {
             return Ok(0);
         }
-        let name = "DISKS";
+        let name = map::DISKS;
         let listed: HashMap<&MapData, u32, u32> = self.typed_map(name)?;
         let traced: Vec<u32> = listed
             .iter()
@@ -439,7 +442,7 @@ impl BlockTracer {
         &mut self,
         stale: impl Fn(&InflightRequest) -> bool,
     ) -> Result<usize, TracerError> {
-        let name = "INFLIGHT";
+        let name = map::INFLIGHT;
         let mut records: HashMap<&mut MapData, u64, InflightRequest> = self.typed_map_mut(name)?;
         // Cut at one pass's worth of steps: a walk whose key is deleted meanwhile starts over.
         let mut dropped: Vec<u64> = records
@@ -454,7 +457,7 @@ impl BlockTracer {
         for rq in &dropped {
             let _ = records.remove(rq);
         }
-        let name = "ORIGINS";
+        let name = map::ORIGINS;
         let mut origins: HashMap<&mut MapData, u64, RequestOrigin> = self.typed_map_mut(name)?;
         for rq in &dropped {
             let _ = origins.remove(rq);
@@ -471,13 +474,13 @@ impl BlockTracer {
 
     /// Takes the ring buffer that carries per-request events (once).
     pub(crate) fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
-        let name = "EVENTS";
+        let name = map::EVENTS;
         RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
     /// Takes the ring buffer that carries reads of attached files (once).
     pub(crate) fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
-        let name = "PLAYOUT";
+        let name = map::PLAYOUT;
         RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
     }
 
@@ -508,7 +511,7 @@ impl BlockTracer {
         key: FileKey,
         file: AttachedFile,
     ) -> Result<(), TracerError> {
-        let name = "ATTACHED";
+        let name = map::ATTACHED;
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
             self.typed_map_mut(name)?;
         attached
@@ -523,7 +526,7 @@ impl BlockTracer {
 
     /// Tells the programs that `key` is no longer streamed.
     pub(crate) fn detach_file(&mut self, key: FileKey) -> Result<(), TracerError> {
-        let name = "ATTACHED";
+        let name = map::ATTACHED;
         let mut attached: HashMap<&mut MapData, FileKey, AttachedFile> =
             self.typed_map_mut(name)?;
         match attached.remove(&key) {
@@ -544,9 +547,9 @@ impl BlockTracer {
             // The completion program stops looking once no file is attached: what is still
             // remembered would never be taken out.
             self.forget_uring()?;
-            self.forget_all::<u32, u64>("FILE_READERS")?;
+            self.forget_all::<u32, u64>(map::FILE_READERS)?;
             // Each file's and reader's report pacing: a bucket forgotten comes back full.
-            self.forget_all::<[u64; 2], u64>("READ_REPORT_DUE")?;
+            self.forget_all::<[u64; 2], u64>(map::READ_REPORT_DUE)?;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ use aya::maps::MapData;
 use scheduler_common::{UringSubmission, MAX_URING_INFLIGHT, STALE_URING_NS};
 
 use super::{BlockTracer, TracerError};
+use scheduler_common::names::map;
 
 impl BlockTracer {
     /// Drops the followed `io_uring` requests submitted before `now_ns - STALE_URING_NS` (a
@@ -19,7 +20,7 @@ impl BlockTracer {
     /// counts start afresh.
     pub(super) fn sweep_stale_uring(&mut self, now_ns: u64) -> Result<usize, TracerError> {
         let cutoff = now_ns.saturating_sub(STALE_URING_NS);
-        let name = "URING_INFLIGHT";
+        let name = map::URING_INFLIGHT;
         let mut requests: HashMap<&mut MapData, u64, UringSubmission> = self.typed_map_mut(name)?;
         // The walk starts over from the first bucket when the key it stands on is deleted
         // meanwhile (the completion program deletes all the time): it is cut at one pass's
@@ -40,7 +41,7 @@ impl BlockTracer {
             .filter(|(req, _)| requests.remove(req).is_ok())
             .map(|&(_, uid)| uid)
             .collect();
-        let name = "URING_USERS";
+        let name = map::URING_USERS;
         let mut users: HashMap<&mut MapData, u32, u64> = self.typed_map_mut(name)?;
         for uid in &removed {
             if let Ok(count) = users.get(uid, 0) {
@@ -53,7 +54,7 @@ impl BlockTracer {
     /// Forgets every followed `io_uring` request and every user's count: no file is attached,
     /// and the completion program no longer looks.
     pub(super) fn forget_uring(&mut self) -> Result<(), TracerError> {
-        self.forget_all::<u64, UringSubmission>("URING_INFLIGHT")?;
-        self.forget_all::<u32, u64>("URING_USERS")
+        self.forget_all::<u64, UringSubmission>(map::URING_INFLIGHT)?;
+        self.forget_all::<u32, u64>(map::URING_USERS)
     }
 }
