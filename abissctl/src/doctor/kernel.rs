@@ -31,17 +31,22 @@ pub(super) fn findings(daemon: Option<&[Capability]>, root: bool) -> Vec<Finding
     out
 }
 
+/// The kernel's BTF is there.
+fn btf_there() -> Finding {
+    Finding::new(
+        "btf",
+        State::Yes,
+        format!("{KERNEL_BTF}: abissd reads its programs' struct offsets from it"),
+    )
+}
+
 /// BTF, the block programs' fields, and each optional part.
 fn btf_and_parts(daemon: Option<&[Capability]>, root: bool) -> Vec<Finding> {
     let (support, stand_ins) = match layout::probe(Path::new(KERNEL_BTF)) {
         Ok(found) => found,
         Err(error @ layout::LayoutError::Missing { .. }) => {
             return vec![
-                Finding::new(
-                    "btf",
-                    State::Yes,
-                    format!("{KERNEL_BTF}: abissd reads its programs' struct offsets from it"),
-                ),
+                btf_there(),
                 Finding::new(
                     "block programs",
                     State::No,
@@ -58,11 +63,7 @@ fn btf_and_parts(daemon: Option<&[Capability]>, root: bool) -> Vec<Finding> {
         }
     };
     let mut out = vec![
-        Finding::new(
-            "btf",
-            State::Yes,
-            format!("{KERNEL_BTF}: abissd reads its programs' struct offsets from it"),
-        ),
+        btf_there(),
         Finding::new(
             "block programs",
             State::Yes,

@@ -234,15 +234,7 @@ pub(crate) fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
     } else {
         Kind::Disk
     };
-    let mut slaves: Vec<PathBuf> = std::fs::read_dir(dir.join("slaves"))
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|entry| std::fs::canonicalize(entry.path()).ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    slaves.sort();
+    let slaves = linked_dirs(&dir.join("slaves"));
     let below = slaves
         .iter()
         .filter_map(|slave| layer_at(slave, depth + 1))
@@ -266,18 +258,24 @@ pub(crate) fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
         if !devices.join(source_name).exists() {
             continue;
         }
-        let mut found: Vec<PathBuf> = std::fs::read_dir(&devices)
-            .map(|entries| {
-                entries
-                    .flatten()
-                    .filter_map(|entry| std::fs::canonicalize(entry.path()).ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        found.sort();
-        return found;
+        return linked_dirs(&devices);
     }
     Vec::new()
+}
+
+/// The directories the links in sysfs directory `dir` lead to (`slaves/`, a btrfs file
+/// system's `devices/`), sorted; none when `dir` cannot be read.
+fn linked_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| std::fs::canonicalize(entry.path()).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
 }
 
 #[cfg(test)]
