@@ -278,7 +278,7 @@ impl Controller {
             return;
         }
         stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
-        if stream.recording.is_some() {
+        if stream.kind.is_recording() {
             // A recording has no window to move; its writer is not raised.
             return;
         }
@@ -368,7 +368,7 @@ impl Controller {
         let Some(stream) = self.streams.get_mut(done.stream) else {
             return;
         };
-        if let Some(recording) = &mut stream.recording {
+        if let Some(recording) = stream.kind.recording_mut() {
             let failed = match &done.outcome {
                 LoadOutcome::Failed(error) => Some(error),
                 LoadOutcome::Loaded | LoadOutcome::Cancelled => None,

@@ -33,7 +33,8 @@ use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream::table::StreamTable;
 use crate::stream::writeback::GiveBack;
 use crate::stream::{
-    check_parameters, Stream, StreamOwner, StreamStart, MAX_STREAMS, MAX_STREAMS_PER_USER,
+    check_parameters, Stream, StreamKind, StreamOwner, StreamStart, MAX_STREAMS,
+    MAX_STREAMS_PER_USER,
 };
 use access::RaiseBounds;
 
@@ -213,7 +214,7 @@ impl Controller {
                 ""
             }
         );
-        if stream.recording.is_some() {
+        if stream.kind.is_recording() {
             // Its writes wait for the file system's journal (see `raises::journal`).
             let at = access::raise_for(&stream);
             self.raises
@@ -291,7 +292,7 @@ impl Controller {
             return Ok(None);
         };
         if write {
-            if let Some(recording) = self.streams.of_file(tag).find(|s| s.recording.is_some()) {
+            if let Some(recording) = self.streams.of_file(tag).find(|s| s.kind.is_recording()) {
                 let theirs = peer_uid == 0 || recording.owner_uid == peer_uid;
                 return Err(Refusal::AlreadyRecording {
                     path: file.path.clone(),
@@ -358,7 +359,7 @@ impl Controller {
         let allowance = access::own_file_allowance_kib(&stream, monotonic_ns());
         self.raises.end_stream(id, allowance, &mut self.tracer);
         self.charge_owed(monotonic_ns());
-        if let Some(recording) = &stream.recording {
+        if let Some(recording) = stream.kind.recording() {
             if recording.window.preallocated_bytes() > 0 {
                 let allocated_end = recording.window.allocated_end();
                 self.give_back
@@ -368,7 +369,7 @@ impl Controller {
             if let Some(other) = self
                 .streams
                 .iter()
-                .find(|s| s.recording.is_some() && s.file_device == stream.file_device)
+                .find(|s| s.kind.is_recording() && s.file_device == stream.file_device)
             {
                 let at = access::raise_for(other);
                 self.raises
@@ -523,9 +524,9 @@ impl Controller {
             .streams
             .iter()
             .filter_map(|s| {
-                let due = match &s.recording {
-                    Some(recording) => Some(recording.ns_until_due(now_ns)),
-                    None => s.playout.ns_until_next_load(now_ns),
+                let due = match &s.kind {
+                    StreamKind::Recording(recording) => Some(recording.ns_until_due(now_ns)),
+                    StreamKind::Playback => s.playout.ns_until_next_load(now_ns),
                 };
                 match (due, s.ns_until_growth_check(now_ns)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -568,7 +569,7 @@ impl Controller {
 
     /// A write stream looks at how far its writer is and writes back what is due.
     fn record(prefetch: &mut PrefetchEngine, stream: &mut Stream, now_ns: u64) {
-        if let Some(recording) = &mut stream.recording {
+        if let Some(recording) = stream.kind.recording_mut() {
             let actions = recording.poll(&stream.file, now_ns);
             let at = (stream.id, stream.granted.priority);
             recording.carry_out(prefetch, at, &stream.file, actions);

@@ -138,8 +138,8 @@ pub(crate) struct Stream {
     pub(crate) load_failures: (Option<u64>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
     pub(crate) start_limited: bool,
-    /// A write stream's window (then `playout` has nothing to load: its file is unmapped).
-    pub(crate) recording: Option<Recording>,
+    /// What it does with its file: played back, or recorded.
+    pub(crate) kind: StreamKind,
     /// When a read stream at the end of its file last looked whether it grew.
     pub(crate) growth_checked_ns: u64,
     /// The rates it had: what it was admitted for since a raise of its reader.
@@ -228,7 +228,7 @@ impl Stream {
             newest_evidence_ns: 0,
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
-            recording,
+            kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
             growth_checked_ns: start.now_ns,
             rates: RateHistory::new(granted.rate.0, start.now_ns),
             auto_buffer: None,
@@ -246,7 +246,7 @@ impl Stream {
     ) -> Vec<WindowAction> {
         self.granted.rate = rate;
         self.rates.set(rate.0, now_ns);
-        if let Some(recording) = &mut self.recording {
+        if let Some(recording) = self.kind.recording_mut() {
             recording.window.set_rate(rate.0, now_ns);
         }
         self.playout.set_rate(rate.0, now_ns)
@@ -293,7 +293,7 @@ impl Stream {
     /// A read stream whose window reaches the end of its file looks (every
     /// [`GROWTH_POLL_NS`]) whether the file grew, and extends its window into the new data.
     pub(crate) fn follow_growth(&mut self, now_ns: u64) -> Vec<WindowAction> {
-        if self.recording.is_some()
+        if self.kind.is_recording()
             || !self.playout.reaches_file_end()
             || now_ns.saturating_sub(self.growth_checked_ns) < GROWTH_POLL_NS
         {
@@ -315,7 +315,7 @@ impl Stream {
     /// Until a read stream at the end of its file looks again whether the file grew.
     #[must_use]
     pub(crate) fn ns_until_growth_check(&self, now_ns: u64) -> Option<u64> {
-        (self.recording.is_none() && self.playout.reaches_file_end())
+        (!self.kind.is_recording() && self.playout.reaches_file_end())
             .then(|| (self.growth_checked_ns + GROWTH_POLL_NS).saturating_sub(now_ns))
     }
 
@@ -331,7 +331,7 @@ impl Stream {
             id: self.id,
             owner_uid: self.owner_uid,
             level: self.granted.priority,
-            recording: self.recording.is_some(),
+            recording: self.kind.is_recording(),
             window: self.playout.window_start().min(from)..to,
             known_reader: self.readers.contains(tgid),
             waiting_for_reader: self.readers.is_empty(),
@@ -376,8 +376,8 @@ impl Stream {
             resident_bytes: self.file.resident_bytes(&window).unwrap_or(0),
             locked_bytes: self.playout.locked_bytes(),
             credit_bytes: i64::try_from(
-                self.recording
-                    .as_ref()
+                self.kind
+                    .recording()
                     .map_or_else(|| self.playout.credit_bytes(), |r| r.window.credit_bytes()),
             )
             .unwrap_or(i64::MAX),
@@ -394,9 +394,46 @@ impl Stream {
             ),
             start_limited: self.start_limited,
             policed: 0,
-            recording: self.recording.as_ref().map(|r| r.info(&self.file)),
+            recording: self.kind.recording().map(|r| r.info(&self.file)),
             buffer_auto: self.auto_buffer.clone(),
         }
+    }
+}
+
+/// What a stream does with its file.
+#[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per stream (32 at most), the size of the Option<Recording> it replaced; a box would only add an allocation"
+)]
+pub(crate) enum StreamKind {
+    /// Its readers read the file: abissd loads and locks a window ahead of them.
+    Playback,
+    /// Its writer writes the file: abissd writes back behind it, and `playout` has nothing to
+    /// load (the file is not mapped).
+    Recording(Recording),
+}
+
+impl StreamKind {
+    /// The recording's window, if it is one.
+    pub(crate) fn recording(&self) -> Option<&Recording> {
+        match self {
+            Self::Recording(recording) => Some(recording),
+            Self::Playback => None,
+        }
+    }
+
+    /// The recording's window to change, if it is one.
+    pub(crate) fn recording_mut(&mut self) -> Option<&mut Recording> {
+        match self {
+            Self::Recording(recording) => Some(recording),
+            Self::Playback => None,
+        }
+    }
+
+    /// Whether it is a recording.
+    pub(crate) fn is_recording(&self) -> bool {
+        matches!(self, Self::Recording(_))
     }
 }
 
