@@ -278,9 +278,9 @@ pub fn abiss_configurations() -> Vec<Configuration> {
         ),
         abiss_row(
             "abiss-mq-deadline-no-upgrades",
-            "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-upgrades)",
+            "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-raises)",
             ("mq-deadline", 0, Auto),
-            &["--no-upgrades"],
+            &["--no-raises"],
         ),
         abiss_row(
             "abiss-bfq",

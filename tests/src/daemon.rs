@@ -300,7 +300,7 @@ pub const OLD_KERNEL_ARGS: [&str; 6] = [
     "--disable",
     "read-tracking",
     "--disable",
-    "miss-upgrades",
+    "miss-raises",
     "--disable",
     "uring-reports",
 ];

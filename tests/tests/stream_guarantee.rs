@@ -5,7 +5,7 @@
 //! long a read of resident pages takes is the CPU's and the kernel's (locks, scheduling) and is
 //! reported as a figure (p50 to max, and the reads over 1 ms), not asserted.
 //!
-//! With `--disable read-tracking --disable miss-upgrades --disable uring-reports` (a kernel
+//! With `--disable read-tracking --disable miss-raises --disable uring-reports` (a kernel
 //! older than 6.4, as far as abiss can tell) the library reader, which sends position messages,
 //! must keep the same guarantee.
 

@@ -454,7 +454,7 @@ fn only_the_stream_owners_readers_are_raised() {
 #[test]
 fn a_reader_that_stops_reading_is_put_back_after_the_idle_time() {
     require_root!();
-    let bench = bench_with("idle", &["--upgrade-idle", "1"]);
+    let bench = bench_with("idle", &["--raise-idle", "1"]);
     let stream = bench.file("stream.bin");
     let _id = bench.daemon.attach_at_1mb(&stream);
     // Reads for 2 s, then stays alive without reading for 4 s.

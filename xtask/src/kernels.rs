@@ -110,7 +110,7 @@ const KERNELS: &[Kernel] = &[
             },
         ],
         expect: Expect::Runs {
-            on: &["miss-upgrades", "direct-io-tagging"],
+            on: &["miss-raises", "direct-io-tagging"],
         },
     },
     Kernel {
@@ -122,7 +122,7 @@ const KERNELS: &[Kernel] = &[
             sha256: "4fdd0172a8c3f41a97e92465b2ac1867e1c10d82d7aeed3d26ee7a5d14df1754",
         }],
         expect: Expect::Runs {
-            on: &["miss-upgrades", "direct-io-tagging"],
+            on: &["miss-raises", "direct-io-tagging"],
         },
     },
     Kernel {
@@ -140,7 +140,7 @@ const KERNELS: &[Kernel] = &[
             },
         ],
         expect: Expect::Runs {
-            on: &["miss-upgrades", "uring-reports", "direct-io-tagging"],
+            on: &["miss-raises", "uring-reports", "direct-io-tagging"],
         },
     },
     Kernel {
@@ -154,7 +154,7 @@ const KERNELS: &[Kernel] = &[
         expect: Expect::Runs {
             on: &[
                 "read-tracking",
-                "miss-upgrades",
+                "miss-raises",
                 "uring-reports",
                 "direct-io-tagging",
             ],
