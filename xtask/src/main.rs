@@ -18,6 +18,7 @@
 //! | `kernels`: this build on distribution kernels booted in qemu | `kernels` |
 //! | `man`: man pages and shell completions from the binaries' clap definitions | `docs` |
 //! | running commands with their output shown and failures named | `shell` |
+//! | the integration run: binaries in two lanes under the integration lock | `suite` |
 //! | the integration run's failure sections and times, repeated at its end | `test_log` |
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -32,6 +33,7 @@ mod install;
 mod kernels;
 mod setup;
 mod shell;
+mod suite;
 mod test_log;
 
 /// abiss build, test and demo automation.
@@ -217,28 +219,7 @@ fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow
     if !nix_is_root() {
         anyhow::bail!("the integration tests load eBPF programs and create loop devices: run `cargo xtask test` as root");
     }
-    // Integration tests share kernel state (loop devices, loaded programs, page cache), so every
-    // test binary runs alone and each runs its tests one at a time.
-    // --no-fail-fast: one failing binary must not hide what the others would report.
-    let mut integration = vec![
-        "test",
-        "--workspace",
-        "--no-fail-fast",
-        "--test",
-        "*",
-        "--",
-        "--test-threads=1",
-        // Timing tests print what they do not assert (p99.9, reads over 1 ms, residency):
-        // the log shows those figures for passing runs too.
-        "--show-output",
-    ];
-    if let Some(filter) = filter {
-        integration.push(filter);
-    }
-    let bin_dir = root.join("target").join("debug");
-    let mut command = shell::cargo_command(root, &integration);
-    command.env("ABISS_BIN_DIR", bin_dir.as_os_str());
-    test_log::run_logged(&mut command)
+    suite::run(root, filter)
 }
 
 fn nix_is_root() -> bool {

@@ -1,128 +1,127 @@
 //! What the integration run printed, repeated where a CI log keeps it: the log of a run is
 //! long (every test shows its figures), and a CI service that keeps the head and the tail of
-//! it drops the middle, where libtest prints why a test failed. So the run's standard output
-//! is passed through as it comes, and at its end the failure sections of the failing test
-//! binaries are printed again, with how long each binary took (the suite has a time budget).
+//! it drops the middle, where libtest prints why a test failed. So at the run's end the
+//! failure sections of the failing test binaries are printed again, with how long each
+//! binary took (the suite has a time budget).
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write as _};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-use anyhow::Context as _;
+use std::time::Duration;
 
 /// Lines of one binary's failure section repeated at the end, at most: enough for the
 /// assertion, its figures and the start of a backtrace.
 const FAILURE_LINES: usize = 120;
 
-/// What the run said so far of the binary it runs and of failures.
-#[derive(Debug, Default)]
-pub struct TestLog {
-    /// The binary running now (`tests/x.rs`), and since when.
-    current: Option<(String, Instant)>,
-    /// Every binary with how long it ran.
-    pub durations: Vec<(String, Duration)>,
-    /// Whether the lines are in a `failures:` section of the binary running now.
+/// What one test binary printed and how it ended.
+#[derive(Debug)]
+pub struct BinaryLog {
+    /// Its source (`tests/tests/streams.rs`).
+    pub name: String,
+    /// How long it ran.
+    pub took: Duration,
+    /// Whether it passed.
+    pub passed: bool,
+    /// Whether the lines are in a `failures:` section.
     in_failures: bool,
-    /// Per failing binary, its failure section.
-    pub failures: Vec<(String, Vec<String>)>,
+    /// Its failure section, if it printed one.
+    pub failure: Vec<String>,
+    /// Every line, when it ran beside another and prints only at its end.
+    kept: Vec<String>,
 }
 
-impl TestLog {
-    /// Takes one line of the run's output.
-    pub fn line(&mut self, line: &str, now: Instant) {
-        if let Some(binary) = line.trim_start().strip_prefix("Running ") {
-            self.finish(now);
-            let name = binary.split(" (").next().unwrap_or(binary).to_owned();
-            self.current = Some((name, now));
-            return;
+impl BinaryLog {
+    /// The log of binary `name`, which has printed nothing yet.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            took: Duration::ZERO,
+            passed: false,
+            in_failures: false,
+            failure: Vec::new(),
+            kept: Vec::new(),
         }
+    }
+
+    /// Takes one line the binary printed.
+    pub fn line(&mut self, line: &str) {
         if line == "failures:" {
             // libtest prints the heading twice: before the outputs and before the names.
-            if !self.in_failures {
-                let name = self
-                    .current
-                    .as_ref()
-                    .map_or_else(String::new, |(n, _)| n.clone());
-                self.failures.push((name, Vec::new()));
-            }
             self.in_failures = true;
         }
         if line.starts_with("test result:") {
             self.in_failures = false;
         }
-        if self.in_failures {
-            if let Some((_, lines)) = self.failures.last_mut() {
-                if lines.len() < FAILURE_LINES {
-                    lines.push(line.to_owned());
-                }
-            }
+        if self.in_failures && self.failure.len() < FAILURE_LINES {
+            self.failure.push(line.to_owned());
         }
     }
 
-    /// The run ended (or a new binary starts) at `now`.
-    pub fn finish(&mut self, now: Instant) {
-        if let Some((name, since)) = self.current.take() {
-            self.durations.push((name, now - since));
-        }
+    /// Keeps `line` to print later.
+    pub fn keep(&mut self, line: &str) {
+        self.kept.push(line.to_owned());
+    }
+
+    /// The lines kept to print later.
+    pub fn kept(&self) -> &[String] {
+        &self.kept
+    }
+
+    /// The binary ended after `took`.
+    pub fn end(&mut self, took: Duration, passed: bool) {
+        self.took = took;
+        self.passed = passed;
         self.in_failures = false;
     }
+}
 
-    /// The summary printed at the end: the slowest binaries, then every failure section.
-    pub fn summary(&self) -> String {
-        let mut slowest = self.durations.clone();
-        slowest.sort_by_key(|(_, took)| std::cmp::Reverse(*took));
-        let total: Duration = self.durations.iter().map(|(_, d)| *d).sum();
+/// Every binary's log, in the order they ended.
+#[derive(Debug, Default)]
+pub struct TestLog {
+    binaries: Vec<BinaryLog>,
+}
+
+impl TestLog {
+    /// Adds an ended binary.
+    pub fn push(&mut self, binary: BinaryLog) {
+        self.binaries.push(binary);
+    }
+
+    /// The names of the binaries that failed.
+    pub fn failing(&self) -> Vec<&str> {
+        self.binaries
+            .iter()
+            .filter(|b| !b.passed)
+            .map(|b| b.name.as_str())
+            .collect()
+    }
+
+    /// The summary printed at the end: the time of each lane, the slowest binaries, then
+    /// every failure section.
+    pub fn summary(&self, beside: Duration, alone: Duration) -> String {
+        let mut slowest: Vec<&BinaryLog> = self.binaries.iter().collect();
+        slowest.sort_by_key(|b| std::cmp::Reverse(b.took));
         let mut out = format!(
-            "xtask: {} test binaries in {:.0} s; the slowest:\n",
-            self.durations.len(),
-            total.as_secs_f64()
+            "xtask: {} test binaries in {:.0} s ({:.0} s two at a time, {:.0} s one at a time); the slowest:\n",
+            self.binaries.len(),
+            (beside + alone).as_secs_f64(),
+            beside.as_secs_f64(),
+            alone.as_secs_f64()
         );
-        for (name, took) in slowest.iter().take(10) {
-            let _ = writeln!(out, "  {:>6.1} s  {name}", took.as_secs_f64());
+        for binary in slowest.iter().take(10) {
+            let _ = writeln!(
+                out,
+                "  {:>6.1} s  {}",
+                binary.took.as_secs_f64(),
+                binary.name
+            );
         }
-        for (name, lines) in &self.failures {
-            let _ = writeln!(out, "xtask: {name} failed; what it printed:");
-            for line in lines {
+        for binary in self.binaries.iter().filter(|b| !b.passed) {
+            let _ = writeln!(out, "xtask: {} failed; what it printed:", binary.name);
+            for line in &binary.failure {
                 let _ = writeln!(out, "  | {line}");
             }
         }
         out
     }
-}
-
-/// Runs `command` with its standard output and error on one pipe (cargo names the binary it
-/// runs on its error, the binary's tests print on the output), passing them through line by
-/// line, and prints the [`TestLog`] summary after it; a non-zero exit is an error naming the
-/// command.
-pub fn run_logged(command: &mut Command) -> anyhow::Result<()> {
-    let shown = format!("{command:?}");
-    let (reader, writer) = std::io::pipe().context("a pipe for the tests' output")?;
-    let mut child = command
-        .stdout(writer.try_clone().context("a pipe for the tests' output")?)
-        .stderr(writer)
-        .spawn()
-        .with_context(|| format!("cannot start {shown}"))?;
-    // The parent's copies of the writing end went with `command`'s: drop it so the pipe ends
-    // when the child does.
-    command.stdout(Stdio::inherit()).stderr(Stdio::inherit());
-    let mut log = TestLog::default();
-    let mut out = std::io::stdout().lock();
-    for line in BufReader::new(reader).lines() {
-        let Ok(line) = line else { break };
-        let _ = writeln!(out, "{line}");
-        log.line(&line, Instant::now());
-    }
-    let status = child
-        .wait()
-        .with_context(|| format!("waiting for {shown}"))?;
-    log.finish(Instant::now());
-    let _ = write!(out, "{}", log.summary());
-    let _ = out.flush();
-    if !status.success() {
-        anyhow::bail!("{shown} failed with {status}");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -131,13 +130,15 @@ mod tests {
 
     #[test]
     fn a_failing_binarys_section_and_every_duration_are_kept() {
-        let start = Instant::now();
         let mut log = TestLog::default();
-        let lines = [
-            "     Running tests/a.rs (target/debug/deps/a-1)",
-            "test one ... ok",
-            "test result: ok. 1 passed",
-            "     Running tests/b.rs (target/debug/deps/b-2)",
+        let mut passing = BinaryLog::new("tests/tests/a.rs");
+        for line in ["test one ... ok", "test result: ok. 1 passed"] {
+            passing.line(line);
+        }
+        passing.end(Duration::from_secs(3), true);
+        log.push(passing);
+        let mut failing = BinaryLog::new("tests/tests/b.rs");
+        for line in [
             "test two ... FAILED",
             "failures:",
             "",
@@ -148,20 +149,20 @@ mod tests {
             "    two",
             "",
             "test result: FAILED. 0 passed; 1 failed",
-        ];
-        for (i, line) in lines.iter().enumerate() {
-            log.line(line, start + Duration::from_secs(i as u64));
+            "a line after the result",
+        ] {
+            failing.line(line);
         }
-        log.finish(start + Duration::from_secs(20));
-        let names: Vec<_> = log.durations.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["tests/a.rs", "tests/b.rs"]);
-        assert_eq!(log.durations[1].1, Duration::from_secs(17));
-        assert_eq!(log.failures.len(), 1);
-        assert_eq!(log.failures[0].0, "tests/b.rs");
-        assert!(log.failures[0]
-            .1
-            .iter()
-            .any(|l| l.contains("the raise was kept")));
-        assert!(log.summary().contains("tests/b.rs failed"));
+        failing.end(Duration::from_secs(17), false);
+        log.push(failing);
+        assert_eq!(log.failing(), ["tests/tests/b.rs"]);
+        let summary = log.summary(Duration::from_secs(5), Duration::from_secs(15));
+        assert!(summary.contains("2 test binaries in 20 s (5 s two at a time, 15 s one at a time)"));
+        let first = summary.find("tests/tests/b.rs").expect("named");
+        let second = summary.find("tests/tests/a.rs").expect("named");
+        assert!(first < second, "the slowest first: {summary}");
+        assert!(summary.contains("tests/tests/b.rs failed"));
+        assert!(summary.contains("| assertion failed: the raise was kept"));
+        assert!(!summary.contains("a line after the result"));
     }
 }
