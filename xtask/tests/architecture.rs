@@ -22,9 +22,6 @@ const LONG_FILES: &[(&str, &str)] = &[
         "abiss-proto/src/lib.rs",
         "every request and answer of the protocol; to be split by request family",
     ),
-    ("lab/src/lab.rs", "the lab's setup and teardown; to be split"),
-    ("lab/src/emulator.rs", "the FUSE disk emulator; to be split"),
-    ("xtask/src/kernels.rs", "the qemu kernel matrix; to be split"),
 ];
 
 /// The workspace root.

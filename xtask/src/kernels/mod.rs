@@ -1,0 +1,300 @@
+//! `cargo xtask kernels`: abissd and abissctl from this build, run on the distribution kernels
+//! users have, each booted in qemu from its own package.
+//!
+//! Each kernel's packages are downloaded once into `target/kernels/debs` (pinned URL and
+//! SHA-256), unpacked with `dpkg-deb -x`, and booted with an initramfs that holds busybox, the
+//! host's abissd, abissctl and abiss-test-reader (debug info stripped), mke2fs and bpftool with
+//! the host libraries they link, and the kernel's own modules that the test needs and the
+//! kernel has as modules (`loop`, `mq-deadline`). Its `/init` (`init.sh`) makes an ext4
+//! loop device, starts abissd on it, attaches a file, reads it with the paced reader, detaches,
+//! stops abissd and counts the BPF programs left; on a kernel below abissd's floor it checks
+//! the refusal instead. It reports on the serial console, which this module reads and judges.
+//!
+//! The VM runs under TCG by default: this lab's `/dev/kvm` is PVM (`kvm_pvm`), which boots only
+//! guest kernels built for PVM; a stock kernel crawls and then stops with a KVM emulation
+//! failure. `--accel kvm` uses KVM where it is a hardware one.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::shell;
+
+mod image;
+mod judge;
+mod report;
+mod vm;
+
+use image::{common_initramfs, prepare};
+use judge::boot_and_judge;
+use report::{print_outcome, write_results};
+
+/// One package to download: where, and what its SHA-256 must be.
+struct Package {
+    url: &'static str,
+    sha256: &'static str,
+}
+
+/// What abissd must do on a kernel.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Run, with these optional parts on (the others off, or on through a stand-in hook where
+    /// `abissctl status` says so), and keep a stream's guarantee.
+    Runs { on: &'static [&'static str] },
+    /// Refuse to start: one sentence on stderr, this exit code, nothing left behind.
+    Refuses { exit_code: i64 },
+}
+
+/// A distribution kernel.
+struct Kernel {
+    name: &'static str,
+    distribution: &'static str,
+    version: &'static str,
+    /// The image package first (it holds `boot/vmlinuz-*`), then the modules package if any.
+    packages: &'static [Package],
+    expect: Expect,
+}
+
+/// A package of Debian's main archive.
+macro_rules! debian {
+    ($file:literal) => {
+        concat!(
+            "http://deb.debian.org/debian/pool/main/l/linux-signed-amd64/",
+            $file
+        )
+    };
+}
+
+/// A package of Debian's security archive.
+macro_rules! debian_security {
+    ($file:literal) => {
+        concat!(
+            "http://deb.debian.org/debian-security/pool/updates/main/l/linux-signed-amd64/",
+            $file
+        )
+    };
+}
+
+/// A package of Ubuntu's archive (every series shares the pool).
+macro_rules! ubuntu {
+    ($file:literal) => {
+        concat!("http://archive.ubuntu.com/ubuntu/pool/main/l/", $file)
+    };
+}
+
+/// The kernels, oldest first. Versions are pinned so that a run means the same thing later;
+/// the hashes are those of the distributions' package indices. When a mirror drops a version,
+/// pick the newest of the same series with `apt-cache show` and replace URL and hash.
+const KERNELS: &[Kernel] = &[
+    Kernel {
+        name: "debian11-5.10",
+        distribution: "Debian 11 (bullseye)",
+        version: "5.10.262-1 cloud",
+        packages: &[Package {
+            url: debian_security!("linux-image-5.10.0-46-cloud-amd64_5.10.262-1_amd64.deb"),
+            sha256: "18d94781d1b3052e21967ac2262239e5f14fbf511d6c3e110629d7aa35340760",
+        }],
+        expect: Expect::Refuses { exit_code: 11 },
+    },
+    Kernel {
+        name: "ubuntu22.04-5.15",
+        distribution: "Ubuntu 22.04 LTS (jammy-updates)",
+        version: "5.15.0-204.214 generic",
+        packages: &[
+            Package {
+                url: ubuntu!(
+                    "linux-signed/linux-image-5.15.0-204-generic_5.15.0-204.214_amd64.deb"
+                ),
+                sha256: "f64db5a37befdde1ca0bef10a5826614482ee903c3163e57ed776d97a5919c75",
+            },
+            Package {
+                url: ubuntu!("linux/linux-modules-5.15.0-204-generic_5.15.0-204.214_amd64.deb"),
+                sha256: "e205a3933a1f6551dc04e3975b46df119fe12a0ba4b5ea37bdcd30862ad69a98",
+            },
+        ],
+        expect: Expect::Runs {
+            on: &["miss-raises", "direct-io-tagging"],
+        },
+    },
+    Kernel {
+        name: "debian12-6.1",
+        distribution: "Debian 12 (bookworm-security)",
+        version: "6.1.192-3 cloud",
+        packages: &[Package {
+            url: debian_security!("linux-image-6.1.0-57-cloud-amd64_6.1.192-3_amd64.deb"),
+            sha256: "4fdd0172a8c3f41a97e92465b2ac1867e1c10d82d7aeed3d26ee7a5d14df1754",
+        }],
+        expect: Expect::Runs {
+            on: &["miss-raises", "direct-io-tagging"],
+        },
+    },
+    Kernel {
+        name: "ubuntu24.04-6.8",
+        distribution: "Ubuntu 24.04 LTS (noble-updates)",
+        version: "6.8.0-151.151 generic",
+        packages: &[
+            Package {
+                url: ubuntu!("linux-signed/linux-image-6.8.0-151-generic_6.8.0-151.151_amd64.deb"),
+                sha256: "0100b9df02a44fd4038bf4f0b98e3f8699bfb6c398d8eeac3c607af34f96a2f8",
+            },
+            Package {
+                url: ubuntu!("linux/linux-modules-6.8.0-151-generic_6.8.0-151.151_amd64.deb"),
+                sha256: "b1784b7a049c8b1841bcb464bb2b8d101a0c265bf2263059d815bef1f4aed91a",
+            },
+        ],
+        expect: Expect::Runs {
+            on: &["miss-raises", "uring-reports", "direct-io-tagging"],
+        },
+    },
+    Kernel {
+        name: "debian13-6.12",
+        distribution: "Debian 13 (trixie)",
+        version: "6.12.117-1 cloud",
+        packages: &[Package {
+            url: debian!("linux-image-6.12.117+deb13-cloud-amd64_6.12.117-1_amd64.deb"),
+            sha256: "e9893e5295d0549b8852611f12a4b8b5f6cc4b8128dcc2086b9847793b904ab7",
+        }],
+        expect: Expect::Runs {
+            on: &[
+                "read-tracking",
+                "miss-raises",
+                "uring-reports",
+                "direct-io-tagging",
+            ],
+        },
+    },
+];
+
+/// Modules the test needs, loaded in the guest when the kernel has them as modules.
+const MODULES: &[&str] = &["loop", "mq-deadline"];
+
+/// The host programs copied into the initramfs, with the libraries they link.
+const HOST_PROGRAMS: &[&str] = &["/usr/sbin/mke2fs", "/usr/sbin/bpftool"];
+
+/// The binaries of this build that run in the guest.
+const BUILD_BINARIES: &[&str] = &["abissd", "abissctl", "abiss-test-reader"];
+
+/// The guest's `/init`.
+const INIT: &str = include_str!("init.sh");
+
+/// How long one VM may run before it counts as hung.
+const VM_TIMEOUT: Duration = Duration::from_secs(420);
+
+/// `cargo xtask kernels` arguments.
+#[derive(Debug, clap::Args)]
+pub struct KernelsArgs {
+    /// Only these kernels (repeatable): debian11-5.10, ubuntu22.04-5.15, debian12-6.1,
+    /// ubuntu24.04-6.8, debian13-6.12. All by default.
+    #[arg(long = "kernel", value_name = "NAME")]
+    kernels: Vec<String>,
+    /// Where the results go (kernels.md and kernels.json).
+    #[arg(long, default_value = "bench/results")]
+    out: PathBuf,
+    /// Where the binaries are; `cargo build --workspace --bins` runs first unless this is given.
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Seconds the paced reader reads the attached file.
+    #[arg(long, default_value_t = 8)]
+    read_secs: u64,
+    /// qemu accelerator: tcg, or kvm where /dev/kvm is a hardware KVM (see the module doc).
+    #[arg(long, default_value = "tcg")]
+    accel: String,
+    /// abissd's `RUST_LOG` in the guest, e.g. `info,abiss_daemon::controller=debug` to see
+    /// what each read did to its stream (a failed kernel's report carries abissd's log).
+    #[arg(long, default_value = "info", value_parser = log_filter)]
+    daemon_log: String,
+}
+
+/// A `RUST_LOG` filter that passes whole through the kernel command line: no spaces or quotes.
+fn log_filter(text: &str) -> Result<String, String> {
+    if !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, ',' | '=' | '_' | ':'))
+    {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "'{text}' is not a log filter: letters, digits and , = _ : only (e.g. info,abiss_daemon=debug)"
+        ))
+    }
+}
+
+/// One check's outcome.
+struct Check {
+    name: String,
+    pass: bool,
+    detail: String,
+}
+
+/// What one VM run showed.
+struct Outcome {
+    kernel: &'static Kernel,
+    uname: String,
+    boot_secs: f64,
+    wall_secs: f64,
+    capability_line: String,
+    capabilities: Value,
+    checks: Vec<Check>,
+    log: String,
+}
+
+/// Runs the kernels, writes the results, and fails if any check failed.
+pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
+    let chosen: Vec<&'static Kernel> = if args.kernels.is_empty() {
+        KERNELS.iter().collect()
+    } else {
+        args.kernels
+            .iter()
+            .map(|name| {
+                KERNELS.iter().find(|k| k.name == name).with_context(|| {
+                    let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
+                    format!(
+                        "no kernel named {name}: the kernels are {}",
+                        names.join(", ")
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    let bin_dir = if let Some(dir) = &args.bin_dir {
+        dir.clone()
+    } else {
+        shell::cargo(root, &["build", "--workspace", "--bins"])?;
+        root.join("target/debug")
+    };
+    let cache = root.join("target/kernels");
+    let common = common_initramfs(&cache, &bin_dir)?;
+    let mut outcomes = Vec::new();
+    for kernel in chosen {
+        let boot = prepare(&cache, kernel, &common)?;
+        eprintln!(
+            "xtask kernels: booting {} ({})",
+            kernel.name, kernel.version
+        );
+        let outcome = boot_and_judge(kernel, &boot, args)?;
+        print_outcome(&outcome);
+        outcomes.push(outcome);
+    }
+    let out = if args.out.is_absolute() {
+        args.out.clone()
+    } else {
+        root.join(&args.out)
+    };
+    write_results(root, &out, args, &outcomes)?;
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.checks.iter().any(|c| !c.pass))
+        .map(|o| o.kernel.name)
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "checks failed on {} (see {})",
+            failed.join(", "),
+            out.join("kernels.md").display()
+        );
+    }
+    Ok(())
+}
