@@ -8,7 +8,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use super::{Kernel, Package, BUILD_BINARIES, HOST_PROGRAMS, INIT, MODULES};
+use super::archive::{self, Fetched};
+use super::{Kernel, BUILD_BINARIES, HOST_PROGRAMS, INIT, MODULES};
 use crate::shell;
 
 /// The file name a URL ends in.
@@ -17,26 +18,68 @@ pub(super) fn file_name(url: &str) -> &str {
 }
 
 /// Downloads `package` into `debs` unless it is there with the right hash.
-pub(super) fn fetch(debs: &Path, package: &Package) -> anyhow::Result<PathBuf> {
-    let path = debs.join(file_name(package.url));
+pub(super) fn fetch(debs: &Path, package: &Fetched) -> anyhow::Result<PathBuf> {
+    let path = debs.join(file_name(&package.url));
     if path.exists() && sha256(&path)? == package.sha256 {
         return Ok(path);
     }
     std::fs::create_dir_all(debs)?;
     let partial = path.with_extension("partial");
     eprintln!("xtask kernels: downloading {}", package.url);
-    shell::run(Command::new("curl").args(["-fsSL", "--retry", "3", "-o"]).arg(&partial).arg(package.url))
-        .with_context(|| format!("cannot download {}: if the mirror no longer has this version, pin a newer one in xtask/src/kernels.rs", package.url))?;
+    shell::run(
+        Command::new("curl")
+            .args(["-fsSL", "--retry", "3", "-o"])
+            .arg(&partial)
+            .arg(&package.url),
+    )
+    .with_context(|| format!("cannot download {}", package.url))?;
     let got = sha256(&partial)?;
     if got != package.sha256 {
+        let _ = std::fs::remove_file(&partial);
         bail!(
-            "{} has SHA-256 {got}, not the pinned {}",
+            "{} has SHA-256 {got}, not the {} {}",
             package.url,
+            if package.pinned { "pinned" } else { "index's" },
             package.sha256
         );
     }
     std::fs::rename(&partial, &path)?;
     Ok(path)
+}
+
+/// The kernel's packages downloaded into `debs`: the pinned ones, or (with `newest`, or
+/// when a pinned one cannot be downloaded) the newest of its series in the archive's index.
+fn fetch_kernel(
+    cache: &Path,
+    kernel: &Kernel,
+    newest: bool,
+) -> anyhow::Result<Vec<(Fetched, PathBuf)>> {
+    let debs = cache.join("debs");
+    if !newest {
+        let pinned: Vec<Fetched> = kernel
+            .packages
+            .iter()
+            .map(|p| Fetched {
+                url: p.url.to_owned(),
+                sha256: p.sha256.to_owned(),
+                pinned: true,
+            })
+            .collect();
+        let fetched: anyhow::Result<Vec<PathBuf>> =
+            pinned.iter().map(|p| fetch(&debs, p)).collect();
+        match fetched {
+            Ok(paths) => return Ok(pinned.into_iter().zip(paths).collect()),
+            Err(error) => eprintln!(
+                "xtask kernels: {}: the pinned packages are unusable ({error:#}); taking the newest of the series from the archive's index",
+                kernel.name
+            ),
+        }
+    }
+    let chosen = archive::resolve(cache, &kernel.series)?;
+    chosen
+        .into_iter()
+        .map(|p| fetch(&debs, &p).map(|path| (p, path)))
+        .collect()
 }
 
 pub(super) fn sha256(path: &Path) -> anyhow::Result<String> {
@@ -48,22 +91,36 @@ pub(super) fn sha256(path: &Path) -> anyhow::Result<String> {
 pub(super) struct Boot {
     pub(super) vmlinuz: PathBuf,
     pub(super) initramfs: PathBuf,
+    /// The packages it came from.
+    pub(super) packages: Vec<Fetched>,
 }
 
 /// Downloads and unpacks the kernel's packages (once) and makes its initramfs: the common
 /// archive followed by one with its modules (the kernel reads concatenated archives).
-pub(super) fn prepare(cache: &Path, kernel: &Kernel, common: &Path) -> anyhow::Result<Boot> {
+pub(super) fn prepare(
+    cache: &Path,
+    kernel: &Kernel,
+    common: &Path,
+    newest: bool,
+) -> anyhow::Result<Boot> {
     let tree = cache.join("unpacked").join(kernel.name);
+    // The stamp names the files unpacked, so another choice (`--newest`, a pin gone) unpacks
+    // anew.
     let stamp = tree.join(".unpacked");
-    if !stamp.exists() {
+    let packages = fetch_kernel(cache, kernel, newest)?;
+    let names: String = packages
+        .iter()
+        .flat_map(|(p, _)| [file_name(&p.url), "\n"])
+        .collect();
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(names.as_str()) {
         let _ = std::fs::remove_dir_all(&tree);
         std::fs::create_dir_all(&tree)?;
-        for package in kernel.packages {
-            let deb = fetch(&cache.join("debs"), package)?;
-            shell::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tree))?;
+        for (_, deb) in &packages {
+            shell::run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&tree))?;
         }
-        std::fs::write(&stamp, "")?;
+        std::fs::write(&stamp, names)?;
     }
+    let packages: Vec<Fetched> = packages.into_iter().map(|(p, _)| p).collect();
     let vmlinuz = find_in(&tree.join("boot"), |name| name.starts_with("vmlinuz-"))?
         .with_context(|| format!("{}'s package has no boot/vmlinuz-*", kernel.name))?;
     let release = vmlinuz
@@ -96,7 +153,11 @@ pub(super) fn prepare(cache: &Path, kernel: &Kernel, common: &Path) -> anyhow::R
     let mut bytes = std::fs::read(common)?;
     bytes.extend(std::fs::read(&modules_cpio)?);
     std::fs::write(&initramfs, bytes)?;
-    Ok(Boot { vmlinuz, initramfs })
+    Ok(Boot {
+        vmlinuz,
+        initramfs,
+        packages,
+    })
 }
 
 pub(super) fn find_in(

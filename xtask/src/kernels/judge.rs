@@ -37,7 +37,7 @@ pub(super) fn boot_and_judge(
             )
         },
     });
-    Ok(judge(
+    let mut outcome = judge(
         kernel,
         &serial,
         booted,
@@ -45,7 +45,9 @@ pub(super) fn boot_and_judge(
         checks,
         booted_at,
         wall_secs,
-    ))
+    );
+    outcome.packages.clone_from(&boot.packages);
+    Ok(outcome)
 }
 
 /// The checks of what the guest reported, and the outcome.
@@ -113,6 +115,7 @@ pub(super) fn judge(
     .join("\n");
     Outcome {
         kernel,
+        packages: Vec::new(),
         uname,
         boot_secs: booted_at.map_or(f64::NAN, |d| d.as_secs_f64()),
         wall_secs,

@@ -22,11 +22,13 @@ use serde_json::Value;
 
 use crate::shell;
 
+mod archive;
 mod image;
 mod judge;
 mod report;
 mod vm;
 
+use archive::{Fetched, Series};
 use image::{common_initramfs, prepare};
 use judge::boot_and_judge;
 use report::{print_outcome, write_results};
@@ -54,6 +56,8 @@ struct Kernel {
     version: &'static str,
     /// The image package first (it holds `boot/vmlinuz-*`), then the modules package if any.
     packages: &'static [Package],
+    /// Where the series is in the archive's index, for when the pins are gone.
+    series: Series,
     expect: Expect,
 }
 
@@ -86,7 +90,8 @@ macro_rules! ubuntu {
 
 /// The kernels, oldest first. Versions are pinned so that a run means the same thing later;
 /// the hashes are those of the distributions' package indices. When a mirror drops a version,
-/// pick the newest of the same series with `apt-cache show` and replace URL and hash.
+/// the run takes the newest of the same series from the archive's index (with the index's
+/// hash) and says so in its results; then pin that one here.
 const KERNELS: &[Kernel] = &[
     Kernel {
         name: "debian11-5.10",
@@ -96,6 +101,13 @@ const KERNELS: &[Kernel] = &[
             url: debian_security!("linux-image-5.10.0-46-cloud-amd64_5.10.262-1_amd64.deb"),
             sha256: "18d94781d1b3052e21967ac2262239e5f14fbf511d6c3e110629d7aa35340760",
         }],
+        series: Series {
+            archive: "http://deb.debian.org/debian-security",
+            suite: "bullseye-security",
+            image_prefix: "linux-image-5.10.0-",
+            image_suffix: "-cloud-amd64",
+            separate_modules: false,
+        },
         expect: Expect::Refuses { exit_code: 11 },
     },
     Kernel {
@@ -114,6 +126,13 @@ const KERNELS: &[Kernel] = &[
                 sha256: "e205a3933a1f6551dc04e3975b46df119fe12a0ba4b5ea37bdcd30862ad69a98",
             },
         ],
+        series: Series {
+            archive: "http://archive.ubuntu.com/ubuntu",
+            suite: "jammy-updates",
+            image_prefix: "linux-image-5.15.0-",
+            image_suffix: "-generic",
+            separate_modules: true,
+        },
         expect: Expect::Runs {
             on: &["miss-raises", "direct-io-tagging"],
         },
@@ -126,6 +145,13 @@ const KERNELS: &[Kernel] = &[
             url: debian_security!("linux-image-6.1.0-57-cloud-amd64_6.1.192-3_amd64.deb"),
             sha256: "4fdd0172a8c3f41a97e92465b2ac1867e1c10d82d7aeed3d26ee7a5d14df1754",
         }],
+        series: Series {
+            archive: "http://deb.debian.org/debian-security",
+            suite: "bookworm-security",
+            image_prefix: "linux-image-6.1.0-",
+            image_suffix: "-cloud-amd64",
+            separate_modules: false,
+        },
         expect: Expect::Runs {
             on: &["miss-raises", "direct-io-tagging"],
         },
@@ -144,6 +170,13 @@ const KERNELS: &[Kernel] = &[
                 sha256: "b1784b7a049c8b1841bcb464bb2b8d101a0c265bf2263059d815bef1f4aed91a",
             },
         ],
+        series: Series {
+            archive: "http://archive.ubuntu.com/ubuntu",
+            suite: "noble-updates",
+            image_prefix: "linux-image-6.8.0-",
+            image_suffix: "-generic",
+            separate_modules: true,
+        },
         expect: Expect::Runs {
             on: &["miss-raises", "uring-reports", "direct-io-tagging"],
         },
@@ -156,6 +189,13 @@ const KERNELS: &[Kernel] = &[
             url: debian!("linux-image-6.12.117+deb13-cloud-amd64_6.12.117-1_amd64.deb"),
             sha256: "e9893e5295d0549b8852611f12a4b8b5f6cc4b8128dcc2086b9847793b904ab7",
         }],
+        series: Series {
+            archive: "http://deb.debian.org/debian",
+            suite: "trixie",
+            image_prefix: "linux-image-6.12.",
+            image_suffix: "+deb13-cloud-amd64",
+            separate_modules: false,
+        },
         expect: Expect::Runs {
             on: &[
                 "read-tracking",
@@ -205,6 +245,9 @@ pub struct KernelsArgs {
     /// what each read did to its stream (a failed kernel's report carries abissd's log).
     #[arg(long, default_value = "info", value_parser = log_filter)]
     daemon_log: String,
+    /// Boot each series' newest kernel in its archive's index instead of the pinned one.
+    #[arg(long)]
+    newest: bool,
 }
 
 /// A `RUST_LOG` filter that passes whole through the kernel command line: no spaces or quotes.
@@ -232,6 +275,8 @@ struct Check {
 /// What one VM run showed.
 struct Outcome {
     kernel: &'static Kernel,
+    /// The packages it booted from.
+    packages: Vec<Fetched>,
     uname: String,
     boot_secs: f64,
     wall_secs: f64,
@@ -269,7 +314,7 @@ pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
     let common = common_initramfs(&cache, &bin_dir)?;
     let mut outcomes = Vec::new();
     for kernel in chosen {
-        let boot = prepare(&cache, kernel, &common)?;
+        let boot = prepare(&cache, kernel, &common, args.newest)?;
         eprintln!(
             "xtask kernels: booting {} ({})",
             kernel.name, kernel.version

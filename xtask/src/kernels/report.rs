@@ -81,7 +81,7 @@ pub(super) fn conditions(root: &Path, args: &KernelsArgs) -> String {
 /// kernels.md: the table, then each kernel's checks (and its logs where one failed).
 pub(super) fn markdown(conditions: &str, outcomes: &[Outcome]) -> String {
     let mut md = String::from("# abissd on distribution kernels\n\n");
-    md.push_str("Made by `cargo xtask kernels` (xtask/src/kernels.rs): each kernel is booted from its distribution's package in qemu, with an initramfs holding this build's abissd, abissctl and abiss-test-reader; abissd manages an ext4 loop device, a 24 MB file is attached at 1 MB/s and read by the paced reader, then detached, and abissd is stopped.\n\n");
+    md.push_str("Made by `cargo xtask kernels` (xtask/src/kernels/): each kernel is booted from its distribution's package in qemu, with an initramfs holding this build's abissd, abissctl and abiss-test-reader; abissd manages an ext4 loop device, a 24 MB file is attached at 1 MB/s and read by the paced reader, then detached, and abissd is stopped.\n\n");
     let _ = write!(md, "Conditions: {conditions}.\n\n");
     md.push_str("| kernel | package | `uname -r` | boot to /init | abissd's parts | checks | result |\n| --- | --- | --- | --- | --- | --- | --- |\n");
     for o in outcomes {
@@ -113,6 +113,19 @@ pub(super) fn markdown(conditions: &str, outcomes: &[Outcome]) -> String {
     }
     for o in outcomes {
         let _ = write!(md, "\n## {} ({})\n\n", o.kernel.name, o.uname);
+        for p in &o.packages {
+            let _ = writeln!(
+                md,
+                "- package `{}` ({}), SHA-256 `{}`",
+                super::image::file_name(&p.url),
+                if p.pinned {
+                    "pinned"
+                } else {
+                    "the series' newest in the archive's index, not the pinned version"
+                },
+                p.sha256
+            );
+        }
         for c in &o.checks {
             let _ = writeln!(
                 md,
@@ -145,7 +158,7 @@ pub(super) fn write_results(
             "name": o.kernel.name,
             "distribution": o.kernel.distribution,
             "package_version": o.kernel.version,
-            "packages": o.kernel.packages.iter().map(|p| json!({"url": p.url, "sha256": p.sha256})).collect::<Vec<_>>(),
+            "packages": o.packages.iter().map(|p| json!({"url": p.url, "sha256": p.sha256, "pinned": p.pinned})).collect::<Vec<_>>(),
             "uname": o.uname,
             "boot_to_init_secs": o.boot_secs,
             "vm_secs": o.wall_secs,
