@@ -41,6 +41,13 @@ pub fn machine() -> Value {
     // abissd reads the driver depth through a private debugfs mount when nobody mounted it;
     // a run records which way the machine was, so runs with and without can be told apart.
     let debugfs_mounted = abiss_os::blk_mq::debugfs_mounted().ok();
+    // Which build of abissd the rows ran: `cargo xtask bench` runs the release build, as users
+    // do; a debug build by hand is slower and must show.
+    let abissd_build = std::env::var_os("ABISS_BIN_DIR").map(|dir| {
+        std::path::Path::new(&dir)
+            .file_name()
+            .map_or_else(String::new, |name| name.to_string_lossy().into_owned())
+    });
     json!({
         "cpu": cpu,
         "cores": cores,
@@ -49,6 +56,7 @@ pub fn machine() -> Value {
         "debugfs_mounted": debugfs_mounted,
         "elevators": abiss_lab::system::elevators_offered(),
         "date": date,
+        "abissd_build": abissd_build,
     })
 }
 
@@ -206,8 +214,12 @@ pub fn machine_line(machine: &Value) -> String {
             format!(", elevators {}", names.join(" / "))
         })
         .unwrap_or_default();
+    let build = machine["abissd_build"]
+        .as_str()
+        .map(|build| format!(", abissd's {build} build"))
+        .unwrap_or_default();
     format!(
-        "Machine: {} ({} cores, {} GiB), Linux {}{debugfs}{elevators}, {}.",
+        "Machine: {} ({} cores, {} GiB), Linux {}{debugfs}{elevators}{build}, {}.",
         machine["cpu"].as_str().unwrap_or("?"),
         machine["cores"],
         machine["memory_gib"],

@@ -6,11 +6,27 @@ use std::process::Command;
 
 use crate::shell;
 
-/// Runs a benchmark of the `abiss-bench` crate (optimised: its readers time themselves).
+/// Runs a benchmark of the `abiss-bench` crate, with everything it starts built as users
+/// run it, optimised: abissd and abissctl, the lab, and the test recorder and hostile client
+/// that some benchmarks start (its readers time themselves, so they are optimised too).
 pub fn run_bench_binary(root: &Path, which: &str, args: &[String]) -> anyhow::Result<()> {
     shell::cargo(
         root,
-        &["build", "--release", "-p", "abiss-bench", "-p", "abiss-lab"],
+        &[
+            "build",
+            "--release",
+            "-p",
+            "abiss-bench",
+            "-p",
+            "abiss-lab",
+            "-p",
+            "scheduler-user",
+            "-p",
+            "abissctl",
+            "-p",
+            "abiss-tests",
+            "--bins",
+        ],
     )?;
     let mut command = Command::new(root.join("target/release/abiss-bench"));
     command
@@ -18,6 +34,6 @@ pub fn run_bench_binary(root: &Path, which: &str, args: &[String]) -> anyhow::Re
         .arg(which)
         .args(args)
         .env("ABISS_LAB_BIN", root.join("target/release/abiss-lab"))
-        .env("ABISS_BIN_DIR", root.join("target/debug"));
+        .env("ABISS_BIN_DIR", root.join("target/release"));
     shell::run(&mut command)
 }
