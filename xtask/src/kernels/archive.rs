@@ -2,7 +2,7 @@
 //! is gone from the mirror (security archives keep only the newest build of a series) or when
 //! `--newest` asks for the series' current build.
 //!
-//! The index (`dists/SUITE/main/binary-amd64/Packages.gz`) names every package with its file
+//! The index (`dists/SUITE/main/binary-amd64/Packages.xz`) names every package with its file
 //! and SHA-256; the image chosen is the one of the kernel's series with the highest ABI number,
 //! and on Ubuntu the modules package of the same ABI and version goes with it.
 
@@ -109,21 +109,21 @@ fn newest(series: &Series, index: &str) -> anyhow::Result<Vec<Fetched>> {
 /// Downloads the series' index into `cache` and picks its newest packages.
 pub(super) fn resolve(cache: &Path, series: &Series) -> anyhow::Result<Vec<Fetched>> {
     let url = format!(
-        "{}/dists/{}/main/binary-amd64/Packages.gz",
+        "{}/dists/{}/main/binary-amd64/Packages.xz",
         series.archive, series.suite
     );
     let dir = cache.join("index");
     std::fs::create_dir_all(&dir)?;
-    let gz = dir.join(format!("{}.Packages.gz", series.suite));
+    let xz = dir.join(format!("{}.Packages.xz", series.suite));
     eprintln!("xtask kernels: reading the index {url}");
     shell::run(
         Command::new("curl")
             .args(["-fsSL", "--retry", "3", "-o"])
-            .arg(&gz)
+            .arg(&xz)
             .arg(&url),
     )
     .with_context(|| format!("cannot download the index {url}"))?;
-    let index = shell::output(Command::new("gzip").arg("-dc").arg(&gz))?;
+    let index = shell::output(Command::new("xz").arg("-dc").arg(&xz))?;
     newest(series, &index)
 }
 

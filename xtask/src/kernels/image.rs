@@ -75,7 +75,11 @@ fn fetch_kernel(
             ),
         }
     }
-    let chosen = archive::resolve(cache, &kernel.series)?;
+    let mut chosen = archive::resolve(cache, &kernel.series)?;
+    for package in &mut chosen {
+        // The newest may be the pinned build itself.
+        package.pinned = kernel.packages.iter().any(|p| p.url == package.url);
+    }
     chosen
         .into_iter()
         .map(|p| fetch(&debs, &p).map(|path| (p, path)))

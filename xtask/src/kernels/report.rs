@@ -121,7 +121,7 @@ pub(super) fn markdown(conditions: &str, outcomes: &[Outcome]) -> String {
                 if p.pinned {
                     "pinned"
                 } else {
-                    "the series' newest in the archive's index, not the pinned version"
+                    "the series' newest in the archive's index, not the pinned build"
                 },
                 p.sha256
             );
