@@ -279,6 +279,15 @@ pub struct AttachRequest {
     /// Off by default: on ext4 it delays the writer's writes (docs/user-guide.md, "Recordings").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preallocate: bool,
+    /// For a write stream: the client writes the file past the page cache itself (`O_DIRECT`,
+    /// from a ring it owns, `abissctl record`), so abissd runs no write-behind and allocates
+    /// nothing for it; it admits the stream and raises the thread that writes
+    /// ([`Request::ReaderStarts`] with the writer's id), whose real-time writes of the file are
+    /// policed against the stream's rate and buffer like a reader's reads. Absent (older
+    /// clients): the page-cache write stream. An older daemon ignores it and writes back
+    /// pages the direct writes never dirty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
     /// For a read stream: load this much of the file's head at once when the stream starts,
     /// beyond its buffer (a player's start-up probe), locked until the reader passes it, and
     /// the file's last 512 KiB with it (players read the end for the duration). It comes out
@@ -430,6 +439,10 @@ pub struct RecordingInfo {
     pub preallocated_end: u64,
     /// Bytes abissd allocated for the stream so far.
     pub preallocated_bytes: u64,
+    /// Its client writes it past the page cache (`abissctl record`): nothing is dirty or
+    /// written back by abissd; `written_end` is the file's size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
 }
 
 /// A task that reads a stream's file.

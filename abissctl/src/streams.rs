@@ -48,6 +48,7 @@ impl StreamParameters {
             persistent,
             write: self.write,
             preallocate: self.preallocate,
+            direct: false,
             preroll: self.preroll,
             buffer_auto: self.buffer_auto,
         }

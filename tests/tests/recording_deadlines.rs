@@ -17,62 +17,6 @@ mod common;
 
 use common::*;
 
-/// `vm.dirty_bytes` and `vm.dirty_background_bytes` of a small machine, put back on drop (also
-/// when the test panics).
-struct DirtyLimits {
-    saved: Vec<(&'static str, String)>,
-}
-
-impl DirtyLimits {
-    fn small_box() -> Self {
-        let keys = [
-            "dirty_ratio",
-            "dirty_bytes",
-            "dirty_background_ratio",
-            "dirty_background_bytes",
-        ];
-        let saved = keys
-            .iter()
-            .map(|key| {
-                let value = std::fs::read_to_string(format!("/proc/sys/vm/{key}")).expect("read");
-                (*key, value.trim().to_owned())
-            })
-            .collect();
-        let limits = Self { saved };
-        set_vm("dirty_bytes", &(64 * MIB).to_string());
-        set_vm("dirty_background_bytes", &(16 * MIB).to_string());
-        limits
-    }
-}
-
-fn set_vm(key: &str, value: &str) {
-    std::fs::write(format!("/proc/sys/vm/{key}"), value)
-        .unwrap_or_else(|error| panic!("vm.{key} = {value}: {error}"));
-}
-
-impl Drop for DirtyLimits {
-    fn drop(&mut self) {
-        // Writing a ratio clears its bytes twin and back: write the one that was in force.
-        for (ratio, bytes) in [
-            ("dirty_ratio", "dirty_bytes"),
-            ("dirty_background_ratio", "dirty_background_bytes"),
-        ] {
-            let value = |key: &str| {
-                self.saved
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default()
-            };
-            if value(bytes) == "0" {
-                let _ = std::fs::write(format!("/proc/sys/vm/{ratio}"), value(ratio));
-            } else {
-                let _ = std::fs::write(format!("/proc/sys/vm/{bytes}"), value(bytes));
-            }
-        }
-    }
-}
-
 fn recorder_seconds() -> u64 {
     std::env::var("ABISS_RECORDING_SECS")
         .ok()

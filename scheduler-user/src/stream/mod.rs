@@ -61,6 +61,15 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
         ));
     }
     let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
+    if request.direct && !request.write {
+        return bad("only a recording is written directly: a direct stream must be a write stream".into());
+    }
+    if request.direct && request.preallocate {
+        return bad(
+            "a direct recording allocates ahead in its client, under its owner's quota: ask abissd for no allocation"
+                .into(),
+        );
+    }
     if request.buffer_auto && request.write {
         return bad(
             "a recording's buffer is its dirty-memory bound: give it a size, not auto".into(),
@@ -195,7 +204,12 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
                 preallocate: granted.preallocate,
             };
-            Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns)
+            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns);
+            if granted.direct {
+                recording.direct(file.bytes)
+            } else {
+                recording
+            }
         });
         let (playout, actions) = PlayoutBuffer::starting_with(
             PlayoutShape {
@@ -464,6 +478,7 @@ mod tests {
             persistent: false,
             write: false,
             preallocate: false,
+            direct: false,
             preroll: None,
             buffer_auto: false,
         }
