@@ -1,6 +1,5 @@
 //! Writing a file past the page cache: a ring of locked memory the caller's writes are copied
-//! into, and a writer thread that writes it out with `O_DIRECT` through `io_uring`, in aligned
-//! pieces.
+//! into, and a writer thread that writes it out with `O_DIRECT`, in aligned pieces.
 //!
 //! Why: a recording written through the page cache is paced by the kernel's dirty-page
 //! throttle, which every writer of the disk shares (docs/user-guide.md, "Recordings"). Direct
@@ -8,11 +7,19 @@
 //! the writer thread puts them at the stream's level. The data path is all here, in the
 //! recording process: abissd never holds a byte of it, so a crash of abissd loses nothing.
 //!
+//! The writer thread writes each piece itself (`pwrite`), not through `io_uring`: a direct
+//! write that extends a file cannot be issued without blocking, so `io_uring` hands it to an
+//! io-wq worker, a task the kernel makes without the fork tracepoint abissd follows raised
+//! threads' tasks by. That worker shares the raised thread's I/O priority, but abissd could
+//! neither count its real-time writes against the stream (they kept the raise from going idle
+//! and bound it) nor see it at all; measured on the lab hdd, every write of the recording came
+//! from such a worker, and the raise went idle after 5 s. Written by the raised thread itself,
+//! every request is the raise's own.
+//!
 //! A write is a `memcpy` into the ring unless the ring is full; then it **waits** for room
 //! (nothing is dropped) and counts an overflow, which the caller reports. At the end the
 //! unaligned tail is written padded to the alignment and the file truncated to its exact size.
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -20,13 +27,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use io_uring::{opcode, types, IoUring};
-
 /// Largest piece written at once.
 pub(crate) const MAX_PIECE_BYTES: usize = 256 * 1024;
 
-/// Pieces in flight at once: one being written while the next waits at the disk.
-const DEPTH: usize = 2;
+/// Pieces the ring holds at least.
+const MIN_PIECES: usize = 3;
 
 /// The alignment direct I/O on `file` needs: (file offsets and lengths, memory), from `statx`
 /// (`STATX_DIOALIGN`, Linux 6.1). `None`: its file system does no direct I/O (tmpfs, most
@@ -122,8 +127,6 @@ impl Drop for RingMemory {
 struct Progress {
     /// Copied in by the caller.
     filled: u64,
-    /// Handed to the kernel.
-    submitted: u64,
     /// Written to the file, in order.
     written: u64,
     /// The caller is done: write the tail and stop.
@@ -173,7 +176,7 @@ impl DirectWriter {
         let piece = piece_bytes(buffer_bytes, align);
         let pieces = usize::try_from(buffer_bytes.div_ceil(piece as u64))
             .unwrap_or(usize::MAX)
-            .max(DEPTH + 1);
+            .max(MIN_PIECES);
         let capacity = pieces * piece;
         let shared = Arc::new(Shared {
             memory: RingMemory::new(capacity, align.max(4096))?,
@@ -254,8 +257,7 @@ impl DirectWriter {
             shared.data.notify_one();
         }
         drop(progress);
-        self.write_ms
-            .push(began.elapsed().as_secs_f32() * 1000.0);
+        self.write_ms.push(began.elapsed().as_secs_f32() * 1000.0);
         Ok(())
     }
 
@@ -267,14 +269,14 @@ impl DirectWriter {
             progress.closing = true;
             self.shared.data.notify_one();
         }
-        let figures = self
-            .thread
-            .take()
-            .map_or_else(|| Ok(WriterFigures::default()), |thread| {
+        let figures = self.thread.take().map_or_else(
+            || Ok(WriterFigures::default()),
+            |thread| {
                 thread
                     .join()
                     .unwrap_or_else(|_| Err(io::Error::other("the writer thread panicked")))
-            })?;
+            },
+        )?;
         let progress = self.shared.lock();
         Ok(DirectSummary {
             bytes: progress.filled,
@@ -329,157 +331,86 @@ fn percentile(values: &mut [f32], q: f64) -> f64 {
     f64::from(values[index])
 }
 
-/// A piece on the ring: its place in the stream, its length, when it went, and whether done.
-struct InFlight {
-    offset: u64,
-    length: u64,
-    sent: Instant,
-    done: bool,
-}
-
-/// The writer thread: whole pieces as they fill, then the tail.
-fn write_out(shared: &Shared, file: &File, piece: usize, align: usize) -> io::Result<WriterFigures> {
-    let mut ring = IoUring::new(8)?;
-    // Its io-wq workers share this thread's I/O context, and so its raise: few of them.
-    let _ = ring.submitter().register_iowq_max_workers(&mut [2, 2]);
-    let fd = types::Fd(file.as_raw_fd());
-    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+/// The writer thread: whole pieces as they fill, then the tail. Each is written by this
+/// thread itself (`pwrite`, blocking): see the module's comment for why not `io_uring`.
+fn write_out(
+    shared: &Shared,
+    file: &File,
+    piece: usize,
+    align: usize,
+) -> io::Result<WriterFigures> {
     let mut figures = WriterFigures::default();
     let piece = piece as u64;
     loop {
-        let (filled, submitted, closing) = {
+        let (filled, written, closing) = {
             let mut progress = shared.lock();
-            while in_flight.is_empty()
-                && !progress.closing
-                && progress.filled - progress.submitted < piece
-            {
+            while !progress.closing && progress.filled - progress.written < piece {
                 progress = shared
                     .data
                     .wait(progress)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
-            (progress.filled, progress.submitted, progress.closing)
+            (progress.filled, progress.written, progress.closing)
         };
-        if in_flight.len() < DEPTH && filled - submitted >= piece {
-            submit(&mut ring, fd, shared, (submitted, piece), &mut in_flight)?;
-            shared.lock().submitted += piece;
-            continue;
-        }
-        if !in_flight.is_empty() {
-            reap(&mut ring, shared, &mut in_flight, &mut figures)?;
+        if filled - written >= piece {
+            let sent = Instant::now();
+            write_piece(file, shared, written, piece)?;
+            figures.piece_ms.push(sent.elapsed().as_secs_f32() * 1000.0);
+            figures.pieces += 1;
+            shared.lock().written += piece;
+            shared.room.notify_all();
             continue;
         }
         if closing {
-            let tail = filled - submitted;
+            let tail = filled - written;
             if tail > 0 {
-                write_tail(&mut ring, fd, shared, (submitted, tail), align)?;
+                let padded = tail.div_ceil(align as u64) * align as u64;
+                let at = usize::try_from(written % shared.capacity).unwrap_or(0);
+                // SAFETY: the tail and its padding lie within its piece, in the ring; the
+                // caller is done, so no one else writes there.
+                unsafe {
+                    std::ptr::write_bytes(
+                        shared
+                            .memory
+                            .pointer
+                            .add(at + usize::try_from(tail).unwrap_or(0)),
+                        0,
+                        usize::try_from(padded - tail).unwrap_or(0),
+                    );
+                }
+                write_piece(file, shared, written, padded)?;
                 figures.pieces += 1;
             }
+            // The padding goes: the file is exactly what was written.
             file.set_len(filled)?;
             return Ok(figures);
         }
     }
 }
 
-/// Queues the piece at `offset` of `length` and submits it.
-fn submit(
-    ring: &mut IoUring,
-    fd: types::Fd,
-    shared: &Shared,
-    (offset, length): (u64, u64),
-    in_flight: &mut VecDeque<InFlight>,
-) -> io::Result<()> {
+/// Writes `length` bytes of the ring from stream offset `offset` to the same offset of the
+/// file; a short write is the file system out of room.
+fn write_piece(file: &File, shared: &Shared, offset: u64, length: u64) -> io::Result<()> {
     let at = usize::try_from(offset % shared.capacity).unwrap_or(0);
+    let length = usize::try_from(length).unwrap_or(0);
     // SAFETY: the piece lies within the ring (pieces divide it) and between `written` and
-    // `filled`, which the caller does not touch until it is written.
-    let pointer = unsafe { shared.memory.pointer.add(at) };
-    #[expect(clippy::cast_possible_truncation, reason = "a piece is at most 256 KiB")]
-    let entry = opcode::Write::new(fd, pointer, length as u32)
-        .offset(offset)
-        .build()
-        .user_data(offset);
-    // SAFETY: the memory stays valid and untouched until its completion is reaped.
-    unsafe { ring.submission().push(&entry) }
-        .map_err(|_| io::Error::other("the writer's ring is full"))?;
-    ring.submit()?;
-    in_flight.push_back(InFlight {
-        offset,
-        length,
-        sent: Instant::now(),
-        done: false,
-    });
-    Ok(())
-}
-
-/// Waits for a completion; what is written in order frees the ring.
-fn reap(
-    ring: &mut IoUring,
-    shared: &Shared,
-    in_flight: &mut VecDeque<InFlight>,
-    figures: &mut WriterFigures,
-) -> io::Result<()> {
-    ring.submit_and_wait(1)?;
-    let completions: Vec<(u64, i32)> = ring
-        .completion()
-        .map(|entry| (entry.user_data(), entry.result()))
-        .collect();
-    for (offset, result) in completions {
-        let Some(piece) = in_flight.iter_mut().find(|p| p.offset == offset) else {
-            continue;
-        };
-        check_written(result, piece.length, offset)?;
-        piece.done = true;
-        figures.piece_ms.push(piece.sent.elapsed().as_secs_f32() * 1000.0);
-        figures.pieces += 1;
-    }
-    let mut freed = 0;
-    while in_flight.front().is_some_and(|p| p.done) {
-        freed += in_flight.pop_front().map_or(0, |p| p.length);
-    }
-    if freed > 0 {
-        shared.lock().written += freed;
-        shared.room.notify_all();
+    // `filled`, which the caller does not touch until `written` passes it.
+    let piece = unsafe { std::slice::from_raw_parts(shared.memory.pointer.add(at), length) };
+    let mut done = 0;
+    while done < length {
+        let position = i64::try_from(offset + done as u64).unwrap_or(i64::MAX);
+        match nix::sys::uio::pwrite(file, &piece[done..], position) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!("only {done} of {length} bytes were written at {offset}"),
+                ))
+            }
+            // A short direct write ends on an aligned boundary: the rest goes again.
+            Ok(wrote) => done += wrote,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(error) => return Err(io::Error::from(error)),
+        }
     }
     Ok(())
 }
-
-/// A completion's result as an error unless it wrote all `length` bytes.
-fn check_written(result: i32, length: u64, offset: u64) -> io::Result<()> {
-    if result < 0 {
-        return Err(io::Error::from_raw_os_error(-result));
-    }
-    if u64::from(result.unsigned_abs()) < length {
-        // Direct writes come short when the file system runs out of room.
-        return Err(io::Error::new(
-            io::ErrorKind::StorageFull,
-            format!("only {result} of {length} bytes were written at {offset}"),
-        ));
-    }
-    Ok(())
-}
-
-/// The last bytes, fewer than a piece: padded with zeros to the alignment (the caller is done,
-/// so the rest of their piece is the writer's), written, and cut off by the truncation after.
-fn write_tail(
-    ring: &mut IoUring,
-    fd: types::Fd,
-    shared: &Shared,
-    (offset, length): (u64, u64),
-    align: usize,
-) -> io::Result<()> {
-    let padded = length.div_ceil(align as u64) * align as u64;
-    let at = usize::try_from(offset % shared.capacity).unwrap_or(0);
-    // SAFETY: the tail and its padding lie within its piece, in the ring; no one else writes.
-    unsafe {
-        std::ptr::write_bytes(
-            shared.memory.pointer.add(at + usize::try_from(length).unwrap_or(0)),
-            0,
-            usize::try_from(padded - length).unwrap_or(0),
-        );
-    }
-    let mut in_flight = VecDeque::new();
-    submit(ring, fd, shared, (offset, padded), &mut in_flight)?;
-    let mut figures = WriterFigures::default();
-    reap(ring, shared, &mut in_flight, &mut figures)
-}
-

@@ -39,7 +39,7 @@ pub enum RecordError {
 
 /// A file recorded past the page cache at a guaranteed rate. Writes are copies into a ring of
 /// locked memory this process owns; a thread of the library writes the ring to the file with
-/// `O_DIRECT` through `io_uring`, raised by abissd to the stream's level. Call
+/// `O_DIRECT`, raised by abissd to the stream's level. Call
 /// [`DirectRecording::finish`] at the end: it writes the tail, truncates the file to the exact
 /// size written, and ends the stream (dropping it does the same, without the figures).
 pub struct DirectRecording {
@@ -116,7 +116,9 @@ impl DirectRecording {
         let mut request = options.request(true);
         request.direct = true;
         let mut client = connect().map_err(|e| remove(e.into()))?;
-        let stream = client.attach(&file, request).map_err(|e| remove(e.into()))?;
+        let stream = client
+            .attach(&file, request)
+            .map_err(|e| remove(e.into()))?;
         // Emptied only once abissd took the stream: a refusal leaves the file as it was.
         file.set_len(0).map_err(|error| {
             RecordError::File(format!("cannot empty {}: {error}", path.display()))

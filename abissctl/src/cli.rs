@@ -80,8 +80,8 @@ enum Command {
     /// Record standard input into FILE at a guaranteed rate, past the page cache:
     /// `ffmpeg … -f mpegts - | abissctl record rec.ts --rate 8Mbit/s`.
     ///
-    /// FILE is created (or emptied once abissd admits the stream) and written with O_DIRECT,
-    /// in aligned pieces through io_uring, from a ring of --buffer of locked memory in this
+    /// FILE is created (or emptied once abissd admits the stream) and written with `O_DIRECT`,
+    /// in aligned pieces, from a ring of --buffer of locked memory in this
     /// process, by a thread abissd raises to the stream's level. A recorder faster than the
     /// rate fills the ring: the pipe then waits (counted as an overflow, never dropped). At the
     /// end of input the tail is written and FILE truncated to exactly what was read. If

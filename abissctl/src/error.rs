@@ -47,18 +47,15 @@ impl CliError {
             Self::PermissionDenied(_) => 6,
             Self::Busy(_) => 13,
             Self::TooSmall(_) => 14,
-            Self::Profile(_) => 1,
+            Self::Profile(_) | Self::Record(RecordError::Write(_)) => 1,
             Self::UnknownDevice(_) => 5,
-            Self::BadFile(_) => 11,
+            Self::BadFile(_) | Self::Record(RecordError::File(_)) => 11,
             Self::Command(_) => 12,
-            Self::Record(RecordError::File(_)) => 11,
             Self::Record(RecordError::NoDirectIo(_)) => 16,
             Self::Record(RecordError::DiskFull(_)) => 17,
-            Self::Record(RecordError::Write(_)) => 1,
         }
     }
 }
-
 
 /// The exit code of a failure talking to the daemon.
 fn client_code(error: &ClientError) -> u8 {

@@ -62,7 +62,9 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
     }
     let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
     if request.direct && !request.write {
-        return bad("only a recording is written directly: a direct stream must be a write stream".into());
+        return bad(
+            "only a recording is written directly: a direct stream must be a write stream".into(),
+        );
     }
     if request.direct && request.preallocate {
         return bad(
