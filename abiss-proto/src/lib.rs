@@ -872,6 +872,34 @@ mod tests {
         }
     }
 
+    /// A direct recording's flag travels, and is absent from a request without it, so an
+    /// older daemon reads such a request as before.
+    #[test]
+    fn a_direct_recording_round_trips_and_is_absent_by_default() {
+        let request = AttachRequest {
+            rate: ByteRate(1_000_000),
+            buffer: ByteSize(2 << 20),
+            batch_pages: DEFAULT_BATCH_PAGES,
+            priority: DEFAULT_LEVEL,
+            persistent: false,
+            write: true,
+            preallocate: false,
+            direct: true,
+            preroll: None,
+            buffer_auto: false,
+        };
+        let line = encode_line(&Envelope::new(Request::Attach(request.clone()))).unwrap();
+        assert!(String::from_utf8_lossy(&line).contains(r#""direct":true"#));
+        let back: Envelope = decode_line(&line).unwrap();
+        assert_eq!(back.request, Request::Attach(request.clone()));
+        let plain = AttachRequest {
+            direct: false,
+            ..request
+        };
+        let line = encode_line(&Envelope::new(Request::Attach(plain))).unwrap();
+        assert!(!String::from_utf8_lossy(&line).contains("direct"));
+    }
+
     #[test]
     fn garbage_and_oversized_lines_are_refused() {
         assert!(matches!(

@@ -86,7 +86,7 @@ enum Command {
     /// rate fills the ring: the pipe then waits (counted as an overflow, never dropped). At the
     /// end of input the tail is written and FILE truncated to exactly what was read. If
     /// abissd stops, the recording goes on at best effort. A file system without direct I/O
-    /// (tmpfs) exits with 16, a full one with 17.
+    /// (tmpfs) exits with 17, a full one with 18.
     Record {
         /// The file to record into.
         file: PathBuf,

@@ -51,8 +51,8 @@ impl CliError {
             Self::UnknownDevice(_) => 5,
             Self::BadFile(_) | Self::Record(RecordError::File(_)) => 11,
             Self::Command(_) => 12,
-            Self::Record(RecordError::NoDirectIo(_)) => 16,
-            Self::Record(RecordError::DiskFull(_)) => 17,
+            Self::Record(RecordError::NoDirectIo(_)) => 17,
+            Self::Record(RecordError::DiskFull(_)) => 18,
         }
     }
 }

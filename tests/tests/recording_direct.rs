@@ -5,7 +5,7 @@
 //! stream runs at real time (its writes over ABISS's 6 ms bound are counted from the tracer's
 //! events and printed: the lab's disk cannot meet that bound); a kill -9 of
 //! abissd mid-recording loses nothing; a file system without direct I/O and a full one are
-//! refused with one sentence, their own exit code, and no file left.
+//! refused with one sentence, their own exit code (17, 18), and no file left.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -241,7 +241,7 @@ fn a_killed_abissd_loses_nothing_of_a_direct_recording() {
     assert!(on_disk == bytes, "the file is byte-identical to the input");
 }
 
-/// A file system without direct I/O (tmpfs) and a full one: one sentence, exit 16 and 17,
+/// A file system without direct I/O (tmpfs) and a full one: one sentence, exit 17 and 18,
 /// and no file made; abissd is not asked.
 #[test]
 fn a_file_system_without_direct_io_or_room_is_refused_and_nothing_left() {
@@ -250,14 +250,14 @@ fn a_file_system_without_direct_io_or_room_is_refused_and_nothing_left() {
     let tmpfs = Scratch::new_in("/dev/shm", "rec-direct-tmpfs");
     let file = tmpfs.path().join("rec.ts");
     let output = record_nothing(&daemon, &file);
-    assert_fails(&output, 16, "direct I/O");
+    assert_fails(&output, 17, "direct I/O");
     assert!(!file.exists(), "nothing left on tmpfs");
 
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 32));
     fill(fs.path());
     let file = fs.path().join("rec.ts");
     let output = record_nothing(&daemon, &file);
-    assert_fails(&output, 17, "free");
+    assert_fails(&output, 18, "free");
     assert!(!file.exists(), "nothing left on the full file system");
 }
 
