@@ -9,12 +9,13 @@
 //!
 //! The writer thread writes each piece itself (`pwrite`), not through `io_uring`: a direct
 //! write that extends a file cannot be issued without blocking, so `io_uring` hands it to an
-//! io-wq worker, a task the kernel makes without the fork tracepoint abissd follows raised
-//! threads' tasks by. That worker shares the raised thread's I/O priority, but abissd could
-//! neither count its real-time writes against the stream (they kept the raise from going idle
-//! and bound it) nor see it at all; measured on the lab hdd, every write of the recording came
-//! from such a worker, and the raise went idle after 5 s. Written by the raised thread itself,
-//! every request is the raise's own.
+//! io-wq worker. The worker shares the raised thread's I/O priority, but abissd counts its
+//! real-time requests against the raise only through the raised thread's I/O context, which
+//! the eBPF side learns from that thread's own real-time requests; a writer whose every write
+//! went to a worker made none. Measured on the lab hdd: every write of the recording came from
+//! a worker, none was counted, and the raise went idle after 5 s, leaving the rest of the
+//! recording at best effort (49 overflows in 20 s). Written by the raised thread itself, every
+//! request is the raise's own, counted and bounded.
 //!
 //! A write is a `memcpy` into the ring unless the ring is full; then it **waits** for room
 //! (nothing is dropped) and counts an overflow, which the caller reports. At the end the
