@@ -68,7 +68,7 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
     }
     if request.direct && request.preallocate {
         return bad(
-            "a direct recording allocates ahead in its client, under its owner's quota: ask abissd for no allocation"
+            "a direct recording is written by its client, which allocates any space itself: do not ask abissd to preallocate"
                 .into(),
         );
     }
@@ -495,5 +495,19 @@ mod tests {
         assert!(message(request(1, 564 * 1024, 20, 8)).contains("priority 8"));
         assert!(message(request(1, 100 * 1024, 20, 0)).contains("two batches"));
         assert!(message(request(u64::MAX, 564 * 1024, 20, 0)).contains("rate"));
+    }
+
+    #[test]
+    fn a_direct_stream_is_a_recording_that_abissd_allocates_nothing_for() {
+        let direct = |write, preallocate| AttachRequest {
+            write,
+            preallocate,
+            direct: true,
+            ..request(1_000_000, 2 << 20, 20, 0)
+        };
+        assert!(check_parameters(&direct(true, false)).is_ok());
+        let message = |r| check_parameters(&r).unwrap_err().to_string();
+        assert!(message(direct(false, false)).contains("write stream"));
+        assert!(message(direct(true, true)).contains("allocat"));
     }
 }
