@@ -40,7 +40,7 @@ pub struct StreamOptions {
 impl StreamOptions {
     /// The attach request for these options: a non-persistent stream (it ends with the
     /// connection) for reading, or for `write`.
-    fn request(&self, write: bool) -> AttachRequest {
+    pub(crate) fn request(&self, write: bool) -> AttachRequest {
         AttachRequest {
             rate: self.rate,
             buffer: self.buffer,
@@ -49,6 +49,7 @@ impl StreamOptions {
             persistent: false,
             write,
             preallocate: false,
+            direct: false,
             preroll: if write { None } else { self.preroll },
             buffer_auto: self.buffer_auto,
         }

@@ -14,11 +14,17 @@
 //! | --- | --- |
 //! | the connection: requests, answers, passed descriptors, position messages ([`Client`], [`ClientError`], [`StatusReport`]) | `client` |
 //! | a file read at a guaranteed byterate ([`AbissFile`], [`StreamOptions`]) | `file` |
+//! | a recording written past the page cache ([`DirectRecording`], [`RecordError`], [`RecordingSummary`]) | `recording` |
+//! | its ring of locked memory and `O_DIRECT` writer thread ([`DirectSummary`]) | `direct` |
 #![deny(missing_docs)]
 
 mod client;
+mod direct;
 mod file;
+mod recording;
 
 pub use abiss_proto::StatusReport;
 pub use client::{Client, ClientError};
+pub use direct::DirectSummary;
 pub use file::{AbissFile, StreamOptions};
+pub use recording::{DirectRecording, RecordError, RecordingSummary};

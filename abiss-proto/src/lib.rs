@@ -190,6 +190,15 @@ pub struct AttachRequest {
     /// Off by default: on ext4 it delays the writer's writes (docs/user-guide.md, "Recordings").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preallocate: bool,
+    /// For a write stream: the client writes the file past the page cache itself (`O_DIRECT`,
+    /// from a ring it owns, `abissctl record`), so abissd runs no write-behind and allocates
+    /// nothing for it; it admits the stream and raises the thread that writes
+    /// ([`Request::ReaderStarts`] with the writer's id), whose real-time writes of the file are
+    /// policed against the stream's rate and buffer like a reader's reads. Absent (older
+    /// clients): the page-cache write stream. An older daemon ignores it and writes back
+    /// pages the direct writes never dirty.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
     /// For a read stream: load this much of the file's head at once when the stream starts,
     /// beyond its buffer (a player's start-up probe), locked until the reader passes it, and
     /// the file's last 512 KiB with it (players read the end for the duration). It comes out
@@ -396,6 +405,34 @@ mod tests {
             assert_eq!(back.request, request);
             assert_eq!(back.version, PROTOCOL_VERSION);
         }
+    }
+
+    /// A direct recording's flag travels, and is absent from a request without it, so an
+    /// older daemon reads such a request as before.
+    #[test]
+    fn a_direct_recording_round_trips_and_is_absent_by_default() {
+        let request = AttachRequest {
+            rate: ByteRate(1_000_000),
+            buffer: ByteSize(2 << 20),
+            batch_pages: DEFAULT_BATCH_PAGES,
+            priority: DEFAULT_LEVEL,
+            persistent: false,
+            write: true,
+            preallocate: false,
+            direct: true,
+            preroll: None,
+            buffer_auto: false,
+        };
+        let line = encode_line(&Envelope::new(Request::Attach(request.clone()))).unwrap();
+        assert!(String::from_utf8_lossy(&line).contains(r#""direct":true"#));
+        let back: Envelope = decode_line(&line).unwrap();
+        assert_eq!(back.request, Request::Attach(request.clone()));
+        let plain = AttachRequest {
+            direct: false,
+            ..request
+        };
+        let line = encode_line(&Envelope::new(Request::Attach(plain))).unwrap();
+        assert!(!String::from_utf8_lossy(&line).contains("direct"));
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct RecordingInfo {
     pub preallocated_end: u64,
     /// Bytes abissd allocated for the stream so far.
     pub preallocated_bytes: u64,
+    /// Its client writes it past the page cache (`abissctl record`): nothing is dirty or
+    /// written back by abissd; `written_end` is the file's size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub direct: bool,
 }
 
 /// A task that reads a stream's file.

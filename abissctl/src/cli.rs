@@ -77,6 +77,33 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Record standard input into FILE at a guaranteed rate, past the page cache:
+    /// `ffmpeg … -f mpegts - | abissctl record rec.ts --rate 8Mbit/s`.
+    ///
+    /// FILE is created (or emptied once abissd admits the stream) and written with `O_DIRECT`,
+    /// in aligned pieces, from a ring of --buffer of locked memory in this
+    /// process, by a thread abissd raises to the stream's level. A recorder faster than the
+    /// rate fills the ring: the pipe then waits (counted as an overflow, never dropped). At the
+    /// end of input the tail is written and FILE truncated to exactly what was read. If
+    /// abissd stops, the recording goes on at best effort. A file system without direct I/O
+    /// (tmpfs) exits with 17, a full one with 18.
+    Record {
+        /// The file to record into.
+        file: PathBuf,
+        /// Guaranteed byterate (units as for attach --rate).
+        #[arg(long, short = 'r')]
+        rate: Written<ByteRate>,
+        /// The ring of locked memory the input waits in before it is written: how far the
+        /// disk may fall behind the recorder.
+        #[arg(long, short = 'b', default_value = "2MiB")]
+        buffer: Written<ByteSize>,
+        /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
+        #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
+        priority: u8,
+        /// Print what it did as JSON on standard output at the end.
+        #[arg(long, short = 'j')]
+        json: bool,
+    },
     /// The streams: file, rate, buffer, playout point, resident and locked bytes, credit,
     /// misses, prefetched bytes and readers.
     List {
@@ -310,6 +337,18 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             let code = streams::run(&mut connect()?, &file, &parameters, &command)?;
             return Ok(u8::try_from(code).unwrap_or(1));
         }
+        Command::Record {
+            file,
+            rate,
+            buffer,
+            priority,
+            json,
+        } => crate::record::record(
+            &cli.socket,
+            &file,
+            (rounded(&rate), rounded(&buffer), priority),
+            json,
+        ),
         Command::List { json } => streams::list(&mut connect()?, json),
         Command::Status { json } => streams::status(&mut connect()?, json),
         Command::Top { interval, no_color } => top::run(interval, no_color, connect),

@@ -1,6 +1,6 @@
 //! Errors of abissctl, each with its own exit code (docs/user-guide.md lists them).
 
-use abiss_client::ClientError;
+use abiss_client::{ClientError, RecordError};
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +32,9 @@ pub enum CliError {
     /// Measuring failed.
     #[error("{0}")]
     Profile(String),
+    /// A direct recording (`record`) could not start or failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
 }
 
 impl CliError {
@@ -39,26 +42,33 @@ impl CliError {
     #[must_use]
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Client(error) => match error {
-                ClientError::Broken { .. } | ClientError::Daemon { .. } => 1,
-                ClientError::NotRunning { .. } => 3,
-                ClientError::NotASocket { .. } => 4,
-                ClientError::PermissionDenied { .. } => 6,
-                ClientError::VersionMismatch { .. } => 7,
-                ClientError::BadRequest { .. } => 8,
-                ClientError::Refused { .. } => 9,
-                ClientError::NotFound { .. } => 10,
-                ClientError::UnknownDevice { .. } => 5,
-                ClientError::ModelUnusable { .. } => 15,
-            },
+            Self::Client(error) | Self::Record(RecordError::Client(error)) => client_code(error),
             Self::Usage(_) => 2,
             Self::PermissionDenied(_) => 6,
             Self::Busy(_) => 13,
             Self::TooSmall(_) => 14,
-            Self::Profile(_) => 1,
+            Self::Profile(_) | Self::Record(RecordError::Write(_)) => 1,
             Self::UnknownDevice(_) => 5,
-            Self::BadFile(_) => 11,
+            Self::BadFile(_) | Self::Record(RecordError::File(_)) => 11,
             Self::Command(_) => 12,
+            Self::Record(RecordError::NoDirectIo(_)) => 17,
+            Self::Record(RecordError::DiskFull(_)) => 18,
         }
+    }
+}
+
+/// The exit code of a failure talking to the daemon.
+fn client_code(error: &ClientError) -> u8 {
+    match error {
+        ClientError::Broken { .. } | ClientError::Daemon { .. } => 1,
+        ClientError::NotRunning { .. } => 3,
+        ClientError::NotASocket { .. } => 4,
+        ClientError::PermissionDenied { .. } => 6,
+        ClientError::VersionMismatch { .. } => 7,
+        ClientError::BadRequest { .. } => 8,
+        ClientError::Refused { .. } => 9,
+        ClientError::NotFound { .. } => 10,
+        ClientError::UnknownDevice { .. } => 5,
+        ClientError::ModelUnusable { .. } => 15,
     }
 }

@@ -20,6 +20,7 @@
 //! | `admit`: capacity planning answered by abissd's admission control; nothing is attached | `planning` |
 //! | `profile`: measuring a disk with `O_DIRECT` and fitting its model | `profile` |
 //! | what `profile` prints without `--json` | `profile::report` |
+//! | `record`: standard input written to a file past the page cache at a guaranteed rate | `record` |
 //! | sizes and rates as people read them (`5.88GiB`, `1MB/s`) | `sizes` |
 //! | `stats`: what the eBPF programs and the daemon cost | `stats` |
 //! | `attach`, `detach`, `run`, `list`, `status`: streams | `streams` |
@@ -35,6 +36,7 @@ mod interval;
 mod json;
 mod planning;
 mod profile;
+mod record;
 mod sizes;
 mod stats;
 mod streams;

@@ -48,6 +48,7 @@ impl StreamParameters {
             persistent,
             write: self.write,
             preallocate: self.preallocate,
+            direct: false,
             preroll: self.preroll,
             buffer_auto: self.buffer_auto,
         }
@@ -453,6 +454,12 @@ fn auto_buffer_line(auto: &abiss_proto::AutoBufferInfo) -> String {
 
 /// What a write stream did, in one line.
 fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
+    if recording.direct {
+        return format!(
+            "recording past the page cache (abissctl record): written {}",
+            ByteSize(recording.written_end).readable()
+        );
+    }
     let headroom = if recording.headroom_bytes >= 0 {
         format!(
             "{} before the writer is a buffer ahead",

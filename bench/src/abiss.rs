@@ -183,6 +183,7 @@ impl RunSetup for AbissRun {
                 persistent: false,
                 write: false,
                 preallocate: false,
+                direct: false,
                 preroll: None,
                 buffer_auto,
             },

@@ -77,6 +77,7 @@ const STREAM: AttachRequest = AttachRequest {
     persistent: false,
     write: false,
     preallocate: false,
+    direct: false,
     preroll: None,
     buffer_auto: false,
 };

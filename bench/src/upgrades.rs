@@ -261,6 +261,7 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
             persistent: false,
             write: false,
             preallocate: false,
+            direct: false,
             preroll: None,
             buffer_auto: false,
         },

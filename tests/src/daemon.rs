@@ -278,6 +278,7 @@ pub fn read_request(
         persistent: true,
         write: false,
         preallocate: false,
+        direct: false,
         preroll: None,
         buffer_auto: false,
     }

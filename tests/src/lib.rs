@@ -38,6 +38,7 @@
 //! | write streams (recordings): write-back at the stream's level, allocation ahead, refusals (helpers shared in `tests/recording/`) | `tests/recording.rs` |
 //! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
+//! | recording past the page cache (`abissctl record`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
 //! | **priorities and admission** | |

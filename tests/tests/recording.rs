@@ -391,6 +391,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
         persistent: false,
         write: true,
         preallocate: false,
+        direct: false,
         preroll: None,
         buffer_auto: false,
     };
@@ -443,6 +444,7 @@ fn write_streams_are_refused_without_the_right_to_write() {
     let read_request = AttachRequest {
         write: false,
         preallocate: false,
+        direct: false,
         preroll: None,
         ..request
     };

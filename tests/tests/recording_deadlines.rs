@@ -17,62 +17,6 @@ mod common;
 
 use common::*;
 
-/// `vm.dirty_bytes` and `vm.dirty_background_bytes` of a small machine, put back on drop (also
-/// when the test panics).
-struct DirtyLimits {
-    saved: Vec<(&'static str, String)>,
-}
-
-impl DirtyLimits {
-    fn small_box() -> Self {
-        let keys = [
-            "dirty_ratio",
-            "dirty_bytes",
-            "dirty_background_ratio",
-            "dirty_background_bytes",
-        ];
-        let saved = keys
-            .iter()
-            .map(|key| {
-                let value = std::fs::read_to_string(format!("/proc/sys/vm/{key}")).expect("read");
-                (*key, value.trim().to_owned())
-            })
-            .collect();
-        let limits = Self { saved };
-        set_vm("dirty_bytes", &(64 * MIB).to_string());
-        set_vm("dirty_background_bytes", &(16 * MIB).to_string());
-        limits
-    }
-}
-
-fn set_vm(key: &str, value: &str) {
-    std::fs::write(format!("/proc/sys/vm/{key}"), value)
-        .unwrap_or_else(|error| panic!("vm.{key} = {value}: {error}"));
-}
-
-impl Drop for DirtyLimits {
-    fn drop(&mut self) {
-        // Writing a ratio clears its bytes twin and back: write the one that was in force.
-        for (ratio, bytes) in [
-            ("dirty_ratio", "dirty_bytes"),
-            ("dirty_background_ratio", "dirty_background_bytes"),
-        ] {
-            let value = |key: &str| {
-                self.saved
-                    .iter()
-                    .find(|(k, _)| *k == key)
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or_default()
-            };
-            if value(bytes) == "0" {
-                let _ = std::fs::write(format!("/proc/sys/vm/{ratio}"), value(ratio));
-            } else {
-                let _ = std::fs::write(format!("/proc/sys/vm/{bytes}"), value(bytes));
-            }
-        }
-    }
-}
-
 fn recorder_seconds() -> u64 {
     std::env::var("ABISS_RECORDING_SECS")
         .ok()
@@ -228,6 +172,10 @@ fn recorder_on_a_fresh_lab(name: &str, stream: bool) -> (serde_json::Value, u64)
 /// backlog whether or not it has a stream, and wait for ext4's journal (`wait_transaction_locked`
 /// and `do_get_write_access` from the mtime update of each write, `ext4_da_get_block_prep`),
 /// although the journal thread is raised with the recording (docs/user-guide.md, "Recordings").
+/// The same recorder through the direct path (`abissctl record`, issue 36) meets it and runs in
+/// the suite: `tests/recording_direct.rs`,
+/// `the_paced_recorder_through_abissctl_record_meets_its_deadlines_against_a_best_effort_writer`.
+/// This one, the page-cache write stream, stays ignored.
 /// `ABISS_RECORDING_SECS` shortens it, `ABISS_RECORDER_FIFO=1` runs the recorder
 /// under `SCHED_FIFO`, `ABISS_BDI_MAX_BYTES` sets a strict per-disk dirty limit,
 /// `ABISS_LAZYTIME=1` remounts the lab's file system `lazytime`.
@@ -283,6 +231,8 @@ fn a_recorder_on_xfs_meets_its_deadlines_against_a_best_effort_writer() {
 
 /// The goal's other half, every write over 5 ms explained by the throttle or a CPU, on its
 /// own while one write in the suite was not (see the reason).
+/// (A direct recording, `abissctl record`, never enters the throttle: see
+/// `tests/recording_direct.rs`.)
 #[test]
 #[ignore = "1 of 6 runs on 2026-12-03 had a 9.4 ms write that neither slept in the throttle nor \
             waited for a CPU (0.7 ms of it); what it waited for is not found yet (issue 10)"]

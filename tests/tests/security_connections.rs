@@ -173,6 +173,7 @@ fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
                 persistent: false,
                 write: false,
                 preallocate: false,
+                direct: false,
                 preroll: None,
                 buffer_auto: false,
             },

@@ -1,7 +1,8 @@
 //! A raise misused: tasks sharing the raised thread's I/O context beyond their bound (heard of
 //! as the raised thread's tasks are reported), and real-time I/O beyond what the raise is for
 //! or its user pays for (checked every `POLICE_INTERVAL_NS`, charged by [`super::ledger`]).
-//! Either drops the raise at once and bars the thread from its stream's raises.
+//! Either drops the raise at once and bars the thread from its stream's raises. Real-time I/O
+//! of the raise's own file within its bound keeps the raise from going idle.
 
 use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
@@ -94,6 +95,11 @@ impl ReaderRaises {
                 );
             }
             if new_own > 0 {
+                // Real-time I/O of its own file is use of the raise, as an access is: a
+                // direct writer (or reader) is never seen in the page cache, and would
+                // otherwise be put back as idle mid-stream. What it may do is bounded below.
+                self.table
+                    .touch(pid, raise.stream, abiss_os::clock::monotonic_ns());
                 self.ledgers
                     .entry(raise.stream)
                     .or_default()

@@ -61,6 +61,17 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
         ));
     }
     let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
+    if request.direct && !request.write {
+        return bad(
+            "only a recording is written directly: a direct stream must be a write stream".into(),
+        );
+    }
+    if request.direct && request.preallocate {
+        return bad(
+            "a direct recording is written by its client, which allocates any space itself: do not ask abissd to preallocate"
+                .into(),
+        );
+    }
     if request.buffer_auto && request.write {
         return bad(
             "a recording's buffer is its dirty-memory bound: give it a size, not auto".into(),
@@ -195,7 +206,12 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
                 preallocate: granted.preallocate,
             };
-            Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns)
+            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns);
+            if granted.direct {
+                recording.direct(file.bytes)
+            } else {
+                recording
+            }
         });
         let (playout, actions) = PlayoutBuffer::starting_with(
             PlayoutShape {
@@ -464,6 +480,7 @@ mod tests {
             persistent: false,
             write: false,
             preallocate: false,
+            direct: false,
             preroll: None,
             buffer_auto: false,
         }
@@ -478,5 +495,19 @@ mod tests {
         assert!(message(request(1, 564 * 1024, 20, 8)).contains("priority 8"));
         assert!(message(request(1, 100 * 1024, 20, 0)).contains("two batches"));
         assert!(message(request(u64::MAX, 564 * 1024, 20, 0)).contains("rate"));
+    }
+
+    #[test]
+    fn a_direct_stream_is_a_recording_that_abissd_allocates_nothing_for() {
+        let direct = |write, preallocate| AttachRequest {
+            write,
+            preallocate,
+            direct: true,
+            ..request(1_000_000, 2 << 20, 20, 0)
+        };
+        assert!(check_parameters(&direct(true, false)).is_ok());
+        let message = |r| check_parameters(&r).unwrap_err().to_string();
+        assert!(message(direct(false, false)).contains("write stream"));
+        assert!(message(direct(true, true)).contains("allocat"));
     }
 }

@@ -44,6 +44,9 @@ pub(crate) struct Recording {
     polled_at_ns: u64,
     /// Write-backs that failed, for the log.
     failures: u64,
+    /// A direct recording (`AttachRequest::direct`): its client writes past the page cache,
+    /// so there is nothing to write back; only its size is followed, for `abissctl list`.
+    direct: Option<u64>,
 }
 
 impl Recording {
@@ -60,6 +63,16 @@ impl Recording {
             shape,
             polled_at_ns: now_ns,
             failures: 0,
+            direct: None,
+        }
+    }
+
+    /// A direct recording of a file of `file_bytes`: no write-behind.
+    #[must_use]
+    pub(crate) fn direct(self, file_bytes: u64) -> Self {
+        Self {
+            direct: Some(file_bytes),
+            ..self
         }
     }
 
@@ -77,6 +90,12 @@ impl Recording {
     /// Nanoseconds until this stream needs the main loop.
     #[must_use]
     pub(crate) fn ns_until_due(&self, now_ns: u64) -> u64 {
+        if self.direct.is_some() {
+            return self
+                .polled_at_ns
+                .saturating_add(POLL_NS.end)
+                .saturating_sub(now_ns);
+        }
         let poll = self
             .polled_at_ns
             .saturating_add(self.poll_interval_ns())
@@ -88,6 +107,15 @@ impl Recording {
 
     /// Looks at the file's size if a poll is due, and lets the window act on it.
     pub(crate) fn poll(&mut self, file: &MappedFile, now_ns: u64) -> Vec<WriteAction> {
+        if let Some(written) = &mut self.direct {
+            if now_ns.saturating_sub(self.polled_at_ns) >= POLL_NS.end {
+                self.polled_at_ns = now_ns;
+                if let Ok(stat) = nix::sys::stat::fstat(file.fd().as_raw_fd()) {
+                    *written = u64::try_from(stat.st_size).unwrap_or(0);
+                }
+            }
+            return Vec::new();
+        }
         if now_ns.saturating_sub(self.polled_at_ns) < self.poll_interval_ns() {
             return self.window.on_tick(now_ns);
         }
@@ -177,6 +205,16 @@ impl Recording {
     #[must_use]
     pub(crate) fn info(&self, file: &MappedFile) -> RecordingInfo {
         let window = &self.window;
+        if let Some(written) = self.direct {
+            // Written by its client straight to the disk: nothing dirty, nothing behind.
+            return RecordingInfo {
+                written_end: written,
+                written_back_end: written,
+                headroom_bytes: i64::try_from(self.shape.buffer_bytes).unwrap_or(i64::MAX),
+                direct: true,
+                ..RecordingInfo::default()
+            };
+        }
         RecordingInfo {
             written_end: window.written_end(),
             written_back_end: window.written_back_end(),
@@ -185,6 +223,7 @@ impl Recording {
             headroom_bytes: window.headroom_bytes(),
             preallocated_end: window.allocated_end(),
             preallocated_bytes: window.preallocated_bytes(),
+            direct: false,
         }
     }
 }

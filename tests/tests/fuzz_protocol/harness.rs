@@ -259,6 +259,7 @@ impl Harness {
                 persistent: false,
                 write: false,
                 preallocate: false,
+                direct: false,
                 preroll: None,
                 buffer_auto: false,
             };

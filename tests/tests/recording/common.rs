@@ -1,6 +1,7 @@
 //! What the recording tests share: the paced recorder (`abiss-test-recorder`) run and read, a
-//! write stream attached, a best-effort writer, and the dirty pages of a file. Included by
-//! `tests/recording.rs`, `tests/recording_deadlines.rs` and `tests/recording_clients.rs`.
+//! write stream attached, a best-effort writer, the dirty pages of a file, and a small
+//! machine's dirty limits. Included by `tests/recording.rs`, `tests/recording_deadlines.rs`,
+//! `tests/recording_clients.rs` and `tests/recording_direct.rs`.
 
 use std::fs::File;
 use std::io::{Seek, SeekFrom, Write};
@@ -161,5 +162,61 @@ impl BestEffortWriter {
 impl Drop for BestEffortWriter {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// `vm.dirty_bytes` and `vm.dirty_background_bytes` of a small machine, put back on drop (also
+/// when the test panics).
+pub(crate) struct DirtyLimits {
+    saved: Vec<(&'static str, String)>,
+}
+
+impl DirtyLimits {
+    pub(crate) fn small_box() -> Self {
+        let keys = [
+            "dirty_ratio",
+            "dirty_bytes",
+            "dirty_background_ratio",
+            "dirty_background_bytes",
+        ];
+        let saved = keys
+            .iter()
+            .map(|key| {
+                let value = std::fs::read_to_string(format!("/proc/sys/vm/{key}")).expect("read");
+                (*key, value.trim().to_owned())
+            })
+            .collect();
+        let limits = Self { saved };
+        set_vm("dirty_bytes", &(64 * MIB).to_string());
+        set_vm("dirty_background_bytes", &(16 * MIB).to_string());
+        limits
+    }
+}
+
+pub(crate) fn set_vm(key: &str, value: &str) {
+    std::fs::write(format!("/proc/sys/vm/{key}"), value)
+        .unwrap_or_else(|error| panic!("vm.{key} = {value}: {error}"));
+}
+
+impl Drop for DirtyLimits {
+    fn drop(&mut self) {
+        // Writing a ratio clears its bytes twin and back: write the one that was in force.
+        for (ratio, bytes) in [
+            ("dirty_ratio", "dirty_bytes"),
+            ("dirty_background_ratio", "dirty_background_bytes"),
+        ] {
+            let value = |key: &str| {
+                self.saved
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            if value(bytes) == "0" {
+                let _ = std::fs::write(format!("/proc/sys/vm/{ratio}"), value(ratio));
+            } else {
+                let _ = std::fs::write(format!("/proc/sys/vm/{bytes}"), value(bytes));
+            }
+        }
     }
 }

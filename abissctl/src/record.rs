@@ -1,0 +1,103 @@
+//! `record`: standard input written to a file past the page cache at a guaranteed rate
+//! (`abiss_client::DirectRecording`), so that any recorder that writes to a pipe records under
+//! a guarantee: `ffmpeg … -f mpegts - | abissctl record rec.ts --rate 8Mbit/s`.
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use abiss_client::{DirectRecording, RecordingSummary, StreamOptions};
+use abiss_proto::{ByteRate, ByteSize};
+
+use crate::error::CliError;
+
+/// Bytes read from standard input at once.
+const READ_BYTES: usize = 64 * 1024;
+
+/// Records standard input into `file` at `rate` with a ring of `buffer`, at ABISS level
+/// `priority`; prints what it did (`json`: as JSON on standard output).
+pub(crate) fn record(
+    socket: &Path,
+    file: &Path,
+    (rate, buffer, priority): (ByteRate, ByteSize, u8),
+    json: bool,
+) -> Result<(), CliError> {
+    let options = StreamOptions {
+        priority,
+        ..StreamOptions::new(rate, buffer)
+    };
+    let mut recording = DirectRecording::start_at(socket, file, &options)?;
+    if !recording.raised() {
+        eprintln!(
+            "abissctl: abissd did not raise the writer; it records at best effort (see `abissctl status`)"
+        );
+    }
+    let stream = recording.stream().id;
+    let mut input = std::io::stdin().lock();
+    let mut chunk = vec![0_u8; READ_BYTES];
+    loop {
+        let read = match input.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                return Err(CliError::BadFile(format!(
+                    "cannot read standard input: {error}"
+                )))
+            }
+        };
+        if let Err(error) = recording.write_all(&chunk[..read]) {
+            // The writer's own error, with the sentence `finish` makes of it.
+            return Err(match recording.finish() {
+                Err(finished) => finished.into(),
+                Ok(_) => CliError::Record(abiss_client::RecordError::Write(error.to_string())),
+            });
+        }
+    }
+    let summary = recording.finish()?;
+    report(file, stream, &summary, json);
+    Ok(())
+}
+
+/// One line on standard error, and the figures as JSON on standard output with `json`.
+fn report(file: &Path, stream: u64, summary: &RecordingSummary, json: bool) {
+    let direct = &summary.direct;
+    eprintln!(
+        "abissctl: recorded {} bytes into {} (stream {stream}): {} overflows, {} direct writes \
+         (p99.9 {:.2} ms, slowest {:.2} ms){}{}",
+        direct.bytes,
+        file.display(),
+        direct.overflows,
+        direct.pieces,
+        direct.piece_p999_ms,
+        direct.piece_max_ms,
+        if direct.locked {
+            ""
+        } else {
+            "; the ring was not locked in memory (RLIMIT_MEMLOCK)"
+        },
+        if summary.daemon_lost {
+            "; abissd went away during it, and it went on at best effort"
+        } else {
+            ""
+        },
+    );
+    if json {
+        let value = serde_json::json!({
+            "file": file,
+            "stream": stream,
+            "bytes": direct.bytes,
+            "overflows": direct.overflows,
+            "pieces": direct.pieces,
+            "writes": direct.writes,
+            "write_p999_ms": direct.write_p999_ms,
+            "write_max_ms": direct.write_max_ms,
+            "piece_p999_ms": direct.piece_p999_ms,
+            "piece_max_ms": direct.piece_max_ms,
+            "locked": direct.locked,
+            "raised": summary.raised,
+            "daemon_lost": summary.daemon_lost,
+        });
+        crate::json::print(&mut std::io::stdout().lock(), &value);
+        let _ = std::io::stdout().flush();
+    }
+}

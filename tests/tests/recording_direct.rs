@@ -1,0 +1,329 @@
+//! Recording past the page cache (issue 36): `abissctl record` writes what ffmpeg pipes into it
+//! with `O_DIRECT` from a ring the recorder owns, by a thread abissd raises to the stream's
+//! level. Under a best-effort load on the lab hdd with a small machine's dirty limits the file
+//! is byte-identical to the input, the ring never overflows, and every write request of the
+//! stream runs at real time (its writes over ABISS's 6 ms bound are counted from the tracer's
+//! events and printed: the lab's disk cannot meet that bound); a kill -9 of
+//! abissd mid-recording loses nothing; a file system without direct I/O and a full one are
+//! refused with one sentence, their own exit code (17, 18), and no file left.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abiss_client::Client;
+use abiss_proto::{IoClass, Operation, RequestRecord};
+use abiss_tests::{
+    assert_fails, binary, require_root, write_cold_file, CopyLoop, Daemon, Ext4Mount, HddLab,
+    LoopDevice, Scratch,
+};
+
+#[path = "recording/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use common::{run_recorder, BestEffortWriter, DirtyLimits, MIB};
+
+/// ABISS's bound on a real-time request, insert to completion.
+const BOUND_NS: u64 = 6_000_000;
+
+/// `abissctl record FILE` against `daemon`, its standard input a pipe.
+fn start_record(daemon: &Daemon, file: &Path, rate: &str) -> Child {
+    Command::new(binary("abissctl"))
+        .arg("--socket")
+        .arg(daemon.socket())
+        .arg("record")
+        .arg(file)
+        .args(["--rate", rate, "--buffer", "2MiB", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run abissctl record")
+}
+
+/// Waits for the recorder and reads its summary.
+fn summary_of(recorder: Child) -> serde_json::Value {
+    let output = recorder.wait_with_output().expect("abissctl record");
+    eprintln!("{}", String::from_utf8_lossy(&output.stderr).trim());
+    abiss_tests::json_of(&output)
+}
+
+/// Every request event the daemon streams until stopped.
+struct EventLog {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<RequestRecord>>,
+}
+
+impl EventLog {
+    fn start(daemon: &Daemon) -> Self {
+        let mut client = Client::connect(daemon.socket()).expect("connect");
+        client.subscribe_events().expect("subscribe to events");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut records = Vec::new();
+            while !stopping.load(Ordering::Relaxed) {
+                match client.next_event() {
+                    Ok(record) => records.push(record),
+                    Err(_) => break,
+                }
+            }
+            records
+        });
+        Self { stop, thread }
+    }
+
+    fn stop(self) -> Vec<RequestRecord> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("event log")
+    }
+}
+
+/// ffmpeg remuxing the 8 Mbit/s media at its own pace (`-re`) into `abissctl record`: what it
+/// piped, and the recorder's summary. The test's own thread passes the pipe on, keeping a copy.
+fn ffmpeg_into_record(daemon: &Daemon, file: &Path, secs: u32) -> (Vec<u8>, serde_json::Value) {
+    let media = abiss_bench::players::media::cached_media(secs).expect("the media");
+    let mut ffmpeg = Command::new("ffmpeg")
+        .args([
+            "-nostdin",
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-re",
+            "-i",
+        ])
+        .arg(&media)
+        .args(["-c", "copy", "-f", "mpegts", "-muxrate", "8M", "-"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("ffmpeg (cargo xtask setup installs it)");
+    let mut recorder = start_record(daemon, file, "8Mbit/s");
+    let mut input = recorder.stdin.take().expect("the recorder's input");
+    let mut output = ffmpeg.stdout.take().expect("ffmpeg's output");
+    let mut fed = Vec::new();
+    let mut chunk = vec![0_u8; 64 * 1024];
+    loop {
+        let read = output.read(&mut chunk).expect("read ffmpeg");
+        if read == 0 {
+            break;
+        }
+        input.write_all(&chunk[..read]).expect("feed the recorder");
+        fed.extend_from_slice(&chunk[..read]);
+    }
+    drop(input);
+    assert!(ffmpeg.wait().expect("ffmpeg").success(), "ffmpeg remuxed");
+    (fed, summary_of(recorder))
+}
+
+/// The stream's write requests: (all, at real time, at real time over [`BOUND_NS`]), and the
+/// slowest real-time one's insert-to-completion time in ms.
+fn stream_writes(records: &[RequestRecord], stream: u64) -> (usize, usize, usize, f64) {
+    let writes: Vec<&RequestRecord> = records
+        .iter()
+        .filter(|r| r.stream == Some(stream) && r.operation == Operation::Write)
+        .collect();
+    let real_time: Vec<u64> = writes
+        .iter()
+        .filter(|r| r.priority.class == IoClass::Rt)
+        .map(|r| r.queue_ns + r.service_ns)
+        .collect();
+    let over = real_time.iter().filter(|&&ns| ns > BOUND_NS).count();
+    let slowest = real_time.iter().copied().max().unwrap_or(0);
+    #[expect(clippy::cast_precision_loss, reason = "a time in ms")]
+    let slowest_ms = slowest as f64 / 1e6;
+    (writes.len(), real_time.len(), over, slowest_ms)
+}
+
+/// The issue's test: ffmpeg into `abissctl record rec.ts --rate 8Mbit/s` for 20 s on the lab
+/// hdd, against two buffered best-effort writers and a copy loop (a reader and a writer) under
+/// a small machine's dirty limits: the file is the input, the ring never overflows, and every
+/// write request of the stream runs at real time, each within a quarter of the time the ring
+/// holds (2 MiB at 1 MB/s).
+///
+/// ABISS's bound, every real-time request within 6 ms of its submission, is counted and
+/// printed but not asserted: on the lab's emulated 5400 rpm disk it does not hold for any
+/// request that finds the disk busy. Measured (2026-12-05, the default dispatch depth 8,
+/// 256 KiB pieces): 76 of 77 real-time writes over 6 ms, each queued 10 to 35 ms for a driver
+/// slot and served 55 to 130 ms behind the best-effort requests the disk already held, the
+/// slowest 153 ms; with depth 4 and 64 KiB pieces 197 of 305, the slowest 99 ms (the second of
+/// two back-to-back pieces took 1.4 ms). A request on that disk takes a seek and half a
+/// revolution (about 12 ms) before its transfer; no ordering of the queue gets under that.
+#[test]
+fn ffmpeg_into_abissctl_record_is_exact_without_overflow_and_written_at_real_time_under_load() {
+    require_root!();
+    let _limits = DirtyLimits::small_box();
+    let lab = HddLab::up("rec-direct", 2, "none");
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let source = lab.mount().join("copy-source.bin");
+    write_cold_file(&source, 256 * MIB);
+    let mut best_effort = [
+        BestEffortWriter::start(lab.mount().join("be-0.bin")),
+        BestEffortWriter::start(lab.mount().join("be-1.bin")),
+    ];
+    let mut copy = CopyLoop::start(source, lab.mount().join("copy-target.bin"));
+    let events = EventLog::start(&daemon);
+    // The writers reach the dirty limit first.
+    std::thread::sleep(Duration::from_secs(3));
+    let file = lab.mount().join("rec.ts");
+    let began = Instant::now();
+    let (fed, summary) = ffmpeg_into_record(&daemon, &file, 20);
+    let took = began.elapsed();
+    let records = events.stop();
+    let copied = copy.stop();
+    let written: u64 = best_effort.iter_mut().map(BestEffortWriter::stop).sum();
+    let recorded = std::fs::read(&file).expect("read the recording");
+    let stream = summary["stream"].as_u64().expect("stream id");
+    let (requests, real_time, over, slowest_ms) = stream_writes(&records, stream);
+    eprintln!(
+        "recorded {} bytes in {:.1} s: {summary}; the stream's writes: {requests} requests, \
+         {real_time} at real time, {over} over 6 ms, the slowest {slowest_ms:.2} ms; \
+         best effort wrote {} MiB and copied {} MiB",
+        fed.len(),
+        took.as_secs_f64(),
+        written / MIB,
+        copied / MIB
+    );
+    assert!(fed.len() > 15 * 1_000_000, "ffmpeg piped 20 s of 1 MB/s");
+    assert!(recorded == fed, "the file is byte-identical to the input");
+    assert_eq!(summary["overflows"], 0, "no overflow: {summary}");
+    assert_eq!(summary["raised"], true, "the writer was raised: {summary}");
+    assert!(
+        real_time > 10,
+        "the stream's writes were seen: {real_time} of {requests} at real time"
+    );
+    assert_eq!(
+        real_time, requests,
+        "every write of the stream at real time"
+    );
+    assert!(
+        slowest_ms < 500.0,
+        "every real-time write within a quarter of the ring's 2 s: the slowest {slowest_ms:.2} ms"
+    );
+    assert!(written > 64 * MIB, "the best-effort writers kept writing");
+}
+
+/// `tests/recording_deadlines.rs`'s recorder through the direct path: the paced recorder
+/// (64 KiB write(2)s at 1 MiB/s, a 1 s capture buffer) writes into a FIFO that `abissctl record`
+/// reads, on the lab hdd (ext4) against the best-effort writer of 1 MiB blocks under a small
+/// machine's dirty limits, for 30 s. Through the page cache that recorder overflowed on ext4
+/// (that test stays ignored); here neither its capture buffer nor the ring overflows, and the
+/// file is all it wrote.
+#[test]
+fn the_paced_recorder_through_abissctl_record_meets_its_deadlines_against_a_best_effort_writer() {
+    require_root!();
+    let _limits = DirtyLimits::small_box();
+    let lab = HddLab::up("rec-direct-paced", 2, "none");
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let mut writer = BestEffortWriter::start(lab.mount().join("be.bin"));
+    std::thread::sleep(Duration::from_secs(3));
+    let scratch = Scratch::new_in("/tmp", "rec-direct-fifo");
+    let fifo = scratch.path().join("pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let file = lab.mount().join("stream.ts");
+    let recorder = Command::new("sh")
+        .arg("-c")
+        .arg(r#"exec "$0" --socket "$1" record "$2" --rate 1MiB/s --buffer 2MiB --json < "$3""#)
+        .arg(binary("abissctl"))
+        .arg(daemon.socket())
+        .arg(&file)
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run abissctl record");
+    let paced = run_recorder(&[], &fifo, (1000, 30), &[]);
+    let summary = summary_of(recorder);
+    let written = writer.stop();
+    eprintln!(
+        "the paced recorder: {paced}; abissctl record: {summary}; the best-effort writer wrote {} MiB",
+        written / MIB
+    );
+    assert_eq!(
+        paced["overflows"], 0,
+        "the recorder's capture buffer: {paced}"
+    );
+    assert_eq!(summary["overflows"], 0, "the ring: {summary}");
+    assert_eq!(summary["raised"], true, "{summary}");
+    let bytes = std::fs::metadata(&file).expect("the recording").len();
+    assert_eq!(
+        bytes,
+        summary["bytes"].as_u64().unwrap_or(0),
+        "the file is what came in"
+    );
+    assert!(bytes >= 29 * MIB, "30 s at 1 MiB/s: {bytes}");
+    assert!(written > 64 * MIB, "the best-effort writer kept writing");
+}
+
+/// The data path is the recorder's: abissd killed (and restarted) mid-recording loses
+/// nothing, and the recorder says it went on without abissd.
+#[test]
+fn a_killed_abissd_loses_nothing_of_a_direct_recording() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+    let mut daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let file = fs.path().join("rec.ts");
+    let mut recorder = start_record(&daemon, &file, "2MB/s");
+    let mut input = recorder.stdin.take().expect("the recorder's input");
+    // 6 s at 2 MB/s of bytes no two pieces share, an odd total (an unaligned tail).
+    let total = 12_000_000 + 1234;
+    let bytes: Vec<u8> = (0..total)
+        .map(|i: usize| u8::try_from((i * 7 + i / 4093) % 251).unwrap_or(0))
+        .collect();
+    let began = Instant::now();
+    let mut killed = false;
+    for (index, chunk) in bytes.chunks(40_000).enumerate() {
+        input.write_all(chunk).expect("feed the recorder");
+        if !killed && began.elapsed() > Duration::from_secs(2) {
+            daemon.crash_and_restart();
+            killed = true;
+        }
+        let due = Duration::from_millis(20 * (index as u64 + 1));
+        std::thread::sleep(due.saturating_sub(began.elapsed()));
+    }
+    drop(input);
+    let summary = summary_of(recorder);
+    assert!(killed, "abissd was killed mid-recording");
+    assert_eq!(summary["daemon_lost"], true, "{summary}");
+    assert_eq!(summary["bytes"], total, "{summary}");
+    let on_disk = std::fs::read(&file).expect("read the recording");
+    assert!(on_disk == bytes, "the file is byte-identical to the input");
+}
+
+/// A file system without direct I/O (tmpfs) and a full one: one sentence, exit 17 and 18,
+/// and no file made; abissd is not asked.
+#[test]
+fn a_file_system_without_direct_io_or_room_is_refused_and_nothing_left() {
+    require_root!();
+    let daemon = Daemon::start();
+    let tmpfs = Scratch::new_in("/dev/shm", "rec-direct-tmpfs");
+    let file = tmpfs.path().join("rec.ts");
+    let output = record_nothing(&daemon, &file);
+    assert_fails(&output, 17, "direct I/O");
+    assert!(!file.exists(), "nothing left on tmpfs");
+
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 32));
+    fill(fs.path());
+    let file = fs.path().join("rec.ts");
+    let output = record_nothing(&daemon, &file);
+    assert_fails(&output, 18, "free");
+    assert!(!file.exists(), "nothing left on the full file system");
+}
+
+/// `abissctl record FILE` with empty input.
+fn record_nothing(daemon: &Daemon, file: &Path) -> std::process::Output {
+    let recorder = start_record(daemon, file, "1MB/s");
+    recorder.wait_with_output().expect("abissctl record")
+}
+
+/// Fills the file system at `dir` to the last block.
+fn fill(dir: &Path) {
+    let mut filler = std::fs::File::create(dir.join("filler")).expect("create the filler");
+    let block = vec![0_u8; 1 << 20];
+    while filler.write_all(&block).is_ok() {}
+    let _ = filler.write_all(&block[..4096]);
+    let _ = filler.sync_all();
+}
