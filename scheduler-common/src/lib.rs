@@ -366,8 +366,9 @@ pub struct KernelLayout {
     pub task_pid: u32,
     /// `struct task_struct.io_context` (a child made with `CLONE_IO` shares its parent's)
     pub task_io_context: u32,
-    /// Padding.
-    pub pad: u32,
+    /// `struct task_struct.start_boottime` (ns since boot, as `/proc/PID/stat`'s start time
+    /// in clock ticks): with the id, who a task is, as an id comes round again
+    pub task_start_boottime: u32,
     /// Address of `iomap_dio_bio_end_io` (from `/proc/kallsyms`), zero if unknown: a bio
     /// that ends there is direct I/O whose `bi_private` leads to the file.
     pub iomap_dio_end_io: u64,
@@ -405,7 +406,7 @@ impl KernelLayout {
         task_flags: 0,
         task_pid: 0,
         task_io_context: 0,
-        pad: 0,
+        task_start_boottime: 0,
         iomap_dio_end_io: 0,
     };
 }
@@ -441,7 +442,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 20_480;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
+/// 1170 [`ForkEvent`]s (48 bytes and the ring's 8-byte header each) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -493,6 +494,12 @@ pub struct RaisedThread {
     /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
     /// see [`AttachedFile::stream`]).
     pub stream: u64,
+    /// For an entry the fork program wrote ([`raised_flags::INHERITED`]): when the task it
+    /// is for started (`task_struct.start_boottime`, ns since boot). The entry names that
+    /// task, not its id: a task that takes the id once it is gone (ids wrap at `pid_max`, and
+    /// any user can make them wrap) is not followed, counted or put back under the raise.
+    /// Zero in abissd's own entries (abissd knows its raised threads by id and start time).
+    pub started_ns: u64,
 }
 
 /// What the eBPF side counts of the raise of one thread abissd raised (the values of the
@@ -536,6 +543,9 @@ pub struct RaiseCounts {
     pub past_bound_task: u32,
     /// Zero: keeps the layout free of padding.
     pub reserved: u32,
+    /// When `past_bound_task` started (`task_struct.start_boottime`): abissd puts it back
+    /// only if the task under that id is still the one that started then.
+    pub past_bound_started_ns: u64,
 }
 
 impl RaiseCounts {
@@ -815,9 +825,9 @@ mod pod {
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
-const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 40);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 32);
+const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 48);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

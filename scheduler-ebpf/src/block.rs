@@ -25,8 +25,9 @@ use scheduler_common::{
 };
 
 use crate::kernel::{
-    attached_file, bio_inode, counts_of, field, layout, now_ns, raise_of_shared_context, read,
-    remember_raised_context, report_reader, PF_KTHREAD,
+    attached_file, bio_inode, counts_of, current_started_ns, field, layout, now_ns,
+    raise_of_shared_context, raised_entry, read, remember_raised_context, report_reader,
+    PF_KTHREAD,
 };
 use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
 
@@ -207,7 +208,7 @@ fn police_raised(rq: u64, control: &Control) {
         reason = "the low half is the thread id"
     )]
     let tid = bpf_get_current_pid_tgid() as u32;
-    let raise = match RAISED.get_ptr_mut(tid) {
+    let raise = match raised_entry(tid, current_started_ns) {
         Some(own) => {
             remember_raised_context(tid, own);
             own

@@ -68,6 +68,7 @@ use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
 use scheduler_common::{RaiseCounts, RaisedThread};
 
+use super::task::started_at;
 use crate::kernel::events::{inherited_raise, Fork, InheritedRaise};
 use crate::kernel::tracer::BlockTracer;
 use crate::policy::raise::SharedIoTasks;
@@ -233,6 +234,7 @@ impl RaisedForks {
             flags: 0,
             generation,
             stream,
+            started_ns: 0,
         };
         self.raised
             .insert(tid, entry, 0)
@@ -363,6 +365,7 @@ impl RaisedForks {
                 applied: own.applied,
                 shares_io_context: true,
                 over_bound: true,
+                started_ns: counts.past_bound_started_ns,
             };
             self.put_back(counts.past_bound_task, &raise);
         }
@@ -458,8 +461,11 @@ impl RaisedForks {
     /// still has the raised one, then stops following it (in this order: a task it makes
     /// after the put-back starts at the right priority; one made before is in the map).
     /// Whether it was put back.
+    /// A task under `tid` that is not the one the fork program saw start (that one is gone,
+    /// and another took its id) is left alone.
     fn put_back(&mut self, tid: u32, raise: &InheritedRaise) -> bool {
-        let done = ioprio::get(tid).ok() == Some(raise.applied)
+        let done = started_at(tid, raise.started_ns)
+            && ioprio::get(tid).ok() == Some(raise.applied)
             && match ioprio::set(tid, raise.previous) {
                 Ok(()) => true,
                 Err(error) => {

@@ -5,7 +5,7 @@
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
 //! [--stray FILE] [--stray-shared-io | --stray-uring-workers] [--clone-io N KEEP SECS]
-//! [--exit-after-clones] [--nested-clone-io N SECS]` (`--linger`: stay alive, idle, that long
+//! [--exit-after-clones] [--reap-clones] [--nested-clone-io N SECS]` (`--linger`: stay alive, idle, that long
 //! after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
@@ -16,7 +16,8 @@
 //! worker threads, which share its I/O context too, queue the reads; `--clone-io`: after the
 //! first phase the reading thread makes N child processes with `CLONE_IO`, of which all but the
 //! last KEEP exit at once and the last KEEP sleep SECS; it prints their pids as
-//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them;
+//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them; with
+//! `--reap-clones` it waits for the kept ones before it goes on, so their ids are free again;
 //! `--nested-clone-io`: after the first phase the reading thread forks a child process, which
 //! makes N child processes with `CLONE_IO` (sharing the child's I/O context); all but the last
 //! exit at once, and the last forks a plain child that prints `{"nested":[PID]}` and sleeps
@@ -159,6 +160,8 @@ struct Options {
     clone_io: Option<(u64, u64, u64)>,
     /// Exit right after making them.
     exit_after_clones: bool,
+    /// Wait for the kept ones right after making them (their ids are then free for others).
+    reap_clones: bool,
     /// A forked child's `CLONE_IO` children, how many, and how long the fork of the last one
     /// sleeps.
     nested_clone_io: Option<(u64, u64)>,
@@ -184,6 +187,7 @@ fn parse_options() -> Options {
         stray_by: StrayReader::Myself,
         clone_io: None,
         exit_after_clones: false,
+        reap_clones: false,
         nested_clone_io: None,
     };
     let mut i = 6;
@@ -227,6 +231,10 @@ fn parse_options() -> Options {
             }
             "--exit-after-clones" => {
                 options.exit_after_clones = true;
+                i += 1;
+            }
+            "--reap-clones" => {
+                options.reap_clones = true;
                 i += 1;
             }
             "--nested-clone-io" => {
@@ -307,6 +315,14 @@ fn main() {
             let _ = std::io::Write::flush(&mut std::io::stdout());
             // SAFETY: leaves at once; the children, processes of their own, stay.
             unsafe { libc::_exit(0) };
+        }
+        if options.reap_clones {
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            for child in kept {
+                let mut status = 0;
+                // SAFETY: waits for our own child.
+                unsafe { libc::waitpid(child, &raw mut status, 0) };
+            }
         }
     }
     if let Some((offset, secs)) = options.seek {
