@@ -31,7 +31,7 @@ use crate::raise::ReaderRaises;
 use crate::stream::mapped_file::{mapping_bytes, reopen_without_atime};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream::table::StreamTable;
-use crate::stream::writeback::GiveBack;
+use crate::stream::writeback::{self, AheadByUser, GiveBack};
 use crate::stream::{
     check_parameters, Stream, StreamKind, StreamOwner, StreamStart, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
@@ -201,7 +201,8 @@ impl Controller {
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
-        Self::record(&mut self.prefetch, &mut stream, now_ns);
+        let mut ahead = AheadByUser::of(self.streams.iter());
+        writeback::record(&mut self.prefetch, &mut stream, now_ns, &mut ahead);
         let info = stream.info();
         info!(
             "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
@@ -559,20 +560,12 @@ impl Controller {
         };
         self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
+        let mut ahead = AheadByUser::of(self.streams.iter());
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
             actions.extend(stream.playout.on_tick(now_ns));
             Self::execute(&mut self.prefetch, stream, actions);
-            Self::record(&mut self.prefetch, stream, now_ns);
-        }
-    }
-
-    /// A write stream looks at how far its writer is and writes back what is due.
-    fn record(prefetch: &mut PrefetchEngine, stream: &mut Stream, now_ns: u64) {
-        if let Some(recording) = stream.kind.recording_mut() {
-            let actions = recording.poll(&stream.file, now_ns);
-            let at = (stream.id, stream.granted.priority);
-            recording.carry_out(prefetch, at, &stream.file, actions);
+            writeback::record(&mut self.prefetch, stream, now_ns, &mut ahead);
         }
     }
 
