@@ -592,6 +592,25 @@ pub fn stream_count_after(count: u64, generation: u32, kib: u32) -> u64 {
     (u64::from(generation) << 32) | u64::from(kib)
 }
 
+/// A real-time request a raised thread queued, as the block program counted it at insert
+/// (the values of the `RAISED_REQUESTS` map, keyed by the kernel's `struct request`). Bios
+/// that merge into the request while it waits in the disk's queue grow it; at its issue the
+/// program counts what it grew by against the same raise, so small `O_DIRECT` reads that
+/// back-merge into a queued request are paid for too (issue 33). A request merged into another
+/// has what was counted for it taken back, as the other counts it at its issue.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaisedRequest {
+    /// Thread id of the raised thread whose raise the request counts against.
+    pub root: u32,
+    /// That raise's [`RaisedThread::generation`] when it was counted.
+    pub generation: u32,
+    /// KiB counted so far.
+    pub counted_kib: u32,
+    /// Non-zero if counted for the raise's own file (its stream count), else as stray.
+    pub own_file: u32,
+}
+
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -821,6 +840,7 @@ mod pod {
     unsafe impl aya::Pod for super::RaisedThread {}
     unsafe impl aya::Pod for super::RaiseCounts {}
     unsafe impl aya::Pod for super::ForkEvent {}
+    unsafe impl aya::Pod for super::RaisedRequest {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
@@ -828,6 +848,7 @@ const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
 const _: () = assert!(core::mem::size_of::<RaisedThread>() == 32);
 const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 48);
 const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
+const _: () = assert!(core::mem::size_of::<RaisedRequest>() == 16);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

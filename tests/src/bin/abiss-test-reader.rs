@@ -5,7 +5,8 @@
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
 //! [--stray FILE] [--stray-shared-io | --stray-uring-workers] [--clone-io N KEEP SECS]
-//! [--exit-after-clones] [--reap-clones] [--nested-clone-io N SECS]` (`--linger`: stay alive, idle, that long
+//! [--exit-after-clones] [--reap-clones] [--nested-clone-io N SECS] [--direct-chain BYTES DEPTH]`
+//! (`--linger`: stay alive, idle, that long
 //! after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
@@ -18,6 +19,10 @@
 //! last KEEP exit at once and the last KEEP sleep SECS; it prints their pids as
 //! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them; with
 //! `--reap-clones` it waits for the kept ones before it goes on, so their ids are free again;
+//! `--direct-chain`: after the first phase the reading thread reads BYTES of FILE on from
+//! where it is, in 4 KiB `O_DIRECT` reads through `io_uring`, each submitted alone (no plug
+//! gathers them) with DEPTH in flight, so that each read's bio can merge into the request of
+//! the one before while that waits in the disk's queue; prints `{"direct_chain_bytes":N}`;
 //! `--nested-clone-io`: after the first phase the reading thread forks a child process, which
 //! makes N child processes with `CLONE_IO` (sharing the child's I/O context); all but the last
 //! exit at once, and the last forks a plain child that prints `{"nested":[PID]}` and sleeps
@@ -162,6 +167,8 @@ struct Options {
     exit_after_clones: bool,
     /// Wait for the kept ones right after making them (their ids are then free for others).
     reap_clones: bool,
+    /// Bytes read after the first phase in small `O_DIRECT` reads, and how many in flight.
+    direct_chain: Option<(u64, u64)>,
     /// A forked child's `CLONE_IO` children, how many, and how long the fork of the last one
     /// sleeps.
     nested_clone_io: Option<(u64, u64)>,
@@ -188,6 +195,7 @@ fn parse_options() -> Options {
         clone_io: None,
         exit_after_clones: false,
         reap_clones: false,
+        direct_chain: None,
         nested_clone_io: None,
     };
     let mut i = 6;
@@ -232,6 +240,10 @@ fn parse_options() -> Options {
             "--exit-after-clones" => {
                 options.exit_after_clones = true;
                 i += 1;
+            }
+            "--direct-chain" => {
+                options.direct_chain = Some((number(i + 1), number(i + 2)));
+                i += 3;
             }
             "--reap-clones" => {
                 options.reap_clones = true;
@@ -324,6 +336,11 @@ fn main() {
                 unsafe { libc::waitpid(child, &raw mut status, 0) };
             }
         }
+    }
+    if let Some((bytes, depth)) = options.direct_chain {
+        let from = reader.stream_position().expect("position");
+        let read = read_direct_chain(&options.path, from, bytes, depth);
+        println!("{{\"direct_chain_bytes\":{read}}}");
     }
     if let Some((offset, secs)) = options.seek {
         reader.seek(SeekFrom::Start(offset)).expect("seek");
@@ -518,3 +535,48 @@ fn fork_child_and_thread(
 
 trait ReadSeek: Read + Seek {}
 impl<T: Read + Seek> ReadSeek for T {}
+
+/// Reads `bytes` of `path` from `from` (rounded down to 4 KiB) in 4 KiB `O_DIRECT` reads
+/// through `io_uring`, each submitted by a call of its own, `depth` in flight; the bytes read.
+fn read_direct_chain(path: &str, from: u64, bytes: u64, depth: u64) -> u64 {
+    const PIECE: usize = 4096;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open O_DIRECT");
+    let depth = usize::try_from(depth.max(1)).expect("depth");
+    let mut ring = IoUring::new(u32::try_from(depth * 2).expect("depth")).expect("io_uring");
+    let layout = std::alloc::Layout::from_size_align(PIECE * depth, PIECE).expect("layout");
+    // SAFETY: a non-zero size; freed below, after the last completion.
+    let buffers = unsafe { std::alloc::alloc(layout) };
+    assert!(!buffers.is_null(), "allocate the buffers");
+    let pieces = bytes / PIECE as u64;
+    let mut offset = from / PIECE as u64 * PIECE as u64;
+    let (mut submitted, mut completed, mut read) = (0u64, 0u64, 0u64);
+    while completed < pieces {
+        while submitted < pieces && submitted - completed < depth as u64 {
+            let slot = usize::try_from(submitted % depth as u64).expect("slot");
+            // SAFETY: within the allocation; each slot is reused only after its completion.
+            let buffer = unsafe { buffers.add(slot * PIECE) };
+            let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buffer, PIECE as u32)
+                .offset(offset)
+                .build()
+                .user_data(submitted);
+            // SAFETY: the buffer outlives the request (freed after every completion).
+            unsafe { ring.submission().push(&entry) }.expect("push");
+            // One request per call: the kernel plugs only a batch of several.
+            ring.submit().expect("submit");
+            offset += PIECE as u64;
+            submitted += 1;
+        }
+        ring.submit_and_wait(1).expect("wait");
+        for completion in ring.completion() {
+            completed += 1;
+            read += u64::try_from(completion.result().max(0)).unwrap_or(0);
+        }
+    }
+    // SAFETY: allocated above with this layout; no request is in flight.
+    unsafe { std::alloc::dealloc(buffers, layout) };
+    read
+}
