@@ -397,7 +397,14 @@ fn one_users_recordings_together_allocate_ahead_no_more_than_their_users_bound()
             .expect("touch as nobody");
         assert!(touched.success());
         let attach = [
-            "attach", &path, "--write", "--preallocate", "--rate", "1MiB/s", "--buffer", "192MiB",
+            "attach",
+            &path,
+            "--write",
+            "--preallocate",
+            "--rate",
+            "1MiB/s",
+            "--buffer",
+            "192MiB",
         ];
         ids.push(attached_id(&abissctl_as_nobody(&socket, &attach)));
     }

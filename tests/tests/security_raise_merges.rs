@@ -27,7 +27,9 @@ fn stream_kib_counted(daemon: u32, tid: u32) -> Option<u64> {
             let key = bytes("key");
             (u32::from_ne_bytes(key[..4].try_into().ok()?) == tid).then(|| {
                 let value = bytes("value");
-                u64::from(u32::from_ne_bytes(value[8..12].try_into().expect("4 bytes")))
+                u64::from(u32::from_ne_bytes(
+                    value[8..12].try_into().expect("4 bytes"),
+                ))
             })
         })
 }

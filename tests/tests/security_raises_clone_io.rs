@@ -312,7 +312,15 @@ fn a_task_that_takes_a_clone_io_tasks_id_is_not_put_back_with_the_raise() {
     let mut reader = setup.raised_reader(
         &[
             &RAISED_AT_ONCE[..],
-            &["--clone-io", "1", "1", "0", "--reap-clones", "--linger", "6"],
+            &[
+                "--clone-io",
+                "1",
+                "1",
+                "0",
+                "--reap-clones",
+                "--linger",
+                "6",
+            ],
         ]
         .concat(),
     );

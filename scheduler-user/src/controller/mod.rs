@@ -201,8 +201,7 @@ impl Controller {
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
-        let mut ahead = AheadByUser::of(self.streams.iter());
-        writeback::record(&mut self.prefetch, &mut stream, now_ns, &mut ahead);
+        self.record_new(&mut stream, now_ns);
         let info = stream.info();
         info!(
             "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
@@ -567,6 +566,12 @@ impl Controller {
             Self::execute(&mut self.prefetch, stream, actions);
             writeback::record(&mut self.prefetch, stream, now_ns, &mut ahead);
         }
+    }
+
+    /// A new write stream (not in the table yet) looks at its writer, within its user's room.
+    fn record_new(&mut self, stream: &mut Stream, now_ns: u64) {
+        let mut ahead = AheadByUser::of(self.streams.iter());
+        writeback::record(&mut self.prefetch, stream, now_ns, &mut ahead);
     }
 
     /// Ends every stream and gives the devices back.

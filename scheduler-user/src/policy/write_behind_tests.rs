@@ -125,7 +125,10 @@ fn a_stream_allocates_ahead_only_within_its_users_room() {
         vec![WriteAction::Preallocate(MIB + MIB / 2..5 * MIB)]
     );
     assert_eq!(allocation_room(65_534, MAX_PREALLOCATED_AHEAD_PER_USER), 0);
-    assert_eq!(allocation_room(0, MAX_PREALLOCATED_AHEAD_PER_USER), u64::MAX);
+    assert_eq!(
+        allocation_room(0, MAX_PREALLOCATED_AHEAD_PER_USER),
+        u64::MAX
+    );
 }
 
 proptest! {

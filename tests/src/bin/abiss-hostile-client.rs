@@ -121,7 +121,7 @@ fn main() -> ExitCode {
             };
             plans_back_to_back(socket, first, connections)
         }
-        "subscribe" | "hold" | "idle" | "harass" => {
+        "subscribe" | "hold" | "idle" | "harass" | "unread-metrics" => {
             let Ok(number) = first.parse::<u32>() else {
                 eprintln!("the first argument of {mode} is a number");
                 return ExitCode::from(2);
@@ -130,17 +130,11 @@ fn main() -> ExitCode {
                 "subscribe" => subscribe_and_hang_up(socket, number, second),
                 "hold" => hold_connections(socket, number),
                 "harass" => harass(socket, u64::from(number)),
+                "unread-metrics" => unread_metrics(socket, number),
                 _ => idle(socket, number),
             }
         }
         "opath" => opath(socket, first),
-        "unread-metrics" => {
-            let Ok(count) = first.parse::<u32>() else {
-                eprintln!("COUNT is a number");
-                return ExitCode::from(2);
-            };
-            unread_metrics(socket, count)
-        }
         "linger" | "linger-oob" => {
             let (Ok(secs), Ok(count)) = (first.parse::<i32>(), second.parse::<u32>()) else {
                 eprintln!("SECS and COUNT are numbers");

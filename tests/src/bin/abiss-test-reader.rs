@@ -163,15 +163,53 @@ struct Options {
     /// Child processes made with `CLONE_IO` after the first phase: how many, how many of the
     /// last ones stay, and for how long.
     clone_io: Option<(u64, u64, u64)>,
-    /// Exit right after making them.
-    exit_after_clones: bool,
-    /// Wait for the kept ones right after making them (their ids are then free for others).
-    reap_clones: bool,
+    /// What the reader does right after making them.
+    after_clones: AfterClones,
     /// Bytes read after the first phase in small `O_DIRECT` reads, and how many in flight.
     direct_chain: Option<(u64, u64)>,
     /// A forked child's `CLONE_IO` children, how many, and how long the fork of the last one
     /// sleeps.
     nested_clone_io: Option<(u64, u64)>,
+}
+
+/// What the reader does right after making its `CLONE_IO` children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AfterClones {
+    /// Goes on with its phases (and waits for them at its end).
+    GoOn,
+    /// Exits at once, leaving them.
+    Exit,
+    /// Waits for the kept ones (their ids are then free for others), then goes on.
+    Reap,
+}
+
+/// Parses option `args[i]` if it is one of the options of tasks and `O_DIRECT` chains: the
+/// index of the next option; `None` if it is none of them.
+fn clone_option(args: &[String], i: usize, options: &mut Options) -> Option<usize> {
+    let number = |i: usize| -> u64 { args[i].parse().expect("a number") };
+    Some(match args[i].as_str() {
+        "--clone-io" => {
+            options.clone_io = Some((number(i + 1), number(i + 2), number(i + 3)));
+            i + 4
+        }
+        "--exit-after-clones" => {
+            options.after_clones = AfterClones::Exit;
+            i + 1
+        }
+        "--reap-clones" => {
+            options.after_clones = AfterClones::Reap;
+            i + 1
+        }
+        "--nested-clone-io" => {
+            options.nested_clone_io = Some((number(i + 1), number(i + 2)));
+            i + 3
+        }
+        "--direct-chain" => {
+            options.direct_chain = Some((number(i + 1), number(i + 2)));
+            i + 3
+        }
+        _ => return None,
+    })
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -193,8 +231,7 @@ fn parse_options() -> Options {
         stray: None,
         stray_by: StrayReader::Myself,
         clone_io: None,
-        exit_after_clones: false,
-        reap_clones: false,
+        after_clones: AfterClones::GoOn,
         direct_chain: None,
         nested_clone_io: None,
     };
@@ -233,26 +270,6 @@ fn parse_options() -> Options {
                 options.direct = true;
                 i += 1;
             }
-            "--clone-io" => {
-                options.clone_io = Some((number(i + 1), number(i + 2), number(i + 3)));
-                i += 4;
-            }
-            "--exit-after-clones" => {
-                options.exit_after_clones = true;
-                i += 1;
-            }
-            "--direct-chain" => {
-                options.direct_chain = Some((number(i + 1), number(i + 2)));
-                i += 3;
-            }
-            "--reap-clones" => {
-                options.reap_clones = true;
-                i += 1;
-            }
-            "--nested-clone-io" => {
-                options.nested_clone_io = Some((number(i + 1), number(i + 2)));
-                i += 3;
-            }
             "--uring" => {
                 options.uring = true;
                 i += 1;
@@ -262,7 +279,10 @@ fn parse_options() -> Options {
                 set_thread_ioprio(class.parse().expect("class"), level.parse().expect("level"));
                 i += 2;
             }
-            other => panic!("unknown argument {other}"),
+            other => {
+                i = clone_option(&args, i, &mut options)
+                    .unwrap_or_else(|| panic!("unknown argument {other}"));
+            }
         }
     }
     options
@@ -322,13 +342,13 @@ fn main() {
     if let Some((count, keep, secs)) = options.clone_io {
         let kept = make_clone_io_children(count, keep, secs);
         println!("{{\"clone_io\":{kept:?}}}");
-        if options.exit_after_clones {
+        if options.after_clones == AfterClones::Exit {
             // stdout is a pipe, flushed by the newline only on a terminal.
             let _ = std::io::Write::flush(&mut std::io::stdout());
             // SAFETY: leaves at once; the children, processes of their own, stay.
             unsafe { libc::_exit(0) };
         }
-        if options.reap_clones {
+        if options.after_clones == AfterClones::Reap {
             let _ = std::io::Write::flush(&mut std::io::stdout());
             for child in kept {
                 let mut status = 0;
@@ -539,7 +559,8 @@ impl<T: Read + Seek> ReadSeek for T {}
 /// Reads `bytes` of `path` from `from` (rounded down to 4 KiB) in 4 KiB `O_DIRECT` reads
 /// through `io_uring`, each submitted by a call of its own, `depth` in flight; the bytes read.
 fn read_direct_chain(path: &str, from: u64, bytes: u64, depth: u64) -> u64 {
-    const PIECE: usize = 4096;
+    const PIECE_BYTES: u32 = 4096;
+    const PIECE: usize = PIECE_BYTES as usize;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
@@ -559,7 +580,7 @@ fn read_direct_chain(path: &str, from: u64, bytes: u64, depth: u64) -> u64 {
             let slot = usize::try_from(submitted % depth as u64).expect("slot");
             // SAFETY: within the allocation; each slot is reused only after its completion.
             let buffer = unsafe { buffers.add(slot * PIECE) };
-            let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buffer, PIECE as u32)
+            let entry = opcode::Read::new(types::Fd(file.as_raw_fd()), buffer, PIECE_BYTES)
                 .offset(offset)
                 .build()
                 .user_data(submitted);
