@@ -369,7 +369,7 @@ impl Controller {
         // A write-back's end may allocate ahead too: within the user's room.
         let mut ahead = match self.streams.get(done.stream) {
             Some(stream) if stream.kind.is_recording() && done.kind != JobKind::Allocate => {
-                AheadByUser::of(self.streams.iter())
+                self.streams.allocated_ahead()
             }
             _ => AheadByUser::default(),
         };

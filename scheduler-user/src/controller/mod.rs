@@ -31,7 +31,7 @@ use crate::raise::ReaderRaises;
 use crate::stream::mapped_file::{mapping_bytes, reopen_without_atime};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 use crate::stream::table::StreamTable;
-use crate::stream::writeback::{self, AheadByUser, GiveBack};
+use crate::stream::writeback::GiveBack;
 use crate::stream::{
     check_parameters, Stream, StreamKind, StreamOwner, StreamStart, MAX_STREAMS,
     MAX_STREAMS_PER_USER,
@@ -559,19 +559,19 @@ impl Controller {
         };
         self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
-        let mut ahead = AheadByUser::of(self.streams.iter());
+        let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
             actions.extend(stream.playout.on_tick(now_ns));
             Self::execute(&mut self.prefetch, stream, actions);
-            writeback::record(&mut self.prefetch, stream, now_ns, &mut ahead);
+            stream.record(&mut self.prefetch, now_ns, &mut ahead);
         }
     }
 
     /// A new write stream (not in the table yet) looks at its writer, within its user's room.
     fn record_new(&mut self, stream: &mut Stream, now_ns: u64) {
-        let mut ahead = AheadByUser::of(self.streams.iter());
-        writeback::record(&mut self.prefetch, stream, now_ns, &mut ahead);
+        let mut ahead = self.streams.allocated_ahead();
+        stream.record(&mut self.prefetch, now_ns, &mut ahead);
     }
 
     /// Ends every stream and gives the devices back.

@@ -68,7 +68,6 @@ use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
 use scheduler_common::{RaiseCounts, RaisedThread};
 
-use super::task::started_at;
 use crate::kernel::events::{inherited_raise, Fork, InheritedRaise};
 use crate::kernel::tracer::BlockTracer;
 use crate::policy::raise::SharedIoTasks;
@@ -501,4 +500,21 @@ impl RaisedForks {
         }
         self.prune_counts_but(&followed);
     }
+}
+
+/// Whether the task under id `tid` is the one that started at `started_ns`
+/// (`task_struct.start_boottime`, ns since boot, which `/proc/TID/stat` gives in clock ticks);
+/// false when there is none, or `/proc` cannot tell. A `started_ns` of 0 (not known) names
+/// whatever task has the id.
+fn started_at(tid: u32, started_ns: u64) -> bool {
+    if started_ns == 0 {
+        return true;
+    }
+    let Ok(pid) = i32::try_from(tid) else {
+        return false;
+    };
+    let ns_per_tick = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    procfs::process::Process::new(pid)
+        .and_then(|task| task.stat())
+        .is_ok_and(|stat| stat.starttime == started_ns / ns_per_tick)
 }

@@ -45,23 +45,6 @@ pub(super) fn task_identity(pid: u32) -> io::Result<Option<Identity>> {
     }))
 }
 
-/// Whether the task under id `tid` is the one that started at `started_ns`
-/// (`task_struct.start_boottime`, ns since boot, which `/proc/TID/stat` gives in clock ticks);
-/// false when there is none, or `/proc` cannot tell. A `started_ns` of 0 (not known) names
-/// whatever task has the id.
-pub(super) fn started_at(tid: u32, started_ns: u64) -> bool {
-    if started_ns == 0 {
-        return true;
-    }
-    let Ok(pid) = i32::try_from(tid) else {
-        return false;
-    };
-    let ns_per_tick = 1_000_000_000 / procfs::ticks_per_second().max(1);
-    procfs::process::Process::new(pid)
-        .and_then(|task| task.stat())
-        .is_ok_and(|stat| stat.starttime == started_ns / ns_per_tick)
-}
-
 /// What became of a raised thread at restore.
 pub(super) enum Restored {
     /// Its priority is back.

@@ -39,13 +39,11 @@ use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
 pub(crate) struct AheadByUser(std::collections::HashMap<u32, u64>);
 
 impl AheadByUser {
-    /// What the recordings among `streams` hold ahead now.
-    pub(crate) fn of<'a>(streams: impl Iterator<Item = &'a super::Stream>) -> Self {
+    /// What `recordings` (each with its owner's uid) hold ahead now.
+    pub(crate) fn of<'a>(recordings: impl Iterator<Item = (u32, &'a Recording)>) -> Self {
         let mut ahead = Self::default();
-        for stream in streams {
-            if let Some(recording) = stream.kind.recording() {
-                *ahead.0.entry(stream.owner_uid).or_default() += recording.window.allocated_ahead();
-            }
+        for (uid, recording) in recordings {
+            *ahead.0.entry(uid).or_default() += recording.window.allocated_ahead();
         }
         ahead
     }
@@ -66,22 +64,6 @@ impl AheadByUser {
         let result = look(recording);
         *total = others.saturating_add(recording.window.allocated_ahead());
         result
-    }
-}
-
-/// A write stream looks at how far its writer is, and writes back and allocates what is due
-/// (within its user's room, `ahead`).
-pub(crate) fn record(
-    prefetch: &mut PrefetchEngine,
-    stream: &mut super::Stream,
-    now_ns: u64,
-    ahead: &mut AheadByUser,
-) {
-    let at = (stream.id, stream.granted.priority);
-    let uid = stream.owner_uid;
-    if let Some(recording) = stream.kind.recording_mut() {
-        let actions = ahead.with_room(uid, recording, |r| r.poll(&stream.file, now_ns));
-        recording.carry_out(prefetch, at, &stream.file, actions);
     }
 }
 
