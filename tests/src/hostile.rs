@@ -237,6 +237,7 @@ impl Drop for StallingFs {
 /// Scrapes of the metrics at `address` that never read their answers: `count` connections,
 /// each with the smallest receive buffer, that send a whole request head; held until a line
 /// arrives on standard input.
+#[must_use]
 pub fn unread_metrics(address: &str, count: u32) -> std::process::ExitCode {
     use std::io::Write as _;
     let Ok(address) = address.parse::<std::net::SocketAddr>() else {
