@@ -133,7 +133,7 @@ pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> 
         task_flags: finder.offset("task_struct", "flags")?,
         task_pid: finder.offset("task_struct", "pid")?,
         task_io_context: finder.offset("task_struct", "io_context")?,
-        pad: 0,
+        task_start_boottime: finder.offset("task_struct", "start_boottime")?,
         iomap_dio_end_io,
     };
     Ok((KernelSupport { layout, missing }, stand_ins))

@@ -130,8 +130,9 @@ pub struct KernelLayout {
     pub task_pid: u32,
     /// `struct task_struct.io_context` (a child made with `CLONE_IO` shares its parent's)
     pub task_io_context: u32,
-    /// Padding.
-    pub pad: u32,
+    /// `struct task_struct.start_boottime` (ns since boot, as `/proc/PID/stat`'s start time
+    /// in clock ticks): with the id, who a task is, as an id comes round again
+    pub task_start_boottime: u32,
     /// Address of `iomap_dio_bio_end_io` (from `/proc/kallsyms`), zero if unknown: a bio
     /// that ends there is direct I/O whose `bi_private` leads to the file.
     pub iomap_dio_end_io: u64,
@@ -169,7 +170,7 @@ impl KernelLayout {
         task_flags: 0,
         task_pid: 0,
         task_io_context: 0,
-        pad: 0,
+        task_start_boottime: 0,
         iomap_dio_end_io: 0,
     };
 }
@@ -205,7 +206,7 @@ pub struct Control {
 pub const MAX_RAISED: u32 = 20_480;
 
 /// Size of the ring buffer that carries tasks made by raised threads to abissd, in bytes:
-/// 1365 [`ForkEvent`]s (40 bytes and the ring's 8-byte header each) between two reads by
+/// 1170 [`ForkEvent`]s (48 bytes and the ring's 8-byte header each) between two reads by
 /// abissd. Beyond that the fork program counts them in `FORK_LOST`, and abissd finds them in
 /// `RAISED` (measured: 3000 forks while abissd was stopped, all put back within a second of
 /// it going on).
@@ -257,6 +258,12 @@ pub struct RaisedThread {
     /// The tag of the file the raise is for (the tag is the file's, shared by its streams:
     /// see [`AttachedFile::stream`]).
     pub stream: u64,
+    /// For an entry the fork program wrote ([`raised_flags::INHERITED`]): when the task it
+    /// is for started (`task_struct.start_boottime`, ns since boot). The entry names that
+    /// task, not its id: a task that takes the id once it is gone (ids wrap at `pid_max`, and
+    /// any user can make them wrap) is not followed, counted or put back under the raise.
+    /// Zero in abissd's own entries (abissd knows its raised threads by id and start time).
+    pub started_ns: u64,
 }
 
 /// What the eBPF side counts of the raise of one thread abissd raised (the values of the
@@ -300,6 +307,9 @@ pub struct RaiseCounts {
     pub past_bound_task: u32,
     /// Zero: keeps the layout free of padding.
     pub reserved: u32,
+    /// When `past_bound_task` started (`task_struct.start_boottime`): abissd puts it back
+    /// only if the task under that id is still the one that started then.
+    pub past_bound_started_ns: u64,
 }
 
 impl RaiseCounts {
@@ -346,6 +356,25 @@ pub fn stream_count_after(count: u64, generation: u32, kib: u32) -> u64 {
     (u64::from(generation) << 32) | u64::from(kib)
 }
 
+/// A real-time request a raised thread queued, as the block program counted it at insert
+/// (the values of the `RAISED_REQUESTS` map, keyed by the kernel's `struct request`). Bios
+/// that merge into the request while it waits in the disk's queue grow it; at its issue the
+/// program counts what it grew by against the same raise, so small `O_DIRECT` reads that
+/// back-merge into a queued request are paid for too (issue 33). A request merged into another
+/// has what was counted for it taken back, as the other counts it at its issue.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RaisedRequest {
+    /// Thread id of the raised thread whose raise the request counts against.
+    pub root: u32,
+    /// That raise's [`RaisedThread::generation`] when it was counted.
+    pub generation: u32,
+    /// KiB counted so far.
+    pub counted_kib: u32,
+    /// Non-zero if counted for the raise's own file (its stream count), else as stray.
+    pub own_file: u32,
+}
+
 /// A task made (fork, vfork, clone, a new thread) by a followed thread, sent to abissd.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -378,13 +407,15 @@ mod pod {
     unsafe impl aya::Pod for super::RaisedThread {}
     unsafe impl aya::Pod for super::RaiseCounts {}
     unsafe impl aya::Pod for super::ForkEvent {}
+    unsafe impl aya::Pod for super::RaisedRequest {}
 }
 
 // The layouts are part of the ABI: a change here must be a deliberate change on both sides.
 const _: () = assert!(core::mem::size_of::<KernelLayout>() == 30 * 4 + 8);
-const _: () = assert!(core::mem::size_of::<RaisedThread>() == 24);
-const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 40);
-const _: () = assert!(core::mem::size_of::<ForkEvent>() == 40);
+const _: () = assert!(core::mem::size_of::<RaisedThread>() == 32);
+const _: () = assert!(core::mem::size_of::<RaiseCounts>() == 48);
+const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
+const _: () = assert!(core::mem::size_of::<RaisedRequest>() == 16);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);

@@ -37,6 +37,8 @@ pub mod map {
     pub const RAISED_CONTEXTS: &str = "RAISED_CONTEXTS";
     /// What raised threads read at real time.
     pub const RAISE_COUNTS: &str = "RAISE_COUNTS";
+    /// Raised threads' requests between insert and issue, as counted at insert.
+    pub const RAISED_REQUESTS: &str = "RAISED_REQUESTS";
     /// When a reader of a file is reported next.
     pub const READ_REPORT_DUE: &str = "READ_REPORT_DUE";
     /// Followed `io_uring` requests.
@@ -76,7 +78,7 @@ pub mod program {
 }
 
 /// Every map.
-pub const MAPS: [&str; 19] = [
+pub const MAPS: [&str; 20] = [
     map::ATTACHED,
     map::CONTROL,
     map::DISKS,
@@ -92,6 +94,7 @@ pub const MAPS: [&str; 19] = [
     map::RAISED,
     map::RAISED_CONTEXTS,
     map::RAISE_COUNTS,
+    map::RAISED_REQUESTS,
     map::READ_REPORT_DUE,
     map::URING_INFLIGHT,
     map::URING_USERS,

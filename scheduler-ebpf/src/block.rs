@@ -20,15 +20,19 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     abiss_level, disk_flags, ioprio, latency_slot, op, playout_kind, raised_flags, request_state,
-    stream_count_after, AttachedFile, Control, HistogramKey, InflightRequest, PlayoutEvent,
-    RequestEvent, RequestOrigin,
+    stream_count_after, stream_count_for, AttachedFile, Control, HistogramKey, InflightRequest,
+    PlayoutEvent, RaisedRequest, RequestEvent, RequestOrigin,
 };
 
 use crate::kernel::{
-    attached_file, bio_inode, counts_of, field, layout, now_ns, raise_of_shared_context, read,
-    remember_raised_context, report_reader, PF_KTHREAD,
+    attached_file, bio_inode, counts_of, current_started_ns, field, layout, now_ns,
+    raise_of_shared_context, raised_entry, read, remember_raised_context, report_reader,
+    PF_KTHREAD,
 };
-use crate::maps::{CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, ZERO_COUNTERS};
+use crate::maps::{
+    CONTROL, DISKS, EVENTS, INFLIGHT, LATENCY, ORIGINS, RAISED, RAISED_REQUESTS, RAISE_COUNTS,
+    ZERO_COUNTERS,
+};
 
 /// A request's disk, when its requests are followed.
 #[derive(Clone, Copy)]
@@ -207,7 +211,7 @@ fn police_raised(rq: u64, control: &Control) {
         reason = "the low half is the thread id"
     )]
     let tid = bpf_get_current_pid_tgid() as u32;
-    let raise = match RAISED.get_ptr_mut(tid) {
+    let raise = match raised_entry(tid, current_started_ns) {
         Some(own) => {
             remember_raised_context(tid, own);
             own
@@ -244,7 +248,19 @@ fn police_raised(rq: u64, control: &Control) {
     let counts = unsafe { &mut *counts };
     let bytes: u32 = field(rq, layout!(request_data_len));
     let kib = bytes.div_ceil(1024);
-    if attached_file(bio_inode(bio)).map_or(0, |file| file.stream) != own.stream {
+    let own_file = attached_file(bio_inode(bio)).map_or(0, |file| file.stream) == own.stream;
+    // What bios merge into the request while it waits is counted at its issue.
+    let _ = RAISED_REQUESTS.insert(
+        rq,
+        RaisedRequest {
+            root: raise.root,
+            generation: own.generation,
+            counted_kib: kib,
+            own_file: u32::from(own_file),
+        },
+        0,
+    );
+    if !own_file {
         counts.stray_kib = counts.stray_kib.saturating_add(kib);
     } else {
         // One load and one store of the word: the count never goes with another generation.
@@ -253,6 +269,61 @@ fn police_raised(rq: u64, control: &Control) {
         unsafe {
             let count = word.read_volatile();
             word.write_volatile(stream_count_after(count, own.generation, kib));
+        }
+    }
+}
+
+/// A raised thread's real-time request (see [`police_raised`]) is issued, or merged into
+/// another (`issued` false): at its issue, what bios merged into it since its insert (small
+/// `O_DIRECT` reads back-merge into a queued request; no insert is seen for them) is counted
+/// against the same raise; merged away, what was counted for it is taken back, since the
+/// request it went into counts it at its issue. Only while that raise goes on, for the file
+/// it counted for. One `CONTROL` read while nothing is raised.
+#[inline(always)]
+fn settle_raised_request(rq: u64, issued: bool) {
+    if CONTROL.get(0).map_or(0, |control| control.raised_threads) == 0 {
+        return;
+    }
+    // SAFETY: pointer to a live map value of this type, copied.
+    let Some(request) = RAISED_REQUESTS.get_ptr(rq).map(|found| unsafe { *found }) else {
+        return;
+    };
+    let _ = RAISED_REQUESTS.remove(rq);
+    // SAFETY: pointer to a live map value of this type, copied.
+    let Some(own) = RAISED.get_ptr(request.root).map(|entry| unsafe { *entry }) else {
+        return;
+    };
+    if own.flags & raised_flags::INHERITED != 0 || own.generation != request.generation {
+        return;
+    }
+    // Not made here: a raise without counts has counted nothing to settle.
+    let Some(counts) = RAISE_COUNTS.get_ptr_mut(request.root) else {
+        return;
+    };
+    let now_kib = if issued {
+        field::<u32>(rq, layout!(request_data_len)).div_ceil(1024)
+    } else {
+        0
+    };
+    let settle = |count: u32| {
+        if issued {
+            count.saturating_add(now_kib.saturating_sub(request.counted_kib))
+        } else {
+            count.saturating_sub(request.counted_kib)
+        }
+    };
+    // SAFETY: pointer to a live map value of this type; a lost update between two CPUs only
+    // miscounts by this request.
+    let counts = unsafe { &mut *counts };
+    if request.own_file == 0 {
+        counts.stray_kib = settle(counts.stray_kib);
+    } else {
+        let word = &raw mut counts.stream_count;
+        // SAFETY: an aligned field of a live map value; one load and one store.
+        unsafe {
+            let count = word.read_volatile();
+            let kib = settle(stream_count_for(count, request.generation));
+            word.write_volatile((u64::from(request.generation) << 32) | u64::from(kib));
         }
     }
 }
@@ -280,6 +351,7 @@ pub fn abiss_insert(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_issue")]
 pub fn abiss_issue(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    settle_raised_request(rq, true);
     let Some(disk) = watched_disk(rq) else {
         return 0;
     };
@@ -349,6 +421,7 @@ pub fn abiss_complete(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "block_rq_merge")]
 pub fn abiss_merge(ctx: BtfTracePointContext) -> i32 {
     let rq: u64 = ctx.arg(0);
+    settle_raised_request(rq, false);
     if watched_disk(rq).is_none() {
         return 0;
     }

@@ -19,7 +19,9 @@ use core::intrinsics::{atomic_xadd, AtomicOrdering};
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use scheduler_common::{raised_flags, ForkEvent, RaisedThread, MAX_SHARED_IO_TASKS_PER_RAISE};
 
-use crate::kernel::{counts_of, field, layout, now_ns, raise_of_context, remember_raised_context};
+use crate::kernel::{
+    counts_of, field, layout, now_ns, raise_of_context, raised_entry, remember_raised_context,
+};
 use crate::maps::{CONTROL, FORKS, FORK_LOST, RAISED};
 
 /// Counts a new task of a followed thread that could not be reported.
@@ -46,10 +48,12 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     }
     let parent_tid: u32 = field(parent, layout!(task_pid));
     let context: u64 = field(parent, layout!(task_io_context));
-    let Some(raise) = followed_raise(parent_tid, context) else {
+    let Some(raise) = followed_raise(parent_tid, field(parent, layout!(task_start_boottime)), context)
+    else {
         return 0;
     };
     let child_tid: u32 = field(child, layout!(task_pid));
+    let child_started: u64 = field(child, layout!(task_start_boottime));
     // Whether the child shares the raised thread's own I/O context: it does if it shares its
     // parent's and the parent is that thread or shares it. A child sharing the context of a
     // plain task the raised thread made does not: that context is put back with that task,
@@ -62,11 +66,15 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     let mut flags = raised_flags::INHERITED;
     if shares {
         flags |= raised_flags::SHARES_IO_CONTEXT;
-        if !count_shared_task(raise.root, child_tid) {
+        if !count_shared_task(raise.root, child_tid, child_started) {
             flags |= raised_flags::OVER_BOUND;
         }
     }
-    let entry = RaisedThread { flags, ..raise };
+    let entry = RaisedThread {
+        flags,
+        started_ns: child_started,
+        ..raise
+    };
     // A full map only stops the child's own children from being followed: abissd still
     // hears of the child itself below. Past the bound the child is not noted: it shares the
     // raised thread's context, so its own tasks are still followed through
@@ -88,12 +96,13 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// The raise a task made by thread `tid` (whose I/O context is `context`) starts with: the
-/// thread's own entry, or, for a task sharing a raised thread's context that is not in the
-/// map (one past the bound), that thread's raise.
+/// The raise a task made by thread `tid` (which started at `started_ns`, and whose I/O
+/// context is `context`) starts with: the thread's own entry, or, for a task sharing a raised
+/// thread's context that is not in the map (one past the bound), that thread's raise. An
+/// entry noted for an earlier task under the same id is not the thread's.
 #[inline(always)]
-fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
-    if let Some(found) = RAISED.get_ptr_mut(tid) {
+fn followed_raise(tid: u32, started_ns: u64, context: u64) -> Option<RaisedThread> {
+    if let Some(found) = raised_entry(tid, || started_ns) {
         // A raised thread about to share its context: it must be findable by it.
         remember_raised_context(tid, found);
         // SAFETY: pointer to a live map value, copied.
@@ -111,7 +120,7 @@ fn followed_raise(tid: u32, context: u64) -> Option<RaisedThread> {
 /// marked, with the task, by which abissd can reach the context should every other task of it
 /// be gone), or when the raise has ended (nothing noted under it would be swept any more).
 #[inline(always)]
-fn count_shared_task(root: u32, tid: u32) -> bool {
+fn count_shared_task(root: u32, tid: u32, started_ns: u64) -> bool {
     // SAFETY: pointer to a live map value of this type, one field read.
     let own = RAISED.get_ptr(root).map(|entry| unsafe { (*entry).flags });
     // Not a task's entry under an id that came round again.
@@ -136,6 +145,7 @@ fn count_shared_task(root: u32, tid: u32) -> bool {
     unsafe {
         (*counts).over_bound = 1;
         (*counts).past_bound_task = tid;
+        (*counts).past_bound_started_ns = started_ns;
     }
     false
 }

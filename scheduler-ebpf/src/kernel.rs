@@ -278,6 +278,33 @@ pub(crate) fn remember_raised_context(tid: u32, raise: *const RaisedThread) {
     }
 }
 
+/// Thread `tid`'s entry in `RAISED`, unless it is a task's entry (the fork program's) that
+/// names another task than the one under that id now, which started at `started_ns()`: a
+/// task's entry outlives the task until abissd sweeps it, and a task that takes the id in
+/// between is not the one that started with the raise. Asked only of a task's entry.
+#[inline(always)]
+pub(crate) fn raised_entry(
+    tid: u32,
+    started_ns: impl FnOnce() -> u64,
+) -> Option<*mut RaisedThread> {
+    let entry = RAISED.get_ptr_mut(tid)?;
+    // SAFETY: pointer to a live map value of this type, two fields read.
+    let (flags, noted) = unsafe { ((*entry).flags, (*entry).started_ns) };
+    if flags & raised_flags::INHERITED == 0 || noted == 0 || noted == started_ns() {
+        Some(entry)
+    } else {
+        None
+    }
+}
+
+/// When the current task started (`task_struct.start_boottime`); 0 if it cannot be read.
+#[inline(always)]
+pub(crate) fn current_started_ns() -> u64 {
+    // SAFETY: helper without arguments.
+    let task = unsafe { bpf_get_current_task() };
+    read::<u64>(task, layout!(task_start_boottime)).unwrap_or(0)
+}
+
 /// What the programs count of the raise of thread `root`, whose own `RAISED` entry the caller
 /// found: its `RAISE_COUNTS` entry, made here at the first count. (Should abissd delete both
 /// entries between the caller's look and this one, an entry is made for a raise that has

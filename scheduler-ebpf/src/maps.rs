@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RaiseCounts, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES,
+    LatencyCounters, RaiseCounts, RaisedRequest, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES,
     FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS,
     MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, MAX_URING_USERS, PLAYOUT_RING_BYTES,
     READ_REPORT_BUCKETS,
@@ -100,6 +100,14 @@ pub(crate) static RAISED: HashMap<u32, RaisedThread> = HashMap::with_max_entries
 #[map]
 pub(crate) static RAISE_COUNTS: HashMap<u32, RaiseCounts> =
     HashMap::with_max_entries(MAX_RAISED, 0);
+
+/// Real-time requests of raised threads between insert and issue, with what was counted for
+/// each at insert, by request address: at issue (or a merge into another request) the
+/// program counts what merges added. Least recently used entries go first (a request whose
+/// issue was not seen).
+#[map]
+pub(crate) static RAISED_REQUESTS: LruHashMap<u64, RaisedRequest> =
+    LruHashMap::with_max_entries(MAX_INFLIGHT, 0);
 
 /// The I/O context (`task_struct.io_context`) of each raised thread, as seen when it read an
 /// attached file, with its thread id: the tasks that share that context (`io_uring` workers

@@ -101,16 +101,18 @@ pub(crate) fn init_logging() {
 /// Whether `c` is written escaped in a log line: control characters (a newline would start a
 /// line, or with journald an entry at a priority of the writer's choosing; a terminal acts on
 /// escape sequences), the Unicode line and paragraph separators, and the bidirectional
-/// overrides and isolates, which reorder what a terminal shows.
+/// overrides and isolates, which reorder what a terminal shows; and the backslash, so that
+/// an escape is always abissd's.
 fn needs_escape(c: char) -> bool {
     c.is_control()
+        || c == '\\'
         || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Writes `args` to `out` with every character [`needs_escape`] names escaped as Rust escapes
 /// it (`\n`, `\u{1b}`), so that no file name or thread name a client chose can forge a log
-/// line. A backslash is left as it is: a name holding `\n` as two characters reads like an
-/// escaped newline, but it starts no line.
+/// line. A backslash is escaped too (`\\`): a name holding `\n` as two characters is logged
+/// as `\\n`, told apart from an escaped newline.
 pub(crate) fn write_escaped(
     out: &mut impl Write,
     args: std::fmt::Arguments<'_>,
@@ -178,6 +180,9 @@ mod tests {
             escaped("x\r\u{1b}[2Jy\u{2028}z\u{202e}é"),
             "stream 3: x\\r\\u{1b}[2Jy\\u{2028}z\\u{202e}é at 1 MB/s"
         );
+        // A backslash written by a user is not an escape.
+        assert_eq!(escaped("a\\nb"), "stream 3: a\\\\nb at 1 MB/s");
+        assert_ne!(escaped("a\\nb"), escaped("a\nb"));
         assert_eq!(
             escaped("/plain/ünïcode file"),
             "stream 3: /plain/ünïcode file at 1 MB/s"

@@ -233,3 +233,75 @@ impl Drop for StallingFs {
         let _ = self.server.0.wait();
     }
 }
+
+/// Scrapes of the metrics at `address` that never read their answers: `count` connections,
+/// each with the smallest receive buffer, that send a whole request head; held until a line
+/// arrives on standard input.
+#[must_use]
+pub fn unread_metrics(address: &str, count: u32) -> std::process::ExitCode {
+    use std::io::Write as _;
+    let Ok(address) = address.parse::<std::net::SocketAddr>() else {
+        eprintln!("ADDRESS is an address and port");
+        return std::process::ExitCode::from(2);
+    };
+    let held: Vec<std::net::TcpStream> = (0..count)
+        .filter_map(|_| {
+            let socket = nix::sys::socket::socket(
+                nix::sys::socket::AddressFamily::Inet,
+                nix::sys::socket::SockType::Stream,
+                nix::sys::socket::SockFlag::empty(),
+                None,
+            )
+            .ok()?;
+            // Before the connection, so that the window it offers is small from the start,
+            // and its segments too: the server sizes its send buffer by the segment size
+            // (ten segments' worth, twice: over a megabyte on loopback's 64 KiB segments).
+            nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &1).ok()?;
+            let segment: libc::c_int = 536;
+            // SAFETY: a socket of ours and an int that lives across the call.
+            let set = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_MAXSEG,
+                    std::ptr::addr_of!(segment).cast(),
+                    libc::socklen_t::try_from(size_of::<libc::c_int>()).ok()?,
+                )
+            };
+            if set != 0 {
+                return None;
+            }
+            let mut stream = std::net::TcpStream::from(socket);
+            let std::net::SocketAddr::V4(v4) = address else {
+                return None;
+            };
+            let target = libc::sockaddr_in {
+                sin_family: libc::sa_family_t::try_from(libc::AF_INET).ok()?,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a socket of ours and an address that lives across the call.
+            let connected = unsafe {
+                libc::connect(
+                    stream.as_raw_fd(),
+                    std::ptr::addr_of!(target).cast(),
+                    libc::socklen_t::try_from(size_of::<libc::sockaddr_in>()).ok()?,
+                )
+            };
+            if connected != 0 {
+                return None;
+            }
+            stream.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").ok()?;
+            Some(stream)
+        })
+        .collect();
+    println!("sent {}", held.len());
+    let _ = std::io::stdout().flush();
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(held);
+    std::process::ExitCode::SUCCESS
+}

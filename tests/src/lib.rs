@@ -69,9 +69,10 @@
 //! | closes that wait as long as their owner likes stay off the main loop | `tests/security_closes.rs` |
 //! | what one user learns of others: answers, log lines | `tests/security_privacy.rs` |
 //! | kernel maps one user can fill (`io_uring` requests never completed) deny no other | `tests/security_kernel_maps.rs` |
-//! | connections: hung-up subscribers, too many, idle | `tests/security_connections.rs` |
+//! | connections: hung-up subscribers, too many, idle; metrics scrapes that never read | `tests/security_connections.rs` |
 //! | a raise never outlives what it is for, nor passes to a forked task, nor lends more than its rate | `tests/security_raises.rs` |
 //! | tasks sharing a raised reader's I/O context (`CLONE_IO`) bounded, and put back with the raise | `tests/security_raises_clone_io.rs` |
+//! | a raised reader's small `O_DIRECT` reads that merge into queued requests are charged | `tests/security_raise_merges.rs` |
 //! | a stream's raises, every thread together, read no more at real time than it and its user pay for; raises per user | `tests/security_raise_allowance.rs` |
 //! | a raised player's reads of other files are paid for by its user | `tests/security_start_up_reads.rs` |
 //! | kernel maps, the playout ring, prefetch workers against users and failing files | `tests/security_state.rs` |

@@ -88,3 +88,57 @@ impl NobodysStream {
         (upgrades, listed[0].policed)
     }
 }
+
+/// Reads `bytes` of `path` from `from` (rounded down to 4 KiB) in 4 KiB `O_DIRECT` reads
+/// through `io_uring`, each submitted by a call of its own, `depth` in flight; the bytes read.
+#[must_use]
+pub fn read_direct_chain(path: &str, from: u64, bytes: u64, depth: u64) -> u64 {
+    const PIECE_BYTES: u32 = 4096;
+    const PIECE: usize = PIECE_BYTES as usize;
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open O_DIRECT");
+    let depth = usize::try_from(depth.max(1)).expect("depth");
+    let mut ring =
+        io_uring::IoUring::new(u32::try_from(depth * 2).expect("depth")).expect("io_uring");
+    let layout = std::alloc::Layout::from_size_align(PIECE * depth, PIECE).expect("layout");
+    // SAFETY: a non-zero size; freed below, after the last completion.
+    let buffers = unsafe { std::alloc::alloc(layout) };
+    assert!(!buffers.is_null(), "allocate the buffers");
+    let pieces = bytes / PIECE as u64;
+    let mut offset = from / PIECE as u64 * PIECE as u64;
+    let (mut submitted, mut completed, mut read) = (0u64, 0u64, 0u64);
+    while completed < pieces {
+        while submitted < pieces && submitted - completed < depth as u64 {
+            let slot = usize::try_from(submitted % depth as u64).expect("slot");
+            // SAFETY: within the allocation; each slot is reused only after its completion.
+            let buffer = unsafe { buffers.add(slot * PIECE) };
+            let entry = io_uring::opcode::Read::new(
+                io_uring::types::Fd(file.as_raw_fd()),
+                buffer,
+                PIECE_BYTES,
+            )
+            .offset(offset)
+            .build()
+            .user_data(submitted);
+            // SAFETY: the buffer outlives the request (freed after every completion).
+            unsafe { ring.submission().push(&entry) }.expect("push");
+            // One request per call: the kernel plugs only a batch of several.
+            ring.submit().expect("submit");
+            offset += PIECE as u64;
+            submitted += 1;
+        }
+        ring.submit_and_wait(1).expect("wait");
+        for completion in ring.completion() {
+            completed += 1;
+            read += u64::try_from(completion.result().max(0)).unwrap_or(0);
+        }
+    }
+    // SAFETY: allocated above with this layout; no request is in flight.
+    unsafe { std::alloc::dealloc(buffers, layout) };
+    read
+}

@@ -372,6 +372,64 @@ fn blocks_allocated_ahead_are_given_back_when_the_recording_ends() {
     assert!(data.iter().all(|&b| b == b'a'), "every byte written stays");
 }
 
+/// One user's recordings together hold at most 64 MiB allocated ahead of their writers
+/// (issue 33): nobody records two files with `--preallocate`, each of which would allocate
+/// 64 MiB ahead (a 192 MiB buffer: write-backs of 64 MiB), and writes nothing; together they
+/// hold no more than 64 MiB, and after the detaches neither holds a block. Before, each
+/// stream was bounded alone: 128 MiB.
+#[test]
+fn one_users_recordings_together_allocate_ahead_no_more_than_their_users_bound() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 512));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    chmod(fs.path(), 0o777);
+    let socket = daemon.socket().to_string_lossy().into_owned();
+    let files: Vec<PathBuf> = ["first.ts", "second.ts"]
+        .iter()
+        .map(|name| fs.path().join(name))
+        .collect();
+    let mut ids = Vec::new();
+    for file in &files {
+        let path = file.to_string_lossy().into_owned();
+        let touched = as_nobody(Path::new("/bin/touch"))
+            .arg(&path)
+            .status()
+            .expect("touch as nobody");
+        assert!(touched.success());
+        let attach = [
+            "attach",
+            &path,
+            "--write",
+            "--preallocate",
+            "--rate",
+            "1MiB/s",
+            "--buffer",
+            "192MiB",
+        ];
+        ids.push(attached_id(&abissctl_as_nobody(&socket, &attach)));
+    }
+    let allocated = |file: &PathBuf| std::fs::metadata(file).expect("stat").blocks() * 512;
+    let total = || files.iter().map(allocated).sum::<u64>();
+    // Each stream allocates at its attach; let both settle.
+    std::thread::sleep(Duration::from_millis(1500));
+    let held: Vec<u64> = files.iter().map(allocated).collect();
+    println!("allocated ahead: {held:?} bytes");
+    assert!(
+        held[0] >= 32 * MIB,
+        "the first recording allocated ahead (the premise): {held:?}"
+    );
+    assert!(
+        total() <= 64 * MIB + MIB,
+        "nobody's two recordings hold {held:?} bytes allocated ahead, more than 64 MiB"
+    );
+    for id in ids {
+        let detach = abissctl_as_nobody(&socket, &["detach", &id.to_string()]);
+        assert!(detach.status.success(), "{}", abiss_tests::stderr(&detach));
+    }
+    let given_back = abiss_tests::wait_until(Duration::from_secs(10), || total() <= 64 * 1024);
+    assert!(given_back, "{} bytes still allocated", total());
+}
+
 /// A write stream needs a descriptor open for writing; it is refused on a disk abissd does not
 /// manage; and nobody cannot record into (or take over) root's recording.
 #[test]

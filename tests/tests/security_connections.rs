@@ -1,7 +1,8 @@
 //! Attacks on abissd's connections by an unprivileged local user (`nobody`, through
 //! `setpriv`): subscriptions that hang up, too many connections, connections that sit idle,
 //! requests of another protocol version, and costly requests back to back (issue 9, findings
-//! 5 and 6, the late version check and the expensive-request rule). After each, the daemon
+//! 5 and 6, the late version check and the expensive-request rule); metrics scrapes that never
+//! read their answers (issue 33, finding 5). After each, the daemon
 //! must hold no more than before and still answer root.
 
 use std::io::{BufRead, BufReader, Write};
@@ -310,3 +311,70 @@ fn only_roots_trace_follows_every_disk() {
     let _ = roots.wait();
     assert_eq!(control_switches(pid).1, 0, "off once root's trace ended");
 }
+
+/// Eight scrapes of `nobody`'s that send their request heads and never read the answers (with
+/// the smallest receive buffer, so that an answer does not fit in the sockets' buffers): they
+/// hold every metrics slot while abissd writes to them, and a scraper is answered 503. abissd
+/// gives up writing an answer after `WRITE_TIMEOUT`, so the scraper is answered within it
+/// (and a little). Before, the writes were bounded only by the whole exchange's 20 s.
+#[test]
+fn scrapes_that_never_read_their_answers_free_their_slots_within_the_write_timeout() {
+    require_root!();
+    let address = abiss_tests::http::free_address();
+    // Root's streams, so that an answer is larger than the sockets' buffers.
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+    let daemon = Daemon::start_managing(fs.device().path(), &["--metrics", &address.to_string()]);
+    for index in 0..48 {
+        let file = fs.path().join(format!("film-{index}.bin"));
+        write_cold_file(&file, 1 << 20);
+        let attached = daemon.ctl(["attach", &file.to_string_lossy(), "--rate", "10kB/s"]);
+        assert!(attached.status.success(), "{attached:?}");
+    }
+    let (status, body) = abiss_tests::http::get(address, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    let mut hostile = abiss_tests::as_nobody(&binary("abiss-hostile-client"))
+        .args([&address.to_string(), "unread-metrics", "8", "0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run the hostile client as nobody");
+    let mut said = String::new();
+    BufReader::new(hostile.stdout.take().expect("stdout"))
+        .read_line(&mut said)
+        .expect("read");
+    assert_eq!(said.trim(), "sent 8", "{said}");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let mut kept_out = 0;
+    let answered = loop {
+        let (status, _) = abiss_tests::http::get(address, "/metrics");
+        if status == 200 {
+            break Some(started.elapsed());
+        }
+        kept_out += 1;
+        if started.elapsed() > Duration::from_secs(25) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = hostile.stdin.take().expect("stdin").write_all(b"\n");
+    let _ = hostile.wait();
+    println!(
+        "an answer of {} bytes; a scraper answered after {answered:?} ({kept_out} times 503 before)",
+        body.len()
+    );
+    assert!(
+        kept_out > 0,
+        "the unread scrapes held no slot (the premise of the test)"
+    );
+    let bound = WRITE_TIMEOUT + Duration::from_secs(1);
+    assert!(
+        answered.is_some_and(|after| after < bound),
+        "8 unread scrapes kept a scraper out for {answered:?}, past {bound:?}"
+    );
+    root_is_served(&daemon);
+}
+
+/// How long abissd writes one metrics answer at most (`WRITE_TIMEOUT`,
+/// `scheduler-user/src/serve/metrics/mod.rs`).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);

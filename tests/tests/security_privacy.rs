@@ -139,3 +139,52 @@ fn a_file_name_with_a_newline_forges_no_log_line() {
         "control characters reached the log: {log:?}"
     );
 }
+
+/// Two files of nobody's, one named with a newline and one with a backslash and an `n` in
+/// its place: their log lines must tell them apart. (Before, the backslash was logged as it
+/// is, so `twin\n.bin` written by a user read exactly as an escaped newline.)
+#[test]
+fn a_file_name_with_a_backslash_is_told_apart_from_one_with_a_newline() {
+    require_root!();
+    let newline = "twin\n.bin";
+    let backslash = "twin\\n.bin";
+    let fs = files(&[newline, backslash], &[]);
+    let device = fs.device().path().to_string_lossy().into_owned();
+    let daemon = Daemon::start_logging(&["--device", &device]);
+    let mut ids = Vec::new();
+    for name in [newline, backslash] {
+        let path = fs.path().join(name);
+        let attached = abissctl_as_nobody(
+            daemon.socket(),
+            &[
+                "attach",
+                path.to_str().unwrap(),
+                "--rate",
+                "1MB/s",
+                "--buffer",
+                "564KiB",
+            ],
+        );
+        ids.push(attached_id(&attached));
+    }
+    let log = daemon.log();
+    // What each stream's attach line shows of its file's name.
+    let shown: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let line = log
+                .lines()
+                .find(|l| l.contains(&format!("stream {id}: ")) && l.contains("twin"))
+                .unwrap_or_else(|| panic!("stream {id}'s attach is logged: {log}"));
+            let from = line.find("twin").expect("the name");
+            let to = from + line[from..].find(".bin").expect("the name's end");
+            line[from..to].to_owned()
+        })
+        .collect();
+    println!("logged as {shown:?}");
+    assert_ne!(
+        shown[0], shown[1],
+        "a backslash and an n read as an escaped newline: {log}"
+    );
+    assert_eq!(shown[0], "twin\\n", "{log}");
+}

@@ -278,3 +278,79 @@ fn a_fork_of_a_clone_io_task_of_a_raised_readers_child_is_put_back() {
     assert!(status.success(), "the reader failed: {status:?}");
     assert!(back.is_some(), "the nested fork kept the raise");
 }
+
+/// Starts a process of root's (a `sleep`) whose id is `pid`, then free: the kernel hands out
+/// the id after `ns_last_pid` next, unless another process takes it first (then it tries
+/// again). `None` if it never got it.
+fn process_with_id(pid: u32) -> Option<Child> {
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("write ns_last_pid");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("start sleep");
+        if child.id() == pid {
+            return Some(child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    None
+}
+
+/// A raised reader of nobody's makes a task sharing its I/O context (`CLONE_IO`), which exits
+/// and is reaped; a process of root's then takes its id and is set to real time 0, the
+/// raised priority, by root. When nobody's stream is detached, its raise goes back with the
+/// tasks noted under it, but the task under that id is not the one noted: it keeps the
+/// priority root gave it. (Before, it was put back to the reader's best effort 5: the entry
+/// of a `CLONE_IO` task named it by its id alone.)
+#[test]
+fn a_task_that_takes_a_clone_io_tasks_id_is_not_put_back_with_the_raise() {
+    require_root!();
+    let setup = NobodysStream::new(24 << 20, 1 << 20, "1MB/s");
+    let mut reader = setup.raised_reader(
+        &[
+            &RAISED_AT_ONCE[..],
+            &[
+                "--clone-io",
+                "1",
+                "1",
+                "0",
+                "--reap-clones",
+                "--linger",
+                "6",
+            ],
+        ]
+        .concat(),
+    );
+    let kept = clone_io_children(&mut reader);
+    let child = kept[0];
+    let gone = abiss_tests::wait_until(Duration::from_secs(2), || {
+        !std::path::Path::new(&format!("/proc/{child}")).exists()
+    });
+    assert!(gone, "the reader reaped its CLONE_IO task {child}");
+    let mut taker = process_with_id(child).expect("a process takes the freed id");
+    ioprio::set(child, RT0).expect("root sets real time 0 on its own process");
+    assert_eq!(ioprio::get(reader.id()).ok(), Some(RT0), "still raised");
+    let detached = abiss_tests::abissctl_as_nobody(
+        setup.daemon.socket(),
+        &["detach", &setup.stream.to_string_lossy()],
+    );
+    assert!(detached.status.success(), "{detached:?}");
+    let reader_back = wait_for_ioprio(reader.id(), BE5, DROPPED_WITHIN);
+    // The put-back of the raise's tasks runs in the same turn; watched a little longer.
+    std::thread::sleep(Duration::from_millis(300));
+    let taker_now = ioprio::get(child).ok();
+    let _ = taker.kill();
+    let _ = taker.wait();
+    let _ = reader.kill();
+    let _ = reader.wait();
+    println!("reader back {reader_back:?}; the task under id {child} now {taker_now:?}");
+    assert!(reader_back.is_some(), "the detach put the reader back");
+    assert_eq!(
+        taker_now,
+        Some(RT0),
+        "root's process under the reaped CLONE_IO task's id was put back with the raise"
+    );
+}

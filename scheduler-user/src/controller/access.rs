@@ -17,6 +17,7 @@ use crate::policy::shared_file::route;
 use crate::raise::{RaiseFor, ReaderRaises, StreamBounds};
 use crate::stream::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::stream::table::StreamTable;
+use crate::stream::writeback::AheadByUser;
 use crate::stream::Stream;
 
 /// What a raise for `stream` is for.
@@ -365,9 +366,17 @@ impl Controller {
             done.range,
             done.outcome
         );
+        // A write-back's end may allocate ahead too: within the user's room.
+        let mut ahead = match self.streams.get(done.stream) {
+            Some(stream) if stream.kind.is_recording() && done.kind != JobKind::Allocate => {
+                self.streams.allocated_ahead()
+            }
+            _ => AheadByUser::default(),
+        };
         let Some(stream) = self.streams.get_mut(done.stream) else {
             return;
         };
+        let uid = stream.owner_uid;
         if let Some(recording) = stream.kind.recording_mut() {
             let failed = match &done.outcome {
                 LoadOutcome::Failed(error) => Some(error),
@@ -380,7 +389,9 @@ impl Controller {
                 return;
             }
             let now_ns = abiss_os::clock::monotonic_ns();
-            let actions = recording.written_back(stream.id, &done.range, failed, now_ns);
+            let actions = ahead.with_room(uid, recording, |r| {
+                r.written_back(stream.id, &done.range, failed, now_ns)
+            });
             let at = (stream.id, stream.granted.priority);
             recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
             return;

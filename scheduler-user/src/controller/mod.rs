@@ -201,7 +201,7 @@ impl Controller {
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
-        Self::record(&mut self.prefetch, &mut stream, now_ns);
+        self.record_new(&mut stream, now_ns);
         let info = stream.info();
         info!(
             "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
@@ -559,21 +559,19 @@ impl Controller {
         };
         self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
+        let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
             actions.extend(stream.playout.on_tick(now_ns));
             Self::execute(&mut self.prefetch, stream, actions);
-            Self::record(&mut self.prefetch, stream, now_ns);
+            stream.record(&mut self.prefetch, now_ns, &mut ahead);
         }
     }
 
-    /// A write stream looks at how far its writer is and writes back what is due.
-    fn record(prefetch: &mut PrefetchEngine, stream: &mut Stream, now_ns: u64) {
-        if let Some(recording) = stream.kind.recording_mut() {
-            let actions = recording.poll(&stream.file, now_ns);
-            let at = (stream.id, stream.granted.priority);
-            recording.carry_out(prefetch, at, &stream.file, actions);
-        }
+    /// A new write stream (not in the table yet) looks at its writer, within its user's room.
+    fn record_new(&mut self, stream: &mut Stream, now_ns: u64) {
+        let mut ahead = self.streams.allocated_ahead();
+        stream.record(&mut self.prefetch, now_ns, &mut ahead);
     }
 
     /// Ends every stream and gives the devices back.

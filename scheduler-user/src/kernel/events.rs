@@ -81,6 +81,9 @@ pub(crate) struct InheritedRaise {
     /// (`scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE`): not noted in the map, and the
     /// raise is to be dropped.
     pub(crate) over_bound: bool,
+    /// When the task started (`task_struct.start_boottime`, ns since boot; 0 if unknown): a
+    /// task under its id that started at another time is another task.
+    pub(crate) started_ns: u64,
 }
 
 /// A task made by a thread whose forks are followed (one the daemon raised, or a task such a
@@ -108,6 +111,7 @@ pub(crate) fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
         applied: entry.applied,
         shares_io_context: entry.flags & raised_flags::SHARES_IO_CONTEXT != 0,
         over_bound: entry.flags & raised_flags::OVER_BOUND != 0,
+        started_ns: entry.started_ns,
     })
 }
 
@@ -274,6 +278,7 @@ mod tests {
             flags: raised_flags::INHERITED | raised_flags::SHARES_IO_CONTEXT,
             generation: 0,
             stream: 3,
+            started_ns: 5,
         };
         let event = ForkEvent {
             ts_ns: 9,
@@ -291,7 +296,8 @@ mod tests {
                 previous: 0x4005,
                 applied: 0x2000,
                 shares_io_context: true,
-                over_bound: false
+                over_bound: false,
+                started_ns: 5,
             }
         );
         let past = RaisedThread {

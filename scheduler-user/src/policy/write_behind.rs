@@ -35,8 +35,23 @@ pub(crate) const PREALLOCATE_SECONDS: u64 = 4;
 /// Most a stream allocates ahead of its writer (it counts against the owner's quota: the
 /// allocation runs without abissd's capabilities).
 pub(crate) const MAX_PREALLOCATE_AHEAD: u64 = 64 << 20;
+/// Most one user's recordings together hold allocated ahead of their writers (root exempt):
+/// one stream's most. Each stream's own bound holds too, so a user's 32 streams could
+/// otherwise hold 32 × 64 MiB of blocks nobody wrote.
+pub(crate) const MAX_PREALLOCATED_AHEAD_PER_USER: u64 = MAX_PREALLOCATE_AHEAD;
 /// Allocation is in whole mebibytes.
 const ALLOCATION_UNIT: u64 = 1 << 20;
+
+/// How much a recording of user `uid` may hold allocated ahead of its writer, when the user's
+/// other recordings hold `others_ahead`.
+#[must_use]
+pub(crate) fn allocation_room(uid: u32, others_ahead: u64) -> u64 {
+    if uid == 0 {
+        u64::MAX
+    } else {
+        MAX_PREALLOCATED_AHEAD_PER_USER.saturating_sub(others_ahead)
+    }
+}
 
 /// Shape of a write stream's window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,6 +121,9 @@ pub(crate) struct WriteBehind {
     /// as its writer could truncate (issue 33). Now a stream allocates at most twice its
     /// allocation ahead plus its rate times the time, in whole mebibytes.
     allocation_credit: CreditTimer,
+    /// Most this stream may hold allocated ahead of its writer now: what its user's budget
+    /// leaves it ([`allocation_room`]), set before each look at the writer.
+    allocation_room: u64,
     written_back_bytes: u64,
     preallocated_bytes: u64,
 }
@@ -140,9 +158,22 @@ impl WriteBehind {
                 2 * shape.preallocate_ahead(),
                 now_ns,
             ),
+            allocation_room: u64::MAX,
             written_back_bytes: 0,
             preallocated_bytes: 0,
         }
+    }
+
+    /// Bytes allocated past the writer's end now.
+    #[must_use]
+    pub(crate) fn allocated_ahead(&self) -> u64 {
+        self.allocated_end.saturating_sub(self.written_end)
+    }
+
+    /// The stream may hold at most `room` bytes allocated ahead from now on (what its user's
+    /// budget leaves it).
+    pub(crate) fn set_allocation_room(&mut self, room: u64) {
+        self.allocation_room = room;
     }
 
     /// The application has written up to `file_bytes` (the file's size now).
@@ -232,6 +263,12 @@ impl WriteBehind {
         let end = (target.div_ceil(ALLOCATION_UNIT) * ALLOCATION_UNIT).min(start.saturating_add(
             self.allocation_credit.credit_bytes() / ALLOCATION_UNIT * ALLOCATION_UNIT,
         ));
+        let room_end = self.written_end.saturating_add(self.allocation_room);
+        if room_end < end {
+            // Not in slivers as the writer moves on while the user's budget is spent: a
+            // whole unit or nothing.
+            return (room_end >= start.saturating_add(ALLOCATION_UNIT)).then_some(start..room_end);
+        }
         (end > start).then_some(start..end)
     }
 

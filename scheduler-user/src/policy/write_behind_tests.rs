@@ -97,6 +97,40 @@ fn the_file_is_allocated_a_few_seconds_ahead_in_large_steps() {
     assert_eq!(again, vec![WriteAction::Preallocate(4 * MIB..6 * MIB)]);
 }
 
+/// A stream holds no more ahead than its user's budget leaves it, and takes up what is left
+/// once the room is there again, in whole units (issue 33).
+#[test]
+fn a_stream_allocates_ahead_only_within_its_users_room() {
+    let s = shape(MIB, MIB);
+    let mut window = WriteBehind::new(s, 0, 2 * MIB, 0);
+    window.set_allocation_room(MIB + MIB / 2);
+    let allocations = |actions: Vec<WriteAction>| -> Vec<WriteAction> {
+        actions
+            .into_iter()
+            .filter(|a| matches!(a, WriteAction::Preallocate(_)))
+            .collect()
+    };
+    assert_eq!(
+        allocations(window.on_size(0, 0)),
+        vec![WriteAction::Preallocate(0..MIB + MIB / 2)]
+    );
+    assert_eq!(window.allocated_ahead(), MIB + MIB / 2);
+    // Less than a unit of room past what it holds: nothing.
+    assert!(allocations(window.on_size(MIB / 2, SECOND)).is_empty());
+    window.set_allocation_room(0);
+    assert!(allocations(window.on_size(MIB, 2 * SECOND)).is_empty());
+    window.set_allocation_room(u64::MAX);
+    assert_eq!(
+        allocations(window.on_size(MIB, 3 * SECOND)),
+        vec![WriteAction::Preallocate(MIB + MIB / 2..5 * MIB)]
+    );
+    assert_eq!(allocation_room(65_534, MAX_PREALLOCATED_AHEAD_PER_USER), 0);
+    assert_eq!(
+        allocation_room(0, MAX_PREALLOCATED_AHEAD_PER_USER),
+        u64::MAX
+    );
+}
+
 proptest! {
     /// A writer that moves its end up with `ftruncate` as fast as it likes has the stream
     /// allocate at most twice its allocation ahead plus its rate times the time (issue 33).

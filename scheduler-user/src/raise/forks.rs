@@ -233,6 +233,7 @@ impl RaisedForks {
             flags: 0,
             generation,
             stream,
+            started_ns: 0,
         };
         self.raised
             .insert(tid, entry, 0)
@@ -363,6 +364,7 @@ impl RaisedForks {
                 applied: own.applied,
                 shares_io_context: true,
                 over_bound: true,
+                started_ns: counts.past_bound_started_ns,
             };
             self.put_back(counts.past_bound_task, &raise);
         }
@@ -458,8 +460,11 @@ impl RaisedForks {
     /// still has the raised one, then stops following it (in this order: a task it makes
     /// after the put-back starts at the right priority; one made before is in the map).
     /// Whether it was put back.
+    /// A task under `tid` that is not the one the fork program saw start (that one is gone,
+    /// and another took its id) is left alone.
     fn put_back(&mut self, tid: u32, raise: &InheritedRaise) -> bool {
-        let done = ioprio::get(tid).ok() == Some(raise.applied)
+        let done = started_at(tid, raise.started_ns)
+            && ioprio::get(tid).ok() == Some(raise.applied)
             && match ioprio::set(tid, raise.previous) {
                 Ok(()) => true,
                 Err(error) => {
@@ -495,4 +500,21 @@ impl RaisedForks {
         }
         self.prune_counts_but(&followed);
     }
+}
+
+/// Whether the task under id `tid` is the one that started at `started_ns`
+/// (`task_struct.start_boottime`, ns since boot, which `/proc/TID/stat` gives in clock ticks);
+/// false when there is none, or `/proc` cannot tell. A `started_ns` of 0 (not known) names
+/// whatever task has the id.
+fn started_at(tid: u32, started_ns: u64) -> bool {
+    if started_ns == 0 {
+        return true;
+    }
+    let Ok(pid) = i32::try_from(tid) else {
+        return false;
+    };
+    let ns_per_tick = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    procfs::process::Process::new(pid)
+        .and_then(|task| task.stat())
+        .is_ok_and(|stat| stat.starttime == started_ns / ns_per_tick)
 }

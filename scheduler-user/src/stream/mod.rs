@@ -22,8 +22,8 @@ use crate::policy::recent_readers::RecentReaders;
 use crate::policy::shared_file::FileStream;
 use crate::policy::write_behind::WriteBehindShape;
 use crate::serve::client_file::{AttachError, CheckedFile};
-use crate::stream::prefetch::MappedFile;
-use crate::stream::writeback::Recording;
+use crate::stream::prefetch::{MappedFile, PrefetchEngine};
+use crate::stream::writeback::{AheadByUser, Recording};
 
 /// Most streams at once, and per user.
 pub(crate) const MAX_STREAMS: usize = 256;
@@ -266,6 +266,22 @@ impl Stream {
             recording.window.set_rate(rate.0, now_ns);
         }
         self.playout.set_rate(rate.0, now_ns)
+    }
+
+    /// A write stream looks at how far its writer is, and writes back and allocates what is
+    /// due (within its user's room, `ahead`); nothing for a read stream.
+    pub(crate) fn record(
+        &mut self,
+        prefetch: &mut PrefetchEngine,
+        now_ns: u64,
+        ahead: &mut AheadByUser,
+    ) {
+        let at = (self.id, self.granted.priority);
+        let uid = self.owner_uid;
+        if let Some(recording) = self.kind.recording_mut() {
+            let actions = ahead.with_room(uid, recording, |r| r.poll(&self.file, now_ns));
+            recording.carry_out(prefetch, at, &self.file, actions);
+        }
     }
 
     /// What the stream asks of its disk, for admission.

@@ -8,6 +8,7 @@ use scheduler_common::{AttachedFile, FileKey};
 
 use crate::policy::memory::locked_at_most;
 use crate::policy::shared_file::{kernel_entry, FileStream};
+use crate::stream::writeback::AheadByUser;
 use crate::stream::Stream;
 
 /// All streams, by id.
@@ -71,6 +72,15 @@ impl StreamTable {
     pub(crate) fn kernel_entry(&self, tag: u64) -> Option<AttachedFile> {
         let streams = self.sharing(tag, 0);
         (!streams.is_empty()).then(|| kernel_entry(tag, &streams))
+    }
+
+    /// What each user's recordings hold allocated ahead of their writers.
+    #[must_use]
+    pub(crate) fn allocated_ahead(&self) -> AheadByUser {
+        AheadByUser::of(
+            self.iter()
+                .filter_map(|stream| Some((stream.owner_uid, stream.kind.recording()?))),
+        )
     }
 
     /// All streams.

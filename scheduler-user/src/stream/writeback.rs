@@ -12,8 +12,9 @@
 //! binds the owner; it is made only while the file system has room for ordinary users
 //! (`f_bavail`: ext4 lets root's user id into its reserve even without capabilities); a stream
 //! allocates at most [`MAX_PREALLOCATE_AHEAD`] ahead, and no faster than twice that at once
-//! plus its rate; and what it allocated past the file's end is given back when the stream ends
-//! ([`GiveBack`]).
+//! plus its rate; one user's recordings together hold at most
+//! [`crate::policy::write_behind::MAX_PREALLOCATED_AHEAD_PER_USER`] ahead ([`AheadByUser`]); and what a stream allocated
+//! past the file's end is given back when it ends ([`GiveBack`]).
 
 use std::io;
 use std::ops::Range;
@@ -28,8 +29,43 @@ use log::{info, warn};
 mod give_back;
 pub(crate) use give_back::GiveBack;
 
-use crate::policy::write_behind::{WriteAction, WriteBehind, WriteBehindShape};
+use crate::policy::write_behind::{allocation_room, WriteAction, WriteBehind, WriteBehindShape};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+
+/// What each user's recordings hold allocated ahead of their writers, by uid: each
+/// recording is held to what its user's budget leaves it
+/// ([`crate::policy::write_behind::MAX_PREALLOCATED_AHEAD_PER_USER`]).
+#[derive(Debug, Default)]
+pub(crate) struct AheadByUser(std::collections::HashMap<u32, u64>);
+
+impl AheadByUser {
+    /// What `recordings` (each with its owner's uid) hold ahead now.
+    pub(crate) fn of<'a>(recordings: impl Iterator<Item = (u32, &'a Recording)>) -> Self {
+        let mut ahead = Self::default();
+        for (uid, recording) in recordings {
+            *ahead.0.entry(uid).or_default() += recording.window.allocated_ahead();
+        }
+        ahead
+    }
+
+    /// Lets `recording` of user `uid` `look` at its writer with what its user's other
+    /// recordings leave it to allocate ahead, and counts what it holds after.
+    pub(crate) fn with_room<T>(
+        &mut self,
+        uid: u32,
+        recording: &mut Recording,
+        look: impl FnOnce(&mut Recording) -> T,
+    ) -> T {
+        let total = self.0.entry(uid).or_default();
+        let others = total.saturating_sub(recording.window.allocated_ahead());
+        recording
+            .window
+            .set_allocation_room(allocation_room(uid, others));
+        let result = look(recording);
+        *total = others.saturating_add(recording.window.allocated_ahead());
+        result
+    }
+}
 
 /// Shortest and longest time between two looks at a write stream's file size.
 const POLL_NS: Range<u64> = 10_000_000..250_000_000;

@@ -54,6 +54,11 @@
 //! - `abiss-hostile-client SOCKET harass SECS 0`: for SECS seconds, every 200 ms, passes a TCP
 //!   socket whose close waits 30 s (let go 3 s later) and a `hello` with four descriptors: the
 //!   soak's hostile user (`cargo xtask bench soak`). Prints `passed N`.
+//! - `abiss-hostile-client ADDRESS unread-metrics COUNT 0`: makes COUNT TCP connections to
+//!   abissd's metrics at ADDRESS, each with a receive buffer as small as the kernel allows
+//!   and 536-byte segments,
+//!   sends a whole `GET /metrics` head on each and reads nothing; prints `sent N`, then holds
+//!   them until a line arrives on standard input.
 //! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
 //!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
 //!   was still open after SECONDS.
@@ -74,7 +79,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|threads|direct|users|speedup|flood|opath|linger|linger-oob|harass|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|unread-metrics|threads|direct|users|speedup|flood|opath|linger|linger-oob|harass|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -116,7 +121,7 @@ fn main() -> ExitCode {
             };
             plans_back_to_back(socket, first, connections)
         }
-        "subscribe" | "hold" | "idle" | "harass" => {
+        "subscribe" | "hold" | "idle" | "harass" | "unread-metrics" => {
             let Ok(number) = first.parse::<u32>() else {
                 eprintln!("the first argument of {mode} is a number");
                 return ExitCode::from(2);
@@ -125,6 +130,7 @@ fn main() -> ExitCode {
                 "subscribe" => subscribe_and_hang_up(socket, number, second),
                 "hold" => hold_connections(socket, number),
                 "harass" => harass(socket, u64::from(number)),
+                "unread-metrics" => abiss_tests::hostile::unread_metrics(socket, number),
                 _ => idle(socket, number),
             }
         }

@@ -5,7 +5,8 @@
 //! `abiss-test-reader FILE RATE_BPS READ_BYTES BUFFER_BYTES SECS [--start OFF] [--seek OFF SECS]
 //! [--uring] [--direct] [--ioprio CLASS/LEVEL] [--linger SECS] [--fork FILE SECS]
 //! [--stray FILE] [--stray-shared-io | --stray-uring-workers] [--clone-io N KEEP SECS]
-//! [--exit-after-clones] [--nested-clone-io N SECS]` (`--linger`: stay alive, idle, that long
+//! [--exit-after-clones] [--reap-clones] [--nested-clone-io N SECS] [--direct-chain BYTES DEPTH]`
+//! (`--linger`: stay alive, idle, that long
 //! after the last
 //! read; `--direct`: `O_DIRECT` reads; `--fork`: after the first phase the reading thread forks
 //! a child process that reads FILE at the same pace for SECS, and starts a thread that sleeps
@@ -16,7 +17,12 @@
 //! worker threads, which share its I/O context too, queue the reads; `--clone-io`: after the
 //! first phase the reading thread makes N child processes with `CLONE_IO`, of which all but the
 //! last KEEP exit at once and the last KEEP sleep SECS; it prints their pids as
-//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them;
+//! `{"clone_io":[…]}`; with `--exit-after-clones` it then exits at once, leaving them; with
+//! `--reap-clones` it waits for the kept ones before it goes on, so their ids are free again;
+//! `--direct-chain`: after the first phase the reading thread reads BYTES of FILE on from
+//! where it is, in 4 KiB `O_DIRECT` reads through `io_uring`, each submitted alone (no plug
+//! gathers them) with DEPTH in flight, so that each read's bio can merge into the request of
+//! the one before while that waits in the disk's queue; prints `{"direct_chain_bytes":N}`;
 //! `--nested-clone-io`: after the first phase the reading thread forks a child process, which
 //! makes N child processes with `CLONE_IO` (sharing the child's I/O context); all but the last
 //! exit at once, and the last forks a plain child that prints `{"nested":[PID]}` and sleeps
@@ -157,11 +163,53 @@ struct Options {
     /// Child processes made with `CLONE_IO` after the first phase: how many, how many of the
     /// last ones stay, and for how long.
     clone_io: Option<(u64, u64, u64)>,
-    /// Exit right after making them.
-    exit_after_clones: bool,
+    /// What the reader does right after making them.
+    after_clones: AfterClones,
+    /// Bytes read after the first phase in small `O_DIRECT` reads, and how many in flight.
+    direct_chain: Option<(u64, u64)>,
     /// A forked child's `CLONE_IO` children, how many, and how long the fork of the last one
     /// sleeps.
     nested_clone_io: Option<(u64, u64)>,
+}
+
+/// What the reader does right after making its `CLONE_IO` children.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum AfterClones {
+    /// Goes on with its phases (and waits for them at its end).
+    GoOn,
+    /// Exits at once, leaving them.
+    Exit,
+    /// Waits for the kept ones (their ids are then free for others), then goes on.
+    Reap,
+}
+
+/// Parses option `args[i]` if it is one of the options of tasks and `O_DIRECT` chains: the
+/// index of the next option; `None` if it is none of them.
+fn clone_option(args: &[String], i: usize, options: &mut Options) -> Option<usize> {
+    let number = |i: usize| -> u64 { args[i].parse().expect("a number") };
+    Some(match args[i].as_str() {
+        "--clone-io" => {
+            options.clone_io = Some((number(i + 1), number(i + 2), number(i + 3)));
+            i + 4
+        }
+        "--exit-after-clones" => {
+            options.after_clones = AfterClones::Exit;
+            i + 1
+        }
+        "--reap-clones" => {
+            options.after_clones = AfterClones::Reap;
+            i + 1
+        }
+        "--nested-clone-io" => {
+            options.nested_clone_io = Some((number(i + 1), number(i + 2)));
+            i + 3
+        }
+        "--direct-chain" => {
+            options.direct_chain = Some((number(i + 1), number(i + 2)));
+            i + 3
+        }
+        _ => return None,
+    })
 }
 
 /// Parses the command line; `--ioprio` is applied to the calling thread as it is parsed.
@@ -183,7 +231,8 @@ fn parse_options() -> Options {
         stray: None,
         stray_by: StrayReader::Myself,
         clone_io: None,
-        exit_after_clones: false,
+        after_clones: AfterClones::GoOn,
+        direct_chain: None,
         nested_clone_io: None,
     };
     let mut i = 6;
@@ -221,18 +270,6 @@ fn parse_options() -> Options {
                 options.direct = true;
                 i += 1;
             }
-            "--clone-io" => {
-                options.clone_io = Some((number(i + 1), number(i + 2), number(i + 3)));
-                i += 4;
-            }
-            "--exit-after-clones" => {
-                options.exit_after_clones = true;
-                i += 1;
-            }
-            "--nested-clone-io" => {
-                options.nested_clone_io = Some((number(i + 1), number(i + 2)));
-                i += 3;
-            }
             "--uring" => {
                 options.uring = true;
                 i += 1;
@@ -242,7 +279,10 @@ fn parse_options() -> Options {
                 set_thread_ioprio(class.parse().expect("class"), level.parse().expect("level"));
                 i += 2;
             }
-            other => panic!("unknown argument {other}"),
+            other => {
+                i = clone_option(&args, i, &mut options)
+                    .unwrap_or_else(|| panic!("unknown argument {other}"));
+            }
         }
     }
     options
@@ -302,12 +342,25 @@ fn main() {
     if let Some((count, keep, secs)) = options.clone_io {
         let kept = make_clone_io_children(count, keep, secs);
         println!("{{\"clone_io\":{kept:?}}}");
-        if options.exit_after_clones {
+        if options.after_clones == AfterClones::Exit {
             // stdout is a pipe, flushed by the newline only on a terminal.
             let _ = std::io::Write::flush(&mut std::io::stdout());
             // SAFETY: leaves at once; the children, processes of their own, stay.
             unsafe { libc::_exit(0) };
         }
+        if options.after_clones == AfterClones::Reap {
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+            for child in kept {
+                let mut status = 0;
+                // SAFETY: waits for our own child.
+                unsafe { libc::waitpid(child, &raw mut status, 0) };
+            }
+        }
+    }
+    if let Some((bytes, depth)) = options.direct_chain {
+        let from = reader.stream_position().expect("position");
+        let read = abiss_tests::raises::read_direct_chain(&options.path, from, bytes, depth);
+        println!("{{\"direct_chain_bytes\":{read}}}");
     }
     if let Some((offset, secs)) = options.seek {
         reader.seek(SeekFrom::Start(offset)).expect("seek");

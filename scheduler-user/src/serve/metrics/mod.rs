@@ -7,8 +7,8 @@
 //! ([`http`]), bounded so that no client can hold the daemon: at most
 //! [`MAX_CONNECTIONS`] at once, where a new connection takes the slot of the one that has
 //! waited longest for its request head ([`slots`]; others get 503 at once), a request head of
-//! at most [`MAX_HEAD_BYTES`], read within [`READ_TIMEOUT`], and a whole exchange within
-//! [`EXCHANGE_TIMEOUT`].
+//! at most [`MAX_HEAD_BYTES`], read within [`READ_TIMEOUT`], an answer written within
+//! [`WRITE_TIMEOUT`], and a whole exchange within [`EXCHANGE_TIMEOUT`].
 //!
 //! The metrics are root's view: every stream's owner, rate and disk. So they are served on a
 //! loopback address unless the operator says otherwise (`--metrics-remote`), and with
@@ -44,6 +44,11 @@ pub(crate) const MAX_CONNECTIONS: usize = 8;
 pub(crate) const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long writing one answer may take: a client that sends its head and then reads
+/// nothing (or reads slowly) holds a slot while abissd writes to it, once the answer is larger
+/// than the sockets' buffers; past this the connection is reset and the slot is free.
+/// Prometheus reads an answer of a few hundred KiB well within it.
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one exchange (request, snapshot, response) may take in all.
 pub(crate) const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -245,8 +250,21 @@ async fn exchange(mut stream: TcpStream, mut slot: Slot, sources: &Sources) {
             Route::BadRequest => http::error(400, "not an HTTP/1 request line"),
         },
     };
-    if stream.write_all(&response).await.is_ok() {
-        let _ = stream.shutdown().await;
+    let written = tokio::time::timeout(WRITE_TIMEOUT, async {
+        stream.write_all(&response).await?;
+        stream.shutdown().await
+    })
+    .await;
+    if written.is_err() {
+        // Reset rather than closed: the kernel would otherwise keep trying to send what is
+        // left to a client that does not read it, long after the slot is free.
+        // A zero linger never waits: the close sends a reset at once (tokio deprecates
+        // `set_linger` for the lingers that do wait).
+        let reset = nix::libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        let _ = nix::sys::socket::setsockopt(&stream, nix::sys::socket::sockopt::Linger, &reset);
     }
 }
 

@@ -6,7 +6,8 @@
 //! trickle their heads (or send nothing) cannot keep a scraper out, however many there are.
 //! Prometheus sends its head as soon as it connects, so it waits for its head far less than
 //! any connection that pushes it out. Only connections whose head was read keep their slot
-//! until their exchange ends (within `EXCHANGE_TIMEOUT`); a new connection that finds every
+//! until their exchange ends (their answer written within `WRITE_TIMEOUT`, the whole exchange
+//! within `EXCHANGE_TIMEOUT`); a new connection that finds every
 //! slot held by those is answered 503.
 
 use std::collections::VecDeque;

@@ -1,0 +1,87 @@
+//! A raise pays for every byte its thread reads at real time, merges included (issue 33,
+//! finding 6): a raised reader of `nobody`'s whose small `O_DIRECT` reads merge into the
+//! request of the read before while it waits in the disk's queue is charged for all of them.
+
+use std::time::Duration;
+
+use abiss_tests::raises::NobodysStream;
+use abiss_tests::{daemon_map_dump, require_root};
+
+/// KiB of the stream's own file the eBPF side counted for raised thread `tid`, from the
+/// daemon's `RAISE_COUNTS` (its `stream_count`'s low half).
+fn stream_kib_counted(daemon: u32, tid: u32) -> Option<u64> {
+    daemon_map_dump(daemon, "RAISE_COUNTS")
+        .iter()
+        .find_map(|entry| {
+            let bytes = |key: &str| -> Vec<u8> {
+                entry[key]
+                    .as_array()
+                    .expect("bytes")
+                    .iter()
+                    .map(|b| {
+                        u8::from_str_radix(b.as_str().expect("hex").trim_start_matches("0x"), 16)
+                            .expect("hex")
+                    })
+                    .collect()
+            };
+            let key = bytes("key");
+            (u32::from_ne_bytes(key[..4].try_into().ok()?) == tid).then(|| {
+                let value = bytes("value");
+                u64::from(u32::from_ne_bytes(
+                    value[8..12].try_into().expect("4 bytes"),
+                ))
+            })
+        })
+}
+
+/// Read merges of block device `name` so far (`/sys/block/NAME/stat`, its second field).
+fn read_merges(name: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/sys/block/{name}/stat")).expect("stat");
+    stat.split_whitespace()
+        .nth(1)
+        .and_then(|f| f.parse().ok())
+        .expect("read merges")
+}
+
+/// A raised reader reads 8 MiB of its stream's file in 4 KiB `O_DIRECT` reads through
+/// `io_uring`, each submitted alone with 16 in flight, so that most of them merge into a
+/// request already queued: the raise's count of its file has every KiB of them.
+#[test]
+fn a_raised_readers_small_direct_reads_that_merge_are_all_counted() {
+    require_root!();
+    let setup = NobodysStream::new(48 << 20, 1 << 20, "15MB/s");
+    let device = setup
+        .fs
+        .device()
+        .path()
+        .file_name()
+        .expect("a device name")
+        .to_string_lossy()
+        .into_owned();
+    let merges_before = read_merges(&device);
+    let mut reader = setup.raised_reader(&[
+        "1000000",
+        "65536",
+        "1048576",
+        "1",
+        "--start",
+        "16000000",
+        "--direct-chain",
+        "8388608",
+        "16",
+        "--linger",
+        "3",
+    ]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let counted = stream_kib_counted(setup.daemon.pid(), reader.id());
+    let merges = read_merges(&device) - merges_before;
+    let _ = reader.kill();
+    let _ = reader.wait();
+    println!("{merges} read merges; the raise counted {counted:?} KiB of its file");
+    assert!(merges > 100, "the reads merged (the premise): {merges}");
+    let counted = counted.expect("the raise has counts");
+    assert!(
+        counted >= 8 << 10,
+        "the raise counted {counted} KiB of the 8 MiB it read at real time"
+    );
+}
