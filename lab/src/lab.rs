@@ -74,6 +74,8 @@ pub enum FilesystemKind {
     Ext4,
     /// xfs, made with the model off, without discard.
     Xfs,
+    /// btrfs (one device), made with the model off, without discard.
+    Btrfs,
 }
 
 /// What to bring up.
@@ -87,6 +89,8 @@ pub struct LabOptions {
     pub mkfs: Option<FilesystemKind>,
     /// Mount the file system here (created if missing, and then removed by `down`).
     pub mount_dir: Option<PathBuf>,
+    /// Mount options (`-o`), e.g. `compress=zstd` for btrfs.
+    pub mount_options: Option<String>,
     /// I/O scheduler to select on the device after its depth is set (`none` if not given).
     pub scheduler: Option<String>,
     /// The lab's state directory.
@@ -105,6 +109,7 @@ impl LabOptions {
             size_bytes: 4 << 30,
             mkfs: None,
             mount_dir: None,
+            mount_options: None,
             scheduler: None,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             backing_dir: PathBuf::from(DEFAULT_BACKING_DIR),
@@ -456,6 +461,9 @@ fn make_and_mount(
         Some(FilesystemKind::Xfs) => {
             system::run("mkfs.xfs", &["-q", "-f", "-K", device])?;
         }
+        Some(FilesystemKind::Btrfs) => {
+            system::run("mkfs.btrfs", &["-q", "-f", "-K", device])?;
+        }
         None => {}
     }
     if let Some(dir) = &options.mount_dir {
@@ -465,7 +473,11 @@ fn make_and_mount(
         }
         state.mount_dir = Some(dir.clone());
         state.save()?;
-        system::run("mount", &[device, &dir.to_string_lossy()])?;
+        let dir = dir.to_string_lossy();
+        match &options.mount_options {
+            Some(mount_options) => system::run("mount", &["-o", mount_options, device, &dir])?,
+            None => system::run("mount", &[device, &dir])?,
+        };
     }
     Ok(())
 }
