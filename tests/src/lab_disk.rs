@@ -309,9 +309,28 @@ impl Drop for ModelOff {
 /// as before; I/O a test starts on the disk by other means is not known here: write the files
 /// first.
 pub fn write_cold_file(path: &Path, bytes: u64) {
+    write_cold(path, bytes, |block| block);
+}
+
+/// As [`write_cold_file`], but every other 4 KiB page of the file is zeros, so that a file
+/// system that compresses (btrfs with `compress=zstd`) keeps it in about half the space.
+pub fn write_cold_compressible_file(path: &Path, bytes: u64) {
+    write_cold(path, bytes, |block| {
+        for page in block.chunks_mut(8192) {
+            let half = page.len().min(4096);
+            page[..half].fill(0);
+        }
+        block
+    });
+}
+
+fn write_cold(path: &Path, bytes: u64, shape: impl Fn(&mut [u8]) -> &mut [u8]) {
     let model_off = ModelOff::for_file(path);
     let mut file = File::create(path).expect("create file");
-    cold_blocks(bytes, |block| file.write_all(block).expect("write"));
+    cold_blocks(bytes, |block| {
+        let mut owned = block.to_vec();
+        file.write_all(shape(&mut owned)).expect("write");
+    });
     file.sync_all().expect("sync");
     if model_off.is_some() {
         sync_file_system(&file);
