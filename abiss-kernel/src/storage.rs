@@ -86,6 +86,7 @@ fn unescape(field: &str) -> String {
 /// The mount `path` (absolute, symlinks resolved) is on: the one reporting `device`, else
 /// (a btrfs subvolume has a device of its own) the deepest mount point above it. The last
 /// mount of a point wins, as it hides the ones before.
+#[must_use]
 pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path, device: DeviceNumber) -> Option<&'a Mount> {
     let above = |mount: &&Mount| path.starts_with(&mount.at);
     mounts
@@ -148,6 +149,7 @@ pub struct Layer {
 
 impl Layer {
     /// The disk abissd serves a file of this device from: a partition's disk, else itself.
+    #[must_use]
     pub fn serving_disk(&self) -> &Layer {
         match (&self.kind, self.below.first()) {
             (Kind::Partition { .. }, Some(disk)) => disk,
@@ -206,12 +208,14 @@ impl Layer {
 
 /// Reads the stack under block device `device` from the sysfs at `sys`; `None` when sysfs
 /// does not know it.
+#[must_use]
 pub fn stack_of(sys: &Path, device: DeviceNumber) -> Option<Layer> {
     let dir = std::fs::canonicalize(sys.join("dev/block").join(device.to_string())).ok()?;
     layer_at(&dir, 0)
 }
 
 /// The stack under the block device whose sysfs directory is `dir` (symlinks resolved).
+#[must_use]
 pub fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
     if depth > MAX_DEPTH {
         return None;
@@ -265,6 +269,7 @@ pub fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
 
 /// The devices of the btrfs file system mounted from `source_name` (`loop3`): the entries of
 /// `sys/fs/btrfs/<fsid>/devices/` of the file system that has it, as sysfs block directories.
+#[must_use]
 pub fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
     let Ok(file_systems) = std::fs::read_dir(sys.join("fs/btrfs")) else {
         return Vec::new();
@@ -282,6 +287,7 @@ pub fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
 /// The stacks under the file system of `mount` whose files report `device`: one for a file
 /// system on one device; for btrfs, one per member device, found from the device it was
 /// mounted from. Empty when the file system is on no block device sysfs knows.
+#[must_use]
 pub fn file_system_stacks(sys: &Path, mount: Option<&Mount>, device: DeviceNumber) -> Vec<Layer> {
     if device.major != 0 {
         return stack_of(sys, device).into_iter().collect();

@@ -136,11 +136,7 @@ impl Controller {
     ) -> Result<StreamInfo, Refusal> {
         check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
-        let served = self
-            .disks
-            .serving(&file.path, file.file_device, file.mount_id)?;
-        let disk = served.disk;
-        file.key.dev = served.kernel_device.to_kernel();
+        let disk = self.disks.serving(&mut file)?;
         if request.buffer_auto {
             // The tails are kept only while automatic streams run: the first one is sized from
             // what the disk did since they were last looked at.

@@ -17,13 +17,14 @@ use abiss_proto::{
 use log::{info, warn};
 
 use crate::disk::device::{
-    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, ManagedDevice,
+    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, Disk, ManagedDevice,
 };
-use crate::disk::file_disk::{disk_of_file, FileDisk};
+use crate::disk::file_disk::disk_of_file;
 use crate::policy::admission::{
     AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
 };
 use crate::policy::share::ShareAdmission;
+use crate::serve::client_file::CheckedFile;
 use crate::stream::table::StreamTable;
 use crate::stream::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
@@ -195,26 +196,22 @@ impl Disks {
         self.settings = settings;
     }
 
-    /// The managed disk a file lives on (found through its file system's stack: see
+    /// The managed disk `file` lives on (found through its file system's stack: see
     /// [`crate::disk::file_disk`]), with any model saved since the daemon started taken up (a
-    /// broken one refuses).
-    pub(crate) fn serving(
-        &mut self,
-        path: &str,
-        file_device: DeviceNumber,
-        mount_id: Option<u64>,
-    ) -> Result<FileDisk, Refusal> {
-        let found = disk_of_file(file_device, mount_id, path)?;
+    /// broken one refuses). The file's kernel key takes its file system's own device.
+    pub(crate) fn serving(&mut self, file: &mut CheckedFile) -> Result<Disk, Refusal> {
+        let found = disk_of_file(file.file_device, file.mount_id, &file.path)?;
         let Some(managed) = self.disks.get_mut(&found.disk.number) else {
             return Err(Refusal::UnknownDevice(format!(
-                "{path} is on {}, which abissd does not manage; start abissd with --device for it",
-                found.disk
+                "{} is on {}, which abissd does not manage; start abissd with --device for it",
+                file.path, found.disk
             )));
         };
         managed
             .load_model(&self.settings)
             .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
-        Ok(found)
+        file.key.dev = found.kernel_device.to_kernel();
+        Ok(found.disk)
     }
 
     /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream
