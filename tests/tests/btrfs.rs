@@ -117,7 +117,8 @@ fn guarantee_on_btrfs(
     let lab = HddLab::up_btrfs(tag, 2, "none", mount_options);
     let mount = lab.mount().to_path_buf();
     let path = mount.join("stream.bin");
-    write(&path, 24 << 20);
+    // The file outlasts the reading: a reader at its end would stop early.
+    write(&path, (read_for().as_secs() + 12) * RATE);
     write_cold_file(&mount.join("copy-source.bin"), 100 << 20);
     let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
     let mut copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
@@ -301,6 +302,19 @@ fn files_of_subvolumes_attach_and_two_with_one_inode_number_do_not_attach_togeth
         "each subvolume its own st_dev"
     );
     let daemon = Daemon::start_managing(device.path(), &[]);
+    // doctor finds the same disk for it, and says it can be served.
+    let doctor = daemon.ctl([
+        std::ffi::OsStr::new("doctor"),
+        std::ffi::OsStr::new("--json"),
+        nested.as_os_str(),
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).expect("doctor's JSON");
+    assert_eq!(report["path"]["served"], true, "{report}");
+    assert_eq!(
+        report["path"]["disk"]["name"],
+        device.name().as_str(),
+        "{report}"
+    );
     // A file in a subvolume no mount shows attaches, served from the loop device.
     let output = daemon.attach_1mb_output(&nested, "564KiB");
     let id = attached_id(&output);
