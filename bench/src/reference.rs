@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::chart::{self, LatencySeries};
 use crate::configuration::{Configuration, ConfigurationInfo};
-use crate::lab_disk::{LabDisk, QueueSettings};
+use crate::lab_disk::{BenchFs, LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
 use crate::report::{self, Results, Row};
 use crate::row::RowsArg;
@@ -94,15 +94,20 @@ pub struct ReferenceArgs {
     /// results are written as seek-storm.{json,md,svg} instead of reference.*.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seek_every: Option<u64>,
+    /// The lab disk's file system; results on btrfs are written as reference-btrfs.* and
+    /// reference-btrfs-zstd.*.
+    #[arg(long, value_enum, default_value_t = BenchFs::Ext4)]
+    pub fs: BenchFs,
 }
 
 impl ReferenceArgs {
     /// The name of the result files.
     fn results_name(&self) -> &'static str {
-        if self.seek_every.is_some() {
-            "seek-storm"
-        } else {
-            "reference"
+        match (self.seek_every, self.fs) {
+            (Some(_), _) => "seek-storm",
+            (None, BenchFs::Ext4) => "reference",
+            (None, BenchFs::Btrfs) => "reference-btrfs",
+            (None, BenchFs::BtrfsZstd) => "reference-btrfs-zstd",
         }
     }
 }
@@ -120,10 +125,11 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         args.secs,
         args.warmup_secs
     );
-    let disk = LabDisk::up("reference", DISK_BYTES, args.read_ahead_kb)?;
+    let disk = LabDisk::up_with("reference", DISK_BYTES, args.read_ahead_kb, args.fs)?;
     eprintln!(
-        "lab hdd {} with ext4 at {}; writing the files",
+        "lab hdd {} with {:?} at {}; writing the files",
         disk.device().display(),
+        args.fs,
         disk.mount_dir().display()
     );
     let files = layout::make_files(
