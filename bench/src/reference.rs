@@ -132,7 +132,12 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         args.fs,
         disk.mount_dir().display()
     );
-    let files = layout::make_files(
+    let make_files = if args.fs == BenchFs::Ext4 {
+        layout::make_files
+    } else {
+        layout::make_files_in_order
+    };
+    let files = make_files(
         disk.mount_dir(),
         disk.size_bytes(),
         REFERENCE_STREAMS,
