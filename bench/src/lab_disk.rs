@@ -22,6 +22,18 @@ pub enum BenchFs {
     BtrfsZstd,
 }
 
+impl BenchFs {
+    /// As the reports name it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ext4 => "ext4",
+            Self::Btrfs => "btrfs",
+            Self::BtrfsZstd => "btrfs (compress=zstd)",
+        }
+    }
+}
+
 /// A lab hdd with ext4 (or btrfs) mounted, private to this process.
 #[derive(Debug)]
 pub struct LabDisk {

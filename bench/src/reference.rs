@@ -149,24 +149,21 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let model = serde_json::to_value(disk.model())?;
     drop(disk);
 
-    let results = Results::new(
-        "reference",
-        begun,
-        workload_parameters(
-            json!({
-                "secs": args.secs,
-                "warmup_secs": args.warmup_secs,
-                "streams": REFERENCE_STREAMS,
-                "abiss_batch_pages": ABISS_BATCH_PAGES,
-                "seek_every_s": args.seek_every,
-            }),
-            STREAM_FILE_BYTES,
-            &model,
-            &queue,
-            &files,
-        ),
-        rows,
+    let mut parameters = workload_parameters(
+        json!({
+            "secs": args.secs,
+            "warmup_secs": args.warmup_secs,
+            "streams": REFERENCE_STREAMS,
+            "abiss_batch_pages": ABISS_BATCH_PAGES,
+            "seek_every_s": args.seek_every,
+        }),
+        STREAM_FILE_BYTES,
+        &model,
+        &queue,
+        &files,
     );
+    parameters["filesystem"] = json!(args.fs.name());
+    let results = Results::new("reference", begun, parameters, rows);
     let markdown = markdown(&results, args, &queue);
     results.write(&args.results_dir, args.results_name(), &markdown, |svg| {
         chart(svg, args, &results.rows)
@@ -246,7 +243,7 @@ fn markdown(
         warmup = args.warmup_secs,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
         command = results.command,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue).replace(", ext4.", &format!(", {}.", args.fs.name())),
         machine_line = report::machine_line(&results.machine),
     );
     for Row {
