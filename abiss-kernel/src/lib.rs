@@ -6,6 +6,7 @@
 //! | --- | --- |
 //! | [`capabilities`] | the optional parts, the kernel hooks each needs, and what works without it |
 //! | [`layout`] | the struct offsets the eBPF programs read, and the optional parts whose tracepoints or fields the kernel's BTF lacks |
+//! | [`storage`] | which disks hold a file system: mounts, partitions, btrfs devices, device-mapper and md stacks, from sysfs |
 //!
 //! Nothing here needs privileges but reading `/proc/kallsyms` addresses, which the kernel hides
 //! from other users (`kptr_restrict`).
@@ -13,3 +14,4 @@
 
 pub mod capabilities;
 pub mod layout;
+pub mod storage;

@@ -119,8 +119,12 @@ pub struct CachedStat {
     pub ino: u64,
     /// Size in bytes.
     pub size: u64,
-    /// The file system's device: major and minor number.
+    /// The file system's device: major and minor number. btrfs gives each subvolume an
+    /// anonymous number of its own, which is not its super block's.
     pub device: (u32, u32),
+    /// The mount it was opened through (`/proc/self/mountinfo`'s first field), when the
+    /// kernel says (Linux 5.8, `STATX_MNT_ID`): where to find its file system and devices.
+    pub mount_id: Option<u64>,
 }
 
 /// Examines the open file `fd` with `statx(2)` and `AT_STATX_DONT_SYNC`.
@@ -143,7 +147,11 @@ pub fn stat_cached(fd: BorrowedFd<'_>) -> io::Result<CachedStat> {
             fd.as_raw_fd(),
             c"".as_ptr(),
             libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_SIZE,
+            libc::STATX_TYPE
+                | libc::STATX_MODE
+                | libc::STATX_INO
+                | libc::STATX_SIZE
+                | libc::STATX_MNT_ID,
             buffer.as_mut_ptr(),
         )
     };
@@ -157,6 +165,8 @@ pub fn stat_cached(fd: BorrowedFd<'_>) -> io::Result<CachedStat> {
         ino: stat.stx_ino,
         size: stat.stx_size,
         device: (stat.stx_dev_major, stat.stx_dev_minor),
+        // The mount id is the VFS's, filled without the file system.
+        mount_id: (stat.stx_mask & libc::STATX_MNT_ID != 0).then_some(stat.stx_mnt_id),
     })
 }
 
@@ -191,6 +201,13 @@ mod tests {
         assert_eq!(cached.size, 12_345);
         let dev = meta.dev();
         assert_eq!(cached.device, (libc::major(dev), libc::minor(dev)));
+        let mount_id = cached.mount_id.expect("Linux 5.8 or newer says");
+        let fdinfo =
+            fs::read_to_string(format!("/proc/self/fdinfo/{}", file.as_raw_fd())).expect("fdinfo");
+        assert!(
+            fdinfo.contains(&format!("mnt_id:\t{mount_id}\n")),
+            "{fdinfo}"
+        );
         fs::remove_dir_all(dir).expect("cleanup");
     }
 

@@ -10,7 +10,31 @@ use serde::Serialize;
 
 use crate::interrupt;
 
-/// A lab hdd with ext4 mounted, private to this process.
+/// The file system a benchmark's lab disk carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchFs {
+    /// ext4, as in every result before issue 35.
+    #[default]
+    Ext4,
+    /// btrfs on the one device.
+    Btrfs,
+    /// btrfs mounted with `compress=zstd`.
+    BtrfsZstd,
+}
+
+impl BenchFs {
+    /// As the reports name it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ext4 => "ext4",
+            Self::Btrfs => "btrfs",
+            Self::BtrfsZstd => "btrfs (compress=zstd)",
+        }
+    }
+}
+
+/// A lab hdd with ext4 (or btrfs) mounted, private to this process.
 #[derive(Debug)]
 pub struct LabDisk {
     lab: Lab,
@@ -44,11 +68,25 @@ impl LabDisk {
     /// decides how often a 1 MB/s reader reaches the disk at all, so it is set here and again
     /// after every elevator change.
     pub fn up(benchmark: &str, size_bytes: u64, read_ahead_kb: u32) -> anyhow::Result<Self> {
+        Self::up_with(benchmark, size_bytes, read_ahead_kb, BenchFs::Ext4)
+    }
+
+    /// As [`LabDisk::up`], with file system `fs`.
+    pub fn up_with(
+        benchmark: &str,
+        size_bytes: u64,
+        read_ahead_kb: u32,
+        fs: BenchFs,
+    ) -> anyhow::Result<Self> {
         let name = format!("abiss-bench-{benchmark}-{}", std::process::id());
         let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
             .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
         options.size_bytes = size_bytes;
-        options.mkfs = Some(FilesystemKind::Ext4);
+        options.mkfs = Some(match fs {
+            BenchFs::Ext4 => FilesystemKind::Ext4,
+            BenchFs::Btrfs | BenchFs::BtrfsZstd => FilesystemKind::Btrfs,
+        });
+        options.mount_options = (fs == BenchFs::BtrfsZstd).then(|| "compress=zstd".to_owned());
         options.state_dir = PathBuf::from(format!("/tmp/{name}"));
         // In memory where it fits: a backing file on disk makes the emulator wait for that
         // disk now and then (`abiss_lab::lab::memory_backing_dir`).
@@ -63,6 +101,9 @@ impl LabDisk {
             read_ahead_kb,
         };
         disk.apply_read_ahead()?;
+        if fs != BenchFs::Ext4 {
+            return Ok(disk);
+        }
         // mkfs leaves inode tables to be zeroed lazily by a kernel thread after mounting;
         // that background writing would land in the first runs.
         let mount = disk.mount_dir().to_string_lossy().into_owned();

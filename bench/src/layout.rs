@@ -163,6 +163,44 @@ pub fn make_files(
     Ok(files)
 }
 
+/// As [`make_files`], but written one after the other where the file system puts them: btrfs
+/// frees a punched hole only when its transaction commits, and copies on write, so the
+/// placement by a reserve and holes fails there (ENOSPC). Positions are btrfs's logical
+/// addresses, which on one fresh device follow the disk's order but not its offsets.
+pub fn make_files_in_order(
+    dir: &Path,
+    disk_bytes: u64,
+    streams: usize,
+    stream_bytes: u64,
+    copy_bytes: u64,
+) -> anyhow::Result<BenchFiles> {
+    let mut paths: Vec<PathBuf> = (0..streams)
+        .map(|k| dir.join(format!("stream-{k:03}")))
+        .collect();
+    for path in &paths {
+        write_file(path, stream_bytes)?;
+    }
+    let copy_source = dir.join("copy-source");
+    write_file(&copy_source, copy_bytes)?;
+    paths.push(copy_source);
+    let copy_source = paths.pop().expect("the copy source was made last");
+    let files = BenchFiles {
+        stream_positions: paths
+            .iter()
+            .map(|p| disk_position(p, disk_bytes))
+            .collect::<Result<_, _>>()?,
+        copy_source_position: disk_position(&copy_source, disk_bytes)?,
+        streams: paths,
+        copy_destination: dir.join("copy-destination"),
+        copy_source,
+    };
+    for path in files.read_files() {
+        drop_cached_pages(path)?;
+    }
+    report_placement(&files);
+    Ok(files)
+}
+
 /// Where `path` starts on a disk of `disk_bytes`, as a fraction of it (0 = outer edge);
 /// warns if the file is in more than two pieces.
 fn disk_position(path: &Path, disk_bytes: u64) -> anyhow::Result<f64> {

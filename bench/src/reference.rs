@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::chart::{self, LatencySeries};
 use crate::configuration::{Configuration, ConfigurationInfo};
-use crate::lab_disk::{LabDisk, QueueSettings};
+use crate::lab_disk::{BenchFs, LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
 use crate::report::{self, Results, Row};
 use crate::row::RowsArg;
@@ -94,15 +94,20 @@ pub struct ReferenceArgs {
     /// results are written as seek-storm.{json,md,svg} instead of reference.*.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub seek_every: Option<u64>,
+    /// The lab disk's file system; results on btrfs are written as reference-btrfs.* and
+    /// reference-btrfs-zstd.*.
+    #[arg(long, value_enum, default_value_t = BenchFs::Ext4)]
+    pub fs: BenchFs,
 }
 
 impl ReferenceArgs {
     /// The name of the result files.
     fn results_name(&self) -> &'static str {
-        if self.seek_every.is_some() {
-            "seek-storm"
-        } else {
-            "reference"
+        match (self.seek_every, self.fs) {
+            (Some(_), _) => "seek-storm",
+            (None, BenchFs::Ext4) => "reference",
+            (None, BenchFs::Btrfs) => "reference-btrfs",
+            (None, BenchFs::BtrfsZstd) => "reference-btrfs-zstd",
         }
     }
 }
@@ -120,13 +125,19 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         args.secs,
         args.warmup_secs
     );
-    let disk = LabDisk::up("reference", DISK_BYTES, args.read_ahead_kb)?;
+    let disk = LabDisk::up_with("reference", DISK_BYTES, args.read_ahead_kb, args.fs)?;
     eprintln!(
-        "lab hdd {} with ext4 at {}; writing the files",
+        "lab hdd {} with {:?} at {}; writing the files",
         disk.device().display(),
+        args.fs,
         disk.mount_dir().display()
     );
-    let files = layout::make_files(
+    let make_files = if args.fs == BenchFs::Ext4 {
+        layout::make_files
+    } else {
+        layout::make_files_in_order
+    };
+    let files = make_files(
         disk.mount_dir(),
         disk.size_bytes(),
         REFERENCE_STREAMS,
@@ -138,24 +149,21 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
     let model = serde_json::to_value(disk.model())?;
     drop(disk);
 
-    let results = Results::new(
-        "reference",
-        begun,
-        workload_parameters(
-            json!({
-                "secs": args.secs,
-                "warmup_secs": args.warmup_secs,
-                "streams": REFERENCE_STREAMS,
-                "abiss_batch_pages": ABISS_BATCH_PAGES,
-                "seek_every_s": args.seek_every,
-            }),
-            STREAM_FILE_BYTES,
-            &model,
-            &queue,
-            &files,
-        ),
-        rows,
+    let mut parameters = workload_parameters(
+        json!({
+            "secs": args.secs,
+            "warmup_secs": args.warmup_secs,
+            "streams": REFERENCE_STREAMS,
+            "abiss_batch_pages": ABISS_BATCH_PAGES,
+            "seek_every_s": args.seek_every,
+        }),
+        STREAM_FILE_BYTES,
+        &model,
+        &queue,
+        &files,
     );
+    parameters["filesystem"] = json!(args.fs.name());
+    let results = Results::new("reference", begun, parameters, rows);
     let markdown = markdown(&results, args, &queue);
     results.write(&args.results_dir, args.results_name(), &markdown, |svg| {
         chart(svg, args, &results.rows)
@@ -235,7 +243,7 @@ fn markdown(
         warmup = args.warmup_secs,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
         command = results.command,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue).replace(", ext4.", &format!(", {}.", args.fs.name())),
         machine_line = report::machine_line(&results.machine),
     );
     for Row {

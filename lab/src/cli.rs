@@ -70,6 +70,9 @@ struct UpArgs {
     /// Mount the file system here (needs --mkfs, or a device that already has one).
     #[arg(long)]
     mount: Option<PathBuf>,
+    /// Mount options (`mount -o`), e.g. compress=zstd on btrfs.
+    #[arg(long)]
+    mount_options: Option<String>,
     /// I/O scheduler to select on the device once its depth is set (e.g. bfq, mq-deadline).
     #[arg(long)]
     scheduler: Option<String>,
@@ -90,6 +93,7 @@ enum ModelArg {
 enum MkfsArg {
     Ext4,
     Xfs,
+    Btrfs,
 }
 
 /// Parses sizes the way abissctl and abissd do (`abiss-units`): `4G`, `512M`, `64MiB`, `1T`
@@ -137,8 +141,10 @@ fn up(args: &UpArgs) -> Result<(), LabError> {
     options.mkfs = args.mkfs.map(|mkfs| match mkfs {
         MkfsArg::Ext4 => FilesystemKind::Ext4,
         MkfsArg::Xfs => FilesystemKind::Xfs,
+        MkfsArg::Btrfs => FilesystemKind::Btrfs,
     });
     options.mount_dir.clone_from(&args.mount);
+    options.mount_options.clone_from(&args.mount_options);
     options.scheduler.clone_from(&args.scheduler);
     options.state_dir.clone_from(&args.state.state_dir);
     options.backing_dir.clone_from(&args.backing_dir);

@@ -44,6 +44,24 @@ impl HddLab {
         )
     }
 
+    /// A `size_gib` lab hdd with `scheduler` selected, btrfs (one device) made and mounted
+    /// with `mount_options` (`compress=zstd`).
+    #[must_use]
+    pub fn up_btrfs(
+        tag: &str,
+        size_gib: u64,
+        scheduler: &str,
+        mount_options: Option<&str>,
+    ) -> Self {
+        Self::up_mounted(
+            tag,
+            size_gib,
+            scheduler,
+            Some(abiss_lab::FilesystemKind::Btrfs),
+            mount_options,
+        )
+    }
+
     /// A `size_gib` lab hdd with `scheduler` selected and nothing on it (a raw disk).
     #[must_use]
     pub fn up_raw(tag: &str, size_gib: u64, scheduler: &str) -> Self {
@@ -56,12 +74,23 @@ impl HddLab {
         scheduler: &str,
         mkfs: Option<abiss_lab::FilesystemKind>,
     ) -> Self {
+        Self::up_mounted(tag, size_gib, scheduler, mkfs, None)
+    }
+
+    fn up_mounted(
+        tag: &str,
+        size_gib: u64,
+        scheduler: &str,
+        mkfs: Option<abiss_lab::FilesystemKind>,
+        mount_options: Option<&str>,
+    ) -> Self {
         use abiss_lab::{Lab, LabOptions, ModelFile, ModelKind};
         let dir = Scratch::new_in("/tmp", &format!("lab-{tag}"));
         let mut options =
             LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
         options.size_bytes = size_gib << 30;
         options.mkfs = mkfs;
+        options.mount_options = mount_options.map(str::to_owned);
         if mkfs.is_some() {
             options.mount_dir = Some(dir.path().join("mnt"));
         }
@@ -127,12 +156,22 @@ static LAB_DISKS: Mutex<Vec<LabDisk>> = Mutex::new(Vec::new());
 struct LabDisk {
     /// The loop device's number: its `st_rdev`, and the `st_dev` of the files on it.
     device: u64,
+    /// The `st_dev` of the files at the top of its file system: btrfs gives them an
+    /// anonymous number, not the disk's.
+    file_device: u64,
     /// A second handle on the lab, to switch its model off and on.
     lab: abiss_lab::Lab,
     /// Files being written with the model off ([`ModelOff`]).
     fills: usize,
     /// Daemons managing the disk and copy loops on it ([`DiskLoad`]).
     loads: usize,
+}
+
+impl LabDisk {
+    /// Whether `device` (a device's or a file's) is this disk's.
+    fn holds(&self, device: u64) -> bool {
+        device == self.device || device == self.file_device
+    }
 }
 
 fn lab_disks() -> MutexGuard<'static, Vec<LabDisk>> {
@@ -142,8 +181,10 @@ fn lab_disks() -> MutexGuard<'static, Vec<LabDisk>> {
 fn register_lab_disk(lab: &abiss_lab::Lab, state_dir: &Path) {
     let device = device_number(lab.device()).expect("the lab's loop device");
     let lab = abiss_lab::Lab::open(state_dir).expect("a second handle on the lab");
+    let file_device = lab.mount_dir().and_then(device_number).unwrap_or(device);
     lab_disks().push(LabDisk {
         device,
+        file_device,
         lab,
         fills: 0,
         loads: 0,
@@ -182,7 +223,7 @@ impl DiskLoad {
             if devices.contains(&device) {
                 continue;
             }
-            if let Some(disk) = disks.iter_mut().find(|d| d.device == device) {
+            if let Some(disk) = disks.iter_mut().find(|d| d.holds(device)) {
                 disk.loads += 1;
                 devices.push(device);
             }
@@ -201,7 +242,7 @@ impl Drop for DiskLoad {
     fn drop(&mut self) {
         for disk in lab_disks()
             .iter_mut()
-            .filter(|d| self.devices.contains(&d.device))
+            .filter(|d| self.devices.iter().any(|&device| d.holds(device)))
         {
             disk.loads -= 1;
         }
@@ -220,9 +261,7 @@ impl ModelOff {
     fn for_file(path: &Path) -> Option<Self> {
         let device = device_number(path)?;
         let mut disks = lab_disks();
-        let disk = disks
-            .iter_mut()
-            .find(|d| d.device == device && d.loads == 0)?;
+        let disk = disks.iter_mut().find(|d| d.holds(device) && d.loads == 0)?;
         if disk.fills == 0 {
             disk.lab
                 .set_unmodelled(true)
@@ -236,7 +275,7 @@ impl ModelOff {
 impl Drop for ModelOff {
     fn drop(&mut self) {
         let mut disks = lab_disks();
-        let Some(disk) = disks.iter_mut().find(|d| d.device == self.device) else {
+        let Some(disk) = disks.iter_mut().find(|d| d.holds(self.device)) else {
             return;
         };
         disk.fills -= 1;
@@ -270,9 +309,28 @@ impl Drop for ModelOff {
 /// as before; I/O a test starts on the disk by other means is not known here: write the files
 /// first.
 pub fn write_cold_file(path: &Path, bytes: u64) {
+    write_cold(path, bytes, |block| block);
+}
+
+/// As [`write_cold_file`], but every other 4 KiB page of the file is zeros, so that a file
+/// system that compresses (btrfs with `compress=zstd`) keeps it in about half the space.
+pub fn write_cold_compressible_file(path: &Path, bytes: u64) {
+    write_cold(path, bytes, |block| {
+        for page in block.chunks_mut(8192) {
+            let half = page.len().min(4096);
+            page[..half].fill(0);
+        }
+        block
+    });
+}
+
+fn write_cold(path: &Path, bytes: u64, shape: impl Fn(&mut [u8]) -> &mut [u8]) {
     let model_off = ModelOff::for_file(path);
     let mut file = File::create(path).expect("create file");
-    cold_blocks(bytes, |block| file.write_all(block).expect("write"));
+    cold_blocks(bytes, |block| {
+        let mut owned = block.to_vec();
+        file.write_all(shape(&mut owned)).expect("write");
+    });
     file.sync_all().expect("sync");
     if model_off.is_some() {
         sync_file_system(&file);

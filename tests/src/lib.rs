@@ -37,6 +37,7 @@
 //! | several streams of one file; a reader behind a recording | `tests/shared_files.rs` |
 //! | write streams (recordings): write-back at the stream's level, allocation ahead, refusals (helpers shared in `tests/recording/`) | `tests/recording.rs` |
 //! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
+//! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`), requests tagged at the disk; subvolumes; a btrfs over two disks refused | `tests/btrfs.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
 //! | recording past the page cache (`abissctl record`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
@@ -108,7 +109,9 @@ pub use devices::{
     LoopDevice,
 };
 pub use kernel_maps::{control_field, daemon_map_dump, daemon_map_id, map_dump, program_loaded};
-pub use lab_disk::{cold_file_bytes, shared_fs, write_cold_file, CopyLoop, HddLab};
+pub use lab_disk::{
+    cold_file_bytes, shared_fs, write_cold_compressible_file, write_cold_file, CopyLoop, HddLab,
+};
 pub use output::{assert_fails, attached_id, json_of, stderr};
 pub use page_cache::{evict, paced_read, resident_bytes, PacedReport, SlowRead};
 pub use users::{

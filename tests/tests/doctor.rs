@@ -228,7 +228,7 @@ impl Drop for Btrfs {
 }
 
 #[test]
-fn a_file_on_btrfs_names_both_devices_and_is_not_served() {
+fn a_file_on_a_btrfs_over_two_disks_names_both_and_is_not_served() {
     require_root!();
     let btrfs = Btrfs::new();
     let file = file_in(btrfs.mount.path());
@@ -249,7 +249,10 @@ fn a_file_on_btrfs_names_both_devices_and_is_not_served() {
     assert_eq!(stack, names, "both devices of the file system");
     let why = report["path"]["why_not"].as_str().unwrap();
     assert!(
-        why.contains("btrfs") && why.contains("anonymous device"),
+        why.contains(&format!(
+            "is on a btrfs over 2 disks ({})",
+            names.join(", ")
+        )),
         "{why}"
     );
 
@@ -263,12 +266,17 @@ fn a_file_on_btrfs_names_both_devices_and_is_not_served() {
         "{shown}"
     );
     assert!(
-        line(&shown, "served").contains("anonymous device"),
+        line(&shown, "served").contains("btrfs over 2 disks"),
         "{shown}"
     );
-    // Even with one of its devices managed, abissd cannot serve it.
+    // Even with one of its devices managed, abissd cannot serve it, and says so as doctor did.
     let attach = daemon.ctl(["attach", path, "--rate", "1MB/s"]);
-    assert!(!attach.status.success(), "{}", text(&attach));
+    assert_eq!(attach.status.code(), Some(5), "{}", text(&attach));
+    assert!(
+        text(&attach).contains("btrfs over 2 disks"),
+        "{}",
+        text(&attach)
+    );
 }
 
 #[test]

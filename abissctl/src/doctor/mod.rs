@@ -13,7 +13,6 @@ use crate::error::CliError;
 
 mod kernel;
 mod path;
-mod stack;
 
 /// The exit code when PATH cannot be served now (documented in `doctor --help` and in the
 /// user's guide's exit code table).

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use abiss_proto::{ByteRate, ByteSize, DeviceNumber, DeviceStatus, StatusReport};
 use serde::Serialize;
 
-use super::stack::{self, Layer, Mount};
 use super::{Finding, State};
 use crate::error::CliError;
+use abiss_kernel::storage::{self, Layer, Mount};
 
 const SYS: &str = "/sys";
 
@@ -89,11 +89,12 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
         format!("{}: {}", examined.path.display(), examined.what),
     )];
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|text| stack::parse_mountinfo(&text))
+        .map(|text| storage::parse_mountinfo(&text))
         .unwrap_or_default();
-    let mount = stack::mount_of(&mounts, &examined.path, examined.device).cloned();
+    let mount = storage::mount_of(&mounts, &examined.path, examined.device).cloned();
     findings.push(file_system_finding(mount.as_ref(), examined.device));
-    let stacks = stacks_of(mount.as_ref(), examined.device);
+    let sys = Path::new(SYS);
+    let stacks = storage::file_system_stacks(sys, mount.as_ref(), examined.device);
     for layer in &stacks {
         findings.push(Finding::info("stack", layer.describe()));
     }
@@ -102,17 +103,15 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
     for disk in &physical {
         findings.push(managed_finding(disk, devices, daemon.is_some()));
     }
-    // abissd serves a file by its file system's device (a partition's disk); it follows no
-    // stack, and a file system without one device (btrfs) gives files an anonymous number.
-    let serving = (examined.device.major != 0)
-        .then(|| stacks.first().map(Layer::serving_disk))
-        .flatten();
+    // abissd serves a file from the one disk under its file system (a partition's disk, a
+    // single-device btrfs's disk), as `storage::serving_disks` finds it for abissd too.
+    let serving_disks = storage::serving_disks(sys, mount.as_ref(), examined.device);
+    let serving = match &serving_disks {
+        Ok(disks) if disks.len() == 1 => disks.first(),
+        _ => None,
+    };
     let status = serving.and_then(|disk| devices.iter().find(|d| d.device == disk.device));
-    if let Some(disk) = serving.filter(|disk| !physical.iter().any(|p| p.device == disk.device)) {
-        // A dm or md device: abissd would serve from it, not from the disks below.
-        findings.push(managed_finding(disk, devices, daemon.is_some()));
-    }
-    let why_not = why_not(&examined, mount.as_ref(), serving, status, daemon.is_some());
+    let why_not = why_not(&examined, &serving_disks, status, daemon.is_some());
     findings.push(match &why_not {
         None => Finding::new(
             "served",
@@ -155,27 +154,6 @@ fn file_system_finding(mount: Option<&Mount>, device: DeviceNumber) -> Finding {
     }
 }
 
-/// The stacks under the file system: one for a file system on one device; for btrfs, one per
-/// member device, found from the device it was mounted from.
-fn stacks_of(mount: Option<&Mount>, device: DeviceNumber) -> Vec<Layer> {
-    let sys = Path::new(SYS);
-    if device.major != 0 {
-        return stack::stack_of(sys, device).into_iter().collect();
-    }
-    let Some(mount) = mount.filter(|m| m.fs_type == "btrfs") else {
-        return Vec::new();
-    };
-    let source =
-        std::fs::canonicalize(&mount.source).unwrap_or_else(|_| PathBuf::from(&mount.source));
-    let Some(name) = source.file_name().map(|n| n.to_string_lossy().into_owned()) else {
-        return Vec::new();
-    };
-    stack::btrfs_devices(sys, &name)
-        .iter()
-        .filter_map(|dir| stack::layer_at(dir, 0))
-        .collect()
-}
-
 fn managed_finding(disk: &Layer, devices: &[DeviceStatus], daemon: bool) -> Finding {
     let topic = format!("disk {}", disk.name);
     match devices.iter().find(|d| d.device == disk.device) {
@@ -216,40 +194,23 @@ fn serving_disk(disk: &Layer, status: Option<&DeviceStatus>) -> ServingDisk {
 /// Why abiss cannot serve PATH now, or `None` when it can.
 fn why_not(
     examined: &Examined,
-    mount: Option<&Mount>,
-    serving: Option<&Layer>,
+    serving: &Result<Vec<Layer>, storage::Unservable>,
     status: Option<&DeviceStatus>,
     daemon: bool,
 ) -> Option<String> {
-    let fs_type = mount.map_or("its file system", |m| m.fs_type.as_str());
-    if examined.device.major == 0 {
-        return Some(if fs_type == "btrfs" {
-            format!("btrfs gives its files an anonymous device ({}), not a disk, so abissd cannot tell which disk serves them; put the files on a file system on one device (ext4, XFS)", examined.device)
-        } else {
-            format!("{fs_type} is on no block device (its files report {}); abissd serves files of disk file systems", examined.device)
-        });
-    }
-    let Some(disk) = serving else {
-        return Some(format!(
-            "device {} is not in /sys/dev/block",
-            examined.device
-        ));
+    let path = examined.path.display();
+    let disk = match serving.as_deref() {
+        Err(unservable) => return Some(format!("{path} {}", unservable.reason())),
+        Ok([disk]) => disk,
+        Ok(disks) => return Some(format!("{path} {}", storage::several_disks_reason(disks))),
     };
     if !daemon {
         return Some("abissd is not running; start it with --device for this disk".to_owned());
     }
     let Some(status) = status else {
         return Some(format!(
-            "{} is on {} ({}), which abissd does not manage; start abissd with --device {}{}",
-            examined.path.display(),
-            disk.name,
-            disk.device,
-            disk.name,
-            if disk.below.is_empty() {
-                ""
-            } else {
-                " (abissd serves by the device the file system is on, not the disks below it)"
-            }
+            "{path} is on {} ({}), which abissd does not manage; start abissd with --device {}",
+            disk.name, disk.device, disk.name
         ));
     };
     if status.free == ByteRate(0) {

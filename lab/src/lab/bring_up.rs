@@ -91,6 +91,9 @@ pub(super) fn make_and_mount(
         Some(FilesystemKind::Xfs) => {
             system::run("mkfs.xfs", &["-q", "-f", "-K", device])?;
         }
+        Some(FilesystemKind::Btrfs) => {
+            system::run("mkfs.btrfs", &["-q", "-f", "-K", device])?;
+        }
         None => {}
     }
     if let Some(dir) = &options.mount_dir {
@@ -100,7 +103,11 @@ pub(super) fn make_and_mount(
         }
         state.mount_dir = Some(dir.clone());
         state.save()?;
-        system::run("mount", &[device, &dir.to_string_lossy()])?;
+        let dir = dir.to_string_lossy();
+        match &options.mount_options {
+            Some(mount_options) => system::run("mount", &["-o", mount_options, device, &dir])?,
+            None => system::run("mount", &[device, &dir])?,
+        };
     }
     Ok(())
 }

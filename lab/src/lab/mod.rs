@@ -80,6 +80,8 @@ pub enum FilesystemKind {
     Ext4,
     /// xfs, made with the model off, without discard.
     Xfs,
+    /// btrfs (one device), made with the model off, without discard.
+    Btrfs,
 }
 
 /// What to bring up.
@@ -93,6 +95,8 @@ pub struct LabOptions {
     pub mkfs: Option<FilesystemKind>,
     /// Mount the file system here (created if missing, and then removed by `down`).
     pub mount_dir: Option<PathBuf>,
+    /// Mount options (`-o`), e.g. `compress=zstd` for btrfs.
+    pub mount_options: Option<String>,
     /// I/O scheduler to select on the device after its depth is set (`none` if not given).
     pub scheduler: Option<String>,
     /// The lab's state directory.
@@ -111,6 +115,7 @@ impl LabOptions {
             size_bytes: 4 << 30,
             mkfs: None,
             mount_dir: None,
+            mount_options: None,
             scheduler: None,
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
             backing_dir: PathBuf::from(DEFAULT_BACKING_DIR),

@@ -135,8 +135,8 @@ impl Controller {
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
         check_parameters(&request)?;
-        let file = check_file(fd, request.write)?;
-        let disk = self.disks.serving(file.file_device, &file.path)?;
+        let mut file = check_file(fd, request.write)?;
+        let disk = self.disks.serving(&mut file)?;
         if request.buffer_auto {
             // The tails are kept only while automatic streams run: the first one is sized from
             // what the disk did since they were last looked at.
@@ -291,6 +291,8 @@ impl Controller {
         let Some(tag) = self.streams.tag_of(&file.key) else {
             return Ok(None);
         };
+        self.streams
+            .check_key_unshared(&file.key, file.file_device, &file.path)?;
         if write {
             if let Some(recording) = self.streams.of_file(tag).find(|s| s.kind.is_recording()) {
                 let theirs = peer_uid == 0 || recording.owner_uid == peer_uid;

@@ -17,12 +17,14 @@ use abiss_proto::{
 use log::{info, warn};
 
 use crate::disk::device::{
-    self, resolve_client_disk, resolve_disk, DeviceConfig, DeviceError, Disk, ManagedDevice,
+    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, Disk, ManagedDevice,
 };
+use crate::disk::file_disk::disk_of_file;
 use crate::policy::admission::{
     AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
 };
 use crate::policy::share::ShareAdmission;
+use crate::serve::client_file::CheckedFile;
 use crate::stream::table::StreamTable;
 use crate::stream::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
@@ -152,8 +154,18 @@ impl Disks {
             }
         }
         let mut disks = BTreeMap::new();
+        // A spec may name any level of a stack (a partition, a device-mapper or md device):
+        // it means the whole disks under it, each managed on its own.
+        let mut names = Vec::new();
         for spec in specs {
-            let device = ManagedDevice::take(spec, &config, &settings.state_dir)?;
+            for disk in resolve_disks(spec)? {
+                if !names.contains(&disk.name) {
+                    names.push(disk.name);
+                }
+            }
+        }
+        for name in &names {
+            let device = ManagedDevice::take(name, &config, &settings.state_dir)?;
             let managed = ManagedDisk::new(device, &settings)?;
             info!(
                 "managing {} with {} at dispatch depth {}",
@@ -184,27 +196,22 @@ impl Disks {
         self.settings = settings;
     }
 
-    /// The managed disk a file on `file_device` lives on, with any model saved since the
-    /// daemon started taken up (a broken one refuses).
-    pub(crate) fn serving(
-        &mut self,
-        file_device: DeviceNumber,
-        path: &str,
-    ) -> Result<Disk, Refusal> {
-        let unmanaged = |disk: String| {
-            Refusal::UnknownDevice(format!(
-                "{path} is on {disk}, which abissd does not manage; start abissd with --device for it"
-            ))
-        };
-        let disk = resolve_disk(&file_device.to_string())
-            .map_err(|_| unmanaged(format!("device {file_device}")))?;
-        let Some(managed) = self.disks.get_mut(&disk.number) else {
-            return Err(unmanaged(disk.to_string()));
+    /// The managed disk `file` lives on (found through its file system's stack: see
+    /// [`crate::disk::file_disk`]), with any model saved since the daemon started taken up (a
+    /// broken one refuses). The file's kernel key takes its file system's own device.
+    pub(crate) fn serving(&mut self, file: &mut CheckedFile) -> Result<Disk, Refusal> {
+        let found = disk_of_file(file.file_device, file.mount_id, &file.path)?;
+        let Some(managed) = self.disks.get_mut(&found.disk.number) else {
+            return Err(Refusal::UnknownDevice(format!(
+                "{} is on {}, which abissd does not manage; start abissd with --device for it",
+                file.path, found.disk
+            )));
         };
         managed
             .load_model(&self.settings)
             .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
-        Ok(disk)
+        file.key.dev = found.kernel_device.to_kernel();
+        Ok(found.disk)
     }
 
     /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream

@@ -35,10 +35,14 @@ pub(crate) struct CheckedFile {
     pub(crate) fd: ClientFd,
     /// Path as the kernel names it.
     pub(crate) path: String,
-    /// Filesystem device and inode.
+    /// Filesystem device and inode, as the kernel's structures carry them: the device is
+    /// `file_device` until the serving disk's lookup sets the super block's
+    /// ([`crate::disk::file_disk::FileDisk::kernel_device`]).
     pub(crate) key: FileKey,
-    /// Filesystem device number.
+    /// Filesystem device number, as `stat` reports it (a btrfs subvolume's own).
     pub(crate) file_device: DeviceNumber,
+    /// The mount it was opened through, when the kernel says: where its disks are found.
+    pub(crate) mount_id: Option<u64>,
     /// Size in bytes.
     pub(crate) bytes: u64,
 }
@@ -116,6 +120,7 @@ pub(crate) fn check_file(fd: ClientFd, write: bool) -> Result<CheckedFile, Attac
             ino: stat.ino,
         },
         file_device,
+        mount_id: stat.mount_id,
         bytes,
     })
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use abiss_proto::{DeviceNumber, PAGE_BYTES};
+use abiss_proto::{DeviceNumber, Refusal, PAGE_BYTES};
 use scheduler_common::{AttachedFile, FileKey};
 
 use crate::policy::memory::locked_at_most;
@@ -53,6 +53,27 @@ impl StreamTable {
             .values()
             .find(|s| s.key == *key)
             .map(|s| s.file_tag)
+    }
+
+    /// Refuses a file `path` (reporting `file_device`) whose `key` is that of an attached file
+    /// which reports another device: btrfs numbers inodes per subvolume, while the kernel's
+    /// structures (so the programs, and the key) know one device for all its subvolumes.
+    pub(crate) fn check_key_unshared(
+        &self,
+        key: &FileKey,
+        file_device: DeviceNumber,
+        path: &str,
+    ) -> Result<(), Refusal> {
+        if self
+            .streams
+            .values()
+            .any(|s| s.key == *key && s.file_device != file_device)
+        {
+            return Err(Refusal::BadRequest(format!(
+                "{path} has the inode number of an attached file in another subvolume of its btrfs, and abissd's programs tell files apart by file system and inode number; attach one of them at a time"
+            )));
+        }
+        Ok(())
     }
 
     /// The streams of the file tagged `tag`.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use abiss_proto::DeviceNumber;
 use serde::{Deserialize, Serialize};
@@ -62,6 +62,30 @@ pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {
     resolve_disk_in(Path::new(SYSFS), spec)
 }
 
+/// The whole disks under a device as users type it (any name [`resolve_disk`] takes): the
+/// disk itself, a partition's disk, or the disks at the bottom of a device-mapper or md
+/// device's stack (read by [`abiss_kernel::storage`]), each of which has a queue abissd can
+/// manage. What `--device` means.
+pub fn resolve_disks(spec: &str) -> Result<Vec<Disk>, DeviceError> {
+    resolve_disks_in(Path::new(SYSFS), spec)
+}
+
+fn resolve_disks_in(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceError> {
+    let device = device_dir_in(sys, spec)?;
+    let number = read_number(&device)?;
+    let below = abiss_kernel::storage::physical_disks(sys, number).unwrap_or_default();
+    if below.is_empty() {
+        return Ok(vec![resolve_disk_in(sys, spec)?]);
+    }
+    Ok(below
+        .into_iter()
+        .map(|layer| Disk {
+            name: layer.name,
+            number: layer.device,
+        })
+        .collect())
+}
+
 /// Resolves a device a client named (in a capacity plan) without looking up any path: a
 /// client's path may lead anywhere, into a FUSE file system whose server never answers, and
 /// abissd would look it up as root, in its main loop. So a client names a disk by NAME,
@@ -105,7 +129,8 @@ impl<'a> DeviceSpec<'a> {
     }
 }
 
-fn resolve_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
+/// The sysfs directory of the device `spec` names (symlinks resolved).
+fn device_dir_in(sys: &Path, spec: &str) -> Result<PathBuf, DeviceError> {
     let unknown = || DeviceError::UnknownDevice {
         spec: spec.to_owned(),
     };
@@ -135,7 +160,24 @@ fn resolve_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
         DeviceSpec::Number(number) => sys.join("dev/block").join(number.to_string()),
         DeviceSpec::Name(name) => sys.join("class/block").join(name),
     };
-    let device_dir = fs::canonicalize(&link).map_err(|_| unknown())?;
+    fs::canonicalize(&link).map_err(|_| unknown())
+}
+
+/// The number in a sysfs block device directory's `dev` file.
+fn read_number(dir: &Path) -> Result<DeviceNumber, DeviceError> {
+    let dev_file = dir.join("dev");
+    let text = read_trimmed(&dev_file)?;
+    text.parse().map_err(|_| DeviceError::Unparsable {
+        path: dev_file.clone(),
+        content: text.clone(),
+    })
+}
+
+fn resolve_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
+    let unknown = || DeviceError::UnknownDevice {
+        spec: spec.to_owned(),
+    };
+    let device_dir = device_dir_in(sys, spec)?;
     // A partition's sysfs directory sits inside its disk's and has a `partition` file.
     let disk_dir = if device_dir.join("partition").exists() {
         device_dir.parent().ok_or_else(unknown)?.to_path_buf()
@@ -147,12 +189,7 @@ fn resolve_disk_in(sys: &Path, spec: &str) -> Result<Disk, DeviceError> {
         .ok_or_else(unknown)?
         .to_string_lossy()
         .into_owned();
-    let dev_file = disk_dir.join("dev");
-    let text = read_trimmed(&dev_file)?;
-    let number = text.parse().map_err(|_| DeviceError::Unparsable {
-        path: dev_file.clone(),
-        content: text.clone(),
-    })?;
+    let number = read_number(&disk_dir)?;
     Ok(Disk { name, number })
 }
 
@@ -230,6 +267,25 @@ mod tests {
         fake_sysfs(&tree.0);
         for spec in ["sda", "sda1", "8:0", "8:1", " sda "] {
             assert_eq!(resolve_disk_in(&tree.0, spec).unwrap(), sda(), "{spec}");
+        }
+    }
+
+    #[test]
+    fn a_device_mapper_device_means_the_disks_under_it() {
+        use std::os::unix::fs::symlink;
+        let tree = TempTree::new("stacked");
+        fake_sysfs(&tree.0);
+        let dm = tree.0.join("devices/virtual/block/dm-0");
+        fs::create_dir_all(dm.join("slaves")).unwrap();
+        fs::create_dir_all(dm.join("dm")).unwrap();
+        fs::write(dm.join("dev"), "253:0\n").unwrap();
+        fs::write(dm.join("dm/name"), "vg-media\n").unwrap();
+        let sda1 = fs::canonicalize(tree.0.join("class/block/sda1")).unwrap();
+        symlink(&sda1, dm.join("slaves/sda1")).unwrap();
+        symlink(&dm, tree.0.join("class/block/dm-0")).unwrap();
+        symlink(&dm, tree.0.join("dev/block/253:0")).unwrap();
+        for spec in ["dm-0", "253:0", "sda1", "sda"] {
+            assert_eq!(resolve_disks_in(&tree.0, spec).unwrap(), [sda()], "{spec}");
         }
     }
 

@@ -43,7 +43,7 @@ use nix::fcntl::Flock;
 use serde::Serialize;
 
 pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
-pub use disk::{resolve_client_disk, resolve_disk, Disk};
+pub use disk::{resolve_client_disk, resolve_disk, resolve_disks, Disk};
 pub use error::DeviceError;
 pub use plan::{DepthSource, QueueSettings, REQUEST_CAP_KIB};
 pub use state::{recover, RecoveryOutcome};

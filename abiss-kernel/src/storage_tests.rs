@@ -156,3 +156,117 @@ fn mountinfo_lines_parse_with_their_escapes() {
     let root = mount_of(&mounts, Path::new("/home/u/f"), number("8:2")).unwrap();
     assert_eq!(root.source, "/dev/sda2");
 }
+
+#[test]
+fn mounts_are_found_by_the_id_statx_reports() {
+    let text = "22 1 8:2 / / rw,relatime shared:1 - ext4 /dev/sda2 rw\n\
+                40 22 0:45 / /mnt/media rw shared:20 - btrfs /dev/loop3 rw,subvol=/\n";
+    let mounts = parse_mountinfo(text);
+    assert_eq!(mounts[1].id, 40);
+    assert_eq!(mount_by_id(&mounts, 40).unwrap().fs_type, "btrfs");
+    assert!(mount_by_id(&mounts, 41).is_none());
+}
+
+fn btrfs_mount(source: &str) -> Mount {
+    Mount {
+        id: 40,
+        device: number("0:45"),
+        at: PathBuf::from("/mnt/media"),
+        fs_type: "btrfs".to_owned(),
+        source: source.to_owned(),
+    }
+}
+
+#[test]
+fn a_file_system_is_served_from_the_disks_under_it() {
+    let sys = FakeSys::new("serving");
+    sys.device("sda", "8:0");
+    let sda2 = sys.device("sda/sda2", "8:2");
+    write(&sda2, "partition", "2\n");
+    let loop3 = sys.device("loop3", "7:3");
+    let loop4 = sys.device("loop4", "7:4");
+    let names = |disks: Vec<Layer>| disks.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+    // ext4 on a partition: its disk.
+    assert_eq!(
+        names(serving_disks(&sys.0, None, number("8:2")).unwrap()),
+        ["sda"]
+    );
+    // A btrfs of one device, its files on an anonymous number: that device's disk.
+    let devices = sys.0.join("fs/btrfs/aaaa/devices");
+    fs::create_dir_all(&devices).unwrap();
+    symlink(&loop3, devices.join("loop3")).unwrap();
+    let mount = btrfs_mount("/nonexistent/loop3");
+    assert_eq!(
+        names(serving_disks(&sys.0, Some(&mount), number("0:46")).unwrap()),
+        ["loop3"]
+    );
+    // Two devices: both, for the caller to refuse, with the reason naming them.
+    symlink(&loop4, devices.join("loop4")).unwrap();
+    let both = serving_disks(&sys.0, Some(&mount), number("0:46")).unwrap();
+    assert_eq!(names(both.clone()), ["loop3", "loop4"]);
+    let reason = several_disks_reason(&both);
+    assert!(
+        reason.contains("btrfs over 2 disks (loop3, loop4)"),
+        "{reason}"
+    );
+    // tmpfs is on no block device.
+    let tmpfs = Mount {
+        fs_type: "tmpfs".to_owned(),
+        ..btrfs_mount("tmpfs")
+    };
+    let error = serving_disks(&sys.0, Some(&tmpfs), number("0:30")).unwrap_err();
+    assert!(error
+        .reason()
+        .starts_with("is on tmpfs, which is on no block device"));
+    assert_eq!(
+        serving_disks(&sys.0, None, number("8:9")).unwrap_err(),
+        Unservable::Unknown {
+            device: number("8:9")
+        }
+    );
+}
+
+#[test]
+fn a_device_mapper_or_md_layer_is_named_and_not_served_but_its_disks_can_be_managed() {
+    let sys = FakeSys::new("layers");
+    sys.device("sda", "8:0");
+    let sda2 = sys.device("sda/sda2", "8:2");
+    write(&sda2, "partition", "2\n");
+    let dm = sys.device("dm-0", "253:0");
+    write(&dm, "dm/name", "root\n");
+    write(&dm, "dm/uuid", "CRYPT-LUKS2-abc-root\n");
+    slave(&dm, &sda2);
+    let sdb = sys.device("sdb", "8:16");
+    let sdc = sys.device("sdc", "8:32");
+    let md = sys.device("md0", "9:0");
+    write(&md, "md/level", "raid1\n");
+    slave(&md, &sdb);
+    slave(&md, &sdc);
+    let error = serving_disks(&sys.0, None, number("253:0")).unwrap_err();
+    let reason = error.reason();
+    assert!(
+        reason.starts_with("is on dm-0 (253:0, dm-crypt 'root') → sda2")
+            && reason.contains("through the device mapper"),
+        "{reason}"
+    );
+    let reason = serving_disks(&sys.0, None, number("9:0"))
+        .unwrap_err()
+        .reason();
+    assert!(
+        reason.contains("md0 (9:0, md raid1)") && reason.contains("through md,"),
+        "{reason}"
+    );
+    // `--device` naming any level means the disks at the bottom.
+    let disks = |dev: &str| -> Vec<String> {
+        physical_disks(&sys.0, number(dev))
+            .unwrap()
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    assert_eq!(disks("253:0"), ["sda"]);
+    assert_eq!(disks("9:0"), ["sdb", "sdc"]);
+    assert_eq!(disks("8:2"), ["sda"]);
+    assert_eq!(disks("8:0"), ["sda"]);
+    assert!(physical_disks(&sys.0, number("1:1")).is_none());
+}

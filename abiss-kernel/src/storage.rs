@@ -1,8 +1,10 @@
-//! Where a path's data lives: its mount (from `/proc/self/mountinfo`), and the block devices
-//! under it down to the physical disks, read from sysfs (`/sys/dev/block/MAJ:MIN/{partition,
-//! slaves, dm/name, dm/uuid, md/level, loop/backing_file}`, and `/sys/fs/btrfs/*/devices` for
-//! btrfs, whose files carry an anonymous device number). Reads only files every user may
-//! read; mounts nothing.
+//! Which disks hold a file system: its mount (from `/proc/self/mountinfo`), and the block
+//! devices under it down to the physical disks, read from sysfs (`/sys/dev/block/MAJ:MIN/
+//! {partition, slaves, dm/name, dm/uuid, md/level, loop/backing_file}`, and
+//! `/sys/fs/btrfs/*/devices` for btrfs, whose files carry an anonymous device number). The one
+//! place that reads a storage stack: abissd (which disk serves a stream, what `--device`
+//! names) and `abissctl doctor` both ask here. Reads only files every user may read, and no
+//! file of the file system itself; mounts nothing.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -15,8 +17,13 @@ const MAX_DEPTH: usize = 16;
 
 /// One mount of `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct Mount {
-    /// The device number its files report (anonymous, major 0, for btrfs, tmpfs, NFS, …).
+pub struct Mount {
+    /// Its id (the first field; what `statx` reports as `stx_mnt_id`).
+    #[serde(rename = "mount_id")]
+    pub id: u64,
+    /// Its super block's device number (anonymous, major 0, for btrfs, tmpfs, NFS, …): what
+    /// the kernel's own structures, and so the eBPF programs, key its files by. A btrfs
+    /// file's `st_dev` is its subvolume's anonymous number instead, which no mount shows.
     pub device: DeviceNumber,
     /// Where it is mounted.
     #[serde(rename = "mount_point")]
@@ -28,7 +35,7 @@ pub(crate) struct Mount {
 }
 
 /// The mounts of a `mountinfo` text; lines that do not parse are left out.
-pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
+pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
     text.lines().filter_map(parse_mount_line).collect()
 }
 
@@ -36,12 +43,14 @@ pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
 fn parse_mount_line(line: &str) -> Option<Mount> {
     let (before, after) = line.split_once(" - ")?;
     let fields: Vec<&str> = before.split(' ').collect();
+    let id = fields.first()?.parse().ok()?;
     let device = fields.get(2)?.parse().ok()?;
     let at = PathBuf::from(unescape(fields.get(4)?));
     let mut after = after.split(' ');
     let fs_type = after.next()?.to_owned();
     let source = unescape(after.next()?);
     Some(Mount {
+        id,
         device,
         at,
         fs_type,
@@ -77,11 +86,8 @@ fn unescape(field: &str) -> String {
 /// The mount `path` (absolute, symlinks resolved) is on: the one reporting `device`, else
 /// (a btrfs subvolume has a device of its own) the deepest mount point above it. The last
 /// mount of a point wins, as it hides the ones before.
-pub(crate) fn mount_of<'a>(
-    mounts: &'a [Mount],
-    path: &Path,
-    device: DeviceNumber,
-) -> Option<&'a Mount> {
+#[must_use]
+pub fn mount_of<'a>(mounts: &'a [Mount], path: &Path, device: DeviceNumber) -> Option<&'a Mount> {
     let above = |mount: &&Mount| path.starts_with(&mount.at);
     mounts
         .iter()
@@ -100,25 +106,36 @@ pub(crate) fn mount_of<'a>(
 /// What a block device is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-pub(crate) enum Kind {
+pub enum Kind {
     /// A whole disk (or anything else with a queue of its own and nothing below).
     Disk,
     /// Partition `number` of the device below it.
-    Partition { number: u32 },
+    Partition {
+        /// Its number on the disk.
+        number: u32,
+    },
     /// A device-mapper device; `subsystem` from its uuid (`CRYPT`, `LVM`), when it has one.
     DeviceMapper {
+        /// Its name (`dm/name`).
         name: String,
+        /// What made it (`CRYPT`, `LVM`), from its uuid's prefix.
         subsystem: Option<String>,
     },
     /// An md array.
-    Md { level: String },
+    Md {
+        /// Its RAID level (`raid1`).
+        level: String,
+    },
     /// A loop device over a file (unknown when detached, or hidden).
-    Loop { backing_file: Option<String> },
+    Loop {
+        /// The file behind it, as the kernel shows it.
+        backing_file: Option<String>,
+    },
 }
 
 /// A block device and the devices it is built on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct Layer {
+pub struct Layer {
     /// The kernel's name (`sda2`, `dm-0`).
     pub name: String,
     /// Its number.
@@ -132,7 +149,8 @@ pub(crate) struct Layer {
 
 impl Layer {
     /// The disk abissd serves a file of this device from: a partition's disk, else itself.
-    pub(crate) fn serving_disk(&self) -> &Layer {
+    #[must_use]
+    pub fn serving_disk(&self) -> &Layer {
         match (&self.kind, self.below.first()) {
             (Kind::Partition { .. }, Some(disk)) => disk,
             _ => self,
@@ -140,7 +158,7 @@ impl Layer {
     }
 
     /// The devices at the bottom: those built on nothing the kernel shows.
-    pub(crate) fn physical(&self) -> Vec<&Layer> {
+    pub fn physical(&self) -> Vec<&Layer> {
         if self.below.is_empty() {
             return vec![self];
         }
@@ -154,7 +172,7 @@ impl Layer {
     }
 
     /// `dm-0 (253:0, dm-crypt 'root') → sda2 (8:2, partition 2) → sda (8:0, disk)`.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let mut text = format!("{} ({}, {})", self.name, self.device, self.kind_text());
         match self.below.as_slice() {
             [] => {}
@@ -190,13 +208,15 @@ impl Layer {
 
 /// Reads the stack under block device `device` from the sysfs at `sys`; `None` when sysfs
 /// does not know it.
-pub(crate) fn stack_of(sys: &Path, device: DeviceNumber) -> Option<Layer> {
+#[must_use]
+pub fn stack_of(sys: &Path, device: DeviceNumber) -> Option<Layer> {
     let dir = std::fs::canonicalize(sys.join("dev/block").join(device.to_string())).ok()?;
     layer_at(&dir, 0)
 }
 
 /// The stack under the block device whose sysfs directory is `dir` (symlinks resolved).
-pub(crate) fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
+#[must_use]
+pub fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
     if depth > MAX_DEPTH {
         return None;
     }
@@ -249,7 +269,8 @@ pub(crate) fn layer_at(dir: &Path, depth: usize) -> Option<Layer> {
 
 /// The devices of the btrfs file system mounted from `source_name` (`loop3`): the entries of
 /// `sys/fs/btrfs/<fsid>/devices/` of the file system that has it, as sysfs block directories.
-pub(crate) fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
+#[must_use]
+pub fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
     let Ok(file_systems) = std::fs::read_dir(sys.join("fs/btrfs")) else {
         return Vec::new();
     };
@@ -261,6 +282,144 @@ pub(crate) fn btrfs_devices(sys: &Path, source_name: &str) -> Vec<PathBuf> {
         return linked_dirs(&devices);
     }
     Vec::new()
+}
+
+/// The stacks under the file system of `mount` whose files report `device`: one for a file
+/// system on one device; for btrfs, one per member device, found from the device it was
+/// mounted from. Empty when the file system is on no block device sysfs knows.
+#[must_use]
+pub fn file_system_stacks(sys: &Path, mount: Option<&Mount>, device: DeviceNumber) -> Vec<Layer> {
+    if device.major != 0 {
+        return stack_of(sys, device).into_iter().collect();
+    }
+    let Some(mount) = mount.filter(|m| m.fs_type == "btrfs") else {
+        return Vec::new();
+    };
+    // Only a path under /dev is followed (`/dev/mapper/x` is a link to `dm-0`): a mount's
+    // source is whatever its mounter wrote.
+    let source = Path::new(&mount.source);
+    let source = if source.starts_with("/dev/") {
+        std::fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf())
+    } else {
+        source.to_path_buf()
+    };
+    let Some(name) = source.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Vec::new();
+    };
+    btrfs_devices(sys, &name)
+        .iter()
+        .filter_map(|dir| layer_at(dir, 0))
+        .collect()
+}
+
+/// The mount with id `id` (`statx`'s `stx_mnt_id`) among `mounts`.
+#[must_use]
+pub fn mount_by_id(mounts: &[Mount], id: u64) -> Option<&Mount> {
+    mounts.iter().find(|mount| mount.id == id)
+}
+
+/// Why the data of a file system cannot be served from disks abissd manages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unservable {
+    /// The file system is on no block device (tmpfs, NFS, FUSE, overlayfs, …).
+    NoBlockDevice {
+        /// Its type.
+        fs_type: String,
+        /// The device number its files report.
+        device: DeviceNumber,
+    },
+    /// sysfs knows no block device under it.
+    Unknown {
+        /// The device number its files report.
+        device: DeviceNumber,
+    },
+    /// A layer with a queue of its own over other devices (device mapper, md), whose requests
+    /// reach the disks from that layer's queue and workers.
+    Layer(Layer),
+}
+
+impl Unservable {
+    /// Why, as the end of a sentence that begins with the file's name.
+    #[must_use]
+    pub fn reason(&self) -> String {
+        match self {
+            Self::NoBlockDevice { fs_type, device } => format!(
+                "is on {fs_type}, which is on no block device (its files report device {device}); abissd serves files of file systems on disks"
+            ),
+            Self::Unknown { device } => {
+                format!("is on device {device}, which is in no block device sysfs shows")
+            }
+            Self::Layer(layer) => {
+                let what = match layer.kind {
+                    Kind::Md { .. } => "md",
+                    _ => "the device mapper",
+                };
+                format!(
+                    "is on {}: abissd manages disks with an elevator queue and cannot yet keep a stream's priority through {what}, whose requests reach the disks from its own queue and workers",
+                    layer.describe()
+                )
+            }
+        }
+    }
+}
+
+/// The disks that serve the data of the file system of `mount` whose files report `device`:
+/// a partition's disk, a whole disk (or loop device) itself, each member of a btrfs the same
+/// way; one entry per disk. A device-mapper or md device anywhere on the way is
+/// [`Unservable::Layer`].
+///
+/// # Errors
+/// Why no disk can serve it.
+pub fn serving_disks(
+    sys: &Path,
+    mount: Option<&Mount>,
+    device: DeviceNumber,
+) -> Result<Vec<Layer>, Unservable> {
+    let stacks = file_system_stacks(sys, mount, device);
+    if stacks.is_empty() {
+        return Err(match mount {
+            Some(mount) if device.major == 0 && mount.fs_type != "btrfs" => {
+                Unservable::NoBlockDevice {
+                    fs_type: mount.fs_type.clone(),
+                    device,
+                }
+            }
+            _ => Unservable::Unknown { device },
+        });
+    }
+    let mut disks: Vec<Layer> = Vec::new();
+    for stack in &stacks {
+        let disk = stack.serving_disk();
+        if !matches!(disk.kind, Kind::Disk | Kind::Loop { .. }) {
+            return Err(Unservable::Layer(stack.clone()));
+        }
+        if !disks.iter().any(|seen| seen.device == disk.device) {
+            disks.push(disk.clone());
+        }
+    }
+    Ok(disks)
+}
+
+/// Why a file system over several disks (a multi-device btrfs, the only one
+/// [`serving_disks`] finds) is not served, as the end of a sentence that begins with the
+/// file's name.
+#[must_use]
+pub fn several_disks_reason(disks: &[Layer]) -> String {
+    let names: Vec<&str> = disks.iter().map(|disk| disk.name.as_str()).collect();
+    format!(
+        "is on a btrfs over {} disks ({}): abissd serves a stream from one disk, and btrfs may put any extent of the file on any of them; put it on a btrfs of one device",
+        disks.len(),
+        names.join(", ")
+    )
+}
+
+/// The physical disks under block device `device` (itself when it is one, a partition's disk,
+/// a device-mapper or md device's members down to their disks): what `--device` naming any
+/// level of a stack means. `None` when sysfs does not know it.
+#[must_use]
+pub fn physical_disks(sys: &Path, device: DeviceNumber) -> Option<Vec<Layer>> {
+    let stack = stack_of(sys, device)?;
+    Some(stack.physical().into_iter().cloned().collect())
 }
 
 /// The directories the links in sysfs directory `dir` lead to (`slaves/`, a btrfs file
@@ -279,5 +438,5 @@ fn linked_dirs(dir: &Path) -> Vec<PathBuf> {
 }
 
 #[cfg(test)]
-#[path = "stack_tests.rs"]
+#[path = "storage_tests.rs"]
 mod tests;

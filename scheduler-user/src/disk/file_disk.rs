@@ -1,0 +1,104 @@
+//! Which disk serves a client's file: its mount (by the id `statx` reported, so a file in a
+//! btrfs subvolume, whose device number no mount shows, is found too), and the disks under
+//! that mount's file system, read through the one stack reader abissd and `abissctl doctor`
+//! share ([`abiss_kernel::storage`]): a partition's disk, a single-device btrfs's disk. A
+//! device-mapper or md layer, a btrfs over several disks and a file system on no block device
+//! each get one sentence naming what is in the way.
+//!
+//! Only `/proc/self/mountinfo` and sysfs are read: nothing of the file's own file system,
+//! which may be a user's (a FUSE server that never answers), so this may run on the main
+//! loop as the sysfs lookup it replaces did.
+
+use std::path::Path;
+
+use abiss_kernel::storage::{self, Mount};
+use abiss_proto::{DeviceNumber, Refusal};
+
+use super::device::{Disk, SYSFS};
+
+/// The disk a file is served from, and the device number its kernel structures carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FileDisk {
+    /// The whole disk under the file's file system.
+    pub(crate) disk: Disk,
+    /// The file system's own device number (its super block's, which the eBPF programs read
+    /// from a page's inode): a btrfs file's `st_dev` is its subvolume's anonymous number,
+    /// which is not this one.
+    pub(crate) kernel_device: DeviceNumber,
+}
+
+/// The disk serving a file that reports `file_device` and was opened through mount
+/// `mount_id`, named `path` in sentences.
+pub(crate) fn disk_of_file(
+    file_device: DeviceNumber,
+    mount_id: Option<u64>,
+    path: &str,
+) -> Result<FileDisk, Refusal> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| storage::parse_mountinfo(&text))
+        .unwrap_or_default();
+    let mount = mount_id.and_then(|id| storage::mount_by_id(&mounts, id));
+    disk_in(Path::new(SYSFS), mount, file_device, path)
+}
+
+fn disk_in(
+    sys: &Path,
+    mount: Option<&Mount>,
+    file_device: DeviceNumber,
+    path: &str,
+) -> Result<FileDisk, Refusal> {
+    let refused = |reason: String| Refusal::UnknownDevice(format!("{path} {reason}"));
+    let disks =
+        storage::serving_disks(sys, mount, file_device).map_err(|why| refused(why.reason()))?;
+    let [disk] = disks.as_slice() else {
+        return Err(refused(storage::several_disks_reason(&disks)));
+    };
+    Ok(FileDisk {
+        disk: Disk {
+            name: disk.name.clone(),
+            number: disk.device,
+        },
+        kernel_device: mount.map_or(file_device, |mount| mount.device),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn number(text: &str) -> DeviceNumber {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_btrfs_file_is_keyed_by_its_super_blocks_device_and_served_from_its_disk() {
+        let sys = std::env::temp_dir().join(format!("abissd-file-disk-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&sys);
+        let loop3 = sys.join("devices/virtual/block/loop3");
+        std::fs::create_dir_all(&loop3).unwrap();
+        std::fs::write(loop3.join("dev"), "7:3\n").unwrap();
+        let devices = sys.join("fs/btrfs/aaaa/devices");
+        std::fs::create_dir_all(&devices).unwrap();
+        std::os::unix::fs::symlink(&loop3, devices.join("loop3")).unwrap();
+        let mount = Mount {
+            id: 40,
+            device: number("0:45"),
+            at: PathBuf::from("/mnt"),
+            fs_type: "btrfs".to_owned(),
+            source: "/dev/loop3".to_owned(),
+        };
+        let found = disk_in(&sys, Some(&mount), number("0:46"), "/mnt/sub/f").unwrap();
+        assert_eq!(found.disk.name, "loop3");
+        assert_eq!(found.disk.number, number("7:3"));
+        assert_eq!(found.kernel_device, number("0:45"));
+        // Without its mount, nothing tells which btrfs an anonymous number belongs to.
+        let refusal = disk_in(&sys, None, number("0:46"), "/mnt/sub/f").unwrap_err();
+        assert!(
+            refusal.to_string().contains("/mnt/sub/f is on device 0:46"),
+            "{refusal}"
+        );
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+}
