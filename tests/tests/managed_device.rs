@@ -328,3 +328,58 @@ fn child_process() {
         other => panic!("unknown child role {other}"),
     }
 }
+
+/// The disk's own readahead survives abissd: capping the request size commits new queue limits,
+/// and the kernel then recomputes the readahead from the disk's optimal I/O size (on the lab's
+/// disk, over a FUSE image, 128 KiB becomes 1 MiB); abissd puts it back, while it manages the disk
+/// and when it lets go.
+#[test]
+fn the_disks_own_readahead_survives_the_take_and_the_restore() {
+    require_root!();
+    let lab = abiss_tests::HddLab::up("readahead", 1, "none");
+    let device = lab.device().to_string_lossy().into_owned();
+    let name = lab
+        .device()
+        .file_name()
+        .expect("a device name")
+        .to_string_lossy()
+        .into_owned();
+    let read_ahead = block_file(&name, "queue/read_ahead_kb");
+    let max_sectors = block_file(&name, "queue/max_sectors_kb");
+    // Requests larger than the cap, as a disk of its own would take, so abissd caps them.
+    let original_max = read_number(&max_sectors);
+    let wide = read_number(&block_file(&name, "queue/max_hw_sectors_kb")).min(1024);
+    assert!(
+        wide > abiss_daemon::disk::device::REQUEST_CAP_KIB,
+        "the lab disk takes requests over the cap"
+    );
+    std::fs::write(&max_sectors, wide.to_string()).expect("widen requests");
+    // The test can fail: on this disk a new request size does reset the readahead.
+    std::fs::write(&read_ahead, "128").expect("set readahead");
+    std::fs::write(&max_sectors, "512").expect("cap requests");
+    let reset = read_number(&read_ahead);
+    std::fs::write(&max_sectors, wide.to_string()).expect("widen requests");
+    std::fs::write(&read_ahead, "128").expect("set readahead");
+    assert_ne!(reset, 128, "a new request size resets the readahead here");
+
+    let state = Scratch::new_in("/tmp", "device-state-readahead");
+    let managed = ManagedDevice::take(&device, &deadline_over_8(), state.path()).expect("take");
+    assert_eq!(
+        read_number(&max_sectors),
+        512,
+        "requests capped while managed"
+    );
+    assert_eq!(
+        read_number(&read_ahead),
+        128,
+        "readahead kept while managed"
+    );
+    drop(managed);
+    assert_eq!(read_number(&max_sectors), wide, "request size restored");
+    assert_eq!(
+        read_number(&read_ahead),
+        128,
+        "readahead kept after the restore"
+    );
+    std::fs::write(&max_sectors, original_max.to_string()).expect("put the lab disk back");
+}

@@ -106,6 +106,24 @@ impl DiskQueue {
         self.queue_dir.join("max_sectors_kb")
     }
 
+    fn read_ahead_file(&self) -> PathBuf {
+        self.queue_dir.join("read_ahead_kb")
+    }
+
+    /// Writes `read_ahead_kb` back to `before` if it changed since it was read.
+    fn put_back_read_ahead(&self, before: Option<&str>) {
+        let Some(before) = before else { return };
+        let path = self.read_ahead_file();
+        if read_trimmed(&path).ok().as_deref() != Some(before) {
+            if let Err(error) = write_value(&path, before) {
+                log::warn!(
+                    "{}: readahead not put back to {before} KiB: {error}",
+                    self.name
+                );
+            }
+        }
+    }
+
     /// `queue/max_sectors_kb`; `None` where the disk does not show it.
     fn max_request_kib(&self) -> Option<u32> {
         read_number(&self.max_request_file()).ok()
@@ -221,10 +239,15 @@ impl DiskQueue {
                     // refused write must neither fail a take nor leave a disk that can never
                     // be restored and so never taken again.
                     if self.max_request_kib() != Some(*kib) {
+                        // Committing new queue limits recomputes the readahead from the
+                        // disk's optimal I/O size (the lab's disk: 128 KiB → 1 MiB), which
+                        // would silently drop the owner's readahead: it is put back.
+                        let read_ahead = read_trimmed(&self.read_ahead_file()).ok();
                         if let Err(error) = write_value(&self.max_request_file(), &kib.to_string())
                         {
                             log::warn!("{}: largest request left as it is: {error}", self.name);
                         }
+                        self.put_back_read_ahead(read_ahead.as_deref());
                     }
                 }
             }
