@@ -222,7 +222,7 @@ fn a_file_system_that_never_answers_holds_up_nothing() {
     let answer = said
         .recv_timeout(Duration::from_secs(5))
         .expect("no answer to the attach within 5 s: abissd waits on the user's file system");
-    assert!(answer.contains("does not manage"), "{answer}");
+    assert!(answer.contains("which is on no block device"), "{answer}");
     // A capacity plan for a "device" at a path in the same file system: abissd looks up no
     // client's path, so it is refused as given (abissctl resolves paths itself, as the user).
     let planned = as_nobody(
