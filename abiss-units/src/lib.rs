@@ -19,7 +19,9 @@
 //! must: `MB` and `Mbit` are units, `mB` and `mb` are not.
 //!
 //! [`Display`](fmt::Display) writes the shortest text that parses back to exactly the same
-//! value, in explicit units only (`1MB`, `564KiB`, `1.1MiB`, `12345B`; rates add `/s`).
+//! value, in explicit units only (`1MB`, `564KiB`, `1.1MiB`, `12345B`; rates add `/s`). Zero is
+//! the one exception: it is shown (`0B`, as an empty budget or a stream that read nothing), and
+//! refused when typed, because no setting takes a zero size or rate and a typed zero is a slip.
 //! `readable()` is what people are shown: that text when it has at most three significant
 //! digits, else three in KiB, MiB, GiB or TiB, rounded down (`6170948KiB` reads `5.88GiB`).
 

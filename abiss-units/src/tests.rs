@@ -145,6 +145,12 @@ fn display_picks_the_shortest_exact_text() {
     assert_eq!(ByteSize(512).to_string(), "512B");
     assert_eq!(ByteSize(123_457).to_string(), "123457B");
     assert_eq!(ByteSize(0).to_string(), "0B");
+    // Shown, not taken: see the crate's documentation.
+    assert!("0B"
+        .parse::<ByteSize>()
+        .unwrap_err()
+        .to_string()
+        .contains("it is zero"));
     assert_eq!(format!("{:>8}|", ByteSize(1 << 20)), "    1MiB|");
     assert_eq!(Written::from(ByteSize(564 * 1024)).to_string(), "564KiB");
 }

@@ -146,21 +146,7 @@ pub fn make_files(
     punch_tail(&reserve, copy_hole, dir).context("making room for the copy")?;
 
     let copy_source = paths.pop().expect("the copy source was made last");
-    let files = BenchFiles {
-        stream_positions: paths
-            .iter()
-            .map(|p| disk_position(p, disk_bytes))
-            .collect::<Result<_, _>>()?,
-        copy_source_position: disk_position(&copy_source, disk_bytes)?,
-        streams: paths,
-        copy_destination: dir.join("copy-destination"),
-        copy_source,
-    };
-    for path in files.read_files() {
-        drop_cached_pages(path)?;
-    }
-    report_placement(&files);
-    Ok(files)
+    finish(dir, disk_bytes, paths, copy_source)
 }
 
 /// As [`make_files`], but written one after the other where the file system puts them: btrfs
@@ -174,7 +160,7 @@ pub fn make_files_in_order(
     stream_bytes: u64,
     copy_bytes: u64,
 ) -> anyhow::Result<BenchFiles> {
-    let mut paths: Vec<PathBuf> = (0..streams)
+    let paths: Vec<PathBuf> = (0..streams)
         .map(|k| dir.join(format!("stream-{k:03}")))
         .collect();
     for path in &paths {
@@ -182,15 +168,24 @@ pub fn make_files_in_order(
     }
     let copy_source = dir.join("copy-source");
     write_file(&copy_source, copy_bytes)?;
-    paths.push(copy_source);
-    let copy_source = paths.pop().expect("the copy source was made last");
+    finish(dir, disk_bytes, paths, copy_source)
+}
+
+/// The files made, with their places on the disk, and their pages out of the cache so that
+/// the first reads go to the disk.
+fn finish(
+    dir: &Path,
+    disk_bytes: u64,
+    streams: Vec<PathBuf>,
+    copy_source: PathBuf,
+) -> anyhow::Result<BenchFiles> {
     let files = BenchFiles {
-        stream_positions: paths
+        stream_positions: streams
             .iter()
             .map(|p| disk_position(p, disk_bytes))
             .collect::<Result<_, _>>()?,
         copy_source_position: disk_position(&copy_source, disk_bytes)?,
-        streams: paths,
+        streams,
         copy_destination: dir.join("copy-destination"),
         copy_source,
     };

@@ -113,7 +113,7 @@ pub use lab_disk::{
     cold_file_bytes, shared_fs, write_cold_compressible_file, write_cold_file, CopyLoop, HddLab,
 };
 pub use output::{assert_fails, attached_id, json_of, stderr};
-pub use page_cache::{evict, paced_read, resident_bytes, PacedReport, SlowRead};
+pub use page_cache::{evict, guarantee, paced_read, resident_bytes, PacedReport, SlowRead};
 pub use users::{
     abissctl_as, abissctl_as_nobody, as_nobody, as_user, attach_as, children_of, chmod,
     nobody_waiting_to_run, open_fds, run_at_realtime_cpu_priority, set_thread_ioprio,

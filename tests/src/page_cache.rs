@@ -4,6 +4,31 @@
 use std::fs::File;
 use std::time::{Duration, Instant};
 
+/// The stream the guarantee tests read (`stream_guarantee`, `btrfs`): 1 MB/s in 64 KiB reads
+/// with a 564 KiB buffer, one set of figures so that their results compare.
+pub mod guarantee {
+    use std::time::Duration;
+
+    /// Bytes per second.
+    pub const RATE: u64 = 1_000_000;
+    /// Playout buffer, bytes.
+    pub const BUFFER: u64 = 564 * 1024;
+    /// Bytes per read.
+    pub const READ: usize = 64 * 1024;
+
+    /// How long a guarantee run reads: `default_secs`, or `ABISS_GUARANTEE_SECS` when set (to
+    /// take tail figures over a longer run, or a quick look over a shorter one).
+    #[must_use]
+    pub fn read_for(default_secs: u64) -> Duration {
+        Duration::from_secs(
+            std::env::var("ABISS_GUARANTEE_SECS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(default_secs),
+        )
+    }
+}
+
 /// Drops a file's pages from the page cache.
 pub fn evict(file: &File) {
     use std::os::unix::io::AsRawFd;

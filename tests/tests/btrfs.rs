@@ -20,24 +20,18 @@ use std::time::{Duration, Instant};
 
 use abiss_proto::{DeviceNumber, IoClass, RequestRecord, Response};
 use abiss_tests::{
-    assert_fails, attached_id, paced_read, require_root, run_at_realtime_cpu_priority,
+    assert_fails, attached_id, guarantee, paced_read, require_root, run_at_realtime_cpu_priority,
     write_cold_compressible_file, write_cold_file, CopyLoop, Daemon, HddLab, LoopDevice,
     PacedReport, Scratch,
 };
 
-const RATE: u64 = 1_000_000;
-const BUFFER: u64 = 564 * 1024;
-const READ: usize = 64 * 1024;
+use guarantee::{BUFFER, RATE, READ};
+
 /// Long enough for the window to be refilled a dozen times against the copy loop (12 s); the
 /// 66 s tail figures are `stream_guarantee`'s, on ext4. `ABISS_GUARANTEE_SECS` lengthens it
 /// for tail figures here.
 fn read_for() -> Duration {
-    Duration::from_secs(
-        std::env::var("ABISS_GUARANTEE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(12),
-    )
+    guarantee::read_for(12)
 }
 
 /// The request events of the lab disk for `window`, collected on a connection of `daemon`'s.

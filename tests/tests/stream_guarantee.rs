@@ -16,22 +16,16 @@ use std::time::Duration;
 use abiss_client::{AbissFile, Client, StreamOptions};
 use abiss_proto::{ByteRate, ByteSize};
 use abiss_tests::{
-    paced_read, require_root, run_at_realtime_cpu_priority, write_cold_file, CopyLoop, Daemon,
-    HddLab, PacedReport, OLD_KERNEL_ARGS,
+    guarantee, paced_read, require_root, run_at_realtime_cpu_priority, write_cold_file, CopyLoop,
+    Daemon, HddLab, PacedReport, OLD_KERNEL_ARGS,
 };
 
-const RATE: u64 = 1_000_000;
-const BUFFER: u64 = 564 * 1024;
-const READ: usize = 64 * 1024;
+use guarantee::{BUFFER, RATE, READ};
+
 /// Over 60 s, as the issue asks: 66 s make 1007 reads, the fewest for which p99.9 is not
 /// simply the maximum. `ABISS_GUARANTEE_SECS` shortens it for a quick look.
 fn duration() -> Duration {
-    Duration::from_secs(
-        std::env::var("ABISS_GUARANTEE_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(66),
-    )
+    guarantee::read_for(66)
 }
 
 struct Bench {
