@@ -1,11 +1,13 @@
 /*
  * record - write a file at a byterate through abiss, as a camera or broadcast recorder would.
  *
- *   record FILE BYTERATE BYTES [APP_BUFFER]
+ *   record [-d] FILE BYTERATE BYTES [APP_BUFFER]
  *
  * Opens FILE with abiss_fopen(FILE, "w", BYTERATE, APP_BUFFER): a write stream, so abissd
  * writes what is written back to the disk at the stream's priority, at most about APP_BUFFER
- * bytes behind the writer (0 or absent for the default). Then writes BYTES in 64 KiB writes on
+ * bytes behind the writer (0 or absent for the default). With -d, abiss_fopen_opts() with
+ * ABISS_DIRECT: the library writes past the page cache from a ring of APP_BUFFER bytes, by a
+ * thread abissd raises, and the kernel's dirty-page throttle never paces the writes. Then writes BYTES in 64 KiB writes on
  * an absolute schedule, as a capture device hands them over: write i is due at
  * start + (i + 1) * 64 KiB / BYTERATE. Measures how long each abiss_fwrite takes and prints one
  * line:
@@ -36,18 +38,26 @@ int main(int argc, char **argv)
 	long rate, total, app_buffer = 0, max_latency_ns = 0, writes = 0, late = 0;
 	unsigned long long bytes = 0;
 	long long start, elapsed;
+	struct abiss_options opts = ABISS_OPTIONS_INIT;
+	const char *program = argv[0];
 	ABISS_FILE *fp;
 
+	if (argc > 1 && strcmp(argv[1], "-d") == 0) {
+		opts.flags = ABISS_DIRECT;
+		argv++;
+		argc--;
+	}
 	if (argc < 4 || argc > 5 || !parse_long(argv[2], &rate) || rate <= 0 ||
 	    !parse_long(argv[3], &total) || total <= 0 ||
 	    (argc == 5 && (!parse_long(argv[4], &app_buffer) || app_buffer < 0))) {
-		fprintf(stderr, "usage: %s FILE BYTERATE BYTES [APP_BUFFER]\n"
+		fprintf(stderr, "usage: %s [-d] FILE BYTERATE BYTES [APP_BUFFER]\n"
 				"  BYTERATE, BYTES and APP_BUFFER in bytes (per second); APP_BUFFER 0 for the default\n",
-			argv[0]);
+			program);
 		return 2;
 	}
 
-	fp = abiss_fopen(argv[1], "w", rate, app_buffer);
+	opts.app_buffer = app_buffer;
+	fp = abiss_fopen_opts(argv[1], "w", rate, &opts);
 	if (fp == NULL) {
 		int error = errno;
 

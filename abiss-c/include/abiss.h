@@ -119,6 +119,19 @@ struct abiss_options {
  * application's own part on top. Read streams only: with "w" or "a" it fails with EINVAL. */
 #define ABISS_BUFFER_AUTO 0x1UL
 
+/* Flag: record past the page cache ("w" only). The file is opened with O_DIRECT; abiss_fwrite()
+ * copies into a ring of app_buffer bytes of locked memory (ABISS_DEFAULT_APP_BUFFER for 0;
+ * a few hundred milliseconds of the rate or more rides out the disk's slow moments) that a
+ * thread of this library writes out in aligned pieces, a thread abissd raises to the stream's
+ * level. Nothing waits for the kernel's dirty-page throttle, which every writer of the disk
+ * shares; abiss_fwrite() waits only when the ring is full. abissd holds none of the data: if it
+ * stops, the recording goes on at best effort and loses nothing. abiss_fclose() writes what is
+ * left and truncates the file to the bytes written. Such a stream cannot seek (ESPIPE) and has
+ * no playout point (abiss_set_playout_point() fails with EINVAL). abiss_fopen_opts() fails with
+ * EOPNOTSUPP when the file system does no direct I/O (tmpfs, most FUSE file systems) and ENOSPC
+ * when it has no room for the recording. */
+#define ABISS_DIRECT 0x2UL
+
 /* Initialiser of a struct abiss_options: this header's size, every option at its default. */
 #define ABISS_OPTIONS_INIT { sizeof(struct abiss_options), 0L, 0L, 0UL }
 

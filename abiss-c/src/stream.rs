@@ -7,7 +7,7 @@ use std::io::{ErrorKind as IoErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use abiss_client::{AbissFile, Client, ClientError, StreamOptions};
+use abiss_client::{AbissFile, Client, ClientError, DirectRecording, RecordError, StreamOptions};
 use abiss_proto::{ByteRate, ByteSize};
 
 use crate::failure::Failure;
@@ -19,13 +19,22 @@ pub const DEFAULT_APP_BUFFER_BYTES: u64 = abiss_proto::DEFAULT_BUFFER_BYTES;
 /// An open stream as C sees it (`ABISS_FILE`, opaque there).
 #[derive(Debug)]
 pub struct AbissStdioFile {
-    file: AbissFile,
+    backing: Backing,
     /// Bytes from the start of the file to the next read, as `abiss_ftell` reports it.
     position: u64,
     at_eof: bool,
     failed: bool,
     /// A recording (`"w"`, `"a"`): written, never read.
     writing: bool,
+}
+
+/// What an `ABISS_FILE` reads or writes through.
+#[derive(Debug)]
+enum Backing {
+    /// A read stream, or a recording through the page cache that abissd writes back.
+    Stream(AbissFile),
+    /// A recording past the page cache (`ABISS_DIRECT`): the library's ring and raised writer.
+    Direct(DirectRecording),
 }
 
 /// How `abiss_fopen` opens its file.
@@ -53,10 +62,13 @@ pub(crate) struct OpenOptions {
 /// `ABISS_BUFFER_AUTO`: abissd sizes the buffer; `app_buffer` is the application's own part.
 pub(crate) const BUFFER_AUTO: u64 = 0x1;
 
+/// `ABISS_DIRECT`: a recording written past the page cache, by a thread of the library.
+pub(crate) const DIRECT: u64 = 0x2;
+
 /// The flags `struct abiss_options` may carry. Every other set bit is refused, so a program
 /// that asks for an option this library does not have learns it (`EINVAL`) instead of being
 /// silently given less.
-const KNOWN_FLAGS: u64 = BUFFER_AUTO;
+const KNOWN_FLAGS: u64 = BUFFER_AUTO | DIRECT;
 
 /// `abiss_fopen`'s and `abiss_fopen_opts`'s checks and the attach. Everything that can be
 /// decided locally is, before the daemon is asked and before a recording's file is created,
@@ -118,32 +130,69 @@ pub(crate) fn open(
             flags & !KNOWN_FLAGS
         )));
     }
+    let direct = flags & DIRECT != 0;
+    if direct && mode != (Mode::Write { append: false }) {
+        return Err(Failure::invalid(
+            "ABISS_DIRECT records a file from its start: open it with \"w\"".to_owned(),
+        ));
+    }
     let path = Path::new(std::ffi::OsStr::from_bytes(path.to_bytes()));
     let created = check_file(path, mode)?;
     let mut options = StreamOptions::new(ByteRate(rate), ByteSize(buffer));
     options.preroll = preroll;
     options.buffer_auto = buffer_auto;
-    let attached = connect().and_then(|client| match mode {
-        Mode::Read => AbissFile::open_with(client, path, &options),
-        Mode::Write { append } => AbissFile::record_with(client, path, &options, append),
-    });
-    let file = match attached {
-        Ok(file) => file,
-        Err(error) => {
+    let backing = match attach(connect, path, mode, direct, &options) {
+        Ok(backing) => backing,
+        Err(failure) => {
             // A refused recording leaves nothing behind, not even the file fopen would make.
             if created {
                 let _ = std::fs::remove_file(path);
             }
-            return Err(error.into());
+            return Err(failure);
         }
     };
     Ok(AbissStdioFile {
-        file,
+        backing,
         position: 0,
         at_eof: false,
         failed: false,
         writing: mode != Mode::Read,
     })
+}
+
+/// The stream asked of abissd, once every local check passed.
+fn attach(
+    connect: impl FnOnce() -> Result<Client, ClientError>,
+    path: &Path,
+    mode: Mode,
+    direct: bool,
+    options: &StreamOptions,
+) -> Result<Backing, Failure> {
+    if direct {
+        return DirectRecording::start_with_connect(connect, path, options)
+            .map(Backing::Direct)
+            .map_err(|error| record_failure(&error));
+    }
+    connect()
+        .and_then(|client| match mode {
+            Mode::Read => AbissFile::open_with(client, path, options),
+            Mode::Write { append } => AbissFile::record_with(client, path, options, append),
+        })
+        .map(Backing::Stream)
+        .map_err(Failure::from)
+}
+
+/// The `errno` of a direct recording that could not start or finish.
+fn record_failure(error: &RecordError) -> Failure {
+    let errno = match error {
+        RecordError::Client(client) => {
+            return Failure::new(crate::failure::client_errno(client), client.to_string())
+        }
+        RecordError::NoDirectIo(_) => libc::EOPNOTSUPP,
+        RecordError::DiskFull(_) => libc::ENOSPC,
+        RecordError::File(_) | RecordError::Write(_) => libc::EIO,
+    };
+    Failure::new(errno, error.to_string())
 }
 
 /// "r" (a read stream), "w" or "a" (a recording), each with stdio's "b" (no meaning on POSIX)
@@ -227,9 +276,12 @@ impl AbissStdioFile {
             .record();
             return 0;
         }
+        let Backing::Stream(file) = &mut self.backing else {
+            unreachable!("a direct recording is a recording")
+        };
         let mut filled = 0;
         while let Some(rest) = buffer.get_mut(filled..).filter(|rest| !rest.is_empty()) {
-            match self.file.read(rest) {
+            match file.read(rest) {
                 Ok(0) => {
                     self.at_eof = true;
                     break;
@@ -241,7 +293,7 @@ impl AbissStdioFile {
                 Err(error) if error.kind() == IoErrorKind::Interrupted => {}
                 Err(error) => {
                     self.failed = true;
-                    let what = format!("cannot read {}", self.file.stream().path);
+                    let what = format!("cannot read {}", file.stream().path);
                     Failure::io(&what, &error).record();
                     break;
                 }
@@ -262,9 +314,15 @@ impl AbissStdioFile {
             .record();
             return 0;
         }
+        let path = self.path();
         let mut written = 0;
         while let Some(rest) = data.get(written..).filter(|rest| !rest.is_empty()) {
-            match self.file.write(rest) {
+            let wrote = match &mut self.backing {
+                Backing::Stream(file) => file.write(rest),
+                // Waits for room in the ring when it is full: nothing is dropped.
+                Backing::Direct(recording) => recording.write_all(rest).map(|()| rest.len()),
+            };
+            match wrote {
                 Ok(0) => break,
                 Ok(count) => {
                     written += count;
@@ -273,7 +331,7 @@ impl AbissStdioFile {
                 Err(error) if error.kind() == IoErrorKind::Interrupted => {}
                 Err(error) => {
                     self.failed = true;
-                    let what = format!("cannot write {}", self.file.stream().path);
+                    let what = format!("cannot write {path}");
                     Failure::io(&what, &error).record();
                     break;
                 }
@@ -284,6 +342,15 @@ impl AbissStdioFile {
 
     /// Moves the read position (and with it the playout point) as `fseek` does.
     pub(crate) fn seek(&mut self, offset: i64, whence: i32) -> Result<(), Failure> {
+        let file = match &mut self.backing {
+            Backing::Stream(file) => file,
+            Backing::Direct(_) => {
+                return Err(Failure::new(
+                    libc::ESPIPE,
+                    "a direct recording (ABISS_DIRECT) is written in order; it cannot seek",
+                ))
+            }
+        };
         let target = match whence {
             libc::SEEK_SET => SeekFrom::Start(u64::try_from(offset).map_err(|_| {
                 Failure::invalid(format!("cannot seek to {offset}, before the file's start"))
@@ -296,7 +363,7 @@ impl AbissStdioFile {
                 )))
             }
         };
-        match self.file.seek(target) {
+        match file.seek(target) {
             Ok(position) => {
                 self.position = position;
                 self.at_eof = false;
@@ -306,7 +373,7 @@ impl AbissStdioFile {
             // daemon connection failed instead, the file has moved but the stream is broken;
             // stdio too leaves the position unspecified after a failed fseek.
             Err(error) => Err(Failure::io(
-                &format!("cannot seek in {}", self.file.stream().path),
+                &format!("cannot seek in {}", file.stream().path),
                 &error,
             )),
         }
@@ -319,25 +386,46 @@ impl AbissStdioFile {
 
     /// Tells the daemon the playout point (the slides' "position" message).
     pub(crate) fn set_playout_point(&mut self, offset: u64) -> Result<(), Failure> {
-        self.file.set_playout_point(offset).map_err(|error| {
+        let file = match &mut self.backing {
+            Backing::Stream(file) => file,
+            Backing::Direct(_) => return Err(Failure::invalid(
+                "a direct recording (ABISS_DIRECT) has no playout point: its writer is its pace",
+            )),
+        };
+        file.set_playout_point(offset).map_err(|error| {
             Failure::io(
                 &format!(
                     "cannot tell abissd the playout point of {}",
-                    self.file.stream().path
+                    file.stream().path
                 ),
                 &error,
             )
         })
     }
 
+    /// The stream's path, as abissd named it.
+    fn path(&self) -> String {
+        match &self.backing {
+            Backing::Stream(file) => file.stream().path.clone(),
+            Backing::Direct(recording) => recording.stream().path.clone(),
+        }
+    }
+
     /// The daemon's id of the stream.
     /// Gives the stream another rate; refused, it keeps its rate.
     pub(crate) fn set_rate(&mut self, rate: abiss_proto::ByteRate) -> Result<(), Failure> {
-        self.file.set_rate(rate).map_err(Failure::from)
+        match &mut self.backing {
+            Backing::Stream(file) => file.set_rate(rate),
+            Backing::Direct(recording) => recording.set_rate(rate),
+        }
+        .map_err(Failure::from)
     }
 
     pub(crate) fn stream_id(&self) -> u64 {
-        self.file.stream_id()
+        match &self.backing {
+            Backing::Stream(file) => file.stream_id(),
+            Backing::Direct(recording) => recording.stream().id,
+        }
     }
 
     pub(crate) fn at_eof(&self) -> bool {
@@ -348,10 +436,24 @@ impl AbissStdioFile {
         self.failed
     }
 
-    /// Ends the stream at the daemon; the file closes either way.
+    /// Ends the stream at the daemon; the file closes either way. A direct recording first
+    /// writes what its ring holds and truncates the file to the bytes written; that abissd is
+    /// gone by then is no failure (it holds none of the data).
     pub(crate) fn close(self) -> Result<(), Failure> {
-        let path = self.file.stream().path.clone();
-        self.file.detach().map(drop).map_err(|error| {
+        let path = self.path();
+        let file = match self.backing {
+            Backing::Stream(file) => file,
+            Backing::Direct(recording) => {
+                return recording.finish().map(drop).map_err(|error| {
+                    let failure = record_failure(&error);
+                    Failure::new(
+                        failure.errno,
+                        format!("cannot finish {path}: {}", failure.message),
+                    )
+                })
+            }
+        };
+        file.detach().map(drop).map_err(|error| {
             let failure = Failure::from(error);
             Failure::new(
                 failure.errno,

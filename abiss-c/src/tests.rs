@@ -154,8 +154,8 @@ fn options_out_of_range_fail_with_einval_before_the_file_is_touched() {
         (-1, 0, 0, "app_buffer of -1 bytes is negative"),
         (0, -1, 0, "preroll of -1 bytes is negative"),
         (0, c_long::MIN, 0, "is negative"),
-        (0, 0, 2, "flags 0x2 are unknown"),
-        (0, 0, 3, "flags 0x2 are unknown"),
+        (0, 0, 4, "flags 0x4 are unknown"),
+        (0, 0, 7, "flags 0x4 are unknown"),
         (0, 0, 1 << (c_ulong::BITS - 1), "are unknown"),
     ];
     for (app_buffer, preroll, flags, words) in cases {
@@ -310,4 +310,44 @@ fn the_message_is_per_thread_and_stays_until_the_next_failure() {
     })
     .join()
     .expect("thread");
+}
+
+#[test]
+fn a_direct_recording_is_asked_with_w_and_refused_where_the_file_system_does_no_direct_io() {
+    let options = AbissOptions {
+        flags: 2,
+        ..AbissOptions::default()
+    };
+    // A read stream or an append cannot be direct: refused before the file is touched.
+    let path = std::env::temp_dir().join(format!("abiss-c-direct-{}", std::process::id()));
+    let c_path = CString::new(path.as_os_str().as_bytes()).expect("no NUL");
+    for mode in [c"r", c"a", c"ab"] {
+        let (errno, message) = fopen_opts_failure(&c_path, mode, &raw const options);
+        assert_eq!(errno, libc::EINVAL, "{mode:?}: {message}");
+        assert!(message.contains("with \"w\""), "{mode:?}: {message}");
+        assert!(!path.exists(), "{mode:?} created {}", path.display());
+    }
+    // /dev/shm is tmpfs, which does no direct I/O: EOPNOTSUPP, before any daemon is asked
+    // (none runs at this socket), and the file fopen made is gone again.
+    let shm = Path::new("/dev/shm").join(format!("abiss-c-direct-{}", std::process::id()));
+    let c_shm = CString::new(shm.as_os_str().as_bytes()).expect("no NUL");
+    let socket = Path::new("/nonexistent-abiss-test/abiss.sock");
+    let failure = stream::open(
+        &c_shm,
+        c"w",
+        1_000_000,
+        OpenOptions {
+            flags: 2,
+            ..OpenOptions::default()
+        },
+        || Client::connect(socket),
+    )
+    .expect_err("tmpfs does no direct I/O");
+    assert_eq!(failure.errno, libc::EOPNOTSUPP, "{}", failure.message);
+    assert!(
+        failure.message.contains("direct I/O"),
+        "{}",
+        failure.message
+    );
+    assert!(!shm.exists(), "{} left behind", shm.display());
 }

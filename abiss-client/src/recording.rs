@@ -98,6 +98,16 @@ impl DirectRecording {
         Self::begin(|| Ok(client), path.as_ref(), options)
     }
 
+    /// [`DirectRecording::start`] through the client `connect` makes, called once the file
+    /// passed its checks (as the C library connects).
+    pub fn start_with_connect(
+        connect: impl FnOnce() -> Result<Client, ClientError>,
+        path: impl AsRef<Path>,
+        options: &StreamOptions,
+    ) -> Result<Self, RecordError> {
+        Self::begin(connect, path.as_ref(), options)
+    }
+
     /// Bad input (a file system without direct I/O, a full one) is refused before abissd is
     /// asked, and a file this call created is removed again on any refusal.
     fn begin(
@@ -150,6 +160,14 @@ impl DirectRecording {
     #[must_use]
     pub fn raised(&self) -> bool {
         self.raised
+    }
+
+    /// Gives the stream another rate (the ring keeps its size); refused, it keeps its rate.
+    pub fn set_rate(&mut self, rate: abiss_proto::ByteRate) -> Result<(), ClientError> {
+        self.stream = self
+            .client
+            .set_rate(StreamTarget::Id(self.stream.id), rate)?;
+        Ok(())
     }
 
     /// Writes that found the ring full and waited, so far.

@@ -39,7 +39,7 @@
 //! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
 //! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`), requests tagged at the disk; subvolumes; a btrfs over two disks refused | `tests/btrfs.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
-//! | recording past the page cache (`abissctl record`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
+//! | recording past the page cache (`abissctl record`, C `ABISS_DIRECT`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
 //! | **priorities and admission** | |

@@ -5,7 +5,8 @@
 //! stream runs at real time (its writes over ABISS's 6 ms bound are counted from the tracer's
 //! events and printed: the lab's disk cannot meet that bound); a kill -9 of
 //! abissd mid-recording loses nothing; a file system without direct I/O and a full one are
-//! refused with one sentence, their own exit code (17, 18), and no file left.
+//! refused with one sentence, their own exit code (17, 18), and no file left. The C library's
+//! `ABISS_DIRECT` takes the same path.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -17,8 +18,8 @@ use std::time::{Duration, Instant};
 use abiss_client::Client;
 use abiss_proto::{IoClass, Operation, RequestRecord};
 use abiss_tests::{
-    assert_fails, binary, require_root, write_cold_file, CopyLoop, Daemon, Ext4Mount, HddLab,
-    LoopDevice, Scratch,
+    abiss_c_library, assert_fails, binary, compile_c_example, require_root, write_cold_file,
+    CopyLoop, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
 };
 
 #[path = "recording/common.rs"]
@@ -256,6 +257,103 @@ fn the_paced_recorder_through_abissctl_record_meets_its_deadlines_against_a_best
     );
     assert!(bytes >= 29 * MIB, "30 s at 1 MiB/s: {bytes}");
     assert!(written > 64 * MIB, "the best-effort writer kept writing");
+}
+
+/// `record -d FILE 1MB/s TOTAL 2MiB` (the C example) against `daemon`: its line, and its pid.
+fn c_record_direct(program: &Path, daemon: &Daemon, file: &Path, total: u64) -> (String, u32) {
+    let recorder = Command::new(program)
+        .arg("-d")
+        .arg(file)
+        .args([
+            "1000000".to_owned(),
+            total.to_string(),
+            (2 * MIB).to_string(),
+        ])
+        .env("ABISS_SOCKET", daemon.socket())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run record -d");
+    let pid = recorder.id();
+    let output = recorder.wait_with_output().expect("record -d");
+    let line = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "record -d: {line} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (line, pid)
+}
+
+/// The C library's direct path (`ABISS_DIRECT`): `abiss-c/examples/record.c -d`, 64 KiB
+/// `abiss_fwrite`s on an absolute 1 MB/s schedule for 10 s into a 2 MiB ring, on the lab hdd
+/// against the best-effort writer under a small machine's dirty limits. No write returns after
+/// the next one is due, the file is exactly what was written, and every write request of the
+/// stream reaches the disk at real time.
+#[test]
+fn the_c_library_records_past_the_page_cache_at_real_time_against_a_best_effort_writer() {
+    require_root!();
+    let library = abiss_c_library();
+    let scratch = Scratch::new_in("/tmp", "rec-direct-c");
+    let program = compile_c_example("record", &library, scratch.path());
+    let _limits = DirtyLimits::small_box();
+    let lab = HddLab::up("rec-direct-c", 2, "none");
+    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let mut writer = BestEffortWriter::start(lab.mount().join("be.bin"));
+    let events = EventLog::start(&daemon);
+    std::thread::sleep(Duration::from_secs(3));
+    let file = lab.mount().join("c-direct.ts");
+    let total: u64 = 10_000_000;
+    let (line, recorder_pid) = c_record_direct(&program, &daemon, &file, total);
+    let records = events.stop();
+    let written = writer.stop();
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(&format!("{name}=")))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line:?}"))
+    };
+    let stream = field("stream");
+    let (requests, real_time, over, slowest_ms) = stream_writes(&records, stream);
+    let by_others = records
+        .iter()
+        .filter(|r| r.stream == Some(stream) && r.operation == Operation::Write)
+        .filter(|r| r.tgid != recorder_pid)
+        .count();
+    eprintln!(
+        "{}; the stream's writes: {requests} requests, {real_time} at real time, {over} over \
+         6 ms, the slowest {slowest_ms:.2} ms; best effort wrote {} MiB",
+        line.trim(),
+        written / MIB
+    );
+    assert_eq!(
+        field("late"),
+        0,
+        "every write returned before the next was due: {line}"
+    );
+    let on_disk = std::fs::read(&file).expect("read the recording");
+    assert_eq!(
+        on_disk.len() as u64,
+        total,
+        "the file is as long as what was written"
+    );
+    assert!(
+        on_disk.iter().all(|&byte| byte == 0x5a),
+        "the file holds what was written"
+    );
+    assert!(
+        real_time > 10,
+        "the stream's writes were seen: {real_time} of {requests} at real time"
+    );
+    assert_eq!(
+        real_time, requests,
+        "every write of the stream at real time"
+    );
+    assert_eq!(
+        by_others, 0,
+        "the recorder wrote its file itself, none of it through abissd's write-back"
+    );
+    assert!(written > 32 * MIB, "the best-effort writer kept writing");
 }
 
 /// The data path is the recorder's: abissd killed (and restarted) mid-recording loses
