@@ -475,13 +475,14 @@ fn attach_line() -> Vec<u8> {
     line
 }
 
-/// Whether `answer` is one plain error: a refusal whose message is one line of text.
-fn one_plain_error(answer: &str) -> Result<(), String> {
+/// The message of `answer` if it is one plain error: a refusal whose message is one line of
+/// text.
+fn one_plain_error(answer: &str) -> Result<String, String> {
     match abiss_proto::decode_line::<Response>(answer.as_bytes()) {
         Ok(Response::Error { message, .. })
             if !message.is_empty() && !message.contains('\n') && message.len() < 400 =>
         {
-            Ok(())
+            Ok(message)
         }
         _ => Err(format!("not one plain error: {answer:?}")),
     }
@@ -535,8 +536,9 @@ impl Harness {
         if seen["answers"] != json!(1) {
             return Err(format!("{kind}: {} answers: {seen}", seen["answers"]));
         }
-        one_plain_error(seen["first_answer"].as_str().unwrap_or_default())
+        let message = one_plain_error(seen["first_answer"].as_str().unwrap_or_default())
             .map_err(|error| format!("{kind}: {error}"))?;
+        println!("fuzz_protocol: hand-over of {kind}: {message}");
         self.status_in_time()
             .map_err(|error| format!("{kind}: {error}"))
     }
