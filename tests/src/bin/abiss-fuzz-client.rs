@@ -21,7 +21,7 @@
 //! and its listener goes), `fifo` (a named pipe, opened read-write), `fifo_read` and
 //! `fifo_write` (its read end, its write end: the other end is held until the case ends),
 //! `fifo_no_writer` (the read end of one that no process writes), `memfd` (a file in
-//! memory, `memfd_create`), `fuse` (`FUSE_FILE`, on a user's FUSE file system whose flushes,
+//! memory, `memfd_create`, of 1 MiB), `fuse` (`FUSE_FILE`, on a user's FUSE file system whose flushes,
 //! at every close, are answered only after a while), `tty` (the master of a new
 //! pseudo-terminal, a character device), `eventfd`, `pidfd` (of the client itself),
 //! `opath_dir` (`O_PATH` of `DIRECTORY`), `opath_managed` (`O_PATH` of `MANAGED_FILE`,
@@ -360,11 +360,17 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
         "pidfd" => owned(unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id(), 0) }),
         "opath_dir" => opath(&paths.directory),
         "opath_managed" => opath(&paths.managed),
+        // With 1 MiB in it: an empty one is refused as empty, before anything else is asked.
         "memfd" => nix::sys::memfd::memfd_create(
             c"abiss-fuzz",
             nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
         )
-        .ok(),
+        .ok()
+        .map(|memfd| {
+            let mut file = File::from(memfd);
+            let _ = file.write_all(&vec![7u8; 1 << 20]);
+            OwnedFd::from(file)
+        }),
         _ => None,
     }
 }
