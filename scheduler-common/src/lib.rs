@@ -227,6 +227,10 @@ pub mod raised_flags {
     /// back any one task of a shared context puts back all of them, those the map could not
     /// hold included. (The raise's own record of it is [`super::RaiseCounts::over_bound`].)
     pub const OVER_BOUND: u32 = 4;
+    /// On the report of a task: the fork program could not note it in `RAISED` (the map was
+    /// full). abissd puts back a noted task only while its entry is still there (a new task
+    /// that takes its id deletes it), and one not noted by its start time alone.
+    pub const UNNOTED: u32 = 8;
 }
 
 /// Tasks sharing a raised thread's I/O context (made with `CLONE_IO`) that the fork program

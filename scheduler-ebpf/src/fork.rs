@@ -6,7 +6,8 @@
 //! and abissd then looks for it in `RAISED` (where it is unless that map was full too).
 //!
 //! Tasks that share the raised thread's I/O context (`CLONE_IO`) stay in `RAISED` until the
-//! raise ends, so they are counted in the raise's `RAISE_COUNTS` entry; past
+//! raise ends, or until a new task takes their id (then they are gone, and their entry is
+//! deleted here), so they are counted in the raise's `RAISE_COUNTS` entry; past
 //! `MAX_SHARED_IO_TASKS_PER_RAISE` they are reported but not noted, and the raise's counts
 //! mark it for abissd to drop.
 //!
@@ -46,13 +47,14 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     if parent == 0 || child == 0 {
         return 0;
     }
+    let child_tid: u32 = field(child, layout!(task_pid));
+    forget_earlier_task(child_tid);
     let parent_tid: u32 = field(parent, layout!(task_pid));
     let context: u64 = field(parent, layout!(task_io_context));
     let Some(raise) = followed_raise(parent_tid, field(parent, layout!(task_start_boottime)), context)
     else {
         return 0;
     };
-    let child_tid: u32 = field(child, layout!(task_pid));
     let child_started: u64 = field(child, layout!(task_start_boottime));
     // Whether the child shares the raised thread's own I/O context: it does if it shares its
     // parent's and the parent is that thread or shares it. A child sharing the context of a
@@ -79,21 +81,38 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     // hears of the child itself below. Past the bound the child is not noted: it shares the
     // raised thread's context, so its own tasks are still followed through
     // `RAISED_CONTEXTS`, and abissd drops the raise on hearing of it.
-    if flags & raised_flags::OVER_BOUND == 0 {
-        let _ = RAISED.insert(child_tid, entry, 0);
+    let mut reported = entry;
+    if flags & raised_flags::OVER_BOUND == 0 && RAISED.insert(child_tid, entry, 0).is_err() {
+        reported.flags |= raised_flags::UNNOTED;
     }
     if let Some(mut event) = FORKS.reserve::<ForkEvent>(0) {
         event.write(ForkEvent {
             ts_ns: now_ns(),
             parent: parent_tid,
             child: child_tid,
-            raise: entry,
+            raise: reported,
         });
         event.submit(0);
     } else {
         lost();
     }
     0
+}
+
+/// A new task took id `tid`, so the task noted under it before is gone: its entry, if a task's
+/// (not a raised thread's own, which abissd looks after: `raises::reused_id`), is deleted, for
+/// abissd must not put back the new task with the earlier one's raise. This is where the two
+/// can be told apart for certain: `/proc/TID/stat` gives a task's start in clock ticks (10 ms),
+/// and a task that takes the id within the same tick looks the same there (issue 33: root's
+/// process that took a `CLONE_IO` child's id was put back with the child's raise). Every new
+/// task passes this tracepoint, which is attached while any thread is raised.
+#[inline(always)]
+fn forget_earlier_task(tid: u32) {
+    // SAFETY: pointer to a live map value of this type, one field read.
+    let earlier = RAISED.get_ptr(tid).map(|entry| unsafe { (*entry).flags });
+    if earlier.is_some_and(|flags| flags & raised_flags::INHERITED != 0) {
+        let _ = RAISED.remove(tid);
+    }
 }
 
 /// The raise a task made by thread `tid` (which started at `started_ns`, and whose I/O

@@ -172,8 +172,11 @@ impl StallingFs {
     /// Mounts it; panics if `nobody` cannot.
     #[must_use]
     pub fn mount(flush_after: Option<Duration>) -> Self {
+        // One directory per mount: a test may hold two at once.
+        static MOUNTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let fuse = UsersMayShareFuse::allow();
-        let scratch = crate::Scratch::new_in("/tmp", "stalling-fs");
+        let mount = MOUNTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let scratch = crate::Scratch::new_in("/tmp", &format!("stalling-fs-{mount}"));
         let mountpoint = scratch.path().join("mnt");
         std::fs::create_dir(&mountpoint).expect("mountpoint");
         nix::unistd::chown(&mountpoint, Some(nix::unistd::Uid::from_raw(65534)), None)

@@ -5,13 +5,22 @@
 //! proptest's: well-formed requests with hostile numbers, other versions, unknown kinds, random
 //! JSON, truncated lines, lines over [`MAX_LINE_BYTES`], raw bytes, deep nesting, and 0 to 12
 //! descriptors per message (regular file, directory, `O_PATH` of a file `nobody` may not read,
-//! pipe, socket, /dev/null, a file on the managed disk, a file on another disk), over several
-//! connections at once. The test (root) generates each case; `abiss-fuzz-client`, run as
-//! `nobody`, sends it; then the test checks the daemon as root:
-//! - it is alive, and answers root's `status` within 1 s;
+//! of a directory and of a file on the managed disk, pipe, socket, /dev/null, a file on the
+//! managed disk, a file on another disk, a TCP socket with unsent data and `SO_LINGER`, FIFOs:
+//! opened both ways, each end alone, and one with no writer, memfd, a FUSE file whose flushes
+//! are answered after 200 ms, a pseudo-terminal, eventfd, pidfd: `abiss-fuzz-client` lists
+//! them), over several connections at once. The test (root) generates each case;
+//! `abiss-fuzz-client`, run as `nobody`, sends it; then the test checks the daemon as root:
+//! - it is alive, and answers root's `status` within 1 s; and, asked every 50 ms from
+//!   another thread through the whole run, within [`STATUS_BOUND`] every time;
 //! - once the case's connections are gone (and streams they left on purpose, persistent ones,
 //!   are detached), its descriptors and threads are back to where they were, and it locks no
-//!   memory.
+//!   memory; at the end the kernel maps of streams and raises are empty.
+//!
+//! Before the generated cases, each kind that can never be a stream's is handed over alone with
+//! a well-formed attach, and must get one plain error and nothing else; after them, a file on a
+//! FUSE file system whose flushes are never answered is handed over: root's `status` is
+//! answered within 100 ms while abissd's close of it waits.
 //!
 //! A failing case is shrunk and its seed kept in `fuzz_protocol.proptest-regressions` next to
 //! this file, which proptest replays first on every run; the hand-written hostile lines of
@@ -35,7 +44,12 @@ mod generator;
 mod harness;
 
 use generator::{case, corpus_cases, request};
-use harness::{footprint, Harness};
+use harness::{footprint, quantile, Harness, StatusProbe, BAD_HAND_OVERS};
+
+/// The longest root's `status` may take, asked every 50 ms on a new connection from another
+/// thread for the whole run ([`StatusProbe`]): a debug build, on a machine of 2 CPUs that
+/// other test runs and builds share.
+const STATUS_BOUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One message: bytes, and the kinds of the descriptors sent with them.
 #[derive(Clone)]
@@ -98,6 +112,12 @@ fn fuzz() {
     let harness = RefCell::new(Harness::new());
     harness.borrow_mut().the_checks_see_a_held_connection();
     let device = harness.borrow().targets.managed.device().name();
+    let probe = StatusProbe::start(harness.borrow().daemon.socket());
+
+    harness.borrow_mut().the_hand_over_check_sees_an_attach();
+    for kind in BAD_HAND_OVERS {
+        harness.borrow_mut().hand_over(kind);
+    }
 
     for (label, case) in corpus_cases(&device) {
         if let Err(failure) = harness.borrow_mut().check(&case) {
@@ -134,6 +154,8 @@ fn fuzz() {
     }
 
     let mut harness = harness.into_inner();
+    harness.a_fuse_file_whose_flush_never_answers();
+    let took = probe.finish();
     let end = final_state(&harness.daemon);
     let totals = &harness.totals;
     println!(
@@ -149,6 +171,7 @@ fn fuzz() {
         started.elapsed().as_secs_f64()
     );
     println!("fuzz_protocol: at the end {end}");
+    status_was_prompt(&took);
     assert_eq!(totals.crashes, 0, "abissd died: {:#?}", totals.failures);
     assert!(totals.failures.is_empty(), "{:#?}", totals.failures);
     assert!(harness.daemon.streams().is_empty(), "no stream is left");
@@ -156,6 +179,22 @@ fn fuzz() {
         harness.daemon.stop(),
         Some(0),
         "abissd stops cleanly after it all"
+    );
+}
+
+/// Root's `status` asked through the run (`took`, fastest first) was answered within
+/// [`STATUS_BOUND`] every time: asserted, and its quantiles printed.
+fn status_was_prompt(took: &[std::time::Duration]) {
+    let slowest = quantile(took, 1.0);
+    println!(
+        "fuzz_protocol: root's status, asked {} times through the run: p50 {:?}, p99 {:?}, max {slowest:?}",
+        took.len(),
+        quantile(took, 0.5),
+        quantile(took, 0.99)
+    );
+    assert!(
+        slowest <= STATUS_BOUND,
+        "root's status took {slowest:?} at its slowest"
     );
 }
 
@@ -170,6 +209,11 @@ fn final_state(daemon: &Daemon) -> String {
     assert_eq!(status.memory.locked_bytes, 0, "memory still locked");
     assert_eq!(status.raises.active, 0, "readers still raised");
     let fp = footprint(daemon.pid()).expect("footprint");
+    // The kernel maps that hold streams and raises are empty again.
+    for map in ["ATTACHED", "RAISED", "RAISE_COUNTS"] {
+        let left = abiss_tests::daemon_map_dump(daemon.pid(), map);
+        assert!(left.is_empty(), "{map} still holds {left:?}");
+    }
     format!(
         "{streams} streams, {} B locked (VmLck {} kB), {} raised readers, {} descriptors, {} threads",
         status.memory.locked_bytes, fp.locked_kib, status.raises.active, fp.fds, fp.threads

@@ -81,6 +81,9 @@ pub(crate) struct InheritedRaise {
     /// (`scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE`): not noted in the map, and the
     /// raise is to be dropped.
     pub(crate) over_bound: bool,
+    /// Noted in the map by the fork program (not past the bound, and the map had room): its
+    /// entry is there until abissd puts it back or a new task takes its id.
+    pub(crate) noted: bool,
     /// When the task started (`task_struct.start_boottime`, ns since boot; 0 if unknown): a
     /// task under its id that started at another time is another task.
     pub(crate) started_ns: u64,
@@ -111,6 +114,7 @@ pub(crate) fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
         applied: entry.applied,
         shares_io_context: entry.flags & raised_flags::SHARES_IO_CONTEXT != 0,
         over_bound: entry.flags & raised_flags::OVER_BOUND != 0,
+        noted: entry.flags & (raised_flags::OVER_BOUND | raised_flags::UNNOTED) == 0,
         started_ns: entry.started_ns,
     })
 }
@@ -297,6 +301,7 @@ mod tests {
                 applied: 0x2000,
                 shares_io_context: true,
                 over_bound: false,
+                noted: true,
                 started_ns: 5,
             }
         );
@@ -304,7 +309,12 @@ mod tests {
             flags: raise.flags | raised_flags::OVER_BOUND,
             ..raise
         };
-        assert!(inherited_raise(&past).is_some_and(|past| past.over_bound));
+        assert!(inherited_raise(&past).is_some_and(|past| past.over_bound && !past.noted));
+        let unnoted = RaisedThread {
+            flags: raise.flags | raised_flags::UNNOTED,
+            ..raise
+        };
+        assert!(inherited_raise(&unnoted).is_some_and(|task| !task.noted && !task.over_bound));
         let own = RaisedThread { flags: 0, ..raise };
         assert_eq!(inherited_raise(&own), None);
         assert!(decode_fork(&raw(&event)[..size_of::<ForkEvent>() - 1]).is_none());

@@ -18,9 +18,19 @@
 //! end of a new socket pair), `null` (/dev/null), `managed` (`MANAGED_FILE`, on the disk abissd
 //! manages), `other_disk` (`OTHER_DISK_FILE`, on a disk it does not manage), `linger` (a TCP
 //! socket whose last close waits up to 2 s, `SO_LINGER` with unsent data, until the case ends
-//! and its listener goes), `fifo` (a named pipe, opened read-write) and `memfd` (a file in
-//! memory, `memfd_create`) and `fuse` (`FUSE_FILE`, on a user's FUSE file system whose flushes,
-//! at every close, are answered only after a while).
+//! and its listener goes), `fifo` (a named pipe, opened read-write), `fifo_read` and
+//! `fifo_write` (its read end, its write end: the other end is held until the case ends),
+//! `fifo_no_writer` (the read end of one that no process writes), `memfd` (a file in
+//! memory, `memfd_create`, of 1 MiB), `fuse` (`FUSE_FILE`, on a user's FUSE file system whose flushes,
+//! at every close, are answered only after a while), `tty` (the master of a new
+//! pseudo-terminal, a character device), `eventfd`, `pidfd` (of the client itself),
+//! `opath_dir` (`O_PATH` of `DIRECTORY`), `opath_managed` (`O_PATH` of `MANAGED_FILE`,
+//! which `nobody` may read), and `fuse_stuck` (`FUSE_FILE` as `fuse`, but the client keeps a
+//! copy open until it exits: for a file system whose flushes are never answered, where a
+//! close would wait for ever).
+//!
+//! Each case's line also carries `first_answer`: the first answer line of a connection (empty if
+//! none), so that the test can see what a hand-over was told.
 use std::fs::File;
 use std::io::{BufRead, BufReader, IoSlice, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -55,6 +65,8 @@ struct Outcome {
     closed_by_daemon: u64,
     send_failed: u64,
     fds_sent: u64,
+    /// The first answer line read.
+    first_answer: String,
 }
 
 fn main() -> ExitCode {
@@ -90,6 +102,7 @@ fn main() -> ExitCode {
             "closed_by_daemon": outcome.closed_by_daemon,
             "send_failed": outcome.send_failed,
             "fds_sent": outcome.fds_sent,
+            "first_answer": outcome.first_answer,
         });
         if writeln!(stdout, "{answer}")
             .and_then(|()| stdout.flush())
@@ -112,7 +125,43 @@ fn run_case(paths: &Paths, case: &Value) -> Outcome {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clear();
+    OTHER_ENDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
     outcome
+}
+
+/// The ends of the case's FIFOs that were not passed: held until the case ends.
+static OTHER_ENDS: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
+
+/// A new named pipe's end opened with `flags` (and `O_NONBLOCK`), and with `other` (if any)
+/// its other end, held until the case ends; the pipe's name is removed at once.
+fn fifo_end(flags: libc::c_int, other: Option<libc::c_int>) -> Option<OwnedFd> {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("abiss-fuzz-fifo-{}-{made}", std::process::id()));
+    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).ok()?;
+    let open = |flags: libc::c_int| {
+        nix::fcntl::open(
+            &path,
+            nix::fcntl::OFlag::from_bits_truncate(flags | libc::O_NONBLOCK),
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()
+        .and_then(|fd| owned(fd.into()))
+    };
+    // A write end opens without blocking only once there is a reader.
+    let held = other.and_then(open);
+    let end = open(flags);
+    let _ = std::fs::remove_file(&path);
+    if let Some(held) = held {
+        OTHER_ENDS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(held);
+    }
+    end
 }
 
 fn run_connections(paths: &Paths, case: &Value) -> Outcome {
@@ -136,6 +185,11 @@ fn run_connections(paths: &Paths, case: &Value) -> Outcome {
             closed_by_daemon: sum.closed_by_daemon + one.closed_by_daemon,
             send_failed: sum.send_failed + one.send_failed,
             fds_sent: sum.fds_sent + one.fds_sent,
+            first_answer: if sum.first_answer.is_empty() {
+                one.first_answer
+            } else {
+                sum.first_answer
+            },
         })
 }
 
@@ -161,12 +215,20 @@ fn run_connection(paths: &Paths, connection: &Value) -> Outcome {
             .flatten()
             .filter_map(Value::as_str)
             .collect();
-        let held: Vec<OwnedFd> = kinds
+        let held: Vec<(&str, OwnedFd)> = kinds
             .iter()
-            .filter_map(|kind| open_kind(paths, kind))
+            .filter_map(|&kind| Some((kind, open_kind(paths, kind)?)))
             .collect();
-        let raw: Vec<RawFd> = held.iter().map(AsRawFd::as_raw_fd).collect();
-        if send(&stream, &bytes, &raw) {
+        let raw: Vec<RawFd> = held.iter().map(|(_, fd)| fd.as_raw_fd()).collect();
+        let sent = send(&stream, &bytes, &raw);
+        for (kind, fd) in held {
+            // Never closed: where the file system never answers a flush, the close would
+            // wait for ever (the test ends the server before it ends this client).
+            if kind == "fuse_stuck" {
+                std::mem::forget(fd);
+            }
+        }
+        if sent {
             outcome.fds_sent += raw.len() as u64;
         } else {
             outcome.send_failed += 1;
@@ -179,7 +241,9 @@ fn run_connection(paths: &Paths, connection: &Value) -> Outcome {
         let _ = stream.shutdown(std::net::Shutdown::Write);
     }
     if let Some(reader) = reader {
-        let (answers, attached, closed) = reader.join().unwrap_or((0, 0, false));
+        let (answers, attached, closed, first) =
+            reader.join().unwrap_or((0, 0, false, String::new()));
+        outcome.first_answer = first;
         outcome.answers = answers;
         outcome.attached = attached;
         outcome.closed_by_daemon = u64::from(closed);
@@ -213,22 +277,28 @@ fn send(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> bool {
 }
 
 /// Reads answer lines until the daemon closes or [`ANSWER_WAIT`] passes; the lines read, the
-/// streams attached, and whether the daemon closed.
-fn read_answers(stream: UnixStream) -> (u64, u64, bool) {
+/// streams attached, whether the daemon closed, and the first line.
+fn read_answers(stream: UnixStream) -> (u64, u64, bool, String) {
     let deadline = Instant::now() + ANSWER_WAIT;
     let (mut lines, mut attached) = (0, 0);
+    let mut first = String::new();
     let mut reader = BufReader::new(stream);
     let mut line = Vec::new();
     loop {
         let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-            return (lines, attached, false);
+            return (lines, attached, false, first);
         };
         if left.is_zero() || reader.get_ref().set_read_timeout(Some(left)).is_err() {
-            return (lines, attached, false);
+            return (lines, attached, false, first);
         }
         match reader.read_until(b'\n', &mut line) {
-            Ok(0) => return (lines, attached, true),
+            Ok(0) => return (lines, attached, true, first),
             Ok(_) if line.ends_with(b"\n") => {
+                if lines == 0 {
+                    String::from_utf8_lossy(&line)
+                        .trim_end()
+                        .clone_into(&mut first);
+                }
                 lines += 1;
                 attached += u64::from(line.starts_with(br#"{"kind":"attached""#));
                 line.clear();
@@ -236,9 +306,9 @@ fn read_answers(stream: UnixStream) -> (u64, u64, bool) {
             Ok(_) => {}
             // A reset is the daemon closing on a client that still had data in flight.
             Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => {
-                return (lines, attached, true)
+                return (lines, attached, true, first)
             }
-            Err(_) => return (lines, attached, false),
+            Err(_) => return (lines, attached, false, first),
         }
     }
 }
@@ -252,13 +322,8 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
         "managed" => open(&paths.managed),
         "other_disk" => open(&paths.other_disk),
         "null" => open("/dev/null"),
-        "fuse" => open(&paths.fuse),
-        "opath" => std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_PATH)
-            .open(&paths.secret)
-            .ok()
-            .map(OwnedFd::from),
+        "fuse" | "fuse_stuck" => open(&paths.fuse),
+        "opath" => opath(&paths.secret),
         "pipe" => nix::unistd::pipe()
             .ok()
             .map(|(read_end, _write_end)| read_end),
@@ -286,13 +351,45 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
             let _ = std::fs::remove_file(&path);
             fifo
         }
+        "fifo_read" => fifo_end(libc::O_RDONLY, Some(libc::O_WRONLY)),
+        "fifo_write" => fifo_end(libc::O_WRONLY, Some(libc::O_RDONLY)),
+        "fifo_no_writer" => fifo_end(libc::O_RDONLY, None),
+        // SAFETY (all three): system calls that make a new descriptor (or fail), no pointers.
+        "tty" => owned(unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY) }.into()),
+        "eventfd" => owned(unsafe { libc::eventfd(0, 0) }.into()),
+        "pidfd" => owned(unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id(), 0) }),
+        "opath_dir" => opath(&paths.directory),
+        "opath_managed" => opath(&paths.managed),
+        // With 1 MiB in it: an empty one is refused as empty, before anything else is asked.
         "memfd" => nix::sys::memfd::memfd_create(
             c"abiss-fuzz",
             nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
         )
-        .ok(),
+        .ok()
+        .map(|memfd| {
+            let mut file = File::from(memfd);
+            let _ = file.write_all(&vec![7u8; 1 << 20]);
+            OwnedFd::from(file)
+        }),
         _ => None,
     }
+}
+
+/// The new descriptor a system call returned, if it did.
+fn owned(fd: libc::c_long) -> Option<OwnedFd> {
+    let fd = libc::c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: just made by the call, owned by nothing else.
+    Some(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// An `O_PATH` descriptor of `path`.
+fn opath(path: &str) -> Option<OwnedFd> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(path)
+        .ok()
+        .map(OwnedFd::from)
 }
 
 /// Bytes from hex digits (pairs that are not hex are skipped).

@@ -12,7 +12,7 @@ use abiss_proto::{MAX_LINE_BYTES, PROTOCOL_VERSION};
 use super::{HostileConnection, Message};
 
 /// Kinds of descriptor a message may carry (`abiss-fuzz-client` opens them).
-const FD_KINDS: [&str; 12] = [
+pub(super) const FD_KINDS: [&str; 20] = [
     "file",
     "directory",
     "opath",
@@ -23,8 +23,16 @@ const FD_KINDS: [&str; 12] = [
     "other_disk",
     "linger",
     "fifo",
+    "fifo_read",
+    "fifo_write",
+    "fifo_no_writer",
     "memfd",
     "fuse",
+    "tty",
+    "eventfd",
+    "pidfd",
+    "opath_dir",
+    "opath_managed",
 ];
 
 /// Numbers a hostile client would try: the edges of every integer type, and anything.

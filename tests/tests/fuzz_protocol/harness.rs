@@ -144,9 +144,14 @@ struct Hands {
 
 impl Hands {
     fn start(socket: &Path, targets: &Targets) -> Self {
+        Self::start_with(socket, &targets.client_args())
+    }
+
+    /// With `args` after the socket (as [`Targets::client_args`] gives them).
+    fn start_with(socket: &Path, args: &[PathBuf]) -> Self {
         let mut child = as_nobody(&binary("abiss-fuzz-client"))
             .arg(socket)
-            .args(targets.client_args())
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -379,3 +384,202 @@ impl Harness {
 
 // ---------------------------------------------------------------------------------------------
 // The generator.
+
+/// How often [`StatusProbe`] asks, and how long it waits for an answer.
+const PROBE_EVERY: Duration = Duration::from_millis(50);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Root's `status`, asked on a new connection every [`PROBE_EVERY`] from another thread for
+/// as long as the fuzzer runs, so that a case that holds up the daemon only while it lasts
+/// (and not when the case's own check comes) is seen too. An unanswered ask counts as
+/// [`PROBE_TIMEOUT`].
+pub(super) struct StatusProbe {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<Duration>>,
+}
+
+impl StatusProbe {
+    pub(super) fn start(socket: &Path) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let socket = socket.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            let mut took = Vec::new();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let started = Instant::now();
+                let answer = root_call(&socket, &Request::Status, PROBE_TIMEOUT);
+                took.push(match answer {
+                    Ok(Response::Devices(_)) => started.elapsed(),
+                    _ => PROBE_TIMEOUT,
+                });
+                std::thread::sleep(PROBE_EVERY);
+            }
+            took
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops; the times it took, fastest first.
+    pub(super) fn finish(self) -> Vec<Duration> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut took = self.thread.join().expect("the probe");
+        took.sort();
+        took
+    }
+}
+
+/// The `q`-quantile of `sorted`.
+pub(super) fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    let last = sorted.len().saturating_sub(1);
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let at = ((last as f64) * q).round() as usize;
+    sorted.get(at).copied().unwrap_or_default()
+}
+
+/// The kinds of descriptor that can never be a stream's, each handed over alone with a
+/// well-formed attach by [`Harness::hand_over`].
+pub(super) const BAD_HAND_OVERS: [&str; 19] = [
+    "file",
+    "directory",
+    "opath",
+    "pipe",
+    "socket",
+    "null",
+    "other_disk",
+    "linger",
+    "fifo",
+    "fifo_read",
+    "fifo_write",
+    "fifo_no_writer",
+    "memfd",
+    "fuse",
+    "tty",
+    "eventfd",
+    "pidfd",
+    "opath_dir",
+    "opath_managed",
+];
+
+/// A well-formed attach of 1 MB/s, to go with one descriptor.
+fn attach_line() -> Vec<u8> {
+    let request = json!({"kind": "attach", "rate": 1_000_000, "buffer": 577_536,
+        "batch_pages": 20, "priority": 3, "persistent": false});
+    let mut line = json!({"version": abiss_proto::PROTOCOL_VERSION, "request": request})
+        .to_string()
+        .into_bytes();
+    line.push(b'\n');
+    line
+}
+
+/// The message of `answer` if it is one plain error: a refusal whose message is one line of
+/// text.
+fn one_plain_error(answer: &str) -> Result<String, String> {
+    match abiss_proto::decode_line::<Response>(answer.as_bytes()) {
+        Ok(Response::Error { message, .. })
+            if !message.is_empty() && !message.contains('\n') && message.len() < 400 =>
+        {
+            Ok(message)
+        }
+        _ => Err(format!("not one plain error: {answer:?}")),
+    }
+}
+
+impl Harness {
+    /// Hands over one descriptor of `kind` with a well-formed attach, as `nobody`: it is
+    /// refused with one plain error and nothing else, root is answered in time, and the daemon
+    /// gives back all it held (the same checks as a case's). A failure is kept in the totals.
+    pub(super) fn hand_over(&mut self, kind: &'static str) {
+        if let Err(failure) = self
+            .hand_over_with(kind, None)
+            .and_then(|()| self.settled())
+        {
+            self.totals.failures.push(format!("hand-over: {failure}"));
+        }
+    }
+
+    /// The hand-over check can fail: a file on the managed disk, handed over the same way,
+    /// is attached, not refused (its stream ends with the connection).
+    pub(super) fn the_hand_over_check_sees_an_attach(&mut self) {
+        let seen = self.hand_over_with("managed", None);
+        assert!(
+            seen.as_ref().is_err_and(|error| error.contains("attached")),
+            "a file on the managed disk must be attached: {seen:?}"
+        );
+        self.settled().expect("back to the baseline once it ends");
+    }
+
+    fn hand_over_with(
+        &mut self,
+        kind: &'static str,
+        hands: Option<&mut Hands>,
+    ) -> Result<(), String> {
+        let case = [HostileConnection {
+            messages: vec![super::Message {
+                bytes: attach_line(),
+                fds: vec![kind],
+            }],
+            hang_up: false,
+        }];
+        self.totals.cases += 1;
+        let seen = match hands {
+            Some(hands) => hands.run(&case)?,
+            None => self.hands.run(&case)?,
+        };
+        self.totals.fds_sent += seen["fds_sent"].as_u64().unwrap_or(0);
+        if seen["fds_sent"] != json!(1) {
+            return Err(format!("{kind}: the client could not hand it over: {seen}"));
+        }
+        if seen["answers"] != json!(1) {
+            return Err(format!("{kind}: {} answers: {seen}", seen["answers"]));
+        }
+        let message = one_plain_error(seen["first_answer"].as_str().unwrap_or_default())
+            .map_err(|error| format!("{kind}: {error}"))?;
+        println!("fuzz_protocol: hand-over of {kind}: {message}");
+        self.status_in_time()
+            .map_err(|error| format!("{kind}: {error}"))
+    }
+
+    /// A file on a user's FUSE file system whose flushes are never answered, handed over with an
+    /// attach: refused with one plain error, and root's `status` is answered within 100 ms
+    /// every 100 ms for 1 s while abissd's close of it waits; once the server is gone, the
+    /// daemon gives back all it held. A failure is kept in the totals.
+    pub(super) fn a_fuse_file_whose_flush_never_answers(&mut self) {
+        if let Err(failure) = self.fuse_flush_never_answers() {
+            self.totals
+                .failures
+                .push(format!("FUSE file whose flush never answers: {failure}"));
+        }
+    }
+
+    fn fuse_flush_never_answers(&mut self) -> Result<(), String> {
+        let fs = abiss_tests::hostile::StallingFs::mount(None);
+        let mut args = self.targets.client_args();
+        *args.last_mut().expect("FUSE_FILE") = fs.file();
+        let mut hands = Hands::start_with(self.daemon.socket(), &args);
+        let refused = self.hand_over_with("fuse_stuck", Some(&mut hands));
+        let mut slowest = Duration::ZERO;
+        for _ in 0..10 {
+            let started = Instant::now();
+            let answer = root_call(self.daemon.socket(), &Request::Status, PROBE_TIMEOUT);
+            if !matches!(answer, Ok(Response::Devices(_))) {
+                slowest = PROBE_TIMEOUT;
+            }
+            slowest = slowest.max(started.elapsed());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The server first: the client's exit closes its copy, which waits for the server.
+        drop(fs);
+        drop(hands);
+        refused?;
+        if slowest > Duration::from_millis(100) {
+            return Err(format!(
+                "root's status took {slowest:?} while abissd's close of the FUSE file waited"
+            ));
+        }
+        self.settled()
+    }
+}
