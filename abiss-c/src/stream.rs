@@ -336,8 +336,9 @@ impl AbissStdioFile {
         self.file.set_rate(rate).map_err(Failure::from)
     }
 
+    /// The stream's id as the C interface hands it out: a plain number.
     pub(crate) fn stream_id(&self) -> u64 {
-        self.file.stream_id()
+        self.file.stream_id().0
     }
 
     pub(crate) fn at_eof(&self) -> bool {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use abiss_proto::{Refusal, StreamTarget};
+use abiss_proto::{Refusal, StreamId, StreamTarget};
 use log::warn;
 
 use super::Controller;
@@ -37,7 +37,7 @@ pub(super) struct RaiseBounds<'a> {
 }
 
 impl StreamBounds for RaiseBounds<'_> {
-    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)> {
+    fn admitted(&self, stream: StreamId, since_ns: u64) -> Option<(u128, u64)> {
         self.streams
             .get(stream)
             .map(|s| (s.rates.earned(since_ns, self.now_ns), s.granted.buffer.0))
@@ -193,7 +193,7 @@ impl Controller {
     pub(crate) fn reader_starts(
         &mut self,
         peer_uid: u32,
-        stream: u64,
+        stream: StreamId,
         tid: u32,
         now_ns: u64,
     ) -> Result<bool, Refusal> {
@@ -230,7 +230,7 @@ impl Controller {
     pub(crate) fn position(
         &mut self,
         peer_uid: u32,
-        id: u64,
+        id: StreamId,
         offset: u64,
         at_ns: u64,
         now_ns: u64,

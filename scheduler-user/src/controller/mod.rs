@@ -10,7 +10,7 @@ use std::sync::Arc;
 use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
-    StatusReport, StreamInfo, StreamTarget, PAGE_BYTES,
+    StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
 
@@ -166,7 +166,8 @@ impl Controller {
             None => mapped,
         };
         let id = self.streams.next_id();
-        let tag = tag.unwrap_or(id);
+        // A file's first stream gives it its tag, its id.
+        let tag = tag.unwrap_or(id.0);
         let key = file.key;
         let level = request.priority;
         let owner = StreamOwner {
@@ -341,7 +342,7 @@ impl Controller {
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
-    fn end_stream(&mut self, id: u64) {
+    fn end_stream(&mut self, id: StreamId) {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
@@ -384,7 +385,11 @@ impl Controller {
     }
 
     /// Detaches a stream on behalf of `peer_uid` (its owner, or root).
-    pub(crate) fn detach(&mut self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+    pub(crate) fn detach(
+        &mut self,
+        peer_uid: u32,
+        target: &StreamTarget,
+    ) -> Result<StreamId, Refusal> {
         let id = self.owned_stream(peer_uid, target)?;
         self.end_stream(id);
         Ok(id)
@@ -431,12 +436,12 @@ impl Controller {
     /// The id of the stream `target` names, if `peer_uid` owns it (root owns all). Another
     /// user's stream is answered as one that does not exist, word for word: which streams
     /// other users have, and on which files, is theirs to know.
-    fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+    fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<StreamId, Refusal> {
         let visible = |s: &&Stream| peer_uid == 0 || s.owner_uid == peer_uid;
         let found = match target {
             StreamTarget::Id(id) => self.streams.get(*id).filter(visible).map(|s| s.id),
             StreamTarget::File { device, inode } => {
-                let mine: Vec<u64> = self
+                let mine: Vec<StreamId> = self
                     .streams
                     .iter()
                     .filter(|s| s.file_device == *device && s.key.ino == *inode)
@@ -444,7 +449,7 @@ impl Controller {
                     .map(|s| s.id)
                     .collect();
                 if let [_, _, ..] = mine.as_slice() {
-                    let ids: Vec<String> = mine.iter().map(u64::to_string).collect();
+                    let ids: Vec<String> = mine.iter().map(StreamId::to_string).collect();
                     return Err(Refusal::BadRequest(format!(
                         "that file has several streams ({}); name one by its id",
                         ids.join(", ")
@@ -506,7 +511,7 @@ impl Controller {
 
     /// A connection closed: its non-persistent streams end with it.
     pub(crate) fn connection_closed(&mut self, connection: u64) {
-        let ending: Vec<u64> = self
+        let ending: Vec<StreamId> = self
             .streams
             .iter()
             .filter(|s| s.connection == connection && !s.granted.persistent)
@@ -578,7 +583,7 @@ impl Controller {
 
     /// Ends every stream and gives the devices back.
     pub(crate) fn shutdown(mut self) {
-        let ids: Vec<u64> = self.streams.iter().map(|s| s.id).collect();
+        let ids: Vec<StreamId> = self.streams.iter().map(|s| s.id).collect();
         for id in ids {
             self.end_stream(id);
         }

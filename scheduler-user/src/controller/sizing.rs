@@ -3,7 +3,7 @@
 //! budgets) and its start-up preroll.
 
 use abiss_proto::{
-    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, PAGE_BYTES,
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, StreamId, PAGE_BYTES,
 };
 use log::{info, warn};
 
@@ -61,7 +61,7 @@ impl Controller {
     /// Grows the automatic buffers whose disk's tail in their class grew, as far as the
     /// locked-memory budgets allow (see [`crate::policy::buffer_sizing`]).
     pub(super) fn grow_auto_buffers(&mut self, now_ns: u64) {
-        let auto: Vec<u64> = self
+        let auto: Vec<StreamId> = self
             .streams
             .iter()
             .filter(|s| s.auto_buffer.is_some())

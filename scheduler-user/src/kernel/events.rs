@@ -8,7 +8,9 @@
 
 use std::ops::Range;
 
-use abiss_proto::{DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, PAGE_BYTES};
+use abiss_proto::{
+    DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, StreamId, PAGE_BYTES,
+};
 use scheduler_common::{
     playout_kind, raised_flags, ForkEvent, PlayoutEvent, RaisedThread, RequestEvent, COMM_LEN,
 };
@@ -161,7 +163,7 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
         },
         sector: request.sector,
         bytes: request.bytes,
-        stream: (request.stream != 0).then_some(request.stream),
+        stream: (request.stream != 0).then_some(StreamId(request.stream)),
         tgid: origin.tgid,
         pid: origin.pid,
         uid: origin.uid,

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 
+use abiss_proto::StreamId;
 use scheduler_common::{abiss_level, ioprio};
 
 pub(crate) use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
@@ -32,7 +33,7 @@ pub(crate) struct Raise {
     /// Its process.
     pub(crate) tgid: u32,
     /// The stream whose level it was raised to.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// The tag of that stream's file in the kernel maps: the block program counts the
     /// thread's real-time requests for the file so tagged as its own (0 in records written
     /// before files had tags: then the stream's id, which was the tag).
@@ -72,7 +73,7 @@ impl Raise {
     #[must_use]
     pub(crate) fn followed_as(&self) -> (u16, u16, u64) {
         let tag = if self.file_tag == 0 {
-            self.stream
+            self.stream.0
         } else {
             self.file_tag
         };
@@ -165,7 +166,7 @@ impl RaiseTable {
     /// already, or, not counting a raise it has, the stream has fewer than
     /// [`MAX_RAISED_PER_STREAM`] raised threads and the user fewer than [`MAX_RAISED_PER_USER`].
     #[must_use]
-    pub(crate) fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
+    pub(crate) fn has_room(&self, stream: StreamId, pid: u32, uid: u32) -> bool {
         let others = || self.raises.values().filter(|u| u.task.pid != pid);
         self.raises
             .get(&pid)
@@ -224,7 +225,7 @@ impl RaiseTable {
     }
 
     /// A thread touched `stream`'s file: its raise stays.
-    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now_ns: u64) {
         if let Some(raise) = self.raises.get_mut(&pid) {
             if raise.stream == stream {
                 raise.last_access_ns = raise.last_access_ns.max(now_ns);
@@ -239,7 +240,7 @@ impl RaiseTable {
     }
 
     /// Removes and returns the raises made for `stream`.
-    pub(crate) fn take_stream(&mut self, stream: u64) -> Vec<Raise> {
+    pub(crate) fn take_stream(&mut self, stream: StreamId) -> Vec<Raise> {
         self.take_where(|u| u.stream == stream)
     }
 
@@ -294,7 +295,7 @@ impl RaiseTable {
 
     /// Whether any thread of process `tgid` is raised for `stream`.
     #[must_use]
-    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: StreamId) -> bool {
         self.raises
             .values()
             .any(|u| u.tgid == tgid && u.stream == stream)
@@ -333,7 +334,7 @@ mod tests {
         Raise {
             task: TaskId { pid, start_time: 7 },
             tgid: pid,
-            stream,
+            stream: StreamId(stream),
             file_tag: stream,
             previous: BE4,
             applied: RT0,
@@ -408,13 +409,14 @@ mod tests {
             offers in proptest::collection::vec((1u32..200, 1u64..4), 1..400),
         ) {
             let mut table = RaiseTable::new(1);
-            for (pid, stream) in offers {
+            for (pid, number) in offers {
+                let stream = StreamId(number);
                 if table.has_room(stream, pid, 1000) {
-                    table.insert(raise(pid, stream, 0));
+                    table.insert(raise(pid, number, 0));
                 }
                 let raised_here = table.get(pid).is_some_and(|u| u.stream == stream);
                 prop_assert!(!raised_here || table.has_room(stream, pid, 1000));
-                for stream in 1..4 {
+                for stream in (1..4).map(StreamId) {
                     let raised = table.all().iter().filter(|u| u.stream == stream).count();
                     prop_assert!(raised <= MAX_RAISED_PER_STREAM);
                 }
@@ -430,13 +432,13 @@ mod tests {
             offers in proptest::collection::vec((1u32..400, 1u64..8, 0u32..3, proptest::bool::weighted(0.1)), 1..600),
         ) {
             let mut table = RaiseTable::new(1);
-            for (pid, stream, uid, ends) in offers {
+            for (pid, number, uid, ends) in offers {
                 if ends {
                     table.take_thread(pid);
                     continue;
                 }
-                if table.has_room(stream, pid, uid) {
-                    let mut raise = raise(pid, stream, 0);
+                if table.has_room(StreamId(number), pid, uid) {
+                    let mut raise = raise(pid, number, 0);
                     raise.uid = uid;
                     table.insert(raise);
                 }
@@ -453,7 +455,7 @@ mod tests {
         let mut table = RaiseTable::new(1);
         for pid in 0..200u32 {
             let stream = u64::from(pid / 30);
-            assert!(table.has_room(stream, pid, 0));
+            assert!(table.has_room(StreamId(stream), pid, 0));
             let mut raise = raise(pid, stream, 0);
             raise.uid = 0;
             table.insert(raise);
@@ -481,13 +483,13 @@ mod tests {
         let mut table = RaiseTable::new(5_000);
         table.insert(raise(1, 10, 0));
         table.insert(raise(2, 10, 0));
-        table.touch(2, 10, 4_000);
-        table.touch(1, 11, 4_000); // another stream's file does not keep it
+        table.touch(2, StreamId(10), 4_000);
+        table.touch(1, StreamId(11), 4_000); // another stream's file does not keep it
         assert_eq!(table.ns_until_next_expiry(4_000), Some(1_000));
         let idle = table.take_idle(5_000);
         assert_eq!(idle.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1]);
         assert!(table.get(2).is_some());
-        assert_eq!(table.take_stream(10).len(), 1);
+        assert_eq!(table.take_stream(StreamId(10)).len(), 1);
         assert_eq!(table.ns_until_next_expiry(5_000), None);
     }
 
@@ -499,7 +501,7 @@ mod tests {
         again.previous = RT0;
         table.insert(again);
         assert_eq!(table.get(1).unwrap().previous, BE4);
-        assert_eq!(table.get(1).unwrap().stream, 11);
+        assert_eq!(table.get(1).unwrap().stream, StreamId(11));
         // A new thread with a reused pid is a different task: its own previous priority.
         let mut reused = raise(1, 12, 20);
         reused.task.start_time = 99;

@@ -9,7 +9,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use abiss_os::{clock::monotonic_ns, ioprio};
-use abiss_proto::RaiseReport;
+use abiss_proto::{RaiseReport, StreamId};
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
 
@@ -51,7 +51,7 @@ pub(crate) trait StreamBounds {
     /// far as its rate changes are kept): the bytes its rates earned since, and its buffer,
     /// which bound what its raised readers may read of its file at the raised priority. `None`
     /// if there is no such stream.
-    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
+    fn admitted(&self, stream: StreamId, since_ns: u64) -> Option<(u128, u64)>;
 
     /// Charges user `uid` for `kib` KiB of real-time reads of a raised thread of theirs beyond
     /// what its stream was admitted for ([`crate::policy::stray`]): out of their start-up
@@ -67,7 +67,7 @@ pub(crate) trait StreamBounds {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RaiseFor {
     /// The stream.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Its file's tag ([`crate::stream::Stream::file_tag`]).
     pub(crate) file_tag: u64,
 }
@@ -94,18 +94,18 @@ pub(crate) struct ReaderRaises {
     latency: Histogram<u64>,
     total: u64,
     restored: u64,
-    per_stream: HashMap<u64, u64>,
+    per_stream: HashMap<StreamId, u64>,
     /// Raises dropped for stray real-time requests.
     policed: u64,
     /// Per stream, the threads whose raise was dropped: never raised again for it.
-    barred: HashMap<u64, BarredThreads>,
+    barred: HashMap<StreamId, BarredThreads>,
     /// Set while the record cannot be written: no thread is raised then (a crash would leave
     /// it raised for good), and a miss tries the record again from this time on.
     unrecorded_retry_ns: Option<u64>,
     /// The tasks raised threads make.
     forks: RaisedForks,
     /// Per stream, the tasks adopted from its players' start raises ([`adoption`]).
-    adopted: HashMap<u64, u64>,
+    adopted: HashMap<StreamId, u64>,
     /// When a full stream's raises were last looked at for threads that are gone (any
     /// stream's: the bound is on abissd's work, not per stream).
     gone_checked_ns: Option<u64>,
@@ -116,7 +116,7 @@ pub(crate) struct ReaderRaises {
     journals: journal::JournalThreads,
     /// Per stream, what its raises read of its file at real time, every raise together
     /// ([`ledger`]).
-    ledgers: HashMap<u64, StreamLedger>,
+    ledgers: HashMap<StreamId, StreamLedger>,
 }
 
 impl ReaderRaises {
@@ -297,7 +297,7 @@ impl ReaderRaises {
 
     /// Whether thread `pid` of user `uid` may be raised for `stream` now: the table has room
     /// for it, or has after the raises of threads that are gone were let go.
-    fn room_for(&mut self, stream: u64, pid: u32, uid: u32, now_ns: u64) -> bool {
+    fn room_for(&mut self, stream: StreamId, pid: u32, uid: u32, now_ns: u64) -> bool {
         if self.table.has_room(stream, pid, uid)
             || (self.let_go_of_gone(stream, uid, now_ns) && self.table.has_room(stream, pid, uid))
         {
@@ -347,7 +347,7 @@ impl ReaderRaises {
     /// on a miss that waits for its raise, so it is kept short: a thread is gone when `/proc`
     /// has no entry for it (a reused id keeps its place until it idles out); a gone thread has
     /// nothing to put back, and the record is rewritten with the next raise.
-    fn let_go_of_gone(&mut self, stream: u64, uid: u32, now_ns: u64) -> bool {
+    fn let_go_of_gone(&mut self, stream: StreamId, uid: u32, now_ns: u64) -> bool {
         if self
             .gone_checked_ns
             .is_some_and(|at| now_ns.saturating_sub(at) < GONE_CHECK_NS)
@@ -390,7 +390,7 @@ impl ReaderRaises {
     }
 
     /// Thread `pid` touched stream `stream`'s file.
-    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now_ns: u64) {
         self.table.touch(pid, stream, now_ns);
     }
 
@@ -414,7 +414,12 @@ impl ReaderRaises {
 
     /// Restores the threads raised for a stream that ends, and charges what its raises read
     /// of its file past `allowance_kib` (what it was admitted for, as it ends).
-    pub(crate) fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
+    pub(crate) fn end_stream(
+        &mut self,
+        stream: StreamId,
+        allowance_kib: u64,
+        hook: &mut dyn ForkHook,
+    ) {
         let taken = self.table.take_stream(stream);
         self.restore_all(&taken, "stream ended", hook);
         self.close_ledger(stream, allowance_kib);
@@ -469,19 +474,19 @@ impl ReaderRaises {
 
     /// Whether a thread of `tgid` is raised for `stream`.
     #[must_use]
-    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: StreamId) -> bool {
         self.table.raises(tgid, stream)
     }
 
     /// Readers of `stream` whose raise was dropped for stray real-time I/O.
     #[must_use]
-    pub(crate) fn policed_for(&self, stream: u64) -> u64 {
+    pub(crate) fn policed_for(&self, stream: StreamId) -> u64 {
         self.barred.get(&stream).map_or(0, BarredThreads::dropped)
     }
 
     /// Raises made for `stream` so far.
     #[must_use]
-    pub(crate) fn count_for(&self, stream: u64) -> u64 {
+    pub(crate) fn count_for(&self, stream: StreamId) -> u64 {
         self.per_stream.get(&stream).copied().unwrap_or(0)
     }
 

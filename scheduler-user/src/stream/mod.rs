@@ -10,8 +10,8 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS,
-    PAGE_BYTES,
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, StreamId, StreamInfo,
+    ABISS_LEVELS, PAGE_BYTES,
 };
 use scheduler_common::FileKey;
 
@@ -110,7 +110,7 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
 #[derive(Debug)]
 pub(crate) struct Stream {
     /// Stream id.
-    pub(crate) id: u64,
+    pub(crate) id: StreamId,
     /// Its file's tag in the kernel maps: the id of the file's first stream still attached
     /// when this one was (see [`crate::policy::shared_file`]).
     pub(crate) file_tag: u64,
@@ -189,7 +189,7 @@ impl Stream {
     /// A stream over `file` with the granted parameters; returns the initial fill.
     #[must_use]
     pub(crate) fn new(
-        (id, file_tag): (u64, u64),
+        (id, file_tag): (StreamId, u64),
         owner: StreamOwner,
         granted: AttachRequest,
         file: CheckedFile,

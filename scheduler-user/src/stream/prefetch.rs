@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
+use abiss_proto::StreamId;
 use log::warn;
 
 pub(crate) use crate::stream::mapped_file::MappedFile;
@@ -42,7 +43,7 @@ use ring::submit_loads;
 #[derive(Debug)]
 pub(crate) struct LoadJob {
     /// Stream id.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Seek generation (stale generations are cancelled).
     pub(crate) generation: u32,
     /// Page-aligned byte range.
@@ -84,7 +85,7 @@ pub(crate) enum LoadOutcome {
 #[derive(Debug)]
 pub(crate) struct LoadDone {
     /// Stream id.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Seek generation.
     pub(crate) generation: u32,
     /// The range.
@@ -101,7 +102,7 @@ type Lockers = KeyedThreads<u32, LoadJob>;
 enum WorkerCommand {
     Load(LoadJob),
     Cancel {
-        stream: u64,
+        stream: StreamId,
         generation: Option<u32>,
     },
 }
@@ -167,7 +168,7 @@ impl PrefetchEngine {
     }
 
     /// Cancels a stream's in-flight loads (of one generation, or all).
-    pub(crate) fn cancel(&mut self, level: u8, stream: u64, generation: Option<u32>) {
+    pub(crate) fn cancel(&mut self, level: u8, stream: StreamId, generation: Option<u32>) {
         if let Some(worker) = self.workers.get(&level) {
             let _ = worker
                 .commands
