@@ -24,7 +24,7 @@
 //! | kinds of [`PlayoutEvent`] | [`playout_kind`] (in `files`) |
 //! | kernel block operations (`REQ_OP_*`) | [`op`] (in `requests`) |
 //! | kernel I/O priority encoding | [`ioprio`] (in `priority`) |
-//! | ABISS levels ↔ kernel I/O priorities | [`abiss_level`] (in `priority`) |
+//! | ABISS levels ↔ kernel I/O priorities: [`AbissLevel`], and [`abiss_level`] for the programs | `priority` |
 //! | `aya::Pod` for every type (`user` feature) | `pod` |
 #![no_std]
 #![deny(missing_docs)]
@@ -40,7 +40,7 @@ pub use files::{
     MAX_URING_INFLIGHT_PER_USER, MAX_URING_USERS, PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
     READ_REPORT_BURST, READ_REPORT_GAP_NS, STALE_URING_NS,
 };
-pub use priority::{abiss_level, ioprio};
+pub use priority::{abiss_level, ioprio, AbissLevel};
 pub use requests::{
     latency_slot, op, request_state, HistogramKey, InflightRequest, LatencyCounters, RequestEvent,
     RequestOrigin, EVENT_RING_BYTES, LATENCY_SLOTS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use abiss_proto::{Refusal, StreamId, StreamTarget};
 use log::warn;
+use scheduler_common::AbissLevel;
 
 use super::Controller;
 use crate::kernel::events::{Access, Fork, Reader, StreamAccess};
@@ -84,7 +85,7 @@ fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now_ns: u6
 fn raise_after_miss(
     (raises, burst, hook): (&mut ReaderRaises, &mut BurstAllowance, &mut BlockTracer),
     (stream, reader): (&Stream, &Reader),
-    when: (u64, u8),
+    when: (u64, AbissLevel),
 ) {
     if burst.in_debt(reader.uid, when.0) {
         log::debug!(
@@ -203,7 +204,7 @@ impl Controller {
                 what: format!("stream {id}"),
             });
         };
-        let when = (now_ns, stream.granted.priority);
+        let when = (now_ns, stream.level);
         let owner = stream.owner_uid;
         // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
         // still the stream's reader.
@@ -293,7 +294,7 @@ impl Controller {
             reader.tgid,
             reader.pid
         );
-        let level = stream.granted.priority;
+        let level = stream.level;
         if matches!(
             event.access,
             Access::Miss(_) | Access::Filled | Access::QueuedLow
@@ -392,7 +393,7 @@ impl Controller {
             let actions = ahead.with_room(uid, recording, |r| {
                 r.written_back(stream.id, &done.range, failed, now_ns)
             });
-            let at = (stream.id, stream.granted.priority);
+            let at = (stream.id, stream.level);
             recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
             return;
         }

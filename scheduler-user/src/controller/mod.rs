@@ -94,7 +94,7 @@ impl Controller {
 
     /// Carries out a stream's window actions.
     fn execute(prefetch: &mut PrefetchEngine, stream: &Stream, actions: Vec<WindowAction>) {
-        let level = stream.granted.priority;
+        let level = stream.level;
         for action in actions {
             match action {
                 WindowAction::Load { range, generation } => {
@@ -134,7 +134,7 @@ impl Controller {
         mut request: AttachRequest,
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
-        check_parameters(&request)?;
+        let level = check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
         let disk = self.disks.serving(&mut file)?;
         if request.buffer_auto {
@@ -142,7 +142,7 @@ impl Controller {
             // what the disk did since they were last looked at.
             self.refresh_tails(now_ns);
         }
-        let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
+        let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), disk.number);
         let for_capacity = sizing.grown();
         let tag = self.may_share(peer_uid, &file, request.write)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
@@ -169,7 +169,6 @@ impl Controller {
         // A file's first stream gives it its tag, its id.
         let tag = tag.unwrap_or(id.0);
         let key = file.key;
-        let level = request.priority;
         let owner = StreamOwner {
             uid: peer_uid,
             connection,
@@ -182,7 +181,7 @@ impl Controller {
         };
         let preroll = request.preroll;
         let (mut stream, mut actions) = Stream::new(
-            (id, tag),
+            (id, tag, level),
             owner,
             request,
             file,
@@ -219,7 +218,7 @@ impl Controller {
             // Its writes wait for the file system's journal (see `raises::journal`).
             let at = access::raise_for(&stream);
             self.raises
-                .raise_journal(at, stream.file_device, stream.granted.priority);
+                .raise_journal(at, stream.file_device, stream.level);
         }
         self.streams.insert(stream);
         Ok(info)
@@ -347,7 +346,7 @@ impl Controller {
             return;
         };
         self.departed.note(stream.readers.pids(), monotonic_ns());
-        self.prefetch.cancel(stream.granted.priority, id, None);
+        self.prefetch.cancel(stream.level, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
         }
@@ -376,7 +375,7 @@ impl Controller {
             {
                 let at = access::raise_for(other);
                 self.raises
-                    .raise_journal(at, other.file_device, other.granted.priority);
+                    .raise_journal(at, other.file_device, other.level);
             }
         }
         info!("stream {id}: detached ({})", stream.path);

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use abiss_proto::StreamId;
-use scheduler_common::{abiss_level, ioprio};
+use scheduler_common::AbissLevel;
 
 pub(crate) use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
 use super::stray::RaiseAccount;
@@ -100,13 +100,11 @@ pub(crate) fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_
 /// The priority to raise a thread at `current` (encoded ioprio) to for a stream at ABISS
 /// `level`, or `None` if it is already served at that level or above.
 #[must_use]
-pub(crate) fn raised_priority(current: u16, level: u8) -> Option<u16> {
-    let (class, kernel_level) = ioprio::split(current);
-    if abiss_level::from_kernel(class, kernel_level) <= level {
+pub(crate) fn raised_priority(current: u16, level: AbissLevel) -> Option<u16> {
+    if AbissLevel::of_ioprio(current) <= level {
         return None;
     }
-    let (class, kernel_level) = abiss_level::to_kernel(level);
-    Some(ioprio::encode(class, kernel_level))
+    Some(level.to_ioprio())
 }
 
 /// Whether a reader run by `reader_uid` may be raised for a stream owned by `owner_uid`.
@@ -326,6 +324,7 @@ mod allowance_tests {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use scheduler_common::ioprio;
 
     const BE4: u16 = ioprio::encode(ioprio::CLASS_BE, 4);
     const RT0: u16 = ioprio::encode(ioprio::CLASS_RT, 0);
@@ -386,17 +385,22 @@ mod tests {
 
     #[test]
     fn a_best_effort_reader_is_raised_to_the_streams_level_and_never_lowered() {
-        assert_eq!(raised_priority(BE4, 0), Some(RT0));
-        assert_eq!(raised_priority(0, 0), Some(RT0), "no class is BE/4");
-        assert_eq!(raised_priority(RT0, 0), None);
-        assert_eq!(raised_priority(RT0, 3), None, "never lowered");
+        let level = |n| AbissLevel::new(n).expect("a level");
+        assert_eq!(raised_priority(BE4, level(0)), Some(RT0));
+        assert_eq!(raised_priority(0, level(0)), Some(RT0), "no class is BE/4");
+        assert_eq!(raised_priority(RT0, level(0)), None);
+        assert_eq!(raised_priority(RT0, level(3)), None, "never lowered");
         assert_eq!(
-            raised_priority(ioprio::encode(ioprio::CLASS_RT, 4), 1),
+            raised_priority(ioprio::encode(ioprio::CLASS_RT, 4), level(1)),
             Some(ioprio::encode(ioprio::CLASS_RT, 2))
         );
-        assert_eq!(raised_priority(BE4, 6), None, "BE/4 is level 6 already");
         assert_eq!(
-            raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), 6),
+            raised_priority(BE4, level(6)),
+            None,
+            "BE/4 is level 6 already"
+        );
+        assert_eq!(
+            raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), level(6)),
             Some(BE4)
         );
     }
@@ -527,12 +531,12 @@ mod tests {
         #[test]
         fn a_raise_is_always_upwards_and_lands_on_the_level(class in 0u8..4, level in 0u8..8, target in 0u8..8) {
             let current = ioprio::encode(class, level);
-            let before = abiss_level::from_kernel(class, level);
+            let before = AbissLevel::from_kernel(class, level);
+            let target = AbissLevel::new(target).expect("a level");
             match raised_priority(current, target) {
                 Some(raised) => {
-                    let (c, l) = ioprio::split(raised);
                     prop_assert!(before > target);
-                    prop_assert_eq!(abiss_level::from_kernel(c, l), target);
+                    prop_assert_eq!(AbissLevel::of_ioprio(raised), target);
                 }
                 None => prop_assert!(before <= target),
             }

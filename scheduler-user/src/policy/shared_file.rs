@@ -11,7 +11,7 @@
 use std::ops::Range;
 
 use abiss_proto::StreamId;
-use scheduler_common::{AttachedFile, ANY_READER};
+use scheduler_common::{AbissLevel, AttachedFile, ANY_READER};
 
 /// The most streams one file may have. Each is a stream of its owner (counted against the
 /// daemon's and the user's limits); this bounds the work of routing one access.
@@ -30,7 +30,7 @@ pub(crate) struct FileStream {
     /// Its owner.
     pub(crate) owner_uid: u32,
     /// Its ABISS level.
-    pub(crate) level: u8,
+    pub(crate) level: AbissLevel,
     /// A write stream (a recording): reads are not its.
     pub(crate) recording: bool,
     /// Where its reader is and how far ahead it holds data: the bytes whose reads are its.
@@ -46,7 +46,11 @@ pub(crate) struct FileStream {
 /// against the reader's own stream (a raise to a level the thread has already is none).
 #[must_use]
 pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
-    let level = streams.iter().map(|s| s.level).min().unwrap_or(0);
+    let level = streams
+        .iter()
+        .map(|s| s.level)
+        .min()
+        .unwrap_or(AbissLevel::HIGHEST);
     let mut owners: Vec<u32> = streams.iter().map(|s| s.owner_uid).collect();
     owners.sort_unstable();
     owners.dedup();
@@ -56,7 +60,8 @@ pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
         [first, second] if *first != 0 => [*first, *second],
         _ => [ANY_READER, ANY_READER],
     };
-    AttachedFile::new(tag, level, readers)
+    // The map's entry keeps the ABI's plain number.
+    AttachedFile::new(tag, level.get(), readers)
 }
 
 /// The stream of `streams` that an access by user `uid` belongs to: one at `range` (a read,
@@ -113,11 +118,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn level(number: u8) -> AbissLevel {
+        AbissLevel::new(number).expect("a level")
+    }
+
     fn viewer(id: u64, owner_uid: u32, window: Range<u64>) -> FileStream {
         FileStream {
             id: StreamId(id),
             owner_uid,
-            level: 1,
+            level: level(1),
             recording: false,
             window,
             known_reader: false,
@@ -188,14 +197,14 @@ mod tests {
         let mut streams = vec![viewer(4, 1000, 0..1)];
         assert_eq!(kernel_entry(4, &streams).reader_uids, [1000, 1000]);
         streams.push(FileStream {
-            level: 3,
+            level: level(3),
             ..viewer(5, 1001, 0..1)
         });
         let entry = kernel_entry(4, &streams);
         assert_eq!((entry.stream, entry.level), (4, 1));
         // Another user's least urgent stream does not hide the first's requests.
         streams.push(FileStream {
-            level: 7,
+            level: AbissLevel::LOWEST,
             ..viewer(8, 1001, 0..1)
         });
         assert_eq!(kernel_entry(4, &streams).level, 1);
@@ -220,7 +229,7 @@ mod tests {
                 |(owner, recording, start, len, known, waiting)| FileStream {
                     id: StreamId(0),
                     owner_uid: owner,
-                    level: 1,
+                    level: level(1),
                     recording,
                     window: start..start + len,
                     known_reader: known,
@@ -261,7 +270,7 @@ mod tests {
             let entry = kernel_entry(streams[0].id.0, &streams);
             for stream in &streams {
                 prop_assert!(entry.reports(stream.owner_uid) || stream.owner_uid == 0);
-                prop_assert!(entry.level <= stream.level);
+                prop_assert!(entry.level <= stream.level.get());
             }
         }
     }

@@ -12,6 +12,7 @@ use abiss_os::{clock::monotonic_ns, ioprio};
 use abiss_proto::{RaiseReport, StreamId};
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
+use scheduler_common::AbissLevel;
 
 use crate::kernel::events::Reader;
 use crate::policy::raise::{
@@ -153,7 +154,7 @@ impl ReaderRaises {
         &mut self,
         stream: RaiseFor,
         reader: &Reader,
-        when: (u64, u8),
+        when: (u64, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
     ) -> bool {
@@ -170,7 +171,7 @@ impl ReaderRaises {
         &mut self,
         (stream, may_raise): (RaiseFor, bool),
         (tid, uid): (u32, u32),
-        when: (u64, u8),
+        when: (u64, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
     ) -> Option<StartingReader> {
@@ -204,7 +205,7 @@ impl ReaderRaises {
         &mut self,
         RaiseFor { stream, file_tag }: RaiseFor,
         reader: &Reader,
-        (at_ns, level): (u64, u8),
+        (at_ns, level): (u64, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
         measured: bool,

@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use abiss_proto::{RecordingInfo, StreamId};
 use log::{info, warn};
+use scheduler_common::AbissLevel;
 
 mod give_back;
 pub(crate) use give_back::GiveBack;
@@ -168,7 +169,7 @@ impl Recording {
     pub(crate) fn carry_out(
         &mut self,
         prefetch: &mut PrefetchEngine,
-        (stream, level): (StreamId, u8),
+        (stream, level): (StreamId, AbissLevel),
         file: &Arc<MappedFile>,
         actions: Vec<WriteAction>,
     ) {
