@@ -25,6 +25,7 @@
 //! | kernel block operations (`REQ_OP_*`) | [`op`] (in `requests`) |
 //! | kernel I/O priority encoding | [`ioprio`] (in `priority`) |
 //! | ABISS levels ↔ kernel I/O priorities: [`AbissLevel`], and [`abiss_level`] for the programs | `priority` |
+//! | times on the kernel's monotonic clock ([`MonotonicNs`]) | `time` |
 //! | `aya::Pod` for every type (`user` feature) | `pod` |
 #![no_std]
 #![deny(missing_docs)]
@@ -33,6 +34,7 @@ mod files;
 pub mod names;
 mod priority;
 mod requests;
+mod time;
 
 pub use files::{
     playout_kind, AttachedFile, FileKey, FillReport, PlayoutEvent, UringSubmission, ANY_READER,
@@ -46,6 +48,7 @@ pub use requests::{
     RequestOrigin, EVENT_RING_BYTES, LATENCY_SLOTS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,
     STALE_REQUEST_NS,
 };
+pub use time::MonotonicNs;
 
 /// Length of a task's command name, as in the kernel's `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;

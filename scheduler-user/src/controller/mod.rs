@@ -7,12 +7,13 @@ use crate::serve::client_file::{check_file, CheckedFile};
 use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
-use abiss_os::clock::monotonic_ns;
+use abiss_os::clock::{monotonic_now, monotonic_ns};
 use abiss_proto::{
     AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
     StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
+use scheduler_common::MonotonicNs;
 
 mod access;
 mod sizing;
@@ -345,7 +346,7 @@ impl Controller {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
-        self.departed.note(stream.readers.pids(), monotonic_ns());
+        self.departed.note(stream.readers.pids(), monotonic_now());
         self.prefetch.cancel(stream.level, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
@@ -540,7 +541,7 @@ impl Controller {
                 }
             })
             .min();
-        let expiry = self.raises.ns_until_next_expiry(now_ns);
+        let expiry = self.raises.ns_until_next_expiry(MonotonicNs(now_ns));
         // Automatic buffers are sized from the tail measured once a second, which the tick
         // takes: it used to come with the timer that woke every millisecond for credit a
         // window would not spend, and without it no tail was ever measured.
@@ -563,7 +564,8 @@ impl Controller {
             burst: &mut self.burst,
             now_ns,
         };
-        self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
+        self.raises
+            .expire(MonotonicNs(now_ns), &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
         let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {

@@ -5,6 +5,7 @@
 
 use abiss_proto::StreamId;
 use log::debug;
+use scheduler_common::MonotonicNs;
 
 use super::{ReaderRaises, StreamBounds};
 use crate::policy::raise::{stream_allowance_kib, Raise, OWN_FILE_SLACK_KIB};
@@ -71,7 +72,7 @@ impl ReaderRaises {
     ) {
         let streams: Vec<StreamId> = self.ledgers.keys().copied().collect();
         for stream in streams {
-            let Some((earned, buffer)) = bounds.admitted(stream, 0) else {
+            let Some((earned, buffer)) = bounds.admitted(stream, MonotonicNs::ZERO) else {
                 // Ended: `end_stream` charged what it read.
                 self.ledgers.remove(&stream);
                 continue;

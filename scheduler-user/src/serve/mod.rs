@@ -26,6 +26,7 @@ use abiss_proto::{
     StatusReport, StreamId, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
 use log::warn;
+use scheduler_common::MonotonicNs;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 
@@ -106,8 +107,8 @@ pub(crate) enum Command {
         stream: StreamId,
         /// Byte offset consumed up to.
         offset: u64,
-        /// When the application was there (`CLOCK_MONOTONIC` ns), if it said.
-        at_ns: Option<u64>,
+        /// When the application was there, if it said (the wire's `CLOCK_MONOTONIC` ns).
+        at: Option<MonotonicNs>,
     },
     /// The streams the peer may see.
     List {
@@ -319,7 +320,7 @@ async fn serve_requests(
                         uid: peer_uid,
                         stream,
                         offset,
-                        at_ns,
+                        at: at_ns.map(MonotonicNs),
                     })
                     .await;
                 continue;

@@ -13,7 +13,7 @@ use abiss_proto::{
     AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, StreamId, StreamInfo,
     PAGE_BYTES,
 };
-use scheduler_common::{AbissLevel, FileKey};
+use scheduler_common::{AbissLevel, FileKey, MonotonicNs};
 
 use crate::policy::admission::StreamDemand;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
@@ -146,8 +146,8 @@ pub(crate) struct Stream {
     /// `io_uring` requests submitted on the file by readers.
     pub(crate) uring_requests: u64,
     /// Time of the newest position evidence (a read seen in the kernel, or a position
-    /// message), `CLOCK_MONOTONIC` ns.
-    pub(crate) newest_evidence_ns: u64,
+    /// message).
+    pub(crate) newest_evidence: MonotonicNs,
     /// When a failed load was last logged, and how many failed since without a log line.
     pub(crate) load_failures: (Option<u64>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
@@ -246,7 +246,7 @@ impl Stream {
             misses: 0,
             seek_waits: 0,
             uring_requests: 0,
-            newest_evidence_ns: 0,
+            newest_evidence: MonotonicNs::ZERO,
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
@@ -295,15 +295,15 @@ impl Stream {
         demand_of(&self.granted)
     }
 
-    /// Whether position evidence from `at_ns` is no older than what was seen (then it becomes
+    /// Whether position evidence from `at` is no older than what was seen (then it becomes
     /// the newest). Reads seen in the kernel and the application's position messages travel
     /// different ways; a message that arrives after a read it precedes (as after a seek) must
     /// not move the window back.
-    pub(crate) fn newer_evidence(&mut self, at_ns: u64) -> bool {
-        if at_ns < self.newest_evidence_ns {
+    pub(crate) fn newer_evidence(&mut self, at: MonotonicNs) -> bool {
+        if at < self.newest_evidence {
             return false;
         }
-        self.newest_evidence_ns = at_ns;
+        self.newest_evidence = at;
         true
     }
 
