@@ -421,10 +421,11 @@ impl AbissStdioFile {
         .map_err(Failure::from)
     }
 
+    /// The stream's id as the C interface hands it out: a plain number.
     pub(crate) fn stream_id(&self) -> u64 {
         match &self.backing {
-            Backing::Stream(file) => file.stream_id(),
-            Backing::Direct(recording) => recording.stream().id,
+            Backing::Stream(file) => file.stream_id().0,
+            Backing::Direct(recording) => recording.stream().id.0,
         }
     }
 

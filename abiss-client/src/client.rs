@@ -10,7 +10,7 @@ use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     decode_line, encode_line, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceStatus,
     Envelope, ErrorKind, LatencyGroup, Request, RequestRecord, Response, StatsReport, StatusReport,
-    StreamInfo, StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
+    StreamId, StreamInfo, StreamTarget, DEFAULT_SOCKET, PAGE_BYTES, SOCKET_ENV,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
@@ -256,7 +256,7 @@ impl Client {
     }
 
     /// Ends a stream.
-    pub fn detach(&mut self, target: StreamTarget) -> Result<u64, ClientError> {
+    pub fn detach(&mut self, target: StreamTarget) -> Result<StreamId, ClientError> {
         match self.call(Request::Detach { target })? {
             Response::Detached { stream } => Ok(stream),
             other => Err(self.unexpected(&other)),
@@ -278,7 +278,7 @@ impl Client {
 
     /// Thread `tid` (of this user) is about to read stream `stream`: the daemon raises it to
     /// the stream's level now, so its first reads are not queued below it. Whether it did.
-    pub fn reader_starts(&mut self, stream: u64, tid: u32) -> Result<bool, ClientError> {
+    pub fn reader_starts(&mut self, stream: StreamId, tid: u32) -> Result<bool, ClientError> {
         match self.call(Request::ReaderStarts { stream, tid })? {
             Response::ReaderRaised { raised } => Ok(raised),
             other => Err(self.unexpected(&other)),
@@ -286,7 +286,7 @@ impl Client {
     }
 
     /// Tells the daemon the application's playout point (no answer is awaited).
-    pub fn position(&mut self, stream: u64, offset: u64) -> Result<(), ClientError> {
+    pub fn position(&mut self, stream: StreamId, offset: u64) -> Result<(), ClientError> {
         self.send(Request::Position {
             stream,
             offset,
@@ -296,7 +296,7 @@ impl Client {
 
     /// Like [`Client::position`], but never waits: if the socket buffer is full (the daemon is
     /// busy), the message is skipped and `false` returned; a later one carries a newer position.
-    pub fn try_position(&mut self, stream: u64, offset: u64) -> Result<bool, ClientError> {
+    pub fn try_position(&mut self, stream: StreamId, offset: u64) -> Result<bool, ClientError> {
         let line = self.line(Request::Position {
             stream,
             offset,
@@ -358,7 +358,7 @@ impl Client {
     /// whether the window was loaded.
     pub fn wait_loaded(
         &mut self,
-        id: u64,
+        id: StreamId,
         timeout: std::time::Duration,
     ) -> Result<bool, ClientError> {
         let deadline = std::time::Instant::now() + timeout;

@@ -5,7 +5,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use abiss_proto::{
-    AttachRequest, ByteRate, ByteSize, StreamInfo, StreamTarget, DEFAULT_BATCH_PAGES,
+    AttachRequest, ByteRate, ByteSize, StreamId, StreamInfo, StreamTarget, DEFAULT_BATCH_PAGES,
     DEFAULT_LEVEL, PAGE_BYTES,
 };
 
@@ -197,7 +197,7 @@ impl AbissFile {
 
     /// The stream's id.
     #[must_use]
-    pub fn stream_id(&self) -> u64 {
+    pub fn stream_id(&self) -> StreamId {
         self.stream.id
     }
 
@@ -229,7 +229,7 @@ impl AbissFile {
             .map_err(|error| ClientError::BadRequest {
                 message: format!("cannot keep the file: {error}"),
             })?;
-        self.stream.id = 0;
+        self.stream.id = StreamId(0);
         Ok(file)
     }
 }
@@ -274,7 +274,7 @@ impl Seek for AbissFile {
 
 impl Drop for AbissFile {
     fn drop(&mut self) {
-        if self.stream.id != 0 {
+        if self.stream.id != StreamId(0) {
             // The daemon also ends a non-persistent stream when the connection closes; an
             // explicit detach makes it immediate.
             let _ = self.client.detach(StreamTarget::Id(self.stream.id));

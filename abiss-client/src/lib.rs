@@ -23,7 +23,7 @@ mod direct;
 mod file;
 mod recording;
 
-pub use abiss_proto::StatusReport;
+pub use abiss_proto::{StatusReport, StreamId};
 pub use client::{Client, ClientError};
 pub use direct::DirectSummary;
 pub use file::{AbissFile, StreamOptions};

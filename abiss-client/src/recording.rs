@@ -10,7 +10,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use abiss_proto::{StreamInfo, StreamTarget};
+use abiss_proto::{StreamId, StreamInfo, StreamTarget};
 
 use crate::client::{Client, ClientError};
 use crate::direct::{direct_alignment, DirectSummary, DirectWriter, MAX_PIECE_BYTES};
@@ -188,7 +188,7 @@ impl DirectRecording {
             .client
             .detach(StreamTarget::Id(self.stream.id))
             .is_err();
-        self.stream.id = 0;
+        self.stream.id = StreamId(0);
         Ok(RecordingSummary {
             direct,
             raised: self.raised,
@@ -220,7 +220,7 @@ impl Drop for DirectRecording {
         if let Some(writer) = self.writer.take() {
             let _ = writer.finish();
         }
-        if self.stream.id != 0 {
+        if self.stream.id != StreamId(0) {
             let _ = self.client.detach(StreamTarget::Id(self.stream.id));
         }
     }

@@ -1,5 +1,7 @@
 //! The monotonic clock.
 
+use scheduler_common::MonotonicNs;
+
 /// `CLOCK_MONOTONIC` in nanoseconds: `bpf_ktime_get_ns()` reads the same clock, so the
 /// daemon can order a client's position message against the kernel's events.
 #[must_use]
@@ -9,6 +11,12 @@ pub fn monotonic_ns() -> u64 {
         u64::try_from(now.tv_sec()).unwrap_or(0) * 1_000_000_000
             + u64::try_from(now.tv_nsec()).unwrap_or(0)
     })
+}
+
+/// [`monotonic_ns`] as a time ([`MonotonicNs`]).
+#[must_use]
+pub fn monotonic_now() -> MonotonicNs {
+    MonotonicNs(monotonic_ns())
 }
 
 #[cfg(test)]

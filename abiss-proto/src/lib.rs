@@ -14,6 +14,7 @@
 //! | requests, responses, error kinds, the version, defaults, one JSON line per message ([`encode_line`], [`decode_line`]) | crate root (`lib.rs`) |
 //! | capacity planning: [`AdmitRequest`], [`AdmissionReport`], [`AdmissionMode`] | `admission` |
 //! | what a client is told of a stream ([`StreamInfo`]) | `stream_info` |
+//! | a stream's id ([`StreamId`]) | `stream_id` |
 //! | what a client is told of the daemon: devices, parts, memory, raises ([`StatusReport`]) | `status` |
 //! | latency histograms, request records, the daemon's own cost ([`LatencyGroup`], [`RequestRecord`], [`StatsReport`]) | `measurement` |
 //! | log2 latency histograms, as bcc's biolatency prints them ([`Log2Histogram`]) | `histogram` |
@@ -27,6 +28,7 @@ mod histogram;
 mod measurement;
 mod refusal;
 mod status;
+mod stream_id;
 mod stream_info;
 mod units;
 
@@ -36,6 +38,7 @@ pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
 pub use measurement::{LatencyGroup, ProgramCost, RequestRecord, StatsReport};
 pub use refusal::Refusal;
 pub use status::{Capability, DeviceStatus, MemoryReport, RaiseReport, StatusReport};
+pub use stream_id::StreamId;
 pub use stream_info::{AutoBufferInfo, ReaderInfo, RecordingInfo, StreamInfo};
 pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 
@@ -134,7 +137,7 @@ pub enum Request {
     /// [`Response::ReaderRaised`].
     ReaderStarts {
         /// The stream.
-        stream: u64,
+        stream: StreamId,
         /// The thread (a process id names its main thread).
         tid: u32,
     },
@@ -142,7 +145,7 @@ pub enum Request {
     /// notification: the daemon does not answer it, so readers never wait for the daemon.
     Position {
         /// The stream.
-        stream: u64,
+        stream: StreamId,
         /// Byte offset the application has consumed up to.
         offset: u64,
         /// When the application was there (`CLOCK_MONOTONIC` ns): the daemon also sees the
@@ -219,7 +222,7 @@ pub struct AttachRequest {
 #[serde(rename_all = "snake_case")]
 pub enum StreamTarget {
     /// By stream id.
-    Id(u64),
+    Id(StreamId),
     /// By file identity.
     File {
         /// Filesystem device.
@@ -261,7 +264,7 @@ pub enum Response {
     /// Answer to [`Request::Detach`].
     Detached {
         /// The stream that ended.
-        stream: u64,
+        stream: StreamId,
     },
     /// Answer to [`Request::ReaderStarts`].
     ReaderRaised {

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceNumber, IoPriority, Log2Histogram, Operation};
+use crate::{DeviceNumber, IoPriority, Log2Histogram, Operation, StreamId};
 
 /// Cumulative latency figures of one (device, operation, priority).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,7 +17,7 @@ pub struct LatencyGroup {
     pub priority: IoPriority,
     /// The stream whose attached file the requests' pages belong to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<u64>,
+    pub stream: Option<StreamId>,
     /// Completed requests.
     pub requests: u64,
     /// Their bytes.
@@ -51,7 +51,7 @@ impl LatencyGroup {
 
     /// The key that identifies this group across snapshots.
     #[must_use]
-    pub fn key(&self) -> (DeviceNumber, Operation, IoPriority, Option<u64>) {
+    pub fn key(&self) -> (DeviceNumber, Operation, IoPriority, Option<StreamId>) {
         (self.device, self.operation, self.priority, self.stream)
     }
 }
@@ -73,7 +73,7 @@ pub struct RequestRecord {
     pub bytes: u32,
     /// The stream whose attached file the request's pages belong to, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stream: Option<u64>,
+    pub stream: Option<StreamId>,
     /// Process that submitted the request's first bio.
     pub tgid: u32,
     /// Thread that submitted it.

@@ -1,7 +1,7 @@
 //! Why abissd said no: one type, so every refusal has its error kind (and so the client's exit
 //! code) and its one sentence in a single place.
 
-use crate::{ErrorKind, Response};
+use crate::{ErrorKind, Response, StreamId};
 
 /// A request abissd will not carry out. Its `Display` is the sentence a person reads: what is
 /// wrong and what to do.
@@ -21,7 +21,7 @@ pub enum Refusal {
         path: String,
         /// Its write stream, named only to its owner and root: another user's stream ids are
         /// not told.
-        stream: Option<u64>,
+        stream: Option<StreamId>,
     },
     /// The file has as many streams as one file may.
     #[error("{path} already has {max} streams, the most one file may; detach one first")]
@@ -97,7 +97,7 @@ impl Refusal {
 }
 
 /// " by stream N", or nothing when the stream is not the asker's to know.
-fn by_stream(stream: Option<u64>) -> String {
+fn by_stream(stream: Option<StreamId>) -> String {
     stream.map_or_else(String::new, |id| format!(" by stream {id}"))
 }
 
@@ -131,7 +131,7 @@ mod tests {
             stream,
         };
         assert_eq!(
-            recorded(Some(3)).to_string(),
+            recorded(Some(StreamId(3))).to_string(),
             "/a is already being recorded by stream 3; a file has one recording at most"
         );
         assert_eq!(

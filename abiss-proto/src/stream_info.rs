@@ -3,13 +3,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ByteRate, ByteSize, DeviceNumber};
+use crate::{ByteRate, ByteSize, DeviceNumber, StreamId};
 
 /// A stream as `abissctl list` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamInfo {
     /// Stream id.
-    pub id: u64,
+    pub id: StreamId,
     /// User that attached it.
     pub owner_uid: u32,
     /// The file's path, as the kernel names the attached descriptor.

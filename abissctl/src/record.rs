@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 
 use abiss_client::{DirectRecording, RecordingSummary, StreamOptions};
-use abiss_proto::{ByteRate, ByteSize};
+use abiss_proto::{ByteRate, ByteSize, StreamId};
 
 use crate::error::CliError;
 
@@ -59,7 +59,7 @@ pub(crate) fn record(
 }
 
 /// One line on standard error, and the figures as JSON on standard output with `json`.
-fn report(file: &Path, stream: u64, summary: &RecordingSummary, json: bool) {
+fn report(file: &Path, stream: StreamId, summary: &RecordingSummary, json: bool) {
     let direct = &summary.direct;
     eprintln!(
         "abissctl: recorded {} bytes into {} (stream {stream}): {} overflows, {} direct writes \

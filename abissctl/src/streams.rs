@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::ExitStatus;
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamInfo, StreamTarget};
+use abiss_proto::{
+    AttachRequest, ByteRate, ByteSize, DeviceNumber, StreamId, StreamInfo, StreamTarget,
+};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::Pid;
@@ -74,7 +76,7 @@ impl StreamParameters {
     }
 
     /// Waits for a read stream's first window (a recording has nothing to load).
-    fn wait_loaded(&self, client: &mut Client, id: u64) -> Result<(), CliError> {
+    fn wait_loaded(&self, client: &mut Client, id: StreamId) -> Result<(), CliError> {
         if !self.write && !client.wait_loaded(id, std::time::Duration::from_secs(10))? {
             eprintln!("{}", not_loaded(client, id));
         }
@@ -121,7 +123,7 @@ fn stream_target(target: &str) -> Result<StreamTarget, CliError> {
     let path = Path::new(target);
     // A number names a stream, unless a file of that name exists here.
     let target = if let (Ok(id), false) = (target.parse::<u64>(), path.exists()) {
-        StreamTarget::Id(id)
+        StreamTarget::Id(StreamId(id))
     } else {
         {
             let meta = std::fs::metadata(path).map_err(|error| {
@@ -144,7 +146,7 @@ fn stream_target(target: &str) -> Result<StreamTarget, CliError> {
 /// Attaches `path` for as long as `command` runs; returns the command's exit code, or 128 + N
 /// when signal N killed it (as a shell reports it).
 /// Why an attached stream's window is not loaded yet, in one sentence.
-fn not_loaded(client: &mut Client, id: u64) -> String {
+fn not_loaded(client: &mut Client, id: StreamId) -> String {
     let limited = client
         .list()
         .ok()

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use abiss_client::Client;
 use abiss_proto::{
     DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation, StatusReport,
-    StreamInfo,
+    StreamId, StreamInfo,
 };
 use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
@@ -54,7 +54,7 @@ pub struct Disk {
     pub be: Log2Histogram,
 }
 
-type Snapshot = BTreeMap<(DeviceNumber, Operation, IoPriority, Option<u64>), LatencyGroup>;
+type Snapshot = BTreeMap<(DeviceNumber, Operation, IoPriority, Option<StreamId>), LatencyGroup>;
 
 /// Reads a sample from abissd each refresh, keeping the previous latency snapshot.
 struct Sampler {
@@ -327,7 +327,7 @@ mod tests {
             device: DeviceNumber { major: 7, minor: 0 },
             operation: Operation::Read,
             priority: IoPriority { class, level: 0 },
-            stream,
+            stream: stream.map(StreamId),
             requests: count,
             bytes: count * 4096,
             inversions: 0,

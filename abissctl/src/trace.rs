@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, RequestRecord};
+use abiss_proto::{DeviceNumber, LatencyGroup, Log2Histogram, RequestRecord, StreamId};
 use jiff::tz::TimeZone;
 use jiff::Timestamp;
 use serde::Serialize;
@@ -72,7 +72,7 @@ impl TraceArgs {
             count: self.reports.or(self.count),
             json: self.json,
             timestamp: self.timestamp,
-            stream: self.stream,
+            stream: self.stream.map(StreamId),
             by: self.by,
         })
     }
@@ -103,7 +103,7 @@ pub struct TraceOptions {
     /// The local time above each report; wall-clock times of events.
     pub timestamp: bool,
     /// Only requests of this stream.
-    pub stream: Option<u64>,
+    pub stream: Option<StreamId>,
     /// How requests are grouped.
     pub by: Grouping,
 }
@@ -168,7 +168,7 @@ type GroupKey = (
     DeviceNumber,
     abiss_proto::Operation,
     abiss_proto::IoPriority,
-    Option<u64>,
+    Option<StreamId>,
 );
 type Snapshot = BTreeMap<GroupKey, LatencyGroup>;
 
@@ -349,7 +349,7 @@ struct JsonReport<'a> {
 #[derive(Serialize)]
 struct JsonGroup<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
-    stream: Option<u64>,
+    stream: Option<StreamId>,
     device: String,
     dev: String,
     operation: String,

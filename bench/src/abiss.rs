@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup};
+use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup, StreamId};
 use anyhow::Context;
 
 use crate::configuration::{
@@ -158,7 +158,7 @@ struct StreamCounts {
 
 impl StreamCounts {
     /// The counts of the groups of `wanted` streams in `groups`.
-    fn of(groups: &[LatencyGroup], wanted: impl Fn(u64) -> bool) -> Self {
+    fn of(groups: &[LatencyGroup], wanted: impl Fn(StreamId) -> bool) -> Self {
         groups
             .iter()
             .filter(|g| g.stream.is_some_and(&wanted))
@@ -224,7 +224,7 @@ impl RunSetup for AbissRun {
 #[derive(Debug)]
 struct AbissReader {
     client: Client,
-    stream: u64,
+    stream: StreamId,
     buffers: Arc<Mutex<Vec<u64>>>,
     ended_streams: Arc<Mutex<StreamCounts>>,
 }

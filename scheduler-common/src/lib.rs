@@ -24,7 +24,8 @@
 //! | kinds of [`PlayoutEvent`] | [`playout_kind`] (in `files`) |
 //! | kernel block operations (`REQ_OP_*`) | [`op`] (in `requests`) |
 //! | kernel I/O priority encoding | [`ioprio`] (in `priority`) |
-//! | ABISS levels ↔ kernel I/O priorities | [`abiss_level`] (in `priority`) |
+//! | ABISS levels ↔ kernel I/O priorities: [`AbissLevel`], and [`abiss_level`] for the programs | `priority` |
+//! | times on the kernel's monotonic clock ([`MonotonicNs`]) | `time` |
 //! | `aya::Pod` for every type (`user` feature) | `pod` |
 #![no_std]
 #![deny(missing_docs)]
@@ -33,6 +34,7 @@ mod files;
 pub mod names;
 mod priority;
 mod requests;
+mod time;
 
 pub use files::{
     playout_kind, AttachedFile, FileKey, FillReport, PlayoutEvent, UringSubmission, ANY_READER,
@@ -40,12 +42,13 @@ pub use files::{
     MAX_URING_INFLIGHT_PER_USER, MAX_URING_USERS, PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
     READ_REPORT_BURST, READ_REPORT_GAP_NS, STALE_URING_NS,
 };
-pub use priority::{abiss_level, ioprio};
+pub use priority::{abiss_level, ioprio, AbissLevel};
 pub use requests::{
     latency_slot, op, request_state, HistogramKey, InflightRequest, LatencyCounters, RequestEvent,
     RequestOrigin, EVENT_RING_BYTES, LATENCY_SLOTS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT,
     STALE_REQUEST_NS,
 };
+pub use time::MonotonicNs;
 
 /// Length of a task's command name, as in the kernel's `TASK_COMM_LEN`.
 pub const COMM_LEN: usize = 16;

@@ -1,5 +1,6 @@
 //! Priorities both sides compute alike: the kernel's I/O priority encoding and the ABISS
-//! levels mapped onto it.
+//! levels mapped onto it ([`AbissLevel`] for the daemon; the programs use [`abiss_level`]'s
+//! `u8` functions, which it wraps).
 
 /// Kernel I/O priority encoding (`include/uapi/linux/ioprio.h`).
 pub mod ioprio {
@@ -92,5 +93,116 @@ pub mod abiss_level {
             ioprio::CLASS_NONE => 6,
             _ => LOWEST,
         }
+    }
+}
+
+/// An ABISS priority level: 0, the most urgent (real time), to 7, plain best effort; the
+/// smaller, the more urgent, and so the order is the number's (the most urgent of several is
+/// their `min`).
+///
+/// Its own type, and only ever 0 to 7, so that a level is not taken for a kernel I/O priority
+/// (class and level, or encoded), whose levels also run 0 to 7 and mean something else. The
+/// kernel side's maps keep a plain `u8` ([`crate::AttachedFile::level`]): the layout is the
+/// ABI, and the programs compute with [`abiss_level`]'s functions.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AbissLevel(u8);
+
+impl AbissLevel {
+    /// Level 0: real time, served first.
+    pub const HIGHEST: Self = Self(0);
+    /// Level 7: plain best effort.
+    pub const LOWEST: Self = Self(abiss_level::LOWEST);
+
+    /// Level `level`, if it is one (0 to 7).
+    #[must_use]
+    pub const fn new(level: u8) -> Option<Self> {
+        if level <= abiss_level::LOWEST {
+            Some(Self(level))
+        } else {
+            None
+        }
+    }
+
+    /// Its number, 0 to 7.
+    #[must_use]
+    pub const fn get(self) -> u8 {
+        self.0
+    }
+
+    /// The kernel (class, level) it maps to (see [`abiss_level`]).
+    #[must_use]
+    pub const fn to_kernel(self) -> (u8, u8) {
+        abiss_level::to_kernel(self.0)
+    }
+
+    /// The encoded kernel I/O priority it maps to.
+    #[must_use]
+    pub const fn to_ioprio(self) -> u16 {
+        let (class, level) = self.to_kernel();
+        ioprio::encode(class, level)
+    }
+
+    /// The level a request or task at kernel (class, level) is served at (see
+    /// [`abiss_level::from_kernel`]).
+    #[must_use]
+    pub const fn from_kernel(class: u8, level: u8) -> Self {
+        Self(abiss_level::from_kernel(class, level))
+    }
+
+    /// The level a task or request with encoded I/O priority `ioprio` is served at.
+    #[must_use]
+    pub const fn of_ioprio(encoded: u16) -> Self {
+        let (class, level) = ioprio::split(encoded);
+        Self::from_kernel(class, level)
+    }
+}
+
+impl core::fmt::Display for AbissLevel {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ioprio, AbissLevel};
+
+    #[test]
+    fn a_level_is_0_to_7_and_reads_back_from_its_kernel_priority() {
+        assert_eq!(AbissLevel::new(8), None);
+        for number in 0..=7 {
+            let level = AbissLevel::new(number).expect("a level");
+            assert_eq!(level.get(), number);
+            let (class, kernel_level) = level.to_kernel();
+            assert_eq!(AbissLevel::from_kernel(class, kernel_level), level);
+            assert_eq!(AbissLevel::of_ioprio(level.to_ioprio()), level);
+        }
+        // A plain reader (no class: BE/4) is below every real-time level.
+        assert_eq!(
+            AbissLevel::of_ioprio(ioprio::encode(ioprio::CLASS_NONE, 0)),
+            AbissLevel::new(6).expect("a level")
+        );
+        assert!(AbissLevel::HIGHEST < AbissLevel::LOWEST);
+    }
+
+    #[test]
+    fn the_mapping_keeps_the_order() {
+        // A lower ABISS level is served first: RT before BE, a lower kernel level first.
+        for number in 0..7 {
+            let level = |n| AbissLevel::new(n).expect("a level").to_kernel();
+            assert!(level(number) < level(number + 1), "level {number}");
+        }
+        assert_eq!(AbissLevel::HIGHEST.to_kernel(), (ioprio::CLASS_RT, 0));
+        assert_eq!(AbissLevel::LOWEST.to_kernel(), (ioprio::CLASS_BE, 7));
+        assert_eq!(
+            AbissLevel::from_kernel(ioprio::CLASS_IDLE, 0),
+            AbissLevel::LOWEST
+        );
+        assert_eq!(
+            AbissLevel::from_kernel(ioprio::CLASS_RT, 7).get(),
+            3,
+            "RT/7 is served at level 3, below RT/6"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use abiss_model::ModelError;
-use abiss_os::clock::monotonic_ns;
+use abiss_os::clock::{monotonic_now, monotonic_ns};
 use abiss_proto::AdmissionMode;
 use aya::maps::RingBuf;
 use log::{error, info, warn};
@@ -554,10 +554,10 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             uid,
             stream,
             offset,
-            at_ns,
+            at,
         } => {
-            let now = monotonic_ns();
-            controller.position(uid, stream, offset, at_ns.unwrap_or(now), now);
+            let now = monotonic_now();
+            controller.position(uid, stream, offset, at.unwrap_or(now), now.0);
         }
         Command::List { uid, reply } => {
             let _ = reply.send(controller.list(uid));

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use abiss_bench::daemon::{DaemonCommand, DaemonProcess};
-use abiss_proto::{decode_line, encode_line, Envelope, Request, Response};
+use abiss_proto::{decode_line, encode_line, Envelope, Request, Response, StreamId};
 
 use crate::devices::LoopDevice;
 use crate::lab_disk::DiskLoad;
@@ -165,7 +165,7 @@ impl Daemon {
     /// Attaches `file` with `abissctl attach` at 1 MB/s with the ABISS measurement's 564 KiB
     /// buffer; returns the stream id.
     #[must_use]
-    pub fn attach_at_1mb(&self, file: &Path) -> u64 {
+    pub fn attach_at_1mb(&self, file: &Path) -> StreamId {
         attached_id(&self.attach_1mb_output(file, "564KiB"))
     }
 

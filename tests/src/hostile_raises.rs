@@ -8,7 +8,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::AttachRequest;
+use abiss_proto::{AttachRequest, StreamId};
 
 /// What each short-lived thread of [`direct_threads`] reads of the stream's file.
 const THREAD_BYTES: u64 = 4 << 20;
@@ -39,7 +39,7 @@ pub fn run(mode: &str, socket: &str, file: &str, number: &str) -> ExitCode {
 }
 
 /// Connects and attaches `file` at `rate` bytes a second with a 64 KiB buffer.
-fn attach(socket: &str, file: &str, rate: u64) -> (Client, u64) {
+fn attach(socket: &str, file: &str, rate: u64) -> (Client, StreamId) {
     let mut client = Client::connect(Path::new(socket)).expect("connect");
     let stream = client
         .attach(
@@ -147,7 +147,8 @@ pub fn direct_threads(socket: &str, file: &str, count: u32) -> ExitCode {
 #[must_use]
 pub fn user_threads(socket: &str, file: &str, streams: u32) -> ExitCode {
     const PER_STREAM: u32 = 32;
-    let attached: Vec<(Client, u64)> = (0..streams).map(|_| attach(socket, file, 1000)).collect();
+    let attached: Vec<(Client, StreamId)> =
+        (0..streams).map(|_| attach(socket, file, 1000)).collect();
     let count = streams * PER_STREAM;
     let (tids, waiting) = mpsc::channel();
     // The threads wait here until every raise was asked for.

@@ -1,5 +1,6 @@
 //! What a command printed: its JSON, its error sentence, the stream id `abissctl attach` gave.
 
+use abiss_proto::StreamId;
 use std::process::Output;
 
 /// The stream id `abissctl attach` printed.
@@ -7,7 +8,7 @@ use std::process::Output;
 /// # Panics
 /// If the attach failed (with its message) or printed no id.
 #[must_use]
-pub fn attached_id(output: &Output) -> u64 {
+pub fn attached_id(output: &Output) -> StreamId {
     assert!(
         output.status.success(),
         "attach: {}",

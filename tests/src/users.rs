@@ -1,6 +1,7 @@
 //! Users and processes: `nobody` and its commands, task ids, descriptors, children, I/O and CPU
 //! priorities.
 
+use abiss_proto::StreamId;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -109,7 +110,7 @@ pub fn abissctl_as(uid: u32, socket: impl AsRef<std::ffi::OsStr>, args: &[&str])
 
 /// `abissctl attach FILE --rate RATE` as user `uid`: the stream id.
 #[must_use]
-pub fn attach_as(uid: u32, socket: &Path, file: &Path, rate: &str) -> u64 {
+pub fn attach_as(uid: u32, socket: &Path, file: &Path, rate: &str) -> StreamId {
     attached_id(&abissctl_as(
         uid,
         socket,

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use abiss_proto::{DeviceNumber, IoClass, RequestRecord, Response};
+use abiss_proto::{DeviceNumber, IoClass, RequestRecord, Response, StreamId};
 use abiss_tests::{
     assert_fails, attached_id, guarantee, paced_read, require_root, run_at_realtime_cpu_priority,
     write_cold_compressible_file, write_cold_file, CopyLoop, Daemon, HddLab, LoopDevice,
@@ -167,7 +167,7 @@ fn check_loads(
     tag: &str,
     records: &[RequestRecord],
     disk: DeviceNumber,
-    (daemon, stream): (u32, u64),
+    (daemon, stream): (u32, StreamId),
     tagged_at_disk: bool,
 ) {
     // abissd's loads reached the disk at the stream's level (real-time 0): btrfs submits the

@@ -16,7 +16,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use abiss_proto::{Request, Response};
+use abiss_proto::{Request, Response, StreamId};
 use abiss_tests::{
     abiss_c_library, compile_c_example, require_root, resident_bytes, wait_until, workspace,
     Daemon, Ext4Mount, LoopDevice, Scratch,
@@ -356,7 +356,7 @@ fn fopen_opts_prerolls_the_head_of_the_file() {
 
 /// `probe ARGS` (with `--hold`), started and read up to the line that says its stream is open:
 /// the running probe and its stream's id.
-fn holding_probe(programs: &Programs, socket: &Path, args: &[&str]) -> (Child, u64) {
+fn holding_probe(programs: &Programs, socket: &Path, args: &[&str]) -> (Child, StreamId) {
     let mut child = programs
         .command("probe", socket)
         .args(args)

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use abiss_proto::{DeviceNumber, StreamInfo};
+use abiss_proto::{DeviceNumber, StreamId, StreamInfo};
 use abiss_tests::{
     abissctl_as_nobody, chmod, json_of, require_root, write_cold_file, Daemon, HddLab,
 };
@@ -26,7 +26,7 @@ fn device_number(device: &Path) -> DeviceNumber {
     }
 }
 
-fn buffers(streams: &[StreamInfo]) -> Vec<(u64, u64)> {
+fn buffers(streams: &[StreamInfo]) -> Vec<(StreamId, u64)> {
     streams.iter().map(|s| (s.id, s.buffer.0)).collect()
 }
 

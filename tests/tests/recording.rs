@@ -16,7 +16,7 @@ use std::time::Duration;
 use abiss_client::{Client, ClientError};
 use abiss_proto::{
     decode_line, encode_line, AttachRequest, ByteRate, ByteSize, Envelope, IoClass, Operation,
-    Request, RequestRecord, Response,
+    Request, RequestRecord, Response, StreamId,
 };
 use abiss_tests::{
     abissctl_as_nobody, as_nobody, assert_fails, attached_id, chmod, require_root, Daemon,
@@ -142,7 +142,7 @@ fn ioprio_class(tid: u32) -> u16 {
 
 /// What `trace --by stream` shows of recording `id`: its writes (at least `written` bytes),
 /// with their latency, at its level and with no inversion.
-fn traces_the_writes_of(daemon: &Daemon, id: u64, written: u64) {
+fn traces_the_writes_of(daemon: &Daemon, id: StreamId, written: u64) {
     let writes: Vec<_> = daemon
         .connect()
         .latency()
@@ -166,7 +166,7 @@ fn traces_the_writes_of(daemon: &Daemon, id: u64, written: u64) {
 fn writes_of(
     events: &[RequestRecord],
     inode: u64,
-    stream: Option<u64>,
+    stream: Option<StreamId>,
 ) -> (u64, u64, Vec<RequestRecord>) {
     let mut at_level = 0;
     let mut all = 0;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::{IoClass, Operation, RequestRecord};
+use abiss_proto::{IoClass, Operation, RequestRecord, StreamId};
 use abiss_tests::{
     abiss_c_library, assert_fails, binary, compile_c_example, require_root, write_cold_file,
     CopyLoop, Daemon, Ext4Mount, HddLab, LoopDevice, Scratch,
@@ -122,7 +122,7 @@ fn ffmpeg_into_record(daemon: &Daemon, file: &Path, secs: u32) -> (Vec<u8>, serd
 
 /// The stream's write requests: (all, at real time, at real time over [`BOUND_NS`]), and the
 /// slowest real-time one's insert-to-completion time in ms.
-fn stream_writes(records: &[RequestRecord], stream: u64) -> (usize, usize, usize, f64) {
+fn stream_writes(records: &[RequestRecord], stream: StreamId) -> (usize, usize, usize, f64) {
     let writes: Vec<&RequestRecord> = records
         .iter()
         .filter(|r| r.stream == Some(stream) && r.operation == Operation::Write)
@@ -177,7 +177,7 @@ fn ffmpeg_into_abissctl_record_is_exact_without_overflow_and_written_at_real_tim
     let copied = copy.stop();
     let written: u64 = best_effort.iter_mut().map(BestEffortWriter::stop).sum();
     let recorded = std::fs::read(&file).expect("read the recording");
-    let stream = summary["stream"].as_u64().expect("stream id");
+    let stream = StreamId(summary["stream"].as_u64().expect("stream id"));
     let (requests, real_time, over, slowest_ms) = stream_writes(&records, stream);
     eprintln!(
         "recorded {} bytes in {:.1} s: {summary}; the stream's writes: {requests} requests, \

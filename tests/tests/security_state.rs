@@ -10,7 +10,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, StreamTarget};
+use abiss_proto::{AttachRequest, StreamId, StreamTarget};
 use abiss_tests::{as_user, attach_as, binary, chmod, direct_reads, read_request, require_root};
 use abiss_tests::{shared_fs, wait_until, write_cold_file, Daemon, NOBODY_UID};
 
@@ -124,7 +124,7 @@ fn another_users_reads_do_not_crowd_the_owners_misses_out_of_the_ring() {
 /// The reads of stream `id` that abissd heard wait for the disk. Each of
 /// [`owner_reads_a_page_every_2_mib`]'s reads jumps 2 MiB past the window, so abissd counts
 /// its wait as the seek's rather than as a miss: both count here.
-fn waits_heard(daemon: &Daemon, id: u64) -> u64 {
+fn waits_heard(daemon: &Daemon, id: StreamId) -> u64 {
     let stream = daemon
         .streams()
         .into_iter()

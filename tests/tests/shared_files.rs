@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use abiss_proto::StreamId;
 use abiss_tests::{
     abissctl_as_nobody, as_nobody, assert_fails, attached_id, binary, chmod, require_root,
     resident_bytes, wait_for_ioprio, wait_until, write_cold_file, Daemon, Ext4Mount, LoopDevice,
@@ -43,7 +44,7 @@ fn read_in_a_process(path: &Path, from: u64, mib: u64, nobody: bool) {
 }
 
 /// The stream's playout point.
-fn point(daemon: &Daemon, id: u64) -> u64 {
+fn point(daemon: &Daemon, id: StreamId) -> u64 {
     daemon
         .streams()
         .into_iter()

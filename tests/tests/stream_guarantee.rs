@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use abiss_client::{AbissFile, Client, StreamOptions};
-use abiss_proto::{ByteRate, ByteSize};
+use abiss_proto::{ByteRate, ByteSize, StreamId};
 use abiss_tests::{
     guarantee, paced_read, require_root, run_at_realtime_cpu_priority, write_cold_file, CopyLoop,
     Daemon, HddLab, PacedReport, OLD_KERNEL_ARGS,
@@ -56,7 +56,7 @@ fn bench(tag: &str, daemon_args: &[&str], plain_too: bool) -> Bench {
 /// What `report` of the reader of stream `stream` must show, and what it shows besides.
 fn check(
     daemon: &Daemon,
-    stream: u64,
+    stream: StreamId,
     report: &PacedReport,
     what: &str,
     copied: u64,

@@ -143,7 +143,7 @@ fn the_window_is_resident_and_locked_while_attached_and_nothing_after() {
 
     let list = ctl(daemon, &["list", "--json"]);
     let streams: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
-    assert_eq!(streams[0]["id"], id);
+    assert_eq!(streams[0]["id"], id.0);
     assert_eq!(streams[0]["resident_bytes"], BUFFER);
 
     let output = ctl(daemon, &["detach", &id.to_string()]);

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use abiss_proto::StreamId;
 use abiss_tests::{binary, require_root, wait_until, write_cold_file, Daemon, HddLab, Scratch};
 
 /// The shell prompt in the pane (as `capture-pane` shows it, without its trailing space): its
@@ -200,7 +201,7 @@ enum Colour {
 }
 
 /// Runs `top` in a fresh tmux pane and checks the view, its refresh and its end on `q`.
-fn watch(daemon: &Daemon, stream: u64, file: &Path, disk: &str, colour: Colour) {
+fn watch(daemon: &Daemon, stream: StreamId, file: &Path, disk: &str, colour: Colour) {
     let tmux = Tmux::start(&format!("{colour:?}"));
     let (env, option) = match colour {
         Colour::Allowed => ("", ""),

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use abiss_proto::{IoClass, LatencyGroup, Operation};
+use abiss_proto::{IoClass, LatencyGroup, Operation, StreamId};
 use abiss_tests::{direct_reads, require_root, set_thread_ioprio, Daemon, LoopDevice};
 
 const READS: u64 = 200;
@@ -12,7 +12,7 @@ type Key = (
     abiss_proto::DeviceNumber,
     Operation,
     abiss_proto::IoPriority,
-    Option<u64>,
+    Option<StreamId>,
 );
 
 fn by_key(groups: Vec<LatencyGroup>) -> BTreeMap<Key, LatencyGroup> {

@@ -8,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::time::{Duration, Instant};
 
 use abiss_client::{Client, ClientError};
-use abiss_proto::{ByteRate, StreamTarget};
+use abiss_proto::{ByteRate, StreamId, StreamTarget};
 use abiss_tests::{
     abissctl_as_nobody, read_request, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice,
 };
@@ -18,7 +18,7 @@ const BUFFER: u64 = 512 * 1024;
 /// Moves the application's playout point forward at `bytes_per_sec` for `secs` seconds (a
 /// position message every 50 ms, as the client library sends them) and returns the new point
 /// and how many bytes the daemon prefetched meanwhile.
-fn play(client: &mut Client, id: u64, from: u64, bytes_per_sec: u64, secs: u64) -> (u64, u64) {
+fn play(client: &mut Client, id: StreamId, from: u64, bytes_per_sec: u64, secs: u64) -> (u64, u64) {
     let before = prefetched(client, id);
     let start = Instant::now();
     let mut point = from;
@@ -32,11 +32,11 @@ fn play(client: &mut Client, id: u64, from: u64, bytes_per_sec: u64, secs: u64) 
     (point, prefetched(client, id) - before)
 }
 
-fn prefetched(client: &mut Client, id: u64) -> u64 {
+fn prefetched(client: &mut Client, id: StreamId) -> u64 {
     stream(client, id).prefetched_bytes
 }
 
-fn stream(client: &mut Client, id: u64) -> abiss_proto::StreamInfo {
+fn stream(client: &mut Client, id: StreamId) -> abiss_proto::StreamInfo {
     client
         .list()
         .expect("list")

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use abiss_client::Client;
 use abiss_os::clock::monotonic_ns;
 use abiss_os::ioprio;
-use abiss_proto::{IoClass, RequestRecord};
+use abiss_proto::{IoClass, RequestRecord, StreamId};
 use abiss_tests::{
     as_nobody, binary, chmod, require_root, wait_for_ioprio, wait_until, write_cold_file, CopyLoop,
     Daemon, HddLab,
@@ -229,7 +229,7 @@ fn assert_keeps_priority(pid: u32, watch: Duration) {
 /// The reader raised for a stream, and when.
 struct RaisedReader {
     pid: u32,
-    stream: u64,
+    stream: StreamId,
     /// When it was seen raised (it was raised a little earlier).
     raised_ns: u64,
     /// When it seeked, to miss again.
@@ -321,7 +321,7 @@ fn an_io_uring_reader_is_attributed_to_the_stream() {
         serde_json::from_slice(&output.stdout).expect("trace JSON report");
     let groups = report["groups"].as_array().expect("groups");
     assert!(
-        !groups.is_empty() && groups.iter().all(|g| g["stream"] == id),
+        !groups.is_empty() && groups.iter().all(|g| g["stream"] == id.0),
         "trace --by stream shows the stream's requests only: {report}"
     );
 }

@@ -285,7 +285,8 @@ fn left_ellipsis(text: &str, width: usize) -> String {
 mod tests {
     use super::*;
     use abiss_proto::{
-        ByteRate, ByteSize, DeviceNumber, DeviceStatus, ReaderInfo, StatusReport, LATENCY_BUCKETS,
+        ByteRate, ByteSize, DeviceNumber, DeviceStatus, ReaderInfo, StatusReport, StreamId,
+        LATENCY_BUCKETS,
     };
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
@@ -293,7 +294,7 @@ mod tests {
     fn stream() -> StreamInfo {
         let disk = DeviceNumber { major: 7, minor: 3 };
         StreamInfo {
-            id: 42,
+            id: StreamId(42),
             owner_uid: 0,
             path: "/mnt/lab/movie.bin".into(),
             file_device: disk,

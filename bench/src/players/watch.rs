@@ -10,14 +10,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use abiss_client::Client;
-use abiss_proto::{Log2Histogram, StreamInfo};
+use abiss_proto::{Log2Histogram, StreamId, StreamInfo};
 use serde::Serialize;
 
 /// Polls abissd's streams until dropped or [`StreamWatch::finish`]ed.
 #[derive(Debug)]
 pub struct StreamWatch {
     socket: PathBuf,
-    seen: Arc<Mutex<BTreeMap<u64, StreamInfo>>>,
+    seen: Arc<Mutex<BTreeMap<StreamId, StreamInfo>>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -26,7 +26,7 @@ pub struct StreamWatch {
 #[derive(Clone, Debug, Serialize)]
 pub struct StreamFigures {
     /// Stream id.
-    pub id: u64,
+    pub id: StreamId,
     /// The attached file.
     pub path: String,
     /// Granted rate, B/s.
@@ -150,7 +150,7 @@ fn us_to_ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-fn record(seen: &Mutex<BTreeMap<u64, StreamInfo>>, streams: Vec<StreamInfo>) {
+fn record(seen: &Mutex<BTreeMap<StreamId, StreamInfo>>, streams: Vec<StreamInfo>) {
     let mut seen = seen.lock().expect("streams");
     for stream in streams {
         seen.insert(stream.id, stream);

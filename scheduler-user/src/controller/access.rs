@@ -4,8 +4,9 @@
 
 use std::collections::HashMap;
 
-use abiss_proto::{Refusal, StreamTarget};
+use abiss_proto::{Refusal, StreamId, StreamTarget};
 use log::warn;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 use super::Controller;
 use crate::kernel::events::{Access, Fork, Reader, StreamAccess};
@@ -37,10 +38,10 @@ pub(super) struct RaiseBounds<'a> {
 }
 
 impl StreamBounds for RaiseBounds<'_> {
-    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)> {
+    fn admitted(&self, stream: StreamId, since: MonotonicNs) -> Option<(u128, u64)> {
         self.streams
             .get(stream)
-            .map(|s| (s.rates.earned(since_ns, self.now_ns), s.granted.buffer.0))
+            .map(|s| (s.rates.earned(since.0, self.now_ns), s.granted.buffer.0))
     }
 
     fn charge(&mut self, uid: u32, kib: u64) {
@@ -84,9 +85,10 @@ fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now_ns: u6
 fn raise_after_miss(
     (raises, burst, hook): (&mut ReaderRaises, &mut BurstAllowance, &mut BlockTracer),
     (stream, reader): (&Stream, &Reader),
-    when: (u64, u8),
+    when: (MonotonicNs, AbissLevel),
 ) {
-    if burst.in_debt(reader.uid, when.0) {
+    let (at, _) = when;
+    if burst.in_debt(reader.uid, at.0) {
         log::debug!(
             "stream {}: thread {} not raised: uid {} owes for real-time reads",
             stream.id,
@@ -97,7 +99,7 @@ fn raise_after_miss(
     }
     raises.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
     // Making room for the raise may have let go of raises whose threads are gone.
-    charge_owed(raises, burst, when.0);
+    charge_owed(raises, burst, at.0);
 }
 
 /// The readers of streams that ended, for a few seconds: their reads still on their way
@@ -106,8 +108,8 @@ fn raise_after_miss(
 /// viewer's stream still waiting for its player, and dragged its window away.
 #[derive(Debug, Default)]
 pub(super) struct DepartedReaders {
-    /// Process → when its stream ended (`CLOCK_MONOTONIC` ns).
-    ended: HashMap<u32, u64>,
+    /// Process → when its stream ended.
+    ended: HashMap<u32, MonotonicNs>,
 }
 
 impl DepartedReaders {
@@ -116,20 +118,20 @@ impl DepartedReaders {
     /// Processes remembered at most.
     const MAX: usize = 4096;
 
-    /// The processes `readers` read a stream that ended at `now_ns`.
-    pub(super) fn note(&mut self, readers: impl Iterator<Item = u32>, now_ns: u64) {
+    /// The processes `readers` read a stream that ended at `now`.
+    pub(super) fn note(&mut self, readers: impl Iterator<Item = u32>, now: MonotonicNs) {
         self.ended
-            .retain(|_, at| now_ns.saturating_sub(*at) < Self::KEEP_NS);
+            .retain(|_, at| now.saturating_since(*at) < Self::KEEP_NS);
         for tgid in readers {
             if self.ended.len() < Self::MAX {
-                self.ended.insert(tgid, now_ns);
+                self.ended.insert(tgid, now);
             }
         }
     }
 
-    /// Whether an access by process `tgid` at `at_ns` came before its stream ended.
-    fn before_leaving(&self, tgid: u32, at_ns: u64) -> bool {
-        self.ended.get(&tgid).is_some_and(|ended| at_ns <= *ended)
+    /// Whether an access by process `tgid` at `at` came before its stream ended.
+    fn before_leaving(&self, tgid: u32, at: MonotonicNs) -> bool {
+        self.ended.get(&tgid).is_some_and(|ended| at <= *ended)
     }
 }
 
@@ -193,7 +195,7 @@ impl Controller {
     pub(crate) fn reader_starts(
         &mut self,
         peer_uid: u32,
-        stream: u64,
+        stream: StreamId,
         tid: u32,
         now_ns: u64,
     ) -> Result<bool, Refusal> {
@@ -203,7 +205,7 @@ impl Controller {
                 what: format!("stream {id}"),
             });
         };
-        let when = (now_ns, stream.granted.priority);
+        let when = (MonotonicNs(now_ns), stream.level);
         let owner = stream.owner_uid;
         // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
         // still the stream's reader.
@@ -226,13 +228,13 @@ impl Controller {
         Ok(reader.raised)
     }
 
-    /// The application's explicit playout point; `at_ns` is when the application was there.
+    /// The application's explicit playout point; `at` is when the application was there.
     pub(crate) fn position(
         &mut self,
         peer_uid: u32,
-        id: u64,
+        id: StreamId,
         offset: u64,
-        at_ns: u64,
+        at: MonotonicNs,
         now_ns: u64,
     ) {
         let Some(stream) = self.streams.get_mut(id) else {
@@ -241,7 +243,7 @@ impl Controller {
         if peer_uid != 0 && stream.owner_uid != peer_uid {
             return;
         }
-        if !stream.newer_evidence(at_ns) {
+        if !stream.newer_evidence(at) {
             log::debug!("stream {id}: position {offset} is older than a read seen since");
             return;
         }
@@ -256,7 +258,7 @@ impl Controller {
     /// request on it.
     pub(crate) fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
         let reader = &event.reader;
-        if self.departed.before_leaving(reader.tgid, event.at_ns) {
+        if self.departed.before_leaving(reader.tgid, event.at) {
             return;
         }
         // The event names the file (its tag); which of the file's streams it belongs to
@@ -293,20 +295,20 @@ impl Controller {
             reader.tgid,
             reader.pid
         );
-        let level = stream.granted.priority;
+        let level = stream.level;
         if matches!(
             event.access,
             Access::Miss(_) | Access::Filled | Access::QueuedLow
         ) {
             // Raise the reader first: the reads it waits for now are being queued.
             let raising = (&mut self.raises, &mut self.burst, &mut self.tracer);
-            raise_after_miss(raising, (stream, reader), (event.at_ns, level));
+            raise_after_miss(raising, (stream, reader), (event.at, level));
         }
         let actions = match event.access {
             Access::Miss(range) => {
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
-                let actions = if stream.newer_evidence(event.at_ns) {
+                let actions = if stream.newer_evidence(event.at) {
                     moved(&mut self.burst, stream, now_ns, |playout| {
                         playout.on_read(range, now_ns)
                     })
@@ -332,12 +334,14 @@ impl Controller {
             }
             Access::UringComplete { .. } => {
                 stream.uring_requests += 1;
-                self.raises.touch(reader.pid, stream.id, now_ns);
+                self.raises
+                    .touch(reader.pid, stream.id, MonotonicNs(now_ns));
                 return;
             }
             Access::Read(range) | Access::Fault(range) => {
-                self.raises.touch(reader.pid, stream.id, now_ns);
-                if !stream.newer_evidence(event.at_ns) {
+                self.raises
+                    .touch(reader.pid, stream.id, MonotonicNs(now_ns));
+                if !stream.newer_evidence(event.at) {
                     return;
                 }
                 moved(&mut self.burst, stream, now_ns, |playout| {
@@ -392,7 +396,7 @@ impl Controller {
             let actions = ahead.with_room(uid, recording, |r| {
                 r.written_back(stream.id, &done.range, failed, now_ns)
             });
-            let at = (stream.id, stream.granted.priority);
+            let at = (stream.id, stream.level);
             recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
             return;
         }

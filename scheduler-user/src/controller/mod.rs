@@ -7,12 +7,13 @@ use crate::serve::client_file::{check_file, CheckedFile};
 use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
-use abiss_os::clock::monotonic_ns;
+use abiss_os::clock::{monotonic_now, monotonic_ns};
 use abiss_proto::{
     AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
-    StatusReport, StreamInfo, StreamTarget, PAGE_BYTES,
+    StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
+use scheduler_common::MonotonicNs;
 
 mod access;
 mod sizing;
@@ -94,7 +95,7 @@ impl Controller {
 
     /// Carries out a stream's window actions.
     fn execute(prefetch: &mut PrefetchEngine, stream: &Stream, actions: Vec<WindowAction>) {
-        let level = stream.granted.priority;
+        let level = stream.level;
         for action in actions {
             match action {
                 WindowAction::Load { range, generation } => {
@@ -134,7 +135,7 @@ impl Controller {
         mut request: AttachRequest,
         now_ns: u64,
     ) -> Result<StreamInfo, Refusal> {
-        check_parameters(&request)?;
+        let level = check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
         let disk = self.disks.serving(&mut file)?;
         if request.buffer_auto {
@@ -142,7 +143,7 @@ impl Controller {
             // what the disk did since they were last looked at.
             self.refresh_tails(now_ns);
         }
-        let (auto_buffer, sizing) = self.size_auto(peer_uid, &mut request, disk.number);
+        let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), disk.number);
         let for_capacity = sizing.grown();
         let tag = self.may_share(peer_uid, &file, request.write)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
@@ -166,9 +167,9 @@ impl Controller {
             None => mapped,
         };
         let id = self.streams.next_id();
-        let tag = tag.unwrap_or(id);
+        // A file's first stream gives it its tag, its id.
+        let tag = tag.unwrap_or(id.0);
         let key = file.key;
-        let level = request.priority;
         let owner = StreamOwner {
             uid: peer_uid,
             connection,
@@ -181,7 +182,7 @@ impl Controller {
         };
         let preroll = request.preroll;
         let (mut stream, mut actions) = Stream::new(
-            (id, tag),
+            (id, tag, level),
             owner,
             request,
             file,
@@ -218,7 +219,7 @@ impl Controller {
             // Its writes wait for the file system's journal (see `raises::journal`).
             let at = access::raise_for(&stream);
             self.raises
-                .raise_journal(at, stream.file_device, stream.granted.priority);
+                .raise_journal(at, stream.file_device, stream.level);
         }
         self.streams.insert(stream);
         Ok(info)
@@ -341,12 +342,12 @@ impl Controller {
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
-    fn end_stream(&mut self, id: u64) {
+    fn end_stream(&mut self, id: StreamId) {
         let Some(stream) = self.streams.remove(id) else {
             return;
         };
-        self.departed.note(stream.readers.pids(), monotonic_ns());
-        self.prefetch.cancel(stream.granted.priority, id, None);
+        self.departed.note(stream.readers.pids(), monotonic_now());
+        self.prefetch.cancel(stream.level, id, None);
         for range in stream.playout.locked_ranges() {
             let _ = stream.file.unlock(&range);
         }
@@ -375,7 +376,7 @@ impl Controller {
             {
                 let at = access::raise_for(other);
                 self.raises
-                    .raise_journal(at, other.file_device, other.granted.priority);
+                    .raise_journal(at, other.file_device, other.level);
             }
         }
         info!("stream {id}: detached ({})", stream.path);
@@ -384,7 +385,11 @@ impl Controller {
     }
 
     /// Detaches a stream on behalf of `peer_uid` (its owner, or root).
-    pub(crate) fn detach(&mut self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+    pub(crate) fn detach(
+        &mut self,
+        peer_uid: u32,
+        target: &StreamTarget,
+    ) -> Result<StreamId, Refusal> {
         let id = self.owned_stream(peer_uid, target)?;
         self.end_stream(id);
         Ok(id)
@@ -431,12 +436,12 @@ impl Controller {
     /// The id of the stream `target` names, if `peer_uid` owns it (root owns all). Another
     /// user's stream is answered as one that does not exist, word for word: which streams
     /// other users have, and on which files, is theirs to know.
-    fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<u64, Refusal> {
+    fn owned_stream(&self, peer_uid: u32, target: &StreamTarget) -> Result<StreamId, Refusal> {
         let visible = |s: &&Stream| peer_uid == 0 || s.owner_uid == peer_uid;
         let found = match target {
             StreamTarget::Id(id) => self.streams.get(*id).filter(visible).map(|s| s.id),
             StreamTarget::File { device, inode } => {
-                let mine: Vec<u64> = self
+                let mine: Vec<StreamId> = self
                     .streams
                     .iter()
                     .filter(|s| s.file_device == *device && s.key.ino == *inode)
@@ -444,7 +449,7 @@ impl Controller {
                     .map(|s| s.id)
                     .collect();
                 if let [_, _, ..] = mine.as_slice() {
-                    let ids: Vec<String> = mine.iter().map(u64::to_string).collect();
+                    let ids: Vec<String> = mine.iter().map(StreamId::to_string).collect();
                     return Err(Refusal::BadRequest(format!(
                         "that file has several streams ({}); name one by its id",
                         ids.join(", ")
@@ -506,7 +511,7 @@ impl Controller {
 
     /// A connection closed: its non-persistent streams end with it.
     pub(crate) fn connection_closed(&mut self, connection: u64) {
-        let ending: Vec<u64> = self
+        let ending: Vec<StreamId> = self
             .streams
             .iter()
             .filter(|s| s.connection == connection && !s.granted.persistent)
@@ -536,7 +541,7 @@ impl Controller {
                 }
             })
             .min();
-        let expiry = self.raises.ns_until_next_expiry(now_ns);
+        let expiry = self.raises.ns_until_next_expiry(MonotonicNs(now_ns));
         // Automatic buffers are sized from the tail measured once a second, which the tick
         // takes: it used to come with the timer that woke every millisecond for credit a
         // window would not spend, and without it no tail was ever measured.
@@ -559,7 +564,8 @@ impl Controller {
             burst: &mut self.burst,
             now_ns,
         };
-        self.raises.expire(now_ns, &mut self.tracer, &mut bounds);
+        self.raises
+            .expire(MonotonicNs(now_ns), &mut self.tracer, &mut bounds);
         self.charge_owed(now_ns);
         let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {
@@ -578,7 +584,7 @@ impl Controller {
 
     /// Ends every stream and gives the devices back.
     pub(crate) fn shutdown(mut self) {
-        let ids: Vec<u64> = self.streams.iter().map(|s| s.id).collect();
+        let ids: Vec<StreamId> = self.streams.iter().map(|s| s.id).collect();
         for id in ids {
             self.end_stream(id);
         }

@@ -3,9 +3,10 @@
 //! budgets) and its start-up preroll.
 
 use abiss_proto::{
-    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, PAGE_BYTES,
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, StreamId, PAGE_BYTES,
 };
 use log::{info, warn};
+use scheduler_common::AbissLevel;
 
 use super::access::fill_from_allowance;
 use super::Controller;
@@ -20,9 +21,14 @@ use crate::stream::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
     /// Sizes the buffer of `request` (`--buffer auto`, its `buffer` the application's part)
-    /// from the tail of `disk`'s requests in the class of the stream's level.
-    fn size_buffer(&self, request: &mut AttachRequest, disk: DeviceNumber) -> AutoBufferInfo {
-        let measured = self.tails.tail_ns(disk, level_class(request.priority));
+    /// from the tail of `disk`'s requests in the class of the stream's `level`.
+    fn size_buffer(
+        &self,
+        request: &mut AttachRequest,
+        level: AbissLevel,
+        disk: DeviceNumber,
+    ) -> AutoBufferInfo {
+        let measured = self.tails.tail_ns(disk, level_class(level));
         // An estimate only raises the default: a disk that served only short best-effort
         // requests says little of how long a real-time one waits behind a long one.
         let estimated = measured
@@ -61,7 +67,7 @@ impl Controller {
     /// Grows the automatic buffers whose disk's tail in their class grew, as far as the
     /// locked-memory budgets allow (see [`crate::policy::buffer_sizing`]).
     pub(super) fn grow_auto_buffers(&mut self, now_ns: u64) {
-        let auto: Vec<u64> = self
+        let auto: Vec<StreamId> = self
             .streams
             .iter()
             .filter(|s| s.auto_buffer.is_some())
@@ -72,7 +78,7 @@ impl Controller {
             let Some(stream) = self.streams.get(id) else {
                 continue;
             };
-            let class = level_class(stream.granted.priority);
+            let class = level_class(stream.level);
             let Some(tail_ns) = self.tails.tail_ns(stream.disk, class) else {
                 continue;
             };
@@ -119,17 +125,18 @@ impl Controller {
 
     /// Sizes an automatic buffer (`--buffer auto`; nothing for others): from the disk's
     /// latency tail, and larger where the disk's admission needs it (then the size the
-    /// owner's other automatic streams on the disk must grow to, too).
+    /// owner's other automatic streams on the disk must grow to, too). `level` is the
+    /// request's, checked.
     pub(super) fn size_auto(
         &self,
         peer_uid: u32,
-        request: &mut AttachRequest,
+        (request, level): (&mut AttachRequest, AbissLevel),
         disk: DeviceNumber,
     ) -> (Option<AutoBufferInfo>, CapacitySizing) {
         if !request.buffer_auto {
             return (None, CapacitySizing::AsIs);
         }
-        let mut info = self.size_buffer(request, disk);
+        let mut info = self.size_buffer(request, level, disk);
         let sizing = self.buffer_for_capacity(peer_uid, request, disk);
         if let CapacitySizing::Grow(bytes) = sizing {
             request.buffer = ByteSize(bytes);
@@ -286,8 +293,8 @@ impl Controller {
 }
 
 /// The class the requests of a stream at ABISS `level` are queued in.
-fn level_class(level: u8) -> IoClass {
-    IoClass::from_kernel(scheduler_common::abiss_level::to_kernel(level).0)
+fn level_class(level: AbissLevel) -> IoClass {
+    IoClass::from_kernel(level.to_kernel().0)
 }
 
 /// What the disk's capacity asks of a new automatic stream's buffer.

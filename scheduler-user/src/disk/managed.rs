@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use abiss_model::{DeviceIdentity, DeviceModel, ModelError};
 use abiss_proto::{
     AdmissionMode, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber,
-    DeviceStatus, Refusal, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES, PAGE_BYTES,
+    DeviceStatus, Refusal, StreamId, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES, PAGE_BYTES,
 };
 use log::{info, warn};
 
@@ -123,7 +123,11 @@ impl ManagedDisk {
 }
 
 /// What the streams on `disk` ask of it, but stream `except` (one whose rate is being changed).
-fn demands_on(streams: &StreamTable, disk: DeviceNumber, except: Option<u64>) -> Vec<StreamDemand> {
+fn demands_on(
+    streams: &StreamTable,
+    disk: DeviceNumber,
+    except: Option<StreamId>,
+) -> Vec<StreamDemand> {
     streams
         .iter()
         .filter(|s| s.disk == disk && Some(s.id) != except)
@@ -222,7 +226,7 @@ impl Disks {
         disk: DeviceNumber,
         request: &AttachRequest,
         streams: &StreamTable,
-        replacing: Option<u64>,
+        replacing: Option<StreamId>,
     ) -> Result<(), Refusal> {
         let Some(managed) = self.disks.get(&disk) else {
             return Err(Refusal::Internal(format!("device {disk} is not managed")));

@@ -8,9 +8,12 @@
 
 use std::ops::Range;
 
-use abiss_proto::{DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, PAGE_BYTES};
+use abiss_proto::{
+    DeviceNumber, IoClass, IoPriority, Operation, RequestRecord, StreamId, PAGE_BYTES,
+};
 use scheduler_common::{
-    playout_kind, raised_flags, ForkEvent, PlayoutEvent, RaisedThread, RequestEvent, COMM_LEN,
+    playout_kind, raised_flags, ForkEvent, MonotonicNs, PlayoutEvent, RaisedThread, RequestEvent,
+    COMM_LEN,
 };
 
 /// The task behind an access, as the kernel saw it.
@@ -55,8 +58,8 @@ pub(crate) enum Access {
 pub(crate) struct StreamAccess {
     /// The stream whose file it is.
     pub(crate) stream: u64,
-    /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
-    pub(crate) at_ns: u64,
+    /// When (the kernel's clock).
+    pub(crate) at: MonotonicNs,
     /// Who.
     pub(crate) reader: Reader,
     /// What.
@@ -165,7 +168,7 @@ pub(crate) fn decode_request(bytes: &[u8]) -> Option<RequestRecord> {
         },
         sector: request.sector,
         bytes: request.bytes,
-        stream: (request.stream != 0).then_some(request.stream),
+        stream: (request.stream != 0).then_some(StreamId(request.stream)),
         tgid: origin.tgid,
         pid: origin.pid,
         uid: origin.uid,
@@ -201,7 +204,7 @@ pub(crate) fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
     };
     Some(StreamAccess {
         stream: event.stream,
-        at_ns: event.ts_ns,
+        at: MonotonicNs(event.ts_ns),
         reader: Reader {
             tgid: event.tgid,
             pid: event.pid,
@@ -246,7 +249,10 @@ mod tests {
         let read = decode_access(&raw(&event(playout_kind::READ))).expect("read");
         assert_eq!(read.access, Access::Read(8192..16384));
         assert_eq!(read.reader.command, "player");
-        assert_eq!((read.stream, read.at_ns, read.reader.pid), (3, 5, 11));
+        assert_eq!(
+            (read.stream, read.at, read.reader.pid),
+            (3, MonotonicNs(5), 11)
+        );
         let miss = decode_access(&raw(&event(playout_kind::MISS))).expect("miss");
         assert_eq!(miss.access, Access::Miss(8192..16384));
         let fault = decode_access(&raw(&event(playout_kind::FAULT))).expect("fault");

@@ -7,7 +7,6 @@ pub(crate) mod burst;
 pub(crate) mod credit;
 pub(crate) mod memory;
 pub(crate) mod playout;
-pub(crate) mod priority;
 pub(crate) mod probe_tail;
 pub mod raise;
 pub(crate) mod rate_history;

@@ -10,7 +10,8 @@
 
 use std::collections::HashMap;
 
-use scheduler_common::{abiss_level, ioprio};
+use abiss_proto::StreamId;
+use scheduler_common::AbissLevel;
 
 pub(crate) use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
 use super::stray::RaiseAccount;
@@ -32,7 +33,7 @@ pub(crate) struct Raise {
     /// Its process.
     pub(crate) tgid: u32,
     /// The stream whose level it was raised to.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// The tag of that stream's file in the kernel maps: the block program counts the
     /// thread's real-time requests for the file so tagged as its own (0 in records written
     /// before files had tags: then the stream's id, which was the tag).
@@ -72,7 +73,7 @@ impl Raise {
     #[must_use]
     pub(crate) fn followed_as(&self) -> (u16, u16, u64) {
         let tag = if self.file_tag == 0 {
-            self.stream
+            self.stream.0
         } else {
             self.file_tag
         };
@@ -99,13 +100,11 @@ pub(crate) fn stream_allowance_kib(earned_bytes: u128, buffer_bytes: u64, slack_
 /// The priority to raise a thread at `current` (encoded ioprio) to for a stream at ABISS
 /// `level`, or `None` if it is already served at that level or above.
 #[must_use]
-pub(crate) fn raised_priority(current: u16, level: u8) -> Option<u16> {
-    let (class, kernel_level) = ioprio::split(current);
-    if abiss_level::from_kernel(class, kernel_level) <= level {
+pub(crate) fn raised_priority(current: u16, level: AbissLevel) -> Option<u16> {
+    if AbissLevel::of_ioprio(current) <= level {
         return None;
     }
-    let (class, kernel_level) = abiss_level::to_kernel(level);
-    Some(ioprio::encode(class, kernel_level))
+    Some(level.to_ioprio())
 }
 
 /// Whether a reader run by `reader_uid` may be raised for a stream owned by `owner_uid`.
@@ -165,7 +164,7 @@ impl RaiseTable {
     /// already, or, not counting a raise it has, the stream has fewer than
     /// [`MAX_RAISED_PER_STREAM`] raised threads and the user fewer than [`MAX_RAISED_PER_USER`].
     #[must_use]
-    pub(crate) fn has_room(&self, stream: u64, pid: u32, uid: u32) -> bool {
+    pub(crate) fn has_room(&self, stream: StreamId, pid: u32, uid: u32) -> bool {
         let others = || self.raises.values().filter(|u| u.task.pid != pid);
         self.raises
             .get(&pid)
@@ -224,7 +223,7 @@ impl RaiseTable {
     }
 
     /// A thread touched `stream`'s file: its raise stays.
-    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now_ns: u64) {
         if let Some(raise) = self.raises.get_mut(&pid) {
             if raise.stream == stream {
                 raise.last_access_ns = raise.last_access_ns.max(now_ns);
@@ -239,7 +238,7 @@ impl RaiseTable {
     }
 
     /// Removes and returns the raises made for `stream`.
-    pub(crate) fn take_stream(&mut self, stream: u64) -> Vec<Raise> {
+    pub(crate) fn take_stream(&mut self, stream: StreamId) -> Vec<Raise> {
         self.take_where(|u| u.stream == stream)
     }
 
@@ -294,7 +293,7 @@ impl RaiseTable {
 
     /// Whether any thread of process `tgid` is raised for `stream`.
     #[must_use]
-    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: StreamId) -> bool {
         self.raises
             .values()
             .any(|u| u.tgid == tgid && u.stream == stream)
@@ -325,6 +324,7 @@ mod allowance_tests {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use scheduler_common::ioprio;
 
     const BE4: u16 = ioprio::encode(ioprio::CLASS_BE, 4);
     const RT0: u16 = ioprio::encode(ioprio::CLASS_RT, 0);
@@ -333,7 +333,7 @@ mod tests {
         Raise {
             task: TaskId { pid, start_time: 7 },
             tgid: pid,
-            stream,
+            stream: StreamId(stream),
             file_tag: stream,
             previous: BE4,
             applied: RT0,
@@ -385,17 +385,22 @@ mod tests {
 
     #[test]
     fn a_best_effort_reader_is_raised_to_the_streams_level_and_never_lowered() {
-        assert_eq!(raised_priority(BE4, 0), Some(RT0));
-        assert_eq!(raised_priority(0, 0), Some(RT0), "no class is BE/4");
-        assert_eq!(raised_priority(RT0, 0), None);
-        assert_eq!(raised_priority(RT0, 3), None, "never lowered");
+        let level = |n| AbissLevel::new(n).expect("a level");
+        assert_eq!(raised_priority(BE4, level(0)), Some(RT0));
+        assert_eq!(raised_priority(0, level(0)), Some(RT0), "no class is BE/4");
+        assert_eq!(raised_priority(RT0, level(0)), None);
+        assert_eq!(raised_priority(RT0, level(3)), None, "never lowered");
         assert_eq!(
-            raised_priority(ioprio::encode(ioprio::CLASS_RT, 4), 1),
+            raised_priority(ioprio::encode(ioprio::CLASS_RT, 4), level(1)),
             Some(ioprio::encode(ioprio::CLASS_RT, 2))
         );
-        assert_eq!(raised_priority(BE4, 6), None, "BE/4 is level 6 already");
         assert_eq!(
-            raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), 6),
+            raised_priority(BE4, level(6)),
+            None,
+            "BE/4 is level 6 already"
+        );
+        assert_eq!(
+            raised_priority(ioprio::encode(ioprio::CLASS_IDLE, 0), level(6)),
             Some(BE4)
         );
     }
@@ -408,13 +413,14 @@ mod tests {
             offers in proptest::collection::vec((1u32..200, 1u64..4), 1..400),
         ) {
             let mut table = RaiseTable::new(1);
-            for (pid, stream) in offers {
+            for (pid, number) in offers {
+                let stream = StreamId(number);
                 if table.has_room(stream, pid, 1000) {
-                    table.insert(raise(pid, stream, 0));
+                    table.insert(raise(pid, number, 0));
                 }
                 let raised_here = table.get(pid).is_some_and(|u| u.stream == stream);
                 prop_assert!(!raised_here || table.has_room(stream, pid, 1000));
-                for stream in 1..4 {
+                for stream in (1..4).map(StreamId) {
                     let raised = table.all().iter().filter(|u| u.stream == stream).count();
                     prop_assert!(raised <= MAX_RAISED_PER_STREAM);
                 }
@@ -430,13 +436,13 @@ mod tests {
             offers in proptest::collection::vec((1u32..400, 1u64..8, 0u32..3, proptest::bool::weighted(0.1)), 1..600),
         ) {
             let mut table = RaiseTable::new(1);
-            for (pid, stream, uid, ends) in offers {
+            for (pid, number, uid, ends) in offers {
                 if ends {
                     table.take_thread(pid);
                     continue;
                 }
-                if table.has_room(stream, pid, uid) {
-                    let mut raise = raise(pid, stream, 0);
+                if table.has_room(StreamId(number), pid, uid) {
+                    let mut raise = raise(pid, number, 0);
                     raise.uid = uid;
                     table.insert(raise);
                 }
@@ -453,7 +459,7 @@ mod tests {
         let mut table = RaiseTable::new(1);
         for pid in 0..200u32 {
             let stream = u64::from(pid / 30);
-            assert!(table.has_room(stream, pid, 0));
+            assert!(table.has_room(StreamId(stream), pid, 0));
             let mut raise = raise(pid, stream, 0);
             raise.uid = 0;
             table.insert(raise);
@@ -481,13 +487,13 @@ mod tests {
         let mut table = RaiseTable::new(5_000);
         table.insert(raise(1, 10, 0));
         table.insert(raise(2, 10, 0));
-        table.touch(2, 10, 4_000);
-        table.touch(1, 11, 4_000); // another stream's file does not keep it
+        table.touch(2, StreamId(10), 4_000);
+        table.touch(1, StreamId(11), 4_000); // another stream's file does not keep it
         assert_eq!(table.ns_until_next_expiry(4_000), Some(1_000));
         let idle = table.take_idle(5_000);
         assert_eq!(idle.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1]);
         assert!(table.get(2).is_some());
-        assert_eq!(table.take_stream(10).len(), 1);
+        assert_eq!(table.take_stream(StreamId(10)).len(), 1);
         assert_eq!(table.ns_until_next_expiry(5_000), None);
     }
 
@@ -499,7 +505,7 @@ mod tests {
         again.previous = RT0;
         table.insert(again);
         assert_eq!(table.get(1).unwrap().previous, BE4);
-        assert_eq!(table.get(1).unwrap().stream, 11);
+        assert_eq!(table.get(1).unwrap().stream, StreamId(11));
         // A new thread with a reused pid is a different task: its own previous priority.
         let mut reused = raise(1, 12, 20);
         reused.task.start_time = 99;
@@ -525,12 +531,12 @@ mod tests {
         #[test]
         fn a_raise_is_always_upwards_and_lands_on_the_level(class in 0u8..4, level in 0u8..8, target in 0u8..8) {
             let current = ioprio::encode(class, level);
-            let before = abiss_level::from_kernel(class, level);
+            let before = AbissLevel::from_kernel(class, level);
+            let target = AbissLevel::new(target).expect("a level");
             match raised_priority(current, target) {
                 Some(raised) => {
-                    let (c, l) = ioprio::split(raised);
                     prop_assert!(before > target);
-                    prop_assert_eq!(abiss_level::from_kernel(c, l), target);
+                    prop_assert_eq!(AbissLevel::of_ioprio(raised), target);
                 }
                 None => prop_assert!(before <= target),
             }

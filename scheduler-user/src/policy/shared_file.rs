@@ -10,7 +10,8 @@
 
 use std::ops::Range;
 
-use scheduler_common::{AttachedFile, ANY_READER};
+use abiss_proto::StreamId;
+use scheduler_common::{AbissLevel, AttachedFile, ANY_READER};
 
 /// The most streams one file may have. Each is a stream of its owner (counted against the
 /// daemon's and the user's limits); this bounds the work of routing one access.
@@ -25,11 +26,11 @@ pub(crate) const MAX_STREAMS_PER_USER_PER_FILE: usize = MAX_STREAMS_PER_FILE / 4
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct FileStream {
     /// Stream id.
-    pub(crate) id: u64,
+    pub(crate) id: StreamId,
     /// Its owner.
     pub(crate) owner_uid: u32,
     /// Its ABISS level.
-    pub(crate) level: u8,
+    pub(crate) level: AbissLevel,
     /// A write stream (a recording): reads are not its.
     pub(crate) recording: bool,
     /// Where its reader is and how far ahead it holds data: the bytes whose reads are its.
@@ -45,7 +46,11 @@ pub(crate) struct FileStream {
 /// against the reader's own stream (a raise to a level the thread has already is none).
 #[must_use]
 pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
-    let level = streams.iter().map(|s| s.level).min().unwrap_or(0);
+    let level = streams
+        .iter()
+        .map(|s| s.level)
+        .min()
+        .unwrap_or(AbissLevel::HIGHEST);
     let mut owners: Vec<u32> = streams.iter().map(|s| s.owner_uid).collect();
     owners.sort_unstable();
     owners.dedup();
@@ -55,7 +60,8 @@ pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
         [first, second] if *first != 0 => [*first, *second],
         _ => [ANY_READER, ANY_READER],
     };
-    AttachedFile::new(tag, level, readers)
+    // The map's entry keeps the ABI's plain number.
+    AttachedFile::new(tag, level.get(), readers)
 }
 
 /// The stream of `streams` that an access by user `uid` belongs to: one at `range` (a read,
@@ -64,7 +70,11 @@ pub(crate) fn kernel_entry(tag: u64, streams: &[FileStream]) -> AttachedFile {
 /// with no stream of their own on the file); reads go to read streams, and to a recording
 /// only when the file has no read stream of the user.
 #[must_use]
-pub(crate) fn route(streams: &[FileStream], uid: u32, range: Option<&Range<u64>>) -> Option<u64> {
+pub(crate) fn route(
+    streams: &[FileStream],
+    uid: u32,
+    range: Option<&Range<u64>>,
+) -> Option<StreamId> {
     // A user's own streams take the user's accesses; root's take them only when the user has
     // none on the file (a service reading a file root attached for it).
     let owns = streams.iter().any(|s| s.owner_uid == uid);
@@ -108,11 +118,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn level(number: u8) -> AbissLevel {
+        AbissLevel::new(number).expect("a level")
+    }
+
     fn viewer(id: u64, owner_uid: u32, window: Range<u64>) -> FileStream {
         FileStream {
-            id,
+            id: StreamId(id),
             owner_uid,
-            level: 1,
+            level: level(1),
             recording: false,
             window,
             known_reader: false,
@@ -123,24 +137,39 @@ mod tests {
     #[test]
     fn a_read_belongs_to_the_window_that_holds_it() {
         let streams = [viewer(1, 1000, 0..1_000), viewer(2, 1000, 50_000..51_000)];
-        assert_eq!(route(&streams, 1000, Some(&(50_100..50_200))), Some(2));
-        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(1));
+        assert_eq!(
+            route(&streams, 1000, Some(&(50_100..50_200))),
+            Some(StreamId(2))
+        );
+        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(StreamId(1)));
         // Overlapping windows: the reader nearest behind, unless the process is known.
         let mut overlapping = [viewer(1, 1000, 0..1_000), viewer(2, 1000, 400..1_400)];
-        assert_eq!(route(&overlapping, 1000, Some(&(500..600))), Some(2));
+        assert_eq!(
+            route(&overlapping, 1000, Some(&(500..600))),
+            Some(StreamId(2))
+        );
         overlapping[0].known_reader = true;
-        assert_eq!(route(&overlapping, 1000, Some(&(500..600))), Some(1));
+        assert_eq!(
+            route(&overlapping, 1000, Some(&(500..600))),
+            Some(StreamId(1))
+        );
     }
 
     #[test]
     fn a_jump_goes_to_the_process_s_stream_then_to_one_waiting_for_its_player() {
         let mut streams = [viewer(1, 1000, 0..1_000), viewer(2, 1000, 50_000..51_000)];
-        assert_eq!(route(&streams, 1000, Some(&(90_000..90_100))), Some(2));
+        assert_eq!(
+            route(&streams, 1000, Some(&(90_000..90_100))),
+            Some(StreamId(2))
+        );
         streams[0].known_reader = true;
-        assert_eq!(route(&streams, 1000, Some(&(90_000..90_100))), Some(1));
+        assert_eq!(
+            route(&streams, 1000, Some(&(90_000..90_100))),
+            Some(StreamId(1))
+        );
         streams[0].known_reader = false;
         streams[0].waiting_for_reader = true;
-        assert_eq!(route(&streams, 1000, None), Some(1));
+        assert_eq!(route(&streams, 1000, None), Some(StreamId(1)));
     }
 
     #[test]
@@ -148,16 +177,19 @@ mod tests {
         let mut recording = viewer(1, 1000, 0..0);
         recording.recording = true;
         let streams = [recording.clone(), viewer(2, 1001, 0..1_000)];
-        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(1));
-        assert_eq!(route(&streams, 1001, Some(&(10..20))), Some(2));
+        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(StreamId(1)));
+        assert_eq!(route(&streams, 1001, Some(&(10..20))), Some(StreamId(2)));
         assert_eq!(route(&streams, 1002, Some(&(10..20))), None);
         let with_reader = [recording, viewer(2, 1000, 0..1_000)];
-        assert_eq!(route(&with_reader, 1000, Some(&(10..20))), Some(2));
+        assert_eq!(
+            route(&with_reader, 1000, Some(&(10..20))),
+            Some(StreamId(2))
+        );
         // Root's streams take the reads of users with none of their own.
         let shared = [viewer(3, 0, 0..10), viewer(4, 1001, 100..200)];
-        assert_eq!(route(&shared, 1002, Some(&(5..6))), Some(3));
-        assert_eq!(route(&shared, 1001, Some(&(5..6))), Some(4));
-        assert_eq!(route(&shared, 0, Some(&(150..160))), Some(3));
+        assert_eq!(route(&shared, 1002, Some(&(5..6))), Some(StreamId(3)));
+        assert_eq!(route(&shared, 1001, Some(&(5..6))), Some(StreamId(4)));
+        assert_eq!(route(&shared, 0, Some(&(150..160))), Some(StreamId(3)));
     }
 
     #[test]
@@ -165,14 +197,14 @@ mod tests {
         let mut streams = vec![viewer(4, 1000, 0..1)];
         assert_eq!(kernel_entry(4, &streams).reader_uids, [1000, 1000]);
         streams.push(FileStream {
-            level: 3,
+            level: level(3),
             ..viewer(5, 1001, 0..1)
         });
         let entry = kernel_entry(4, &streams);
         assert_eq!((entry.stream, entry.level), (4, 1));
         // Another user's least urgent stream does not hide the first's requests.
         streams.push(FileStream {
-            level: 7,
+            level: AbissLevel::LOWEST,
             ..viewer(8, 1001, 0..1)
         });
         assert_eq!(kernel_entry(4, &streams).level, 1);
@@ -195,9 +227,9 @@ mod tests {
         )
             .prop_map(
                 |(owner, recording, start, len, known, waiting)| FileStream {
-                    id: 0,
+                    id: StreamId(0),
                     owner_uid: owner,
-                    level: 1,
+                    level: level(1),
                     recording,
                     window: start..start + len,
                     known_reader: known,
@@ -206,7 +238,7 @@ mod tests {
             );
         proptest::collection::vec(one, 1..MAX_STREAMS_PER_FILE).prop_map(|mut streams| {
             for (id, stream) in (1..).zip(&mut streams) {
-                stream.id = id;
+                stream.id = StreamId(id);
             }
             streams
         })
@@ -235,10 +267,10 @@ mod tests {
                     }
                 }
             }
-            let entry = kernel_entry(streams[0].id, &streams);
+            let entry = kernel_entry(streams[0].id.0, &streams);
             for stream in &streams {
                 prop_assert!(entry.reports(stream.owner_uid) || stream.owner_uid == 0);
-                prop_assert!(entry.level <= stream.level);
+                prop_assert!(entry.level <= stream.level.get());
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Tasks sharing raised threads' I/O contexts (`CLONE_IO`), counted per stream: each stays in
 //! the kernel's table of raised threads for as long as its raise.
 
+use abiss_proto::StreamId;
 use std::collections::HashMap;
 
 /// Tasks sharing a raised thread's I/O context (`CLONE_IO`) that a stream's raises together may
@@ -18,14 +19,14 @@ pub(crate) const MAX_SHARED_IO_TASKS_PER_STREAM: u32 = 16;
 pub(crate) struct SharedIoTasks {
     /// By raised thread: the stream it is raised for, and the tasks noted under its raises
     /// since it was last restored.
-    by_root: HashMap<u32, (u64, u32)>,
+    by_root: HashMap<u32, (StreamId, u32)>,
 }
 
 impl SharedIoTasks {
     /// One more task noted under the raise of thread `root` for `stream`. False once the
     /// stream's raises together have more than the bound: the raise is then to be dropped
     /// (and [`Self::forget`] called with it).
-    pub(crate) fn note(&mut self, root: u32, stream: u64) -> bool {
+    pub(crate) fn note(&mut self, root: u32, stream: StreamId) -> bool {
         let noted = self.by_root.entry(root).or_insert((stream, 0));
         // A thread raised for another stream now keeps the tasks noted under its earlier
         // raise (they stay in the table until it is restored): they count for the new one.
@@ -36,7 +37,7 @@ impl SharedIoTasks {
 
     /// Tasks noted under the raises for `stream`.
     #[must_use]
-    pub(crate) fn of_stream(&self, stream: u64) -> u32 {
+    pub(crate) fn of_stream(&self, stream: StreamId) -> u32 {
         self.by_root
             .values()
             .filter(|(of, _)| *of == stream)
@@ -51,7 +52,7 @@ impl SharedIoTasks {
 
 #[cfg(test)]
 mod tests {
-    use super::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
+    use super::{SharedIoTasks, StreamId, MAX_SHARED_IO_TASKS_PER_STREAM};
     use proptest::prelude::*;
 
     proptest! {
@@ -63,8 +64,9 @@ mod tests {
             steps in proptest::collection::vec((0u32..8, 0u64..3, proptest::bool::weighted(0.05)), 1..600),
         ) {
             let mut tasks = SharedIoTasks::default();
-            let mut model = std::collections::HashMap::<u32, (u64, u32)>::new();
-            for (root, stream, ends) in steps {
+            let mut model = std::collections::HashMap::<u32, (StreamId, u32)>::new();
+            for (root, number, ends) in steps {
+                let stream = StreamId(number);
                 if ends {
                     tasks.forget(root);
                     model.remove(&root);

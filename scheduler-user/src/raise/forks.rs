@@ -64,6 +64,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use abiss_os::{clock::monotonic_ns, ioprio};
+use abiss_proto::StreamId;
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
 use scheduler_common::{RaiseCounts, RaisedThread};
@@ -417,7 +418,7 @@ impl RaisedForks {
     /// context: the fork program found one raise's too many, or the raise is the table's for
     /// stream `stream` and that stream's raises together now have more than
     /// [`crate::policy::raise::MAX_SHARED_IO_TASKS_PER_STREAM`] noted.
-    pub(crate) fn too_many_shared(&mut self, fork: &Fork, stream: Option<u64>) -> bool {
+    pub(crate) fn too_many_shared(&mut self, fork: &Fork, stream: Option<StreamId>) -> bool {
         let raise = &fork.raise;
         if raise.over_bound {
             return true;

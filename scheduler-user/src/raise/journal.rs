@@ -21,6 +21,7 @@ use std::io;
 use abiss_os::{clock::monotonic_ns, ioprio};
 use abiss_proto::DeviceNumber;
 use log::{info, warn};
+use scheduler_common::AbissLevel;
 
 use super::task::task_identity;
 use super::{RaiseFor, ReaderRaises};
@@ -92,7 +93,7 @@ impl ReaderRaises {
         &mut self,
         stream: RaiseFor,
         fs_device: DeviceNumber,
-        level: u8,
+        level: AbissLevel,
     ) -> bool {
         if !self.enabled {
             return false;

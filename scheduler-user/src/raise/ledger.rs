@@ -3,7 +3,9 @@
 //! once; its reads of its stream's file are held against the stream, every raise together,
 //! those that ended included, and what passes the stream's allowance is its readers' user's.
 
+use abiss_proto::StreamId;
 use log::debug;
+use scheduler_common::MonotonicNs;
 
 use super::{ReaderRaises, StreamBounds};
 use crate::policy::raise::{stream_allowance_kib, Raise, OWN_FILE_SLACK_KIB};
@@ -42,7 +44,7 @@ impl ReaderRaises {
     /// Thread `pid` is about to be raised for `stream`: if it is raised for another stream,
     /// what it read of that one's file goes to that stream's ledger now (raised for another
     /// file, the kernel counts that file afresh).
-    pub(super) fn fold_own_of(&mut self, pid: u32, stream: u64) {
+    pub(super) fn fold_own_of(&mut self, pid: u32, stream: StreamId) {
         let Some(earlier) = self.table.get(pid).filter(|u| u.stream != stream) else {
             return;
         };
@@ -64,13 +66,13 @@ impl ReaderRaises {
     /// and drops the raises that read past it.
     pub(super) fn charge_streams(
         &mut self,
-        read_now: &std::collections::HashMap<u64, Vec<OwnRead>>,
+        read_now: &std::collections::HashMap<StreamId, Vec<OwnRead>>,
         hook: &mut dyn ForkHook,
         bounds: &mut dyn StreamBounds,
     ) {
-        let streams: Vec<u64> = self.ledgers.keys().copied().collect();
+        let streams: Vec<StreamId> = self.ledgers.keys().copied().collect();
         for stream in streams {
-            let Some((earned, buffer)) = bounds.admitted(stream, 0) else {
+            let Some((earned, buffer)) = bounds.admitted(stream, MonotonicNs::ZERO) else {
                 // Ended: `end_stream` charged what it read.
                 self.ledgers.remove(&stream);
                 continue;
@@ -110,7 +112,7 @@ impl ReaderRaises {
 
     /// Stream `stream` ends: what its raises read of its file past `allowance_kib` and was not
     /// charged yet is owed by its last reader's user ([`Self::take_owed`]).
-    pub(super) fn close_ledger(&mut self, stream: u64, allowance_kib: u64) {
+    pub(super) fn close_ledger(&mut self, stream: StreamId, allowance_kib: u64) {
         let Some(mut ledger) = self.ledgers.remove(&stream) else {
             return;
         };

@@ -4,7 +4,8 @@
 //! Either drops the raise at once and bars the thread from its stream's raises. Real-time I/O
 //! of the raise's own file within its bound keeps the raise from going idle.
 
-use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
+use abiss_proto::StreamId;
+use scheduler_common::{MonotonicNs, MAX_SHARED_IO_TASKS_PER_RAISE};
 
 use std::collections::HashMap;
 
@@ -73,7 +74,7 @@ impl ReaderRaises {
     /// together passed what it was admitted for since it was attached; bars it from the
     /// stream's raises.
     pub(super) fn police(&mut self, hook: &mut dyn ForkHook, bounds: &mut dyn StreamBounds) {
-        let mut read_now: HashMap<u64, Vec<OwnRead>> = HashMap::new();
+        let mut read_now: HashMap<StreamId, Vec<OwnRead>> = HashMap::new();
         for raise in self.table.all() {
             let pid = raise.task.pid;
             let Some(use_of) = self.forks.use_of(pid) else {
@@ -108,7 +109,7 @@ impl ReaderRaises {
                 read.push((pid, raise.uid, new_own));
             }
             let allowed = bounds
-                .admitted(raise.stream, raise.raised_ns)
+                .admitted(raise.stream, MonotonicNs(raise.raised_ns))
                 .map_or(u64::MAX, |(earned, buffer)| {
                     stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });

@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use abiss_os::{clock::monotonic_ns, ioprio};
-use abiss_proto::RaiseReport;
+use abiss_os::{clock::monotonic_now, ioprio};
+use abiss_proto::{RaiseReport, StreamId};
 use hdrhistogram::Histogram;
 use log::{debug, info, warn};
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 use crate::kernel::events::Reader;
 use crate::policy::raise::{
@@ -47,11 +48,11 @@ const POLICE_INTERVAL_NS: u64 = 250_000_000;
 
 /// What the streams' side tells and lends the policing of raises ([`misuse`]).
 pub(crate) trait StreamBounds {
-    /// What stream `stream` was admitted for since `since_ns` (0: since it was attached, as
-    /// far as its rate changes are kept): the bytes its rates earned since, and its buffer,
+    /// What stream `stream` was admitted for since `since` ([`MonotonicNs::ZERO`]: since it
+    /// was attached, as far as its rate changes are kept): the bytes its rates earned since, and its buffer,
     /// which bound what its raised readers may read of its file at the raised priority. `None`
     /// if there is no such stream.
-    fn admitted(&self, stream: u64, since_ns: u64) -> Option<(u128, u64)>;
+    fn admitted(&self, stream: StreamId, since: MonotonicNs) -> Option<(u128, u64)>;
 
     /// Charges user `uid` for `kib` KiB of real-time reads of a raised thread of theirs beyond
     /// what its stream was admitted for ([`crate::policy::stray`]): out of their start-up
@@ -67,7 +68,7 @@ pub(crate) trait StreamBounds {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RaiseFor {
     /// The stream.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Its file's tag ([`crate::stream::Stream::file_tag`]).
     pub(crate) file_tag: u64,
 }
@@ -94,21 +95,21 @@ pub(crate) struct ReaderRaises {
     latency: Histogram<u64>,
     total: u64,
     restored: u64,
-    per_stream: HashMap<u64, u64>,
+    per_stream: HashMap<StreamId, u64>,
     /// Raises dropped for stray real-time requests.
     policed: u64,
     /// Per stream, the threads whose raise was dropped: never raised again for it.
-    barred: HashMap<u64, BarredThreads>,
+    barred: HashMap<StreamId, BarredThreads>,
     /// Set while the record cannot be written: no thread is raised then (a crash would leave
     /// it raised for good), and a miss tries the record again from this time on.
-    unrecorded_retry_ns: Option<u64>,
+    unrecorded_retry: Option<MonotonicNs>,
     /// The tasks raised threads make.
     forks: RaisedForks,
     /// Per stream, the tasks adopted from its players' start raises ([`adoption`]).
-    adopted: HashMap<u64, u64>,
+    adopted: HashMap<StreamId, u64>,
     /// When a full stream's raises were last looked at for threads that are gone (any
     /// stream's: the bound is on abissd's work, not per stream).
-    gone_checked_ns: Option<u64>,
+    gone_checked: Option<MonotonicNs>,
     /// Per user, KiB of real-time reads that raises which ended had made and were not charged
     /// for ([`Self::take_owed`]).
     owed: HashMap<u32, u64>,
@@ -116,7 +117,7 @@ pub(crate) struct ReaderRaises {
     journals: journal::JournalThreads,
     /// Per stream, what its raises read of its file at real time, every raise together
     /// ([`ledger`]).
-    ledgers: HashMap<u64, StreamLedger>,
+    ledgers: HashMap<StreamId, StreamLedger>,
 }
 
 impl ReaderRaises {
@@ -136,10 +137,10 @@ impl ReaderRaises {
             per_stream: HashMap::new(),
             policed: 0,
             barred: HashMap::new(),
-            unrecorded_retry_ns: None,
+            unrecorded_retry: None,
             forks,
             adopted: HashMap::new(),
-            gone_checked_ns: None,
+            gone_checked: None,
             owed: HashMap::new(),
             journals: journal::JournalThreads::default(),
             ledgers: HashMap::new(),
@@ -153,7 +154,7 @@ impl ReaderRaises {
         &mut self,
         stream: RaiseFor,
         reader: &Reader,
-        when: (u64, u8),
+        when: (MonotonicNs, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
     ) -> bool {
@@ -170,7 +171,7 @@ impl ReaderRaises {
         &mut self,
         (stream, may_raise): (RaiseFor, bool),
         (tid, uid): (u32, u32),
-        when: (u64, u8),
+        when: (MonotonicNs, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
     ) -> Option<StartingReader> {
@@ -204,7 +205,7 @@ impl ReaderRaises {
         &mut self,
         RaiseFor { stream, file_tag }: RaiseFor,
         reader: &Reader,
-        (at_ns, level): (u64, u8),
+        (at, level): (MonotonicNs, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
         measured: bool,
@@ -227,17 +228,17 @@ impl ReaderRaises {
             debug!("stream {stream}: thread {pid} lost its raise for stray I/O; not raised again");
             return false;
         }
-        if !self.room_for(stream, pid, uid, at_ns) {
+        if !self.room_for(stream, pid, uid, at) {
             return false;
         }
         let Ok(current) = ioprio::get(pid) else {
             return false;
         };
         let Some(target) = raised_priority(current, level) else {
-            self.table.touch(pid, stream, at_ns);
+            self.table.touch(pid, stream, at.0);
             return false;
         };
-        if !self.can_record(at_ns) {
+        if !self.can_record(at) {
             debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
             return false;
         }
@@ -247,9 +248,9 @@ impl ReaderRaises {
         let Some(followed) = self.follow_and_raise(raising, pid, (current, target), hook) else {
             return false;
         };
-        let done = monotonic_ns();
+        let done = monotonic_now();
         if measured {
-            let _ = self.latency.record(done.saturating_sub(at_ns).max(1_000));
+            let _ = self.latency.record(done.saturating_since(at).max(1_000));
         }
         let Some((task, followed)) =
             self.confirm_reader(reader, raising, (current, target), followed, hook)
@@ -263,10 +264,10 @@ impl ReaderRaises {
             file_tag,
             previous: current,
             applied: target,
-            last_access_ns: done,
-            raised_ns: done,
+            last_access_ns: done.0,
+            raised_ns: done.0,
             // A start raise's player makes its reading threads next ([`adoption`]).
-            started_ns: (!measured).then_some(done),
+            started_ns: (!measured).then_some(done.0),
             journal: false,
             uid,
             account: RaiseAccount::default(),
@@ -290,16 +291,16 @@ impl ReaderRaises {
         info!(
             "stream {stream}: raised thread {pid} ({}) from ioprio {current:#x} to {target:#x} in {} µs",
             reader.command,
-            done.saturating_sub(at_ns) / 1000
+            done.saturating_since(at) / 1000
         );
         true
     }
 
     /// Whether thread `pid` of user `uid` may be raised for `stream` now: the table has room
     /// for it, or has after the raises of threads that are gone were let go.
-    fn room_for(&mut self, stream: u64, pid: u32, uid: u32, now_ns: u64) -> bool {
+    fn room_for(&mut self, stream: StreamId, pid: u32, uid: u32, now: MonotonicNs) -> bool {
         if self.table.has_room(stream, pid, uid)
-            || (self.let_go_of_gone(stream, uid, now_ns) && self.table.has_room(stream, pid, uid))
+            || (self.let_go_of_gone(stream, uid, now) && self.table.has_room(stream, pid, uid))
         {
             return true;
         }
@@ -347,14 +348,14 @@ impl ReaderRaises {
     /// on a miss that waits for its raise, so it is kept short: a thread is gone when `/proc`
     /// has no entry for it (a reused id keeps its place until it idles out); a gone thread has
     /// nothing to put back, and the record is rewritten with the next raise.
-    fn let_go_of_gone(&mut self, stream: u64, uid: u32, now_ns: u64) -> bool {
+    fn let_go_of_gone(&mut self, stream: StreamId, uid: u32, now: MonotonicNs) -> bool {
         if self
-            .gone_checked_ns
-            .is_some_and(|at| now_ns.saturating_sub(at) < GONE_CHECK_NS)
+            .gone_checked
+            .is_some_and(|at| now.saturating_since(at) < GONE_CHECK_NS)
         {
             return false;
         }
-        self.gone_checked_ns = Some(now_ns);
+        self.gone_checked = Some(now);
         let gone: Vec<u32> = self
             .table
             .all()
@@ -390,8 +391,8 @@ impl ReaderRaises {
     }
 
     /// Thread `pid` touched stream `stream`'s file.
-    pub(crate) fn touch(&mut self, pid: u32, stream: u64, now_ns: u64) {
-        self.table.touch(pid, stream, now_ns);
+    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now: MonotonicNs) {
+        self.table.touch(pid, stream, now.0);
     }
 
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
@@ -399,11 +400,11 @@ impl ReaderRaises {
     /// their streams.
     pub(crate) fn expire(
         &mut self,
-        now_ns: u64,
+        now: MonotonicNs,
         hook: &mut dyn ForkHook,
         bounds: &mut dyn StreamBounds,
     ) {
-        let idle = self.table.take_idle(now_ns);
+        let idle = self.table.take_idle(now.0);
         self.restore_all(&idle, "idle", hook);
         self.police(hook, bounds);
         if !self.table.is_empty() {
@@ -414,7 +415,12 @@ impl ReaderRaises {
 
     /// Restores the threads raised for a stream that ends, and charges what its raises read
     /// of its file past `allowance_kib` (what it was admitted for, as it ends).
-    pub(crate) fn end_stream(&mut self, stream: u64, allowance_kib: u64, hook: &mut dyn ForkHook) {
+    pub(crate) fn end_stream(
+        &mut self,
+        stream: StreamId,
+        allowance_kib: u64,
+        hook: &mut dyn ForkHook,
+    ) {
         let taken = self.table.take_stream(stream);
         self.restore_all(&taken, "stream ended", hook);
         self.close_ledger(stream, allowance_kib);
@@ -456,8 +462,8 @@ impl ReaderRaises {
 
     /// Nanoseconds until an raise goes idle.
     #[must_use]
-    pub(crate) fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
-        let expiry = self.table.ns_until_next_expiry(now_ns);
+    pub(crate) fn ns_until_next_expiry(&self, now: MonotonicNs) -> Option<u64> {
+        let expiry = self.table.ns_until_next_expiry(now.0);
         // While a thread is raised, its stray requests are looked at this often; after the last
         // raise ended, once more, for counts made as it ended.
         if self.table.is_empty() && !self.forks.counts_to_prune() {
@@ -469,19 +475,19 @@ impl ReaderRaises {
 
     /// Whether a thread of `tgid` is raised for `stream`.
     #[must_use]
-    pub(crate) fn raises(&self, tgid: u32, stream: u64) -> bool {
+    pub(crate) fn raises(&self, tgid: u32, stream: StreamId) -> bool {
         self.table.raises(tgid, stream)
     }
 
     /// Readers of `stream` whose raise was dropped for stray real-time I/O.
     #[must_use]
-    pub(crate) fn policed_for(&self, stream: u64) -> u64 {
+    pub(crate) fn policed_for(&self, stream: StreamId) -> u64 {
         self.barred.get(&stream).map_or(0, BarredThreads::dropped)
     }
 
     /// Raises made for `stream` so far.
     #[must_use]
-    pub(crate) fn count_for(&self, stream: u64) -> u64 {
+    pub(crate) fn count_for(&self, stream: StreamId) -> u64 {
         self.per_stream.get(&stream).copied().unwrap_or(0)
     }
 
@@ -544,10 +550,10 @@ impl ReaderRaises {
 
     /// Whether a raise may be recorded now: yes unless the last write failed, and then only
     /// if writing works again (tried at most every `RECORD_RETRY_NS`).
-    fn can_record(&mut self, now_ns: u64) -> bool {
-        match self.unrecorded_retry_ns {
+    fn can_record(&mut self, now: MonotonicNs) -> bool {
+        match self.unrecorded_retry {
             None => true,
-            Some(retry) if now_ns < retry => false,
+            Some(retry) if now < retry => false,
             Some(_) => {
                 let result = self.write_record(&self.table.all());
                 self.note_record(result)
@@ -557,7 +563,7 @@ impl ReaderRaises {
 
     /// Notes whether a write of the record worked, saying so when that changes; whether it did.
     fn note_record(&mut self, result: io::Result<()>) -> bool {
-        let was_unrecorded = self.unrecorded_retry_ns.is_some();
+        let was_unrecorded = self.unrecorded_retry.is_some();
         match result {
             Ok(()) => {
                 if was_unrecorded {
@@ -566,7 +572,7 @@ impl ReaderRaises {
                         self.record.display()
                     );
                 }
-                self.unrecorded_retry_ns = None;
+                self.unrecorded_retry = None;
                 true
             }
             Err(error) => {
@@ -576,7 +582,7 @@ impl ReaderRaises {
                         self.record.display()
                     );
                 }
-                self.unrecorded_retry_ns = Some(monotonic_ns() + RECORD_RETRY_NS);
+                self.unrecorded_retry = Some(monotonic_now().saturating_add(RECORD_RETRY_NS));
                 false
             }
         }

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use abiss_os::ioprio;
 use log::{info, warn};
+use scheduler_common::AbissLevel;
 
 use super::RAISES_FILE;
 use crate::policy::raise::{Raise, TaskId};
@@ -96,11 +97,7 @@ pub(super) fn restore(raise: &Raise) -> Restored {
 /// Whether putting a thread back from `applied` to `previous` lowers it: a raise always went
 /// to a strictly higher ABISS level, so its undoing never raises.
 fn lowers(previous: u16, applied: u16) -> bool {
-    let level = |prio: u16| {
-        let (class, level) = scheduler_common::ioprio::split(prio);
-        scheduler_common::abiss_level::from_kernel(class, level)
-    };
-    level(previous) > level(applied)
+    AbissLevel::of_ioprio(previous) > AbissLevel::of_ioprio(applied)
 }
 
 /// Restores the threads a previous daemon raised and did not restore (it crashed), and

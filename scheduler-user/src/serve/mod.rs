@@ -23,9 +23,10 @@ use abiss_os::clock::monotonic_ns;
 use abiss_proto::{
     decode_envelope, encode_line, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, Envelope,
     EnvelopeError, ErrorKind, LatencyGroup, Refusal, Request, RequestRecord, Response,
-    StatusReport, StreamInfo, StreamTarget, PROTOCOL_VERSION,
+    StatusReport, StreamId, StreamInfo, StreamTarget, PROTOCOL_VERSION,
 };
 use log::warn;
+use scheduler_common::MonotonicNs;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc, oneshot, Semaphore};
 
@@ -74,7 +75,7 @@ pub(crate) enum Command {
         /// Which stream.
         target: StreamTarget,
         /// The answer: the stream ended.
-        reply: Reply<Result<u64, Refusal>>,
+        reply: Reply<Result<StreamId, Refusal>>,
     },
     /// Give a stream another rate.
     SetRate {
@@ -92,7 +93,7 @@ pub(crate) enum Command {
         /// The peer.
         uid: u32,
         /// The stream.
-        stream: u64,
+        stream: StreamId,
         /// The thread.
         tid: u32,
         /// The answer: whether it was raised now.
@@ -103,11 +104,11 @@ pub(crate) enum Command {
         /// The peer.
         uid: u32,
         /// The stream.
-        stream: u64,
+        stream: StreamId,
         /// Byte offset consumed up to.
         offset: u64,
-        /// When the application was there (`CLOCK_MONOTONIC` ns), if it said.
-        at_ns: Option<u64>,
+        /// When the application was there, if it said (the wire's `CLOCK_MONOTONIC` ns).
+        at: Option<MonotonicNs>,
     },
     /// The streams the peer may see.
     List {
@@ -319,7 +320,7 @@ async fn serve_requests(
                         uid: peer_uid,
                         stream,
                         offset,
-                        at_ns,
+                        at: at_ns.map(MonotonicNs),
                     })
                     .await;
                 continue;
@@ -346,7 +347,7 @@ async fn attach(
     peer_uid: u32,
     connection: u64,
     request: AttachRequest,
-    held: &mut HashSet<u64>,
+    held: &mut HashSet<StreamId>,
 ) -> Response {
     let fd = match socket.take_fd() {
         Some(Ok(fd)) => fd,

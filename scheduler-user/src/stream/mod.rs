@@ -10,10 +10,10 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use abiss_proto::{
-    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, StreamInfo, ABISS_LEVELS,
+    AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, ReaderInfo, StreamId, StreamInfo,
     PAGE_BYTES,
 };
-use scheduler_common::FileKey;
+use scheduler_common::{AbissLevel, FileKey, MonotonicNs};
 
 use crate::policy::admission::StreamDemand;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
@@ -42,8 +42,9 @@ pub(crate) const GROWTH_POLL_NS: u64 = 100_000_000;
 /// stream fails every load of its window, as often as the window asks again.
 pub(crate) const LOAD_FAILURE_LOG_NS: u64 = 60_000_000_000;
 
-/// Validates stream parameters (the client checked them too; the daemon trusts no client).
-pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachError> {
+/// Validates stream parameters (the client checked them too; the daemon trusts no client);
+/// the stream's level, as the wire's number is one.
+pub(crate) fn check_parameters(request: &AttachRequest) -> Result<AbissLevel, AttachError> {
     let bad = |message: String| Err(AttachError::BadParameter(message));
     if request.rate.0 == 0 || request.rate.0 > MAX_RATE_BPS {
         return bad(format!(
@@ -54,12 +55,12 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
     if request.batch_pages == 0 {
         return bad("a batch must be at least one page".into());
     }
-    if request.priority >= ABISS_LEVELS {
+    let Some(level) = AbissLevel::new(request.priority) else {
         return bad(format!(
             "priority {} is outside 0 (highest) to 7",
             request.priority
         ));
-    }
+    };
     let batch_bytes = u64::from(request.batch_pages) * PAGE_BYTES;
     if request.direct && !request.write {
         return bad(
@@ -103,14 +104,16 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<(), AttachErro
             ));
         }
     }
-    Ok(())
+    Ok(level)
 }
 
 /// A stream being served.
 #[derive(Debug)]
 pub(crate) struct Stream {
     /// Stream id.
-    pub(crate) id: u64,
+    pub(crate) id: StreamId,
+    /// Its ABISS level (what the client asked for, in `granted.priority`, checked).
+    pub(crate) level: AbissLevel,
     /// Its file's tag in the kernel maps: the id of the file's first stream still attached
     /// when this one was (see [`crate::policy::shared_file`]).
     pub(crate) file_tag: u64,
@@ -143,8 +146,8 @@ pub(crate) struct Stream {
     /// `io_uring` requests submitted on the file by readers.
     pub(crate) uring_requests: u64,
     /// Time of the newest position evidence (a read seen in the kernel, or a position
-    /// message), `CLOCK_MONOTONIC` ns.
-    pub(crate) newest_evidence_ns: u64,
+    /// message).
+    pub(crate) newest_evidence: MonotonicNs,
     /// When a failed load was last logged, and how many failed since without a log line.
     pub(crate) load_failures: (Option<u64>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
@@ -186,10 +189,11 @@ impl Stream {
         granted.buffer.0.saturating_mul(2)
     }
 
-    /// A stream over `file` with the granted parameters; returns the initial fill.
+    /// Stream `id` of the file tagged `file_tag`, at `level` (`granted.priority`, checked),
+    /// over `file` with the granted parameters; returns the initial fill.
     #[must_use]
     pub(crate) fn new(
-        (id, file_tag): (u64, u64),
+        (id, file_tag, level): (StreamId, u64, AbissLevel),
         owner: StreamOwner,
         granted: AttachRequest,
         file: CheckedFile,
@@ -227,6 +231,7 @@ impl Stream {
         );
         let stream = Self {
             id,
+            level,
             file_tag,
             owner_uid: owner.uid,
             connection: owner.connection,
@@ -241,7 +246,7 @@ impl Stream {
             misses: 0,
             seek_waits: 0,
             uring_requests: 0,
-            newest_evidence_ns: 0,
+            newest_evidence: MonotonicNs::ZERO,
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
@@ -276,7 +281,7 @@ impl Stream {
         now_ns: u64,
         ahead: &mut AheadByUser,
     ) {
-        let at = (self.id, self.granted.priority);
+        let at = (self.id, self.level);
         let uid = self.owner_uid;
         if let Some(recording) = self.kind.recording_mut() {
             let actions = ahead.with_room(uid, recording, |r| r.poll(&self.file, now_ns));
@@ -290,15 +295,15 @@ impl Stream {
         demand_of(&self.granted)
     }
 
-    /// Whether position evidence from `at_ns` is no older than what was seen (then it becomes
+    /// Whether position evidence from `at` is no older than what was seen (then it becomes
     /// the newest). Reads seen in the kernel and the application's position messages travel
     /// different ways; a message that arrives after a read it precedes (as after a seek) must
     /// not move the window back.
-    pub(crate) fn newer_evidence(&mut self, at_ns: u64) -> bool {
-        if at_ns < self.newest_evidence_ns {
+    pub(crate) fn newer_evidence(&mut self, at: MonotonicNs) -> bool {
+        if at < self.newest_evidence {
             return false;
         }
-        self.newest_evidence_ns = at_ns;
+        self.newest_evidence = at;
         true
     }
 
@@ -362,7 +367,7 @@ impl Stream {
         FileStream {
             id: self.id,
             owner_uid: self.owner_uid,
-            level: self.granted.priority,
+            level: self.level,
             recording: self.kind.is_recording(),
             window: self.playout.window_start().min(from)..to,
             known_reader: self.readers.contains(tgid),

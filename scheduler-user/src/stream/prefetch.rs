@@ -29,12 +29,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use abiss_os::ioprio;
+use abiss_proto::StreamId;
 use log::warn;
+use scheduler_common::AbissLevel;
 
 pub(crate) use crate::stream::mapped_file::MappedFile;
 
 mod ring;
-use crate::policy::priority::encoded_ioprio;
 use crate::serve::keyed_threads::KeyedThreads;
 use ring::submit_loads;
 
@@ -42,7 +43,7 @@ use ring::submit_loads;
 #[derive(Debug)]
 pub(crate) struct LoadJob {
     /// Stream id.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Seek generation (stale generations are cancelled).
     pub(crate) generation: u32,
     /// Page-aligned byte range.
@@ -84,7 +85,7 @@ pub(crate) enum LoadOutcome {
 #[derive(Debug)]
 pub(crate) struct LoadDone {
     /// Stream id.
-    pub(crate) stream: u64,
+    pub(crate) stream: StreamId,
     /// Seek generation.
     pub(crate) generation: u32,
     /// The range.
@@ -101,7 +102,7 @@ type Lockers = KeyedThreads<u32, LoadJob>;
 enum WorkerCommand {
     Load(LoadJob),
     Cancel {
-        stream: u64,
+        stream: StreamId,
         generation: Option<u32>,
     },
 }
@@ -109,7 +110,7 @@ enum WorkerCommand {
 /// Worker threads, one per ABISS level in use.
 #[derive(Debug)]
 pub(crate) struct PrefetchEngine {
-    workers: HashMap<u8, Worker>,
+    workers: HashMap<AbissLevel, Worker>,
     done: tokio::sync::mpsc::UnboundedSender<LoadDone>,
 }
 
@@ -138,7 +139,7 @@ impl PrefetchEngine {
         }
     }
 
-    fn worker(&mut self, level: u8) -> io::Result<&Worker> {
+    fn worker(&mut self, level: AbissLevel) -> io::Result<&Worker> {
         if !self.workers.contains_key(&level) {
             let (commands, receiver) = mpsc::channel();
             let done = self.done.clone();
@@ -159,7 +160,7 @@ impl PrefetchEngine {
     }
 
     /// Loads `job` at ABISS `level`.
-    pub(crate) fn load(&mut self, level: u8, job: LoadJob) -> io::Result<()> {
+    pub(crate) fn load(&mut self, level: AbissLevel, job: LoadJob) -> io::Result<()> {
         self.worker(level)?
             .commands
             .send(WorkerCommand::Load(job))
@@ -167,7 +168,7 @@ impl PrefetchEngine {
     }
 
     /// Cancels a stream's in-flight loads (of one generation, or all).
-    pub(crate) fn cancel(&mut self, level: u8, stream: u64, generation: Option<u32>) {
+    pub(crate) fn cancel(&mut self, level: AbissLevel, stream: StreamId, generation: Option<u32>) {
         if let Some(worker) = self.workers.get(&level) {
             let _ = worker
                 .commands
@@ -197,7 +198,7 @@ const RESTART_RESET: Duration = Duration::from_secs(60);
 /// A level's worker thread: runs its ring until the engine goes, and starts it again when it
 /// fails or panics (see the module documentation).
 fn supervise(
-    level: u8,
+    level: AbissLevel,
     commands: &Receiver<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) {
@@ -254,12 +255,12 @@ fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: LoadJob, error
 
 /// One ring's life: serves `held` (what came while the worker was down), then `commands`.
 fn run_worker(
-    level: u8,
+    level: AbissLevel,
     commands: &Receiver<WorkerCommand>,
     held: &mut Vec<WorkerCommand>,
     done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
 ) -> io::Result<()> {
-    ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level))?;
+    ioprio::set(ioprio::CALLING_THREAD, level.to_ioprio())?;
     // Locking waits for the reads; it runs in threads of its own (same priority) so this one
     // keeps queueing the next ranges at once. Waiting here would let a window fall behind its
     // reader by one disk access per batch. One locker per user: a user who makes the locks of
@@ -269,7 +270,7 @@ fn run_worker(
     let lockers = KeyedThreads::new(
         &format!("abiss-lock-{level}"),
         move |_uid| {
-            let _ = ioprio::set(ioprio::CALLING_THREAD, encoded_ioprio(level));
+            let _ = ioprio::set(ioprio::CALLING_THREAD, level.to_ioprio());
         },
         move |_uid, job: LoadJob| {
             let outcome = match job.file.lock(&job.range) {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use abiss_proto::{DeviceNumber, Refusal, PAGE_BYTES};
+use abiss_proto::{DeviceNumber, Refusal, StreamId, PAGE_BYTES};
 use scheduler_common::{AttachedFile, FileKey};
 
 use crate::policy::memory::locked_at_most;
@@ -14,15 +14,15 @@ use crate::stream::Stream;
 /// All streams, by id.
 #[derive(Debug, Default)]
 pub(crate) struct StreamTable {
-    streams: BTreeMap<u64, Stream>,
+    streams: BTreeMap<StreamId, Stream>,
     next_id: u64,
 }
 
 impl StreamTable {
     /// A fresh id.
-    pub(crate) fn next_id(&mut self) -> u64 {
+    pub(crate) fn next_id(&mut self) -> StreamId {
         self.next_id += 1;
-        self.next_id
+        StreamId(self.next_id)
     }
 
     /// Adds a stream.
@@ -31,18 +31,18 @@ impl StreamTable {
     }
 
     /// Removes a stream.
-    pub(crate) fn remove(&mut self, id: u64) -> Option<Stream> {
+    pub(crate) fn remove(&mut self, id: StreamId) -> Option<Stream> {
         self.streams.remove(&id)
     }
 
     /// A stream by id.
-    pub(crate) fn get_mut(&mut self, id: u64) -> Option<&mut Stream> {
+    pub(crate) fn get_mut(&mut self, id: StreamId) -> Option<&mut Stream> {
         self.streams.get_mut(&id)
     }
 
     /// A stream by id.
     #[must_use]
-    pub(crate) fn get(&self, id: u64) -> Option<&Stream> {
+    pub(crate) fn get(&self, id: StreamId) -> Option<&Stream> {
         self.streams.get(&id)
     }
 
@@ -123,7 +123,7 @@ impl StreamTable {
     /// Sum of the granted rates on `disk`, but for stream `except` (one whose rate is being
     /// changed).
     #[must_use]
-    pub(crate) fn reserved_on(&self, disk: DeviceNumber, except: Option<u64>) -> u64 {
+    pub(crate) fn reserved_on(&self, disk: DeviceNumber, except: Option<StreamId>) -> u64 {
         self.streams
             .values()
             .filter(|s| s.disk == disk && Some(s.id) != except)

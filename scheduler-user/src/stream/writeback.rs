@@ -23,8 +23,9 @@ use std::os::fd::AsRawFd;
 use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
-use abiss_proto::RecordingInfo;
+use abiss_proto::{RecordingInfo, StreamId};
 use log::{info, warn};
+use scheduler_common::AbissLevel;
 
 mod give_back;
 pub(crate) use give_back::GiveBack;
@@ -168,7 +169,7 @@ impl Recording {
     pub(crate) fn carry_out(
         &mut self,
         prefetch: &mut PrefetchEngine,
-        (stream, level): (u64, u8),
+        (stream, level): (StreamId, AbissLevel),
         file: &Arc<MappedFile>,
         actions: Vec<WriteAction>,
     ) {
@@ -210,7 +211,7 @@ impl Recording {
     }
 
     /// Allocating ahead failed: the stream goes on without it.
-    pub(crate) fn allocation_failed(&mut self, stream: u64, error: &dyn std::fmt::Display) {
+    pub(crate) fn allocation_failed(&mut self, stream: StreamId, error: &dyn std::fmt::Display) {
         info!("stream {stream}: no allocation ahead of the writer: {error}");
         self.window.allocation_failed();
     }
@@ -218,7 +219,7 @@ impl Recording {
     /// A write-back ended (`failed` with the error, if it did).
     pub(crate) fn written_back(
         &mut self,
-        stream: u64,
+        stream: StreamId,
         range: &Range<u64>,
         failed: Option<&io::Error>,
         now_ns: u64,

@@ -71,7 +71,7 @@ use std::path::Path;
 
 use abiss_client::Client;
 use abiss_proto::{
-    encode_line, AdmitRequest, AttachRequest, ByteRate, ByteSize, Envelope, Request,
+    encode_line, AdmitRequest, AttachRequest, ByteRate, ByteSize, Envelope, Request, StreamId,
 };
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
@@ -427,7 +427,7 @@ fn outlive(socket: &str) -> ExitCode {
     let _ = std::io::stdin().read_line(&mut go);
     for offset in 0..20 {
         // The non-blocking send AbissFile's reads use, and so libabiss's abiss_fread.
-        if client.try_position(1, offset).is_err() {
+        if client.try_position(StreamId(1), offset).is_err() {
             return ExitCode::SUCCESS;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use abiss_proto::StreamId;
 use abiss_tests::{attached_id, binary, Daemon};
 
 pub(crate) const MIB: u64 = 1 << 20;
@@ -108,7 +109,7 @@ pub(crate) fn run_recorder(
     serde_json::from_slice(&output.stdout).expect("recorder summary")
 }
 
-pub(crate) fn attach_for_writing(daemon: &Daemon, file: &Path) -> u64 {
+pub(crate) fn attach_for_writing(daemon: &Daemon, file: &Path) -> StreamId {
     let output = daemon.ctl([
         "attach".as_ref(),
         file.as_os_str(),

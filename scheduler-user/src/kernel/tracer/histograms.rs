@@ -2,7 +2,9 @@
 //! streams folded into per-disk totals), and the request records (counted, and swept of
 //! stale ones).
 
-use abiss_proto::{DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation};
+use abiss_proto::{
+    DeviceNumber, IoClass, IoPriority, LatencyGroup, Log2Histogram, Operation, StreamId,
+};
 use aya::maps::{HashMap, MapData, PerCpuHashMap};
 use scheduler_common::{
     request_state, AttachedFile, FileKey, HistogramKey, InflightRequest, LatencyCounters,
@@ -35,7 +37,7 @@ impl BlockTracer {
                     class: IoClass::from_kernel(key.class),
                     level: key.level,
                 },
-                stream: (key.stream != 0).then_some(key.stream),
+                stream: (key.stream != 0).then_some(StreamId(key.stream)),
                 requests: total.requests,
                 bytes: total.bytes,
                 inversions: total.inversions,

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 
 use abiss_proto::{
-    DeviceNumber, LatencyGroup, Log2Histogram, StatusReport, StreamInfo, LATENCY_BUCKETS,
+    DeviceNumber, LatencyGroup, Log2Histogram, StatusReport, StreamId, StreamInfo, LATENCY_BUCKETS,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -253,7 +253,7 @@ fn encode_block(snapshot: &Snapshot, encoder: &mut DescriptorEncoder) -> fmt::Re
 }
 
 /// Priority inversions per stream: its requests that ran below the stream's level.
-fn inversions(snapshot: &Snapshot) -> BTreeMap<u64, u64> {
+fn inversions(snapshot: &Snapshot) -> BTreeMap<StreamId, u64> {
     let mut found = BTreeMap::new();
     for group in snapshot.latency.iter().flatten() {
         if let Some(stream) = group.stream {

@@ -22,6 +22,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use abiss_proto::StreamId;
 use log::{debug, info};
 
 use crate::serve::closer::ClientFd;
@@ -40,7 +41,7 @@ const F_SETSIG: libc::c_int = 10;
 
 /// A recording whose stream ended.
 struct Ended {
-    stream: u64,
+    stream: StreamId,
     file: Arc<MappedFile>,
     /// How far the stream allocated.
     allocated_end: u64,
@@ -48,7 +49,7 @@ struct Ended {
 
 /// One waiting to be tried (again).
 struct Waiting {
-    stream: u64,
+    stream: StreamId,
     /// abissd's own write descriptor of the file (a reopen, so the client's open file is
     /// not counted as ours by the lease).
     file: ClientFd,
@@ -66,7 +67,7 @@ pub(crate) struct GiveBack {
 impl GiveBack {
     /// Stream `stream`, which allocated `file` up to `allocated_end`, ended: its blocks past
     /// the file's size are given back on the thread. Never waits.
-    pub(crate) fn ended(&mut self, stream: u64, file: Arc<MappedFile>, allocated_end: u64) {
+    pub(crate) fn ended(&mut self, stream: StreamId, file: Arc<MappedFile>, allocated_end: u64) {
         if self.sender.is_none() {
             let (sender, receiver) = mpsc::sync_channel(MAX_WAITING);
             match std::thread::Builder::new()
