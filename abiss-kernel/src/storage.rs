@@ -187,7 +187,10 @@ impl Layer {
             Kind::DeviceMapper { subsystem, .. } if subsystem.as_deref() != Some("LVM") => {
                 Some(self)
             }
-            _ => self.below.iter().find_map(Layer::layer_writing_from_own_pages),
+            _ => self
+                .below
+                .iter()
+                .find_map(Layer::layer_writing_from_own_pages),
         }
     }
 
@@ -371,9 +374,9 @@ pub enum Unservable {
     /// stack, and that layer in it.
     Layer {
         /// The whole stack under the file system.
-        stack: Layer,
+        stack: Box<Layer>,
         /// The layer in the way.
-        layer: Layer,
+        layer: Box<Layer>,
     },
 }
 
@@ -408,7 +411,6 @@ impl Unservable {
             }
         }
     }
-
 }
 
 /// Why a recording (a write stream) of a file on `stack` is not served, as the end of a
@@ -459,8 +461,8 @@ pub fn serving_disks(
     for stack in &stacks {
         if let Some(layer) = stack.unserved_layer() {
             return Err(Unservable::Layer {
-                stack: stack.clone(),
-                layer: layer.clone(),
+                stack: Box::new(stack.clone()),
+                layer: Box::new(layer.clone()),
             });
         }
         let disk = stack.serving_disk();

@@ -246,23 +246,41 @@ fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_md_or_several_devic
     slave(&linear, &sda2);
     let names = |disks: Vec<Layer>| disks.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
     for dev in ["253:0", "253:1", "253:2"] {
-        assert_eq!(names(serving_disks(&sys.0, None, number(dev)).unwrap()), ["sda"], "{dev}");
+        assert_eq!(
+            names(serving_disks(&sys.0, None, number(dev)).unwrap()),
+            ["sda"],
+            "{dev}"
+        );
     }
     // Reading streams pass through every one; recordings only through LVM's.
     let stack = |dev: &str| stack_of(&sys.0, number(dev)).unwrap();
     let reason = recording_reason(&stack("253:1")).expect("LVM on LUKS writes from dm-crypt");
     assert!(
-        reason.starts_with("is on dm-1 (253:1, LVM 'vg-root') → dm-0 (253:0, dm-crypt 'sda2_crypt')")
+        reason
+            .starts_with("is on dm-1 (253:1, LVM 'vg-root') → dm-0 (253:0, dm-crypt 'sda2_crypt')")
             && reason.contains(": dm-crypt 'sda2_crypt' writes a file's pages"),
         "{reason}"
     );
     let reason = recording_reason(&stack("253:2")).expect("an unnamed dm may write its own");
-    assert!(reason.contains("device mapper 'plain' may write"), "{reason}");
+    assert!(
+        reason.contains("device mapper 'plain' may write"),
+        "{reason}"
+    );
     let lvm = sys.device("dm-3", "253:3");
     write(&lvm, "dm/name", "vg-media\n");
     write(&lvm, "dm/uuid", "LVM-ghijkl\n");
     slave(&lvm, &sda2);
     assert_eq!(recording_reason(&stack("253:3")), None);
+    assert_eq!(
+        physical_disks(&sys.0, number("253:1")).unwrap()[0].name,
+        "sda",
+        "`--device` naming the top of the stack means the disk"
+    );
+}
+
+#[test]
+fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
+    let sys = FakeSys::new("refused-layers");
     // Striped LVM over two disks, an md raid1, and LUKS on the md: refused, naming the layer.
     let sdb = sys.device("sdb", "8:16");
     let sdc = sys.device("sdc", "8:32");
@@ -310,10 +328,8 @@ fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_md_or_several_devic
             .map(|d| d.name.clone())
             .collect()
     };
-    assert_eq!(disks("253:1"), ["sda"]);
     assert_eq!(disks("253:5"), ["sdb", "sdc"]);
     assert_eq!(disks("9:0"), ["sdb", "sdc"]);
-    assert_eq!(disks("8:2"), ["sda"]);
-    assert_eq!(disks("8:0"), ["sda"]);
+    assert_eq!(disks("8:16"), ["sdb"]);
     assert!(physical_disks(&sys.0, number("1:1")).is_none());
 }

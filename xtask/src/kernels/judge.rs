@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::image::Boot;
+use super::stacks::judge_stacks;
 use super::vm::{run_vm, Console, Serial};
 use super::{Check, Expect, Kernel, KernelsArgs, Outcome};
 
@@ -96,6 +97,11 @@ pub(super) fn judge(
         match kernel.expect {
             Expect::Runs { on } => {
                 judge_run(serial, on, &capabilities, read_secs, &mut checks);
+                let follows_readers = capabilities.as_array().into_iter().flatten().any(|c| {
+                    c.get("name").and_then(Value::as_str) == Some("read-tracking")
+                        && c.get("on").and_then(Value::as_bool) == Some(true)
+                });
+                judge_stacks(serial, follows_readers, &mut checks);
             }
             Expect::Refuses { exit_code } => judge_refusal(serial, exit_code, &mut checks),
         }
@@ -105,6 +111,10 @@ pub(super) fn judge(
         "plain-stderr",
         "attach-stderr",
         "reader-stderr",
+        "stack-failed-stderr",
+        "stack-abissd-log",
+        "stack-attach-stderr",
+        "stack-reader-stderr",
         "dmesg",
     ]
     .iter()
