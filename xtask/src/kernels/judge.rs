@@ -9,7 +9,7 @@ use serde_json::Value;
 use super::image::Boot;
 use super::stacks::judge_stacks;
 use super::vm::{run_vm, Console, Serial};
-use super::{Check, Expect, Kernel, KernelsArgs, Outcome};
+use super::{check, first_lines, Check, Expect, Kernel, KernelsArgs, Outcome};
 
 /// Boots `kernel` and judges what its `/init` reports.
 pub(super) fn boot_and_judge(
@@ -138,14 +138,6 @@ pub(super) fn judge(
 
 pub(super) fn tail(lines: &[String], count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join(" | ")
-}
-
-pub(super) fn check(checks: &mut Vec<Check>, name: &str, pass: bool, detail: impl Into<String>) {
-    checks.push(Check {
-        name: name.to_owned(),
-        pass,
-        detail: detail.into(),
-    });
 }
 
 /// A kernel abissd must run on: it answers, reports the documented parts, keeps a stream's
@@ -313,8 +305,4 @@ pub(super) fn leaves_nothing(serial: &Serial, checks: &mut Vec<Check>) {
         leftovers.is_empty(),
         format!("left: {leftovers:?}"),
     );
-}
-
-pub(super) fn first_lines(text: &str, count: usize) -> String {
-    text.lines().take(count).collect::<Vec<_>>().join(" / ")
 }

@@ -291,6 +291,20 @@ struct Check {
     detail: String,
 }
 
+/// Adds a check to `checks`.
+fn check(checks: &mut Vec<Check>, name: &str, pass: bool, detail: impl Into<String>) {
+    checks.push(Check {
+        name: name.to_owned(),
+        pass,
+        detail: detail.into(),
+    });
+}
+
+/// The first `count` lines of `text`, on one line.
+fn first_lines(text: &str, count: usize) -> String {
+    text.lines().take(count).collect::<Vec<_>>().join(" / ")
+}
+
 /// What one VM run showed.
 struct Outcome {
     kernel: &'static Kernel,

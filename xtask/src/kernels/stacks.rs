@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::judge::{check, first_lines};
 use super::vm::Serial;
-use super::Check;
+use super::{check, first_lines, Check};
 
 /// Seconds the paced reader reads the file on the stack (`init.sh` says the same): short,
 /// since TCG decrypts slowly and the main run has read for long.
