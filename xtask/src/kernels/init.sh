@@ -117,7 +117,8 @@ dmsetup create abiss-crypt --uuid CRYPT-PLAIN-abiss-crypt \
     && dmsetup create abiss-vg-lv --uuid LVM-abissabissabissabissabissabissabissabissabissabissabissabissab \
         --table "0 $sectors linear /dev/mapper/abiss-crypt 0" 2>>/tmp/dm.err \
     || { say stack-failed dmsetup; block stack-failed-stderr /tmp/dm.err; finish; }
-lv=$(basename "$(readlink -f /dev/mapper/abiss-vg-lv)")
+# Without udev, libdevmapper makes /dev/mapper/NAME a node of its own, not a link to dm-N.
+for d in /sys/block/dm-*; do [ "$(cat "$d/dm/name")" = abiss-vg-lv ] && lv=${d##*/}; done
 /usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-lv || { say stack-failed mke2fs; finish; }
 mkdir -p /mnt/stack /mnt/md
 mount -t ext4 /dev/mapper/abiss-vg-lv /mnt/stack || { say stack-failed mount; finish; }
