@@ -74,6 +74,12 @@ fi
 say answered-after "$started" "$(cut -d' ' -f1 /proc/uptime)"
 abissctl --socket $socket status --json >/tmp/status.json
 block status-json /tmp/status.json
+# abissd's requests at the loop device, by priority (judged with the stack's: stacks.rs).
+say main-disk "$(cat /sys/block/${dev#/dev/}/dev)"
+say abissd-pid $pid
+abissctl --socket $socket trace --events --json --device "${dev#/dev/}" >/tmp/events.json 2>/dev/null &
+tracer=$!
+sleep 1
 id=$(abissctl --socket $socket attach /mnt/disk/stream.bin --rate 1MB/s 2>/tmp/attach.err)
 say attach $? "$id"
 block attach-stderr /tmp/attach.err
@@ -86,6 +92,9 @@ abissctl --socket $socket list --json >/tmp/list.json
 block list-json /tmp/list.json
 abissctl --socket $socket detach "$id" >/tmp/detach.out 2>&1
 say detach $?
+kill $tracer
+wait $tracer
+block events /tmp/events.json
 kill -TERM $pid
 wait $pid
 say abissd-exit $?

@@ -101,7 +101,13 @@ pub(super) fn judge(
                     c.get("name").and_then(Value::as_str) == Some("read-tracking")
                         && c.get("on").and_then(Value::as_bool) == Some(true)
                 });
-                judge_stacks(serial, follows_readers, &mut checks);
+                // Linux 6.0 puts the task's priority in every bio it submits.
+                let priority_in_bio = uname
+                    .split(['.', '-', '+'])
+                    .next()
+                    .and_then(|major| major.parse::<u32>().ok())
+                    .is_some_and(|major| major >= 6);
+                judge_stacks(serial, follows_readers, priority_in_bio, &mut checks);
             }
             Expect::Refuses { exit_code } => judge_refusal(serial, exit_code, &mut checks),
         }
