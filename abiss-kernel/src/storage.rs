@@ -148,12 +148,49 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// The disk abissd serves a file of this device from: a partition's disk, else itself.
+    /// The disk abissd serves a file of this device from: the bottom of a chain of
+    /// partitions and device-mapper devices each built on one device (LVM on one disk, LUKS,
+    /// LVM on LUKS), else itself. A device-mapper device over one device remaps a bio in the
+    /// caller's context (dm-crypt submits its read clones there too, and decrypts in the
+    /// file's own pages), so the disk's requests keep the reader's priority and the file's
+    /// pages; [`Layer::unserved_layer`] says where a stack stops being such a chain.
     #[must_use]
     pub fn serving_disk(&self) -> &Layer {
-        match (&self.kind, self.below.first()) {
-            (Kind::Partition { .. }, Some(disk)) => disk,
+        match (&self.kind, self.below.as_slice()) {
+            (Kind::Partition { .. } | Kind::DeviceMapper { .. }, [one]) => one.serving_disk(),
             _ => self,
+        }
+    }
+
+    /// The first layer from the top through which abissd cannot serve a stream: an md array
+    /// (md's raid personalities submit from their own threads and spread a file over their
+    /// members), or a device-mapper device built on other than one device (striped or
+    /// mirrored LVM, dm-cache, a snapshot, a thin pool). `None` for a chain down to one disk.
+    #[must_use]
+    pub fn unserved_layer(&self) -> Option<&Layer> {
+        match (&self.kind, self.below.as_slice()) {
+            (Kind::Md { .. }, _) | (Kind::DeviceMapper { .. }, [] | [_, _, ..]) => Some(self),
+            (Kind::Partition { .. } | Kind::DeviceMapper { .. }, [one]) => one.unserved_layer(),
+            _ => None,
+        }
+    }
+
+    /// The first device-mapper layer from the top whose writes may reach the disk on pages
+    /// of its own, from its own workers: any but LVM's (whose linear volumes remap a bio in
+    /// place). dm-crypt encrypts a written page into a bounce page in its kcryptd workers
+    /// and submits that, so the disk's write requests carry no file, and a recording's
+    /// write-behind cannot be told or kept at its level there; a device mapper without a
+    /// uuid naming its maker is taken as one that might.
+    #[must_use]
+    pub fn layer_writing_from_own_pages(&self) -> Option<&Layer> {
+        match &self.kind {
+            Kind::DeviceMapper { subsystem, .. } if subsystem.as_deref() != Some("LVM") => {
+                Some(self)
+            }
+            _ => self
+                .below
+                .iter()
+                .find_map(Layer::layer_writing_from_own_pages),
         }
     }
 
@@ -333,9 +370,14 @@ pub enum Unservable {
         /// The device number its files report.
         device: DeviceNumber,
     },
-    /// A layer with a queue of its own over other devices (device mapper, md), whose requests
-    /// reach the disks from that layer's queue and workers.
-    Layer(Layer),
+    /// A layer abissd cannot serve through ([`Layer::unserved_layer`]): the file system's
+    /// stack, and that layer in it.
+    Layer {
+        /// The whole stack under the file system.
+        stack: Box<Layer>,
+        /// The layer in the way.
+        layer: Box<Layer>,
+    },
 }
 
 impl Unservable {
@@ -349,24 +391,52 @@ impl Unservable {
             Self::Unknown { device } => {
                 format!("is on device {device}, which is in no block device sysfs shows")
             }
-            Self::Layer(layer) => {
-                let what = match layer.kind {
-                    Kind::Md { .. } => "md",
-                    _ => "the device mapper",
+            Self::Layer { stack, layer } => {
+                let why = match &layer.kind {
+                    Kind::Md { level } => format!(
+                        "md ({} {level}) submits the requests of its members from its own threads and spreads a file over them, so abissd cannot keep a stream's priority through it",
+                        layer.name
+                    ),
+                    _ if layer.below.is_empty() => format!(
+                        "the device mapper's {} is built on no disk abissd could manage",
+                        layer.name
+                    ),
+                    _ => format!(
+                        "the device mapper's {} spreads the file over {} devices (striped or mirrored LVM, dm-cache, a snapshot), and abissd serves a stream from one disk; a device-mapper stack over one disk (LVM, LUKS, LVM on LUKS) is served",
+                        layer.name,
+                        layer.below.len()
+                    ),
                 };
-                format!(
-                    "is on {}: abissd manages disks with an elevator queue and cannot yet keep a stream's priority through {what}, whose requests reach the disks from its own queue and workers",
-                    layer.describe()
-                )
+                format!("is on {}: {why}", stack.describe())
             }
         }
     }
 }
 
+/// Why a recording (a write stream) of a file on `stack` is not served, as the end of a
+/// sentence that begins with the file's name; `None` when it is.
+#[must_use]
+pub fn recording_reason(stack: &Layer) -> Option<String> {
+    let layer = stack.layer_writing_from_own_pages()?;
+    let writes = match &layer.kind {
+        Kind::DeviceMapper {
+            subsystem: Some(subsystem),
+            ..
+        } if subsystem == "CRYPT" => "writes",
+        _ => "may write",
+    };
+    Some(format!(
+        "is on {}: {} {writes} a file's pages to the disk from its own workers on pages of its own, so abissd cannot tell a recording's writes there or keep their level; record on a file system without it (reading streams of it are served)",
+        stack.describe(),
+        layer.kind_text()
+    ))
+}
+
 /// The disks that serve the data of the file system of `mount` whose files report `device`:
-/// a partition's disk, a whole disk (or loop device) itself, each member of a btrfs the same
-/// way; one entry per disk. A device-mapper or md device anywhere on the way is
-/// [`Unservable::Layer`].
+/// a partition's disk, a whole disk (or loop device) itself, the one disk under a chain of
+/// device-mapper devices ([`Layer::serving_disk`]), each member of a btrfs the same way; one
+/// entry per disk. An md device, or a device-mapper device over several devices, anywhere
+/// on the way is [`Unservable::Layer`].
 ///
 /// # Errors
 /// Why no disk can serve it.
@@ -389,10 +459,13 @@ pub fn serving_disks(
     }
     let mut disks: Vec<Layer> = Vec::new();
     for stack in &stacks {
-        let disk = stack.serving_disk();
-        if !matches!(disk.kind, Kind::Disk | Kind::Loop { .. }) {
-            return Err(Unservable::Layer(stack.clone()));
+        if let Some(layer) = stack.unserved_layer() {
+            return Err(Unservable::Layer {
+                stack: Box::new(stack.clone()),
+                layer: Box::new(layer.clone()),
+            });
         }
+        let disk = stack.serving_disk();
         if !disks.iter().any(|seen| seen.device == disk.device) {
             disks.push(disk.clone());
         }

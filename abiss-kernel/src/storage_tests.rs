@@ -71,8 +71,8 @@ fn a_crypt_device_on_a_partition_goes_down_to_its_disk() {
     );
     assert_eq!(
         stack.serving_disk().name,
-        "dm-0",
-        "abissd serves by the dm device"
+        "sda",
+        "a dm device over one device is served from the disk beneath"
     );
     let physical: Vec<&str> = stack.physical().iter().map(|l| l.name.as_str()).collect();
     assert_eq!(physical, ["sda"]);
@@ -227,35 +227,99 @@ fn a_file_system_is_served_from_the_disks_under_it() {
 }
 
 #[test]
-fn a_device_mapper_or_md_layer_is_named_and_not_served_but_its_disks_can_be_managed() {
+fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_md_or_several_devices_are_not() {
     let sys = FakeSys::new("layers");
     sys.device("sda", "8:0");
     let sda2 = sys.device("sda/sda2", "8:2");
     write(&sda2, "partition", "2\n");
+    // LVM on LUKS on a partition, as Debian's and Ubuntu's encrypted installs make it.
     let dm = sys.device("dm-0", "253:0");
-    write(&dm, "dm/name", "root\n");
-    write(&dm, "dm/uuid", "CRYPT-LUKS2-abc-root\n");
+    write(&dm, "dm/name", "sda2_crypt\n");
+    write(&dm, "dm/uuid", "CRYPT-LUKS2-abc-sda2_crypt\n");
     slave(&dm, &sda2);
+    let root = sys.device("dm-1", "253:1");
+    write(&root, "dm/name", "vg-root\n");
+    write(&root, "dm/uuid", "LVM-abcdef\n");
+    slave(&root, &dm);
+    let linear = sys.device("dm-2", "253:2");
+    write(&linear, "dm/name", "plain\n");
+    slave(&linear, &sda2);
+    let names = |disks: Vec<Layer>| disks.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+    for dev in ["253:0", "253:1", "253:2"] {
+        assert_eq!(
+            names(serving_disks(&sys.0, None, number(dev)).unwrap()),
+            ["sda"],
+            "{dev}"
+        );
+    }
+    // Reading streams pass through every one; recordings only through LVM's.
+    let stack = |dev: &str| stack_of(&sys.0, number(dev)).unwrap();
+    let reason = recording_reason(&stack("253:1")).expect("LVM on LUKS writes from dm-crypt");
+    assert!(
+        reason
+            .starts_with("is on dm-1 (253:1, LVM 'vg-root') → dm-0 (253:0, dm-crypt 'sda2_crypt')")
+            && reason.contains(": dm-crypt 'sda2_crypt' writes a file's pages"),
+        "{reason}"
+    );
+    let reason = recording_reason(&stack("253:2")).expect("an unnamed dm may write its own");
+    assert!(
+        reason.contains("device mapper 'plain' may write"),
+        "{reason}"
+    );
+    let lvm = sys.device("dm-3", "253:3");
+    write(&lvm, "dm/name", "vg-media\n");
+    write(&lvm, "dm/uuid", "LVM-ghijkl\n");
+    slave(&lvm, &sda2);
+    assert_eq!(recording_reason(&stack("253:3")), None);
+    assert_eq!(
+        physical_disks(&sys.0, number("253:1")).unwrap()[0].name,
+        "sda",
+        "`--device` naming the top of the stack means the disk"
+    );
+}
+
+#[test]
+fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
+    let sys = FakeSys::new("refused-layers");
+    // Striped LVM over two disks, an md raid1, and LUKS on the md: refused, naming the layer.
     let sdb = sys.device("sdb", "8:16");
     let sdc = sys.device("sdc", "8:32");
+    let striped = sys.device("dm-4", "253:4");
+    write(&striped, "dm/name", "vg-striped\n");
+    write(&striped, "dm/uuid", "LVM-mnopqr\n");
+    slave(&striped, &sdb);
+    slave(&striped, &sdc);
+    let reason = serving_disks(&sys.0, None, number("253:4"))
+        .unwrap_err()
+        .reason();
+    assert!(
+        reason.starts_with("is on dm-4 (253:4, LVM 'vg-striped') → [sdb (8:16, disk); sdc")
+            && reason.contains("the device mapper's dm-4 spreads the file over 2 devices"),
+        "{reason}"
+    );
     let md = sys.device("md0", "9:0");
     write(&md, "md/level", "raid1\n");
     slave(&md, &sdb);
     slave(&md, &sdc);
-    let error = serving_disks(&sys.0, None, number("253:0")).unwrap_err();
-    let reason = error.reason();
-    assert!(
-        reason.starts_with("is on dm-0 (253:0, dm-crypt 'root') → sda2")
-            && reason.contains("through the device mapper"),
-        "{reason}"
-    );
-    let reason = serving_disks(&sys.0, None, number("9:0"))
+    let luks_on_md = sys.device("dm-5", "253:5");
+    write(&luks_on_md, "dm/name", "md0_crypt\n");
+    write(&luks_on_md, "dm/uuid", "CRYPT-LUKS2-def-md0_crypt\n");
+    slave(&luks_on_md, &md);
+    for dev in ["9:0", "253:5"] {
+        let error = serving_disks(&sys.0, None, number(dev)).unwrap_err();
+        let Unservable::Layer { layer, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(layer.name, "md0");
+        let reason = error.reason();
+        assert!(reason.contains("md (md0 raid1) submits"), "{reason}");
+    }
+    let table_only = sys.device("dm-6", "253:6");
+    write(&table_only, "dm/name", "zero\n");
+    let reason = serving_disks(&sys.0, None, number("253:6"))
         .unwrap_err()
         .reason();
-    assert!(
-        reason.contains("md0 (9:0, md raid1)") && reason.contains("through md,"),
-        "{reason}"
-    );
+    assert!(reason.contains("is built on no disk"), "{reason}");
     // `--device` naming any level means the disks at the bottom.
     let disks = |dev: &str| -> Vec<String> {
         physical_disks(&sys.0, number(dev))
@@ -264,9 +328,8 @@ fn a_device_mapper_or_md_layer_is_named_and_not_served_but_its_disks_can_be_mana
             .map(|d| d.name.clone())
             .collect()
     };
-    assert_eq!(disks("253:0"), ["sda"]);
+    assert_eq!(disks("253:5"), ["sdb", "sdc"]);
     assert_eq!(disks("9:0"), ["sdb", "sdc"]);
-    assert_eq!(disks("8:2"), ["sda"]);
-    assert_eq!(disks("8:0"), ["sda"]);
+    assert_eq!(disks("8:16"), ["sdb"]);
     assert!(physical_disks(&sys.0, number("1:1")).is_none());
 }

@@ -60,6 +60,10 @@ const TESTS: &[&str] = &[
     "curl",
     "xz-utils",
     "zstd",
+    // The kernels' guests build their storage stacks with the host's dmsetup and mdadm
+    // (copied into the initramfs with their libraries).
+    "dmsetup",
+    "mdadm",
     // Real players and recorders (the players test, `cargo xtask bench players` and
     // `recording`): ffmpeg, GStreamer with its libav plugins, mpv; xfs for the recording
     // benchmark's file-system rows, perf for its recorders' write(2) times.

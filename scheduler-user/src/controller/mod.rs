@@ -137,7 +137,7 @@ impl Controller {
     ) -> Result<StreamInfo, Refusal> {
         let level = check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
-        let disk = self.disks.serving(&mut file)?;
+        let disk = self.disks.serving(&mut file, request.write)?;
         if request.buffer_auto {
             // The tails are kept only while automatic streams run: the first one is sized from
             // what the disk did since they were last looked at.

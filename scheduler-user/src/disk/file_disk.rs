@@ -1,9 +1,11 @@
 //! Which disk serves a client's file: its mount (by the id `statx` reported, so a file in a
 //! btrfs subvolume, whose device number no mount shows, is found too), and the disks under
 //! that mount's file system, read through the one stack reader abissd and `abissctl doctor`
-//! share ([`abiss_kernel::storage`]): a partition's disk, a single-device btrfs's disk. A
-//! device-mapper or md layer, a btrfs over several disks and a file system on no block device
-//! each get one sentence naming what is in the way.
+//! share ([`abiss_kernel::storage`]): a partition's disk, the one disk under device-mapper
+//! devices each built on one device (LVM, LUKS, LVM on LUKS), a single-device btrfs's disk.
+//! An md array, a device-mapper device over several devices, a btrfs over several disks and
+//! a file system on no block device each get one sentence naming what is in the way; so does
+//! a recording through a device mapper that writes from pages of its own (dm-crypt).
 //!
 //! Only `/proc/self/mountinfo` and sysfs are read: nothing of the file's own file system,
 //! which may be a user's (a FUSE server that never answers), so this may run on the main
@@ -28,17 +30,18 @@ pub(crate) struct FileDisk {
 }
 
 /// The disk serving a file that reports `file_device` and was opened through mount
-/// `mount_id`, named `path` in sentences.
+/// `mount_id`, named `path` in sentences, for a recording when `write`.
 pub(crate) fn disk_of_file(
     file_device: DeviceNumber,
     mount_id: Option<u64>,
     path: &str,
+    write: bool,
 ) -> Result<FileDisk, Refusal> {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map(|text| storage::parse_mountinfo(&text))
         .unwrap_or_default();
     let mount = mount_id.and_then(|id| storage::mount_by_id(&mounts, id));
-    disk_in(Path::new(SYSFS), mount, file_device, path)
+    disk_in(Path::new(SYSFS), mount, file_device, path, write)
 }
 
 fn disk_in(
@@ -46,6 +49,7 @@ fn disk_in(
     mount: Option<&Mount>,
     file_device: DeviceNumber,
     path: &str,
+    write: bool,
 ) -> Result<FileDisk, Refusal> {
     let refused = |reason: String| Refusal::UnknownDevice(format!("{path} {reason}"));
     let disks =
@@ -53,6 +57,12 @@ fn disk_in(
     let [disk] = disks.as_slice() else {
         return Err(refused(storage::several_disks_reason(&disks)));
     };
+    if write {
+        let stacks = storage::file_system_stacks(sys, mount, file_device);
+        if let Some(reason) = stacks.iter().find_map(storage::recording_reason) {
+            return Err(refused(reason));
+        }
+    }
     Ok(FileDisk {
         disk: Disk {
             name: disk.name.clone(),
@@ -89,14 +99,43 @@ mod tests {
             fs_type: "btrfs".to_owned(),
             source: "/dev/loop3".to_owned(),
         };
-        let found = disk_in(&sys, Some(&mount), number("0:46"), "/mnt/sub/f").unwrap();
+        let found = disk_in(&sys, Some(&mount), number("0:46"), "/mnt/sub/f", false).unwrap();
         assert_eq!(found.disk.name, "loop3");
         assert_eq!(found.disk.number, number("7:3"));
         assert_eq!(found.kernel_device, number("0:45"));
         // Without its mount, nothing tells which btrfs an anonymous number belongs to.
-        let refusal = disk_in(&sys, None, number("0:46"), "/mnt/sub/f").unwrap_err();
+        let refusal = disk_in(&sys, None, number("0:46"), "/mnt/sub/f", false).unwrap_err();
         assert!(
             refusal.to_string().contains("/mnt/sub/f is on device 0:46"),
+            "{refusal}"
+        );
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+
+    #[test]
+    fn a_luks_file_is_read_from_the_disk_beneath_and_not_recorded() {
+        let sys = std::env::temp_dir().join(format!("abissd-file-disk-dm-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&sys);
+        let loop3 = sys.join("devices/virtual/block/loop3");
+        let dm = sys.join("devices/virtual/block/dm-0");
+        for (dir, dev) in [(&loop3, "7:3"), (&dm, "253:0")] {
+            std::fs::create_dir_all(dir.join("slaves")).unwrap();
+            std::fs::write(dir.join("dev"), dev).unwrap();
+        }
+        std::fs::create_dir_all(dm.join("dm")).unwrap();
+        std::fs::write(dm.join("dm/name"), "media\n").unwrap();
+        std::fs::write(dm.join("dm/uuid"), "CRYPT-LUKS2-abc-media\n").unwrap();
+        std::os::unix::fs::symlink(&loop3, dm.join("slaves/loop3")).unwrap();
+        std::fs::create_dir_all(sys.join("dev/block")).unwrap();
+        std::os::unix::fs::symlink(&dm, sys.join("dev/block/253:0")).unwrap();
+        let found = disk_in(&sys, None, number("253:0"), "/m/f", false).unwrap();
+        assert_eq!(found.disk.number, number("7:3"));
+        assert_eq!(found.kernel_device, number("253:0"));
+        let refusal = disk_in(&sys, None, number("253:0"), "/m/f", true).unwrap_err();
+        assert!(
+            refusal
+                .to_string()
+                .starts_with("/m/f is on dm-0 (253:0, dm-crypt 'media') → loop3 (7:3, loop"),
             "{refusal}"
         );
         std::fs::remove_dir_all(&sys).unwrap();

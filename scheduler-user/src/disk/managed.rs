@@ -202,9 +202,10 @@ impl Disks {
 
     /// The managed disk `file` lives on (found through its file system's stack: see
     /// [`crate::disk::file_disk`]), with any model saved since the daemon started taken up (a
-    /// broken one refuses). The file's kernel key takes its file system's own device.
-    pub(crate) fn serving(&mut self, file: &mut CheckedFile) -> Result<Disk, Refusal> {
-        let found = disk_of_file(file.file_device, file.mount_id, &file.path)?;
+    /// broken one refuses). The file's kernel key takes its file system's own device. A
+    /// recording (`write`) is refused through a layer that writes from pages of its own.
+    pub(crate) fn serving(&mut self, file: &mut CheckedFile, write: bool) -> Result<Disk, Refusal> {
+        let found = disk_of_file(file.file_device, file.mount_id, &file.path, write)?;
         let Some(managed) = self.disks.get_mut(&found.disk.number) else {
             return Err(Refusal::UnknownDevice(format!(
                 "{} is on {}, which abissd does not manage; start abissd with --device for it",

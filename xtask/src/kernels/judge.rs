@@ -7,8 +7,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::image::Boot;
+use super::stacks::judge_stacks;
 use super::vm::{run_vm, Console, Serial};
-use super::{Check, Expect, Kernel, KernelsArgs, Outcome};
+use super::{check, first_lines, Check, Expect, Kernel, KernelsArgs, Outcome};
 
 /// Boots `kernel` and judges what its `/init` reports.
 pub(super) fn boot_and_judge(
@@ -96,6 +97,17 @@ pub(super) fn judge(
         match kernel.expect {
             Expect::Runs { on } => {
                 judge_run(serial, on, &capabilities, read_secs, &mut checks);
+                let follows_readers = capabilities.as_array().into_iter().flatten().any(|c| {
+                    c.get("name").and_then(Value::as_str) == Some("read-tracking")
+                        && c.get("on").and_then(Value::as_bool) == Some(true)
+                });
+                // Linux 6.0 puts the task's priority in every bio it submits.
+                let priority_in_bio = uname
+                    .split(['.', '-', '+'])
+                    .next()
+                    .and_then(|major| major.parse::<u32>().ok())
+                    .is_some_and(|major| major >= 6);
+                judge_stacks(serial, follows_readers, priority_in_bio, &mut checks);
             }
             Expect::Refuses { exit_code } => judge_refusal(serial, exit_code, &mut checks),
         }
@@ -105,6 +117,10 @@ pub(super) fn judge(
         "plain-stderr",
         "attach-stderr",
         "reader-stderr",
+        "stack-failed-stderr",
+        "stack-abissd-log",
+        "stack-attach-stderr",
+        "stack-reader-stderr",
         "dmesg",
     ]
     .iter()
@@ -128,14 +144,6 @@ pub(super) fn judge(
 
 pub(super) fn tail(lines: &[String], count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join(" | ")
-}
-
-pub(super) fn check(checks: &mut Vec<Check>, name: &str, pass: bool, detail: impl Into<String>) {
-    checks.push(Check {
-        name: name.to_owned(),
-        pass,
-        detail: detail.into(),
-    });
 }
 
 /// A kernel abissd must run on: it answers, reports the documented parts, keeps a stream's
@@ -303,8 +311,4 @@ pub(super) fn leaves_nothing(serial: &Serial, checks: &mut Vec<Check>) {
         leftovers.is_empty(),
         format!("left: {leftovers:?}"),
     );
-}
-
-pub(super) fn first_lines(text: &str, count: usize) -> String {
-    text.lines().take(count).collect::<Vec<_>>().join(" / ")
 }

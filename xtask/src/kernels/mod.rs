@@ -26,6 +26,7 @@ mod archive;
 mod image;
 mod judge;
 mod report;
+mod stacks;
 mod vm;
 
 use archive::{Fetched, Series};
@@ -207,11 +208,29 @@ const KERNELS: &[Kernel] = &[
     },
 ];
 
-/// Modules the test needs, loaded in the guest when the kernel has them as modules.
-const MODULES: &[&str] = &["loop", "mq-deadline"];
+/// Modules the test needs, loaded in the guest when the kernel has them as modules: the
+/// loop device and its elevator; device mapper, dm-crypt and the cipher modes its
+/// `aes-xts-plain64` table asks the crypto API for (xts over ecb, which the kernel would
+/// otherwise ask modprobe for); md and its raid1.
+const MODULES: &[&str] = &[
+    "loop",
+    "mq-deadline",
+    "dm-mod",
+    "dm-crypt",
+    "xts",
+    "ecb",
+    "md-mod",
+    "raid1",
+];
 
-/// The host programs copied into the initramfs, with the libraries they link.
-const HOST_PROGRAMS: &[&str] = &["/usr/sbin/mke2fs", "/usr/sbin/bpftool"];
+/// The host programs copied into the initramfs, with the libraries they link: dmsetup and
+/// mdadm build the storage stacks (LVM's and cryptsetup's tools would make the same tables).
+const HOST_PROGRAMS: &[&str] = &[
+    "/usr/sbin/mke2fs",
+    "/usr/sbin/bpftool",
+    "/usr/sbin/dmsetup",
+    "/usr/sbin/mdadm",
+];
 
 /// The binaries of this build that run in the guest.
 const BUILD_BINARIES: &[&str] = &["abissd", "abissctl", "abiss-test-reader"];
@@ -270,6 +289,20 @@ struct Check {
     name: String,
     pass: bool,
     detail: String,
+}
+
+/// Adds a check to `checks`.
+fn check(checks: &mut Vec<Check>, name: &str, pass: bool, detail: impl Into<String>) {
+    checks.push(Check {
+        name: name.to_owned(),
+        pass,
+        detail: detail.into(),
+    });
+}
+
+/// The first `count` lines of `text`, on one line.
+fn first_lines(text: &str, count: usize) -> String {
+    text.lines().take(count).collect::<Vec<_>>().join(" / ")
 }
 
 /// What one VM run showed.

@@ -1,0 +1,296 @@
+//! Judging the guest's storage stacks (issue 35): LVM on LUKS (dm-linear over dm-crypt, made
+//! with dmsetup) over one loop device, served from that loop device; an md raid1 of two loop
+//! devices, refused. See `init.sh`'s second part.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::vm::Serial;
+use super::{check, first_lines, Check};
+
+/// Seconds the paced reader reads the file on the stack (`init.sh` says the same): short,
+/// since TCG decrypts slowly and the main run has read for long.
+const STACK_READ_SECS: u64 = 4;
+
+/// The checks of the stack run; their details carry its figures (the reader's misses,
+/// abissd's requests at the loop device by operation and priority) into the report. Where
+/// abissd follows readers (read-tracking) it must have seen no page-cache miss; before that,
+/// as on the plain loop device, the paced reader reads some pages itself and is raised.
+pub(super) fn judge_stacks(
+    serial: &Serial,
+    follows_readers: bool,
+    priority_in_bio: bool,
+    checks: &mut Vec<Check>,
+) {
+    if let Some(disk) = serial.say("main-disk") {
+        judge_loads(serial, "", disk, priority_in_bio, checks);
+    }
+    let built = serial.say("stack");
+    check(
+        checks,
+        "stacks built: LVM on LUKS over one loop device, md raid1 over two",
+        built.is_some(),
+        built.map_or_else(
+            || {
+                format!(
+                    "{}: {}",
+                    serial.say("stack-failed").unwrap_or("not reached"),
+                    first_lines(serial.block("stack-failed-stderr"), 2)
+                )
+            },
+            |line| format!("loop, its number, the LVM volume, its number, md members: {line}"),
+        ),
+    );
+    let Some(line) = built else {
+        return;
+    };
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let loop_number = fields.get(1).copied().unwrap_or("?");
+    let doctor = serial.block("stack-doctor");
+    check(
+        checks,
+        "`abissctl doctor` shows the stack, served from the loop device",
+        doctor.contains("LVM 'abiss-vg-lv'")
+            && doctor.contains("dm-crypt 'abiss-crypt'")
+            && doctor.contains(&format!("abiss can serve it from {}", fields[0])),
+        doctor_lines(doctor),
+    );
+    let write = serial.block("stack-write-stderr");
+    check(
+        checks,
+        "a recording through dm-crypt is refused with one sentence naming it",
+        serial
+            .number("stack-write-attach")
+            .is_some_and(|code| code != 0)
+            && write.contains("dm-crypt 'abiss-crypt' writes")
+            && write.trim().lines().count() == 1,
+        first_lines(write, 2),
+    );
+    judge_reader(serial, follows_readers, checks);
+    judge_loads(serial, "stack-", loop_number, priority_in_bio, checks);
+    judge_md(serial, checks);
+}
+
+/// The stream on the stack: attached, its paced reader on schedule with no deadline missed,
+/// and (where abissd follows readers) no page-cache miss seen by abissd.
+fn judge_reader(serial: &Serial, follows_readers: bool, checks: &mut Vec<Check>) {
+    let attach = serial.number("stack-attach");
+    check(
+        checks,
+        "`abissctl attach --rate 1MB/s` on the stack succeeds",
+        attach == Some(0),
+        format!(
+            "exit {attach:?}: {}",
+            first_lines(serial.block("stack-attach-stderr"), 2)
+        ),
+    );
+    let reader: Value = serde_json::from_str(
+        serial
+            .block("stack-reader")
+            .lines()
+            .next()
+            .unwrap_or_default(),
+    )
+    .unwrap_or(Value::Null);
+    let reads = reader.get("reads").and_then(Value::as_u64).unwrap_or(0);
+    let misses = reader.get("misses").and_then(Value::as_u64);
+    let scheduled = STACK_READ_SECS * 1_000_000 / 65_536;
+    check(
+        checks,
+        "stack: paced reader kept its schedule, 0 deadline misses",
+        misses == Some(0) && reads * 100 >= scheduled * 95,
+        format!(
+            "{reads} reads of {scheduled} scheduled, misses {:?}, max {} µs",
+            misses,
+            reader.get("max_ns").and_then(Value::as_u64).unwrap_or(0) / 1000
+        ),
+    );
+    let daemon_misses = stream_misses(serial.block("stack-list-json"));
+    if follows_readers {
+        check(
+            checks,
+            "stack: abissd counted 0 page-cache misses (the pages were resident when read)",
+            daemon_misses.len() == 1 && daemon_misses.iter().all(|&m| m == 0),
+            format!("misses per stream: {daemon_misses:?}"),
+        );
+    } else {
+        check(
+            checks,
+            "stack: abissd saw the stream (page-cache misses reported, not judged: no read-tracking)",
+            daemon_misses.len() == 1,
+            format!("misses per stream: {daemon_misses:?}"),
+        );
+    }
+}
+
+/// abissd's loads (its requests at loop device `loop_number`, from the request events
+/// `abissctl trace --events --json` streamed: the guest's `{run}events` block) were all at
+/// the stream's level, real time 0, and some carried the stream's tag (the file's own pages
+/// reached the disk); the other tasks' requests there are reported beside them. Before Linux
+/// 6.0 (`priority_in_bio` false) a buffered read's bio carries no task's priority at all
+/// (6.0's "block: Always initialize bio IO priority on submit" puts it there), so on a plain
+/// disk as through a stack the loads must be at none/0 there.
+fn judge_loads(
+    serial: &Serial,
+    run: &str,
+    loop_number: &str,
+    priority_in_bio: bool,
+    checks: &mut Vec<Check>,
+) {
+    let stream = serial
+        .say(&format!("{run}attach"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|id| id.parse::<u64>().ok());
+    let pid = serial.number(&format!("{run}abissd-pid"));
+    let events: Vec<Value> = serial
+        .block(&format!("{run}events"))
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|event: &Value| device_text(event) == loop_number)
+        .collect();
+    let expected = if priority_in_bio {
+        ("rt", 0)
+    } else {
+        ("none", 0)
+    };
+    let mut loads_by_priority: BTreeMap<String, u64> = BTreeMap::new();
+    let mut tagged = 0;
+    let mut loads = 0;
+    let mut off_level = 0;
+    for event in events
+        .iter()
+        .filter(|e| e.get("tgid").and_then(Value::as_i64) == pid)
+    {
+        loads += 1;
+        let priority = event.get("priority").cloned().unwrap_or(Value::Null);
+        let class = priority.get("class").and_then(Value::as_str).unwrap_or("?");
+        let level = priority.get("level").and_then(Value::as_u64).unwrap_or(9);
+        if (class, level) != expected {
+            off_level += 1;
+        }
+        if event.get("stream").and_then(Value::as_u64) == stream {
+            tagged += 1;
+        }
+        let operation = event
+            .get("operation")
+            .and_then(Value::as_str)
+            .unwrap_or("?");
+        *loads_by_priority
+            .entry(format!("{operation} {class}/{level}"))
+            .or_default() += 1;
+    }
+    let others: BTreeMap<String, u64> = events
+        .iter()
+        .filter(|e| e.get("tgid").and_then(Value::as_i64) != pid)
+        .fold(BTreeMap::new(), |mut by, event| {
+            let comm = event.get("comm").and_then(Value::as_str).unwrap_or("?");
+            let priority = event.get("priority").cloned().unwrap_or(Value::Null);
+            *by.entry(format!(
+                "{comm} {}/{}",
+                priority.get("class").and_then(Value::as_str).unwrap_or("?"),
+                priority.get("level").and_then(Value::as_u64).unwrap_or(9)
+            ))
+            .or_default() += 1;
+            by
+        });
+    check(
+        checks,
+        &format!(
+            "{}: abissd's loads reach the loop device at {}/{}, tagged with the stream{}",
+            if run.is_empty() { "plain ext4" } else { "stack" },
+            expected.0,
+            expected.1,
+            if priority_in_bio {
+                ""
+            } else {
+                " (before 6.0 a buffered read's bio carries no task's priority)"
+            }
+        ),
+        loads > 0 && off_level == 0 && tagged > 0,
+        format!(
+            "{loads} requests of abissd at {loop_number} ({tagged} tagged with stream {stream:?}), by operation and priority {loads_by_priority:?}; other tasks' requests there: {others:?}"
+        ),
+    );
+}
+
+/// The md raid1: attach refused with md's sentence, no stream made, abissd's disks put back
+/// and nothing of it left.
+fn judge_md(serial: &Serial, checks: &mut Vec<Check>) {
+    let refusal = serial.block("md-attach-stderr");
+    let doctor = serial.block("md-doctor");
+    check(
+        checks,
+        "md raid1: attach refused with one sentence naming md, doctor says the same",
+        serial.number("md-attach").is_some_and(|code| code != 0)
+            && refusal.contains("md (md0 raid1) submits")
+            && refusal.trim().lines().count() == 1
+            && doctor.contains("md (md0 raid1) submits"),
+        first_lines(refusal, 2),
+    );
+    let streams = stream_misses(serial.block("md-list-json"));
+    check(
+        checks,
+        "md raid1: the refusal made no stream",
+        streams.len() == 1,
+        format!(
+            "streams after the refusal (the stack's one expected): {}",
+            streams.len()
+        ),
+    );
+    let before = serial.say("stack-elevators-before").unwrap_or("?");
+    let after = serial.say("stack-elevators-after").unwrap_or("!");
+    check(
+        checks,
+        "stack run: abissd exits 0 and puts every disk's elevator back",
+        serial.number("stack-abissd-exit") == Some(0) && before == after,
+        format!(
+            "exit {:?}; elevators of the loop, md members before: {before}; after: {after}",
+            serial.number("stack-abissd-exit")
+        ),
+    );
+    let (bpf_before, bpf_after) = (
+        serial.number("stack-bpf-before"),
+        serial.number("stack-bpf-after"),
+    );
+    let leftovers = serial.say("stack-leftovers").unwrap_or("?");
+    check(
+        checks,
+        "stack run: no BPF programs, pins or socket left",
+        bpf_before.is_some() && bpf_before == bpf_after && leftovers.is_empty(),
+        format!("programs before {bpf_before:?}, after {bpf_after:?}; left: {leftovers:?}"),
+    );
+}
+
+/// The page-cache misses of each stream of an `abissctl list --json`.
+fn stream_misses(list: &str) -> Vec<u64> {
+    let list: Value = serde_json::from_str(list).unwrap_or(Value::Null);
+    list.as_array()
+        .or_else(|| list.get("streams").and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.get("misses").and_then(Value::as_u64))
+        .collect()
+}
+
+/// An event's device as `MAJ:MIN`.
+fn device_text(event: &Value) -> String {
+    let device = event.get("device").cloned().unwrap_or(Value::Null);
+    match (
+        device.get("major").and_then(Value::as_u64),
+        device.get("minor").and_then(Value::as_u64),
+    ) {
+        (Some(major), Some(minor)) => format!("{major}:{minor}"),
+        _ => device.as_str().unwrap_or("?").to_owned(),
+    }
+}
+
+/// The doctor's stack and served lines.
+fn doctor_lines(doctor: &str) -> String {
+    doctor
+        .lines()
+        .filter(|l| l.starts_with("stack") || l.starts_with("served") || l.starts_with("disk"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
