@@ -69,6 +69,9 @@ pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> 
         path: path.to_path_buf(),
         message,
     };
+    // Read beside the parse below: the kernel writes its 200 000 symbols out a page per read
+    // (70 ms at abissd's start on the lab machine).
+    let iomap_dio_end_io = std::thread::spawn(|| kernel_symbol("iomap_dio_bio_end_io"));
     // Parsed from memory: from the file, the parser asked the kernel for its position in it
     // (an `lseek`) at every type, most of abissd's start-up.
     let bytes = std::fs::read(path).map_err(|error| unreadable(error.to_string()))?;
@@ -92,7 +95,9 @@ pub fn probe(path: &Path) -> Result<(KernelSupport, Vec<Feature>), LayoutError> 
     let kiocb_ioprio = optional(Feature::UringReports, "kiocb", "ki_ioprio");
     let iomap_dio_iocb = optional(Feature::DirectIoTagging, "iomap_dio", "iocb");
     let kiocb_filp = optional(Feature::DirectIoTagging, "kiocb", "ki_filp");
-    let mut iomap_dio_end_io = kernel_symbol("iomap_dio_bio_end_io").unwrap_or(0);
+    let mut iomap_dio_end_io = (iomap_dio_end_io.join())
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        .unwrap_or(0);
     if iomap_dio_end_io == 0 {
         missing.push((
             Feature::DirectIoTagging,

@@ -27,7 +27,7 @@ use crate::kernel::preflight;
 use crate::kernel::ring_pump::{
     pump_ring, spawn_request_and_access_pumps, ACCESS_QUEUE, FORK_QUEUE,
 };
-use crate::kernel::tracer::{BlockTracer, TracerError};
+use crate::kernel::tracer::{BlockTracer, LoaderBtf, TracerError};
 use crate::policy::memory::LockedMemoryBudget;
 use crate::raise::forks::RaisedForks;
 use crate::raise::ReaderRaises;
@@ -274,6 +274,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     if !preflight::can_trace(caps) {
         return Err(DaemonError::NotPrivileged);
     }
+    let loader_btf = LoaderBtf::parse_aside(&config.btf);
     let support = layout::resolve(&config.btf)?;
     let (layout, off) = switched_off(support, &config.disabled);
     let metrics = (config.metrics.as_ref())
@@ -295,7 +296,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
         config.device_config,
         admission_settings(config),
     )?;
-    let mut tracer = BlockTracer::load(&layout, &config.btf, &off)?;
+    let mut tracer = BlockTracer::load(&layout, loader_btf, &off)?;
     tracer.set_managed_disks(&disks.numbers())?;
     let event_ring = tracer.take_event_ring()?;
     let playout_ring = tracer.take_playout_ring()?;

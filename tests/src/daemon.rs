@@ -14,7 +14,7 @@ use abiss_proto::{decode_line, encode_line, Envelope, Request, Response, StreamI
 use crate::devices::LoopDevice;
 use crate::lab_disk::DiskLoad;
 use crate::output::attached_id;
-use crate::{binary, Scratch};
+use crate::{binary, FixtureTimer, Scratch};
 
 /// abissd of this build as the one starter runs it, with its socket, state and models in
 /// `dir`: for a test that picks its own state directory, or whose start must fail.
@@ -105,6 +105,7 @@ impl Daemon {
                 .map(|pair| Path::new(&pair[1]));
             self.load = DiskLoad::on(devices);
         }
+        let _timer = FixtureTimer::start("abissd start");
         self.process = Some(self.command.start().expect("start abissd"));
     }
 
@@ -192,7 +193,9 @@ impl Daemon {
 
     /// Stops the daemon with SIGTERM and returns its exit status code.
     pub fn stop(&mut self) -> Option<i32> {
-        let code = self.process.take()?.stop();
+        let mut process = self.process.take()?;
+        let _timer = FixtureTimer::start("abissd stop");
+        let code = process.stop();
         self.load = None;
         code
     }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::devices::{Ext4Mount, LoopDevice};
 use crate::page_cache::evict;
 use crate::users::chmod;
-use crate::Scratch;
+use crate::{FixtureTimer, Scratch};
 
 /// An emulated laptop hdd from the lab (FUSE + loop device) with ext4 mounted; torn down on
 /// drop.
@@ -102,7 +102,9 @@ impl HddLab {
             || dir.path().join("backing"),
             |memory| memory.join(dir.path().file_name().unwrap_or_default()),
         );
+        let timer = FixtureTimer::start("lab hdd up");
         let lab = Lab::up(&options).expect("bring the lab hdd up");
+        drop(timer);
         if mkfs.is_some() {
             register_lab_disk(&lab, &options.state_dir);
         }
@@ -134,6 +136,7 @@ impl HddLab {
 
 impl Drop for HddLab {
     fn drop(&mut self) {
+        let _timer = FixtureTimer::start("lab hdd down");
         let device = device_number(self.lab.device());
         lab_disks().retain(|disk| Some(disk.device) != device);
         if let Err(error) = abiss_lab::Lab::down(&self.state_dir) {
@@ -325,6 +328,7 @@ pub fn write_cold_compressible_file(path: &Path, bytes: u64) {
 }
 
 fn write_cold(path: &Path, bytes: u64, shape: impl Fn(&mut [u8]) -> &mut [u8]) {
+    let _timer = FixtureTimer::start(format!("cold file of {} MiB", bytes >> 20));
     let model_off = ModelOff::for_file(path);
     let mut file = File::create(path).expect("create file");
     cold_blocks(bytes, |block| {

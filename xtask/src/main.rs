@@ -207,6 +207,11 @@ fn build(root: &std::path::Path, release: bool) -> anyhow::Result<()> {
 }
 
 fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow::Result<()> {
+    // The kernels test's packages come over the network while the compiler has the CPUs.
+    let kernel_packages = (!unit_only && filter.is_none()).then(|| {
+        let root = root.to_path_buf();
+        std::thread::spawn(move || kernels::prefetch(&root))
+    });
     build(root, false)?;
     let mut unit = vec!["test", "--workspace", "--lib", "--bins"];
     if let Some(filter) = filter {
@@ -219,7 +224,7 @@ fn test(root: &std::path::Path, unit_only: bool, filter: Option<&str>) -> anyhow
     if !nix_is_root() {
         anyhow::bail!("the integration tests load eBPF programs and create loop devices: run `cargo xtask test` as root");
     }
-    suite::run(root, filter)
+    suite::run(root, filter, kernel_packages)
 }
 
 fn nix_is_root() -> bool {

@@ -234,9 +234,18 @@ fn run_in_lane(
 }
 
 /// Builds and runs every integration-test binary (the lanes above), then prints the
-/// summary; any failing binary makes the run fail, after all have run.
-pub fn run(root: &Path, filter: Option<&str>) -> anyhow::Result<()> {
+/// summary; any failing binary makes the run fail, after all have run. The lanes start once
+/// `fetching` (the kernels test's packages, fetched while the tests build) has ended, so that
+/// no test runs beside the download and the kernels test does not fetch the same files.
+pub fn run(
+    root: &Path,
+    filter: Option<&str>,
+    fetching: Option<std::thread::JoinHandle<()>>,
+) -> anyhow::Result<()> {
     let binaries = build(root)?;
+    if let Some(fetching) = fetching {
+        let _ = fetching.join();
+    }
     let bin_dir = root.join("target").join("debug");
     let beside = |binary: &TestBinary| BESIDE_OTHERS.contains(&binary.source.as_str());
     let mut queue: Vec<TestBinary> = binaries.iter().filter(|b| beside(b)).cloned().collect();

@@ -99,14 +99,13 @@ pub(super) struct Boot {
     pub(super) packages: Vec<Fetched>,
 }
 
-/// Downloads and unpacks the kernel's packages (once) and makes its initramfs: the common
-/// archive followed by one with its modules (the kernel reads concatenated archives).
-pub(super) fn prepare(
+/// Downloads and unpacks the kernel's packages (once): the tree they unpacked into, and what
+/// they are.
+pub(super) fn unpacked(
     cache: &Path,
     kernel: &Kernel,
-    common: &Path,
     newest: bool,
-) -> anyhow::Result<Boot> {
+) -> anyhow::Result<(PathBuf, Vec<Fetched>)> {
     let tree = cache.join("unpacked").join(kernel.name);
     // The stamp names the files unpacked, so another choice (`--newest`, a pin gone) unpacks
     // anew.
@@ -124,7 +123,18 @@ pub(super) fn prepare(
         }
         std::fs::write(&stamp, names)?;
     }
-    let packages: Vec<Fetched> = packages.into_iter().map(|(p, _)| p).collect();
+    Ok((tree, packages.into_iter().map(|(p, _)| p).collect()))
+}
+
+/// Downloads and unpacks the kernel's packages (once) and makes its initramfs: the common
+/// archive followed by one with its modules (the kernel reads concatenated archives).
+pub(super) fn prepare(
+    cache: &Path,
+    kernel: &Kernel,
+    common: &Path,
+    newest: bool,
+) -> anyhow::Result<Boot> {
+    let (tree, packages) = unpacked(cache, kernel, newest)?;
     let vmlinuz = find_in(&tree.join("boot"), |name| name.starts_with("vmlinuz-"))?
         .with_context(|| format!("{}'s package has no boot/vmlinuz-*", kernel.name))?;
     let release = vmlinuz

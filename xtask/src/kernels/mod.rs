@@ -319,6 +319,23 @@ struct Outcome {
     log: String,
 }
 
+/// Downloads and unpacks every kernel's pinned packages into `target/kernels`, as the kernels
+/// test will: `cargo xtask test` does it while it builds, so that on a fresh machine the
+/// download (800 MB) waits for the network beside the compiler, not in the test's lane. Any
+/// failure is left for the test itself to report.
+pub fn prefetch(root: &Path) {
+    let cache = root.join("target/kernels");
+    for kernel in KERNELS {
+        if let Err(error) = image::unpacked(&cache, kernel, false) {
+            eprintln!(
+                "xtask: {}'s packages not fetched ahead ({error:#}); the kernels test will try again",
+                kernel.name
+            );
+            return;
+        }
+    }
+}
+
 /// Runs the kernels, writes the results, and fails if any check failed.
 pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
     let chosen: Vec<&'static Kernel> = if args.kernels.is_empty() {

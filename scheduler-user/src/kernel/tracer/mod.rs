@@ -202,6 +202,20 @@ impl Part<'_> {
 }
 
 /// The loaded tracer. Dropping it detaches and unloads everything.
+/// The kernel's BTF at a path, parsed for the loader on a thread of its own: the layout's
+/// parse of the same 6 MB ([`crate::kernel::layout::resolve`]) and the disks taken meanwhile
+/// need not wait for it (it was a tenth of abissd's start in the tests' debug build).
+pub(crate) struct LoaderBtf(std::thread::JoinHandle<Result<Btf, aya::BtfError>>);
+
+impl LoaderBtf {
+    pub(crate) fn parse_aside(path: &Path) -> Self {
+        let path = path.to_path_buf();
+        Self(std::thread::spawn(move || {
+            Btf::parse_file(&path, aya::Endianness::default())
+        }))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct BlockTracer {
     ebpf: Ebpf,
@@ -225,10 +239,11 @@ impl BlockTracer {
     /// program that cannot attach is an error. Then each is detached until it has work.
     pub(crate) fn load(
         layout: &KernelLayout,
-        btf_path: &Path,
+        btf: LoaderBtf,
         off: &[(Feature, String)],
     ) -> Result<Self, TracerError> {
-        let btf = Btf::parse_file(btf_path, aya::Endianness::default())
+        let btf = (btf.0.join())
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             .map_err(|source| TracerError::Btf { source })?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&btf))
