@@ -51,8 +51,11 @@ pub fn abiss_fork(ctx: BtfTracePointContext) -> i32 {
     forget_earlier_task(child_tid);
     let parent_tid: u32 = field(parent, layout!(task_pid));
     let context: u64 = field(parent, layout!(task_io_context));
-    let Some(raise) = followed_raise(parent_tid, field(parent, layout!(task_start_boottime)), context)
-    else {
+    let Some(raise) = followed_raise(
+        parent_tid,
+        field(parent, layout!(task_start_boottime)),
+        context,
+    ) else {
         return 0;
     };
     let child_started: u64 = field(child, layout!(task_start_boottime));

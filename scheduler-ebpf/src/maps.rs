@@ -11,10 +11,10 @@ use aya_ebpf::{
 };
 use scheduler_common::{
     AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RaiseCounts, RaisedRequest, RaisedThread, RequestOrigin, UringSubmission, EVENT_RING_BYTES,
-    FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS, MAX_HISTOGRAM_KEYS,
-    MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, MAX_URING_USERS, PLAYOUT_RING_BYTES,
-    READ_REPORT_BUCKETS,
+    LatencyCounters, RaiseCounts, RaisedRequest, RaisedThread, RequestOrigin, UringSubmission,
+    EVENT_RING_BYTES, FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS,
+    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, MAX_URING_USERS,
+    PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.

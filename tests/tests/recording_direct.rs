@@ -313,7 +313,7 @@ fn the_c_library_records_past_the_page_cache_at_real_time_against_a_best_effort_
             .and_then(|value| value.parse().ok())
             .unwrap_or_else(|| panic!("{name} in {line:?}"))
     };
-    let stream = field("stream");
+    let stream = abiss_proto::StreamId(field("stream"));
     let (requests, real_time, over, slowest_ms) = stream_writes(&records, stream);
     let by_others = records
         .iter()
