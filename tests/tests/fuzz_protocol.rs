@@ -44,7 +44,7 @@ mod generator;
 mod harness;
 
 use generator::{case, corpus_cases, request};
-use harness::{footprint, quantile, Harness, StatusProbe, BAD_HAND_OVERS};
+use harness::{bad_hand_overs, footprint, quantile, Harness, StatusProbe};
 
 /// The longest root's `status` may take, asked every 50 ms on a new connection from another
 /// thread for the whole run ([`StatusProbe`]): a debug build, on a machine of 2 CPUs that
@@ -115,7 +115,7 @@ fn fuzz() {
     let probe = StatusProbe::start(harness.borrow().daemon.socket());
 
     harness.borrow_mut().the_hand_over_check_sees_an_attach();
-    for kind in BAD_HAND_OVERS {
+    for kind in bad_hand_overs() {
         harness.borrow_mut().hand_over(kind);
     }
 

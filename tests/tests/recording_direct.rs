@@ -139,6 +139,18 @@ fn stream_writes(records: &[RequestRecord], stream: StreamId) -> (usize, usize, 
     (writes.len(), real_time.len(), over, slowest_ms)
 }
 
+/// The stream's writes were seen (more than ten), and all at real time.
+fn assert_every_write_at_real_time(real_time: usize, requests: usize) {
+    assert!(
+        real_time > 10,
+        "the stream's writes were seen: {real_time} of {requests} at real time"
+    );
+    assert_eq!(
+        real_time, requests,
+        "every write of the stream at real time"
+    );
+}
+
 /// The test: ffmpeg into `abissctl record rec.ts --rate 8Mbit/s` for 20 s on the lab
 /// hdd, against two buffered best-effort writers and a copy loop (a reader and a writer) under
 /// a small machine's dirty limits: the file is the input, the ring never overflows, and every
@@ -192,14 +204,7 @@ fn ffmpeg_into_abissctl_record_is_exact_without_overflow_and_written_at_real_tim
     assert!(recorded == fed, "the file is byte-identical to the input");
     assert_eq!(summary["overflows"], 0, "no overflow: {summary}");
     assert_eq!(summary["raised"], true, "the writer was raised: {summary}");
-    assert!(
-        real_time > 10,
-        "the stream's writes were seen: {real_time} of {requests} at real time"
-    );
-    assert_eq!(
-        real_time, requests,
-        "every write of the stream at real time"
-    );
+    assert_every_write_at_real_time(real_time, requests);
     assert!(
         slowest_ms < 500.0,
         "every real-time write within a quarter of the ring's 2 s: the slowest {slowest_ms:.2} ms"
@@ -341,14 +346,7 @@ fn the_c_library_records_past_the_page_cache_at_real_time_against_a_best_effort_
         on_disk.iter().all(|&byte| byte == 0x5a),
         "the file holds what was written"
     );
-    assert!(
-        real_time > 10,
-        "the stream's writes were seen: {real_time} of {requests} at real time"
-    );
-    assert_eq!(
-        real_time, requests,
-        "every write of the stream at real time"
-    );
+    assert_every_write_at_real_time(real_time, requests);
     assert_eq!(
         by_others, 0,
         "the recorder wrote its file itself, none of it through abissd's write-back"

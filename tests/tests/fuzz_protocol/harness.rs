@@ -428,41 +428,19 @@ impl StatusProbe {
     }
 }
 
-/// The `q`-quantile of `sorted`.
+/// The `q`-quantile of `sorted` (the lab's one quantile), zero when empty.
 pub(super) fn quantile(sorted: &[Duration], q: f64) -> Duration {
-    let last = sorted.len().saturating_sub(1);
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let at = ((last as f64) * q).round() as usize;
-    sorted.get(at).copied().unwrap_or_default()
+    abiss_lab::stats::quantile(sorted, q).unwrap_or_default()
 }
 
 /// The kinds of descriptor that can never be a stream's, each handed over alone with a
 /// well-formed attach by [`Harness::hand_over`].
-pub(super) const BAD_HAND_OVERS: [&str; 19] = [
-    "file",
-    "directory",
-    "opath",
-    "pipe",
-    "socket",
-    "null",
-    "other_disk",
-    "linger",
-    "fifo",
-    "fifo_read",
-    "fifo_write",
-    "fifo_no_writer",
-    "memfd",
-    "fuse",
-    "tty",
-    "eventfd",
-    "pidfd",
-    "opath_dir",
-    "opath_managed",
-];
+pub(super) fn bad_hand_overs() -> impl Iterator<Item = &'static str> {
+    // Every kind the generator hands over but the one that is a stream's.
+    super::generator::FD_KINDS
+        .into_iter()
+        .filter(|kind| *kind != "managed")
+}
 
 /// A well-formed attach of 1 MB/s, to go with one descriptor.
 fn attach_line() -> Vec<u8> {
