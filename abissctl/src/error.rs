@@ -1,4 +1,4 @@
-//! Errors of abissctl, each with its own exit code (docs/user-guide.md lists them).
+//! Errors of abissctl, each with its own exit code (docs/abissctl.md lists them).
 
 use abiss_client::{ClientError, RecordError};
 

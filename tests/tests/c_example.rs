@@ -419,7 +419,7 @@ fn fopen_opts_refuses_options_out_of_range() {
     let file_text = file.to_str().expect("a UTF-8 path");
     let recording_text = recording.to_str().expect("a UTF-8 path");
 
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         (&["--preroll", "-1", file_text, "r", "1000000"], "negative"),
         (
             &["--preroll", "1048576", recording_text, "w", "1000000"],
@@ -434,7 +434,11 @@ fn fopen_opts_refuses_options_out_of_range() {
             &["--preroll", "1", file_text, "w", "1000000"],
             "recording has no preroll",
         ),
-        (&["--flags", "2", file_text, "r", "1000000"], "unknown"),
+        (&["--flags", "4", file_text, "r", "1000000"], "unknown"),
+        (
+            &["--flags", "2", file_text, "r", "1000000"],
+            "ABISS_DIRECT records a file from its start",
+        ),
         (
             &["--flags", "1", recording_text, "w", "1000000"],
             "ABISS_BUFFER_AUTO",
