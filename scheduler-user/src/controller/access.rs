@@ -39,18 +39,23 @@ pub(super) struct RaiseBounds<'a> {
 
 impl StreamBounds for RaiseBounds<'_> {
     fn admitted(&self, stream: StreamId, since: MonotonicNs) -> Option<(u128, u64)> {
-        self.streams
-            .get(stream)
-            .map(|s| (s.rates.earned(since.0, self.now_ns), s.granted.buffer.0))
+        self.streams.get(stream).map(|s| {
+            (
+                s.rates.earned(since, MonotonicNs(self.now_ns)),
+                s.granted.buffer.0,
+            )
+        })
     }
 
     fn charge(&mut self, uid: u32, kib: u64) {
         self.burst
-            .charge(uid, kib.saturating_mul(1024), self.now_ns);
+            .charge(uid, kib.saturating_mul(1024), MonotonicNs(self.now_ns));
     }
 
     fn debt_kib(&self, uid: u32) -> u64 {
-        self.burst.debt(uid, self.now_ns).div_ceil(1024)
+        self.burst
+            .debt(uid, MonotonicNs(self.now_ns))
+            .div_ceil(1024)
     }
 }
 
@@ -58,7 +63,7 @@ impl StreamBounds for RaiseBounds<'_> {
 /// rates earned since it was attached, and the readahead slack (`policy::stray`).
 pub(super) fn own_file_allowance_kib(stream: &Stream, now_ns: u64) -> u64 {
     stream_allowance_kib(
-        stream.rates.earned(0, now_ns),
+        stream.rates.earned(MonotonicNs::ZERO, MonotonicNs(now_ns)),
         stream.granted.buffer.0,
         OWN_FILE_SLACK_KIB,
     )
@@ -75,7 +80,7 @@ impl Controller {
 /// right after whatever may end raises, so that the next raise knows who owes.
 fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now_ns: u64) {
     for (uid, kib) in raises.take_owed() {
-        burst.charge(uid, kib.saturating_mul(1024), now_ns);
+        burst.charge(uid, kib.saturating_mul(1024), MonotonicNs(now_ns));
     }
 }
 
@@ -88,7 +93,7 @@ fn raise_after_miss(
     when: (MonotonicNs, AbissLevel),
 ) {
     let (at, _) = when;
-    if burst.in_debt(reader.uid, at.0) {
+    if burst.in_debt(reader.uid, at) {
         log::debug!(
             "stream {}: thread {} not raised: uid {} owes for real-time reads",
             stream.id,
@@ -181,12 +186,12 @@ pub(super) fn fill_from_allowance(
     if wanted == 0 {
         return Vec::new();
     }
-    let granted = burst.grant(stream.owner_uid, wanted, now_ns);
+    let granted = burst.grant(stream.owner_uid, wanted, MonotonicNs(now_ns));
     log::debug!(
         "stream {}: filled {granted} of {wanted} bytes from the allowance",
         stream.id
     );
-    stream.playout.grant_credit(granted, now_ns)
+    stream.playout.grant_credit(granted, MonotonicNs(now_ns))
 }
 
 impl Controller {
@@ -209,7 +214,10 @@ impl Controller {
         let owner = stream.owner_uid;
         // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
         // still the stream's reader.
-        let raising = (raise_for(stream), !self.burst.in_debt(peer_uid, now_ns));
+        let raising = (
+            raise_for(stream),
+            !self.burst.in_debt(peer_uid, MonotonicNs(now_ns)),
+        );
         let hook = &mut self.tracer;
         let Some(reader) = self
             .raises
@@ -249,7 +257,7 @@ impl Controller {
         }
         log::debug!("stream {id}: position {offset}");
         let actions = moved(&mut self.burst, stream, now_ns, |playout| {
-            playout.on_position(offset, now_ns)
+            playout.on_position(offset, MonotonicNs(now_ns))
         });
         Self::execute(&mut self.prefetch, stream, actions);
     }
@@ -310,7 +318,7 @@ impl Controller {
                 // the window as a jump).
                 let actions = if stream.newer_evidence(event.at) {
                     moved(&mut self.burst, stream, now_ns, |playout| {
-                        playout.on_read(range, now_ns)
+                        playout.on_read(range, MonotonicNs(now_ns))
                     })
                 } else {
                     Vec::new()
@@ -345,7 +353,7 @@ impl Controller {
                     return;
                 }
                 moved(&mut self.burst, stream, now_ns, |playout| {
-                    playout.on_read(range, now_ns)
+                    playout.on_read(range, MonotonicNs(now_ns))
                 })
             }
         };
@@ -357,7 +365,7 @@ impl Controller {
         let now_ns = abiss_os::clock::monotonic_ns();
         // What an over-bound drop leaves owed counts before the next raise is decided.
         let burst = &self.burst;
-        let owes = |uid: u32| burst.in_debt(uid, now_ns);
+        let owes = |uid: u32| burst.in_debt(uid, MonotonicNs(now_ns));
         self.raises.on_fork(fork, &mut self.tracer, &owes);
         self.charge_owed(now_ns);
     }

@@ -76,7 +76,7 @@ impl Controller {
             raises,
             memory,
             // Full buckets at any time: time 0 is long enough ago.
-            burst: BurstAllowance::new(BurstLimits::DEFAULT, 0),
+            burst: BurstAllowance::new(BurstLimits::DEFAULT, MonotonicNs::ZERO),
             tails: LatencyTails::default(),
             departed: access::DepartedReaders::default(),
             give_back: GiveBack::default(),
@@ -176,9 +176,11 @@ impl Controller {
         };
         let start = StreamStart {
             now_ns,
-            credit_bytes: self
-                .burst
-                .grant(peer_uid, Stream::credit_limit_bytes(&request), now_ns),
+            credit_bytes: self.burst.grant(
+                peer_uid,
+                Stream::credit_limit_bytes(&request),
+                MonotonicNs(now_ns),
+            ),
         };
         let preroll = request.preroll;
         let (mut stream, mut actions) = Stream::new(
@@ -533,7 +535,7 @@ impl Controller {
             .filter_map(|s| {
                 let due = match &s.kind {
                     StreamKind::Recording(recording) => Some(recording.ns_until_due(now_ns)),
-                    StreamKind::Playback => s.playout.ns_until_next_load(now_ns),
+                    StreamKind::Playback => s.playout.ns_until_next_load(MonotonicNs(now_ns)),
                 };
                 match (due, s.ns_until_growth_check(now_ns)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -570,7 +572,7 @@ impl Controller {
         let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {
             let mut actions = stream.follow_growth(now_ns);
-            actions.extend(stream.playout.on_tick(now_ns));
+            actions.extend(stream.playout.on_tick(MonotonicNs(now_ns)));
             Self::execute(&mut self.prefetch, stream, actions);
             stream.record(&mut self.prefetch, now_ns, &mut ahead);
         }

@@ -6,7 +6,7 @@ use abiss_proto::{
     AttachRequest, AutoBufferInfo, ByteSize, DeviceNumber, IoClass, Refusal, StreamId, PAGE_BYTES,
 };
 use log::{info, warn};
-use scheduler_common::AbissLevel;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 use super::access::fill_from_allowance;
 use super::Controller;
@@ -275,7 +275,9 @@ impl Controller {
         let wanted = preroll_locked_bytes(end, stream.file_bytes)
             .saturating_sub(page_ceil(asked.min(end)))
             .max(head);
-        let granted = self.burst.grant(stream.owner_uid, wanted, now_ns);
+        let granted = self
+            .burst
+            .grant(stream.owner_uid, wanted, MonotonicNs(now_ns));
         if granted < wanted {
             info!(
                 "stream {}: preroll cut to {granted} of {wanted} bytes by the start-up allowance",

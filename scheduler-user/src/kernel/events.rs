@@ -96,8 +96,8 @@ pub(crate) struct InheritedRaise {
 /// thread made).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Fork {
-    /// When (`CLOCK_MONOTONIC` ns, the kernel's clock).
-    pub(crate) at_ns: u64,
+    /// When (the kernel's clock).
+    pub(crate) at: MonotonicNs,
     /// Thread id of the task that made it.
     pub(crate) parent: u32,
     /// Thread id of the new task.
@@ -127,7 +127,7 @@ pub(crate) fn inherited_raise(entry: &RaisedThread) -> Option<InheritedRaise> {
 pub(crate) fn decode_fork(bytes: &[u8]) -> Option<Fork> {
     let event: ForkEvent = read_record(bytes)?;
     Some(Fork {
-        at_ns: event.ts_ns,
+        at: MonotonicNs(event.ts_ns),
         parent: event.parent,
         child: event.child,
         raise: inherited_raise(&event.raise)?,
@@ -297,7 +297,7 @@ mod tests {
             raise,
         };
         let fork = decode_fork(&raw(&event)).expect("fork");
-        assert_eq!((fork.at_ns, fork.parent, fork.child), (9, 8, 12));
+        assert_eq!((fork.at, fork.parent, fork.child), (MonotonicNs(9), 8, 12));
         assert_eq!(
             fork.raise,
             InheritedRaise {

@@ -17,6 +17,8 @@
 
 use std::collections::BTreeMap;
 
+use scheduler_common::MonotonicNs;
+
 /// Nanoseconds per second.
 const NS: u128 = 1_000_000_000;
 
@@ -51,21 +53,22 @@ struct Bucket {
     scaled: u128,
     /// Bytes × 10⁹ owed ([`BurstAllowance::charge`]): what comes back repays it first.
     debt: u128,
-    last_ns: u64,
+    /// When it was last refilled.
+    refilled_at: MonotonicNs,
 }
 
 impl Bucket {
-    fn full(capacity: u64, now_ns: u64) -> Self {
+    fn full(capacity: u64, now: MonotonicNs) -> Self {
         Self {
             scaled: u128::from(capacity) * NS,
             debt: 0,
-            last_ns: now_ns,
+            refilled_at: now,
         }
     }
 
-    fn refill(&mut self, capacity: u64, rate_bps: u64, now_ns: u64) {
-        let elapsed = u128::from(now_ns.saturating_sub(self.last_ns));
-        self.last_ns = self.last_ns.max(now_ns);
+    fn refill(&mut self, capacity: u64, rate_bps: u64, now: MonotonicNs) {
+        let elapsed = u128::from(now.saturating_since(self.refilled_at));
+        self.refilled_at = self.refilled_at.max(now);
         let back = elapsed * u128::from(rate_bps);
         let repaid = back.min(self.debt);
         self.debt -= repaid;
@@ -107,34 +110,34 @@ pub(crate) struct BurstAllowance {
 impl BurstAllowance {
     /// Full buckets.
     #[must_use]
-    pub(crate) fn new(limits: BurstLimits, now_ns: u64) -> Self {
+    pub(crate) fn new(limits: BurstLimits, now: MonotonicNs) -> Self {
         Self {
             limits,
-            shared: Bucket::full(limits.shared_bytes, now_ns),
+            shared: Bucket::full(limits.shared_bytes, now),
             users: BTreeMap::new(),
         }
     }
 
     /// Grants a new stream of `uid` up to `wanted` bytes of start-up credit, and takes them
     /// from the buckets.
-    pub(crate) fn grant(&mut self, uid: u32, wanted: u64, now_ns: u64) -> u64 {
+    pub(crate) fn grant(&mut self, uid: u32, wanted: u64, now: MonotonicNs) -> u64 {
         if uid == 0 {
             return wanted;
         }
         let limits = self.limits;
         self.shared
-            .refill(limits.shared_bytes, limits.shared_rate_bps, now_ns);
+            .refill(limits.shared_bytes, limits.shared_rate_bps, now);
         let user = self
             .users
             .entry(uid)
-            .or_insert_with(|| Bucket::full(limits.user_bytes, now_ns));
-        user.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+            .or_insert_with(|| Bucket::full(limits.user_bytes, now));
+        user.refill(limits.user_bytes, limits.user_rate_bps, now);
         let granted = wanted.min(user.bytes()).min(self.shared.bytes());
         user.take(granted);
         self.shared.take(granted);
         // Forget users whose buckets are full again, so the map stays small.
         self.users.retain(|_, bucket| {
-            bucket.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+            bucket.refill(limits.user_bytes, limits.user_rate_bps, now);
             !bucket.is_full(limits.user_bytes)
         });
         granted
@@ -148,40 +151,40 @@ impl BurstAllowance {
     /// nothing of what the user owes: one user's debt must neither hold back the others nor
     /// empty what their fills, prerolls and refills come from (before, a user who owed 1 GiB
     /// took the shared 128 MiB with it). Root owes nothing.
-    pub(crate) fn charge(&mut self, uid: u32, bytes: u64, now_ns: u64) {
+    pub(crate) fn charge(&mut self, uid: u32, bytes: u64, now: MonotonicNs) {
         if uid == 0 || bytes == 0 {
             return;
         }
         let limits = self.limits;
         self.shared
-            .refill(limits.shared_bytes, limits.shared_rate_bps, now_ns);
+            .refill(limits.shared_bytes, limits.shared_rate_bps, now);
         let user = self
             .users
             .entry(uid)
-            .or_insert_with(|| Bucket::full(limits.user_bytes, now_ns));
-        user.refill(limits.user_bytes, limits.user_rate_bps, now_ns);
+            .or_insert_with(|| Bucket::full(limits.user_bytes, now));
+        user.refill(limits.user_bytes, limits.user_rate_bps, now);
         let paid = user.bytes().min(bytes);
         user.charge(bytes);
         let shared = self.shared.bytes().min(paid);
         self.shared.take(shared);
     }
 
-    /// Bytes user `uid` owes at `now_ns` ([`Self::charge`]).
+    /// Bytes user `uid` owes at `now` ([`Self::charge`]).
     #[must_use]
-    pub(crate) fn debt(&self, uid: u32, now_ns: u64) -> u64 {
+    pub(crate) fn debt(&self, uid: u32, now: MonotonicNs) -> u64 {
         self.users.get(&uid).map_or(0, |bucket| {
             let mut bucket = *bucket;
-            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
+            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now);
             u64::try_from(bucket.debt.div_ceil(NS)).unwrap_or(u64::MAX)
         })
     }
 
-    /// Whether user `uid` still owes for reads it was charged for at `now_ns`.
+    /// Whether user `uid` still owes for reads it was charged for at `now`.
     #[must_use]
-    pub(crate) fn in_debt(&self, uid: u32, now_ns: u64) -> bool {
+    pub(crate) fn in_debt(&self, uid: u32, now: MonotonicNs) -> bool {
         self.users.get(&uid).is_some_and(|bucket| {
             let mut bucket = *bucket;
-            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now_ns);
+            bucket.refill(self.limits.user_bytes, self.limits.user_rate_bps, now);
             bucket.debt > 0
         })
     }
@@ -212,61 +215,69 @@ mod tests {
 
     #[test]
     fn a_user_gets_the_bucket_then_the_rate() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        assert_eq!(burst.grant(7, 6_000, 0), 6_000);
-        assert_eq!(burst.grant(7, 6_000, 0), 4_000);
-        assert_eq!(burst.grant(7, 6_000, 0), 0);
-        assert_eq!(burst.grant(7, 6_000, 2 * S), 2_000);
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        assert_eq!(burst.grant(7, 6_000, MonotonicNs::ZERO), 6_000);
+        assert_eq!(burst.grant(7, 6_000, MonotonicNs::ZERO), 4_000);
+        assert_eq!(burst.grant(7, 6_000, MonotonicNs::ZERO), 0);
+        assert_eq!(burst.grant(7, 6_000, MonotonicNs(2 * S)), 2_000);
     }
 
     #[test]
     fn root_is_exempt_and_costs_nobody_anything() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        assert_eq!(burst.grant(0, u64::MAX, 0), u64::MAX);
-        assert_eq!(burst.grant(7, 10_000, 0), 10_000);
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        assert_eq!(burst.grant(0, u64::MAX, MonotonicNs::ZERO), u64::MAX);
+        assert_eq!(burst.grant(7, 10_000, MonotonicNs::ZERO), 10_000);
     }
 
     #[test]
     fn users_together_are_bounded_by_the_shared_bucket() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        let total: u64 = (1..=5).map(|uid| burst.grant(uid, 10_000, 0)).sum();
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        let total: u64 = (1..=5)
+            .map(|uid| burst.grant(uid, 10_000, MonotonicNs::ZERO))
+            .sum();
         assert_eq!(total, 25_000);
     }
 
     #[test]
     fn full_buckets_are_forgotten() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        burst.grant(7, 5_000, 0);
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        burst.grant(7, 5_000, MonotonicNs::ZERO);
         assert_eq!(burst.users_tracked(), 1);
-        burst.grant(8, 0, 10 * S);
+        burst.grant(8, 0, MonotonicNs(10 * S));
         assert_eq!(burst.users_tracked(), 0);
     }
 
     #[test]
     fn a_charge_beyond_the_bucket_is_owed_and_grants_nothing_until_repaid() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        burst.charge(7, 13_000, 0);
-        assert!(burst.in_debt(7, 0));
-        assert!(burst.in_debt(7, 2 * S), "3 000 owed, 2 000 back");
-        assert!(!burst.in_debt(8, 0), "one user's debt is theirs");
-        assert_eq!(burst.grant(7, 5_000, 2 * S), 0);
-        assert!(!burst.in_debt(7, 3 * S));
-        assert_eq!(burst.grant(7, 5_000, 4 * S), 1_000);
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        burst.charge(7, 13_000, MonotonicNs::ZERO);
+        assert!(burst.in_debt(7, MonotonicNs::ZERO));
+        assert!(
+            burst.in_debt(7, MonotonicNs(2 * S)),
+            "3 000 owed, 2 000 back"
+        );
+        assert!(
+            !burst.in_debt(8, MonotonicNs::ZERO),
+            "one user's debt is theirs"
+        );
+        assert_eq!(burst.grant(7, 5_000, MonotonicNs(2 * S)), 0);
+        assert!(!burst.in_debt(7, MonotonicNs(3 * S)));
+        assert_eq!(burst.grant(7, 5_000, MonotonicNs(4 * S)), 1_000);
         // Another user's bucket is whole.
-        assert_eq!(burst.grant(8, 20_000, 4 * S), 10_000);
-        burst.charge(0, u64::MAX, 5 * S);
-        assert!(!burst.in_debt(0, 5 * S));
+        assert_eq!(burst.grant(8, 20_000, MonotonicNs(4 * S)), 10_000);
+        burst.charge(0, u64::MAX, MonotonicNs(5 * S));
+        assert!(!burst.in_debt(0, MonotonicNs(5 * S)));
     }
 
     #[test]
     fn a_users_debt_leaves_the_shared_bucket_to_the_others() {
-        let mut burst = BurstAllowance::new(small(), 0);
-        burst.charge(7, 1 << 30, 0);
-        assert!(burst.debt(7, 0) > 0);
+        let mut burst = BurstAllowance::new(small(), MonotonicNs::ZERO);
+        burst.charge(7, 1 << 30, MonotonicNs::ZERO);
+        assert!(burst.debt(7, MonotonicNs::ZERO) > 0);
         // User 7's bucket paid 10 000 of it, and the shared one as much; the rest is 7's debt.
-        assert_eq!(burst.grant(8, 10_000, 0), 10_000);
-        assert_eq!(burst.grant(9, 10_000, 0), 5_000);
-        assert_eq!(burst.debt(8, 0), 0);
+        assert_eq!(burst.grant(8, 10_000, MonotonicNs::ZERO), 10_000);
+        assert_eq!(burst.grant(9, 10_000, MonotonicNs::ZERO), 5_000);
+        assert_eq!(burst.debt(8, MonotonicNs::ZERO), 0);
     }
 
     proptest! {
@@ -278,24 +289,24 @@ mod tests {
             steps in proptest::collection::vec((0u32..4, 0u64..40_000, 0u64..(S / 2)), 1..120)
         ) {
             let limits = small();
-            let mut burst = BurstAllowance::new(limits, 0);
+            let mut burst = BurstAllowance::new(limits, MonotonicNs::ZERO);
             let mut now = 0u64;
             for (who, bytes, step) in steps {
                 now += step;
                 if who != 0 {
-                    burst.grant(who, bytes, now);
+                    burst.grant(who, bytes, MonotonicNs(now));
                     continue;
                 }
                 let mut before = burst.clone();
-                before.shared.refill(limits.shared_bytes, limits.shared_rate_bps, now);
+                before.shared.refill(limits.shared_bytes, limits.shared_rate_bps, MonotonicNs(now));
                 let held = before.users.get(&7).map_or(limits.user_bytes, |user| {
                     let mut user = *user;
-                    user.refill(limits.user_bytes, limits.user_rate_bps, now);
+                    user.refill(limits.user_bytes, limits.user_rate_bps, MonotonicNs(now));
                     user.bytes()
                 });
-                burst.charge(7, bytes, now);
+                burst.charge(7, bytes, MonotonicNs(now));
                 let mut after = burst.shared;
-                after.refill(limits.shared_bytes, limits.shared_rate_bps, now);
+                after.refill(limits.shared_bytes, limits.shared_rate_bps, MonotonicNs(now));
                 let taken = before.shared.bytes() - after.bytes();
                 // Bytes are read rounded down from byte-nanoseconds: one either way.
                 prop_assert!(taken <= held + 1, "took {taken} of the shared bucket; 7 held {held}");
@@ -309,16 +320,16 @@ mod tests {
             steps in proptest::collection::vec((proptest::bool::ANY, 0u64..8_000, 0u64..S), 1..100)
         ) {
             let limits = small();
-            let mut burst = BurstAllowance::new(limits, 0);
+            let mut burst = BurstAllowance::new(limits, MonotonicNs::ZERO);
             let (mut now, mut total) = (0u64, 0u128);
             for (charge, bytes, step) in steps {
                 now += step;
                 if charge {
-                    burst.charge(7, bytes, now);
+                    burst.charge(7, bytes, MonotonicNs(now));
                     total += u128::from(bytes);
                 } else {
-                    let owed = burst.in_debt(7, now);
-                    let granted = burst.grant(7, bytes, now);
+                    let owed = burst.in_debt(7, MonotonicNs(now));
+                    let granted = burst.grant(7, bytes, MonotonicNs(now));
                     prop_assert!(!owed || granted == 0, "granted {granted} while owing");
                     total += u128::from(granted);
                 }
@@ -335,13 +346,13 @@ mod tests {
             asks in proptest::collection::vec((1u32..6, 0u64..20_000, 0u64..(S / 2)), 1..200)
         ) {
             let limits = small();
-            let mut burst = BurstAllowance::new(limits, 0);
+            let mut burst = BurstAllowance::new(limits, MonotonicNs::ZERO);
             let mut now = 0u64;
             let mut total = 0u64;
             let mut per_user = BTreeMap::<u32, u64>::new();
             for (uid, wanted, step) in asks {
                 now += step;
-                let granted = burst.grant(uid, wanted, now);
+                let granted = burst.grant(uid, wanted, MonotonicNs(now));
                 prop_assert!(granted <= wanted);
                 total += granted;
                 *per_user.entry(uid).or_default() += granted;

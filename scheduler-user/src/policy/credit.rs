@@ -5,6 +5,8 @@
 //! refill after a seek alike. So whatever the reader does, a stream loads at most
 //! `limit + R × t` bytes in `t` seconds. The bucket starts full, so the first fill is immediate.
 
+use scheduler_common::MonotonicNs;
+
 /// Nanoseconds per second.
 const NS: i128 = 1_000_000_000;
 
@@ -16,15 +18,16 @@ pub(crate) struct CreditTimer {
     /// Credit in bytes × 10⁹.
     scaled: i128,
     limit_scaled: i128,
-    last_ns: u64,
+    /// When credit last accrued.
+    accrued_at: MonotonicNs,
 }
 
 impl CreditTimer {
     /// A full timer at `rate_bps` that holds at most `limit_bytes` of credit.
     #[must_use]
     #[cfg(test)]
-    pub(crate) fn new(rate_bps: u64, limit_bytes: u64, now_ns: u64) -> Self {
-        Self::starting_with(rate_bps, limit_bytes, limit_bytes, now_ns)
+    pub(crate) fn new(rate_bps: u64, limit_bytes: u64, now: MonotonicNs) -> Self {
+        Self::starting_with(rate_bps, limit_bytes, limit_bytes, now)
     }
 
     /// A timer that starts with `start_bytes` of credit (at most the limit): a stream whose
@@ -34,27 +37,27 @@ impl CreditTimer {
         rate_bps: u64,
         limit_bytes: u64,
         start_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Self {
         let limit_scaled = i128::from(limit_bytes) * NS;
         Self {
             rate_bps,
             scaled: (i128::from(start_bytes) * NS).min(limit_scaled),
             limit_scaled,
-            last_ns: now_ns,
+            accrued_at: now,
         }
     }
 
-    /// From `now_ns` on, credit accrues at `rate_bps` (what accrued until then stays).
-    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
-        self.accrue(now_ns);
+    /// From `now` on, credit accrues at `rate_bps` (what accrued until then stays).
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now: MonotonicNs) {
+        self.accrue(now);
         self.rate_bps = rate_bps;
     }
 
-    /// From `now_ns` on, the timer holds at most `limit_bytes` (a buffer that grew): what
+    /// From `now` on, the timer holds at most `limit_bytes` (a buffer that grew): what
     /// accrued until then stays, up to the new limit.
-    pub(crate) fn set_limit(&mut self, limit_bytes: u64, now_ns: u64) {
-        self.accrue(now_ns);
+    pub(crate) fn set_limit(&mut self, limit_bytes: u64, now: MonotonicNs) {
+        self.accrue(now);
         self.limit_scaled = i128::from(limit_bytes) * NS;
         self.scaled = self.scaled.min(self.limit_scaled);
     }
@@ -66,9 +69,9 @@ impl CreditTimer {
     }
 
     /// Adds the credit earned since the last call.
-    pub(crate) fn accrue(&mut self, now_ns: u64) {
-        let elapsed = i128::from(now_ns.saturating_sub(self.last_ns));
-        self.last_ns = self.last_ns.max(now_ns);
+    pub(crate) fn accrue(&mut self, now: MonotonicNs) {
+        let elapsed = i128::from(now.saturating_since(self.accrued_at));
+        self.accrued_at = self.accrued_at.max(now);
         self.scaled = (self.scaled + elapsed * i128::from(self.rate_bps)).min(self.limit_scaled);
     }
 
@@ -89,22 +92,22 @@ impl CreditTimer {
         }
     }
 
-    /// Nanoseconds from `now_ns` until the credit covers `bytes` (0 if it does). Counted
+    /// Nanoseconds from `now` until the credit covers `bytes` (0 if it does). Counted
     /// from the last accrual, not from the call: the daemon asks again after every event,
     /// and a wait counted from each call was pushed back by every event that came sooner,
     /// so that a client polling `list` every 50 ms kept a window from refilling for as long
     /// as it polled.
     #[must_use]
-    pub(crate) fn ns_until(&self, bytes: u64, now_ns: u64) -> u64 {
+    pub(crate) fn ns_until(&self, bytes: u64, now: MonotonicNs) -> u64 {
         let missing = i128::from(bytes) * NS - self.scaled;
         if missing <= 0 || self.rate_bps == 0 {
             return 0;
         }
         let rate = i128::from(self.rate_bps);
         let from_last = u64::try_from((missing + rate - 1) / rate).unwrap_or(u64::MAX);
-        self.last_ns
+        self.accrued_at
             .saturating_add(from_last)
-            .saturating_sub(now_ns)
+            .saturating_since(now)
     }
 }
 
@@ -115,19 +118,25 @@ mod tests {
 
     #[test]
     fn credit_accrues_at_the_rate_up_to_the_limit() {
-        let mut timer = CreditTimer::new(1_000_000, 200_000, 0);
+        let mut timer = CreditTimer::new(1_000_000, 200_000, MonotonicNs::ZERO);
         assert_eq!(timer.credit_bytes(), 200_000, "starts full");
         assert!(timer.try_spend(200_000));
-        timer.accrue(100_000_000); // 0.1 s
+        timer.accrue(MonotonicNs(100_000_000)); // 0.1 s
         assert_eq!(timer.credit_bytes(), 100_000);
-        timer.accrue(10_000_000_000);
+        timer.accrue(MonotonicNs(10_000_000_000));
         assert_eq!(timer.credit_bytes(), 200_000, "capped at the limit");
         assert!(timer.try_spend(150_000));
         assert!(!timer.try_spend(150_000));
-        assert_eq!(timer.ns_until(150_000, 10_000_000_000), 100_000_000);
+        assert_eq!(
+            timer.ns_until(150_000, MonotonicNs(10_000_000_000)),
+            100_000_000
+        );
         // Asked again later, without an accrual between: the wait is shorter by as much.
-        assert_eq!(timer.ns_until(150_000, 10_060_000_000), 40_000_000);
-        assert_eq!(timer.ns_until(150_000, 10_200_000_000), 0);
+        assert_eq!(
+            timer.ns_until(150_000, MonotonicNs(10_060_000_000)),
+            40_000_000
+        );
+        assert_eq!(timer.ns_until(150_000, MonotonicNs(10_200_000_000)), 0);
     }
 
     proptest! {
@@ -138,11 +147,11 @@ mod tests {
             limit in 0u64..1_000_000,
             steps in proptest::collection::vec((0u64..50_000_000, 1u64..200_000), 1..200),
         ) {
-            let mut timer = CreditTimer::new(rate, limit, 0);
+            let mut timer = CreditTimer::new(rate, limit, MonotonicNs::ZERO);
             let (mut now, mut spent) = (0u64, 0u128);
             for (dt, want) in steps {
                 now += dt;
-                timer.accrue(now);
+                timer.accrue(MonotonicNs(now));
                 if timer.try_spend(want) {
                     spent += u128::from(want);
                 }
@@ -162,16 +171,16 @@ mod tests {
             ),
         ) {
             let mut rate = 1_000_000u64;
-            let mut timer = CreditTimer::new(rate, limit, 0);
+            let mut timer = CreditTimer::new(rate, limit, MonotonicNs::ZERO);
             let (mut now, mut spent, mut earned_scaled) = (0u64, 0u128, 0u128);
             for (dt, want, new_rate) in steps {
                 now += dt;
                 earned_scaled += u128::from(rate) * u128::from(dt);
                 if let Some(new_rate) = new_rate {
-                    timer.set_rate(new_rate, now);
+                    timer.set_rate(new_rate, MonotonicNs(now));
                     rate = new_rate;
                 } else {
-                    timer.accrue(now);
+                    timer.accrue(MonotonicNs(now));
                 }
                 if timer.try_spend(want) {
                     spent += u128::from(want);

@@ -14,6 +14,7 @@
 use std::ops::Range;
 
 use abiss_proto::PAGE_BYTES as PAGE;
+use scheduler_common::MonotonicNs;
 
 use super::credit::CreditTimer;
 use super::probe_tail::ProbeTail;
@@ -101,8 +102,8 @@ impl PlayoutBuffer {
     /// A stream at the start of its file with a full credit timer; returns the initial fill.
     #[must_use]
     #[cfg(test)]
-    pub(crate) fn new(shape: PlayoutShape, now_ns: u64) -> (Self, Vec<WindowAction>) {
-        Self::starting_with(shape, shape.credit_limit_bytes, now_ns)
+    pub(crate) fn new(shape: PlayoutShape, now: MonotonicNs) -> (Self, Vec<WindowAction>) {
+        Self::starting_with(shape, shape.credit_limit_bytes, now)
     }
 
     /// A stream at the start of its file whose credit timer holds `start_credit_bytes`;
@@ -111,7 +112,7 @@ impl PlayoutBuffer {
     pub(crate) fn starting_with(
         shape: PlayoutShape,
         start_credit_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> (Self, Vec<WindowAction>) {
         let shape = PlayoutShape {
             buffer_bytes: page_ceil(shape.buffer_bytes.max(PAGE)),
@@ -124,7 +125,7 @@ impl PlayoutBuffer {
                 shape.rate_bps,
                 shape.credit_limit_bytes,
                 start_credit_bytes,
-                now_ns,
+                now,
             ),
             app_point: 0,
             window_start: 0,
@@ -139,7 +140,7 @@ impl PlayoutBuffer {
             refilling: false,
         };
         let mut actions = Vec::new();
-        buffer.fill(now_ns, &mut actions);
+        buffer.fill(now, &mut actions);
         (buffer, actions)
     }
 
@@ -152,8 +153,8 @@ impl PlayoutBuffer {
     }
 
     /// Issues loads for what the window lacks, as far as the credit allows.
-    fn fill(&mut self, now_ns: u64, actions: &mut Vec<WindowAction>) {
-        self.credit.accrue(now_ns);
+    fn fill(&mut self, now: MonotonicNs, actions: &mut Vec<WindowAction>) {
+        self.credit.accrue(now);
         self.requested_end = self.requested_end.max(self.window_start);
         if !self.wants_load() {
             return;
@@ -224,7 +225,7 @@ impl PlayoutBuffer {
     }
 
     /// Moves the window to a new point: cancel, release, refill.
-    fn seek(&mut self, offset: u64, now_ns: u64, actions: &mut Vec<WindowAction>) {
+    fn seek(&mut self, offset: u64, now: MonotonicNs, actions: &mut Vec<WindowAction>) {
         actions.push(WindowAction::CancelGeneration(self.generation));
         self.release_below(u64::MAX, actions);
         self.let_go_of_tail(actions);
@@ -235,7 +236,7 @@ impl PlayoutBuffer {
         self.app_point = offset;
         self.seeks += 1;
         self.refilling = true;
-        self.fill(now_ns, actions);
+        self.fill(now, actions);
     }
 
     /// Moves the window behind the reader in batch steps, releasing what it leaves.
@@ -269,40 +270,40 @@ impl PlayoutBuffer {
     }
 
     /// The application is at `offset` (an explicit position message).
-    pub(crate) fn on_position(&mut self, offset: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_position(&mut self, offset: u64, now: MonotonicNs) -> Vec<WindowAction> {
         // A client's number: anything past the end of the file is the end of the file.
         let offset = offset.min(self.file_end());
         let mut actions = Vec::new();
         if self.is_jump(&(offset..offset)) {
-            self.seek(offset, now_ns, &mut actions);
+            self.seek(offset, now, &mut actions);
         } else {
             self.app_point = self.app_point.max(offset);
             self.follow(&mut actions);
-            self.fill(now_ns, &mut actions);
+            self.fill(now, &mut actions);
         }
         actions
     }
 
     /// The application read `range` (inferred from the page cache): a read that starts out of
     /// the window is a seek; otherwise the playout point becomes the end of the read.
-    pub(crate) fn on_read(&mut self, range: Range<u64>, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_read(&mut self, range: Range<u64>, now: MonotonicNs) -> Vec<WindowAction> {
         let start = range.start.min(self.file_end());
         let range = start..range.end.clamp(start, self.file_end());
         let mut actions = Vec::new();
         if self.tail.as_ref().is_some_and(|tail| tail.holds(&range)) {
             // The player's look at the end of the file: the window stays where it plays.
-            self.fill(now_ns, &mut actions);
+            self.fill(now, &mut actions);
             return actions;
         }
         if self.is_jump(&range) {
-            self.seek(range.start, now_ns, &mut actions);
+            self.seek(range.start, now, &mut actions);
         }
         let end = range.end.min(self.shape.file_bytes);
         if end > self.app_point {
             self.app_point = end;
             self.follow(&mut actions);
         }
-        self.fill(now_ns, &mut actions);
+        self.fill(now, &mut actions);
         actions
     }
 
@@ -347,11 +348,11 @@ impl PlayoutBuffer {
 
     /// Takes `bytes` of credit from outside the rate (see [`Self::refill_shortfall`]) and loads
     /// what it allows.
-    pub(crate) fn grant_credit(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
-        self.credit.accrue(now_ns);
+    pub(crate) fn grant_credit(&mut self, bytes: u64, now: MonotonicNs) -> Vec<WindowAction> {
+        self.credit.accrue(now);
         self.credit.grant(bytes);
         let mut actions = Vec::new();
-        self.fill(now_ns, &mut actions);
+        self.fill(now, &mut actions);
         actions
     }
 
@@ -365,45 +366,45 @@ impl PlayoutBuffer {
     /// The file now holds `file_bytes` (it grew: it is being written); the window extends
     /// into the new data as the credit allows. A file never shrinks under a window: a
     /// truncation fails the loads past its end instead.
-    pub(crate) fn file_grew(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn file_grew(&mut self, file_bytes: u64, now: MonotonicNs) -> Vec<WindowAction> {
         let mut actions = Vec::new();
         if file_bytes > self.shape.file_bytes {
             self.shape.file_bytes = file_bytes;
-            self.fill(now_ns, &mut actions);
+            self.fill(now, &mut actions);
         }
         actions
     }
 
     /// The buffer is now `buffer_bytes` (an automatic buffer that grew; `credit_limit_bytes`
-    /// with it): the window reaches further ahead from `now_ns` on, as the credit allows.
+    /// with it): the window reaches further ahead from `now` on, as the credit allows.
     pub(crate) fn set_buffer(
         &mut self,
         buffer_bytes: u64,
         credit_limit_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Vec<WindowAction> {
         self.shape.buffer_bytes = page_ceil(buffer_bytes.max(2 * self.shape.batch_bytes));
         self.shape.credit_limit_bytes = credit_limit_bytes;
-        self.credit.set_limit(credit_limit_bytes, now_ns);
+        self.credit.set_limit(credit_limit_bytes, now);
         let mut actions = Vec::new();
-        self.fill(now_ns, &mut actions);
+        self.fill(now, &mut actions);
         actions
     }
 
-    /// The stream's rate changed at `now_ns` (trick play): credit accrues at `rate_bps` from
+    /// The stream's rate changed at `now` (trick play): credit accrues at `rate_bps` from
     /// now on, and the window moves as far as the credit then allows.
-    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) -> Vec<WindowAction> {
-        self.credit.set_rate(rate_bps, now_ns);
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now: MonotonicNs) -> Vec<WindowAction> {
+        self.credit.set_rate(rate_bps, now);
         self.shape.rate_bps = rate_bps;
         let mut actions = Vec::new();
-        self.fill(now_ns, &mut actions);
+        self.fill(now, &mut actions);
         actions
     }
 
     /// Time passed: credit accrued, so more of the window may be loaded.
-    pub(crate) fn on_tick(&mut self, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn on_tick(&mut self, now: MonotonicNs) -> Vec<WindowAction> {
         let mut actions = Vec::new();
-        self.fill(now_ns, &mut actions);
+        self.fill(now, &mut actions);
         actions
     }
 
@@ -522,18 +523,18 @@ impl PlayoutBuffer {
         self.locked.iter().any(|r| r.contains(&offset))
     }
 
-    /// Nanoseconds from `now_ns` until the credit allows the next load the window wants (a
+    /// Nanoseconds from `now` until the credit allows the next load the window wants (a
     /// third of the buffer, or what it lacks if less), if it wants one. A window that lacks
     /// less than a load's worth waits for its reader, not for time: woken every millisecond
     /// for a batch of credit it would not spend, it only spun.
     #[must_use]
-    pub(crate) fn ns_until_next_load(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_load(&self, now: MonotonicNs) -> Option<u64> {
         if !self.wants_load() {
             return None;
         }
         let lacking = self.lacking();
         let load = min_load_bytes(self.shape.buffer_bytes, self.shape.batch_bytes).min(lacking);
-        Some(self.credit.ns_until(load, now_ns))
+        Some(self.credit.ns_until(load, now))
     }
 
     /// Every range still locked (to release when the stream ends).

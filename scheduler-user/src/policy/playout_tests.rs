@@ -52,7 +52,7 @@ fn loaded(actions: &[WindowAction]) -> u64 {
 
 #[test]
 fn the_initial_fill_loads_the_whole_buffer_in_one_request() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     assert_eq!(loaded(&actions), B);
     assert_eq!(actions.len(), 1);
     complete(&mut buffer, &actions);
@@ -62,20 +62,20 @@ fn the_initial_fill_loads_the_whole_buffer_in_one_request() {
 
 #[test]
 fn a_reader_at_the_rate_always_finds_the_next_buffer_loaded() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let read = 64 * 1024;
     let period_ns = read * 1_000_000_000 / MB;
     for i in 1..1000u64 {
         let now = i * period_ns;
-        let actions = buffer.on_tick(now);
+        let actions = buffer.on_tick(MonotonicNs(now));
         complete(&mut buffer, &actions);
         // Everything up to the end of the next read is resident before the read is made.
         assert!(
             buffer.is_resident(i * read + read - 1),
             "read {i} would miss"
         );
-        let actions = buffer.on_position(i * read + read, now);
+        let actions = buffer.on_position(i * read + read, MonotonicNs(now));
         complete(&mut buffer, &actions);
         assert!(buffer.locked_bytes() <= B + BATCH);
     }
@@ -83,14 +83,14 @@ fn a_reader_at_the_rate_always_finds_the_next_buffer_loaded() {
 
 #[test]
 fn a_reader_at_four_times_the_rate_gets_no_more_than_the_rate() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let read = 64 * 1024;
     let period_ns = read * 1_000_000_000 / (4 * MB);
     let mut now = 0;
     for i in 1..400u64 {
         now = i * period_ns;
-        let actions = buffer.on_position(i * read, now);
+        let actions = buffer.on_position(i * read, MonotonicNs(now));
         complete(&mut buffer, &actions);
     }
     let allowed = 2 * B + MB * now / 1_000_000_000 + BATCH;
@@ -104,10 +104,10 @@ fn a_reader_at_four_times_the_rate_gets_no_more_than_the_rate() {
 
 #[test]
 fn a_seek_cancels_releases_and_refills_from_the_new_point() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let target = 50 * MB + 123;
-    let actions = buffer.on_position(target, 1_000_000_000);
+    let actions = buffer.on_position(target, MonotonicNs(1_000_000_000));
     assert_eq!(actions.first(), Some(&WindowAction::CancelGeneration(0)));
     assert!(actions.contains(&WindowAction::Release { range: 0..B }));
     assert_eq!(buffer.window_start(), page_floor(target));
@@ -123,15 +123,15 @@ fn a_seek_cancels_releases_and_refills_from_the_new_point() {
 
 #[test]
 fn late_reports_of_earlier_reads_are_not_seeks() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let read = 64 * 1024;
     // The client's position messages run one read ahead of the kernel's read events.
     for i in 1..200u64 {
         let now = i * 65_536_000;
-        let position = buffer.on_position((i + 1) * read, now);
+        let position = buffer.on_position((i + 1) * read, MonotonicNs(now));
         complete(&mut buffer, &position);
-        let event = buffer.on_read((i - 1) * read..i * read, now);
+        let event = buffer.on_read((i - 1) * read..i * read, MonotonicNs(now));
         complete(&mut buffer, &event);
     }
     assert_eq!(buffer.seeks(), 0);
@@ -141,10 +141,10 @@ fn late_reports_of_earlier_reads_are_not_seeks() {
 #[test]
 fn nothing_is_loaded_past_the_end_of_the_file() {
     let file = 300 * 1024 + 17;
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), MonotonicNs::ZERO);
     assert_eq!(loaded(&actions), page_ceil(file));
     complete(&mut buffer, &actions);
-    let actions = buffer.on_position(file, 10_000_000_000);
+    let actions = buffer.on_position(file, MonotonicNs(10_000_000_000));
     assert_eq!(loaded(&actions), 0);
 }
 
@@ -175,14 +175,14 @@ proptest! {
     /// its bounds.
     #[test]
     fn any_numbers_keep_the_bounds(events in proptest::collection::vec(hostile_event(), 1..200)) {
-        let (mut buffer, _) = PlayoutBuffer::new(shape(105 * MB), 0);
+        let (mut buffer, _) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
         let mut now = 0u64;
         for (kind, a, b) in events {
             let _ = match kind {
-                0 => buffer.on_position(a, now),
-                1 => buffer.on_read(a..b, now),
+                0 => buffer.on_position(a, MonotonicNs(now)),
+                1 => buffer.on_read(a..b, MonotonicNs(now)),
                 2 => buffer.on_loaded(a.min(b)..a.max(b), u32::try_from(b % 4).unwrap_or(0)),
-                _ => { now = now.saturating_add(a % 1_000_000_000); buffer.on_tick(now) }
+                _ => { now = now.saturating_add(a % 1_000_000_000); buffer.on_tick(MonotonicNs(now)) }
             };
             prop_assert!(buffer.locked_bytes() <= B + BATCH);
             prop_assert!(buffer.app_point() <= (105 * MB).div_ceil(PAGE) * PAGE);
@@ -194,7 +194,7 @@ proptest! {
     /// in the window.
     #[test]
     fn invariants_hold_for_any_event_sequence(events in proptest::collection::vec(event(), 1..300)) {
-        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+        let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
         let mut pending: std::collections::VecDeque<(Range<u64>, u32)> = actions
             .iter()
             .filter_map(|a| match a { WindowAction::Load { range, generation } => Some((range.clone(), *generation)), _ => None })
@@ -203,9 +203,9 @@ proptest! {
         let mut position = 0u64;
         for event in events {
             let actions = match event {
-                Event::Tick(dt) => { now += dt; buffer.on_tick(now) }
-                Event::Read(len) => { position += len; buffer.on_read(position - len..position, now) }
-                Event::Seek(to) => { position = to; buffer.on_position(to, now) }
+                Event::Tick(dt) => { now += dt; buffer.on_tick(MonotonicNs(now)) }
+                Event::Read(len) => { position += len; buffer.on_read(position - len..position, MonotonicNs(now)) }
+                Event::Seek(to) => { position = to; buffer.on_position(to, MonotonicNs(now)) }
                 Event::CompleteOldest => match pending.pop_front() {
                     Some((range, generation)) => buffer.on_loaded(range, generation),
                     None => Vec::new(),
@@ -243,14 +243,14 @@ fn a_window_follows_a_file_that_grows_under_it() {
     let period_ns = read * 1_000_000_000 / MB;
     // The reader starts three seconds behind the writer.
     let lead = 3 * MB;
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(lead), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(lead), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     assert!(!buffer.reaches_file_end());
     for i in 1..400u64 {
         let now = i * period_ns;
         let written = lead + i * read;
-        let mut actions = buffer.file_grew(written, now);
-        actions.extend(buffer.on_tick(now));
+        let mut actions = buffer.file_grew(written, MonotonicNs(now));
+        actions.extend(buffer.on_tick(MonotonicNs(now)));
         complete(&mut buffer, &actions);
         let reader_end = i * read;
         assert!(
@@ -261,12 +261,14 @@ fn a_window_follows_a_file_that_grows_under_it() {
             buffer.is_resident(reader_end.min(written) - 1),
             "read {i}: the reader's next bytes are loaded"
         );
-        let more = buffer.on_read((i - 1) * read..reader_end, now);
+        let more = buffer.on_read((i - 1) * read..reader_end, MonotonicNs(now));
         complete(&mut buffer, &more);
     }
     // Near the end of the data, the window reaches the file's end; a shrink changes nothing.
     let end = buffer.requested_end();
-    assert!(buffer.file_grew(MB, 400 * period_ns).is_empty());
+    assert!(buffer
+        .file_grew(MB, MonotonicNs(400 * period_ns))
+        .is_empty());
     assert_eq!(buffer.requested_end(), end);
 }
 
@@ -274,7 +276,7 @@ fn a_window_follows_a_file_that_grows_under_it() {
 /// takes over past it, and it exists only at the start.
 #[test]
 fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let credit = buffer.credit_bytes();
     let preroll = buffer.preroll(5 * MB, false, true);
@@ -283,13 +285,16 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
     complete(&mut buffer, &preroll);
     assert_eq!(buffer.locked_bytes(), page_ceil(5 * MB));
     // Nothing more loads while the preroll covers the window.
-    assert_eq!(loaded(&buffer.on_read(0..MB, 1_000_000_000)), 0);
+    assert_eq!(
+        loaded(&buffer.on_read(0..MB, MonotonicNs(1_000_000_000))),
+        0
+    );
     // Past it, the window loads from the preroll's end on.
-    let moves = buffer.on_read(MB..5 * MB, 2_000_000_000);
+    let moves = buffer.on_read(MB..5 * MB, MonotonicNs(2_000_000_000));
     assert!(moves.iter().any(|a| matches!(a,
         WindowAction::Load { range, .. } if range.start == page_ceil(5 * MB))));
     // After a seek there is no preroll.
-    let _ = buffer.on_read(50 * MB..50 * MB + 4096, 3_000_000_000);
+    let _ = buffer.on_read(50 * MB..50 * MB + 4096, MonotonicNs(3_000_000_000));
     assert!(buffer.preroll(60 * MB, false, true).is_empty());
 }
 
@@ -299,7 +304,7 @@ fn a_preroll_loads_the_head_at_once_and_the_window_takes_over_past_it() {
 #[test]
 fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     let file = 90 * MB;
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let preroll = buffer.preroll(5 * MB, true, true);
     let ranges = load_ranges(&preroll);
@@ -323,8 +328,8 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
 
     // GStreamer: a look at the head, the last 56 kB, then the head again (ffmpeg reads the
     // last 250,000 bytes after 5 MB of the head, and its return to the start is a seek).
-    let _ = buffer.on_read(0..135_168, 1_000_000_000);
-    let probe = buffer.on_read(file - 56_400..file, 1_100_000_000);
+    let _ = buffer.on_read(0..135_168, MonotonicNs(1_000_000_000));
+    let probe = buffer.on_read(file - 56_400..file, MonotonicNs(1_100_000_000));
     assert!(
         probe.iter().all(|a| !matches!(
             a,
@@ -333,12 +338,12 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
         "{probe:?}"
     );
     assert_eq!(buffer.seeks(), 0);
-    let _ = buffer.on_read(0..64 * 1024, 1_200_000_000);
+    let _ = buffer.on_read(0..64 * 1024, MonotonicNs(1_200_000_000));
     assert_eq!(buffer.seeks(), 0, "the window stayed at the head");
     assert!(buffer.locked_ranges().contains(&tail));
 
     // Past the head preroll the tail goes.
-    let moves = buffer.on_read(5 * MB - MB..5 * MB + 8192, 2_000_000_000);
+    let moves = buffer.on_read(5 * MB - MB..5 * MB + 8192, MonotonicNs(2_000_000_000));
     assert!(
         moves.contains(&WindowAction::Release {
             range: tail.clone()
@@ -348,11 +353,11 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
     assert!(!buffer.locked_ranges().contains(&tail));
 
     // At a seek, too.
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(file), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     let preroll = buffer.preroll(5 * MB, true, true);
     complete(&mut buffer, &preroll);
-    let seek = buffer.on_read(40 * MB..40 * MB + 4096, 1_000_000_000);
+    let seek = buffer.on_read(40 * MB..40 * MB + 4096, MonotonicNs(1_000_000_000));
     assert!(
         seek.contains(&WindowAction::Release { range: tail }),
         "{seek:?}"
@@ -365,7 +370,7 @@ fn a_preroll_with_the_tail_serves_the_probe_of_the_end_without_a_seek() {
 /// reading order, so the stream's real-time queue is never empty while the start loads.
 #[test]
 fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     let preroll = buffer.preroll(5 * MB, true, false);
     let ranges = load_ranges(&preroll);
     let [lead, tail, rest] = &ranges[..] else {
@@ -392,7 +397,7 @@ fn a_preroll_alone_on_its_disk_goes_with_the_first_window() {
 /// reads are not queued behind the whole preroll.
 #[test]
 fn a_preroll_while_another_stream_starts_follows_the_first_lock() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     let lead = buffer.preroll(5 * MB, true, true);
     assert_eq!(
         lead,
@@ -420,16 +425,16 @@ fn a_preroll_while_another_stream_starts_follows_the_first_lock() {
     );
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss, "started");
     // A seek before the window was locked drops a waiting preroll and its first piece.
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     let lead = buffer.preroll(5 * MB, false, true);
-    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, MonotonicNs(1_000_000));
     let after = complete(&mut buffer, &actions);
     assert_eq!(loaded(&after), 0, "{after:?}");
     let _ = complete(&mut buffer, &lead);
     let _ = complete(&mut buffer, &seek);
     assert!(buffer.locked_bytes() <= B);
     // The disk may serve the first piece before the window: the rest follows it then.
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     let lead = buffer.preroll(5 * MB, false, true);
     let rest = complete(&mut buffer, &lead);
     assert_eq!(
@@ -452,7 +457,7 @@ fn a_preroll_while_another_stream_starts_follows_the_first_lock() {
 /// its end.
 #[test]
 fn a_failed_first_window_asks_for_its_preroll_again() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     let preroll = buffer.preroll(5 * MB, false, false);
     for action in &actions {
         if let WindowAction::Load { range, generation } = action {
@@ -468,7 +473,7 @@ fn a_failed_first_window_asks_for_its_preroll_again() {
         "{arrived:?}"
     );
     assert_eq!(buffer.locked_bytes(), 0);
-    let refill = buffer.on_tick(1_000_000);
+    let refill = buffer.on_tick(MonotonicNs(1_000_000));
     assert_eq!(load_ranges(&refill), vec![0..B], "{refill:?}");
     let again = complete(&mut buffer, &refill);
     assert_eq!(
@@ -486,11 +491,11 @@ fn a_failed_first_window_asks_for_its_preroll_again() {
 /// yet locked again (it moved) is a miss, not a start.
 #[test]
 fn a_stream_starts_until_its_first_window_is_locked() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     assert!(buffer.is_starting());
     complete(&mut buffer, &actions);
     assert!(!buffer.is_starting());
-    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, MonotonicNs(1_000_000));
     assert!(!seek.is_empty());
     assert!(!buffer.is_starting(), "a seek is not a start");
 }
@@ -499,21 +504,21 @@ fn a_stream_starts_until_its_first_window_is_locked() {
 /// outside the rate (the owner's allowance) fills it at once, and no more than it lacks.
 #[test]
 fn a_seek_refill_granted_from_outside_the_rate_fills_the_window_at_once() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     // Two seeks in a row: the first is paid by the banked credit, the second finds none.
-    let first = buffer.on_read(20 * MB..20 * MB + 4096, 1_000);
+    let first = buffer.on_read(20 * MB..20 * MB + 4096, MonotonicNs(1_000));
     complete(&mut buffer, &first);
-    let second = buffer.on_read(60 * MB..60 * MB + 4096, 2_000);
+    let second = buffer.on_read(60 * MB..60 * MB + 4096, MonotonicNs(2_000));
     complete(&mut buffer, &second);
     let shortfall = buffer.refill_shortfall();
     assert!(shortfall > B / 2, "a thin window: {shortfall}");
-    let granted = buffer.grant_credit(shortfall, 3_000);
+    let granted = buffer.grant_credit(shortfall, MonotonicNs(3_000));
     complete(&mut buffer, &granted);
     assert_eq!(buffer.refill_shortfall(), 0);
     assert!(buffer.is_resident(60 * MB) && buffer.is_resident(60 * MB + B - PAGE - 4096));
     // Credit beyond the limit is not kept.
-    let _ = buffer.grant_credit(100 * B, 4_000);
+    let _ = buffer.grant_credit(100 * B, MonotonicNs(4_000));
     assert!(buffer.credit_bytes() <= 2 * B);
 }
 
@@ -521,11 +526,11 @@ fn a_seek_refill_granted_from_outside_the_rate_fills_the_window_at_once() {
 /// window is locked, a miss after it (the window should have held the data by then).
 #[test]
 fn a_reader_waits_for_a_seek_until_its_window_is_locked_then_misses() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     assert_eq!(buffer.reader_wait(), ReaderWait::Start);
     complete(&mut buffer, &actions);
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
-    let seek = buffer.on_read(50 * MB..50 * MB + 4096, 1_000_000);
+    let seek = buffer.on_read(50 * MB..50 * MB + 4096, MonotonicNs(1_000_000));
     assert_eq!(buffer.reader_wait(), ReaderWait::Seek);
     // A late completion of the old window does not end the seek's wait.
     let _ = buffer.on_loaded(0..BATCH, 0);
@@ -533,7 +538,7 @@ fn a_reader_waits_for_a_seek_until_its_window_is_locked_then_misses() {
     complete(&mut buffer, &seek);
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
     // Reading on, the window moves and refills at the rate: waits then are misses.
-    let on = buffer.on_read(50 * MB + 4096..50 * MB + 2 * B, 2_000_000_000);
+    let on = buffer.on_read(50 * MB + 4096..50 * MB + 2 * B, MonotonicNs(2_000_000_000));
     assert!(!on.is_empty());
     assert_eq!(buffer.reader_wait(), ReaderWait::Miss);
 }
@@ -543,19 +548,24 @@ fn a_reader_waits_for_a_seek_until_its_window_is_locked_then_misses() {
 /// ends on time.
 #[test]
 fn the_wait_for_the_next_load_does_not_start_again_when_asked_again() {
-    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), 0);
+    let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
     complete(&mut buffer, &actions);
     // A dash through three buffers spends the credit (the first refill takes what is left):
     // the window lacks what it cannot pay for.
     for dash in [0..2 * B, 2 * B..3 * B] {
-        let loads = buffer.on_read(dash, 1_000);
+        let loads = buffer.on_read(dash, MonotonicNs(1_000));
         complete(&mut buffer, &loads);
     }
-    let first = buffer.ns_until_next_load(1_000).expect("the window lacks");
+    let first = buffer
+        .ns_until_next_load(MonotonicNs(1_000))
+        .expect("the window lacks");
     assert!(first > 0);
     assert_eq!(
-        buffer.ns_until_next_load(1_000 + first / 2),
+        buffer.ns_until_next_load(MonotonicNs(1_000 + first / 2)),
         Some(first - first / 2)
     );
-    assert_eq!(buffer.ns_until_next_load(1_000 + first), Some(0));
+    assert_eq!(
+        buffer.ns_until_next_load(MonotonicNs(1_000 + first)),
+        Some(0)
+    );
 }

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use abiss_proto::StreamId;
-use scheduler_common::AbissLevel;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 pub(crate) use super::shared_io::{SharedIoTasks, MAX_SHARED_IO_TASKS_PER_STREAM};
 use super::stray::RaiseAccount;
@@ -43,16 +43,22 @@ pub(crate) struct Raise {
     pub(crate) previous: u16,
     /// The priority set (encoded); a revert leaves the thread alone if it changed since.
     pub(crate) applied: u16,
-    /// Last time it touched the stream's file (`CLOCK_MONOTONIC` ns).
-    pub(crate) last_access_ns: u64,
-    /// When it was raised (`CLOCK_MONOTONIC` ns): what it may read of the stream's file at the
-    /// raised priority grows from then at the stream's rate.
-    #[serde(default)]
-    pub(crate) raised_ns: u64,
+    /// Last time it touched the stream's file.
+    #[serde(rename = "last_access_ns", with = "recorded_time")]
+    pub(crate) last_access: MonotonicNs,
+    /// When it was raised: what it may read of the stream's file at the raised priority grows
+    /// from then at the stream's rate.
+    #[serde(default, rename = "raised_ns", with = "recorded_time")]
+    pub(crate) raised_at: MonotonicNs,
     /// For a raise at a player's start, and the tasks adopted from it: when the player was
     /// raised. Tasks it makes in its start-up keep the raise (`raises::adoption`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) started_ns: Option<u64>,
+    #[serde(
+        default,
+        rename = "started_ns",
+        skip_serializing_if = "Option::is_none",
+        with = "recorded_time::optional"
+    )]
+    pub(crate) started_at: Option<MonotonicNs>,
     /// The journal thread of a recording's file system (`raises::journal`): it reads no
     /// file, so it is not put back for idleness, only when the recording ends.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -67,6 +73,9 @@ pub(crate) struct Raise {
     #[serde(skip)]
     pub(crate) account: RaiseAccount,
 }
+
+#[path = "raise_recorded_time.rs"]
+mod recorded_time;
 
 impl Raise {
     /// What the fork program is told of the raise: (previous, applied, file tag).
@@ -214,7 +223,7 @@ impl RaiseTable {
                 raise.previous = earlier.previous;
                 raise.account.stray_kib = earlier.account.stray_kib;
                 if earlier.followed_as().2 == raise.followed_as().2 {
-                    raise.raised_ns = earlier.raised_ns;
+                    raise.raised_at = earlier.raised_at;
                     raise.account.own_kib = earlier.account.own_kib;
                 }
             }
@@ -223,18 +232,18 @@ impl RaiseTable {
     }
 
     /// A thread touched `stream`'s file: its raise stays.
-    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now_ns: u64) {
+    pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now: MonotonicNs) {
         if let Some(raise) = self.raises.get_mut(&pid) {
             if raise.stream == stream {
-                raise.last_access_ns = raise.last_access_ns.max(now_ns);
+                raise.last_access = raise.last_access.max(now);
             }
         }
     }
 
-    /// Removes and returns the raises idle since before `now_ns - idle`.
-    pub(crate) fn take_idle(&mut self, now_ns: u64) -> Vec<Raise> {
+    /// Removes and returns the raises idle since before `now - idle`.
+    pub(crate) fn take_idle(&mut self, now: MonotonicNs) -> Vec<Raise> {
         let idle_ns = self.idle_ns;
-        self.take_where(|u| !u.journal && now_ns.saturating_sub(u.last_access_ns) >= idle_ns)
+        self.take_where(|u| !u.journal && now.saturating_since(u.last_access) >= idle_ns)
     }
 
     /// Removes and returns the raises made for `stream`.
@@ -269,10 +278,14 @@ impl RaiseTable {
 
     /// Nanoseconds until the next raise goes idle, if any is active.
     #[must_use]
-    pub(crate) fn ns_until_next_expiry(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_expiry(&self, now: MonotonicNs) -> Option<u64> {
         self.raises
             .values()
-            .map(|u| (u.last_access_ns + self.idle_ns).saturating_sub(now_ns))
+            .map(|u| {
+                u.last_access
+                    .saturating_add(self.idle_ns)
+                    .saturating_since(now)
+            })
             .min()
     }
 
@@ -329,7 +342,7 @@ mod tests {
     const BE4: u16 = ioprio::encode(ioprio::CLASS_BE, 4);
     const RT0: u16 = ioprio::encode(ioprio::CLASS_RT, 0);
 
-    fn raise(pid: u32, stream: u64, last_access_ns: u64) -> Raise {
+    fn raise(pid: u32, stream: u64, last_access: u64) -> Raise {
         Raise {
             task: TaskId { pid, start_time: 7 },
             tgid: pid,
@@ -337,20 +350,43 @@ mod tests {
             file_tag: stream,
             previous: BE4,
             applied: RT0,
-            last_access_ns,
-            raised_ns: 0,
-            started_ns: None,
+            last_access: MonotonicNs(last_access),
+            raised_at: MonotonicNs::ZERO,
+            started_at: None,
             journal: false,
             uid: 1000,
             account: RaiseAccount::default(),
         }
     }
 
+    /// A record keeps its times as the plain nanoseconds it always held, under the names it
+    /// always had: a raised daemon reads its predecessor's records.
+    #[test]
+    fn a_record_keeps_its_times_as_nanoseconds() {
+        let mut recorded = raise(3, 10, 40);
+        recorded.raised_at = MonotonicNs(20);
+        recorded.started_at = Some(MonotonicNs(10));
+        recorded.uid = 0;
+        let text = serde_json::to_string(&recorded).unwrap();
+        for field in [
+            r#""last_access_ns":40"#,
+            r#""raised_ns":20"#,
+            r#""started_ns":10"#,
+        ] {
+            assert!(text.contains(field), "{field} not in {text}");
+        }
+        assert_eq!(serde_json::from_str::<Raise>(&text).unwrap(), recorded);
+        recorded.started_at = None;
+        let text = serde_json::to_string(&recorded).unwrap();
+        assert!(!text.contains("started_ns"), "{text}");
+        assert_eq!(serde_json::from_str::<Raise>(&text).unwrap(), recorded);
+    }
+
     #[test]
     fn a_raise_renewed_by_its_own_thread_keeps_what_it_paid_and_when_it_began() {
         let mut table = RaiseTable::new(5);
         let mut first = raise(7, 1, 10);
-        first.raised_ns = 10;
+        first.raised_at = MonotonicNs(10);
         first.account = RaiseAccount {
             stray_kib: 300,
             own_kib: 200,
@@ -358,28 +394,34 @@ mod tests {
         table.insert(first);
         // The same thread, raised again for the same file after it lowered its priority.
         let mut again = raise(7, 1, 50);
-        again.raised_ns = 50;
+        again.raised_at = MonotonicNs(50);
         table.insert(again);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.account.stray_kib), (10, 300));
+        assert_eq!(
+            (kept.raised_at, kept.account.stray_kib),
+            (MonotonicNs(10), 300)
+        );
         assert_eq!(kept.account.own_kib, 200);
         // Raised for another file: what it may read of that one grows from now, and the kernel
         // counts it afresh.
         let mut other = raise(7, 2, 60);
-        other.raised_ns = 60;
+        other.raised_at = MonotonicNs(60);
         table.insert(other);
         let kept = table.get(7).unwrap();
-        assert_eq!((kept.raised_ns, kept.account.stray_kib), (60, 300));
+        assert_eq!(
+            (kept.raised_at, kept.account.stray_kib),
+            (MonotonicNs(60), 300)
+        );
         assert_eq!(kept.account.own_kib, 0);
         // Another thread that took the id: nothing of the first.
         let mut stranger = raise(7, 2, 70);
         stranger.task.start_time = 8;
-        stranger.raised_ns = 70;
+        stranger.raised_at = MonotonicNs(70);
         table.insert(stranger);
         let kept = table.get(7).unwrap();
         assert_eq!(
-            (kept.raised_ns, kept.account),
-            (70, RaiseAccount::default())
+            (kept.raised_at, kept.account),
+            (MonotonicNs(70), RaiseAccount::default())
         );
     }
 
@@ -487,14 +529,14 @@ mod tests {
         let mut table = RaiseTable::new(5_000);
         table.insert(raise(1, 10, 0));
         table.insert(raise(2, 10, 0));
-        table.touch(2, StreamId(10), 4_000);
-        table.touch(1, StreamId(11), 4_000); // another stream's file does not keep it
-        assert_eq!(table.ns_until_next_expiry(4_000), Some(1_000));
-        let idle = table.take_idle(5_000);
+        table.touch(2, StreamId(10), MonotonicNs(4_000));
+        table.touch(1, StreamId(11), MonotonicNs(4_000)); // another stream's file does not keep it
+        assert_eq!(table.ns_until_next_expiry(MonotonicNs(4_000)), Some(1_000));
+        let idle = table.take_idle(MonotonicNs(5_000));
         assert_eq!(idle.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1]);
         assert!(table.get(2).is_some());
         assert_eq!(table.take_stream(StreamId(10)).len(), 1);
-        assert_eq!(table.ns_until_next_expiry(5_000), None);
+        assert_eq!(table.ns_until_next_expiry(MonotonicNs(5_000)), None);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! stream raised an hour ago and set to 10 MB/s for a moment lent its reader 36 GB of real-time
 //! reads at once.
 
+use scheduler_common::MonotonicNs;
+
 /// Changes kept: older ones are forgotten, and an instant before the oldest kept one counts
 /// as that change's (what was earned before it is not counted: an allowance only shrinks).
 pub(crate) const MAX_RATE_CHANGES: usize = 16;
@@ -14,24 +16,24 @@ pub(crate) const MAX_RATE_CHANGES: usize = 16;
 /// The rates a stream had, from when it was attached.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RateHistory {
-    /// `(from_ns, bytes per second, bytes earned before from_ns since the stream began)`,
-    /// oldest first; never empty.
-    changes: Vec<(u64, u64, u128)>,
+    /// `(from, bytes per second, bytes earned before from since the stream began)`, oldest
+    /// first; never empty.
+    changes: Vec<(MonotonicNs, u64, u128)>,
 }
 
 impl RateHistory {
-    /// A stream at `rate_bps` from `now_ns`.
+    /// A stream at `rate_bps` from `now`.
     #[must_use]
-    pub(crate) fn new(rate_bps: u64, now_ns: u64) -> Self {
+    pub(crate) fn new(rate_bps: u64, now: MonotonicNs) -> Self {
         Self {
-            changes: vec![(now_ns, rate_bps, 0)],
+            changes: vec![(now, rate_bps, 0)],
         }
     }
 
-    /// The stream has `rate_bps` from `now_ns` on (an instant before the last change counts as
+    /// The stream has `rate_bps` from `now` on (an instant before the last change counts as
     /// the last change's).
-    pub(crate) fn set(&mut self, rate_bps: u64, now_ns: u64) {
-        let at = now_ns.max(self.last().0);
+    pub(crate) fn set(&mut self, rate_bps: u64, now: MonotonicNs) {
+        let at = now.max(self.last().0);
         let earned = self.earned_at(at);
         self.changes.push((at, rate_bps, earned));
         if self.changes.len() > MAX_RATE_CHANGES {
@@ -39,28 +41,25 @@ impl RateHistory {
         }
     }
 
-    /// Bytes the rate earned from `since_ns` to `now_ns`.
+    /// Bytes the rate earned from `since` to `now`.
     #[must_use]
-    pub(crate) fn earned(&self, since_ns: u64, now_ns: u64) -> u128 {
-        self.earned_at(now_ns)
-            .saturating_sub(self.earned_at(since_ns.min(now_ns)))
+    pub(crate) fn earned(&self, since: MonotonicNs, now: MonotonicNs) -> u128 {
+        self.earned_at(now)
+            .saturating_sub(self.earned_at(since.min(now)))
     }
 
-    fn last(&self) -> (u64, u64, u128) {
+    fn last(&self) -> (MonotonicNs, u64, u128) {
         self.changes[self.changes.len() - 1]
     }
 
-    /// Bytes earned up to `at_ns` since the first change (an instant before the oldest change
+    /// Bytes earned up to `at` since the first change (an instant before the oldest change
     /// kept counts as that change's).
-    fn earned_at(&self, at_ns: u64) -> u128 {
-        let at_ns = at_ns.max(self.changes[0].0);
-        let segment = self
-            .changes
-            .iter()
-            .rev()
-            .find(|(from, _, _)| *from <= at_ns);
+    fn earned_at(&self, at: MonotonicNs) -> u128 {
+        let at = at.max(self.changes[0].0);
+        let segment = self.changes.iter().rev().find(|(from, _, _)| *from <= at);
         segment.map_or(0, |(from, rate, before)| {
-            before + u128::from(*rate) * u128::from(at_ns - from) / 1_000_000_000
+            // `from <= at`: the subtraction never saturates.
+            before + u128::from(*rate) * u128::from(at.saturating_since(*from)) / 1_000_000_000
         })
     }
 }
@@ -74,22 +73,31 @@ mod tests {
 
     #[test]
     fn a_rate_raised_a_moment_ago_earned_only_from_then() {
-        let mut rates = RateHistory::new(1, 0);
-        rates.set(10_000_000, 3600 * S);
+        let mut rates = RateHistory::new(1, MonotonicNs::ZERO);
+        rates.set(10_000_000, MonotonicNs(3600 * S));
         // An hour at 1 B/s, then a second at 10 MB/s: not 36 GB.
-        assert_eq!(rates.earned(0, 3601 * S), 3600 + 10_000_000);
-        assert_eq!(rates.earned(3600 * S, 3601 * S), 10_000_000);
-        assert_eq!(rates.earned(1800 * S, 3600 * S), 1800);
+        assert_eq!(
+            rates.earned(MonotonicNs::ZERO, MonotonicNs(3601 * S)),
+            3600 + 10_000_000
+        );
+        assert_eq!(
+            rates.earned(MonotonicNs(3600 * S), MonotonicNs(3601 * S)),
+            10_000_000
+        );
+        assert_eq!(
+            rates.earned(MonotonicNs(1800 * S), MonotonicNs(3600 * S)),
+            1800
+        );
     }
 
     #[test]
     fn forgotten_changes_count_nothing() {
-        let mut rates = RateHistory::new(1_000, 0);
+        let mut rates = RateHistory::new(1_000, MonotonicNs::ZERO);
         for second in 1..=(MAX_RATE_CHANGES as u64 + 4) {
-            rates.set(1_000, second * S);
+            rates.set(1_000, MonotonicNs(second * S));
         }
         // Since 0, but the oldest change kept is from second 5: 15 s at 1 kB/s, not 20.
-        assert_eq!(rates.earned(0, 20 * S), 15_000);
+        assert_eq!(rates.earned(MonotonicNs::ZERO, MonotonicNs(20 * S)), 15_000);
     }
 
     proptest! {
@@ -102,17 +110,17 @@ mod tests {
             span in 0u64..100 * S,
             more in 0u64..100 * S,
         ) {
-            let mut rates = RateHistory::new(changes.first().map_or(5, |c| c.1), 0);
+            let mut rates = RateHistory::new(changes.first().map_or(5, |c| c.1), MonotonicNs::ZERO);
             let mut at = 0;
             let mut highest = rates.last().1;
             for (gap, rate) in changes {
                 at += gap;
-                rates.set(rate, at);
+                rates.set(rate, MonotonicNs(at));
                 highest = highest.max(rate);
             }
-            let earned = rates.earned(since, since + span);
+            let earned = rates.earned(MonotonicNs(since), MonotonicNs(since + span));
             prop_assert!(earned <= u128::from(highest) * u128::from(span) / u128::from(S) + 1);
-            prop_assert!(earned <= rates.earned(since, since + span + more));
+            prop_assert!(earned <= rates.earned(MonotonicNs(since), MonotonicNs(since + span + more)));
         }
     }
 }

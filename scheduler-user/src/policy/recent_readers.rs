@@ -11,6 +11,8 @@
 
 use std::collections::HashMap;
 
+use scheduler_common::MonotonicNs;
+
 /// Most readers one stream lists. A player is one process, a few with helpers; a user who
 /// reads from more at once still has them read, and raised if they miss, but not all listed.
 pub(crate) const MAX_READERS: usize = 64;
@@ -22,22 +24,22 @@ pub(crate) const PRUNE_EVERY_NS: u64 = 1_000_000_000;
 /// A stream's recent readers: process id → (command, last seen).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RecentReaders {
-    readers: HashMap<u32, (String, u64)>,
-    pruned_at_ns: u64,
+    readers: HashMap<u32, (String, MonotonicNs)>,
+    pruned_at: MonotonicNs,
 }
 
 impl RecentReaders {
-    /// Process `pid` (running `comm`) read the stream's file at `now_ns`.
-    pub(crate) fn saw(&mut self, pid: u32, comm: String, now_ns: u64) {
-        if now_ns.saturating_sub(self.pruned_at_ns) >= PRUNE_EVERY_NS {
-            self.prune(now_ns);
+    /// Process `pid` (running `comm`) read the stream's file at `now`.
+    pub(crate) fn saw(&mut self, pid: u32, comm: String, now: MonotonicNs) {
+        if now.saturating_since(self.pruned_at) >= PRUNE_EVERY_NS {
+            self.prune(now);
         }
         if let Some(entry) = self.readers.get_mut(&pid) {
-            *entry = (comm, now_ns);
+            *entry = (comm, now);
             return;
         }
         if self.readers.len() >= MAX_READERS {
-            self.prune(now_ns);
+            self.prune(now);
         }
         if self.readers.len() >= MAX_READERS {
             if let Some(oldest) = self
@@ -49,13 +51,13 @@ impl RecentReaders {
                 self.readers.remove(&oldest);
             }
         }
-        self.readers.insert(pid, (comm, now_ns));
+        self.readers.insert(pid, (comm, now));
     }
 
-    fn prune(&mut self, now_ns: u64) {
-        self.pruned_at_ns = now_ns;
+    fn prune(&mut self, now: MonotonicNs) {
+        self.pruned_at = now;
         self.readers
-            .retain(|_, (_, seen)| now_ns.saturating_sub(*seen) < READER_IDLE_NS);
+            .retain(|_, (_, seen)| now.saturating_since(*seen) < READER_IDLE_NS);
     }
 
     /// Whether `pid` is listed.
@@ -105,9 +107,9 @@ mod tests {
         let player = 1;
         for i in 0..100_000u32 {
             let now = u64::from(i) * MS / 10;
-            readers.saw(1000 + i, "flood".to_owned(), now);
+            readers.saw(1000 + i, "flood".to_owned(), MonotonicNs(now));
             if i % 50 == 0 {
-                readers.saw(player, "player".to_owned(), now);
+                readers.saw(player, "player".to_owned(), MonotonicNs(now));
             }
             assert!(readers.len() <= MAX_READERS);
         }
@@ -124,7 +126,7 @@ mod tests {
             let mut last_seen = HashMap::new();
             for (pid, step) in reports {
                 now += step / 100;
-                readers.saw(pid, String::new(), now);
+                readers.saw(pid, String::new(), MonotonicNs(now));
                 last_seen.insert(pid, now);
                 prop_assert!(readers.len() <= MAX_READERS);
                 prop_assert!(readers.contains(pid));

@@ -24,6 +24,8 @@
 
 use std::ops::Range;
 
+use scheduler_common::MonotonicNs;
+
 use super::credit::CreditTimer;
 use super::min_load_bytes;
 use super::page_floor;
@@ -105,7 +107,7 @@ pub(crate) struct WriteBehind {
     /// How far the application has written.
     written_end: u64,
     /// When `written_end` last grew.
-    grew_at_ns: u64,
+    grew_at: MonotonicNs,
     /// Written back and released up to here (page aligned).
     written_back_end: u64,
     /// The write-back on the disk now.
@@ -136,7 +138,7 @@ impl WriteBehind {
         shape: WriteBehindShape,
         file_bytes: u64,
         start_credit_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Self {
         Self {
             shape,
@@ -144,10 +146,10 @@ impl WriteBehind {
                 shape.rate_bps,
                 shape.credit_limit_bytes,
                 start_credit_bytes,
-                now_ns,
+                now,
             ),
             written_end: file_bytes,
-            grew_at_ns: now_ns,
+            grew_at: now,
             written_back_end: page_floor(file_bytes),
             in_flight: None,
             allocated_end: file_bytes,
@@ -156,7 +158,7 @@ impl WriteBehind {
                 shape.rate_bps,
                 2 * shape.preallocate_ahead(),
                 2 * shape.preallocate_ahead(),
-                now_ns,
+                now,
             ),
             allocation_room: u64::MAX,
             written_back_bytes: 0,
@@ -177,26 +179,26 @@ impl WriteBehind {
     }
 
     /// The application has written up to `file_bytes` (the file's size now).
-    pub(crate) fn on_size(&mut self, file_bytes: u64, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn on_size(&mut self, file_bytes: u64, now: MonotonicNs) -> Vec<WriteAction> {
         if file_bytes > self.written_end {
             self.written_end = file_bytes;
-            self.grew_at_ns = now_ns;
+            self.grew_at = now;
         } else if file_bytes < self.written_end {
             // Truncated: what was beyond is gone; write back from the new end.
             self.written_end = file_bytes;
-            self.grew_at_ns = now_ns;
+            self.grew_at = now;
             self.written_back_end = self.written_back_end.min(page_floor(file_bytes));
             self.allocated_end = self.allocated_end.min(file_bytes);
         }
-        self.on_tick(now_ns)
+        self.on_tick(now)
     }
 
     /// Time passed: credit accrued.
-    pub(crate) fn on_tick(&mut self, now_ns: u64) -> Vec<WriteAction> {
-        self.credit.accrue(now_ns);
-        self.allocation_credit.accrue(now_ns);
+    pub(crate) fn on_tick(&mut self, now: MonotonicNs) -> Vec<WriteAction> {
+        self.credit.accrue(now);
+        self.allocation_credit.accrue(now);
         let mut actions = Vec::new();
-        if let Some(range) = self.next_write_back(now_ns) {
+        if let Some(range) = self.next_write_back(now) {
             self.in_flight = Some(range.clone());
             actions.push(WriteAction::WriteBack(range));
         }
@@ -222,14 +224,14 @@ impl WriteBehind {
         start..page_floor(self.written_end).max(start)
     }
 
-    fn next_write_back(&mut self, now_ns: u64) -> Option<Range<u64>> {
+    fn next_write_back(&mut self, now: MonotonicNs) -> Option<Range<u64>> {
         if self.in_flight.is_some() {
             return None;
         }
         let pending = self.pending();
         let length = pending.end - pending.start;
         let request = self.shape.request_bytes();
-        let idle = now_ns.saturating_sub(self.grew_at_ns) >= IDLE_FLUSH_NS;
+        let idle = now.saturating_since(self.grew_at) >= IDLE_FLUSH_NS;
         if length == 0 || (length < request && !idle) {
             return None;
         }
@@ -273,7 +275,11 @@ impl WriteBehind {
     }
 
     /// A write-back is on the disk: its pages can go.
-    pub(crate) fn on_written_back(&mut self, range: &Range<u64>, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn on_written_back(
+        &mut self,
+        range: &Range<u64>,
+        now: MonotonicNs,
+    ) -> Vec<WriteAction> {
         if self.in_flight.as_ref() == Some(range) {
             self.in_flight = None;
             if range.start <= self.written_back_end {
@@ -281,7 +287,7 @@ impl WriteBehind {
             }
             self.written_back_bytes += range.end - range.start;
         }
-        self.on_tick(now_ns)
+        self.on_tick(now)
     }
 
     /// A write-back failed: it is tried again (its credit is spent; a disk that keeps failing
@@ -299,7 +305,7 @@ impl WriteBehind {
 
     /// Nanoseconds until the window may write something back, if anything is waiting.
     #[must_use]
-    pub(crate) fn ns_until_next_write_back(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn ns_until_next_write_back(&self, now: MonotonicNs) -> Option<u64> {
         if self.in_flight.is_some() {
             return None;
         }
@@ -309,12 +315,12 @@ impl WriteBehind {
             return None;
         }
         let request = self.shape.request_bytes();
-        let credit = self.credit.ns_until(length.min(request), now_ns);
+        let credit = self.credit.ns_until(length.min(request), now);
         if length >= request {
             return Some(credit);
         }
-        let idle_at = self.grew_at_ns.saturating_add(IDLE_FLUSH_NS);
-        Some(credit.max(idle_at.saturating_sub(now_ns)))
+        let idle_at = self.grew_at.saturating_add(IDLE_FLUSH_NS);
+        Some(credit.max(idle_at.saturating_since(now)))
     }
 
     /// How far the application has written.
@@ -368,13 +374,13 @@ impl WriteBehind {
         self.credit.credit_bytes()
     }
 
-    /// The granted rate changes from `now_ns` on.
-    pub(crate) fn set_rate(&mut self, rate_bps: u64, now_ns: u64) {
+    /// The granted rate changes from `now` on.
+    pub(crate) fn set_rate(&mut self, rate_bps: u64, now: MonotonicNs) {
         self.shape.rate_bps = rate_bps;
-        self.credit.set_rate(rate_bps, now_ns);
-        self.allocation_credit.set_rate(rate_bps, now_ns);
+        self.credit.set_rate(rate_bps, now);
+        self.allocation_credit.set_rate(rate_bps, now);
         self.allocation_credit
-            .set_limit(2 * self.shape.preallocate_ahead(), now_ns);
+            .set_limit(2 * self.shape.preallocate_ahead(), now);
     }
 }
 

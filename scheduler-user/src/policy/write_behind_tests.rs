@@ -29,11 +29,15 @@ fn write_backs(actions: &[WriteAction]) -> Vec<Range<u64>> {
 
 /// Completes every write-back at once, as an infinitely fast disk would; returns all ranges
 /// written back.
-fn complete(window: &mut WriteBehind, actions: &[WriteAction], now_ns: u64) -> Vec<Range<u64>> {
+fn complete(
+    window: &mut WriteBehind,
+    actions: &[WriteAction],
+    now: MonotonicNs,
+) -> Vec<Range<u64>> {
     let mut done = Vec::new();
     let mut queue = write_backs(actions);
     while let Some(range) = queue.pop() {
-        let next = window.on_written_back(&range, now_ns);
+        let next = window.on_written_back(&range, now);
         queue.extend(write_backs(&next));
         done.push(range);
     }
@@ -42,34 +46,34 @@ fn complete(window: &mut WriteBehind, actions: &[WriteAction], now_ns: u64) -> V
 
 #[test]
 fn nothing_is_written_back_before_a_request_is_written() {
-    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, 0);
-    assert!(write_backs(&window.on_size(100 * 1024, 1_000)).is_empty());
+    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, MonotonicNs::ZERO);
+    assert!(write_backs(&window.on_size(100 * 1024, MonotonicNs(1_000))).is_empty());
     let request = shape(MIB, MIB).request_bytes();
-    let written = write_backs(&window.on_size(request, 2_000));
+    let written = write_backs(&window.on_size(request, MonotonicNs(2_000)));
     assert_eq!(written, vec![0..request]);
 }
 
 #[test]
 fn an_idle_writer_has_its_last_whole_pages_written_back() {
-    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, 0);
-    assert!(write_backs(&window.on_size(10 * PAGE + 100, 0)).is_empty());
+    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, MonotonicNs::ZERO);
+    assert!(write_backs(&window.on_size(10 * PAGE + 100, MonotonicNs::ZERO)).is_empty());
     assert_eq!(
-        window.ns_until_next_write_back(0),
+        window.ns_until_next_write_back(MonotonicNs::ZERO),
         Some(IDLE_FLUSH_NS),
         "the loop wakes when the writer counts as idle"
     );
     assert_eq!(
-        write_backs(&window.on_tick(IDLE_FLUSH_NS)),
+        write_backs(&window.on_tick(MonotonicNs(IDLE_FLUSH_NS))),
         vec![0..10 * PAGE]
     );
 }
 
 #[test]
 fn a_truncated_file_is_written_back_from_its_new_end() {
-    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, 0);
-    let actions = window.on_size(2 * MIB, 0);
-    complete(&mut window, &actions, 0);
-    window.on_size(PAGE, 1);
+    let mut window = WriteBehind::new(shape(MIB, MIB), 0, 2 * MIB, MonotonicNs::ZERO);
+    let actions = window.on_size(2 * MIB, MonotonicNs::ZERO);
+    complete(&mut window, &actions, MonotonicNs::ZERO);
+    window.on_size(PAGE, MonotonicNs(1));
     assert_eq!(window.written_back_end(), PAGE);
     assert_eq!(window.written_end(), PAGE);
 }
@@ -77,20 +81,20 @@ fn a_truncated_file_is_written_back_from_its_new_end() {
 #[test]
 fn the_file_is_allocated_a_few_seconds_ahead_in_large_steps() {
     let s = shape(MIB, MIB);
-    let mut window = WriteBehind::new(s, 0, 2 * MIB, 0);
+    let mut window = WriteBehind::new(s, 0, 2 * MIB, MonotonicNs::ZERO);
     let first: Vec<_> = window
-        .on_size(0, 0)
+        .on_size(0, MonotonicNs::ZERO)
         .into_iter()
         .filter(|a| matches!(a, WriteAction::Preallocate(_)))
         .collect();
     assert_eq!(first, vec![WriteAction::Preallocate(0..4 * MIB)]);
     // Nothing more until half of it is written into.
     assert!(!window
-        .on_size(MIB, SECOND)
+        .on_size(MIB, MonotonicNs(SECOND))
         .iter()
         .any(|a| matches!(a, WriteAction::Preallocate(_))));
     let again: Vec<_> = window
-        .on_size(2 * MIB, 2 * SECOND)
+        .on_size(2 * MIB, MonotonicNs(2 * SECOND))
         .into_iter()
         .filter(|a| matches!(a, WriteAction::Preallocate(_)))
         .collect();
@@ -102,7 +106,7 @@ fn the_file_is_allocated_a_few_seconds_ahead_in_large_steps() {
 #[test]
 fn a_stream_allocates_ahead_only_within_its_users_room() {
     let s = shape(MIB, MIB);
-    let mut window = WriteBehind::new(s, 0, 2 * MIB, 0);
+    let mut window = WriteBehind::new(s, 0, 2 * MIB, MonotonicNs::ZERO);
     window.set_allocation_room(MIB + MIB / 2);
     let allocations = |actions: Vec<WriteAction>| -> Vec<WriteAction> {
         actions
@@ -111,17 +115,17 @@ fn a_stream_allocates_ahead_only_within_its_users_room() {
             .collect()
     };
     assert_eq!(
-        allocations(window.on_size(0, 0)),
+        allocations(window.on_size(0, MonotonicNs::ZERO)),
         vec![WriteAction::Preallocate(0..MIB + MIB / 2)]
     );
     assert_eq!(window.allocated_ahead(), MIB + MIB / 2);
     // Less than a unit of room past what it holds: nothing.
-    assert!(allocations(window.on_size(MIB / 2, SECOND)).is_empty());
+    assert!(allocations(window.on_size(MIB / 2, MonotonicNs(SECOND))).is_empty());
     window.set_allocation_room(0);
-    assert!(allocations(window.on_size(MIB, 2 * SECOND)).is_empty());
+    assert!(allocations(window.on_size(MIB, MonotonicNs(2 * SECOND))).is_empty());
     window.set_allocation_room(u64::MAX);
     assert_eq!(
-        allocations(window.on_size(MIB, 3 * SECOND)),
+        allocations(window.on_size(MIB, MonotonicNs(3 * SECOND))),
         vec![WriteAction::Preallocate(MIB + MIB / 2..5 * MIB)]
     );
     assert_eq!(allocation_room(65_534, MAX_PREALLOCATED_AHEAD_PER_USER), 0);
@@ -140,12 +144,12 @@ proptest! {
         steps in prop::collection::vec((1u64..1 << 30, 1u64..100_000_000), 1..300),
     ) {
         let s = shape(MIB, rate_kib * 1024);
-        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, 0);
+        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, MonotonicNs::ZERO);
         let (mut now, mut end) = (0u64, 0u64);
         for (grow, dt) in steps {
             now += dt;
             end += grow;
-            window.on_size(end, now);
+            window.on_size(end, MonotonicNs(now));
             let allowed = 2 * s.preallocate_ahead() + u64::try_from(
                 u128::from(now) * u128::from(s.rate_bps) / u128::from(SECOND)
             ).unwrap();
@@ -165,13 +169,13 @@ proptest! {
         steps in prop::collection::vec((1u64..4 * MIB, 1u64..500_000_000), 1..200),
     ) {
         let s = shape(buffer_kib * 1024, rate_kib * 1024);
-        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, 0);
+        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, MonotonicNs::ZERO);
         let (mut now, mut end, mut total, mut next_start) = (0u64, 0u64, 0u64, 0u64);
         for (grow, dt) in steps {
             now += dt;
             end += grow;
-            let actions = window.on_size(end, now);
-            for range in complete(&mut window, &actions, now) {
+            let actions = window.on_size(end, MonotonicNs(now));
+            for range in complete(&mut window, &actions, MonotonicNs(now)) {
                 prop_assert_eq!(range.start, next_start, "in order, no byte twice");
                 next_start = range.end;
                 total += range.end - range.start;
@@ -194,14 +198,14 @@ proptest! {
         writes in 10usize..400,
     ) {
         let s = shape(buffer_kib * 1024, rate_kib * 1024);
-        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, 0);
+        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, MonotonicNs::ZERO);
         let write = write_pages * PAGE;
         let period_ns = write * 1_000_000_000 / s.rate_bps + 1;
         let mut now = 0;
         for i in 1..=writes as u64 {
             now = i * period_ns;
-            let actions = window.on_size(i * write, now);
-            complete(&mut window, &actions, now);
+            let actions = window.on_size(i * write, MonotonicNs(now));
+            complete(&mut window, &actions, MonotonicNs(now));
             prop_assert!(
                 window.behind_bytes() <= s.buffer_bytes + BATCH,
                 "{} dirty with a {} buffer", window.behind_bytes(), s.buffer_bytes
@@ -213,8 +217,8 @@ proptest! {
         }
         // Stopped: idle, then as much credit as the rest needs.
         let later = now + IDLE_FLUSH_NS + 2 * s.credit_limit_bytes * 1_000_000_000 / s.rate_bps;
-        let actions = window.on_tick(later);
-        complete(&mut window, &actions, later);
+        let actions = window.on_tick(MonotonicNs(later));
+        complete(&mut window, &actions, MonotonicNs(later));
         prop_assert_eq!(window.written_back_end(), writes as u64 * write);
     }
 }

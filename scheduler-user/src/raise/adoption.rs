@@ -16,7 +16,7 @@
 //! stream ends. At most [`MAX_ADOPTED_PER_STREAM`] tasks per stream; later tasks are put back at
 //! their fork as before.
 
-use abiss_os::clock::monotonic_ns;
+use abiss_os::clock::monotonic_now;
 use abiss_os::ioprio;
 use log::debug;
 
@@ -48,14 +48,14 @@ impl ReaderRaises {
         let Some(parent) = self.table.get(fork.raise.root) else {
             return false;
         };
-        let Some(started_ns) = parent.started_ns else {
+        let Some(started_at) = parent.started_at else {
             return false;
         };
         if owes(parent.uid) {
             return false;
         }
         let stream = parent.stream;
-        if fork.at_ns.saturating_sub(started_ns) > ADOPTION_WINDOW_NS
+        if fork.at.saturating_since(started_at) > ADOPTION_WINDOW_NS
             || self.adopted.get(&stream).copied().unwrap_or(0) >= MAX_ADOPTED_PER_STREAM
         {
             return false;
@@ -72,12 +72,12 @@ impl ReaderRaises {
         if ioprio::get(child).ok() != Some(fork.raise.applied) {
             return false;
         }
-        let now = monotonic_ns();
+        let now = monotonic_now();
         let raise = Raise {
             task: identity.task,
             tgid: identity.tgid,
-            last_access_ns: now,
-            raised_ns: now,
+            last_access: now,
+            raised_at: now,
             previous: fork.raise.previous,
             applied: fork.raise.applied,
             // Its own reads are counted from zero, so it has paid for none of them; they are
@@ -97,7 +97,7 @@ impl ReaderRaises {
         debug!(
             "stream {stream}: thread {} made {child} {} ms after its start raise; it keeps the raise",
             fork.parent,
-            fork.at_ns.saturating_sub(started_ns) / 1_000_000
+            fork.at.saturating_since(started_at) / 1_000_000
         );
         true
     }

@@ -63,7 +63,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use abiss_os::{clock::monotonic_ns, ioprio};
+use abiss_os::{clock::monotonic_now, ioprio};
 use abiss_proto::StreamId;
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use log::{debug, info, warn};
@@ -409,7 +409,7 @@ impl RaisedForks {
                 fork.parent,
                 fork.child,
                 fork.raise.previous,
-                monotonic_ns().saturating_sub(fork.at_ns) / 1000
+                monotonic_now().saturating_since(fork.at) / 1000
             );
         }
     }

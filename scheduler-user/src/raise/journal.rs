@@ -18,10 +18,10 @@
 use std::collections::HashMap;
 use std::io;
 
-use abiss_os::{clock::monotonic_ns, ioprio};
+use abiss_os::{clock::monotonic_now, ioprio};
 use abiss_proto::DeviceNumber;
 use log::{info, warn};
-use scheduler_common::AbissLevel;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 use super::task::task_identity;
 use super::{RaiseFor, ReaderRaises};
@@ -46,32 +46,30 @@ pub(super) struct JournalThreads {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Found {
     Thread(u32),
-    Nothing { at_ns: u64 },
+    Nothing { at: MonotonicNs },
 }
 
 impl JournalThreads {
     /// The journal thread of the file system on `fs_device`, if it has one.
-    fn thread(&mut self, fs_device: DeviceNumber, now_ns: u64) -> io::Result<Option<u32>> {
+    fn thread(&mut self, fs_device: DeviceNumber, now: MonotonicNs) -> io::Result<Option<u32>> {
         let Some(wanted) = journal_name(fs_device)? else {
             return Ok(None);
         };
-        self.thread_with(fs_device, now_ns, &wanted, scan_for, is_named)
+        self.thread_with(fs_device, now, &wanted, scan_for, is_named)
     }
 
     /// [`Self::thread`] with the scan of `/proc` and the look at one thread given.
     fn thread_with(
         &mut self,
         fs_device: DeviceNumber,
-        now_ns: u64,
+        now: MonotonicNs,
         wanted: &[u8],
         scan: impl FnOnce(&[u8]) -> io::Result<Option<u32>>,
         still: impl FnOnce(u32, &[u8]) -> bool,
     ) -> io::Result<Option<u32>> {
         match self.found.get(&fs_device) {
             Some(&Found::Thread(tid)) if still(tid, wanted) => return Ok(Some(tid)),
-            Some(&Found::Nothing { at_ns })
-                if now_ns.saturating_sub(at_ns) < NO_JOURNAL_RECHECK_NS =>
-            {
+            Some(&Found::Nothing { at }) if now.saturating_since(at) < NO_JOURNAL_RECHECK_NS => {
                 return Ok(None)
             }
             _ => {}
@@ -79,7 +77,7 @@ impl JournalThreads {
         let found = scan(wanted)?;
         self.found.insert(
             fs_device,
-            found.map_or(Found::Nothing { at_ns: now_ns }, Found::Thread),
+            found.map_or(Found::Nothing { at: now }, Found::Thread),
         );
         Ok(found)
     }
@@ -98,7 +96,7 @@ impl ReaderRaises {
         if !self.enabled {
             return false;
         }
-        let tid = match self.journals.thread(fs_device, monotonic_ns()) {
+        let tid = match self.journals.thread(fs_device, monotonic_now()) {
             Ok(Some(tid)) => tid,
             Ok(None) => return false,
             Err(error) => {
@@ -115,7 +113,7 @@ impl ReaderRaises {
         let Some(target) = raised_priority(current, level) else {
             return false;
         };
-        let now = monotonic_ns();
+        let now = monotonic_now();
         let raise = Raise {
             task: identity.task,
             tgid: identity.tgid,
@@ -123,9 +121,9 @@ impl ReaderRaises {
             file_tag: stream.file_tag,
             previous: current,
             applied: target,
-            last_access_ns: now,
-            raised_ns: now,
-            started_ns: None,
+            last_access: now,
+            raised_at: now,
+            started_at: None,
             journal: true,
             uid: identity.uid,
             account: RaiseAccount::default(),
@@ -218,28 +216,42 @@ mod tests {
             }
         };
         for round in 0..1000 {
-            let found =
-                journals.thread_with(DEVICE, round, b"jbd2/loop0-", scan(Some(42)), |tid, _| {
-                    tid == 42
-                });
+            let found = journals.thread_with(
+                DEVICE,
+                MonotonicNs(round),
+                b"jbd2/loop0-",
+                scan(Some(42)),
+                |tid, _| tid == 42,
+            );
             assert_eq!(found.expect("found"), Some(42));
         }
         assert_eq!(scans.get(), 1);
         // Gone: scanned again, the new thread found.
-        let found =
-            journals.thread_with(DEVICE, 1000, b"jbd2/loop0-", scan(Some(43)), |_, _| false);
+        let found = journals.thread_with(
+            DEVICE,
+            MonotonicNs(1000),
+            b"jbd2/loop0-",
+            scan(Some(43)),
+            |_, _| false,
+        );
         assert_eq!(found.expect("found"), Some(43));
         assert_eq!(scans.get(), 2);
         // A file system without a journal thread.
         let other = DeviceNumber { major: 7, minor: 1 };
         for round in 0..1000 {
-            let found = journals.thread_with(other, round, b"jbd2/loop1-", scan(None), |_, _| true);
+            let found = journals.thread_with(
+                other,
+                MonotonicNs(round),
+                b"jbd2/loop1-",
+                scan(None),
+                |_, _| true,
+            );
             assert_eq!(found.expect("found"), None);
         }
         assert_eq!(scans.get(), 3);
         let _ = journals.thread_with(
             other,
-            NO_JOURNAL_RECHECK_NS,
+            MonotonicNs(NO_JOURNAL_RECHECK_NS),
             b"jbd2/loop1-",
             scan(None),
             |_, _| true,

@@ -5,7 +5,7 @@
 //! of the raise's own file within its bound keeps the raise from going idle.
 
 use abiss_proto::StreamId;
-use scheduler_common::{MonotonicNs, MAX_SHARED_IO_TASKS_PER_RAISE};
+use scheduler_common::MAX_SHARED_IO_TASKS_PER_RAISE;
 
 use std::collections::HashMap;
 
@@ -100,7 +100,7 @@ impl ReaderRaises {
                 // direct writer (or reader) is never seen in the page cache, and would
                 // otherwise be put back as idle mid-stream. What it may do is bounded below.
                 self.table
-                    .touch(pid, raise.stream, abiss_os::clock::monotonic_ns());
+                    .touch(pid, raise.stream, abiss_os::clock::monotonic_now());
                 self.ledgers
                     .entry(raise.stream)
                     .or_default()
@@ -109,7 +109,7 @@ impl ReaderRaises {
                 read.push((pid, raise.uid, new_own));
             }
             let allowed = bounds
-                .admitted(raise.stream, MonotonicNs(raise.raised_ns))
+                .admitted(raise.stream, raise.raised_at)
                 .map_or(u64::MAX, |(earned, buffer)| {
                     stream_allowance_kib(earned, buffer, OWN_FILE_SLACK_KIB)
                 });

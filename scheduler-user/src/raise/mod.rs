@@ -235,7 +235,7 @@ impl ReaderRaises {
             return false;
         };
         let Some(target) = raised_priority(current, level) else {
-            self.table.touch(pid, stream, at.0);
+            self.table.touch(pid, stream, at);
             return false;
         };
         if !self.can_record(at) {
@@ -264,10 +264,10 @@ impl ReaderRaises {
             file_tag,
             previous: current,
             applied: target,
-            last_access_ns: done.0,
-            raised_ns: done.0,
+            last_access: done,
+            raised_at: done,
             // A start raise's player makes its reading threads next ([`adoption`]).
-            started_ns: (!measured).then_some(done.0),
+            started_at: (!measured).then_some(done),
             journal: false,
             uid,
             account: RaiseAccount::default(),
@@ -392,7 +392,7 @@ impl ReaderRaises {
 
     /// Thread `pid` touched stream `stream`'s file.
     pub(crate) fn touch(&mut self, pid: u32, stream: StreamId, now: MonotonicNs) {
-        self.table.touch(pid, stream, now.0);
+        self.table.touch(pid, stream, now);
     }
 
     /// Restores the threads idle for too long; puts back the tasks of raised threads the fork
@@ -404,7 +404,7 @@ impl ReaderRaises {
         hook: &mut dyn ForkHook,
         bounds: &mut dyn StreamBounds,
     ) {
-        let idle = self.table.take_idle(now.0);
+        let idle = self.table.take_idle(now);
         self.restore_all(&idle, "idle", hook);
         self.police(hook, bounds);
         if !self.table.is_empty() {
@@ -463,7 +463,7 @@ impl ReaderRaises {
     /// Nanoseconds until an raise goes idle.
     #[must_use]
     pub(crate) fn ns_until_next_expiry(&self, now: MonotonicNs) -> Option<u64> {
-        let expiry = self.table.ns_until_next_expiry(now.0);
+        let expiry = self.table.ns_until_next_expiry(now);
         // While a thread is raised, its stray requests are looked at this often; after the last
         // raise ended, once more, for counts made as it ended.
         if self.table.is_empty() && !self.forks.counts_to_prune() {

@@ -227,7 +227,7 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
             },
             start.credit_bytes,
-            start.now_ns,
+            MonotonicNs(start.now_ns),
         );
         let stream = Self {
             id,
@@ -251,7 +251,7 @@ impl Stream {
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
             growth_checked_ns: start.now_ns,
-            rates: RateHistory::new(granted.rate.0, start.now_ns),
+            rates: RateHistory::new(granted.rate.0, MonotonicNs(start.now_ns)),
             auto_buffer: None,
             granted,
         };
@@ -266,11 +266,11 @@ impl Stream {
         now_ns: u64,
     ) -> Vec<WindowAction> {
         self.granted.rate = rate;
-        self.rates.set(rate.0, now_ns);
+        self.rates.set(rate.0, MonotonicNs(now_ns));
         if let Some(recording) = self.kind.recording_mut() {
-            recording.window.set_rate(rate.0, now_ns);
+            recording.window.set_rate(rate.0, MonotonicNs(now_ns));
         }
-        self.playout.set_rate(rate.0, now_ns)
+        self.playout.set_rate(rate.0, MonotonicNs(now_ns))
     }
 
     /// A write stream looks at how far its writer is, and writes back and allocates what is
@@ -324,7 +324,7 @@ impl Stream {
     pub(crate) fn set_buffer(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
         self.granted.buffer = ByteSize(bytes);
         let limit = Self::credit_limit_bytes(&self.granted);
-        self.playout.set_buffer(bytes, limit, now_ns)
+        self.playout.set_buffer(bytes, limit, MonotonicNs(now_ns))
     }
 
     /// A read stream whose window reaches the end of its file looks (every
@@ -346,7 +346,7 @@ impl Stream {
         }
         log::debug!("stream {}: the file grew to {bytes} bytes", self.id);
         self.file_bytes = bytes;
-        self.playout.file_grew(bytes, now_ns)
+        self.playout.file_grew(bytes, MonotonicNs(now_ns))
     }
 
     /// Until a read stream at the end of its file looks again whether the file grew.
@@ -377,7 +377,7 @@ impl Stream {
 
     /// Notes a reader task.
     pub(crate) fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
-        self.readers.saw(pid, comm, now_ns);
+        self.readers.saw(pid, comm, MonotonicNs(now_ns));
     }
 
     /// The stream as clients see it.

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use abiss_proto::{RecordingInfo, StreamId};
 use log::{info, warn};
-use scheduler_common::AbissLevel;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 mod give_back;
 pub(crate) use give_back::GiveBack;
@@ -96,7 +96,7 @@ impl Recording {
         now_ns: u64,
     ) -> Self {
         Self {
-            window: WriteBehind::new(shape, file_bytes, credit_bytes, now_ns),
+            window: WriteBehind::new(shape, file_bytes, credit_bytes, MonotonicNs(now_ns)),
             shape,
             polled_at_ns: now_ns,
             failures: 0,
@@ -138,7 +138,7 @@ impl Recording {
             .saturating_add(self.poll_interval_ns())
             .saturating_sub(now_ns);
         self.window
-            .ns_until_next_write_back(now_ns)
+            .ns_until_next_write_back(MonotonicNs(now_ns))
             .map_or(poll, |ns| ns.min(poll))
     }
 
@@ -154,14 +154,15 @@ impl Recording {
             return Vec::new();
         }
         if now_ns.saturating_sub(self.polled_at_ns) < self.poll_interval_ns() {
-            return self.window.on_tick(now_ns);
+            return self.window.on_tick(MonotonicNs(now_ns));
         }
         self.polled_at_ns = now_ns;
         match nix::sys::stat::fstat(file.fd().as_raw_fd()) {
-            Ok(stat) => self
-                .window
-                .on_size(u64::try_from(stat.st_size).unwrap_or(0), now_ns),
-            Err(_) => self.window.on_tick(now_ns),
+            Ok(stat) => self.window.on_size(
+                u64::try_from(stat.st_size).unwrap_or(0),
+                MonotonicNs(now_ns),
+            ),
+            Err(_) => self.window.on_tick(MonotonicNs(now_ns)),
         }
     }
 
@@ -235,7 +236,7 @@ impl Recording {
             self.window.on_failed(range);
             return Vec::new();
         }
-        self.window.on_written_back(range, now_ns)
+        self.window.on_written_back(range, MonotonicNs(now_ns))
     }
 
     /// The window as clients see it.
