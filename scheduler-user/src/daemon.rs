@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use abiss_model::ModelError;
-use abiss_os::clock::{monotonic_now, monotonic_ns};
+use abiss_os::clock::monotonic_now;
 use abiss_proto::AdmissionMode;
 use aya::maps::RingBuf;
 use log::{error, info, warn};
@@ -466,10 +466,10 @@ async fn serve(
                 handle(&mut controller, command, &mut watchers);
             }
             Some(done) = inputs.loads.recv() => controller.loaded(done),
-            Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_ns()),
+            Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_now()),
             Some(fork) = inputs.forks.recv() => controller.on_fork(&fork),
-            () = &mut credit_timer => controller.tick(monotonic_ns()),
-            _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_ns()) {
+            () = &mut credit_timer => controller.tick(monotonic_now()),
+            _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_now()) {
                 Ok(0) => {}
                 Ok(dropped) => info!("dropped {dropped} idle request records"),
                 Err(error) => warn!("cannot sweep request records: {error}"),
@@ -487,7 +487,7 @@ async fn serve(
         }
         // At least a millisecond, so a timer just short of a page's worth of credit does not spin.
         let wait = controller
-            .next_wakeup_ns(monotonic_ns())
+            .next_wakeup_ns(monotonic_now())
             .map_or(idle, |ns| {
                 Duration::from_nanos(ns).max(Duration::from_millis(1))
             });
@@ -530,7 +530,7 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             request,
             reply,
         } => {
-            let _ = reply.send(controller.attach(uid, connection, fd, request, monotonic_ns()));
+            let _ = reply.send(controller.attach(uid, connection, fd, request, monotonic_now()));
         }
         Command::Detach { uid, target, reply } => {
             let _ = reply.send(controller.detach(uid, &target));
@@ -541,7 +541,7 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             tid,
             reply,
         } => {
-            let _ = reply.send(controller.reader_starts(uid, stream, tid, monotonic_ns()));
+            let _ = reply.send(controller.reader_starts(uid, stream, tid, monotonic_now()));
         }
         Command::SetRate {
             uid,
@@ -549,7 +549,7 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             rate,
             reply,
         } => {
-            let _ = reply.send(controller.set_rate(uid, &target, rate, monotonic_ns()));
+            let _ = reply.send(controller.set_rate(uid, &target, rate, monotonic_now()));
         }
         Command::Position {
             uid,
@@ -558,7 +558,7 @@ fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers
             at,
         } => {
             let now = monotonic_now();
-            controller.position(uid, stream, offset, at.unwrap_or(now), now.0);
+            controller.position(uid, stream, offset, at.unwrap_or(now), now);
         }
         Command::List { uid, reply } => {
             let _ = reply.send(controller.list(uid));

@@ -30,40 +30,34 @@ pub(super) fn raise_for(stream: &Stream) -> RaiseFor {
 }
 
 /// The streams and their owners' start-up allowances, as the policing of raises sees them
-/// at `now_ns`.
+/// at `now`.
 pub(super) struct RaiseBounds<'a> {
     pub(crate) streams: &'a StreamTable,
     pub(crate) burst: &'a mut BurstAllowance,
-    pub(crate) now_ns: u64,
+    pub(crate) now: MonotonicNs,
 }
 
 impl StreamBounds for RaiseBounds<'_> {
     fn admitted(&self, stream: StreamId, since: MonotonicNs) -> Option<(u128, u64)> {
-        self.streams.get(stream).map(|s| {
-            (
-                s.rates.earned(since, MonotonicNs(self.now_ns)),
-                s.granted.buffer.0,
-            )
-        })
+        self.streams
+            .get(stream)
+            .map(|s| (s.rates.earned(since, self.now), s.granted.buffer.0))
     }
 
     fn charge(&mut self, uid: u32, kib: u64) {
-        self.burst
-            .charge(uid, kib.saturating_mul(1024), MonotonicNs(self.now_ns));
+        self.burst.charge(uid, kib.saturating_mul(1024), self.now);
     }
 
     fn debt_kib(&self, uid: u32) -> u64 {
-        self.burst
-            .debt(uid, MonotonicNs(self.now_ns))
-            .div_ceil(1024)
+        self.burst.debt(uid, self.now).div_ceil(1024)
     }
 }
 
 /// KiB a stream's raises together may read of its file at real time: its buffer, what its
 /// rates earned since it was attached, and the readahead slack (`policy::stray`).
-pub(super) fn own_file_allowance_kib(stream: &Stream, now_ns: u64) -> u64 {
+pub(super) fn own_file_allowance_kib(stream: &Stream, now: MonotonicNs) -> u64 {
     stream_allowance_kib(
-        stream.rates.earned(MonotonicNs::ZERO, MonotonicNs(now_ns)),
+        stream.rates.earned(MonotonicNs::ZERO, now),
         stream.granted.buffer.0,
         OWN_FILE_SLACK_KIB,
     )
@@ -71,16 +65,16 @@ pub(super) fn own_file_allowance_kib(stream: &Stream, now_ns: u64) -> u64 {
 
 impl Controller {
     /// Charges their users for what ended raises read of other files and did not pay for.
-    pub(super) fn charge_owed(&mut self, now_ns: u64) {
-        charge_owed(&mut self.raises, &mut self.burst, now_ns);
+    pub(super) fn charge_owed(&mut self, now: MonotonicNs) {
+        charge_owed(&mut self.raises, &mut self.burst, now);
     }
 }
 
 /// [`Controller::charge_owed`], for callers that hold other parts of the controller. Called
 /// right after whatever may end raises, so that the next raise knows who owes.
-fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now_ns: u64) {
+fn charge_owed(raises: &mut ReaderRaises, burst: &mut BurstAllowance, now: MonotonicNs) {
     for (uid, kib) in raises.take_owed() {
-        burst.charge(uid, kib.saturating_mul(1024), MonotonicNs(now_ns));
+        burst.charge(uid, kib.saturating_mul(1024), now);
     }
 }
 
@@ -104,7 +98,7 @@ fn raise_after_miss(
     }
     raises.on_miss(raise_for(stream), reader, when, stream.owner_uid, hook);
     // Making room for the raise may have let go of raises whose threads are gone.
-    charge_owed(raises, burst, at.0);
+    charge_owed(raises, burst, at);
 }
 
 /// The readers of streams that ended, for a few seconds: their reads still on their way
@@ -162,13 +156,13 @@ fn count_wait(stream: &mut Stream) {
 fn moved(
     burst: &mut BurstAllowance,
     stream: &mut Stream,
-    now_ns: u64,
+    now: MonotonicNs,
     step: impl FnOnce(&mut PlayoutBuffer) -> Vec<WindowAction>,
 ) -> Vec<WindowAction> {
     let seeks = stream.playout.seeks();
     let mut actions = step(&mut stream.playout);
     if stream.playout.seeks() > seeks {
-        actions.extend(fill_from_allowance(burst, stream, now_ns));
+        actions.extend(fill_from_allowance(burst, stream, now));
     }
     actions
 }
@@ -180,18 +174,18 @@ fn moved(
 pub(super) fn fill_from_allowance(
     burst: &mut BurstAllowance,
     stream: &mut Stream,
-    now_ns: u64,
+    now: MonotonicNs,
 ) -> Vec<WindowAction> {
     let wanted = stream.playout.refill_shortfall();
     if wanted == 0 {
         return Vec::new();
     }
-    let granted = burst.grant(stream.owner_uid, wanted, MonotonicNs(now_ns));
+    let granted = burst.grant(stream.owner_uid, wanted, now);
     log::debug!(
         "stream {}: filled {granted} of {wanted} bytes from the allowance",
         stream.id
     );
-    stream.playout.grant_credit(granted, MonotonicNs(now_ns))
+    stream.playout.grant_credit(granted, now)
 }
 
 impl Controller {
@@ -202,7 +196,7 @@ impl Controller {
         peer_uid: u32,
         stream: StreamId,
         tid: u32,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Result<bool, Refusal> {
         let id = self.owned_stream(peer_uid, &StreamTarget::Id(stream))?;
         let Some(stream) = self.streams.get(id) else {
@@ -210,14 +204,11 @@ impl Controller {
                 what: format!("stream {id}"),
             });
         };
-        let when = (MonotonicNs(now_ns), stream.level);
+        let when = (now, stream.level);
         let owner = stream.owner_uid;
         // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
         // still the stream's reader.
-        let raising = (
-            raise_for(stream),
-            !self.burst.in_debt(peer_uid, MonotonicNs(now_ns)),
-        );
+        let raising = (raise_for(stream), !self.burst.in_debt(peer_uid, now));
         let hook = &mut self.tracer;
         let Some(reader) = self
             .raises
@@ -226,12 +217,12 @@ impl Controller {
             return Ok(false);
         };
         // Making room for the raise may have let go of raises whose threads are gone.
-        self.charge_owed(now_ns);
+        self.charge_owed(now);
         // Its process is the stream's reader from its first read on: where a file has several
         // streams, a viewer's first read is a jump to where it starts, which would otherwise
         // go to the first stream still waiting for its player (another viewer's).
         if let Some(stream) = self.streams.get_mut(id) {
-            stream.saw_reader(reader.tgid, reader.command, now_ns);
+            stream.saw_reader(reader.tgid, reader.command, now);
         }
         Ok(reader.raised)
     }
@@ -243,7 +234,7 @@ impl Controller {
         id: StreamId,
         offset: u64,
         at: MonotonicNs,
-        now_ns: u64,
+        now: MonotonicNs,
     ) {
         let Some(stream) = self.streams.get_mut(id) else {
             return;
@@ -256,15 +247,15 @@ impl Controller {
             return;
         }
         log::debug!("stream {id}: position {offset}");
-        let actions = moved(&mut self.burst, stream, now_ns, |playout| {
-            playout.on_position(offset, MonotonicNs(now_ns))
+        let actions = moved(&mut self.burst, stream, now, |playout| {
+            playout.on_position(offset, now)
         });
         Self::execute(&mut self.prefetch, stream, actions);
     }
 
     /// A task read, faulted on or missed pages of an attached file, or queued or completed a
     /// request on it.
-    pub(crate) fn on_access(&mut self, event: StreamAccess, now_ns: u64) {
+    pub(crate) fn on_access(&mut self, event: StreamAccess, now: MonotonicNs) {
         let reader = &event.reader;
         if self.departed.before_leaving(reader.tgid, event.at) {
             return;
@@ -288,7 +279,7 @@ impl Controller {
         if stream.owner_uid != 0 && reader.uid != stream.owner_uid {
             return;
         }
-        stream.saw_reader(reader.tgid, reader.command.clone(), now_ns);
+        stream.saw_reader(reader.tgid, reader.command.clone(), now);
         if stream.kind.is_recording() {
             // A recording has no window to move; its writer is not raised.
             return;
@@ -317,8 +308,8 @@ impl Controller {
                 // The window refills from where the reader is (on_read treats a miss outside
                 // the window as a jump).
                 let actions = if stream.newer_evidence(event.at) {
-                    moved(&mut self.burst, stream, now_ns, |playout| {
-                        playout.on_read(range, MonotonicNs(now_ns))
+                    moved(&mut self.burst, stream, now, |playout| {
+                        playout.on_read(range, now)
                     })
                 } else {
                     Vec::new()
@@ -342,18 +333,16 @@ impl Controller {
             }
             Access::UringComplete { .. } => {
                 stream.uring_requests += 1;
-                self.raises
-                    .touch(reader.pid, stream.id, MonotonicNs(now_ns));
+                self.raises.touch(reader.pid, stream.id, now);
                 return;
             }
             Access::Read(range) | Access::Fault(range) => {
-                self.raises
-                    .touch(reader.pid, stream.id, MonotonicNs(now_ns));
+                self.raises.touch(reader.pid, stream.id, now);
                 if !stream.newer_evidence(event.at) {
                     return;
                 }
-                moved(&mut self.burst, stream, now_ns, |playout| {
-                    playout.on_read(range, MonotonicNs(now_ns))
+                moved(&mut self.burst, stream, now, |playout| {
+                    playout.on_read(range, now)
                 })
             }
         };
@@ -362,12 +351,12 @@ impl Controller {
 
     /// A raised thread made a task, which started with its raise.
     pub(crate) fn on_fork(&mut self, fork: &Fork) {
-        let now_ns = abiss_os::clock::monotonic_ns();
+        let now = abiss_os::clock::monotonic_now();
         // What an over-bound drop leaves owed counts before the next raise is decided.
         let burst = &self.burst;
-        let owes = |uid: u32| burst.in_debt(uid, MonotonicNs(now_ns));
+        let owes = |uid: u32| burst.in_debt(uid, now);
         self.raises.on_fork(fork, &mut self.tracer, &owes);
-        self.charge_owed(now_ns);
+        self.charge_owed(now);
     }
 
     /// A load finished.
@@ -400,9 +389,9 @@ impl Controller {
                 }
                 return;
             }
-            let now_ns = abiss_os::clock::monotonic_ns();
+            let now = abiss_os::clock::monotonic_now();
             let actions = ahead.with_room(uid, recording, |r| {
-                r.written_back(stream.id, &done.range, failed, now_ns)
+                r.written_back(stream.id, &done.range, failed, now)
             });
             let at = (stream.id, stream.level);
             recording.carry_out(&mut self.prefetch, at, &stream.file, actions);
@@ -415,7 +404,7 @@ impl Controller {
             }
             LoadOutcome::Cancelled => {}
             LoadOutcome::Failed(error) => {
-                if let Some(since) = stream.log_load_failure(abiss_os::clock::monotonic_ns()) {
+                if let Some(since) = stream.log_load_failure(abiss_os::clock::monotonic_now()) {
                     warn!(
                         "stream {}: loading {:?} failed: {error} ({since} more failed since the last line; one a minute is logged)",
                         stream.id, done.range

@@ -7,7 +7,7 @@ use crate::serve::client_file::{check_file, CheckedFile};
 use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
-use abiss_os::clock::{monotonic_now, monotonic_ns};
+use abiss_os::clock::monotonic_now;
 use abiss_proto::{
     AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
     StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
@@ -133,7 +133,7 @@ impl Controller {
         connection: u64,
         fd: ClientFd,
         mut request: AttachRequest,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Result<StreamInfo, Refusal> {
         let level = check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
@@ -141,7 +141,7 @@ impl Controller {
         if request.buffer_auto {
             // The tails are kept only while automatic streams run: the first one is sized from
             // what the disk did since they were last looked at.
-            self.refresh_tails(now_ns);
+            self.refresh_tails(now);
         }
         let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), disk.number);
         let for_capacity = sizing.grown();
@@ -158,7 +158,7 @@ impl Controller {
         )
         .map_err(|refusal| sizing.explain(refusal))?;
         if let Some(bytes) = for_capacity {
-            self.grow_for_capacity(peer_uid, disk.number, bytes, now_ns);
+            self.grow_for_capacity(peer_uid, disk.number, bytes, now);
         }
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
@@ -175,12 +175,10 @@ impl Controller {
             connection,
         };
         let start = StreamStart {
-            now_ns,
-            credit_bytes: self.burst.grant(
-                peer_uid,
-                Stream::credit_limit_bytes(&request),
-                MonotonicNs(now_ns),
-            ),
+            now,
+            credit_bytes: self
+                .burst
+                .grant(peer_uid, Stream::credit_limit_bytes(&request), now),
         };
         let preroll = request.preroll;
         let (mut stream, mut actions) = Stream::new(
@@ -193,7 +191,7 @@ impl Controller {
             start,
         );
         if let Some(preroll) = preroll {
-            actions.extend(self.preroll(&mut stream, preroll.0, now_ns));
+            actions.extend(self.preroll(&mut stream, preroll.0, now));
         }
         stream.auto_buffer = auto_buffer;
         // Only the owners' reads steer the file's streams (root's: anyone's), so the kernel
@@ -204,7 +202,7 @@ impl Controller {
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         Self::execute(&mut self.prefetch, &stream, actions);
-        self.record_new(&mut stream, now_ns);
+        self.record_new(&mut stream, now);
         let info = stream.info();
         info!(
             "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
@@ -361,9 +359,9 @@ impl Controller {
         if let Err(error) = kept {
             warn!("stream {id}: cannot update its file in the kernel maps: {error}");
         }
-        let allowance = access::own_file_allowance_kib(&stream, monotonic_ns());
+        let allowance = access::own_file_allowance_kib(&stream, monotonic_now());
         self.raises.end_stream(id, allowance, &mut self.tracer);
-        self.charge_owed(monotonic_ns());
+        self.charge_owed(monotonic_now());
         if let Some(recording) = stream.kind.recording() {
             if recording.window.preallocated_bytes() > 0 {
                 let allocated_end = recording.window.allocated_end();
@@ -397,14 +395,14 @@ impl Controller {
         Ok(id)
     }
 
-    /// Gives a stream of `peer_uid` (or any, for root) rate `rate` from `now_ns`, if its disk
+    /// Gives a stream of `peer_uid` (or any, for root) rate `rate` from `now`, if its disk
     /// admits the stream at that rate next to the others; refused, nothing changes.
     pub(crate) fn set_rate(
         &mut self,
         peer_uid: u32,
         target: &StreamTarget,
         rate: ByteRate,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Result<StreamInfo, Refusal> {
         let id = self.owned_stream(peer_uid, target)?;
         let (disk, request) = match self.streams.get(id) {
@@ -429,7 +427,7 @@ impl Controller {
             });
         };
         let old = stream.granted.rate;
-        let actions = stream.set_rate(rate, now_ns);
+        let actions = stream.set_rate(rate, now);
         Self::execute(&mut self.prefetch, stream, actions);
         info!("stream {id}: rate {old} → {rate}");
         Ok(stream.info())
@@ -528,22 +526,22 @@ impl Controller {
     /// is due to be put back; `None` while neither can happen (then only a reader moving on
     /// can change anything).
     #[must_use]
-    pub(crate) fn next_wakeup_ns(&self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn next_wakeup_ns(&self, now: MonotonicNs) -> Option<u64> {
         let loads = self
             .streams
             .iter()
             .filter_map(|s| {
                 let due = match &s.kind {
-                    StreamKind::Recording(recording) => Some(recording.ns_until_due(now_ns)),
-                    StreamKind::Playback => s.playout.ns_until_next_load(MonotonicNs(now_ns)),
+                    StreamKind::Recording(recording) => Some(recording.ns_until_due(now)),
+                    StreamKind::Playback => s.playout.ns_until_next_load(now),
                 };
-                match (due, s.ns_until_growth_check(now_ns)) {
+                match (due, s.ns_until_growth_check(now)) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 }
             })
             .min();
-        let expiry = self.raises.ns_until_next_expiry(MonotonicNs(now_ns));
+        let expiry = self.raises.ns_until_next_expiry(now);
         // Automatic buffers are sized from the tail measured once a second, which the tick
         // takes: it used to come with the timer that woke every millisecond for credit a
         // window would not spend, and without it no tail was ever measured.
@@ -551,37 +549,36 @@ impl Controller {
             .streams
             .iter()
             .any(|s| s.auto_buffer.is_some())
-            .then(|| self.tails.ns_until_due(now_ns));
+            .then(|| self.tails.ns_until_due(now));
         [loads, expiry, tails].into_iter().flatten().min()
     }
 
     /// Time passed: credit accrued for every stream, idle raises put back, automatic
     /// buffers sized again (once a second).
-    pub(crate) fn tick(&mut self, now_ns: u64) {
-        if self.refresh_tails(now_ns) {
-            self.grow_auto_buffers(now_ns);
+    pub(crate) fn tick(&mut self, now: MonotonicNs) {
+        if self.refresh_tails(now) {
+            self.grow_auto_buffers(now);
         }
         let mut bounds = RaiseBounds {
             streams: &self.streams,
             burst: &mut self.burst,
-            now_ns,
+            now,
         };
-        self.raises
-            .expire(MonotonicNs(now_ns), &mut self.tracer, &mut bounds);
-        self.charge_owed(now_ns);
+        self.raises.expire(now, &mut self.tracer, &mut bounds);
+        self.charge_owed(now);
         let mut ahead = self.streams.allocated_ahead();
         for stream in self.streams.iter_mut() {
-            let mut actions = stream.follow_growth(now_ns);
-            actions.extend(stream.playout.on_tick(MonotonicNs(now_ns)));
+            let mut actions = stream.follow_growth(now);
+            actions.extend(stream.playout.on_tick(now));
             Self::execute(&mut self.prefetch, stream, actions);
-            stream.record(&mut self.prefetch, now_ns, &mut ahead);
+            stream.record(&mut self.prefetch, now, &mut ahead);
         }
     }
 
     /// A new write stream (not in the table yet) looks at its writer, within its user's room.
-    fn record_new(&mut self, stream: &mut Stream, now_ns: u64) {
+    fn record_new(&mut self, stream: &mut Stream, now: MonotonicNs) {
         let mut ahead = self.streams.allocated_ahead();
-        stream.record(&mut self.prefetch, now_ns, &mut ahead);
+        stream.record(&mut self.prefetch, now, &mut ahead);
     }
 
     /// Ends every stream and gives the devices back.

@@ -53,12 +53,12 @@ impl Controller {
 
     /// Takes in the disks' latency histograms, if it is time to (once a second); whether it
     /// did.
-    pub(super) fn refresh_tails(&mut self, now_ns: u64) -> bool {
-        if !self.tails.due(now_ns) {
+    pub(super) fn refresh_tails(&mut self, now: MonotonicNs) -> bool {
+        if !self.tails.due(now) {
             return false;
         }
         match self.tracer.latency() {
-            Ok(groups) => self.tails.update(&groups, now_ns),
+            Ok(groups) => self.tails.update(&groups, now),
             Err(error) => warn!("cannot read the latency histograms: {error}"),
         }
         true
@@ -66,7 +66,7 @@ impl Controller {
 
     /// Grows the automatic buffers whose disk's tail in their class grew, as far as the
     /// locked-memory budgets allow (see [`crate::policy::buffer_sizing`]).
-    pub(super) fn grow_auto_buffers(&mut self, now_ns: u64) {
+    pub(super) fn grow_auto_buffers(&mut self, now: MonotonicNs) {
         let auto: Vec<StreamId> = self
             .streams
             .iter()
@@ -116,8 +116,8 @@ impl Controller {
                     ByteSize(wanted),
                     tail_ns / 1_000_000
                 );
-                let mut actions = stream.set_buffer(wanted, now_ns);
-                actions.extend(fill_from_allowance(&mut self.burst, stream, now_ns));
+                let mut actions = stream.set_buffer(wanted, now);
+                actions.extend(fill_from_allowance(&mut self.burst, stream, now));
                 Self::execute(&mut self.prefetch, stream, actions);
             }
         }
@@ -236,7 +236,7 @@ impl Controller {
         owner: u32,
         disk: DeviceNumber,
         buffer_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) {
         for stream in self.streams.iter_mut() {
             if !grows_for_capacity(stream, owner, disk, buffer_bytes) {
@@ -252,8 +252,8 @@ impl Controller {
                 stream.granted.buffer,
                 ByteSize(buffer_bytes)
             );
-            let mut actions = stream.set_buffer(buffer_bytes, now_ns);
-            actions.extend(fill_from_allowance(&mut self.burst, stream, now_ns));
+            let mut actions = stream.set_buffer(buffer_bytes, now);
+            actions.extend(fill_from_allowance(&mut self.burst, stream, now));
             Self::execute(&mut self.prefetch, stream, actions);
         }
     }
@@ -264,7 +264,7 @@ impl Controller {
         &mut self,
         stream: &mut Stream,
         end: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Vec<WindowAction> {
         let asked = stream.playout.requested_end();
         let head = end.min(stream.file_bytes).saturating_sub(asked);
@@ -275,9 +275,7 @@ impl Controller {
         let wanted = preroll_locked_bytes(end, stream.file_bytes)
             .saturating_sub(page_ceil(asked.min(end)))
             .max(head);
-        let granted = self
-            .burst
-            .grant(stream.owner_uid, wanted, MonotonicNs(now_ns));
+        let granted = self.burst.grant(stream.owner_uid, wanted, now);
         if granted < wanted {
             info!(
                 "stream {}: preroll cut to {granted} of {wanted} bytes by the start-up allowance",

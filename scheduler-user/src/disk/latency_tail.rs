@@ -29,6 +29,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use abiss_proto::{DeviceNumber, IoClass, LatencyGroup, Log2Histogram};
+use scheduler_common::MonotonicNs;
 
 use crate::policy::buffer_sizing::MIN_TAIL_SAMPLES;
 
@@ -63,37 +64,37 @@ fn served_as(class: IoClass) -> Option<IoClass> {
 pub(crate) struct LatencyTails {
     cumulative: BTreeMap<Key, Pair>,
     recent: BTreeMap<Key, VecDeque<Pair>>,
-    updated_ns: Option<u64>,
+    updated_at: Option<MonotonicNs>,
 }
 
 impl LatencyTails {
     /// Whether it is time to look at the histograms again.
     #[must_use]
-    pub(crate) fn due(&self, now_ns: u64) -> bool {
-        self.updated_ns
-            .is_none_or(|at| now_ns.saturating_sub(at) >= UPDATE_NS)
+    pub(crate) fn due(&self, now: MonotonicNs) -> bool {
+        self.updated_at
+            .is_none_or(|at| now.saturating_since(at) >= UPDATE_NS)
     }
 
-    /// Nanoseconds from `now_ns` until it is time to look at the histograms again.
+    /// Nanoseconds from `now` until it is time to look at the histograms again.
     #[must_use]
-    pub(crate) fn ns_until_due(&self, now_ns: u64) -> u64 {
-        self.updated_ns
-            .map_or(0, |at| at.saturating_add(UPDATE_NS).saturating_sub(now_ns))
+    pub(crate) fn ns_until_due(&self, now: MonotonicNs) -> u64 {
+        self.updated_at
+            .map_or(0, |at| at.saturating_add(UPDATE_NS).saturating_since(now))
     }
 
-    /// Takes in the cumulative histograms as they are at `now_ns`. The histograms are looked
+    /// Takes in the cumulative histograms as they are at `now`. The histograms are looked
     /// at only while automatic streams run, so after a longer pause the window is emptied
     /// first: its seconds are not the last ones, and what the disk did since the last look
     /// comes as one step.
-    pub(crate) fn update(&mut self, groups: &[LatencyGroup], now_ns: u64) {
+    pub(crate) fn update(&mut self, groups: &[LatencyGroup], now: MonotonicNs) {
         let window_ns = UPDATE_NS.saturating_mul(WINDOW_SECONDS as u64);
         if self
-            .updated_ns
-            .is_some_and(|at| now_ns.saturating_sub(at) > window_ns)
+            .updated_at
+            .is_some_and(|at| now.saturating_since(at) > window_ns)
         {
             self.recent.clear();
         }
-        self.updated_ns = Some(now_ns);
+        self.updated_at = Some(now);
         let mut totals: BTreeMap<Key, Pair> = BTreeMap::new();
         for group in groups {
             let Some(class) = served_as(group.priority.class) else {
@@ -200,7 +201,7 @@ mod tests {
     fn the_tail_follows_the_recent_requests_of_each_disk_and_class() {
         let disk = DeviceNumber { major: 8, minor: 0 };
         let mut tails = LatencyTails::default();
-        assert!(tails.due(0));
+        assert!(tails.due(MonotonicNs::ZERO));
         // Too few real-time samples: no real-time tail; best-effort requests do not count
         // there, but they have their own (with the requests of no class).
         tails.update(
@@ -209,19 +210,19 @@ mod tests {
                 group(disk, IoClass::Be, 900_000, 1000),
                 group(disk, IoClass::None, 900_000, 1000),
             ],
-            0,
+            MonotonicNs::ZERO,
         );
         assert_eq!(tails.tail_ns(disk, IoClass::Rt), None);
         let be = tails.tail_ns(disk, IoClass::Be).unwrap();
         assert!((900_000_000..=2_000_000_000).contains(&be), "{be}");
         assert_eq!(tails.tail_ns(disk, IoClass::None), Some(be));
         assert_eq!(tails.tail_ns(disk, IoClass::Idle), None);
-        assert!(!tails.due(UPDATE_NS - 1) && tails.due(UPDATE_NS));
+        assert!(!tails.due(MonotonicNs(UPDATE_NS - 1)) && tails.due(MonotonicNs(UPDATE_NS)));
         // 100 more at about 60 ms: the tail is their bucket's top.
         let mut cumulative = group(disk, IoClass::Rt, 5_000, 10);
         let slow = group(disk, IoClass::Rt, 60_000, 100);
         cumulative.service.merge(&slow.service);
-        tails.update(&[cumulative.clone()], UPDATE_NS);
+        tails.update(&[cumulative.clone()], MonotonicNs(UPDATE_NS));
         let tail = tails.tail_ns(disk, IoClass::Rt).unwrap();
         assert!((60_000_000..=140_000_000).contains(&tail), "{tail}");
         // Ten quiet seconds of fast requests later, the slow ones are out of the window.
@@ -229,7 +230,7 @@ mod tests {
             cumulative
                 .service
                 .merge(&group(disk, IoClass::Rt, 1_000, 10).service);
-            tails.update(&[cumulative.clone()], second * UPDATE_NS);
+            tails.update(&[cumulative.clone()], MonotonicNs(second * UPDATE_NS));
         }
         assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() < 10_000_000);
     }
@@ -242,7 +243,7 @@ mod tests {
             minor: 16,
         };
         let mut tails = LatencyTails::default();
-        tails.update(&[group(disk, IoClass::Be, 30_000, 40)], 0);
+        tails.update(&[group(disk, IoClass::Be, 30_000, 40)], MonotonicNs::ZERO);
         assert_eq!(tails.estimate_ns(disk), None, "too few requests");
         tails.update(
             &[
@@ -250,7 +251,7 @@ mod tests {
                 group(disk, IoClass::None, 200_000, 5),
                 group(other, IoClass::Be, 900_000, 1000),
             ],
-            UPDATE_NS,
+            MonotonicNs(UPDATE_NS),
         );
         assert_eq!(tails.tail_ns(disk, IoClass::Rt), None);
         // 85 requests, 5 of them slow: the p99 is the slow ones' bucket (capped at the
@@ -266,13 +267,13 @@ mod tests {
         // One stream's loads: 4 requests a second at about 100 ms, after 40 slow seconds-old
         // ones that fell out of the kept history.
         let mut cumulative = group(disk, IoClass::Rt, 900_000, 40);
-        tails.update(&[cumulative.clone()], 0);
+        tails.update(&[cumulative.clone()], MonotonicNs::ZERO);
         let mut measured_after = None;
         for second in 1..=(MAX_WINDOW_SECONDS as u64 + 5) {
             cumulative
                 .service
                 .merge(&group(disk, IoClass::Rt, 100_000, 4).service);
-            tails.update(&[cumulative.clone()], second * UPDATE_NS);
+            tails.update(&[cumulative.clone()], MonotonicNs(second * UPDATE_NS));
             if let Some(tail) = tails.tail_ns(disk, IoClass::Rt) {
                 measured_after.get_or_insert(second);
                 if second > MAX_WINDOW_SECONDS as u64 {
@@ -293,14 +294,14 @@ mod tests {
         let disk = DeviceNumber { major: 8, minor: 0 };
         let mut tails = LatencyTails::default();
         let slow = group(disk, IoClass::Rt, 900_000, 100);
-        tails.update(std::slice::from_ref(&slow), 0);
+        tails.update(std::slice::from_ref(&slow), MonotonicNs::ZERO);
         assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() >= 900_000_000);
         // An hour later, 100 fast requests more: the slow ones are not the last seconds'.
         let mut cumulative = slow;
         cumulative
             .service
             .merge(&group(disk, IoClass::Rt, 1_000, 100).service);
-        tails.update(&[cumulative], 3_600 * UPDATE_NS);
+        tails.update(&[cumulative], MonotonicNs(3_600 * UPDATE_NS));
         assert!(tails.tail_ns(disk, IoClass::Rt).unwrap() < 10_000_000);
     }
 }

@@ -149,13 +149,13 @@ pub(crate) struct Stream {
     /// message).
     pub(crate) newest_evidence: MonotonicNs,
     /// When a failed load was last logged, and how many failed since without a log line.
-    pub(crate) load_failures: (Option<u64>, u64),
+    pub(crate) load_failures: (Option<MonotonicNs>, u64),
     /// Its start-up credit was cut by the owner's burst allowance.
     pub(crate) start_limited: bool,
     /// What it does with its file: played back, or recorded.
     pub(crate) kind: StreamKind,
     /// When a read stream at the end of its file last looked whether it grew.
-    pub(crate) growth_checked_ns: u64,
+    pub(crate) growth_checked_at: MonotonicNs,
     /// The rates it had: what it was admitted for since a raise of its reader.
     pub(crate) rates: RateHistory,
     /// How abissd sized the buffer from the disk, for `--buffer auto`.
@@ -175,7 +175,7 @@ pub(crate) struct StreamOwner {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StreamStart {
     /// Now.
-    pub(crate) now_ns: u64,
+    pub(crate) now: MonotonicNs,
     /// Credit granted for the first fill ([`crate::policy::burst`]); the credit limit is the
     /// most a stream can use.
     pub(crate) credit_bytes: u64,
@@ -210,7 +210,7 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
                 preallocate: granted.preallocate,
             };
-            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.now_ns);
+            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.now);
             if granted.direct {
                 recording.direct(file.bytes)
             } else {
@@ -227,7 +227,7 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
             },
             start.credit_bytes,
-            MonotonicNs(start.now_ns),
+            start.now,
         );
         let stream = Self {
             id,
@@ -250,27 +250,27 @@ impl Stream {
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
-            growth_checked_ns: start.now_ns,
-            rates: RateHistory::new(granted.rate.0, MonotonicNs(start.now_ns)),
+            growth_checked_at: start.now,
+            rates: RateHistory::new(granted.rate.0, start.now),
             auto_buffer: None,
             granted,
         };
         (stream, actions)
     }
 
-    /// Gives the stream rate `rate` from `now_ns` on (admitted by the caller); returns the
+    /// Gives the stream rate `rate` from `now` on (admitted by the caller); returns the
     /// window's moves.
     pub(crate) fn set_rate(
         &mut self,
         rate: abiss_proto::ByteRate,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Vec<WindowAction> {
         self.granted.rate = rate;
-        self.rates.set(rate.0, MonotonicNs(now_ns));
+        self.rates.set(rate.0, now);
         if let Some(recording) = self.kind.recording_mut() {
-            recording.window.set_rate(rate.0, MonotonicNs(now_ns));
+            recording.window.set_rate(rate.0, now);
         }
-        self.playout.set_rate(rate.0, MonotonicNs(now_ns))
+        self.playout.set_rate(rate.0, now)
     }
 
     /// A write stream looks at how far its writer is, and writes back and allocates what is
@@ -278,13 +278,13 @@ impl Stream {
     pub(crate) fn record(
         &mut self,
         prefetch: &mut PrefetchEngine,
-        now_ns: u64,
+        now: MonotonicNs,
         ahead: &mut AheadByUser,
     ) {
         let at = (self.id, self.level);
         let uid = self.owner_uid;
         if let Some(recording) = self.kind.recording_mut() {
-            let actions = ahead.with_room(uid, recording, |r| r.poll(&self.file, now_ns));
+            let actions = ahead.with_room(uid, recording, |r| r.poll(&self.file, now));
             recording.carry_out(prefetch, at, &self.file, actions);
         }
     }
@@ -307,36 +307,36 @@ impl Stream {
         true
     }
 
-    /// A load failed at `now_ns`: whether to log it (the first, then one per
+    /// A load failed at `now`: whether to log it (the first, then one per
     /// [`LOAD_FAILURE_LOG_NS`]), with the failures not logged since the last line.
-    pub(crate) fn log_load_failure(&mut self, now_ns: u64) -> Option<u64> {
+    pub(crate) fn log_load_failure(&mut self, now: MonotonicNs) -> Option<u64> {
         let (logged_at, unlogged) = &mut self.load_failures;
-        if logged_at.is_some_and(|at| now_ns.saturating_sub(at) < LOAD_FAILURE_LOG_NS) {
+        if logged_at.is_some_and(|at| now.saturating_since(at) < LOAD_FAILURE_LOG_NS) {
             *unlogged += 1;
             return None;
         }
-        *logged_at = Some(now_ns);
+        *logged_at = Some(now);
         Some(std::mem::take(unlogged))
     }
 
     /// The buffer is now `bytes` (`--buffer auto`, grown: admitted by the caller); returns the
     /// window's moves.
-    pub(crate) fn set_buffer(&mut self, bytes: u64, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn set_buffer(&mut self, bytes: u64, now: MonotonicNs) -> Vec<WindowAction> {
         self.granted.buffer = ByteSize(bytes);
         let limit = Self::credit_limit_bytes(&self.granted);
-        self.playout.set_buffer(bytes, limit, MonotonicNs(now_ns))
+        self.playout.set_buffer(bytes, limit, now)
     }
 
     /// A read stream whose window reaches the end of its file looks (every
     /// [`GROWTH_POLL_NS`]) whether the file grew, and extends its window into the new data.
-    pub(crate) fn follow_growth(&mut self, now_ns: u64) -> Vec<WindowAction> {
+    pub(crate) fn follow_growth(&mut self, now: MonotonicNs) -> Vec<WindowAction> {
         if self.kind.is_recording()
             || !self.playout.reaches_file_end()
-            || now_ns.saturating_sub(self.growth_checked_ns) < GROWTH_POLL_NS
+            || now.saturating_since(self.growth_checked_at) < GROWTH_POLL_NS
         {
             return Vec::new();
         }
-        self.growth_checked_ns = now_ns;
+        self.growth_checked_at = now;
         let Ok(stat) = abiss_os::fs::stat_cached(self.file.fd().as_fd()) else {
             return Vec::new();
         };
@@ -346,14 +346,17 @@ impl Stream {
         }
         log::debug!("stream {}: the file grew to {bytes} bytes", self.id);
         self.file_bytes = bytes;
-        self.playout.file_grew(bytes, MonotonicNs(now_ns))
+        self.playout.file_grew(bytes, now)
     }
 
     /// Until a read stream at the end of its file looks again whether the file grew.
     #[must_use]
-    pub(crate) fn ns_until_growth_check(&self, now_ns: u64) -> Option<u64> {
-        (!self.kind.is_recording() && self.playout.reaches_file_end())
-            .then(|| (self.growth_checked_ns + GROWTH_POLL_NS).saturating_sub(now_ns))
+    pub(crate) fn ns_until_growth_check(&self, now: MonotonicNs) -> Option<u64> {
+        (!self.kind.is_recording() && self.playout.reaches_file_end()).then(|| {
+            self.growth_checked_at
+                .saturating_add(GROWTH_POLL_NS)
+                .saturating_since(now)
+        })
     }
 
     /// The stream as routing among its file's streams sees it, for an access by `tgid`.
@@ -376,8 +379,8 @@ impl Stream {
     }
 
     /// Notes a reader task.
-    pub(crate) fn saw_reader(&mut self, pid: u32, comm: String, now_ns: u64) {
-        self.readers.saw(pid, comm, MonotonicNs(now_ns));
+    pub(crate) fn saw_reader(&mut self, pid: u32, comm: String, now: MonotonicNs) {
+        self.readers.saw(pid, comm, now);
     }
 
     /// The stream as clients see it.

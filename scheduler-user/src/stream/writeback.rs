@@ -78,7 +78,7 @@ pub(crate) struct Recording {
     pub(crate) window: WriteBehind,
     shape: WriteBehindShape,
     /// When the file's size was last looked at.
-    polled_at_ns: u64,
+    polled_at: MonotonicNs,
     /// Write-backs that failed, for the log.
     failures: u64,
     /// A direct recording (`AttachRequest::direct`): its client writes past the page cache,
@@ -93,12 +93,12 @@ impl Recording {
         shape: WriteBehindShape,
         file_bytes: u64,
         credit_bytes: u64,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Self {
         Self {
-            window: WriteBehind::new(shape, file_bytes, credit_bytes, MonotonicNs(now_ns)),
+            window: WriteBehind::new(shape, file_bytes, credit_bytes, now),
             shape,
-            polled_at_ns: now_ns,
+            polled_at: now,
             failures: 0,
             direct: None,
         }
@@ -126,43 +126,42 @@ impl Recording {
 
     /// Nanoseconds until this stream needs the main loop.
     #[must_use]
-    pub(crate) fn ns_until_due(&self, now_ns: u64) -> u64 {
+    pub(crate) fn ns_until_due(&self, now: MonotonicNs) -> u64 {
         if self.direct.is_some() {
             return self
-                .polled_at_ns
+                .polled_at
                 .saturating_add(POLL_NS.end)
-                .saturating_sub(now_ns);
+                .saturating_since(now);
         }
         let poll = self
-            .polled_at_ns
+            .polled_at
             .saturating_add(self.poll_interval_ns())
-            .saturating_sub(now_ns);
+            .saturating_since(now);
         self.window
-            .ns_until_next_write_back(MonotonicNs(now_ns))
+            .ns_until_next_write_back(now)
             .map_or(poll, |ns| ns.min(poll))
     }
 
     /// Looks at the file's size if a poll is due, and lets the window act on it.
-    pub(crate) fn poll(&mut self, file: &MappedFile, now_ns: u64) -> Vec<WriteAction> {
+    pub(crate) fn poll(&mut self, file: &MappedFile, now: MonotonicNs) -> Vec<WriteAction> {
         if let Some(written) = &mut self.direct {
-            if now_ns.saturating_sub(self.polled_at_ns) >= POLL_NS.end {
-                self.polled_at_ns = now_ns;
+            if now.saturating_since(self.polled_at) >= POLL_NS.end {
+                self.polled_at = now;
                 if let Ok(stat) = nix::sys::stat::fstat(file.fd().as_raw_fd()) {
                     *written = u64::try_from(stat.st_size).unwrap_or(0);
                 }
             }
             return Vec::new();
         }
-        if now_ns.saturating_sub(self.polled_at_ns) < self.poll_interval_ns() {
-            return self.window.on_tick(MonotonicNs(now_ns));
+        if now.saturating_since(self.polled_at) < self.poll_interval_ns() {
+            return self.window.on_tick(now);
         }
-        self.polled_at_ns = now_ns;
+        self.polled_at = now;
         match nix::sys::stat::fstat(file.fd().as_raw_fd()) {
-            Ok(stat) => self.window.on_size(
-                u64::try_from(stat.st_size).unwrap_or(0),
-                MonotonicNs(now_ns),
-            ),
-            Err(_) => self.window.on_tick(MonotonicNs(now_ns)),
+            Ok(stat) => self
+                .window
+                .on_size(u64::try_from(stat.st_size).unwrap_or(0), now),
+            Err(_) => self.window.on_tick(now),
         }
     }
 
@@ -223,7 +222,7 @@ impl Recording {
         stream: StreamId,
         range: &Range<u64>,
         failed: Option<&io::Error>,
-        now_ns: u64,
+        now: MonotonicNs,
     ) -> Vec<WriteAction> {
         if let Some(error) = failed {
             self.failures += 1;
@@ -236,7 +235,7 @@ impl Recording {
             self.window.on_failed(range);
             return Vec::new();
         }
-        self.window.on_written_back(range, MonotonicNs(now_ns))
+        self.window.on_written_back(range, now)
     }
 
     /// The window as clients see it.

@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 
 use abiss_proto::DeviceNumber;
 use nix::fcntl::Flock;
+use scheduler_common::MonotonicNs;
 use serde::Serialize;
 
 pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
@@ -72,7 +73,7 @@ pub struct ManagedDevice {
     state_file: PathBuf,
     restored: bool,
     /// The live driver depth `status` last read, and when ([`STATUS_DEPTH_EVERY_NS`]).
-    status_depth: std::sync::Mutex<Option<(u64, Option<u32>)>>,
+    status_depth: std::sync::Mutex<Option<(MonotonicNs, Option<u32>)>>,
     // Released when the fields drop, which is after `Drop::drop` removed the state file.
     _lock: Flock<File>,
 }
@@ -218,13 +219,13 @@ impl ManagedDevice {
 
     /// The live driver depth, read at most every [`STATUS_DEPTH_EVERY_NS`].
     fn live_depth_for_status(&self) -> Option<u32> {
-        let now = abiss_os::clock::monotonic_ns();
+        let now = abiss_os::clock::monotonic_now();
         let mut last = self
             .status_depth
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         match *last {
-            Some((at, depth)) if now.saturating_sub(at) < STATUS_DEPTH_EVERY_NS => depth,
+            Some((at, depth)) if now.saturating_since(at) < STATUS_DEPTH_EVERY_NS => depth,
             _ => {
                 let depth = self.queue.live_driver_depth();
                 *last = Some((now, depth));

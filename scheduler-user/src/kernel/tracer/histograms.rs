@@ -8,7 +8,7 @@ use abiss_proto::{
 use aya::maps::{HashMap, MapData, PerCpuHashMap};
 use scheduler_common::{
     request_state, AttachedFile, FileKey, HistogramKey, InflightRequest, LatencyCounters,
-    STALE_REQUEST_NS,
+    MonotonicNs, STALE_REQUEST_NS,
 };
 
 use super::{BlockTracer, TracerError};
@@ -101,14 +101,15 @@ impl BlockTracer {
         Ok((in_flight, kept))
     }
 
-    /// Drops request records last used before `now_ns - STALE_REQUEST_NS` (slots of devices
+    /// Drops request records last used before `now - STALE_REQUEST_NS` (slots of devices
     /// that went idle or away, and requests that vanished without completing or merging), and
     /// those of disks no longer traced, and followed `io_uring` requests older than
     /// `STALE_URING_NS`. Returns how many were dropped.
-    pub(crate) fn sweep_stale(&mut self, now_ns: u64) -> Result<usize, TracerError> {
-        let cutoff = now_ns.saturating_sub(STALE_REQUEST_NS);
+    pub(crate) fn sweep_stale(&mut self, now: MonotonicNs) -> Result<usize, TracerError> {
+        // The records keep the kernel's plain nanoseconds: so does the cutoff.
+        let cutoff = now.0.saturating_sub(STALE_REQUEST_NS);
         let old = self.forget_records(|record| record.queued_ns < cutoff)?
-            + self.sweep_stale_uring(now_ns)?;
+            + self.sweep_stale_uring(now)?;
         self.retire_ended_streams()?;
         // A program that passed its check just before tracing stopped may have written a
         // record after `set_trace_all` dropped them.

@@ -4,13 +4,13 @@
 
 use aya::maps::HashMap;
 use aya::maps::MapData;
-use scheduler_common::{UringSubmission, MAX_URING_INFLIGHT, STALE_URING_NS};
+use scheduler_common::{MonotonicNs, UringSubmission, MAX_URING_INFLIGHT, STALE_URING_NS};
 
 use super::{BlockTracer, TracerError};
 use scheduler_common::names::map;
 
 impl BlockTracer {
-    /// Drops the followed `io_uring` requests submitted before `now_ns - STALE_URING_NS` (a
+    /// Drops the followed `io_uring` requests submitted before `now - STALE_URING_NS` (a
     /// poll or a read on a pipe or a socket that has not completed, or a request whose
     /// completion was not seen), and gives their users' room back; how many. Each user's
     /// stuck requests fill only that user's room (`MAX_URING_INFLIGHT_PER_USER`), and this
@@ -18,8 +18,9 @@ impl BlockTracer {
     /// and a write, where the programs add atomically: a request the user's readers submit or
     /// complete between the two is miscounted by one, until the last file is detached and the
     /// counts start afresh.
-    pub(super) fn sweep_stale_uring(&mut self, now_ns: u64) -> Result<usize, TracerError> {
-        let cutoff = now_ns.saturating_sub(STALE_URING_NS);
+    pub(super) fn sweep_stale_uring(&mut self, now: MonotonicNs) -> Result<usize, TracerError> {
+        // The map keeps the kernel's plain nanoseconds: so does the cutoff.
+        let cutoff = now.0.saturating_sub(STALE_URING_NS);
         let name = map::URING_INFLIGHT;
         let mut requests: HashMap<&mut MapData, u64, UringSubmission> = self.typed_map_mut(name)?;
         // The walk starts over from the first bucket when the key it stands on is deleted
