@@ -175,7 +175,7 @@ impl Controller {
             connection,
         };
         let start = StreamStart {
-            now,
+            at: now,
             credit_bytes: self
                 .burst
                 .grant(peer_uid, Stream::credit_limit_bytes(&request), now),

@@ -174,8 +174,8 @@ pub(crate) struct StreamOwner {
 /// When a stream starts, and the credit its start-up burst was granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct StreamStart {
-    /// Now.
-    pub(crate) now: MonotonicNs,
+    /// When it starts.
+    pub(crate) at: MonotonicNs,
     /// Credit granted for the first fill ([`crate::policy::burst`]); the credit limit is the
     /// most a stream can use.
     pub(crate) credit_bytes: u64,
@@ -210,7 +210,7 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
                 preallocate: granted.preallocate,
             };
-            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.now);
+            let recording = Recording::new(shape, file.bytes, start.credit_bytes, start.at);
             if granted.direct {
                 recording.direct(file.bytes)
             } else {
@@ -227,7 +227,7 @@ impl Stream {
                 credit_limit_bytes: Self::credit_limit_bytes(&granted),
             },
             start.credit_bytes,
-            start.now,
+            start.at,
         );
         let stream = Self {
             id,
@@ -250,8 +250,8 @@ impl Stream {
             load_failures: (None, 0),
             start_limited: start.credit_bytes < Self::credit_limit_bytes(&granted),
             kind: recording.map_or(StreamKind::Playback, StreamKind::Recording),
-            growth_checked_at: start.now,
-            rates: RateHistory::new(granted.rate.0, start.now),
+            growth_checked_at: start.at,
+            rates: RateHistory::new(granted.rate.0, start.at),
             auto_buffer: None,
             granted,
         };
