@@ -1,5 +1,5 @@
 //! A time in a raise's record: the plain count of nanoseconds on `CLOCK_MONOTONIC` that
-//! records always held, so a raised daemon reads its predecessor's records.
+//! records always held, so a restarted daemon reads its predecessor's records.
 
 use scheduler_common::MonotonicNs;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
