@@ -19,6 +19,9 @@ use crate::shell;
 
 const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
 
+/// Where apt keeps the output of the package scripts it ran.
+const APT_LOG: &str = "/var/log/apt/term.log";
+
 /// Packages whose units are left as their install made them: systemd's own units (getty,
 /// remote-fs.target) run only on a machine that boots with it, which installing the package
 /// alone (without systemd-sysv) does not make.
@@ -29,14 +32,21 @@ pub fn install_quietly(packages: &[&str]) -> anyhow::Result<()> {
     let enabled_before = enabled_units();
     {
         let _deny = DenyStarts::new()?;
+        // dpkg's progress (some 300 lines for the build's packages) would fill the first
+        // screen of `cargo xtask demo`; apt keeps all of it in its own log, and errors still
+        // reach stderr.
         shell::run(
             Command::new("apt-get")
                 .args(["install", "-y", "-qq", "--no-install-recommends"])
                 .args(packages)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .stdout(std::process::Stdio::null()),
         )
-        .context("installing the Debian packages failed")?;
+        .context(format!(
+            "installing the Debian packages failed (apt's and dpkg's output: {APT_LOG})"
+        ))?;
     }
+    eprintln!("xtask setup: installed (apt's and dpkg's output: {APT_LOG})");
     let theirs = units_of(packages);
     let enabled: Vec<String> = enabled_units()
         .difference(&enabled_before)
