@@ -16,8 +16,8 @@
 //! queued or in flight, but neither it nor abissd can take back the load's requests the device
 //! already holds, and the lab hdd's queue is at the block layer's least, 4. The player's first
 //! read waits for them: [`held_by_the_device`] is that wait at its longest, from the lab's
-//! model. Seven runs on 2026-12-05 stalled 54 to 105 ms in all; the 105 ms one failed a bare
-//! 0.1 s goal, with its stream's real-time service p99 at 180 ms against 125 to 135 ms in the
+//! model. Nine runs to 2026-12-05 stalled 54 to 110 ms in all; two failed a bare 0.1 s goal,
+//! the 105 ms one with its stream's real-time service p99 at 180 ms against 125 to 135 ms in the
 //! others (requests served behind the held ones, in the lab's scan order).
 //!
 //! The lab's disk is emulated by a user-space process, and this machine's hypervisor now and
