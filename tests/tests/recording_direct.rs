@@ -360,6 +360,36 @@ fn the_c_library_records_past_the_page_cache_at_real_time_against_a_best_effort_
     assert!(written > 32 * MIB, "the best-effort writer kept writing");
 }
 
+/// A direct recording's writer keeps its raise while its stream lives, whatever it waits for:
+/// `abissctl record` fed 3 MB, then nothing for three times abissd's idle time (`--raise-idle
+/// 1`), then 3 MB more, and every write request of the stream is at real time. A writer
+/// blocked that long in ext4's journal was put back as idle, and the rest of its recording
+/// queued below the best-effort load (issue 36: 10 MB in 100 s).
+#[test]
+fn a_direct_writer_keeps_its_raise_through_a_pause_longer_than_the_idle_time() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+    let daemon = Daemon::start_managing(fs.device().path(), &["--raise-idle", "1"]);
+    let events = EventLog::start(&daemon);
+    let file = fs.path().join("paused.ts");
+    let mut recorder = start_record(&daemon, &file, "2MB/s");
+    let mut input = recorder.stdin.take().expect("the recorder's input");
+    let block = vec![0x42_u8; 3_000_000];
+    input.write_all(&block).expect("feed the recorder");
+    std::thread::sleep(Duration::from_secs(3));
+    input
+        .write_all(&block)
+        .expect("feed the recorder after the pause");
+    drop(input);
+    let summary = summary_of(recorder);
+    let records = events.stop();
+    let stream = StreamId(summary["stream"].as_u64().expect("stream id"));
+    let (requests, real_time, _, _) = stream_writes(&records, stream);
+    assert_eq!(summary["raised"], true, "the writer was raised: {summary}");
+    assert_eq!(summary["bytes"], 6_000_000, "{summary}");
+    assert_every_write_at_real_time(real_time, requests);
+}
+
 /// The data path is the recorder's: abissd killed (and restarted) mid-recording loses
 /// nothing, and the recorder says it went on without abissd.
 #[test]

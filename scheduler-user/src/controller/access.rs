@@ -18,7 +18,7 @@ use crate::policy::shared_file::route;
 use crate::raise::{RaiseFor, ReaderRaises, StreamBounds};
 use crate::stream::prefetch::{JobKind, LoadDone, LoadOutcome};
 use crate::stream::table::StreamTable;
-use crate::stream::writeback::AheadByUser;
+use crate::stream::writeback::{AheadByUser, Recording};
 use crate::stream::Stream;
 
 /// What a raise for `stream` is for.
@@ -208,7 +208,12 @@ impl Controller {
         let owner = stream.owner_uid;
         // Not raised while its user owes for real-time reads (see `raise_after_miss`), but
         // still the stream's reader.
-        let raising = (raise_for(stream), !self.burst.in_debt(peer_uid, now));
+        let direct = stream.kind.recording().is_some_and(Recording::is_direct);
+        let raising = (
+            raise_for(stream),
+            !self.burst.in_debt(peer_uid, now),
+            direct,
+        );
         let hook = &mut self.tracer;
         let Some(reader) = self
             .raises

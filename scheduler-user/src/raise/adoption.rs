@@ -1,7 +1,8 @@
-//! The threads a player makes as it starts keep its start raise.
+//! A player's start raise, which the threads it makes as it starts keep; a direct recording's
+//! writer's raise.
 //!
 //! `abissctl run` (and the libraries' open) raise a player's thread before it reads
-//! ([`super::ReaderRaises::on_reader_start`]). Real players then read in threads they make
+//! ([`ReaderRaises::on_reader_start`]). Real players then read in threads they make
 //! once they run (`GStreamer`'s streaming threads, mpv's demuxer): put back at their fork, as
 //! every task of a raised thread is ([`crate::raise::forks`]), such a thread's first reads queued
 //! below the stream and waited behind best-effort requests until it missed and was raised
@@ -19,10 +20,11 @@
 use abiss_os::clock::monotonic_now;
 use abiss_os::ioprio;
 use log::debug;
+use scheduler_common::{AbissLevel, MonotonicNs};
 
 use super::task::task_identity;
-use super::ReaderRaises;
-use crate::kernel::events::Fork;
+use super::{RaiseFor, ReaderRaises};
+use crate::kernel::events::{Fork, Reader};
 use crate::policy::raise::Raise;
 use crate::policy::stray::RaiseAccount;
 use crate::raise::forks::ForkHook;
@@ -84,6 +86,8 @@ impl ReaderRaises {
             // paid for by the user it runs as.
             uid: identity.uid,
             account: RaiseAccount::default(),
+            // Only a player's start is adopted; a writer's raise is its own.
+            writer: false,
             ..parent.clone()
         };
         // Followed as a raised thread of its own (policed, its own tasks followed), then
@@ -100,5 +104,75 @@ impl ReaderRaises {
             fork.at.saturating_since(started_at) / 1_000_000
         );
         true
+    }
+}
+
+/// Why a thread is raised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// It missed the page cache on the stream's file.
+    Miss,
+    /// The stream's owner said it is about to read the stream.
+    ReaderStart,
+    /// The owner of a direct recording said it is the recording's writer.
+    DirectWriter,
+}
+
+/// A thread its stream's owner said is about to read the stream, as `/proc` shows it.
+#[derive(Debug)]
+pub(crate) struct StartingReader {
+    /// Its process: the stream's reader from now on, so that the file's other streams do
+    /// not take its first reads (a viewer's jump to where it starts playing).
+    pub(crate) tgid: u32,
+    /// The process's command.
+    pub(crate) command: String,
+    /// Whether it was raised now.
+    pub(crate) raised: bool,
+}
+
+impl ReaderRaises {
+    /// The stream's owner says thread `reader` is about to read the stream (a player that
+    /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
+    /// so that its first reads are not queued below the stream. The same checks, record,
+    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
+    /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
+    /// A `direct` recording's thread is its writer, kept until the stream ends
+    /// ([`Raise::writer`]). `None` when the thread is gone or not the asking user's.
+    pub(crate) fn on_reader_start(
+        &mut self,
+        (stream, may_raise, direct): (RaiseFor, bool, bool),
+        (tid, uid): (u32, u32),
+        when: (MonotonicNs, AbissLevel),
+        owner_uid: u32,
+        hook: &mut dyn ForkHook,
+    ) -> Option<StartingReader> {
+        // The thread must be the asking user's; its process comes from /proc.
+        let Ok(Some(identity)) = task_identity(tid) else {
+            return None;
+        };
+        if identity.uid != uid {
+            debug!(
+                "stream {}: thread {tid} is not uid {uid}'s; not raised",
+                stream.stream
+            );
+            return None;
+        }
+        let reader = Reader {
+            tgid: identity.tgid,
+            pid: tid,
+            uid,
+            command: String::new(),
+        };
+        let cause = if direct {
+            Cause::DirectWriter
+        } else {
+            Cause::ReaderStart
+        };
+        let raised = may_raise && self.raise(stream, &reader, when, owner_uid, hook, cause);
+        Some(StartingReader {
+            tgid: identity.tgid,
+            command: identity.command,
+            raised,
+        })
     }
 }

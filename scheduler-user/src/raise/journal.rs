@@ -125,6 +125,7 @@ impl ReaderRaises {
             raised_at: now,
             started_at: None,
             journal: true,
+            writer: false,
             uid: identity.uid,
             account: RaiseAccount::default(),
         };

@@ -28,6 +28,7 @@ pub(crate) use task::restore_leftovers;
 use task::{restore, task_identity, Restored};
 
 mod adoption;
+use adoption::Cause;
 mod barred;
 pub(crate) mod forks;
 mod journal;
@@ -71,18 +72,6 @@ pub(crate) struct RaiseFor {
     pub(crate) stream: StreamId,
     /// Its file's tag ([`crate::stream::Stream::file_tag`]).
     pub(crate) file_tag: u64,
-}
-
-/// A thread its stream's owner said is about to read the stream, as `/proc` shows it.
-#[derive(Debug)]
-pub(crate) struct StartingReader {
-    /// Its process: the stream's reader from now on, so that the file's other streams do
-    /// not take its first reads (a viewer's jump to where it starts playing).
-    pub(crate) tgid: u32,
-    /// The process's command.
-    pub(crate) command: String,
-    /// Whether it was raised now.
-    pub(crate) raised: bool,
 }
 
 /// The daemon's raises of readers.
@@ -158,49 +147,10 @@ impl ReaderRaises {
         owner_uid: u32,
         hook: &mut dyn ForkHook,
     ) -> bool {
-        self.raise(stream, reader, when, owner_uid, hook, true)
+        self.raise(stream, reader, when, owner_uid, hook, Cause::Miss)
     }
 
-    /// The stream's owner says thread `reader` is about to read the stream (a player that
-    /// `abissctl run` starts, or the library's reading thread): raise it now, as a miss would,
-    /// so that its first reads are not queued below the stream. The same checks, record,
-    /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
-    /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
-    /// `None` when the thread is gone or not the asking user's.
-    pub(crate) fn on_reader_start(
-        &mut self,
-        (stream, may_raise): (RaiseFor, bool),
-        (tid, uid): (u32, u32),
-        when: (MonotonicNs, AbissLevel),
-        owner_uid: u32,
-        hook: &mut dyn ForkHook,
-    ) -> Option<StartingReader> {
-        // The thread must be the asking user's; its process comes from /proc.
-        let Ok(Some(identity)) = task_identity(tid) else {
-            return None;
-        };
-        if identity.uid != uid {
-            debug!(
-                "stream {}: thread {tid} is not uid {uid}'s; not raised",
-                stream.stream
-            );
-            return None;
-        }
-        let reader = Reader {
-            tgid: identity.tgid,
-            pid: tid,
-            uid,
-            command: String::new(),
-        };
-        let raised = may_raise && self.raise(stream, &reader, when, owner_uid, hook, false);
-        Some(StartingReader {
-            tgid: identity.tgid,
-            command: identity.command,
-            raised,
-        })
-    }
-
-    /// [`Self::on_miss`], with the event's latency `measured` or not.
+    /// [`Self::on_miss`] and [`Self::on_reader_start`]: a miss's latency is measured.
     fn raise(
         &mut self,
         RaiseFor { stream, file_tag }: RaiseFor,
@@ -208,7 +158,7 @@ impl ReaderRaises {
         (at, level): (MonotonicNs, AbissLevel),
         owner_uid: u32,
         hook: &mut dyn ForkHook,
-        measured: bool,
+        cause: Cause,
     ) -> bool {
         if !self.enabled {
             return false;
@@ -249,7 +199,7 @@ impl ReaderRaises {
             return false;
         };
         let done = monotonic_now();
-        if measured {
+        if cause == Cause::Miss {
             let _ = self.latency.record(done.saturating_since(at).max(1_000));
         }
         let Some((task, followed)) =
@@ -267,8 +217,9 @@ impl ReaderRaises {
             last_access: done,
             raised_at: done,
             // A start raise's player makes its reading threads next ([`adoption`]).
-            started_at: (!measured).then_some(done),
+            started_at: (cause == Cause::ReaderStart).then_some(done),
             journal: false,
+            writer: cause == Cause::DirectWriter,
             uid,
             account: RaiseAccount::default(),
         };

@@ -113,6 +113,12 @@ impl Recording {
         }
     }
 
+    /// Whether its client writes it past the page cache.
+    #[must_use]
+    pub(crate) fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
     /// Time between two looks at the file's size: a quarter of a write-back request at the
     /// rate, so the window never lags a request behind the writer.
     #[must_use]
