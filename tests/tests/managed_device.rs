@@ -26,7 +26,7 @@ use abiss_tests::{require_root, Scratch};
 #[allow(dead_code)]
 mod queue;
 
-use queue::{block_file, deadline_over_8, read_number, state_files, TestDisk};
+use queue::{block_file, deadline_over_8, queue_file, read, read_number, state_files, TestDisk};
 
 /// Set in child processes of this binary to what they should do (see [`child_process`]).
 const CHILD_ROLE: &str = "ABISS_DEVICE_TEST_CHILD_ROLE";
@@ -57,6 +57,11 @@ fn take_selects_the_elevator_over_a_shallow_driver_queue_and_drop_restores() {
         taken.max_request_kib,
         abiss_daemon::disk::device::REQUEST_CAP_KIB,
         "requests capped while managed"
+    );
+    assert_eq!(
+        read(&queue_file(&disk.name(), "iosched/write_expire")).trim(),
+        abiss_daemon::disk::device::WRITE_EXPIRE_MS.to_string(),
+        "a best-effort write waits half a second at most while managed"
     );
     let status = managed.status().expect("status");
     assert_eq!(status.name, disk.name());

@@ -7,7 +7,8 @@
 //! sizes the driver tags only while the scheduler is `none`; the depth stays when an elevator is
 //! selected afterwards (verified on Linux 6.18). So taking a disk writes, in order: the largest
 //! request down to [`REQUEST_CAP_KIB`] where larger (a refused write is logged, not fatal),
-//! scheduler `none`, `nr_requests` = dispatch depth, then the elevator.
+//! scheduler `none`, `nr_requests` = dispatch depth, then the elevator, and with mq-deadline its
+//! `write_expire` down to [`WRITE_EXPIRE_MS`].
 //!
 //! Every setting is saved to a state file before anything changes, and put back on drop; a
 //! daemon that crashed leaves the file behind, and [`recover`] restores from it on the next start.
@@ -46,7 +47,7 @@ use serde::Serialize;
 pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
 pub use disk::{resolve_client_disk, resolve_disk, resolve_disks, Disk};
 pub use error::DeviceError;
-pub use plan::{DepthSource, QueueSettings, REQUEST_CAP_KIB};
+pub use plan::{DepthSource, QueueSettings, REQUEST_CAP_KIB, WRITE_EXPIRE_MS};
 pub use state::{recover, RecoveryOutcome};
 pub use sysfs::SYSFS;
 

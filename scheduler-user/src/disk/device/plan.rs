@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::config::DeviceConfig;
+use super::config::{DeviceConfig, Elevator};
 
 /// The scheduler name that means "no elevator".
 pub(super) const NO_ELEVATOR: &str = "none";
@@ -18,6 +18,15 @@ pub(super) const NO_ELEVATOR: &str = "none";
 /// stream's real-time tail behind them was 268 to 286 ms: the reader of a 564 KiB buffer found
 /// its pages still loading. At 512 KiB the tail was 153 ms and it found every page loaded.
 pub const REQUEST_CAP_KIB: u32 = 512;
+
+/// mq-deadline's `write_expire` on a managed disk, ms (the kernel's default is 5000): how long a
+/// best-effort write may wait while the elevator serves others in sector order. The file
+/// system's own metadata is written back at best effort, and a writer that needs one of those
+/// blocks while it is being written waits for that write: a direct recording's writer on
+/// ext4 (its inode, the superblock's orphan list) waited out the whole 5 s behind a best-effort
+/// writer's ascending stream on the lab hdd (every group-0 metadata write there took 5.2 to
+/// 5.3 s), and its ring of 2 s overflowed. Half a second is mq-deadline's own `read_expire`.
+pub const WRITE_EXPIRE_MS: u32 = 500;
 
 /// How a driver depth was learned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,7 +97,17 @@ pub(super) fn plan_take(original: &QueueSettings, config: DeviceConfig) -> Vec<Q
             QueueWrite::Scheduler(elevator),
         ]);
     } else if original.elevator != elevator {
-        writes.push(QueueWrite::Scheduler(elevator));
+        writes.push(QueueWrite::Scheduler(elevator.clone()));
+    }
+    // Selecting an elevator resets its tunables; one kept keeps them.
+    let kept = writes
+        .iter()
+        .all(|write| !matches!(write, QueueWrite::Scheduler(_)));
+    let expire = WRITE_EXPIRE_MS.to_string();
+    if config.elevator == Elevator::MqDeadline
+        && !(kept && original.iosched.get("write_expire") == Some(&expire))
+    {
+        writes.push(QueueWrite::Tunable("write_expire".into(), expire));
     }
     writes
 }
@@ -150,7 +169,6 @@ pub(super) fn plan_restore(
 
 #[cfg(test)]
 mod tests {
-    use super::super::config::Elevator;
     use super::*;
 
     fn settings(elevator: &str, nr_requests: u32, driver_depth: u32) -> QueueSettings {
@@ -188,9 +206,38 @@ mod tests {
         };
         assert_eq!(
             plan_take(&settings("none", 4, 4), config),
-            [QueueWrite::Scheduler("mq-deadline".into())]
+            [QueueWrite::Scheduler("mq-deadline".into()), write_expire()]
         );
-        assert_eq!(plan_take(&settings("mq-deadline", 256, 16), config), []);
+        assert_eq!(
+            plan_take(&settings("mq-deadline", 256, 16), config),
+            [write_expire()]
+        );
+    }
+
+    fn write_expire() -> QueueWrite {
+        QueueWrite::Tunable("write_expire".into(), WRITE_EXPIRE_MS.to_string())
+    }
+
+    /// mq-deadline's best-effort writes wait at most [`WRITE_EXPIRE_MS`]: written after any
+    /// switch of elevator (which resets it), and not again when a kept elevator has it.
+    #[test]
+    fn taking_with_mq_deadline_bounds_how_long_a_write_waits() {
+        let config = DeviceConfig {
+            elevator: Elevator::MqDeadline,
+            dispatch_depth: 8,
+        };
+        let mut expiring = settings("mq-deadline", 256, 8);
+        expiring
+            .iosched
+            .insert("write_expire".into(), WRITE_EXPIRE_MS.to_string());
+        assert_eq!(plan_take(&expiring, config), []);
+        let deep = QueueSettings {
+            driver_depth: 128,
+            ..expiring
+        };
+        let writes = plan_take(&deep, config);
+        assert_eq!(writes.last(), Some(&write_expire()));
+        assert_eq!(writes.len(), 4, "{writes:?}");
     }
 
     fn now(elevator: &str, nr_requests: u32, driver_depth: Option<u32>) -> QueueNow {
@@ -269,13 +316,17 @@ mod tests {
         };
         assert_eq!(
             plan_take(&large, config),
-            [QueueWrite::MaxRequestKib(REQUEST_CAP_KIB)]
+            [QueueWrite::MaxRequestKib(REQUEST_CAP_KIB), write_expire()]
         );
         let small = QueueSettings {
             max_request_kib: Some(256),
             ..large.clone()
         };
-        assert_eq!(plan_take(&small, config), [], "smaller ones stay");
+        assert_eq!(
+            plan_take(&small, config),
+            [write_expire()],
+            "smaller ones stay"
+        );
         let taken = QueueNow {
             iosched: large.iosched.clone(),
             ..now("mq-deadline", 256, Some(16))
