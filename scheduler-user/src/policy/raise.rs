@@ -225,6 +225,16 @@ impl RaiseTable {
         self.raises.get(&pid)
     }
 
+    /// The thread held as `stream`'s writer ([`Raise::writer`]), if any: a direct recording
+    /// has one.
+    #[must_use]
+    pub(crate) fn writer_of(&self, stream: StreamId) -> Option<u32> {
+        self.raises
+            .values()
+            .find(|u| u.writer && u.stream == stream)
+            .map(|u| u.task.pid)
+    }
+
     /// Records a raise. A thread raised again (for a second stream at a higher level, or
     /// after it lowered its own priority) keeps the priority it had before the first raise and
     /// what was charged for its reads of other files (the kernel keeps counting them); raised

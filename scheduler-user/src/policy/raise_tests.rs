@@ -220,6 +220,8 @@ fn a_writer_and_a_journal_raise_go_only_with_their_stream() {
     let idle = table.take_idle(MonotonicNs(60_000));
     assert_eq!(idle.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [3]);
     assert_eq!(table.ns_until_next_expiry(MonotonicNs(60_000)), None);
+    assert_eq!(table.writer_of(StreamId(10)), Some(1));
+    assert_eq!(table.writer_of(StreamId(11)), None);
     let ended = table.take_stream(StreamId(10));
     assert_eq!(ended.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1, 2]);
 }

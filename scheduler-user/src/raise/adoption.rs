@@ -136,7 +136,7 @@ impl ReaderRaises {
     /// so that its first reads are not queued below the stream. The same checks, record,
     /// policing and idle restore as for a miss; not counted in the miss-to-raise latency. Not
     /// raised unless `may_raise` (its user owes for real-time reads), but named all the same.
-    /// A `direct` recording's thread is its writer, kept until the stream ends
+    /// The first thread a `direct` recording names is its writer, kept until the stream ends
     /// ([`Raise::writer`]). `None` when the thread is gone or not the asking user's.
     pub(crate) fn on_reader_start(
         &mut self,
@@ -163,7 +163,13 @@ impl ReaderRaises {
             uid,
             command: String::new(),
         };
-        let cause = if direct {
+        // One writer per recording is held: another thread its client names is raised as a
+        // player's start is, and goes when idle.
+        let other_writer = self
+            .table
+            .writer_of(stream.stream)
+            .is_some_and(|writer| writer != tid);
+        let cause = if direct && !other_writer {
             Cause::DirectWriter
         } else {
             Cause::ReaderStart
