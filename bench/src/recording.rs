@@ -5,9 +5,11 @@
 //! machine's dirty limits (`vm.dirty_bytes` 64 MiB, background 16 MiB). Per row: stock
 //! mq-deadline, bfq with recorders and players in `ionice -c1`, and abiss (recorders under
 //! `abissctl run --write`, players under `abissctl run`), on ext4, ext4 `data=writeback` and
-//! xfs. The recorders' write(2) calls are timed by `perf trace`; overflows are counted against
-//! a 1 s capture buffer (see [`writes`]).
+//! xfs; and abiss with the recorders writing into a FIFO that `abissctl record` reads and
+//! writes past the page cache (issue 36), on ext4 and xfs. The recorders' write(2) calls are
+//! timed by `perf trace`; overflows are counted against a 1 s capture buffer (see [`writes`]).
 
+mod direct;
 pub mod filesystem;
 pub mod load;
 pub mod recorder;
@@ -69,6 +71,9 @@ pub struct RecordingArgs {
     /// `abissctl run --write --buffer` of each recorder (the write-behind window).
     #[arg(long, default_value = "1MiB")]
     pub recorder_buffer: String,
+    /// `abissctl record --buffer` of each recorder in the direct rows (the ring).
+    #[arg(long, default_value = "2MiB")]
+    pub record_buffer: String,
     /// `abissctl run --rate` of each player in the abiss rows (the media is 1 MB/s).
     #[arg(long, default_value = "1.1MB/s")]
     pub player_rate: String,
@@ -103,6 +108,9 @@ pub struct Configuration {
     pub class: Class,
     /// The file system on the lab disk.
     pub file_system: FileSystem,
+    /// The recorders write into a FIFO that `abissctl record FILE` reads and writes past the
+    /// page cache (issue 36), rather than into FILE under `abissctl run --write`.
+    pub direct: bool,
 }
 
 /// Every row, in report order (grouped by file system: each is made once).
@@ -116,6 +124,11 @@ pub fn all_rows() -> Vec<Configuration> {
         elevator,
         class,
         file_system,
+        direct: false,
+    };
+    let direct = |name, description, file_system| Configuration {
+        direct: true,
+        ..row(name, description, "mq-deadline", Abiss, file_system)
     };
     vec![
         row(
@@ -133,6 +146,11 @@ pub fn all_rows() -> Vec<Configuration> {
             Ext4,
         ),
         row("abiss", "abiss, ext4", "mq-deadline", Abiss, Ext4),
+        direct(
+            "abiss-direct",
+            "abiss, recorders into abissctl record, ext4",
+            Ext4,
+        ),
         row(
             "mq-deadline-writeback",
             "stock mq-deadline, ext4 data=writeback",
@@ -155,6 +173,11 @@ pub fn all_rows() -> Vec<Configuration> {
             Xfs,
         ),
         row("abiss-xfs", "abiss, xfs", "mq-deadline", Abiss, Xfs),
+        direct(
+            "abiss-direct-xfs",
+            "abiss, recorders into abissctl record, xfs",
+            Xfs,
+        ),
     ]
 }
 
@@ -205,6 +228,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
                     player_preroll: &args.player_preroll,
                     recorder_rate: &args.recorder_rate,
                     recorder_buffer: &args.recorder_buffer,
+                    record_buffer: &args.record_buffer,
                     capture_ms: args.capture_ms,
                     traces_dir: args.traces_dir.as_deref(),
                 },
@@ -258,6 +282,7 @@ fn write_report(args: &RecordingArgs, begun: Instant, outcome: &Outcome) -> anyh
             "recorder_rate_bps": recorder::RATE_BPS,
             "abiss_recorder_rate": args.recorder_rate,
             "abiss_recorder_buffer": args.recorder_buffer,
+            "abiss_record_buffer": args.record_buffer,
             "players": PLAYERS,
             "abiss_player_rate": args.player_rate,
             "abiss_player_preroll": args.player_preroll,

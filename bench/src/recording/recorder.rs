@@ -35,6 +35,7 @@ use abiss_os::clock::monotonic_ns;
 use anyhow::Context as _;
 use serde::Serialize;
 
+use super::direct::{RecordSink, RunningRecord};
 use super::throttle::{self, ThrottleFigures};
 use super::writes::{self, WriteFigures};
 use super::GOAL_P999_MS;
@@ -292,6 +293,7 @@ pub struct RunningRecorder {
     child: Option<Child>,
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
+    record: Option<RunningRecord>,
 }
 
 /// What a recorder did.
@@ -319,6 +321,9 @@ pub struct RecorderResult {
     pub lost_events: u64,
     /// The test recorder's own summary (its overflows and write times, timed by itself).
     pub own_report: Option<serde_json::Value>,
+    /// In a direct row, `abissctl record`'s summary (its ring's overflows, its direct
+    /// writes' times).
+    pub record: Option<serde_json::Value>,
     /// CPU time of the recorder with its wrapper, s.
     pub cpu_s: f64,
     /// How it ended.
@@ -331,21 +336,24 @@ pub struct RecorderResult {
 }
 
 impl RunningRecorder {
-    /// Launches `kind` recording into `file` through `wrapper` into `tracer`'s cgroup, for
-    /// `secs` (the test recorder stops by itself then; the others are stopped).
+    /// Launches `kind` recording into `file` through `wrapper` into `tracer`'s cgroup (or,
+    /// with a `sink`, into the FIFO of an `abissctl record` of `file`), for `secs` (the test
+    /// recorder stops by itself then; the others are stopped).
     pub fn launch(
         kind: RecorderKind,
         file: &Path,
-        wrapper: &Wrapper,
+        (wrapper, sink): (&Wrapper, Option<&RecordSink>),
         tracer: Tracer,
         bin_dir: &Path,
         secs: u64,
     ) -> anyhow::Result<Self> {
+        let record = sink.map(|sink| sink.start(file)).transpose()?;
+        let target = record.as_ref().map_or(file, |record| record.fifo.as_path());
         // Plain, the recorder starts under env(1): it is the tracer's cgroup entry that follows.
         let mut command = wrapper.command(file).unwrap_or_else(|| Command::new("env"));
         command
             .args(tracer.enter())
-            .args(command_line(kind, file, bin_dir, secs))
+            .args(command_line(kind, target, bin_dir, secs))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -368,6 +376,7 @@ impl RunningRecorder {
             child: Some(child),
             stdout: Some(stdout),
             stderr: Some(stderr),
+            record,
         })
     }
 
@@ -429,6 +438,11 @@ impl RunningRecorder {
             .take()
             .and_then(|t| t.join().ok())
             .unwrap_or_default();
+        let record = self
+            .record
+            .take()
+            .map(|record| record.finish(signalled))
+            .transpose()?;
         let (trace, throttled, stop_ms) = self.tracer.finish(signalled_ns, keep_trace_as)?;
         let recording = writes::recording_writes(&trace, stop_ms);
         let figures = writes::figures(&recording, buffer_ms);
@@ -465,6 +479,7 @@ impl RunningRecorder {
             throttle,
             lost_events: trace.lost_events,
             own_report,
+            record,
             cpu_s,
             ended,
             error,
@@ -488,12 +503,17 @@ impl Drop for RunningRecorder {
             self.tracer.signal_members(libc::SIGKILL);
             let _ = child.wait();
         }
+        if let Some(mut record) = self.record.take() {
+            let _ = record.child.kill();
+            let _ = record.child.wait();
+            let _ = std::fs::remove_file(&record.fifo);
+        }
     }
 }
 
 /// Waits for `pid`, told to stop at `signalled`; 10 s after that its group is killed. How it
 /// ended, and the CPU time of it and its descendants.
-fn wait_for(pid: i32, signalled: Instant) -> anyhow::Result<(String, f64)> {
+pub(super) fn wait_for(pid: i32, signalled: Instant) -> anyhow::Result<(String, f64)> {
     let mut killed = false;
     process::reap(pid, || {
         if !killed && signalled.elapsed() > Duration::from_secs(10) {

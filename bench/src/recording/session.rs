@@ -9,6 +9,7 @@ use abiss_os::clock::monotonic_ns;
 use anyhow::Context as _;
 use serde::Serialize;
 
+use super::direct::RecordSink;
 use super::filesystem::FileSystem;
 use super::load::{self, LoadFigures, LoadFiles};
 use super::recorder::{RecorderKind, RecorderResult, RunningRecorder, Tracer};
@@ -48,6 +49,8 @@ pub struct RowPlan<'a> {
     pub recorder_rate: &'a str,
     /// `abissctl run --write --buffer` of the recorders.
     pub recorder_buffer: &'a str,
+    /// `abissctl record --buffer` of the recorders in a direct row.
+    pub record_buffer: &'a str,
     /// The capture buffer the recorders' overflows are counted against, ms.
     pub capture_ms: u64,
     /// Where to keep each recorder's `perf trace` output, if anywhere.
@@ -203,9 +206,20 @@ impl Bench {
         Ok(BTreeMap::from([("ffmpeg".to_owned(), baseline)]))
     }
 
-    /// abissd for an abiss row, and how the row starts its players and recorders.
+    /// abissd for an abiss row, and how the row starts its players and recorders (a direct
+    /// row's recorders run as they are, into `abissctl record`).
     fn wrappers(&self, plan: &RowPlan<'_>) -> anyhow::Result<(Option<Daemon>, Wrapper, Wrapper)> {
         Ok(match plan.row.class {
+            Class::Abiss if plan.row.direct => {
+                let bin_dir = self.bin_dir()?;
+                let daemon = Daemon::start(bin_dir, self.disk.device(), &[], None)?;
+                let player = Wrapper::Abiss {
+                    abissctl: bin_dir.join("abissctl"),
+                    socket: daemon.socket().to_path_buf(),
+                    args: player_args(plan.player_rate, plan.player_preroll),
+                };
+                (Some(daemon), player, Wrapper::Plain)
+            }
             Class::Abiss => {
                 let bin_dir = self.bin_dir()?;
                 let daemon = Daemon::start(bin_dir, self.disk.device(), &[], None)?;
@@ -270,7 +284,17 @@ impl Bench {
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
-        let mut recorders = self.launch_recorders(&recorder_wrapper, bin_dir, plan.secs)?;
+        let sink = daemon
+            .as_ref()
+            .filter(|_| row.direct)
+            .map(|daemon| RecordSink {
+                abissctl: bin_dir.join("abissctl"),
+                socket: daemon.socket().to_path_buf(),
+                rate: plan.recorder_rate.to_owned(),
+                buffer: plan.record_buffer.to_owned(),
+            });
+        let mut recorders =
+            self.launch_recorders(&recorder_wrapper, sink.as_ref(), bin_dir, plan.secs)?;
         let players = self.launch_players(&player_wrapper)?;
         let mut streams = None;
         let (mut signalled, mut signalled_ns) = (Instant::now(), monotonic_ns());
@@ -328,6 +352,7 @@ impl Bench {
     fn launch_recorders(
         &self,
         wrapper: &Wrapper,
+        sink: Option<&RecordSink>,
         bin_dir: &Path,
         secs: u64,
     ) -> anyhow::Result<Vec<RunningRecorder>> {
@@ -353,7 +378,7 @@ impl Bench {
                 RunningRecorder::launch(
                     *kind,
                     &self.recording(index),
-                    wrapper,
+                    (wrapper, sink),
                     tracer,
                     bin_dir,
                     secs,

@@ -192,6 +192,7 @@ pub fn markdown(context: &Context<'_>) -> String {
     rows_table(&mut text, context.results);
     goal_summary(&mut text, context.results);
     recorders_table(&mut text, context.results);
+    record_table(&mut text, context.results);
     let streams: Vec<(&str, Option<&[StreamFigures]>)> = context
         .results
         .iter()
@@ -248,7 +249,11 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
          | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for result in results {
-        let class = result.row.class.label();
+        let class = if result.row.direct {
+            "abissctl record, abissctl run"
+        } else {
+            result.row.class.label()
+        };
         let worst_lag = result
             .recorders
             .iter()
@@ -396,6 +401,52 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
                 recorder.lost_events,
                 recorder.cpu_s,
                 recorder.ended,
+            );
+        }
+    }
+}
+
+/// The direct rows' `abissctl record` per recorder: the ring (its overflows: input that
+/// waited for room) and its direct writes.
+fn record_table(text: &mut String, results: &[RowResult]) {
+    let direct: Vec<&RowResult> = results.iter().filter(|r| r.row.direct).collect();
+    if direct.is_empty() {
+        return;
+    }
+    text.push_str(
+        "\nIn the direct rows, what each `abissctl record` reported (`--json`): the bytes it \
+         wrote, its ring's overflows (input that waited for room), its direct writes (pieces) \
+         and their times, submission to completion, and whether abissd raised its writer:\n\n\
+         | row | recorder | bytes | ring overflows | pieces | piece p99.9 ms | piece max ms | raised |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+    );
+    for result in direct {
+        for recorder in &result.recorders {
+            let Some(record) = &recorder.record else {
+                let _ = writeln!(
+                    text,
+                    "| {} | {} | - | - | - | - | - | - |",
+                    result.row.name,
+                    recorder.kind.name()
+                );
+                continue;
+            };
+            let ms = |key: &str| {
+                record[key]
+                    .as_f64()
+                    .map_or_else(|| "-".to_owned(), report::ms)
+            };
+            let _ = writeln!(
+                text,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                result.row.name,
+                recorder.kind.name(),
+                record["bytes"],
+                record["overflows"],
+                record["pieces"],
+                ms("piece_p999_ms"),
+                ms("piece_max_ms"),
+                record["raised"],
             );
         }
     }

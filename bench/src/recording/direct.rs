@@ -1,0 +1,92 @@
+//! The direct rows' sink (issue 36): a recorder writes into a FIFO that `abissctl record FILE`
+//! reads and writes past the page cache, as `ffmpeg … -f mpegts - | abissctl record FILE`
+//! would, with the recorder's own command unchanged but for its output.
+
+use std::io::Read as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use anyhow::Context as _;
+
+use super::recorder::wait_for;
+use crate::process;
+
+/// `abissctl record` between a recorder and its file (the direct rows): the recorder writes
+/// into a FIFO, which `abissctl record FILE` reads and writes past the page cache. It runs
+/// outside the recorder's cgroup, so perf times the recorder's writes into the pipe only.
+#[derive(Clone, Debug)]
+pub struct RecordSink {
+    /// The abissctl executable.
+    pub abissctl: PathBuf,
+    /// abissd's socket.
+    pub socket: PathBuf,
+    /// `--rate`.
+    pub rate: String,
+    /// `--buffer`: the ring.
+    pub buffer: String,
+}
+
+/// A running `abissctl record`, and its FIFO.
+#[derive(Debug)]
+pub(super) struct RunningRecord {
+    pub(super) child: Child,
+    pub(super) fifo: PathBuf,
+    stdout: JoinHandle<String>,
+    stderr: JoinHandle<String>,
+}
+
+impl RecordSink {
+    /// Makes `file`'s FIFO and starts `abissctl record FILE` reading it (its open waits for
+    /// the recorder's).
+    pub(super) fn start(&self, file: &Path) -> anyhow::Result<RunningRecord> {
+        let fifo = file.with_extension("fifo");
+        let _ = std::fs::remove_file(&fifo);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .with_context(|| format!("cannot make the FIFO {}", fifo.display()))?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"exec "$0" --socket "$1" record "$2" --rate "$3" --buffer "$4" --json < "$5""#)
+            .arg(&self.abissctl)
+            .arg(&self.socket)
+            .arg(file)
+            .arg(&self.rate)
+            .arg(&self.buffer)
+            .arg(&fifo)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .context("cannot start abissctl record")?;
+        let mut stdout = child.stdout.take().context("no stdout")?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let stdout = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stdout.read_to_string(&mut text);
+            text
+        });
+        Ok(RunningRecord {
+            child,
+            fifo,
+            stdout,
+            stderr: process::stderr_tail(stderr),
+        })
+    }
+}
+
+impl RunningRecord {
+    /// Waits for `abissctl record` to write the tail and end (killed 10 s after
+    /// `signalled`), and reads its summary; the FIFO goes.
+    pub(super) fn finish(self, signalled: Instant) -> anyhow::Result<serde_json::Value> {
+        let pid = i32::try_from(self.child.id())?;
+        let (ended, _) = wait_for(pid, signalled)?;
+        let _ = std::fs::remove_file(&self.fifo);
+        let stdout = self.stdout.join().unwrap_or_default();
+        let stderr = self.stderr.join().unwrap_or_default();
+        serde_json::from_str(stdout.trim())
+            .with_context(|| format!("abissctl record gave no summary ({ended}): {stderr}"))
+    }
+}
