@@ -284,15 +284,7 @@ impl Bench {
         sleep_interruptibly(plan.warmup)?;
         let load_average_1m = load_average();
         let cpu_before = cpu_times()?;
-        let sink = daemon
-            .as_ref()
-            .filter(|_| row.direct)
-            .map(|daemon| RecordSink {
-                abissctl: bin_dir.join("abissctl"),
-                socket: daemon.socket().to_path_buf(),
-                rate: plan.recorder_rate.to_owned(),
-                buffer: plan.record_buffer.to_owned(),
-            });
+        let sink = record_sink(plan, daemon.as_ref(), bin_dir);
         let mut recorders =
             self.launch_recorders(&recorder_wrapper, sink.as_ref(), bin_dir, plan.secs)?;
         let players = self.launch_players(&player_wrapper)?;
@@ -429,4 +421,14 @@ pub fn player_args(rate: &str, preroll: &str) -> Vec<String> {
         args.extend(["--preroll".to_owned(), preroll.to_owned()]);
     }
     args
+}
+
+/// A direct row's `abissctl record` between each recorder and its file, against `daemon`.
+fn record_sink(plan: &RowPlan<'_>, daemon: Option<&Daemon>, bin_dir: &Path) -> Option<RecordSink> {
+    daemon.filter(|_| plan.row.direct).map(|daemon| RecordSink {
+        abissctl: bin_dir.join("abissctl"),
+        socket: daemon.socket().to_path_buf(),
+        rate: plan.recorder_rate.to_owned(),
+        buffer: plan.record_buffer.to_owned(),
+    })
 }

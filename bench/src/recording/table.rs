@@ -192,7 +192,6 @@ pub fn markdown(context: &Context<'_>) -> String {
     rows_table(&mut text, context.results);
     goal_summary(&mut text, context.results);
     recorders_table(&mut text, context.results);
-    record_table(&mut text, context.results);
     let streams: Vec<(&str, Option<&[StreamFigures]>)> = context
         .results
         .iter()
@@ -404,6 +403,7 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
             );
         }
     }
+    record_table(text, results);
 }
 
 /// The direct rows' `abissctl record` per recorder: the ring (its overflows: input that
