@@ -8,6 +8,15 @@ use std::time::Duration;
 /// How much of a program's stderr is kept: the end, where the reason it stopped is.
 const STDERR_TAIL: usize = 2000;
 
+/// Reads `stdout` to its end on a thread of its own; joins to all of it.
+pub fn output_of(mut stdout: impl std::io::Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    })
+}
+
 /// Reads `stderr` to its end on a thread of its own; joins to its last 2000 bytes, trimmed.
 pub fn stderr_tail(mut stderr: impl std::io::Read + Send + 'static) -> JoinHandle<String> {
     std::thread::spawn(move || {

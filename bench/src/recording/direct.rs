@@ -2,7 +2,6 @@
 //! reads and writes past the page cache, as `ffmpeg … -f mpegts - | abissctl record FILE`
 //! would, with the recorder's own command unchanged but for its output.
 
-use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -61,13 +60,8 @@ impl RecordSink {
             .process_group(0)
             .spawn()
             .context("cannot start abissctl record")?;
-        let mut stdout = child.stdout.take().context("no stdout")?;
+        let stdout = process::output_of(child.stdout.take().context("no stdout")?);
         let stderr = child.stderr.take().context("no stderr")?;
-        let stdout = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stdout.read_to_string(&mut text);
-            text
-        });
         Ok(RunningRecord {
             child,
             fifo,

@@ -24,7 +24,6 @@
 //! live branch, `mpegtsmux` under the rows' load held the video back until the end (it wrote
 //! the audio's 31 KB/s, then 14 MB at EOS), which is the muxer's behaviour, not the disk's.
 
-use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -361,13 +360,8 @@ impl RunningRecorder {
         let mut child = command
             .spawn()
             .with_context(|| format!("cannot start the {} recorder", kind.name()))?;
-        let mut stdout = child.stdout.take().context("no stdout")?;
+        let stdout = process::output_of(child.stdout.take().context("no stdout")?);
         let stderr = child.stderr.take().context("no stderr")?;
-        let stdout = std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = stdout.read_to_string(&mut text);
-            text
-        });
         let stderr = process::stderr_tail(stderr);
         Ok(Self {
             kind,
