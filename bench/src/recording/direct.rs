@@ -39,9 +39,17 @@ pub(super) struct RunningRecord {
 
 impl RecordSink {
     /// Makes `file`'s FIFO and starts `abissctl record FILE` reading it (its open waits for
-    /// the recorder's).
+    /// the recorder's). The FIFO is on tmpfs, as a shell's pipe is on pipefs: every write into
+    /// a FIFO updates its time stamps, and on the lab's ext4 that waited in the journal (the
+    /// recorders' writes into FIFOs beside their files had a p99.9 of 89 to 130 ms, against
+    /// 0.2 to 4.9 ms on xfs).
     pub(super) fn start(&self, file: &Path) -> anyhow::Result<RunningRecord> {
-        let fifo = file.with_extension("fifo");
+        let name = file.file_name().context("a recording has a file name")?;
+        let fifo = Path::new("/dev/shm").join(format!(
+            "abiss-bench-{}-{}.fifo",
+            std::process::id(),
+            name.to_string_lossy()
+        ));
         let _ = std::fs::remove_file(&fifo);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .with_context(|| format!("cannot make the FIFO {}", fifo.display()))?;
