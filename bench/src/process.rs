@@ -3,7 +3,7 @@
 //! has ended. The players and the recorders differ in how they are stopped, not in this.
 
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How much of a program's stderr is kept: the end, where the reason it stopped is.
 const STDERR_TAIL: usize = 2000;
@@ -78,4 +78,18 @@ pub fn as_user(program: &std::path::Path, uid: u32, gid: u32) -> std::process::C
         .args(["--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
         .arg(program);
     setpriv
+}
+
+/// Waits for `pid` (a process group leader), told to stop at `signalled`; 10 s after that its
+/// group is killed. How it
+/// ended, and the CPU time of it and its descendants.
+pub fn wait_for(pid: i32, signalled: Instant) -> anyhow::Result<(String, f64)> {
+    let mut killed = false;
+    reap(pid, || {
+        if !killed && signalled.elapsed() > Duration::from_secs(10) {
+            killed = true;
+            // SAFETY: killpg(2) of the group `pid` leads.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+        }
+    })
 }

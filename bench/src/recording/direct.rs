@@ -10,7 +10,6 @@ use std::time::Instant;
 
 use anyhow::Context as _;
 
-use super::recorder::wait_for;
 use crate::process;
 
 /// `abissctl record` between a recorder and its file (the direct rows): the recorder writes
@@ -84,7 +83,7 @@ impl RunningRecord {
     /// `signalled`), and reads its summary; the FIFO goes.
     pub(super) fn finish(self, signalled: Instant) -> anyhow::Result<serde_json::Value> {
         let pid = i32::try_from(self.child.id())?;
-        let (ended, _) = wait_for(pid, signalled)?;
+        let (ended, _) = process::wait_for(pid, signalled)?;
         let _ = std::fs::remove_file(&self.fifo);
         let stdout = self.stdout.join().unwrap_or_default();
         let stderr = self.stderr.join().unwrap_or_default();

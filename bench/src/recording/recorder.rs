@@ -420,7 +420,7 @@ impl RunningRecorder {
     ) -> anyhow::Result<RecorderResult> {
         let child = self.child.take().context("collected already")?;
         let pid = i32::try_from(child.id())?;
-        let (ended, cpu_s) = wait_for(pid, signalled)?;
+        let (ended, cpu_s) = process::wait_for(pid, signalled)?;
         self.tracer.empty(Duration::from_secs(5));
         let stdout = self
             .stdout
@@ -503,17 +503,4 @@ impl Drop for RunningRecorder {
             let _ = std::fs::remove_file(&record.fifo);
         }
     }
-}
-
-/// Waits for `pid`, told to stop at `signalled`; 10 s after that its group is killed. How it
-/// ended, and the CPU time of it and its descendants.
-pub(super) fn wait_for(pid: i32, signalled: Instant) -> anyhow::Result<(String, f64)> {
-    let mut killed = false;
-    process::reap(pid, || {
-        if !killed && signalled.elapsed() > Duration::from_secs(10) {
-            killed = true;
-            // SAFETY: killpg(2) of the group this recorder leads.
-            unsafe { libc::killpg(pid, libc::SIGKILL) };
-        }
-    })
 }
