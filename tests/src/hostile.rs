@@ -234,6 +234,11 @@ impl Drop for StallingFs {
     fn drop(&mut self) {
         let _ = self.server.0.kill();
         let _ = self.server.0.wait();
+        // fusermount3 unmounts a dead server's mount in its own time; the scratch directory
+        // that holds the mountpoint goes next, and a mount still there left it behind (empty
+        // `abiss-test-stalling-fs-*` directories in /tmp after each run). Detached here, it
+        // goes at once; an error is a mount already gone.
+        let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
     }
 }
 
