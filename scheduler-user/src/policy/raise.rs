@@ -250,6 +250,8 @@ impl RaiseTable {
                 if earlier.followed_as().2 == raise.followed_as().2 {
                     raise.raised_at = earlier.raised_at;
                     raise.account.own_kib = earlier.account.own_kib;
+                    // A recording's writer raised again for it (a miss) stays its writer.
+                    raise.writer |= earlier.writer && earlier.stream == raise.stream;
                 }
             }
         }

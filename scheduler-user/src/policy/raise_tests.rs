@@ -222,6 +222,9 @@ fn a_writer_and_a_journal_raise_go_only_with_their_stream() {
     assert_eq!(table.ns_until_next_expiry(MonotonicNs(60_000)), None);
     assert_eq!(table.writer_of(StreamId(10)), Some(1));
     assert_eq!(table.writer_of(StreamId(11)), None);
+    // Raised again for its stream (a miss), the writer stays the writer.
+    table.insert(raise(1, 10, 0));
+    assert_eq!(table.writer_of(StreamId(10)), Some(1));
     let ended = table.take_stream(StreamId(10));
     assert_eq!(ended.iter().map(|u| u.task.pid).collect::<Vec<_>>(), [1, 2]);
 }
