@@ -30,10 +30,11 @@ pub struct RecordSink {
 /// A running `abissctl record`, and its FIFO.
 #[derive(Debug)]
 pub(super) struct RunningRecord {
-    pub(super) child: Child,
+    /// `None` once reaped by [`Self::finish`].
+    child: Option<Child>,
     pub(super) fifo: PathBuf,
-    stdout: JoinHandle<String>,
-    stderr: JoinHandle<String>,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
 }
 
 impl RecordSink {
@@ -70,10 +71,10 @@ impl RecordSink {
         let stdout = process::output_of(child.stdout.take().context("no stdout")?);
         let stderr = child.stderr.take().context("no stderr")?;
         Ok(RunningRecord {
-            child,
+            child: Some(child),
             fifo,
-            stdout,
-            stderr: process::stderr_tail(stderr),
+            stdout: Some(stdout),
+            stderr: Some(process::stderr_tail(stderr)),
         })
     }
 }
@@ -81,13 +82,27 @@ impl RecordSink {
 impl RunningRecord {
     /// Waits for `abissctl record` to write the tail and end (killed 10 s after
     /// `signalled`), and reads its summary; the FIFO goes.
-    pub(super) fn finish(self, signalled: Instant) -> anyhow::Result<serde_json::Value> {
-        let pid = i32::try_from(self.child.id())?;
-        let (ended, _) = process::wait_for(pid, signalled)?;
-        let _ = std::fs::remove_file(&self.fifo);
-        let stdout = self.stdout.join().unwrap_or_default();
-        let stderr = self.stderr.join().unwrap_or_default();
+    pub(super) fn finish(mut self, signalled: Instant) -> anyhow::Result<serde_json::Value> {
+        let child = self.child.take().context("finished already")?;
+        let (ended, _) = process::wait_for(i32::try_from(child.id())?, signalled)?;
+        let join = |thread: Option<JoinHandle<String>>| {
+            thread.and_then(|t| t.join().ok()).unwrap_or_default()
+        };
+        let stdout = join(self.stdout.take());
+        let stderr = join(self.stderr.take());
         serde_json::from_str(stdout.trim())
             .with_context(|| format!("abissctl record gave no summary ({ended}): {stderr}"))
+    }
+}
+
+impl Drop for RunningRecord {
+    /// Also when its recorder never started (a launch that failed after it): a `sh` still
+    /// waiting to open the FIFO is killed, and the FIFO goes.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.fifo);
     }
 }

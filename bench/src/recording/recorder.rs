@@ -497,10 +497,5 @@ impl Drop for RunningRecorder {
             self.tracer.signal_members(libc::SIGKILL);
             let _ = child.wait();
         }
-        if let Some(mut record) = self.record.take() {
-            let _ = record.child.kill();
-            let _ = record.child.wait();
-            let _ = std::fs::remove_file(&record.fifo);
-        }
     }
 }
