@@ -3,6 +3,7 @@
 //! a guarantee: `ffmpeg … -f mpegts - | abissctl record rec.ts --rate 8Mbit/s`.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd as _;
 use std::path::Path;
 
 use abiss_client::{DirectRecording, RecordingSummary, StreamOptions};
@@ -13,6 +14,12 @@ use crate::error::CliError;
 /// Bytes read from standard input at once.
 const READ_BYTES: usize = 64 * 1024;
 
+/// What a pipe or FIFO on standard input is grown to. The kernel's default of 64 KiB is less
+/// than one write of some recorders (`filesink` in `gst-launch-1.0` writes 77 KB at once),
+/// which then waits for this process to read twice; 1 MiB is also the kernel's default
+/// ceiling for users (`/proc/sys/fs/pipe-max-size`).
+const PIPE_BYTES: usize = 1 << 20;
+
 /// Records standard input into `file` at `rate` with a ring of `buffer`, at ABISS level
 /// `priority`; prints what it did (`json`: as JSON on standard output).
 pub(crate) fn record(
@@ -21,6 +28,9 @@ pub(crate) fn record(
     (rate, buffer, priority): (ByteRate, ByteSize, u8),
     json: bool,
 ) -> Result<(), CliError> {
+    // Grown first, so that the recorder writes freely while abissd admits the stream.
+    let mut input = std::io::stdin().lock();
+    grow_pipe(&input);
     let options = StreamOptions {
         priority,
         ..StreamOptions::new(rate, buffer)
@@ -32,7 +42,6 @@ pub(crate) fn record(
         );
     }
     let stream = recording.stream().id;
-    let mut input = std::io::stdin().lock();
     let mut chunk = vec![0_u8; READ_BYTES];
     loop {
         let read = match input.read(&mut chunk) {
@@ -56,6 +65,31 @@ pub(crate) fn record(
     let summary = recording.finish()?;
     report(file, stream, &summary, json);
     Ok(())
+}
+
+/// Grows standard input to [`PIPE_BYTES`] (or the system's ceiling, if lower) when it is a
+/// pipe or FIFO. Where the kernel refuses (the user's pipes already hold their share), the
+/// pipe stays as it was: the recording is right either way, only the recorder's writes wait
+/// longer.
+fn grow_pipe(input: &impl std::os::fd::AsFd) {
+    use nix::fcntl::{fcntl, FcntlArg};
+    use nix::sys::stat::{fstat, SFlag};
+    let is_pipe = fstat(input.as_fd().as_raw_fd()).is_ok_and(|stat| {
+        SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFIFO
+    });
+    if !is_pipe {
+        return;
+    }
+    let ceiling = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+        .ok()
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .unwrap_or(PIPE_BYTES);
+    let bytes = PIPE_BYTES.min(ceiling);
+    let current = fcntl(input.as_fd().as_raw_fd(), FcntlArg::F_GETPIPE_SZ).unwrap_or(0);
+    if usize::try_from(current).is_ok_and(|current| current < bytes) {
+        let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
+        let _ = fcntl(input.as_fd().as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes));
+    }
 }
 
 /// One line on standard error, and the figures as JSON on standard output with `json`.

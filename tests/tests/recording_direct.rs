@@ -115,6 +115,14 @@ fn ffmpeg_into_record(daemon: &Daemon, file: &Path, secs: u32) -> (Vec<u8>, serd
         input.write_all(&chunk[..read]).expect("feed the recorder");
         fed.extend_from_slice(&chunk[..read]);
     }
+    // abissctl grows its input pipe to 1 MiB (the kernel's default ceiling for users), so that
+    // a recorder's larger writes (GStreamer's 77 KB) do not wait for it twice.
+    let pipe_bytes = nix::fcntl::fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&input),
+        nix::fcntl::FcntlArg::F_GETPIPE_SZ,
+    )
+    .expect("the pipe's size");
+    assert_eq!(pipe_bytes, 1 << 20, "abissctl record grew its input pipe");
     drop(input);
     assert!(ffmpeg.wait().expect("ffmpeg").success(), "ffmpeg remuxed");
     (fed, summary_of(recorder))
