@@ -3,7 +3,7 @@
 //! a guarantee: `ffmpeg … -f mpegts - | abissctl record rec.ts --rate 8Mbit/s`.
 
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd as _;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use abiss_client::{DirectRecording, RecordingSummary, StreamOptions};
@@ -71,10 +71,11 @@ pub(crate) fn record(
 /// pipe or FIFO. Where the kernel refuses (the user's pipes already hold their share), the
 /// pipe stays as it was: the recording is right either way, only the recorder's writes wait
 /// longer.
-fn grow_pipe(input: &impl std::os::fd::AsFd) {
+fn grow_pipe(input: &impl AsRawFd) {
     use nix::fcntl::{fcntl, FcntlArg};
     use nix::sys::stat::{fstat, SFlag};
-    let is_pipe = fstat(input.as_fd().as_raw_fd()).is_ok_and(|stat| {
+    let fd = input.as_raw_fd();
+    let is_pipe = fstat(fd).is_ok_and(|stat| {
         SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFIFO
     });
     if !is_pipe {
@@ -84,11 +85,9 @@ fn grow_pipe(input: &impl std::os::fd::AsFd) {
         .ok()
         .and_then(|text| text.trim().parse::<usize>().ok())
         .unwrap_or(PIPE_BYTES);
-    let bytes = PIPE_BYTES.min(ceiling);
-    let current = fcntl(input.as_fd().as_raw_fd(), FcntlArg::F_GETPIPE_SZ).unwrap_or(0);
-    if usize::try_from(current).is_ok_and(|current| current < bytes) {
-        let bytes = i32::try_from(bytes).unwrap_or(i32::MAX);
-        let _ = fcntl(input.as_fd().as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes));
+    let bytes = i32::try_from(PIPE_BYTES.min(ceiling)).unwrap_or(i32::MAX);
+    if fcntl(fd, FcntlArg::F_GETPIPE_SZ).is_ok_and(|current| current < bytes) {
+        let _ = fcntl(fd, FcntlArg::F_SETPIPE_SZ(bytes));
     }
 }
 
