@@ -1,14 +1,16 @@
 //! The integration run: every integration-test binary of the workspace, built once, then run
 //! in two lanes under the integration lock (`/tmp/abiss-integration.lock`).
 //!
-//! Most binaries assert what abiss controls on an emulated disk under load (misses, pages not
-//! resident, requests at the wrong priority) or change what the whole machine shares (the dirty
-//! limits, a systemd, programs counted by name), so each runs alone, holding the lock
-//! exclusively. The binaries in [`BESIDE_OTHERS`] do neither: they check files, sentences,
-//! exit codes and what a hostile user can do to their own daemon, with no emulated disk timed
-//! and bounds of a second or more. They run first, two at a time (the machine's two CPUs),
-//! each holding the lock shared. A developer's `flock /tmp/abiss-integration.lock cargo test
-//! …` takes it exclusively, so it waits for either lane and neither lane runs beside it.
+//! Each binary brings up its own emulated disks, file systems and abissd, named by its process,
+//! so two binaries on the machine's two CPUs do not meet: each asserts what abiss controls on
+//! its own disk (misses, pages not resident, requests at the wrong priority), and a neighbour
+//! costs it CPU time, which moves the figures it reports (the latency of a read of resident
+//! pages) and not what it asserts. So binaries run two at a time, each holding the lock
+//! shared, the long ones first ([`LONGEST_FIRST`]) so that the two lanes end together. The
+//! binaries in [`ALONE`] change what the whole machine shares or count what any disk does,
+//! and run afterwards one at a time, holding the lock exclusively. A developer's
+//! `flock /tmp/abiss-integration.lock cargo test …` takes it exclusively, so it waits for either
+//! lane and neither lane runs beside it.
 //!
 //! A binary that runs beside another has its output kept and printed whole when it ends, so
 //! the log never interleaves two binaries.
@@ -31,30 +33,41 @@ use crate::test_log::{BinaryLog, TestLog};
 /// The lock every integration run takes: the suite's lanes here, a developer's run by hand.
 pub const LOCK: &str = "/tmp/abiss-integration.lock";
 
-/// Integration-test binaries (their source, from the workspace root) that may run beside
-/// another of this list, longest first so that two lanes end together. Any other binary
-/// runs alone. A binary belongs here only if it times no emulated disk, changes nothing the
-/// machine shares, and bounds no answer tighter than a second.
-///
-/// `tests/tests/kernels.rs` is not here: its guests run under TCG on both CPUs, and a guest's
-/// paced reader missed a deadline when the fuzzer ran beside it.
-pub const BESIDE_OTHERS: &[&str] = &[
-    // Hostile cases against its own daemon; root's status is bounded at 1 s.
+/// Integration-test binaries (their source, from the workspace root) that run alone, after the
+/// two lanes, each for a reason no other binary may share.
+pub const ALONE: &[&str] = &[
+    // Its guests run under TCG, one CPU each, two at a time: both of the machine's CPUs.
+    "tests/tests/kernels.rs",
+    // Both set the machine's dirty limits to a small machine's (`DirtyLimits`): every
+    // writer on the machine meets them, and two binaries setting and putting them back
+    // would put back each other's.
+    "tests/tests/recording_deadlines.rs",
+    "tests/tests/recording_direct.rs",
+    // Counts the request records of every disk but loop devices, whose pools it cannot
+    // tell from another binary's lab disk.
+    "tests/tests/teardown.rs",
+];
+
+/// The binaries that take longest, longest first (from a suite run's summary on the lab VM,
+/// 2026-12-06); the rest follow in the order cargo built them. Taking the long ones first lets
+/// the short ones fill in, so that the two lanes end within a short binary of each other.
+pub const LONGEST_FIRST: &[&str] = &[
+    "tests/tests/stream_guarantee.rs",
+    "tests/tests/upgrades.rs",
     "tests/tests/fuzz_protocol.rs",
-    // Its own systemd in its own namespaces, over /usr, /etc and /var overlaid.
+    "tests/tests/security_raises.rs",
+    "tests/tests/recording_clients.rs",
+    "tests/tests/security_raises_clone_io.rs",
+    "tests/tests/players.rs",
     "tests/tests/deb_package.rs",
-    "tests/tests/service.rs",
-    "tests/tests/security_state_dir.rs",
-    "tests/tests/security_privacy.rs",
-    "tests/tests/managed_device_specs.rs",
-    "tests/tests/doctor.rs",
-    "tests/tests/bad_input.rs",
-    "tests/tests/cli_habits.rs",
-    "tests/tests/man_pages.rs",
-    "lab/tests/bad_input.rs",
-    "lab/tests/lifecycle.rs",
-    "xtask/tests/architecture.rs",
-    "xtask/tests/doc_index.rs",
+    "tests/tests/btrfs.rs",
+    "tests/tests/security_start_up_reads.rs",
+    "tests/tests/device_profile.rs",
+    "tests/tests/admission_capacity.rs",
+    "lab/tests/priority.rs",
+    "tests/tests/security_state.rs",
+    "tests/tests/recording.rs",
+    "tests/tests/metrics.rs",
 ];
 
 /// One integration-test binary as cargo built it.
@@ -247,9 +260,15 @@ pub fn run(
         let _ = fetching.join();
     }
     let bin_dir = root.join("target").join("debug");
-    let beside = |binary: &TestBinary| BESIDE_OTHERS.contains(&binary.source.as_str());
-    let mut queue: Vec<TestBinary> = binaries.iter().filter(|b| beside(b)).cloned().collect();
-    queue.sort_by_key(|b| BESIDE_OTHERS.iter().position(|s| *s == b.source));
+    let alone = |binary: &TestBinary| ALONE.contains(&binary.source.as_str());
+    let mut queue: Vec<TestBinary> = binaries.iter().filter(|b| !alone(b)).cloned().collect();
+    // A stable sort: the listed ones in their order, then the rest as cargo built them.
+    queue.sort_by_key(|b| {
+        LONGEST_FIRST
+            .iter()
+            .position(|s| *s == b.source)
+            .unwrap_or(LONGEST_FIRST.len())
+    });
     let queue = Mutex::new(VecDeque::from(queue));
     let started = Instant::now();
     let log = Mutex::new(TestLog::default());
@@ -280,7 +299,7 @@ pub fn run(
     let beside_took = started.elapsed();
     let mut log = log.into_inner().expect("not poisoned");
     let mut failed_to_run = failed_to_run.into_inner().expect("not poisoned");
-    for binary in binaries.iter().filter(|b| !beside(b)) {
+    for binary in binaries.iter().filter(|b| alone(b)) {
         match run_in_lane(binary, Lane::Alone, &bin_dir, filter) {
             Ok(done) => log.push(done),
             Err(error) => failed_to_run.push(format!("{}: {error:#}", binary.source)),
@@ -314,11 +333,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_binary_that_runs_beside_others_exists() {
+    fn every_binary_named_in_the_lists_exists() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("xtask is one level down");
-        for source in BESIDE_OTHERS {
+        for source in ALONE.iter().chain(LONGEST_FIRST) {
             assert!(root.join(source).is_file(), "{source} is not a test file");
         }
     }

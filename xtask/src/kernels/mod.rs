@@ -267,6 +267,10 @@ pub struct KernelsArgs {
     /// Boot each series' newest kernel in its archive's index instead of the pinned one.
     #[arg(long)]
     newest: bool,
+    /// How many guests run at once. Each guest has two vCPUs; under TCG two guests share the
+    /// machine's CPUs, which slows both and the figures they report.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
+    jobs: u8,
 }
 
 /// A `RUST_LOG` filter that passes whole through the kernel command line: no spaces or quotes.
@@ -336,6 +340,42 @@ pub fn prefetch(root: &Path) {
     }
 }
 
+/// Boots each prepared kernel, `args.jobs` at a time, and returns the outcomes in the order
+/// given; each is printed as it ends.
+fn boot_all(
+    boots: &[(&'static Kernel, image::Boot)],
+    args: &KernelsArgs,
+) -> anyhow::Result<Vec<Outcome>> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let outcomes: std::sync::Mutex<Vec<Option<anyhow::Result<Outcome>>>> =
+        std::sync::Mutex::new(boots.iter().map(|_| None).collect());
+    std::thread::scope(|scope| {
+        for _ in 0..args.jobs.min(u8::try_from(boots.len()).unwrap_or(u8::MAX)) {
+            scope.spawn(|| loop {
+                let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((kernel, boot)) = boots.get(index) else {
+                    return;
+                };
+                eprintln!(
+                    "xtask kernels: booting {} ({})",
+                    kernel.name, kernel.version
+                );
+                let outcome = boot_and_judge(kernel, boot, args);
+                if let Ok(outcome) = &outcome {
+                    print_outcome(outcome);
+                }
+                outcomes.lock().expect("not poisoned")[index] = Some(outcome);
+            });
+        }
+    });
+    outcomes
+        .into_inner()
+        .expect("not poisoned")
+        .into_iter()
+        .map(|outcome| outcome.context("a guest was not booted")?)
+        .collect()
+}
+
 /// Runs the kernels, writes the results, and fails if any check failed.
 pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
     let chosen: Vec<&'static Kernel> = if args.kernels.is_empty() {
@@ -362,17 +402,11 @@ pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
     };
     let cache = root.join("target/kernels");
     let common = common_initramfs(&cache, &bin_dir)?;
-    let mut outcomes = Vec::new();
-    for kernel in chosen {
-        let boot = prepare(&cache, kernel, &common, args.newest)?;
-        eprintln!(
-            "xtask kernels: booting {} ({})",
-            kernel.name, kernel.version
-        );
-        let outcome = boot_and_judge(kernel, &boot, args)?;
-        print_outcome(&outcome);
-        outcomes.push(outcome);
-    }
+    let boots = chosen
+        .into_iter()
+        .map(|kernel| Ok((kernel, prepare(&cache, kernel, &common, args.newest)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let outcomes = boot_all(&boots, args)?;
     let out = if args.out.is_absolute() {
         args.out.clone()
     } else {
