@@ -28,7 +28,7 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 use crate::shell;
-use crate::test_log::{BinaryLog, TestLog};
+use crate::test_log::{BinaryLog, LaneRun, TestLog};
 
 /// The lock every integration run takes: the suite's lanes here, a developer's run by hand.
 pub const LOCK: &str = "/tmp/abiss-integration.lock";
@@ -36,7 +36,7 @@ pub const LOCK: &str = "/tmp/abiss-integration.lock";
 /// Integration-test binaries (their source, from the workspace root) that run alone, after the
 /// two lanes, each for a reason no other binary may share.
 pub const ALONE: &[&str] = &[
-    // Its guests run under TCG, one CPU each, two at a time: both of the machine's CPUs.
+    // Its guests run under TCG with two vCPUs each, two at a time: all the machine's CPUs.
     "tests/tests/kernels.rs",
     // Both set the machine's dirty limits to a small machine's (`DirtyLimits`): every
     // writer on the machine meets them, and two binaries setting and putting them back
@@ -69,6 +69,33 @@ pub const LONGEST_FIRST: &[&str] = &[
     "tests/tests/recording.rs",
     "tests/tests/metrics.rs",
 ];
+
+/// How many binaries run at once outside [`ALONE`]; `ABISS_SUITE_LANES` overrides it.
+pub const LANES: usize = 2;
+
+fn lanes() -> usize {
+    std::env::var("ABISS_SUITE_LANES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .filter(|&lanes| (1..=8).contains(&lanes))
+        .unwrap_or(LANES)
+}
+
+/// The machine's CPU time so far from `/proc/stat`'s first line: (not idle, all), in ticks.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().unwrap_or(0))
+        .collect();
+    let all: u64 = ticks.iter().take(8).sum();
+    // idle and iowait: waiting for the emulated disks is not CPU work.
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    Some((all - idle, all))
+}
 
 /// One integration-test binary as cargo built it.
 #[derive(Debug, Clone)]
@@ -271,10 +298,12 @@ pub fn run(
     });
     let queue = Mutex::new(VecDeque::from(queue));
     let started = Instant::now();
+    let ticks_before = cpu_ticks();
+    let lanes = lanes();
     let log = Mutex::new(TestLog::default());
     let failed_to_run: Mutex<Vec<String>> = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
-        for _ in 0..2 {
+        for _ in 0..lanes {
             scope.spawn(|| loop {
                 let Some(binary) = queue.lock().expect("not poisoned").pop_front() else {
                     return;
@@ -296,7 +325,15 @@ pub fn run(
             });
         }
     });
-    let beside_took = started.elapsed();
+    let beside = LaneRun {
+        count: lanes,
+        took: started.elapsed(),
+        cpu_busy: ticks_before.zip(cpu_ticks()).and_then(|(before, after)| {
+            let all = after.1.checked_sub(before.1).filter(|&all| all > 0)?;
+            #[expect(clippy::cast_precision_loss, reason = "a share, to the percent")]
+            Some(after.0.saturating_sub(before.0) as f64 / all as f64)
+        }),
+    };
     let mut log = log.into_inner().expect("not poisoned");
     let mut failed_to_run = failed_to_run.into_inner().expect("not poisoned");
     for binary in binaries.iter().filter(|b| alone(b)) {
@@ -309,7 +346,7 @@ pub fn run(
     let _ = write!(
         out,
         "{}",
-        log.summary(beside_took, started.elapsed().saturating_sub(beside_took))
+        log.summary(&beside, started.elapsed().saturating_sub(beside.took))
     );
     let _ = out.flush();
     for failure in &failed_to_run {

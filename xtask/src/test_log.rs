@@ -74,6 +74,16 @@ impl BinaryLog {
 }
 
 /// Every binary's log, in the order they ended.
+/// How the binaries that ran beside each other went: in how many lanes, for how long, and how
+/// busy the machine's CPUs were meanwhile (the noise each binary's figures carry).
+#[derive(Debug)]
+pub struct LaneRun {
+    pub count: usize,
+    pub took: Duration,
+    /// The share of CPU time not idle, from `/proc/stat`; `None` where it cannot be read.
+    pub cpu_busy: Option<f64>,
+}
+
 #[derive(Debug, Default)]
 pub struct TestLog {
     binaries: Vec<BinaryLog>,
@@ -96,14 +106,19 @@ impl TestLog {
 
     /// The summary printed at the end: the time of each lane, the slowest binaries, then
     /// every failure section.
-    pub fn summary(&self, beside: Duration, alone: Duration) -> String {
+    pub fn summary(&self, beside: &LaneRun, alone: Duration) -> String {
         let mut slowest: Vec<&BinaryLog> = self.binaries.iter().collect();
         slowest.sort_by_key(|b| std::cmp::Reverse(b.took));
+        let busy = beside
+            .cpu_busy
+            .map(|busy| format!(", the CPUs {:.0} % busy", busy * 100.0))
+            .unwrap_or_default();
         let mut out = format!(
-            "xtask: {} test binaries in {:.0} s ({:.0} s two at a time, {:.0} s one at a time); the slowest:\n",
+            "xtask: {} test binaries in {:.0} s ({:.0} s {} at a time{busy}, {:.0} s one at a time); the slowest:\n",
             self.binaries.len(),
-            (beside + alone).as_secs_f64(),
-            beside.as_secs_f64(),
+            (beside.took + alone).as_secs_f64(),
+            beside.took.as_secs_f64(),
+            beside.count,
             alone.as_secs_f64()
         );
         for binary in slowest.iter().take(10) {
@@ -156,8 +171,15 @@ mod tests {
         failing.end(Duration::from_secs(17), false);
         log.push(failing);
         assert_eq!(log.failing(), ["tests/tests/b.rs"]);
-        let summary = log.summary(Duration::from_secs(5), Duration::from_secs(15));
-        assert!(summary.contains("2 test binaries in 20 s (5 s two at a time, 15 s one at a time)"));
+        let lanes = LaneRun {
+            count: 3,
+            took: Duration::from_secs(5),
+            cpu_busy: Some(0.42),
+        };
+        let summary = log.summary(&lanes, Duration::from_secs(15));
+        assert!(summary.contains(
+            "2 test binaries in 20 s (5 s 3 at a time, the CPUs 42 % busy, 15 s one at a time)"
+        ));
         let first = summary.find("tests/tests/b.rs").expect("named");
         let second = summary.find("tests/tests/a.rs").expect("named");
         assert!(first < second, "the slowest first: {summary}");
