@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use abiss_client::{Client, ClientError};
 use abiss_proto::{
-    decode_line, encode_line, AttachRequest, ByteRate, ByteSize, Envelope, IoClass, Operation,
-    Request, RequestRecord, Response, StreamId,
+    decode_line, encode_line, AttachRequest, ByteRate, ByteSize, DeviceNumber, Envelope, IoClass,
+    Operation, Request, RequestRecord, Response, StreamId,
 };
 use abiss_tests::{
     abissctl_as_nobody, as_nobody, assert_fails, attached_id, chmod, require_root, Daemon,
@@ -161,11 +161,12 @@ fn traces_the_writes_of(daemon: &Daemon, id: StreamId, written: u64) {
     );
 }
 
-/// The file's write requests among `events`: (bytes at RT/0 tagged with `stream`, all bytes,
-/// the others).
+/// The write requests among `events` of file `inode` on `device`: (bytes at RT/0 tagged with
+/// `stream`, all bytes, the others). Root's events cover every disk, and another test's file
+/// on its own disk may have the same inode number.
 fn writes_of(
     events: &[RequestRecord],
-    inode: u64,
+    (device, inode): (DeviceNumber, u64),
     stream: Option<StreamId>,
 ) -> (u64, u64, Vec<RequestRecord>) {
     let mut at_level = 0;
@@ -173,7 +174,7 @@ fn writes_of(
     let mut others = Vec::new();
     for record in events
         .iter()
-        .filter(|r| r.inode == Some(inode) && r.operation == Operation::Write)
+        .filter(|r| r.device == device && r.inode == Some(inode) && r.operation == Operation::Write)
     {
         all += u64::from(record.bytes);
         if record.priority.class == IoClass::Rt
@@ -205,7 +206,7 @@ fn a_recording_is_written_back_at_its_level_within_its_window() {
     record(&plain, 1000, 4);
     let plain_dirty = watch.stop();
     let plain_inode = std::fs::metadata(&plain).expect("stat").ino();
-    let (plain_rt, _, _) = writes_of(&events.drain(), plain_inode, None);
+    let (plain_rt, _, _) = writes_of(&events.drain(), (fs.device().number(), plain_inode), None);
     eprintln!(
         "without a stream: {} KiB dirty at most, {plain_rt} bytes written back at RT/0",
         plain_dirty / 1024
@@ -232,7 +233,8 @@ fn a_recording_is_written_back_at_its_level_within_its_window() {
         .find(|s| s.id == id)
         .expect("stream listed");
     let recording = stream.recording.expect("a write stream");
-    let (at_level, all, others) = writes_of(&events.drain(), inode, Some(id));
+    let (at_level, all, others) =
+        writes_of(&events.drain(), (fs.device().number(), inode), Some(id));
     eprintln!(
         "with a stream: recorder {summary}; {} KiB dirty at most; {at_level} of {all} bytes of the file's writes at RT/0; list: {recording:?}",
         most_dirty / 1024
