@@ -85,8 +85,9 @@ enum Command {
     /// process, by a thread abissd raises to the stream's level. A recorder faster than the
     /// rate fills the ring: the pipe then waits (counted as an overflow, never dropped). At the
     /// end of input the tail is written and FILE truncated to exactly what was read. If
-    /// abissd stops, the recording goes on at best effort. A file system without direct I/O
-    /// (tmpfs) exits with 17, a full one with 18.
+    /// abissd stops, the recording goes on at best effort. A pipe or FIFO on standard input is
+    /// grown to 1 MiB, so that a recorder's large writes fit whole. A file system without
+    /// direct I/O (tmpfs) exits with 17, a full one with 18.
     Record {
         /// The file to record into.
         file: PathBuf,
@@ -94,9 +95,10 @@ enum Command {
         #[arg(long, short = 'r')]
         rate: Written<ByteRate>,
         /// The ring of locked memory the input waits in before it is written: how far the
-        /// disk may fall behind the recorder.
-        #[arg(long, short = 'b', default_value = "2MiB")]
-        buffer: Written<ByteSize>,
+        /// disk may fall behind the recorder. By default 2 s of the rate and at least 2 MiB
+        /// (a write on a busy disk can wait over a second for the file system's metadata).
+        #[arg(long, short = 'b')]
+        buffer: Option<Written<ByteSize>>,
         /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
         #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
         priority: u8,
@@ -346,7 +348,13 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
         } => crate::record::record(
             &cli.socket,
             &file,
-            (rounded(&rate), rounded(&buffer), priority),
+            {
+                let rate = rounded(&rate);
+                let ring = buffer
+                    .as_ref()
+                    .map_or_else(|| crate::record::default_ring(rate), rounded);
+                (rate, ring, priority)
+            },
             json,
         ),
         Command::List { json } => streams::list(&mut connect()?, json),

@@ -20,6 +20,26 @@ const READ_BYTES: usize = 64 * 1024;
 /// ceiling for users (`/proc/sys/fs/pipe-max-size`).
 const PIPE_BYTES: usize = 1 << 20;
 
+/// The ring's seconds of the rate when `--buffer` is not given: a direct write on the lab's
+/// busy disk waited up to 1.3 s for ext4's metadata (issue 36), and the ring must hold the
+/// input meanwhile.
+const RING_SECS: u64 = 2;
+
+/// The smallest ring by default: 2 s of a broadcast recording's 8 Mbit/s, and eight of the
+/// largest pieces the writer makes at once.
+const MIN_RING_BYTES: u64 = 2 << 20;
+
+/// The ring for `rate` when none is asked for: [`RING_SECS`] of it, at least
+/// [`MIN_RING_BYTES`], in whole MiB.
+pub(crate) fn default_ring(rate: ByteRate) -> ByteSize {
+    let mib = rate
+        .0
+        .saturating_mul(RING_SECS)
+        .max(MIN_RING_BYTES)
+        .div_ceil(1 << 20);
+    ByteSize(mib.min(u64::MAX >> 20) << 20)
+}
+
 /// Records standard input into `file` at `rate` with a ring of `buffer`, at ABISS level
 /// `priority`; prints what it did (`json`: as JSON on standard output).
 pub(crate) fn record(
@@ -63,7 +83,7 @@ pub(crate) fn record(
         }
     }
     let summary = recording.finish()?;
-    report(file, stream, &summary, json);
+    report(file, (stream, buffer), &summary, json);
     Ok(())
 }
 
@@ -92,7 +112,12 @@ fn grow_pipe(input: &impl AsRawFd) {
 }
 
 /// One line on standard error, and the figures as JSON on standard output with `json`.
-fn report(file: &Path, stream: StreamId, summary: &RecordingSummary, json: bool) {
+fn report(
+    file: &Path,
+    (stream, ring): (StreamId, ByteSize),
+    summary: &RecordingSummary,
+    json: bool,
+) {
     let direct = &summary.direct;
     eprintln!(
         "abissctl: recorded {} bytes into {} (stream {stream}): {} overflows, {} direct writes \
@@ -119,6 +144,7 @@ fn report(file: &Path, stream: StreamId, summary: &RecordingSummary, json: bool)
             "file": file,
             "stream": stream,
             "bytes": direct.bytes,
+            "ring_bytes": ring.0,
             "overflows": direct.overflows,
             "pieces": direct.pieces,
             "writes": direct.writes,
@@ -132,5 +158,19 @@ fn report(file: &Path, stream: StreamId, summary: &RecordingSummary, json: bool)
         });
         crate::json::print(&mut std::io::stdout().lock(), &value);
         let _ = std::io::stdout().flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_ring_holds_two_seconds_of_the_rate_and_at_least_two_mib() {
+        assert_eq!(default_ring(ByteRate(1_000_000)), ByteSize(2 << 20));
+        assert_eq!(default_ring(ByteRate(0)), ByteSize(2 << 20));
+        // 20 MB/s: 40 MB, which is 38.1 MiB, up to whole MiB.
+        assert_eq!(default_ring(ByteRate(20_000_000)), ByteSize(39 << 20));
+        assert_eq!(default_ring(ByteRate(u64::MAX)).0 % (1 << 20), 0);
     }
 }

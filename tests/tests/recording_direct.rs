@@ -31,14 +31,16 @@ use common::{run_recorder, BestEffortWriter, DirtyLimits, MIB};
 /// ABISS's bound on a real-time request, insert to completion.
 const BOUND_NS: u64 = 6_000_000;
 
-/// `abissctl record FILE` against `daemon`, its standard input a pipe.
-fn start_record(daemon: &Daemon, file: &Path, rate: &str) -> Child {
+/// `abissctl record FILE` against `daemon` with a ring of `ring` (its default where `None`),
+/// its standard input a pipe.
+fn start_record(daemon: &Daemon, file: &Path, rate: &str, ring: Option<&str>) -> Child {
     Command::new(binary("abissctl"))
         .arg("--socket")
         .arg(daemon.socket())
         .arg("record")
         .arg(file)
-        .args(["--rate", rate, "--buffer", "2MiB", "--json"])
+        .args(["--rate", rate, "--json"])
+        .args(ring.map(|ring| ["--buffer", ring]).into_iter().flatten())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -102,7 +104,7 @@ fn ffmpeg_into_record(daemon: &Daemon, file: &Path, secs: u32) -> (Vec<u8>, serd
         .stdout(Stdio::piped())
         .spawn()
         .expect("ffmpeg (cargo xtask setup installs it)");
-    let mut recorder = start_record(daemon, file, "8Mbit/s");
+    let mut recorder = start_record(daemon, file, "8Mbit/s", Some("2MiB"));
     let mut input = recorder.stdin.take().expect("the recorder's input");
     let mut output = ffmpeg.stdout.take().expect("ffmpeg's output");
     let mut fed = Vec::new();
@@ -376,7 +378,8 @@ fn a_direct_writer_keeps_its_raise_through_a_pause_longer_than_the_idle_time() {
     let daemon = Daemon::start_managing(fs.device().path(), &["--raise-idle", "1"]);
     let events = EventLog::start(&daemon);
     let file = fs.path().join("paused.ts");
-    let mut recorder = start_record(&daemon, &file, "2MB/s");
+    // Its ring by default: 2 s of the rate, in whole MiB.
+    let mut recorder = start_record(&daemon, &file, "2MB/s", None);
     let mut input = recorder.stdin.take().expect("the recorder's input");
     let block = vec![0x42_u8; 3_000_000];
     input.write_all(&block).expect("feed the recorder");
@@ -391,6 +394,7 @@ fn a_direct_writer_keeps_its_raise_through_a_pause_longer_than_the_idle_time() {
     let (requests, real_time, _, _) = stream_writes(&records, stream);
     assert_eq!(summary["raised"], true, "the writer was raised: {summary}");
     assert_eq!(summary["bytes"], 6_000_000, "{summary}");
+    assert_eq!(summary["ring_bytes"], 4 * MIB, "{summary}");
     assert_every_write_at_real_time(real_time, requests);
 }
 
@@ -402,7 +406,7 @@ fn a_killed_abissd_loses_nothing_of_a_direct_recording() {
     let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
     let mut daemon = Daemon::start_managing(fs.device().path(), &[]);
     let file = fs.path().join("rec.ts");
-    let mut recorder = start_record(&daemon, &file, "2MB/s");
+    let mut recorder = start_record(&daemon, &file, "2MB/s", Some("2MiB"));
     let mut input = recorder.stdin.take().expect("the recorder's input");
     // 6 s at 2 MB/s of bytes no two pieces share, an odd total (an unaligned tail).
     let total = 12_000_000 + 1234;
@@ -451,7 +455,7 @@ fn a_file_system_without_direct_io_or_room_is_refused_and_nothing_left() {
 
 /// `abissctl record FILE` with empty input.
 fn record_nothing(daemon: &Daemon, file: &Path) -> std::process::Output {
-    let recorder = start_record(daemon, file, "1MB/s");
+    let recorder = start_record(daemon, file, "1MB/s", Some("2MiB"));
     recorder.wait_with_output().expect("abissctl record")
 }
 

@@ -46,6 +46,9 @@ pub const ALONE: &[&str] = &[
     // Counts the request records of every disk but loop devices, whose pools it cannot
     // tell from another binary's lab disk.
     "tests/tests/teardown.rs",
+    // Checks that no disk but its own saw real-time or idle-class reads, which any other
+    // binary's paced reader makes on its own disk.
+    "tests/tests/trace_counts.rs",
     // Its premise, 4 KiB direct reads merging into the request before them in the queue of
     // a loop device in memory, needs the reader to submit faster than the loop device's
     // worker completes: 69 to 647 merges alone, 24 beside one binary, 0 beside two.
