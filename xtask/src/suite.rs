@@ -383,6 +383,9 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("xtask is one level down");
+        for source in LONGEST_FIRST {
+            assert!(!ALONE.contains(source), "{source} is in both lists");
+        }
         for source in ALONE.iter().chain(LONGEST_FIRST) {
             assert!(root.join(source).is_file(), "{source} is not a test file");
         }
