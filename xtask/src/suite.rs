@@ -1,5 +1,6 @@
 //! The integration run: every integration-test binary of the workspace, built once, then run
-//! in two lanes under the integration lock (`/tmp/abiss-integration.lock`).
+//! under the integration lock (`/tmp/abiss-integration.lock`), several at a time and then a
+//! few alone.
 //!
 //! Each binary brings up its own emulated disks, file systems and abissd, named by its process,
 //! so binaries side by side do not meet: each asserts what abiss controls on its own disk
@@ -34,7 +35,7 @@ use crate::test_log::{BinaryLog, LaneRun, TestLog};
 pub const LOCK: &str = "/tmp/abiss-integration.lock";
 
 /// Integration-test binaries (their source, from the workspace root) that run alone, after the
-/// two lanes, each for a reason no other binary may share.
+/// lanes, each for a reason given beside it.
 pub const ALONE: &[&str] = &[
     // Its guests run under TCG with two vCPUs each, two at a time: all the machine's CPUs.
     "tests/tests/kernels.rs",
@@ -103,7 +104,7 @@ fn cpu_ticks() -> Option<(u64, u64)> {
     let all: u64 = ticks.iter().take(8).sum();
     // idle and iowait: waiting for the emulated disks is not CPU work.
     let idle = ticks.get(3)? + ticks.get(4)?;
-    Some((all - idle, all))
+    Some((all.saturating_sub(idle), all))
 }
 
 /// One integration-test binary as cargo built it.
