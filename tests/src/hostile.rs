@@ -58,7 +58,9 @@ pub fn pass_lingering_socket(
                 MsgFlags::MSG_NOSIGNAL,
                 None,
             );
-            let passed = hello.is_ok()
+            // Another hello after it, so that a reader meets the byte with data behind it (at
+            // the end of what was sent, a reader stops short of it).
+            return hello.is_ok()
                 && sendmsg::<()>(
                     stream.as_raw_fd(),
                     &[IoSlice::new(b"\n")],
@@ -66,19 +68,15 @@ pub fn pass_lingering_socket(
                     MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_OOB,
                     None,
                 )
+                .is_ok()
+                && sendmsg::<()>(
+                    stream.as_raw_fd(),
+                    &[IoSlice::new(&line)],
+                    &[],
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
                 .is_ok();
-            // Another hello after it, so that a reader meets the byte with data behind it (at
-            // the end of what was sent, a reader stops short of it). abissd may have hung up
-            // by then (EPIPE, seen on a busy machine): the socket went with what it received
-            // all the same, and its close is abissd's.
-            let _ = sendmsg::<()>(
-                stream.as_raw_fd(),
-                &[IoSlice::new(&line)],
-                &[],
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            );
-            return passed;
         }
         sendmsg::<()>(
             stream.as_raw_fd(),

@@ -70,10 +70,11 @@ pub(super) fn conditions(root: &Path, args: &KernelsArgs) -> String {
         .unwrap_or_default()
         .to_owned();
     format!(
-        "{date}; abiss {commit}, binaries from {}; host Linux {host}, {cpu}, {} CPUs; {qemu}, accelerator {}, guest 2 CPUs and 2 GiB; paced reader {} s at 1 MB/s in 64 KiB reads",
+        "{date}; abiss {commit}, binaries from {}; host Linux {host}, {cpu}, {} CPUs; {qemu}, accelerator {}, guest 2 CPUs and 2 GiB, {} at a time; paced reader {} s at 1 MB/s in 64 KiB reads",
         args.bin_dir.as_deref().map_or_else(|| root.join("target/debug"), Path::to_path_buf).display(),
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
         args.accel,
+        args.jobs,
         args.read_secs
     )
 }
