@@ -73,7 +73,6 @@ impl BinaryLog {
     }
 }
 
-/// Every binary's log, in the order they ended.
 /// How the binaries that ran beside each other went: in how many lanes, for how long, and how
 /// busy the machine's CPUs were meanwhile (the noise each binary's figures carry).
 #[derive(Debug)]
@@ -84,6 +83,7 @@ pub struct LaneRun {
     pub cpu_busy: Option<f64>,
 }
 
+/// Every binary's log, in the order they ended.
 #[derive(Debug, Default)]
 pub struct TestLog {
     binaries: Vec<BinaryLog>,
