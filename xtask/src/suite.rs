@@ -59,6 +59,11 @@ pub const ALONE: &[&str] = &[
     // beside two busy loops); the test then cannot pass its socket. Not yet understood
     // (issue 33).
     "tests/tests/security_closes.rs",
+    // Checks that the lab's emulated disks answer like their models within 10 %; the
+    // emulator's replies wait for a CPU like any thread, so neighbours count against the
+    // model: random 4 KiB reads took 1.505 ms against 1.333 in the CI run of 2026-12-06 beside
+    // two binaries (0.3 to 5.4 % over the model in nine runs on the lab VM).
+    "lab/tests/validate.rs",
 ];
 
 /// The binaries that take longest, longest first (from a suite run's summary on the lab VM,
