@@ -33,71 +33,102 @@ pub fn lingering_socket(linger_secs: i32) -> (TcpListener, OwnedFd) {
 }
 
 /// Passes one TCP socket whose last close waits `linger_secs` with a `hello` on a connection
-/// of its own to abissd at `socket` (`out_of_band`: on a byte of out-of-band data after the
-/// `hello`), closes our copy and hangs up; its listener (which keeps the linger going) if
-/// the socket was sent. One abissd refused first is reset instead of waiting here.
+/// of its own to abissd at `socket` (`out_of_band`: on a byte of out-of-band data inside the
+/// `hello`), closes our copy and hangs up, so that abissd's close of it is the last; its
+/// listener (which keeps the linger going) if it was. One abissd refused first is reset
+/// instead of waiting here.
+///
+/// abissd refuses a socket at receipt and closes it at once; if it does so before our own
+/// close (it runs at real-time priority, and a busy machine may keep us from the CPU between
+/// the send and the close), ours is the last and waits. That try is let go (its listener
+/// closed, which ends our wait) and another made, up to [`PASS_TRIES`] in all.
 #[must_use]
 pub fn pass_lingering_socket(
     socket: &str,
     linger_secs: i32,
     out_of_band: bool,
-) -> Option<std::net::TcpListener> {
+) -> Option<TcpListener> {
+    for _ in 0..PASS_TRIES {
+        match try_pass_lingering_socket(socket, linger_secs, out_of_band) {
+            Passed::Last(listener) => return Some(listener),
+            Passed::Refused => return None,
+            Passed::OursWasLast => {
+                eprintln!("abissd closed the lingering socket before we did; passing another");
+            }
+        }
+    }
+    None
+}
+
+/// How many times [`pass_lingering_socket`] tries to make abissd's close the last.
+pub const PASS_TRIES: usize = 5;
+
+/// How long our own close of a socket abissd still holds may take. A close that is not the
+/// last only takes the descriptor away; one that waits for the linger waits seconds.
+const OWN_CLOSE: Duration = Duration::from_millis(500);
+
+/// How one try of [`pass_lingering_socket`] went.
+enum Passed {
+    /// Sent, and our close did not wait: abissd holds the last reference.
+    Last(TcpListener),
+    /// abissd hung up before the socket was sent; it was reset, nothing waits.
+    Refused,
+    /// Sent, but abissd had closed it before we did: ours was the last, now let go.
+    OursWasLast,
+}
+
+fn try_pass_lingering_socket(socket: &str, linger_secs: i32, out_of_band: bool) -> Passed {
     let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
     let (listener, lingering) = lingering_socket(linger_secs);
     let sent = UnixStream::connect(socket).ok().filter(|stream| {
         let raw = [lingering.as_raw_fd()];
         let rights = [ControlMessage::ScmRights(&raw)];
-        if out_of_band {
-            // The hello, then the socket on one byte of out-of-band data, which a reader that
-            // does not take it inline skips: the kernel then drops what it carried in the
-            // reader's own thread.
-            let hello = sendmsg::<()>(
+        let send = |bytes: &[u8], with: &[ControlMessage<'_>], flags: MsgFlags| {
+            sendmsg::<()>(
                 stream.as_raw_fd(),
-                &[IoSlice::new(&line)],
-                &[],
-                MsgFlags::MSG_NOSIGNAL,
+                &[IoSlice::new(bytes)],
+                with,
+                MsgFlags::MSG_NOSIGNAL | flags,
                 None,
-            );
-            // Another hello after it, so that a reader meets the byte with data behind it (at
-            // the end of what was sent, a reader stops short of it).
-            return hello.is_ok()
-                && sendmsg::<()>(
-                    stream.as_raw_fd(),
-                    &[IoSlice::new(b"\n")],
-                    &rights,
-                    MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_OOB,
-                    None,
-                )
-                .is_ok()
-                && sendmsg::<()>(
-                    stream.as_raw_fd(),
-                    &[IoSlice::new(&line)],
-                    &[],
-                    MsgFlags::MSG_NOSIGNAL,
-                    None,
-                )
-                .is_ok();
+            )
+            .is_ok()
+        };
+        if out_of_band {
+            // The hello's newline is a byte of out-of-band data carrying the socket, which a
+            // reader that does not take it inline skips (the kernel then drops what it carried
+            // in the reader's own thread); another hello follows, so that such a reader meets
+            // the byte with data behind it (at the end of what was sent, it stops short).
+            let (body, newline) = line.split_at(line.len() - 1);
+            return send(body, &[], MsgFlags::empty())
+                && send(newline, &rights, MsgFlags::MSG_OOB)
+                && send(&line, &[], MsgFlags::empty());
         }
-        sendmsg::<()>(
-            stream.as_raw_fd(),
-            &[IoSlice::new(&line)],
-            &rights,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .is_ok()
+        send(&line, &rights, MsgFlags::empty())
     });
-    if sent.is_none() {
+    let Some(sent) = sent else {
         let reset = libc::linger {
             l_onoff: 1,
             l_linger: 0,
         };
         let _ = nix::sys::socket::setsockopt(&lingering, nix::sys::socket::sockopt::Linger, &reset);
+        return Passed::Refused;
+    };
+    // Our copy goes first, on a thread of its own, so that we see whether it waits; the
+    // connection, with the copy abissd received, after.
+    let (done, ours_closed) = std::sync::mpsc::channel();
+    let closing = std::thread::spawn(move || {
+        drop(lingering);
+        let _ = done.send(());
+    });
+    let ours_waited = ours_closed.recv_timeout(OWN_CLOSE).is_err();
+    drop(sent);
+    if ours_waited {
+        drop(listener);
+        let _ = closing.join();
+        return Passed::OursWasLast;
     }
-    // Our copy goes first; the connection, with the copy abissd received, after.
-    drop(lingering);
-    drop(sent?);
-    Some(listener)
+    let _ = closing.join();
+    Passed::Last(listener)
 }
 
 /// What an ordinary Debian machine lets a user do with FUSE, for one test: `/dev/fuse` open

@@ -126,9 +126,9 @@ fn a_lingering_socket_passed_with_a_hello_holds_up_nothing() {
     one_lingering_socket_holds_up_nothing("linger");
 }
 
-/// The same socket on a byte of out-of-band data after the `hello`: a reader that skips such a
-/// byte has the kernel drop what it carried in the reader's own thread, so abissd reads it
-/// inline (`SO_OOBINLINE`), and the socket reaches the closing thread as any other.
+/// The same socket on the `hello`'s newline, sent as a byte of out-of-band data: a reader that
+/// skips such a byte has the kernel drop what it carried in the reader's own thread, so abissd
+/// reads it inline (`SO_OOBINLINE`), and the socket reaches the closing thread as any other.
 #[test]
 fn a_lingering_socket_passed_out_of_band_holds_up_nothing() {
     require_root!();

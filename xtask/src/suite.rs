@@ -54,11 +54,6 @@ pub const ALONE: &[&str] = &[
     // a loop device in memory, needs the reader to submit faster than the loop device's
     // worker completes: 69 to 647 merges alone, 24 beside one binary, 0 beside two.
     "tests/tests/security_raise_merges.rs",
-    // With neighbours on the CPUs, abissd may hang up on the hostile client between the
-    // out-of-band byte carrying a lingering socket and the hello after it (4 of 12 runs
-    // beside two busy loops); the test then cannot pass its socket. Not yet understood
-    // (issue 33).
-    "tests/tests/security_closes.rs",
     // Checks that the lab's emulated disks answer like their models within 10 %; the
     // emulator's replies wait for a CPU like any thread, so neighbours count against the
     // model: random 4 KiB reads took 1.505 ms against 1.333 in the CI run of 2026-12-06 beside
