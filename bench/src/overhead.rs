@@ -103,8 +103,11 @@ impl MemoryDisk {
 
     fn set_scheduler(&self, scheduler: &str) -> anyhow::Result<()> {
         let name = self.name();
-        std::fs::write(format!("/sys/block/{name}/queue/scheduler"), scheduler)
-            .with_context(|| format!("cannot select {scheduler} on {name}"))
+        abiss_os::sysfs::write_attr(
+            std::path::Path::new(&format!("/sys/block/{name}/queue/scheduler")),
+            scheduler,
+        )
+        .with_context(|| format!("cannot select {scheduler} on {name}"))
     }
 
     /// Reads completed on the disk so far (`/sys/block/NAME/stat`, first field), and when.

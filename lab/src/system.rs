@@ -140,9 +140,9 @@ pub fn elevator_available(name: &str) -> bool {
         && elevators_offered().iter().any(|o| o == name)
 }
 
-/// Writes a sysfs attribute.
+/// Writes a sysfs attribute, trying again while the kernel says busy ([`abiss_os::sysfs`]).
 pub fn write_attr(path: &Path, value: &str) -> Result<(), LabError> {
-    std::fs::write(path, value)
+    abiss_os::sysfs::write_attr(path, value)
         .map_err(|e| LabError::system(format!("writing {value:?} to {}", path.display()), e))
 }
 

@@ -1,5 +1,5 @@
-//! `up` and `down` leave nothing behind: no loop device, mount or FUSE process, also after
-//! the emulator was killed with SIGKILL.
+//! `up` and `down` leave nothing behind: no loop device, mount or FUSE process, and no queue
+//! setting on the loop device, also after the emulator was killed with SIGKILL.
 
 mod common;
 
@@ -38,7 +38,9 @@ fn down_recovers_after_the_emulator_is_killed() {
     let mount_dir = PathBuf::from("/run/abiss-lab-test-killed-mnt");
     options.mkfs = Some(FilesystemKind::Ext4);
     options.mount_dir = Some(mount_dir.clone());
+    options.scheduler = Some(common::priority_elevator().into());
     let lab = common::up(&options);
+    let device = lab.lab.device().to_path_buf();
     let emulator = lab.lab.state().emulator.expect("emulator pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(emulator.pid),
@@ -52,6 +54,19 @@ fn down_recovers_after_the_emulator_is_killed() {
     let removed = Lab::down(&lab.state_dir).unwrap();
     println!("{removed:#?}");
     common::assert_nothing_left(&options.state_dir, Some(&mount_dir));
+    // The loop device outlives the lab: its queue is as a new one's, not the hdd's depth of 4
+    // under an elevator, which the next user of the device would inherit.
+    let sysfs = abiss_lab::system::sysfs_block(&device);
+    let queue = |file: &str| abiss_lab::system::read_attr(&sysfs.join("queue").join(file)).unwrap();
+    assert!(
+        queue("scheduler").contains("[none]"),
+        "{}",
+        queue("scheduler")
+    );
+    assert_eq!(
+        queue("nr_requests"),
+        abiss_lab::system::read_attr(&sysfs.join("mq/0/nr_tags")).unwrap()
+    );
     std::mem::forget(lab);
 }
 

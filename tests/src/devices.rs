@@ -87,8 +87,8 @@ impl LoopDevice {
 
     /// Selects an I/O scheduler (none, mq-deadline, kyber, bfq).
     pub fn set_scheduler(&self, scheduler: &str) {
-        std::fs::write(
-            format!("/sys/block/{}/queue/scheduler", self.name()),
+        abiss_os::sysfs::write_attr(
+            Path::new(&format!("/sys/block/{}/queue/scheduler", self.name())),
             scheduler,
         )
         .expect("set scheduler");

@@ -102,18 +102,21 @@ fn abissctl(manager: &ServiceManager, args: &[&str]) -> Output {
     manager.run(Path::new("/usr/bin/abissctl"), args)
 }
 
-/// The queue settings abissd changes on a disk it manages, and puts back. Not `nr_requests`:
-/// on this 6.18 kernel a plain abissd (no package) stopping on a loop disk under `none` leaves
-/// it at its dispatch depth (4, from 128), a gap of the daemon's restore reported on issue 38.
+/// The queue settings abissd changes on a disk it manages, and puts back.
 fn disk_settings(disk: &LoopDevice) -> Vec<(String, String)> {
-    ["scheduler", "read_ahead_kb", "max_sectors_kb"]
-        .iter()
-        .map(|file| {
-            let path = format!("/sys/block/{}/queue/{file}", disk.name());
-            let value = std::fs::read_to_string(&path).unwrap_or_default();
-            ((*file).to_owned(), value.trim().to_owned())
-        })
-        .collect()
+    [
+        "scheduler",
+        "nr_requests",
+        "read_ahead_kb",
+        "max_sectors_kb",
+    ]
+    .iter()
+    .map(|file| {
+        let path = format!("/sys/block/{}/queue/{file}", disk.name());
+        let value = std::fs::read_to_string(&path).unwrap_or_default();
+        ((*file).to_owned(), value.trim().to_owned())
+    })
+    .collect()
 }
 
 /// Every path under `dir` (files, links and directories), relative to it; an overlay's
@@ -181,7 +184,22 @@ fn the_package_installs_serves_upgrades_and_purges_without_a_trace() {
     let units_before = paths_under(&units);
 
     let disk = LoopDevice::new_in("/dev/shm", 128);
+    // As a new loop device is: a loop device keeps its queue when detached, and one left under
+    // an elevator shows the allocated depth once switched to `none`, whatever its live depth,
+    // until the depth is written (a step through a neighbour: a write of the value shown is
+    // ignored).
     disk.set_scheduler("none");
+    let allocated: u32 =
+        std::fs::read_to_string(format!("/sys/block/{}/mq/0/nr_tags", disk.name()))
+            .expect("allocated tags")
+            .trim()
+            .parse()
+            .expect("a number");
+    let nr_requests = format!("/sys/block/{}/queue/nr_requests", disk.name());
+    for depth in [allocated - 1, allocated] {
+        abiss_os::sysfs::write_attr(Path::new(&nr_requests), &depth.to_string())
+            .expect("set the driver depth");
+    }
     let mount = Ext4Mount::new(disk);
     let media = mount.path().join("media.bin");
     std::fs::write(&media, vec![7u8; 16 << 20]).unwrap();

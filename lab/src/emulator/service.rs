@@ -171,9 +171,13 @@ impl ServiceThread {
 
     pub(super) fn complete(&self, done: InFlight) {
         let mut record = done.record;
+        // No longer outstanding before the reply: once replied, the kernel may free the
+        // request's tag and send the next one, which a FUSE thread counts on arrival; counted
+        // after the reply, a busy CPU let the emulator see one more than the queue's depth
+        // (7 of 6 in a suite run beside two other test binaries).
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
         record.replied_ns = self.since_epoch(Instant::now());
         record.failed = !done.completion.reply();
-        self.outstanding.fetch_sub(1, Ordering::Relaxed);
         // The stats thread ends only after this thread; a failed send cannot happen.
         let _ = self.records.send(record);
     }

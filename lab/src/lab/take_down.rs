@@ -35,6 +35,38 @@ pub fn configure_queue(
     Ok(driver_tag_depth(device))
 }
 
+/// Puts a loop device's queue back as a new loop device has it: no scheduler, and the driver
+/// depth the loop driver allocated. A loop device keeps its queue after it is detached, so a
+/// lab that left its depth of 4 behind handed it to whoever attached the device next (a test's
+/// disk found at 4 where a new one has 128, and restored to 4).
+fn reset_queue(device: &Path) -> Result<(), LabError> {
+    let sysfs = system::sysfs_block(device);
+    let queue = sysfs.join("queue");
+    let allocated = system::read_attr(&sysfs.join("mq/0/nr_tags"))?;
+    system::write_attr(&queue.join("scheduler"), "none")?;
+    // Just after a scheduler is switched off, `nr_requests` shows the allocated depth whatever
+    // the live one is, and the kernel ignores a write of the value it shows: a step to the
+    // neighbour first makes the wanted value a change.
+    if system::read_attr(&queue.join("nr_requests"))? == allocated {
+        let neighbour = allocated.parse::<u32>().unwrap_or(MIN_DISPATCH_DEPTH + 1) - 1;
+        system::write_attr(
+            &queue.join("nr_requests"),
+            &neighbour.max(MIN_DISPATCH_DEPTH).to_string(),
+        )?;
+    }
+    system::write_attr(&queue.join("nr_requests"), &allocated)
+}
+
+/// Puts a loop device's queue back ([`reset_queue`]) and detaches it; says what it removed.
+fn detach(device: &Path) -> Result<String, LabError> {
+    let dev = device.to_string_lossy().into_owned();
+    if let Err(error) = reset_queue(device) {
+        eprintln!("abiss-lab: {dev}'s queue keeps the lab's settings: {error}");
+    }
+    system::run("losetup", &["-d", &dev])?;
+    Ok(format!("loop device {dev}"))
+}
+
 /// The driver tag depth of a device, as blk-mq shows it in debugfs (mounted privately when
 /// nobody mounted it).
 #[must_use]
@@ -70,9 +102,7 @@ pub(super) fn take_down(state_dir: &Path) -> Result<Vec<String>, LabError> {
     }
     // 2. The loop devices.
     for device in &ours {
-        let dev = device.to_string_lossy().into_owned();
-        system::run("losetup", &["-d", &dev])?;
-        removed.push(format!("loop device {dev}"));
+        removed.push(detach(device)?);
     }
     // 3. The FUSE mount: once no loop device holds the image, the unmount ends the emulator's
     // session loop and it exits by itself. The loop device lets go of the file asynchronously,

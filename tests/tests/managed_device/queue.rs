@@ -134,12 +134,13 @@ impl Drop for TestDisk {
     fn drop(&mut self) {
         let name = self.name();
         let nr_requests = queue_file(&name, "nr_requests");
-        let _ = std::fs::write(queue_file(&name, "scheduler"), "none");
-        let _ = std::fs::write(&nr_requests, (self.found_driver_depth + 1).to_string());
-        let _ = std::fs::write(&nr_requests, self.found_driver_depth.to_string());
-        let _ = std::fs::write(queue_file(&name, "scheduler"), &self.found_scheduler);
-        let _ = std::fs::write(
-            queue_file(&name, "max_sectors_kb"),
+        let _ = abiss_os::sysfs::write_attr(&queue_file(&name, "scheduler"), "none");
+        let _ =
+            abiss_os::sysfs::write_attr(&nr_requests, &(self.found_driver_depth + 1).to_string());
+        let _ = abiss_os::sysfs::write_attr(&nr_requests, &self.found_driver_depth.to_string());
+        let _ = abiss_os::sysfs::write_attr(&queue_file(&name, "scheduler"), &self.found_scheduler);
+        let _ = abiss_os::sysfs::write_attr(
+            &queue_file(&name, "max_sectors_kb"),
             &self.found_max_request_kib,
         );
     }
@@ -165,7 +166,7 @@ pub(crate) fn read_number(path: &Path) -> u32 {
 }
 
 pub(crate) fn write(path: &Path, value: &str) {
-    std::fs::write(path, value)
+    abiss_os::sysfs::write_attr(path, value)
         .unwrap_or_else(|error| panic!("write {value} to {}: {error}", path.display()));
 }
 

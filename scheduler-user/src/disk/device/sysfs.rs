@@ -27,8 +27,7 @@ pub(super) fn read_number(path: &Path) -> Result<u32, DeviceError> {
 }
 
 pub(super) fn write_value(path: &Path, value: &str) -> Result<(), DeviceError> {
-    // One write(2) of the whole value: sysfs takes a store as one call.
-    fs::write(path, value).map_err(|source| {
+    abiss_os::sysfs::write_attr(path, value).map_err(|source| {
         if source.kind() == io::ErrorKind::PermissionDenied {
             DeviceError::PermissionDenied {
                 path: path.to_path_buf(),
