@@ -1,6 +1,6 @@
-//! A stream `nobody` owns on a managed disk over memory, with readers of `nobody`'s that
-//! abissd raises: the fixture of the raise attacks (`tests/security_raises.rs`,
-//! `tests/security_raises_clone_io.rs`).
+//! A stream `nobody` owns on a managed disk (over memory, or the lab's hdd), with readers of
+//! `nobody`'s that abissd raises: the fixture of the raise attacks (`tests/security_raises.rs`,
+//! `tests/security_raises_clone_io.rs`, `tests/security_raise_merges.rs`).
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
@@ -8,20 +8,29 @@ use std::time::Duration;
 
 use crate::daemon::Daemon;
 use crate::devices::Ext4Mount;
-use crate::lab_disk::shared_fs;
-use crate::users::{abissctl_as_nobody, as_nobody, wait_for_ioprio, RT0};
+use crate::lab_disk::{shared_fs, write_cold_file, HddLab};
+use crate::users::{abissctl_as_nobody, as_nobody, chmod, wait_for_ioprio, RT0};
 use crate::{binary, wait_until};
 
 /// The reader's own priority, set by itself (an unprivileged user may): BE/5, so a put-back
 /// is told from the kernel's default.
 pub const READER_IOPRIO: &str = "2/5";
 
-/// A managed disk over memory with nobody's stream on `stream_bytes` of cold file at `rate`,
-/// attached by nobody, and another cold file of `other_bytes` nobody may read.
+/// Where nobody's files are: ext4 on a loop device over memory, or on the lab's hdd.
+#[derive(Debug)]
+pub enum SharedDisk {
+    /// Over memory: fast, so requests seldom wait in the disk's queue.
+    Memory(Ext4Mount),
+    /// The lab's emulated hdd, whose queue holds what its four slots cannot take yet.
+    Hdd(Box<HddLab>),
+}
+
+/// A managed disk with nobody's stream on `stream_bytes` of cold file at `rate`, attached by
+/// nobody, and another cold file of `other_bytes` nobody may read.
 #[derive(Debug)]
 pub struct NobodysStream {
-    /// The file system, on its loop device.
-    pub fs: Ext4Mount,
+    /// The file system and its disk.
+    pub disk: SharedDisk,
     /// The stream's file.
     pub stream: PathBuf,
     /// The other file.
@@ -36,17 +45,54 @@ impl NobodysStream {
     pub fn new(stream_bytes: u64, other_bytes: u64, rate: &str) -> Self {
         let (fs, files) = shared_fs(&[("nobodys.bin", stream_bytes), ("other.bin", other_bytes)]);
         let [stream, other] = <[PathBuf; 2]>::try_from(files).expect("two files");
-        let daemon = Daemon::start_managing(fs.device().path(), &[]);
+        Self::attached(SharedDisk::Memory(fs), stream, other, rate)
+    }
+
+    /// The same on a 1 GiB lab hdd (`tag` names its lab).
+    #[must_use]
+    pub fn on_hdd(tag: &str, stream_bytes: u64, other_bytes: u64, rate: &str) -> Self {
+        let lab = HddLab::up(tag, 1, "none");
+        chmod(lab.mount(), 0o755);
+        let [stream, other] =
+            [("nobodys.bin", stream_bytes), ("other.bin", other_bytes)].map(|(name, bytes)| {
+                let path = lab.mount().join(name);
+                write_cold_file(&path, bytes);
+                chmod(&path, 0o644);
+                path
+            });
+        Self::attached(SharedDisk::Hdd(Box::new(lab)), stream, other, rate)
+    }
+
+    fn attached(disk: SharedDisk, stream: PathBuf, other: PathBuf, rate: &str) -> Self {
+        let device = match &disk {
+            SharedDisk::Memory(fs) => fs.device().path().to_path_buf(),
+            SharedDisk::Hdd(lab) => lab.device().to_path_buf(),
+        };
+        let daemon = Daemon::start_managing(&device, &[]);
         let attached = abissctl_as_nobody(
             daemon.socket(),
             &["attach", &stream.to_string_lossy(), "--rate", rate],
         );
         assert!(attached.status.success(), "{attached:?}");
         Self {
-            fs,
+            disk,
             stream,
             other,
             daemon,
+        }
+    }
+
+    /// The kernel's name of the managed disk (`loop3`).
+    #[must_use]
+    pub fn device_name(&self) -> String {
+        match &self.disk {
+            SharedDisk::Memory(fs) => fs.device().name(),
+            SharedDisk::Hdd(lab) => lab
+                .device()
+                .file_name()
+                .expect("a device name")
+                .to_string_lossy()
+                .into_owned(),
         }
     }
 

@@ -212,7 +212,7 @@ fn reading_another_file_at_real_time_loses_the_raise(how: &[&str]) {
     args.extend_from_slice(how);
     let reader = setup.raised_reader(&args);
     let pid = reader.id();
-    let disk = setup.fs.device().name();
+    let disk = setup.device_name();
     let before = disk_bytes_read(&disk);
     // The stray phase starts 2 s in; the raise must be gone soon after (idle expiry alone
     // would come 5 s after the stream's last read, past this wait).

@@ -50,10 +50,6 @@ pub const ALONE: &[&str] = &[
     // Checks that no disk but its own saw real-time or idle-class reads, which any other
     // binary's paced reader makes on its own disk.
     "tests/tests/trace_counts.rs",
-    // Its premise, 4 KiB direct reads merging into the request before them in the queue of
-    // a loop device in memory, needs the reader to submit faster than the loop device's
-    // worker completes: 69 to 647 merges alone, 24 beside one binary, 0 beside two.
-    "tests/tests/security_raise_merges.rs",
     // Checks that the lab's emulated disks answer like their models within 10 %; the
     // emulator's replies wait for a CPU like any thread, so neighbours count against the
     // model: random 4 KiB reads took 1.505 ms against 1.333 in the CI run of 2026-12-06 beside
