@@ -20,7 +20,7 @@ fn as_nobody(program: &Path, args: &[&str]) -> std::process::Output {
         .expect("run setpriv")
 }
 
-/// Threads of abissd's that close what users passed it (`server::closer`).
+/// Threads of abissd's that close what users passed it (`serve::closer`).
 fn closing_threads(pid: u32) -> usize {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
