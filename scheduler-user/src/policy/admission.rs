@@ -46,7 +46,7 @@ pub(crate) const PEAK_STDEVS: f64 = 3.0;
 /// milliseconds on the daemon's main loop: the costliest plan at this bound (10 000 streams
 /// of 1 B/s on a disk with a model, statistical mode) took 36 ms in a debug build on a 2-core
 /// machine, under the 50 ms at which it would have to move off the loop. The server asks for
-/// one plan at a time (`server::limits::PLANS_AT_ONCE`).
+/// one plan at a time (`serve::limits::PLANS_AT_ONCE`).
 pub(crate) const MAX_PLANNED_STREAMS: u32 = 10_000;
 
 /// What one stream asks of the device.
