@@ -39,7 +39,7 @@ pub fn lingering_socket(linger_secs: i32) -> (TcpListener, OwnedFd) {
 /// instead of waiting here.
 ///
 /// abissd refuses a socket at receipt and closes it at once; if it does so before our own
-/// close (it runs at real-time priority, and a busy machine may keep us from the CPU between
+/// close (its thread wakes at our send, and a busy machine may keep us from the CPU between
 /// the send and the close), ours is the last and waits. That try is let go (its listener
 /// closed, which ends our wait) and another made, up to [`PASS_TRIES`] in all.
 #[must_use]
@@ -57,6 +57,7 @@ pub fn pass_lingering_socket(
             }
         }
     }
+    eprintln!("abissd closed each of {PASS_TRIES} lingering sockets before we did; giving up");
     None
 }
 
@@ -71,7 +72,8 @@ const OWN_CLOSE: Duration = Duration::from_millis(500);
 enum Passed {
     /// Sent, and our close did not wait: abissd holds the last reference.
     Last(TcpListener),
-    /// abissd hung up before the socket was sent; it was reset, nothing waits.
+    /// A send failed (abissd had hung up): the socket's linger was taken off, so no close of
+    /// it waits, whether or not abissd received it.
     Refused,
     /// Sent, but abissd had closed it before we did: ours was the last, now let go.
     OursWasLast,

@@ -29,14 +29,15 @@ pub enum SharedDisk {
 /// nobody, and another cold file of `other_bytes` nobody may read.
 #[derive(Debug)]
 pub struct NobodysStream {
+    /// abissd, managing the loop device. First, so that it stops (and puts the disk back, and
+    /// lets go of the file) before the disk below it is taken down: fields drop in order.
+    pub daemon: Daemon,
     /// The file system and its disk.
     pub disk: SharedDisk,
     /// The stream's file.
     pub stream: PathBuf,
     /// The other file.
     pub other: PathBuf,
-    /// abissd, managing the loop device.
-    pub daemon: Daemon,
 }
 
 impl NobodysStream {
@@ -75,10 +76,10 @@ impl NobodysStream {
         );
         assert!(attached.status.success(), "{attached:?}");
         Self {
+            daemon,
             disk,
             stream,
             other,
-            daemon,
         }
     }
 

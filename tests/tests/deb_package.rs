@@ -102,9 +102,12 @@ fn abissctl(manager: &ServiceManager, args: &[&str]) -> Output {
     manager.run(Path::new("/usr/bin/abissctl"), args)
 }
 
-/// The queue settings abissd changes on a disk it manages, and puts back.
+/// The queue settings abissd changes on a disk it manages, and puts back. `nr_requests` is
+/// what the kernel shows (after an elevator is switched off, the allocated depth whatever the
+/// live one is); the live driver depth is compared where the kernel shows it (blk-mq's
+/// debugfs), and is `None` on both sides where it does not.
 fn disk_settings(disk: &LoopDevice) -> Vec<(String, String)> {
-    [
+    let mut settings: Vec<(String, String)> = [
         "scheduler",
         "nr_requests",
         "read_ahead_kb",
@@ -116,7 +119,10 @@ fn disk_settings(disk: &LoopDevice) -> Vec<(String, String)> {
         let value = std::fs::read_to_string(&path).unwrap_or_default();
         ((*file).to_owned(), value.trim().to_owned())
     })
-    .collect()
+    .collect();
+    let live = abiss_os::blk_mq::driver_tag_depth(&disk.name()).map(|(depth, _)| depth);
+    settings.push(("live driver depth".to_owned(), format!("{live:?}")));
+    settings
 }
 
 /// Every path under `dir` (files, links and directories), relative to it; an overlay's

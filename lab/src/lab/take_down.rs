@@ -42,19 +42,25 @@ pub fn configure_queue(
 fn reset_queue(device: &Path) -> Result<(), LabError> {
     let sysfs = system::sysfs_block(device);
     let queue = sysfs.join("queue");
-    let allocated = system::read_attr(&sysfs.join("mq/0/nr_tags"))?;
+    let tags_file = sysfs.join("mq/0/nr_tags");
+    let shown = system::read_attr(&tags_file)?;
+    let allocated: u32 = shown.parse().map_err(|_| {
+        LabError::system(
+            format!("reading {}", tags_file.display()),
+            format!("not a number: {shown:?}"),
+        )
+    })?;
     system::write_attr(&queue.join("scheduler"), "none")?;
     // Just after a scheduler is switched off, `nr_requests` shows the allocated depth whatever
-    // the live one is, and the kernel ignores a write of the value it shows: a step to the
-    // neighbour first makes the wanted value a change.
-    if system::read_attr(&queue.join("nr_requests"))? == allocated {
-        let neighbour = allocated.parse::<u32>().unwrap_or(MIN_DISPATCH_DEPTH + 1) - 1;
-        system::write_attr(
-            &queue.join("nr_requests"),
-            &neighbour.max(MIN_DISPATCH_DEPTH).to_string(),
-        )?;
+    // the live one is, and the kernel ignores a write of the value it shows (and refuses one
+    // above the allocated tags): a step down to the neighbour first makes the wanted value a
+    // change.
+    if allocated > MIN_DISPATCH_DEPTH
+        && system::read_attr(&queue.join("nr_requests"))? == allocated.to_string()
+    {
+        system::write_attr(&queue.join("nr_requests"), &(allocated - 1).to_string())?;
     }
-    system::write_attr(&queue.join("nr_requests"), &allocated)
+    system::write_attr(&queue.join("nr_requests"), &allocated.to_string())
 }
 
 /// Puts a loop device's queue back ([`reset_queue`]) and detaches it; says what it removed.

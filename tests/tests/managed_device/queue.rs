@@ -131,18 +131,33 @@ impl TestDisk {
 }
 
 impl Drop for TestDisk {
+    /// Puts the queue back as it was found. The driver depth is written under `none`, through a
+    /// neighbour (the kernel ignores a write of the value shown, and refuses one above the
+    /// allocated tags, so the neighbour is below where it can be). Failures are said, not
+    /// hidden: a device left changed is handed to the next test that attaches it.
     fn drop(&mut self) {
         let name = self.name();
         let nr_requests = queue_file(&name, "nr_requests");
-        let _ = abiss_os::sysfs::write_attr(&queue_file(&name, "scheduler"), "none");
-        let _ =
-            abiss_os::sysfs::write_attr(&nr_requests, &(self.found_driver_depth + 1).to_string());
-        let _ = abiss_os::sysfs::write_attr(&nr_requests, &self.found_driver_depth.to_string());
-        let _ = abiss_os::sysfs::write_attr(&queue_file(&name, "scheduler"), &self.found_scheduler);
-        let _ = abiss_os::sysfs::write_attr(
-            &queue_file(&name, "max_sectors_kb"),
-            &self.found_max_request_kib,
-        );
+        let found = self.found_driver_depth;
+        let neighbour = if found > 4 { found - 1 } else { found + 1 };
+        let writes = [
+            (queue_file(&name, "scheduler"), "none".to_owned()),
+            (nr_requests.clone(), neighbour.to_string()),
+            (nr_requests, found.to_string()),
+            (queue_file(&name, "scheduler"), self.found_scheduler.clone()),
+            (
+                queue_file(&name, "max_sectors_kb"),
+                self.found_max_request_kib.clone(),
+            ),
+        ];
+        for (path, value) in writes {
+            if let Err(error) = abiss_os::sysfs::write_attr(&path, &value) {
+                eprintln!(
+                    "{name} not put back: writing {value} to {}: {error}",
+                    path.display()
+                );
+            }
+        }
     }
 }
 
