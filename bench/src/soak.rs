@@ -97,9 +97,11 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
     let files = disk.user_files(&users)?;
     let baseline_file = disk.mount.join("baseline.data");
     write_file(&baseline_file, 0, 0)?;
+    let hostile_file = disk.mount.join("nobody.data");
+    write_file(&hostile_file, 65534, 65534)?;
     let before = System::now(&disk.name);
     let mut soak = Soak::new(&bin_dir, &disk)?;
-    let figures = soak.cycle(args, &users, &files, &baseline_file)?;
+    let figures = soak.cycle(args, &users, &files, &hostile_file, &baseline_file)?;
     let end = soak.finish()?;
     let after = System::now(&disk.name);
     drop(disk);
@@ -110,7 +112,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         ROW,
         json!({
             "users": all_users,
-            "hostile_user": "nobody, passing abissd sockets whose closes wait",
+            "hostile_user": "nobody, making every attack of the security tests at once",
         }),
         json!({
             "cycles": figures.to_json(),

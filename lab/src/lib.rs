@@ -19,6 +19,7 @@
 //! | the rotating disk: zoned rate, seek curve, rotational latency | `model::hdd` |
 //! | the cloud volume: byte-rate and IOPS caps, network latency | `model::cloud` |
 //! | waiting until an exact instant: sleep, then spin | [`timing`] |
+//! | a FUSE file system whose server holds its requests, mounted by an unprivileged user | [`stalling_fs`] |
 //! | per-request statistics and the summary file ([`StatsCursor`]) | [`stats`] |
 //! | measuring a lab's device through the kernel against its model | [`validate`](mod@validate) |
 //! | one timed `O_DIRECT` read at a time (calibration and validation); the aligned buffer | [`direct_io`] |
@@ -34,6 +35,7 @@ pub mod emulator;
 pub mod error;
 pub mod model;
 pub mod queue;
+pub mod stalling_fs;
 pub mod stats;
 pub mod timing;
 

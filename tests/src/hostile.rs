@@ -1,13 +1,14 @@
 //! Objects whose close waits as long as their owner likes, for the attacks of the security
 //! tests and the fuzzer: a daemon that closes one a user passed it must not wait with it.
 
-use std::io::{IoSlice, Write};
+use std::io::{BufRead, BufReader, IoSlice, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+pub use abiss_lab::stalling_fs::StallingFs;
 use abiss_proto::{encode_line, Envelope, Request};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
@@ -59,6 +60,40 @@ pub fn pass_lingering_socket(
     }
     eprintln!("abissd closed each of {PASS_TRIES} lingering sockets before we did; giving up");
     None
+}
+
+/// `connections` connections to abissd at `socket`, one after another, each with a `hello`
+/// carrying `fds` descriptors (copies of /dev/null); how many were answered.
+#[must_use]
+pub fn hellos_with_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
+    let Ok(null) = std::fs::File::open("/dev/null") else {
+        return 0;
+    };
+    let raw: Vec<RawFd> = vec![null.as_raw_fd(); fds];
+    let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
+    let mut answered = 0;
+    for _ in 0..connections {
+        let Ok(stream) = UnixStream::connect(socket) else {
+            continue;
+        };
+        let rights = [ControlMessage::ScmRights(&raw)];
+        if sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[IoSlice::new(&line)],
+            &rights,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .is_err()
+        {
+            continue;
+        }
+        let mut answer = String::new();
+        if BufReader::new(&stream).read_line(&mut answer).is_ok() && !answer.is_empty() {
+            answered += 1;
+        }
+    }
+    answered
 }
 
 /// How many times [`pass_lingering_socket`] tries to make abissd's close the last.
@@ -133,49 +168,6 @@ fn try_pass_lingering_socket(socket: &str, linger_secs: i32, out_of_band: bool) 
     Passed::Last(listener)
 }
 
-/// What an ordinary Debian machine lets a user do with FUSE, for one test: `/dev/fuse` open
-/// to all (udev gives it mode 0666; this lab's container has 0600) and `user_allow_other` in
-/// `/etc/fuse.conf` (an administrator's choice, common where users share `sshfs` mounts). Both
-/// are put back as they were when it drops.
-#[derive(Debug)]
-pub struct UsersMayShareFuse {
-    device_mode: u32,
-    config: Option<Vec<u8>>,
-}
-
-const FUSE_CONFIG: &str = "/etc/fuse.conf";
-
-impl UsersMayShareFuse {
-    /// Allows it until the value drops.
-    #[must_use]
-    pub fn allow() -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let device_mode = std::fs::metadata("/dev/fuse")
-            .expect("/dev/fuse: install fuse3 (cargo xtask setup)")
-            .permissions()
-            .mode();
-        let config = std::fs::read(FUSE_CONFIG).ok();
-        crate::chmod(Path::new("/dev/fuse"), 0o666);
-        let mut allowed = config.clone().unwrap_or_default();
-        allowed.extend_from_slice(b"\nuser_allow_other\n");
-        std::fs::write(FUSE_CONFIG, allowed).expect("write /etc/fuse.conf");
-        Self {
-            device_mode,
-            config,
-        }
-    }
-}
-
-impl Drop for UsersMayShareFuse {
-    fn drop(&mut self) {
-        crate::chmod(Path::new("/dev/fuse"), self.device_mode & 0o7777);
-        match &self.config {
-            Some(config) => std::fs::write(FUSE_CONFIG, config).expect("restore /etc/fuse.conf"),
-            None => std::fs::remove_file(FUSE_CONFIG).expect("remove /etc/fuse.conf"),
-        }
-    }
-}
-
 /// A child killed when it drops (the stalling file system: its end aborts the connection and
 /// fails every request still waiting on it).
 #[derive(Debug)]
@@ -188,91 +180,21 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// `abiss-stalling-fs` mounted by `nobody` (as any user can, through set-uid `fusermount3`) on
-/// a mountpoint of its own, with what users need to share FUSE allowed meanwhile. Its file
-/// `media.ts` never answers a request for its attributes; a flush of it is never answered, or
-/// after `flush_after` if given. Unmounted when it drops (the server goes first, which fails
-/// every request still waiting on it).
-#[derive(Debug)]
-pub struct StallingFs {
-    server: KillOnDrop,
-    mountpoint: PathBuf,
-    _scratch: crate::Scratch,
-    _fuse: UsersMayShareFuse,
-}
-
-impl StallingFs {
-    /// Mounts it; panics if `nobody` cannot.
-    #[must_use]
-    pub fn mount(flush_after: Option<Duration>) -> Self {
-        // One directory per mount: a test may hold two at once.
-        static MOUNTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let fuse = UsersMayShareFuse::allow();
-        let mount = MOUNTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let scratch = crate::Scratch::new_in("/tmp", &format!("stalling-fs-{mount}"));
-        let mountpoint = scratch.path().join("mnt");
-        std::fs::create_dir(&mountpoint).expect("mountpoint");
-        nix::unistd::chown(&mountpoint, Some(nix::unistd::Uid::from_raw(65534)), None)
-            .expect("chown");
-        // With the ordinary bounding set: `as_nobody` clears it, which would leave
-        // fusermount3 powerless.
-        let mut server = std::process::Command::new("setpriv");
-        server
-            .args([
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "--inh-caps=-all",
-            ])
-            .arg(crate::binary("abiss-stalling-fs"))
-            .arg(&mountpoint)
-            .stdout(std::process::Stdio::piped());
-        if let Some(after) = flush_after {
-            server.arg(after.as_millis().to_string());
-        }
-        let mut server = KillOnDrop(server.spawn().expect("start abiss-stalling-fs"));
-        let mut said = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(server.0.stdout.as_mut().expect("piped stdout")),
-            &mut said,
-        )
-        .expect("read abiss-stalling-fs");
-        assert_eq!(
-            said.trim(),
-            "serving",
-            "nobody could not mount the stalling file system"
-        );
-        Self {
-            server,
-            mountpoint,
-            _scratch: scratch,
-            _fuse: fuse,
-        }
-    }
-
-    /// Where it is mounted.
-    #[must_use]
-    pub fn mountpoint(&self) -> PathBuf {
-        self.mountpoint.clone()
-    }
-
-    /// Its file.
-    #[must_use]
-    pub fn file(&self) -> PathBuf {
-        self.mountpoint.join("media.ts")
-    }
-}
-
-impl Drop for StallingFs {
-    fn drop(&mut self) {
-        let _ = self.server.0.kill();
-        let _ = self.server.0.wait();
-        // fusermount3 unmounts a dead server's mount in its own time; the scratch directory
-        // that holds the mountpoint goes next, and a mount still there left it behind (empty
-        // `abiss-test-stalling-fs-*` directories in /tmp after each run). Detached here, it
-        // goes at once; an error is a mount already gone.
-        let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
-    }
+/// `abiss-stalling-fs` mounted by `nobody` on a mountpoint of its own under /tmp
+/// ([`StallingFs`]): its file `media.ts` never answers a request for its attributes; a flush of
+/// it is never answered, or after `flush_after` if given.
+///
+/// # Panics
+/// If `nobody` cannot mount it.
+#[must_use]
+pub fn stalling_fs(flush_after: Option<Duration>) -> StallingFs {
+    StallingFs::mount(
+        &crate::binary("abiss-stalling-fs"),
+        65534,
+        Path::new("/tmp"),
+        flush_after,
+    )
+    .expect("nobody could not mount the stalling file system")
 }
 
 /// Scrapes of the metrics at `address` that never read their answers: `count` connections,

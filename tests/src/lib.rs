@@ -20,6 +20,7 @@
 //! | a systemd of the test's own, booted in namespaces: [`systemd::ServiceManager`] | `src/systemd.rs` |
 //! | objects whose close waits: [`hostile::lingering_socket`] | `src/hostile.rs` |
 //! | the hostile client's attacks on raises: [`hostile_raises`] | `src/hostile_raises.rs` |
+//! | the soak's hostile user, every attack at once: [`harass`] | `src/harass.rs` |
 //! | a stream `nobody` owns, with raised readers: [`raises::NobodysStream`] | `src/raises.rs` |
 //! | a paced reader that knows nothing of abiss (read(2) or `io_uring`) | `src/bin/abiss-test-reader.rs` |
 //! | a paced recorder that knows nothing of abiss (write(2), overflows counted) | `src/bin/abiss-test-recorder.rs` |
@@ -89,6 +90,7 @@ use std::time::{Duration, Instant};
 mod c_api;
 mod daemon;
 mod devices;
+pub mod harass;
 pub mod hostile;
 pub mod hostile_raises;
 pub mod http;

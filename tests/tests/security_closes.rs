@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use abiss_proto::{Request, Response};
-use abiss_tests::hostile::{KillOnDrop, StallingFs};
+use abiss_tests::hostile::{stalling_fs, KillOnDrop};
 use abiss_tests::{binary, open_fds, require_root, Connection, Daemon};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
@@ -198,7 +198,7 @@ fn a_file_system_that_never_answers_holds_up_nothing() {
     require_root!();
     let daemon = Daemon::start();
     let attacker_slot = &mut None;
-    let fs = StallingFs::mount(None);
+    let fs = stalling_fs(None);
     let mountpoint = fs.mountpoint();
     let file = mountpoint.join("media.ts");
     let socket = daemon.socket().to_string_lossy().into_owned();

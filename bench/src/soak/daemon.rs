@@ -15,6 +15,9 @@ use super::worker::{float, Worker};
 use super::{ShmDisk, SoakArgs, Users, STREAM};
 use crate::daemon::{DaemonCommand, DaemonProcess};
 
+/// How long the last abissd is left alone after the users before what it holds is counted.
+const SETTLE: Duration = Duration::from_secs(10);
+
 /// abissd under the soak: started, killed, restarted, on one socket and state directory.
 pub(super) struct Soak {
     bin_dir: PathBuf,
@@ -152,6 +155,7 @@ impl Soak {
         args: &SoakArgs,
         users: &Users,
         files: &[PathBuf],
+        hostile_file: &Path,
         baseline_file: &Path,
     ) -> anyhow::Result<Cycles> {
         // Every abissd of the soak is the same program with the same options: the first one,
@@ -170,7 +174,12 @@ impl Soak {
             workers.push(Worker::start(&self.socket(), file, cycles, user, &done)?);
         }
         // Nobody's attacks and root's view of them last as long as the workers.
-        let hostile = super::hostile::HostileUser::start(&self.bin_dir, &self.socket(), 86_400)?;
+        let hostile = super::hostile::HostileUser::start(
+            &self.bin_dir,
+            &self.socket(),
+            hostile_file,
+            &self.device,
+        )?;
         let probe = super::hostile::StatusProbe::start(&self.socket(), &self.restarting);
         let started = Instant::now();
         let mut samples = Vec::new();
@@ -208,7 +217,9 @@ impl Soak {
     /// After the workers: what the last abissd holds against its baseline, then its clean stop
     /// and the disk's settings after it.
     pub(super) fn finish(&mut self) -> anyhow::Result<Value> {
-        std::thread::sleep(Duration::from_secs(2));
+        // The hostile user's last closes wait up to 1 s each (the stalling file's flush, a lingering socket), and a
+        // user's closing or locking thread ends 5 s after its last work.
+        std::thread::sleep(SETTLE);
         // Counted before root's own connection, which the daemon closes a moment after root.
         let now = json!({
             "process": process_footprint(self.pid()),

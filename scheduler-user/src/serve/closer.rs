@@ -264,7 +264,10 @@ mod tests {
     fn a_closing_thread_runs_at_the_lowest_cpu_priority() {
         // SAFETY: getpriority takes plain integers; 0 is the calling process.
         let own = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-        assert_ne!(own, CLOSING_NICE, "the premise: the tests run above nice 19");
+        assert_ne!(
+            own, CLOSING_NICE,
+            "the premise: the tests run above nice 19"
+        );
         let closer = Closer::new();
         let (listener, socket) = lingering_socket(5);
         closer.close(1002, socket);

@@ -51,9 +51,8 @@
 //!   one abissd refused before it came is reset instead),
 //!   then keeps the listeners until a line arrives on standard input. `linger-oob`: each socket
 //!   rides on a byte of out-of-band data after the `hello`.
-//! - `abiss-hostile-client SOCKET harass SECS 0`: for SECS seconds, every 200 ms, passes a TCP
-//!   socket whose close waits 30 s (let go 3 s later) and a `hello` with four descriptors: the
-//!   soak's hostile user (`cargo xtask bench soak`). Prints `passed N`.
+//! - `abiss-hostile-client SOCKET harass SECS FILE DEVICE FUSE_FILE`: the soak's hostile user,
+//!   every attack at once ([`abiss_tests::harass`]).
 //! - `abiss-hostile-client ADDRESS unread-metrics COUNT 0`: makes COUNT TCP connections to
 //!   abissd's metrics at ADDRESS, each with a receive buffer as small as the kernel allows
 //!   and 536-byte segments,
@@ -62,8 +61,7 @@
 //! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
 //!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
 //!   was still open after SECONDS.
-use std::io::{BufRead, BufReader, IoSlice};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
@@ -73,13 +71,15 @@ use abiss_client::Client;
 use abiss_proto::{
     encode_line, AdmitRequest, AttachRequest, ByteRate, ByteSize, Envelope, Request, StreamId,
 };
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, socket, mode, secs, file, device, fuse_file] = args.as_slice() {
+        return abiss_tests::harass::run(mode, socket, secs, file, device, fuse_file);
+    }
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|unread-metrics|threads|direct|users|speedup|flood|opath|linger|linger-oob|harass|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|unread-metrics|threads|direct|users|speedup|flood|opath|linger|linger-oob|outlive|subscribe|hold|idle|plans ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -89,7 +89,8 @@ fn main() -> ExitCode {
                 eprintln!("CONNECTIONS and FDS are numbers");
                 return ExitCode::from(2);
             };
-            println!("{}", many_descriptors(socket, connections, fds));
+            let answered = abiss_tests::hostile::hellos_with_descriptors(socket, connections, fds);
+            println!("{answered}");
             ExitCode::SUCCESS
         }
         "overflow" => overflow(socket, first),
@@ -121,7 +122,7 @@ fn main() -> ExitCode {
             };
             plans_back_to_back(socket, first, connections)
         }
-        "subscribe" | "hold" | "idle" | "harass" | "unread-metrics" => {
+        "subscribe" | "hold" | "idle" | "unread-metrics" => {
             let Ok(number) = first.parse::<u32>() else {
                 eprintln!("the first argument of {mode} is a number");
                 return ExitCode::from(2);
@@ -129,7 +130,6 @@ fn main() -> ExitCode {
             match mode.as_str() {
                 "subscribe" => subscribe_and_hang_up(socket, number, second),
                 "hold" => hold_connections(socket, number),
-                "harass" => harass(socket, u64::from(number)),
                 "unread-metrics" => abiss_tests::hostile::unread_metrics(socket, number),
                 _ => idle(socket, number),
             }
@@ -155,36 +155,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Connections, each with a hello carrying `fds` descriptors; how many were answered.
-fn many_descriptors(socket: &str, connections: u32, fds: usize) -> u32 {
-    let null = std::fs::File::open("/dev/null").expect("open /dev/null");
-    let raw: Vec<RawFd> = vec![null.as_raw_fd(); fds];
-    let line = encode_line(&Envelope::new(Request::Hello)).expect("encode");
-    let mut answered = 0;
-    for _ in 0..connections {
-        let Ok(stream) = UnixStream::connect(socket) else {
-            continue;
-        };
-        let rights = [ControlMessage::ScmRights(&raw)];
-        if sendmsg::<()>(
-            stream.as_raw_fd(),
-            &[IoSlice::new(&line)],
-            &rights,
-            MsgFlags::MSG_NOSIGNAL,
-            None,
-        )
-        .is_err()
-        {
-            continue;
-        }
-        let mut answer = String::new();
-        if BufReader::new(&stream).read_line(&mut answer).is_ok() && !answer.is_empty() {
-            answered += 1;
-        }
-    }
-    answered
-}
-
 /// Passes `count` lingering TCP sockets and keeps their listeners (so the lingers last) until
 /// standard input says otherwise.
 fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32, oob: bool) -> ExitCode {
@@ -195,34 +165,6 @@ fn hand_lingering_sockets(socket: &str, linger_secs: i32, count: u32, oob: bool)
     let mut line = String::new();
     let _ = std::io::stdin().read_line(&mut line);
     drop(listeners);
-    ExitCode::SUCCESS
-}
-
-/// For `secs` seconds: every 200 ms passes a socket whose close waits 30 s, and lets each go
-/// (closes its listener, which ends the wait) 3 s later, so that abissd always has closes of
-/// this user's waiting, and at times more than it takes; also sends a `hello` with 4 more
-/// descriptors (copies of /dev/null) each time. Prints `passed N` at the end.
-fn harass(socket: &str, secs: u64) -> ExitCode {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    let mut held: std::collections::VecDeque<(std::time::Instant, std::net::TcpListener)> =
-        std::collections::VecDeque::new();
-    let mut passed = 0u64;
-    while std::time::Instant::now() < until {
-        let now = std::time::Instant::now();
-        while held
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > std::time::Duration::from_secs(3))
-        {
-            held.pop_front();
-        }
-        if let Some(listener) = abiss_tests::hostile::pass_lingering_socket(socket, 30, false) {
-            held.push_back((now, listener));
-            passed += 1;
-        }
-        let _ = many_descriptors(socket, 1, 4);
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
-    println!("passed {passed}");
     ExitCode::SUCCESS
 }
 

@@ -118,7 +118,7 @@ impl Targets {
             secret_file,
             other_disk,
             memory,
-            slow_fs: abiss_tests::hostile::StallingFs::mount(Some(Duration::from_millis(200))),
+            slow_fs: abiss_tests::hostile::stalling_fs(Some(Duration::from_millis(200))),
         }
     }
 
@@ -534,7 +534,7 @@ impl Harness {
     }
 
     fn fuse_flush_never_answers(&mut self) -> Result<(), String> {
-        let fs = abiss_tests::hostile::StallingFs::mount(None);
+        let fs = abiss_tests::hostile::stalling_fs(None);
         let mut args = self.targets.client_args();
         *args.last_mut().expect("FUSE_FILE") = fs.file();
         let mut hands = Hands::start_with(self.daemon.socket(), &args);

@@ -1,0 +1,370 @@
+//! The soak's hostile user (`abiss-hostile-client SOCKET harass SECS FILE DEVICE FUSE_FILE`,
+//! run as `nobody` by `cargo xtask bench soak`): the attacks of the security tests on abissd,
+//! all at once and each on a thread of its own, for the soak's whole length. Each is tried
+//! again after a failure (abissd is killed and restarted during the soak), and none panics.
+//!
+//! `FILE` is the user's own file on the managed disk, `DEVICE` that disk, `FUSE_FILE` a file whose
+//! flush its server answers late (`abiss_lab::stalling_fs`). It stops when standard input
+//! ends or SECS have passed, and prints one line per attack: `NAME tries T done D`.
+
+use std::collections::VecDeque;
+use std::io::Read as _;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use abiss_client::Client;
+use abiss_proto::{AdmitRequest, AttachRequest, ByteRate, ByteSize, Request, StreamId};
+
+/// Where the attacks aim.
+struct Target {
+    socket: PathBuf,
+    file: PathBuf,
+    device: String,
+    fuse_file: PathBuf,
+    stop: Arc<AtomicBool>,
+    until: Instant,
+}
+
+impl Target {
+    fn going_on(&self) -> bool {
+        !self.stop.load(Ordering::Relaxed) && Instant::now() < self.until
+    }
+
+    /// Sleeps `period`, or less if it ends meanwhile.
+    fn pause(&self, period: Duration) {
+        let end = Instant::now() + period;
+        while self.going_on() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50).min(end - Instant::now()));
+        }
+    }
+
+    /// A connection with the user's file attached at `rate` (non-persistent, 64 KiB buffer).
+    fn attached(&self, rate: u64) -> Result<(Client, StreamId), String> {
+        let mut client = self.connect()?;
+        let file = std::fs::File::open(&self.file).map_err(|e| format!("open: {e}"))?;
+        let request = AttachRequest {
+            persistent: false,
+            ..crate::read_request(rate, 64 << 10, 1)
+        };
+        let stream = client
+            .attach(file, request)
+            .map_err(|e| format!("attach: {e}"))?;
+        Ok((client, stream.id))
+    }
+
+    fn connect(&self) -> Result<Client, String> {
+        Client::connect(&self.socket).map_err(|e| format!("connect: {e}"))
+    }
+}
+
+/// One attack: what it is called, how often it is made, and one try of it (`Err`: why it did
+/// not get as far as it means to).
+struct Attack {
+    name: &'static str,
+    every: Duration,
+    once: fn(&Target, &mut Held) -> Result<(), String>,
+}
+
+/// What an attack keeps between tries.
+#[derive(Default)]
+struct Held {
+    listeners: VecDeque<(Instant, std::net::TcpListener)>,
+    child: Option<std::process::Child>,
+}
+
+/// A user's closes are done one after another, and one whose close waits holds up the rest:
+/// past 16 waiting, abissd takes nothing more from that user. The closes that wait (each about
+/// 1 s) come seldom enough that the closing thread gets through them and this user's other
+/// descriptors (each attach passes one) most of the time, so that the other attacks reach
+/// abissd; at a lingering socket every 200 ms let go after 3 s, 16 to 66 were waiting and most
+/// of them were refused.
+const ATTACKS: [Attack; 7] = [
+    Attack {
+        name: "lingering-sockets",
+        every: Duration::from_secs(2),
+        once: lingering_socket,
+    },
+    Attack {
+        name: "fuse-files",
+        every: Duration::from_secs(5),
+        once: fuse_file,
+    },
+    Attack {
+        name: "raised-direct-threads",
+        every: Duration::from_millis(500),
+        once: raised_direct_threads,
+    },
+    Attack {
+        name: "held-raises",
+        every: Duration::from_secs(5),
+        once: held_raises,
+    },
+    Attack {
+        name: "rereads",
+        every: Duration::from_secs(4),
+        once: rereads,
+    },
+    Attack {
+        name: "plans-and-subscriptions",
+        every: Duration::from_secs(1),
+        once: plan_and_subscribe,
+    },
+    Attack {
+        name: "stuck-uring",
+        every: STUCK_URING_EVERY,
+        once: stuck_uring,
+    },
+];
+
+/// `harass`: runs every attack until standard input ends or `secs` have passed (any other
+/// `mode` with as many arguments is a usage error).
+#[must_use]
+pub fn run(
+    mode: &str,
+    socket: &str,
+    secs: &str,
+    file: &str,
+    device: &str,
+    fuse_file: &str,
+) -> ExitCode {
+    if mode != "harass" {
+        eprintln!("usage: abiss-hostile-client SOCKET harass SECS FILE DEVICE FUSE_FILE");
+        return ExitCode::from(2);
+    }
+    let Ok(secs) = secs.parse::<u64>() else {
+        eprintln!("SECS is a number");
+        return ExitCode::from(2);
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let target = Arc::new(Target {
+        socket: socket.into(),
+        file: file.into(),
+        device: device.to_owned(),
+        fuse_file: fuse_file.into(),
+        stop: Arc::clone(&stop),
+        until: Instant::now() + Duration::from_secs(secs),
+    });
+    // Detached: it ends with the process when standard input never does.
+    std::thread::spawn(move || {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        stop.store(true, Ordering::Relaxed);
+    });
+    let threads: Vec<_> = ATTACKS
+        .iter()
+        .map(|attack| {
+            let target = Arc::clone(&target);
+            std::thread::spawn(move || {
+                let (mut tries, mut done, mut held) = (0u64, 0u64, Held::default());
+                let mut failures = std::collections::BTreeMap::<String, u64>::new();
+                while target.going_on() {
+                    tries += 1;
+                    match (attack.once)(&target, &mut held) {
+                        Ok(()) => done += 1,
+                        Err(why) => *failures.entry(why).or_default() += 1,
+                    }
+                    target.pause(attack.every);
+                }
+                for (why, times) in failures {
+                    eprintln!("{}: {times} times: {why}", attack.name);
+                }
+                if let Some(mut child) = held.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                (attack.name, tries, done)
+            })
+        })
+        .collect();
+    for thread in threads {
+        if let Ok((name, tries, done)) = thread.join() {
+            println!("{name} tries {tries} done {done}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// A TCP socket whose close waits 30 s, let go [`LINGER_HELD`] later; then a `hello` with 4
+/// more descriptors.
+fn lingering_socket(target: &Target, held: &mut Held) -> Result<(), String> {
+    let now = Instant::now();
+    while held
+        .listeners
+        .front()
+        .is_some_and(|(at, _)| now.duration_since(*at) > LINGER_HELD)
+    {
+        held.listeners.pop_front();
+    }
+    let socket = target.socket.to_string_lossy();
+    let passed = crate::hostile::pass_lingering_socket(&socket, 30, false);
+    let _ = crate::hostile::hellos_with_descriptors(&socket, 1, 4);
+    let listener = passed.ok_or("refused (abissd down, or this user's closes at their bound)")?;
+    held.listeners.push_back((now, listener));
+    Ok(())
+}
+
+/// How long a lingering socket's close is kept waiting.
+const LINGER_HELD: Duration = Duration::from_secs(1);
+
+/// The stalling file system's file, attached (abissd refuses it: it is on no managed disk);
+/// its close waits for the server's late flush, in abissd and here.
+fn fuse_file(target: &Target, _: &mut Held) -> Result<(), String> {
+    let mut client = target.connect()?;
+    let file = std::fs::File::open(&target.fuse_file).map_err(|e| format!("open: {e}"))?;
+    match client.attach(file, crate::read_request(1000, 64 << 10, 1)) {
+        Ok(_) => Err("abissd attached a file on no managed disk".into()),
+        // "… is on fuse, which is on no block device …"
+        Err(error) if error.to_string().contains(" is on ") => Ok(()),
+        Err(error) => Err(format!("attach refused otherwise: {error}")),
+    }
+}
+
+/// A stream of 1 B/s whose every short-lived thread is said to be about to read it, and
+/// then reads 1 MiB of the file with `O_DIRECT`: four at once (issue 33's raises policed per
+/// thread). Done when abissd raised any.
+fn raised_direct_threads(target: &Target, _: &mut Held) -> Result<(), String> {
+    const READ: usize = 256 << 10;
+    let (mut client, stream) = target.attached(1)?;
+    let mut raised = 0;
+    let threads: Vec<_> = (0..4u64)
+        .filter_map(|part| {
+            let (tid_tx, tid_rx) = mpsc::channel();
+            let (go_tx, go_rx) = mpsc::channel::<()>();
+            let file = target.file.clone();
+            let thread = std::thread::spawn(move || {
+                let _ = tid_tx.send(nix::unistd::gettid().as_raw());
+                let _ = go_rx.recv();
+                let Ok(file) = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(file)
+                else {
+                    return;
+                };
+                let mut buffer = abiss_lab::direct_io::AlignedBuffer::new(READ);
+                for chunk in 0..4 {
+                    let at = (part * 4 + chunk) * READ as u64;
+                    let _ = file.read_at(buffer.slice(READ), at);
+                }
+            });
+            let tid = u32::try_from(tid_rx.recv().ok()?).ok()?;
+            if client.reader_starts(stream, tid).unwrap_or(false) {
+                raised += 1;
+            }
+            let _ = go_tx.send(());
+            Some(thread)
+        })
+        .collect();
+    for thread in threads {
+        let _ = thread.join();
+    }
+    if raised > 0 {
+        Ok(())
+    } else {
+        Err("no thread raised".into())
+    }
+}
+
+/// A stream whose 32 waiting threads are each said to be about to read it, held 2 s (the raise
+/// allowance that multiplies). Done when abissd raised any.
+fn held_raises(target: &Target, _: &mut Held) -> Result<(), String> {
+    const THREADS: usize = 32;
+    let (mut client, stream) = target.attached(1000)?;
+    let (tids, waiting) = mpsc::channel();
+    // The threads wait here until the hold ends.
+    let released = Arc::new(std::sync::Barrier::new(THREADS + 1));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (tids, released) = (tids.clone(), Arc::clone(&released));
+            std::thread::spawn(move || {
+                let _ = tids.send(nix::unistd::gettid().as_raw());
+                released.wait();
+            })
+        })
+        .collect();
+    let raised = waiting
+        .iter()
+        .take(THREADS)
+        .filter(|tid| {
+            u32::try_from(*tid).is_ok_and(|tid| client.reader_starts(stream, tid).unwrap_or(false))
+        })
+        .count();
+    target.pause(Duration::from_secs(2));
+    released.wait();
+    for thread in threads {
+        let _ = thread.join();
+    }
+    if raised > 0 {
+        Ok(())
+    } else {
+        Err("no thread raised".into())
+    }
+}
+
+/// The user's attached file's first byte read over and over for 1 s (each read is an event
+/// for abissd; the reports are paced per owner).
+fn rereads(target: &Target, _: &mut Held) -> Result<(), String> {
+    let _attached = target.attached(1000)?;
+    let file = std::fs::File::open(&target.file).map_err(|e| format!("open: {e}"))?;
+    let until = Instant::now() + Duration::from_secs(1);
+    let mut byte = [0u8; 1];
+    while Instant::now() < until && target.going_on() {
+        let _ = file.read_at(&mut byte, 0);
+    }
+    Ok(())
+}
+
+/// The costliest capacity plan (10 000 streams of 1 B/s), then a connection that attaches,
+/// subscribes to request events and hangs up.
+fn plan_and_subscribe(target: &Target, _: &mut Held) -> Result<(), String> {
+    let mut client = target.connect()?;
+    client
+        .call(Request::Admit(AdmitRequest {
+            device: target.device.clone(),
+            rate: ByteRate(1),
+            rate_stdev: ByteRate(0),
+            buffer: ByteSize(564 << 10),
+            batch_pages: None,
+            count: Some(10_000),
+            mode: None,
+            write: false,
+        }))
+        .map_err(|e| format!("plan: {e}"))?;
+    drop(client);
+    let (mut client, _) = target.attached(1000)?;
+    client
+        .subscribe_events()
+        .map_err(|e| format!("subscribe: {e}"))
+}
+
+/// How often a new `abiss-stuck-uring` starts; each holds its requests a little less.
+const STUCK_URING_EVERY: Duration = Duration::from_secs(60);
+
+/// `abiss-stuck-uring` beside this program: 300 `io_uring` polls that never complete, more
+/// than abissd follows of one user, held 55 s at a time. Done when a new one started.
+fn stuck_uring(target: &Target, held: &mut Held) -> Result<(), String> {
+    if let Some(child) = held.child.as_mut() {
+        if matches!(child.try_wait(), Ok(None)) {
+            return Err("the last one still holds its requests".into());
+        }
+        held.child = None;
+    }
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|me| Some(me.parent()?.join("abiss-stuck-uring")))
+        .unwrap_or_else(|| Path::new("abiss-stuck-uring").to_path_buf());
+    let child = std::process::Command::new(program)
+        .arg(&target.socket)
+        .arg(&target.file)
+        .args(["300", "55"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start abiss-stuck-uring: {e}"))?;
+    held.child = Some(child);
+    Ok(())
+}
