@@ -99,6 +99,10 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
     write_file(&baseline_file, 0, 0)?;
     let hostile_file = disk.mount.join("nobody.data");
     write_file(&hostile_file, 65534, 65534)?;
+    // The recording it moves ahead (`abiss_tests::harass`), written only by it.
+    let recording = hostile_file.with_extension("rec");
+    std::fs::File::create(&recording)?;
+    std::os::unix::fs::chown(&recording, Some(65534), Some(65534))?;
     let before = System::now(&disk.name);
     let mut soak = Soak::new(&bin_dir, &disk)?;
     let figures = soak.cycle(args, &users, &files, &hostile_file, &baseline_file)?;

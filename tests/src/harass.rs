@@ -3,8 +3,9 @@
 //! all at once and each on a thread of its own, for the soak's whole length. Each is tried
 //! again after a failure (abissd is killed and restarted during the soak), and none panics.
 //!
-//! `FILE` is the user's own file on the managed disk, `DEVICE` that disk, `FUSE_FILE` a file whose
-//! flush its server answers late (`abiss_lab::stalling_fs`). It stops when standard input
+//! `FILE` is the user's own file on the managed disk, `FILE.rec` beside it one the user may
+//! write, `DEVICE` that disk, `FUSE_FILE` a file whose flush its server answers late
+//! (`abiss_lab::stalling_fs`). It stops when standard input
 //! ends or SECS have passed, and prints one line per attack: `NAME tries T done D`.
 
 use std::collections::VecDeque;
@@ -82,7 +83,7 @@ struct Held {
 /// descriptors (each attach passes one) most of the time, so that the other attacks reach
 /// abissd; at a lingering socket every 200 ms let go after 3 s, 16 to 66 were waiting and most
 /// of them were refused.
-const ATTACKS: [Attack; 7] = [
+const ATTACKS: [Attack; 8] = [
     Attack {
         name: "lingering-sockets",
         every: Duration::from_secs(2),
@@ -112,6 +113,11 @@ const ATTACKS: [Attack; 7] = [
         name: "plans-and-subscriptions",
         every: Duration::from_secs(1),
         once: plan_and_subscribe,
+    },
+    Attack {
+        name: "recordings-moved-ahead",
+        every: Duration::from_secs(2),
+        once: recording_moved_ahead,
     },
     Attack {
         name: "stuck-uring",
@@ -338,6 +344,51 @@ fn plan_and_subscribe(target: &Target, _: &mut Held) -> Result<(), String> {
     client
         .subscribe_events()
         .map_err(|e| format!("subscribe: {e}"))
+}
+
+/// What abissd may hold allocated past a user's writers, all its recordings together
+/// (`MAX_PREALLOCATED_AHEAD_PER_USER`).
+const AHEAD_PER_USER: u64 = 64 << 20;
+
+/// A recording of `FILE.rec` at 1 MiB/s with allocation ahead, whose writer writes 1 MiB and
+/// then moves the file's end 1 GiB ahead with `ftruncate` (before issue 33, abissd allocated
+/// ahead of that end, as root, past the owner's quota). Fails if more than the user's bound
+/// was allocated past what was written, 1 s later. The next try empties the file.
+fn recording_moved_ahead(target: &Target, _: &mut Held) -> Result<(), String> {
+    const WRITTEN: u64 = 1 << 20;
+    let path = target.file.with_extension("rec");
+    let file = std::fs::File::options()
+        .write(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(|e| format!("open {}: {e}", path.display()))?;
+    let mut client = target.connect()?;
+    let request = AttachRequest {
+        write: true,
+        preallocate: true,
+        persistent: false,
+        ..crate::read_request(1 << 20, 1 << 20, 1)
+    };
+    let copy = file.try_clone().map_err(|e| format!("dup: {e}"))?;
+    client
+        .attach(copy, request)
+        .map_err(|e| format!("attach: {e}"))?;
+    let data = vec![b'a'; usize::try_from(WRITTEN).unwrap_or(0)];
+    file.write_all_at(&data, 0)
+        .and_then(|()| file.set_len(1 << 30))
+        .map_err(|e| format!("write: {e}"))?;
+    target.pause(Duration::from_secs(1));
+    let allocated =
+        std::os::unix::fs::MetadataExt::blocks(&file.metadata().map_err(|e| format!("stat: {e}"))?)
+            * 512;
+    if allocated > WRITTEN + AHEAD_PER_USER {
+        return Err(format!(
+            "{} MiB allocated past {} MiB written, over the user's bound",
+            (allocated - WRITTEN) >> 20,
+            WRITTEN >> 20
+        ));
+    }
+    Ok(())
 }
 
 /// How often a new `abiss-stuck-uring` starts; each holds its requests a little less.

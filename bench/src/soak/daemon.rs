@@ -95,6 +95,23 @@ impl Soak {
             )?;
             root.detach(StreamTarget::Id(stream.id))?;
         }
+        // And a recording allocated ahead, which starts the thread that gives such blocks back
+        // (one per abissd, for its life), as the hostile user's recordings do.
+        let recording = std::fs::File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(file.with_extension("rec"))?;
+        let stream = root.attach(
+            &recording,
+            AttachRequest {
+                write: true,
+                preallocate: true,
+                ..STREAM
+            },
+        )?;
+        drop(recording);
+        root.detach(StreamTarget::Id(stream.id))?;
         drop(root);
         std::thread::sleep(Duration::from_millis(500));
         Ok(json!({

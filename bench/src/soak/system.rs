@@ -92,25 +92,37 @@ fn meminfo_kib(field: &str) -> u64 {
 /// memory of process `pid`.
 pub(super) fn process_footprint(pid: u32) -> Value {
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |tasks| {
-        tasks
-            .filter_map(Result::ok)
-            .filter(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| {
-                    !["iou-wrk", "abiss-close", "abiss-lock-"]
-                        .iter()
-                        .any(|transient| c.starts_with(transient))
-                })
-            })
-            .count()
-    });
+    // Threads by name, but those that come and go with users' work.
+    let mut thread_kinds = BTreeMap::<String, u64>::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let Ok(name) = std::fs::read_to_string(task.path().join("comm")) else {
+            continue;
+        };
+        if !["iou-wrk", "abiss-close", "abiss-lock-"]
+            .iter()
+            .any(|transient| name.starts_with(transient))
+        {
+            *thread_kinds.entry(name.trim().to_owned()).or_default() += 1;
+        }
+    }
+    let threads: u64 = thread_kinds.values().sum();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let locked_kib: u64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmLck:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0);
-    json!({"fds": fds, "threads": threads, "locked_kib": locked_kib, "fd_kinds": fd_kinds(pid)})
+    json!({
+        "fds": fds,
+        "threads": threads,
+        "thread_kinds": thread_kinds,
+        "locked_kib": locked_kib,
+        "fd_kinds": fd_kinds(pid),
+    })
 }
 
 /// What process `pid`'s descriptors are, counted by kind (`socket`, `anon_inode:bpf-map`,

@@ -69,11 +69,7 @@ pub(super) fn markdown(results: &Results<Value, Value>) -> String {
     md.push_str(&super::hostile::markdown(&cycles["hostile"]));
     md.push_str(&kills_table(figures));
     md.push_str(&leftovers_table(figures));
-    let _ = writeln!(
-        md,
-        "Descriptors by kind, baseline → end: {}.\n",
-        map_changes(&base["process"]["fd_kinds"], &at_end["process"]["fd_kinds"]),
-    );
+    md.push_str(&by_kind(&base["process"], &at_end["process"]));
     let _ = writeln!(
         md,
         "Hash map entries by map, baseline → end: {} (`INFLIGHT` keeps a record per kernel \
@@ -88,6 +84,17 @@ pub(super) fn markdown(results: &Results<Value, Value>) -> String {
         end["upgrades_restored"],
     );
     md
+}
+
+/// The last abissd's descriptors by kind and threads by name, its baseline against its end.
+fn by_kind(base: &Value, at_end: &Value) -> String {
+    format!(
+        "Descriptors by kind, baseline → end: {}.\n\nThreads by name (closing and locking \
+         threads, which end 5 s after their last work, and io_uring's workers aside), baseline \
+         → end: {}.\n\n",
+        map_changes(&base["fd_kinds"], &at_end["fd_kinds"]),
+        map_changes(&base["thread_kinds"], &at_end["thread_kinds"]),
+    )
 }
 
 /// What is left over: the last abissd against its baseline, the machine against before.
