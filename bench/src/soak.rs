@@ -138,7 +138,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
             "stream": {"rate_bps": STREAM.rate.0, "buffer_bytes": STREAM.buffer.0, "level": 0},
             "miss_read_bytes": MISS_BYTES,
             "disk": "loop device over /dev/shm, ext4, 256 MiB",
-            "abissd": "debug build (ABISS_BIN_DIR=target/debug), default options",
+            "abissd": format!("{}, default options", bin_dir.display()),
         }),
         vec![row],
     );

@@ -97,6 +97,15 @@ impl HostileUser {
     }
 }
 
+impl Drop for HostileUser {
+    /// Ends it when the soak ends early: its standard input closes, and it stops within a
+    /// second or so (a close of the stalling file waits for its flush).
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
 /// What root's asking saw: answers while abissd ran, answers that overlapped a kill and
 /// restart (a new abissd accepts connections before its main loop answers: its start took
 /// 1.5 s in the soak), and questions nobody answered.
@@ -202,7 +211,7 @@ pub(crate) fn markdown(hostile: &Value) -> String {
         status["unanswered_while_restarting"],
     ) + &format!(
         "The CPUs meanwhile: {:.0} % busy, {} ms stolen by the hypervisor, load average {:.1} \
-         (the soak's four workers, the hostile user, abissd's debug build, and whatever else ran \
+         (the soak's four workers, the hostile user, abissd, and whatever else ran \
          on the machine).\n",
         status["cpu_busy_pct"].as_f64().unwrap_or(f64::NAN),
         status["cpu_stolen_ms"],

@@ -21,7 +21,7 @@ pub(super) fn markdown(results: &Results<Value, Value>) -> String {
         "### Soak: {} attach/detach cycles by 4 users, abissd killed every {} cycles\n\n\
          `{}`: root and {} (unprivileged{}) each loop: attach their own file (500 kB/s, \
          256 KiB buffer, level 0), drop 64 KiB of it from the page cache and read it (a miss: \
-         the reader is raised), end the stream (detach, or hang up). abissd (debug build) \
+         the reader is raised), end the stream (detach, or hang up). abissd (from {}) \
          manages a loop device over /dev/shm with ext4; it is killed with SIGKILL every {} \
          cycles, an abissd without disks then recovers what it left, and the managing abissd \
          starts again. {}\n\n",
@@ -37,6 +37,7 @@ pub(super) fn markdown(results: &Results<Value, Value>) -> String {
         } else {
             ""
         },
+        report["abissd"].as_str().unwrap_or("?"),
         report["kill_every"],
         report::machine_line(&results.machine),
     );

@@ -86,6 +86,16 @@ impl Worker {
     }
 }
 
+impl Drop for Worker {
+    /// A soak ended early (an error, Ctrl-C) leaves no worker cycling behind it.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// `abiss-bench soak-worker`: the cycles of one user; prints `.` per cycle done, then a JSON
 /// line with its counts and whether its thread was still raised at the end.
 pub fn worker(args: &WorkerArgs) -> anyhow::Result<()> {
