@@ -18,7 +18,7 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use abiss_client::Client;
-use abiss_proto::{AdmitRequest, AttachRequest, ByteRate, ByteSize, Request, StreamId};
+use abiss_proto::{AttachRequest, StreamId};
 
 /// Where the attacks aim.
 struct Target {
@@ -265,14 +265,7 @@ fn raised_direct_threads(target: &Target, _: &mut Held) -> Result<(), String> {
             Some(thread)
         })
         .collect();
-    for thread in threads {
-        let _ = thread.join();
-    }
-    if raised > 0 {
-        Ok(())
-    } else {
-        Err("no thread raised".into())
-    }
+    joined(threads, raised)
 }
 
 /// A stream whose 32 waiting threads are each said to be about to read it, held 2 s (the raise
@@ -301,6 +294,11 @@ fn held_raises(target: &Target, _: &mut Held) -> Result<(), String> {
         .count();
     target.pause(Duration::from_secs(2));
     released.wait();
+    joined(threads, raised)
+}
+
+/// Waits for an attack's `threads`; done if abissd `raised` any of them.
+fn joined(threads: Vec<std::thread::JoinHandle<()>>, raised: usize) -> Result<(), String> {
     for thread in threads {
         let _ = thread.join();
     }
@@ -329,16 +327,7 @@ fn rereads(target: &Target, _: &mut Held) -> Result<(), String> {
 fn plan_and_subscribe(target: &Target, _: &mut Held) -> Result<(), String> {
     let mut client = target.connect()?;
     client
-        .call(Request::Admit(AdmitRequest {
-            device: target.device.clone(),
-            rate: ByteRate(1),
-            rate_stdev: ByteRate(0),
-            buffer: ByteSize(564 << 10),
-            batch_pages: None,
-            count: Some(10_000),
-            mode: None,
-            write: false,
-        }))
+        .call(crate::hostile::costliest_plan(&target.device))
         .map_err(|e| format!("plan: {e}"))?;
     drop(client);
     let (mut client, _) = target.attached(1000)?;

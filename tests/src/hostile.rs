@@ -96,6 +96,21 @@ pub fn hellos_with_descriptors(socket: &str, connections: u32, fds: usize) -> u3
     answered
 }
 
+/// The costliest capacity plan a user can ask for on `device`: 10 000 streams of 1 B/s.
+#[must_use]
+pub fn costliest_plan(device: &str) -> Request {
+    Request::Admit(abiss_proto::AdmitRequest {
+        device: device.to_owned(),
+        rate: abiss_proto::ByteRate(1),
+        rate_stdev: abiss_proto::ByteRate(0),
+        buffer: abiss_proto::ByteSize(564 << 10),
+        batch_pages: None,
+        count: Some(10_000),
+        mode: None,
+        write: false,
+    })
+}
+
 /// How many times [`pass_lingering_socket`] tries to make abissd's close the last.
 pub const PASS_TRIES: usize = 5;
 

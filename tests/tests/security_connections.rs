@@ -270,7 +270,9 @@ fn capacity_plans_back_to_back_never_keep_root_waiting() {
 
 /// Only root's `trace` switches tracing of every disk on (issue 33): it puts the block programs
 /// on every request of the machine, and before, any user's `trace` or `events` did it for as
-/// long as they watched. nobody's trace shows the managed disks, which are traced anyway.
+/// long as they watched. nobody's trace shows the managed disks, which are traced anyway. Both
+/// kinds: reports (`trace --count 1`, one second), and one line per request (`trace --events`,
+/// watched for a second and then stopped).
 #[test]
 fn only_roots_trace_follows_every_disk() {
     require_root!();
@@ -278,38 +280,57 @@ fn only_roots_trace_follows_every_disk() {
     let daemon = Daemon::start_managing(fs.device().path(), &[]);
     let pid = daemon.pid();
     let socket = daemon.socket().to_string_lossy().into_owned();
-    let watch = |trace: &mut std::process::Child| {
-        let mut switched = false;
+    // Whether tracing of every disk was on while `trace` ran; `--events` runs until stopped,
+    // after 1.5 s.
+    let watch = |trace: &mut std::process::Child, events: bool| {
+        let (mut switched, started) = (false, Instant::now());
         while trace.try_wait().expect("wait").is_none() {
             switched |= control_switches(pid).1 == 1;
+            if events && started.elapsed() > Duration::from_millis(1500) {
+                let _ = trace.kill();
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
         switched
     };
-    let args = ["trace", "--json", "--interval", "1", "--count", "1"];
-    let mut nobodys = abiss_tests::as_nobody(&binary("abissctl"))
-        .arg("--socket")
-        .arg(&socket)
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start nobody's trace");
-    assert!(
-        !watch(&mut nobodys),
-        "nobody's trace switched every disk on"
-    );
-    let output = nobodys.wait_with_output().expect("nobody's trace");
-    assert!(output.status.success(), "{output:?}");
-    let mut roots = std::process::Command::new(binary("abissctl"))
-        .arg("--socket")
-        .arg(&socket)
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start root's trace");
-    assert!(watch(&mut roots), "root's trace follows every disk");
-    let _ = roots.wait();
-    assert_eq!(control_switches(pid).1, 0, "off once root's trace ended");
+    let reports = ["trace", "--json", "--interval", "1", "--count", "1"];
+    let events = ["trace", "--json", "--events"];
+    for args in [&reports[..], &events[..]] {
+        let is_events = args == events;
+        let trace = |mut abissctl: std::process::Command| {
+            abissctl
+                .arg("--socket")
+                .arg(&socket)
+                .args(args)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("start abissctl trace")
+        };
+        let mut nobodys = trace(abiss_tests::as_nobody(&binary("abissctl")));
+        assert!(
+            !watch(&mut nobodys, is_events),
+            "nobody's {args:?} switched every disk on"
+        );
+        let output = nobodys.wait_with_output().expect("nobody's trace");
+        // Reports end by themselves; events run until killed (an `--events` that ended early
+        // was refused, and proves nothing).
+        let ran = if is_events {
+            std::os::unix::process::ExitStatusExt::signal(&output.status) == Some(libc::SIGKILL)
+        } else {
+            output.status.success()
+        };
+        assert!(ran, "{args:?}: {output:?}");
+        let mut roots = trace(std::process::Command::new(binary("abissctl")));
+        assert!(
+            watch(&mut roots, is_events),
+            "root's {args:?} follows every disk"
+        );
+        let _ = roots.wait();
+        assert!(
+            wait_until(Duration::from_secs(2), || control_switches(pid).1 == 0),
+            "off once root's {args:?} ended"
+        );
+    }
 }
 
 /// Eight scrapes of `nobody`'s that send their request heads and never read the answers (with

@@ -488,16 +488,7 @@ fn plans_back_to_back(socket: &str, device: &str, connections: u32) -> ExitCode 
             let (socket, device) = (socket.to_owned(), device.to_owned());
             std::thread::spawn(move || {
                 let mut client = Client::connect(Path::new(&socket)).expect("connect");
-                let plan = Request::Admit(AdmitRequest {
-                    device,
-                    rate: ByteRate(1),
-                    rate_stdev: ByteRate(0),
-                    buffer: ByteSize(564 << 10),
-                    batch_pages: None,
-                    count: Some(10_000),
-                    mode: None,
-                    write: false,
-                });
+                let plan = abiss_tests::hostile::costliest_plan(&device);
                 client.send(plan.clone()).expect("ask");
                 asked.wait();
                 while client.receive().is_ok() && !stop.load(Ordering::Relaxed) {
