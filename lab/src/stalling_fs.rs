@@ -14,15 +14,23 @@ use crate::error::LabError;
 /// What an ordinary Debian machine lets a user do with FUSE: `/dev/fuse` open to all (udev
 /// gives it mode 0666; this lab's container has 0600) and `user_allow_other` in
 /// `/etc/fuse.conf` (an administrator's choice, common where users share `sshfs` mounts). Both
-/// are put back as they were when it drops.
+/// are put back as they were when the last value alive drops, whatever order they drop in.
 #[derive(Debug)]
-pub struct UsersMayShareFuse {
+pub struct UsersMayShareFuse(());
+
+const FUSE_DEVICE: &str = "/dev/fuse";
+const FUSE_CONFIG: &str = "/etc/fuse.conf";
+
+/// How many [`UsersMayShareFuse`] are alive, and the device's mode and the configuration as
+/// they were before the first.
+#[derive(Debug)]
+struct Sharing {
+    alive: usize,
     device_mode: u32,
     config: Option<Vec<u8>>,
 }
 
-const FUSE_DEVICE: &str = "/dev/fuse";
-const FUSE_CONFIG: &str = "/etc/fuse.conf";
+static SHARING: std::sync::Mutex<Option<Sharing>> = std::sync::Mutex::new(None);
 
 impl UsersMayShareFuse {
     /// Allows it until the value drops.
@@ -30,6 +38,13 @@ impl UsersMayShareFuse {
     /// # Errors
     /// `/dev/fuse` missing, or either setting cannot be written.
     pub fn allow() -> Result<Self, LabError> {
+        let mut sharing = SHARING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(sharing) = sharing.as_mut() {
+            sharing.alive += 1;
+            return Ok(Self(()));
+        }
         let device_mode = std::fs::metadata(FUSE_DEVICE)
             .map_err(|e| LabError::system("/dev/fuse (install fuse3: cargo xtask setup)", e))?
             .permissions()
@@ -37,10 +52,14 @@ impl UsersMayShareFuse {
         let config = std::fs::read(FUSE_CONFIG).ok();
         let mut allowed = config.clone().unwrap_or_default();
         allowed.extend_from_slice(b"\nuser_allow_other\n");
-        let shared = Self {
+        *sharing = Some(Sharing {
+            alive: 1,
             device_mode,
             config,
-        };
+        });
+        drop(sharing);
+        // From here a failure drops the value, which puts back what was changed.
+        let shared = Self(());
         std::fs::set_permissions(FUSE_DEVICE, std::fs::Permissions::from_mode(0o666))
             .map_err(|e| LabError::system("chmod /dev/fuse", e))?;
         std::fs::write(FUSE_CONFIG, allowed)
@@ -51,17 +70,28 @@ impl UsersMayShareFuse {
 
 impl Drop for UsersMayShareFuse {
     fn drop(&mut self) {
-        let mode = std::fs::Permissions::from_mode(self.device_mode & 0o7777);
+        let mut sharing = SHARING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(shared) = sharing.as_mut() else {
+            return;
+        };
+        shared.alive -= 1;
+        if shared.alive > 0 {
+            return;
+        }
+        let mode = std::fs::Permissions::from_mode(shared.device_mode & 0o7777);
         if let Err(error) = std::fs::set_permissions(FUSE_DEVICE, mode) {
             eprintln!("cannot put back the mode of /dev/fuse: {error}");
         }
-        let restored = match &self.config {
+        let restored = match shared.config.take() {
             Some(config) => std::fs::write(FUSE_CONFIG, config),
             None => std::fs::remove_file(FUSE_CONFIG),
         };
         if let Err(error) = restored {
             eprintln!("cannot put back /etc/fuse.conf: {error}");
         }
+        *sharing = None;
     }
 }
 
