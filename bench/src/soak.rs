@@ -98,11 +98,11 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
     let baseline_file = disk.mount.join("baseline.data");
     write_file(&baseline_file, 0, 0)?;
     let hostile_file = disk.mount.join("nobody.data");
-    write_file(&hostile_file, 65534, 65534)?;
+    write_file(&hostile_file, hostile::NOBODY, hostile::NOBODY)?;
     // The recording it moves ahead (`abiss_tests::harass`), written only by it.
     let recording = hostile_file.with_extension("rec");
     std::fs::File::create(&recording)?;
-    std::os::unix::fs::chown(&recording, Some(65534), Some(65534))?;
+    std::os::unix::fs::chown(&recording, Some(hostile::NOBODY), Some(hostile::NOBODY))?;
     let before = System::now(&disk.name);
     let mut soak = Soak::new(&bin_dir, &disk)?;
     let figures = soak.cycle(args, &users, &files, &hostile_file, &baseline_file)?;
@@ -116,7 +116,7 @@ pub fn run(args: &SoakArgs) -> anyhow::Result<()> {
         ROW,
         json!({
             "users": all_users,
-            "hostile_user": "nobody, making every attack of the security tests at once",
+            "hostile_user": "nobody, making the security tests' attacks that load abissd at once",
         }),
         json!({
             "cycles": figures.to_json(),

@@ -49,7 +49,12 @@ impl UsersMayShareFuse {
             .map_err(|e| LabError::system("/dev/fuse (install fuse3: cargo xtask setup)", e))?
             .permissions()
             .mode();
-        let config = std::fs::read(FUSE_CONFIG).ok();
+        // Missing is a state to put back (by removing it); unreadable is not.
+        let config = match std::fs::read(FUSE_CONFIG) {
+            Ok(config) => Some(config),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(LabError::system("read /etc/fuse.conf", error)),
+        };
         let mut allowed = config.clone().unwrap_or_default();
         allowed.extend_from_slice(b"\nuser_allow_other\n");
         *sharing = Some(Sharing {
@@ -126,7 +131,16 @@ impl StallingFs {
         let mount = MOUNTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let directory = base.join(format!("abiss-stalling-fs-{}-{mount}", std::process::id()));
         let mountpoint = directory.join("mnt");
-        let made = std::fs::create_dir_all(&mountpoint)
+        // Made here, never found: a directory someone else put at this name in a shared base
+        // is refused, neither used nor removed (mkdir follows no link), and only root may
+        // write the new one, so nobody can swap the mountpoint before its chown.
+        let mut builder = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o755);
+        builder
+            .create(&directory)
+            .map_err(|e| LabError::system(format!("make {}", directory.display()), e))?;
+        let made = builder
+            .create(&mountpoint)
             .and_then(|()| std::os::unix::fs::chown(&mountpoint, Some(uid), None));
         if let Err(error) = made {
             let _ = std::fs::remove_dir_all(&directory);

@@ -183,8 +183,8 @@ fn try_pass_lingering_socket(socket: &str, linger_secs: i32, out_of_band: bool) 
     Passed::Last(listener)
 }
 
-/// A child killed when it drops (the stalling file system: its end aborts the connection and
-/// fails every request still waiting on it).
+/// A child killed when it drops (a hostile client whose own close of a stalling file may wait
+/// on the file system's server, which must then go after it).
 #[derive(Debug)]
 pub struct KillOnDrop(pub std::process::Child);
 

@@ -272,7 +272,7 @@ fn capacity_plans_back_to_back_never_keep_root_waiting() {
 /// on every request of the machine, and before, any user's `trace` or `events` did it for as
 /// long as they watched. nobody's trace shows the managed disks, which are traced anyway. Both
 /// kinds: reports (`trace --count 1`, one second), and one line per request (`trace --events`,
-/// watched for a second and then stopped).
+/// watched for 1.5 s and then stopped).
 #[test]
 fn only_roots_trace_follows_every_disk() {
     require_root!();

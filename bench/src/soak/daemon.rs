@@ -216,7 +216,7 @@ impl Soak {
             std::thread::sleep(Duration::from_millis(200));
         }
         let root_status = probe.finish();
-        let mut hostile = hostile.finish();
+        let mut hostile = hostile.finish()?;
         hostile["root_status"] = root_status;
         let reports = workers
             .into_iter()
@@ -234,8 +234,9 @@ impl Soak {
     /// After the workers: what the last abissd holds against its baseline, then its clean stop
     /// and the disk's settings after it.
     pub(super) fn finish(&mut self) -> anyhow::Result<Value> {
-        // The hostile user's last closes wait up to 1 s each (the stalling file's flush, a lingering socket), and a
-        // user's closing or locking thread ends 5 s after its last work.
+        // The hostile user's last closes wait (the stalling file's flush 1 s; a lingering
+        // socket until the hostile user lets it go as it ends), and a user's closing or
+        // locking thread ends 5 s after its last work.
         std::thread::sleep(SETTLE);
         // Counted before root's own connection, which the daemon closes a moment after root.
         let now = json!({

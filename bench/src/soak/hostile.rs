@@ -1,8 +1,9 @@
 //! The soak's hostile user and root's view of it (issue 33): for the soak's whole length,
-//! `nobody` makes every attack of the security tests at once (`abiss-hostile-client harass`,
-//! `abiss_tests::harass`): sockets and FUSE files whose closes wait, raises of short-lived
-//! threads and of many waiting ones, rereads of an attached file, the costliest capacity plans,
-//! subscriptions that hang up, and `io_uring` requests that never complete. Meanwhile root
+//! `nobody` makes the security tests' attacks that load abissd, all at once
+//! (`abiss-hostile-client harass`, `abiss_tests::harass`): sockets and FUSE files whose closes
+//! wait, raises of short-lived threads and of many waiting ones, rereads of an attached file,
+//! the costliest capacity plans, subscriptions that hang up, recordings moved ahead, and
+//! `io_uring` requests that never complete. Meanwhile root
 //! asks for `status` every 100 ms on a new connection and times each answer: a daemon that
 //! waited on a user's object, or did work a user sizes on its loop, would show it there.
 
@@ -29,7 +30,7 @@ const STATUS_EVERY: Duration = Duration::from_millis(100);
 const FLUSH_AFTER: Duration = Duration::from_secs(1);
 
 /// The user the attacks run as.
-const NOBODY: u32 = 65534;
+pub(crate) const NOBODY: u32 = 65534;
 
 /// The hostile user's process, as `nobody`, and the file system it stalls abissd with.
 pub(crate) struct HostileUser {
@@ -73,8 +74,9 @@ impl HostileUser {
     }
 
     /// Stops it (its standard input ends; its sockets' listeners go with it, which ends every
-    /// close still waiting); what it says it tried and did, attack by attack.
-    pub(crate) fn finish(mut self) -> Value {
+    /// close still waiting); what it says it tried and did, attack by attack. An error if it
+    /// reported no attack: the soak would then say nothing of a daemon under attack.
+    pub(crate) fn finish(mut self) -> anyhow::Result<Value> {
         drop(self.child.stdin.take());
         let mut attacks = serde_json::Map::new();
         if let Some(stdout) = self.child.stdout.take() {
@@ -92,8 +94,12 @@ impl HostileUser {
                 }
             }
         }
-        let _ = self.child.wait();
-        json!({"user": "nobody", "attacks": attacks})
+        let status = self.child.wait()?;
+        anyhow::ensure!(
+            !attacks.is_empty(),
+            "the hostile user reported no attack ({status}); see its errors above"
+        );
+        Ok(json!({"user": "nobody", "attacks": attacks, "exit": status.to_string()}))
     }
 }
 
@@ -194,12 +200,14 @@ pub(crate) fn markdown(hostile: &Value) -> String {
         })
         .unwrap_or_default();
     format!(
-        "\nMeanwhile `nobody` made every attack of the security tests at once \
-         (`abiss-hostile-client harass`; done of tried: {attacks}). Root's `status`, asked \
-         every 100 ms on a new connection, while abissd ran: {} answered, p50 {:.2} ms, p99 \
+        "\nMeanwhile `nobody` made {} of the security tests' attacks at once, those that load \
+         abissd (`abiss-hostile-client harass`, which ended with {}; done of tried: {attacks}). \
+         Root's `status`, asked every 100 ms on a new connection, while abissd ran: {} answered, p50 {:.2} ms, p99 \
          {:.2} ms, max {:.2} ms (issue 33's goal: p99 under 50 ms, max under 200 ms). Across a \
          kill and restart: {} answered (at most {:.0} ms: a new abissd accepts before its main \
          loop answers), {} not answered.\n",
+        hostile["attacks"].as_object().map_or(0, serde_json::Map::len),
+        hostile["exit"].as_str().unwrap_or("?"),
         status["answered"],
         status["p50_ms"].as_f64().unwrap_or(f64::NAN),
         status["p99_ms"].as_f64().unwrap_or(f64::NAN),

@@ -116,11 +116,11 @@ fn leftovers_table(figures: &Value) -> String {
     let _ = write!(
         md,
         "\nAfterwards: the last abissd, its users gone, against the first one quiet after its \
-         warm-up (one stream at each level and back; the same program and options); then the \
+         warm-up (one stream at each level and back, and one recording allocated ahead; the same program and options); then the \
          machine against before the soak:\n\n\
          | what | baseline | at the end | left over |\n| --- | ---: | ---: | ---: |\n\
          | abissd descriptors | {} | {} | {} |\n\
-         | abissd threads (io-wq workers aside) | {} | {} | {} |\n\
+         | abissd threads (io-wq workers, closing and locking threads aside) | {} | {} | {} |\n\
          | entries of abissd's eBPF hash maps | {} | {} | {} |\n\
          | abissd locked memory (VmLck, kB) | {} | {} | {} |\n\
          | streams | 0 | {} | {} |\n\
