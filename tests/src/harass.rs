@@ -46,16 +46,7 @@ impl Target {
 
     /// A connection with the user's file attached at `rate` (non-persistent, 64 KiB buffer).
     fn attached(&self, rate: u64) -> Result<(Client, StreamId), String> {
-        let mut client = self.connect()?;
-        let file = std::fs::File::open(&self.file).map_err(|e| format!("open: {e}"))?;
-        let request = AttachRequest {
-            persistent: false,
-            ..crate::read_request(rate, 64 << 10, 1)
-        };
-        let stream = client
-            .attach(file, request)
-            .map_err(|e| format!("attach: {e}"))?;
-        Ok((client, stream.id))
+        crate::hostile_raises::try_attach(&self.socket, &self.file, rate)
     }
 
     fn connect(&self) -> Result<Client, String> {

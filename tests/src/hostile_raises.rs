@@ -40,17 +40,25 @@ pub fn run(mode: &str, socket: &str, file: &str, number: &str) -> ExitCode {
 
 /// Connects and attaches `file` at `rate` bytes a second with a 64 KiB buffer.
 fn attach(socket: &str, file: &str, rate: u64) -> (Client, StreamId) {
-    let mut client = Client::connect(Path::new(socket)).expect("connect");
+    try_attach(Path::new(socket), Path::new(file), rate).expect("attach")
+}
+
+/// Connects and attaches `file` at `rate` bytes a second with a 64 KiB buffer (non-persistent);
+/// the step that failed, and why.
+///
+/// # Errors
+/// The connection, the open or the attach failed.
+pub fn try_attach(socket: &Path, file: &Path, rate: u64) -> Result<(Client, StreamId), String> {
+    let mut client = Client::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    let opened = std::fs::File::open(file).map_err(|e| format!("open: {e}"))?;
+    let request = AttachRequest {
+        persistent: false,
+        ..crate::read_request(rate, 64 << 10, 1)
+    };
     let stream = client
-        .attach(
-            std::fs::File::open(file).expect("open"),
-            AttachRequest {
-                persistent: false,
-                ..crate::read_request(rate, 64 << 10, 1)
-            },
-        )
-        .expect("attach");
-    (client, stream.id)
+        .attach(opened, request)
+        .map_err(|e| format!("attach: {e}"))?;
+    Ok((client, stream.id))
 }
 
 /// This thread's id.
