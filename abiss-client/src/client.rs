@@ -397,11 +397,11 @@ impl Client {
 
     /// The managed devices.
     pub fn status(&mut self) -> Result<Vec<DeviceStatus>, ClientError> {
-        self.status_and_upgrades().map(|(devices, _)| devices)
+        self.status_and_raises().map(|(devices, _)| devices)
     }
 
-    /// The managed devices, and the daemon's reader upgrades.
-    pub fn status_and_upgrades(
+    /// The managed devices, and the daemon's reader raises.
+    pub fn status_and_raises(
         &mut self,
     ) -> Result<(Vec<DeviceStatus>, abiss_proto::RaiseReport), ClientError> {
         self.status_report()

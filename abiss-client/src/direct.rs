@@ -284,9 +284,9 @@ impl DirectWriter {
             pieces: figures.pieces,
             overflows: progress.overflows,
             writes: self.write_ms.len() as u64,
-            write_p999_ms: percentile(&mut self.write_ms.clone(), 0.999),
+            write_p999_ms: quantile_of(&self.write_ms, 0.999),
             write_max_ms: self.write_ms.iter().copied().fold(0.0, f32::max).into(),
-            piece_p999_ms: percentile(&mut figures.piece_ms.clone(), 0.999),
+            piece_p999_ms: quantile_of(&figures.piece_ms, 0.999),
             piece_max_ms: figures.piece_ms.iter().copied().fold(0.0, f32::max).into(),
             locked: self.shared.memory.locked,
         })
@@ -316,20 +316,11 @@ pub(crate) fn piece_bytes(buffer_bytes: u64, align: usize) -> usize {
     piece.max(align)
 }
 
-/// The `q` quantile of `values`, 0 if none.
-fn percentile(values: &mut [f32], q: f64) -> f64 {
-    if values.is_empty() {
-        return 0.0;
-    }
-    values.sort_by(f32::total_cmp);
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "an index into a short list"
-    )]
-    let index = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len()) - 1;
-    f64::from(values[index])
+/// The `q` quantile of `values` (the workspace's one, [`abiss_units::quantile`]), 0 if none.
+fn quantile_of(values: &[f32], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f32::total_cmp);
+    abiss_units::quantile(&sorted, q).map_or(0.0, f64::from)
 }
 
 /// The writer thread: whole pieces as they fill, then the tail. Each is written by this

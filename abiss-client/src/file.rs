@@ -35,6 +35,10 @@ pub struct StreamOptions {
     /// locked-memory budgets; `buffer` is then the application's own part on top (0 for
     /// none). Read streams only.
     pub buffer_auto: bool,
+    /// abissd allocates a recording's file a few seconds of the rate ahead of its writer (at
+    /// most 64 MiB, within the owner's quota), and gives back what is left past the end when
+    /// the stream ends. Write streams only.
+    pub preallocate: bool,
 }
 
 impl StreamOptions {
@@ -48,7 +52,7 @@ impl StreamOptions {
             priority: self.priority,
             persistent: false,
             write,
-            preallocate: false,
+            preallocate: write && self.preallocate,
             direct: false,
             preroll: if write { None } else { self.preroll },
             buffer_auto: self.buffer_auto,
@@ -65,6 +69,7 @@ impl StreamOptions {
             priority: DEFAULT_LEVEL,
             preroll: None,
             buffer_auto: false,
+            preallocate: false,
         }
     }
 }
@@ -107,7 +112,7 @@ impl AbissFile {
         // read waits for the disk. A window that takes longer still serves, just not yet fully.
         client.wait_loaded(stream.id, std::time::Duration::from_secs(10))?;
         // The opening thread is the reader as a rule: raised now, its first read past the
-        // window is not queued below the stream. An older daemon, or upgrades switched off,
+        // window is not queued below the stream. An older daemon, or raises switched off,
         // leave it as it is; the stream works either way.
         let _ = client.reader_starts(stream.id, nix::unistd::gettid().as_raw().unsigned_abs());
         // The daemon moves the window in whole batches, so a message per batch consumed is as

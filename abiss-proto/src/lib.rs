@@ -37,7 +37,7 @@ pub use admission::{AdmissionMode, AdmissionReport, AdmitRequest};
 pub use histogram::{Log2Histogram, LATENCY_BUCKETS};
 pub use measurement::{LatencyGroup, ProgramCost, RequestRecord, StatsReport};
 pub use refusal::Refusal;
-pub use status::{Capability, DeviceStatus, MemoryReport, RaiseReport, StatusReport};
+pub use status::{Capability, DeviceStatus, LoopReport, MemoryReport, RaiseReport, StatusReport};
 pub use stream_id::StreamId;
 pub use stream_info::{AutoBufferInfo, ReaderInfo, RecordingInfo, StreamInfo};
 pub use units::{DeviceNumber, IoClass, IoPriority, Operation};

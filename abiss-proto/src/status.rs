@@ -40,6 +40,35 @@ pub struct StatusReport {
     /// Locked memory against its budgets (the asking user's own included).
     #[serde(default)]
     pub memory: MemoryReport,
+    /// How late the daemon's loop woke for its credit timer, and its longest turn.
+    #[serde(default)]
+    pub main_loop: LoopReport,
+}
+
+/// How punctual the daemon's loop is: a load starts when the loop wakes for it (its credit
+/// timer, or a reader's access), so a wakeup late by more than a buffer's slack is a miss the
+/// disk did not cause. Lateness is from the time the credit timer was set for, or the kernel's
+/// time of the access, to the time the loop handled it; a turn is one wakeup's work.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopReport {
+    /// Credit-timer wakeups since the daemon started.
+    pub timer_wakeups: u64,
+    /// Median lateness of those wakeups, µs.
+    pub late_p50_us: Option<u64>,
+    /// 99th percentile of the same, µs.
+    pub late_p99_us: Option<u64>,
+    /// Latest wakeup, µs.
+    pub late_max_us: Option<u64>,
+    /// Longest turn of the loop (one wakeup's work, whatever woke it), µs.
+    pub longest_turn_us: u64,
+    /// Readers' accesses to streamed files the loop has handled.
+    pub accesses: u64,
+    /// Median time from a reader's access (the kernel's event) to the loop handling it, µs.
+    pub access_p50_us: Option<u64>,
+    /// 99th percentile of the same, µs.
+    pub access_p99_us: Option<u64>,
+    /// Longest, µs.
+    pub access_max_us: Option<u64>,
 }
 
 /// Memory locked for playout buffers, against its budgets.

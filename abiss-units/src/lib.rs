@@ -24,6 +24,10 @@
 //! refused when typed, because no setting takes a zero size or rate and a typed zero is a slip.
 //! `readable()` is what people are shown: that text when it has at most three significant
 //! digits, else three in KiB, MiB, GiB or TiB, rounded down (`6170948KiB` reads `5.88GiB`).
+//!
+//! Beside the units, the one sample [`quantile`] (nearest rank) the product crates and the lab
+//! share: it lives in this small crate of figures so that the client library and abissctl
+//! need not depend on the lab for it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -31,8 +35,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 mod parse;
+mod quantile;
 
 use parse::Kind;
+pub use quantile::quantile;
 
 /// Why a size or a rate did not parse: one sentence with the input, the problem and the units
 /// that would have been accepted.

@@ -11,6 +11,7 @@ use crate::interval::parse_seconds;
 use crate::planning::{self, AdmitQuestion};
 use crate::profile::{self, ProfileOptions};
 use crate::stats;
+use crate::status;
 use crate::streams::{self, StreamParameters};
 use crate::top;
 use crate::trace::TraceArgs;
@@ -102,6 +103,11 @@ enum Command {
         /// ABISS priority level: 0 (highest, real time) to 7 (best effort).
         #[arg(long, short = 'p', default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=7))]
         priority: u8,
+        /// Have abissd allocate the file a few seconds of the rate ahead of the writes (at most
+        /// 64 MiB, within your quota), so that a write finds its blocks allocated; what is left
+        /// past the end is given back when the recording ends.
+        #[arg(long)]
+        preallocate: bool,
         /// Print what it did as JSON on standard output at the end.
         #[arg(long, short = 'j')]
         json: bool,
@@ -344,6 +350,7 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
             rate,
             buffer,
             priority,
+            preallocate,
             json,
         } => crate::record::record(
             &cli.socket,
@@ -355,10 +362,10 @@ pub fn run(cli: Cli) -> Result<u8, CliError> {
                     .map_or_else(|| crate::record::default_ring(rate), rounded);
                 (rate, ring, priority)
             },
-            json,
+            (preallocate, json),
         ),
         Command::List { json } => streams::list(&mut connect()?, json),
-        Command::Status { json } => streams::status(&mut connect()?, json),
+        Command::Status { json } => status::status(&mut connect()?, json),
         Command::Top { interval, no_color } => top::run(interval, no_color, connect),
         Command::Trace(args) => {
             let options = args.options()?;

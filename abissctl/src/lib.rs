@@ -23,7 +23,8 @@
 //! | `record`: standard input written to a file past the page cache at a guaranteed rate | `record` |
 //! | sizes and rates as people read them (`5.88GiB`, `1MB/s`) | `sizes` |
 //! | `stats`: what the eBPF programs and the daemon cost | `stats` |
-//! | `attach`, `detach`, `run`, `list`, `status`: streams | `streams` |
+//! | `attach`, `detach`, `run`, `list`: streams | `streams` |
+//! | `status`: the daemon's figures and managed devices | `status` |
 //! | `top`: a live view of the streams and the managed disks | `top` |
 //! | what `top` draws | `top::view` |
 //! | `trace`: live latency by device, operation and I/O priority, or by stream | `trace` |
@@ -39,6 +40,7 @@ mod profile;
 mod record;
 mod sizes;
 mod stats;
+mod status;
 mod streams;
 mod top;
 mod trace;

@@ -513,14 +513,11 @@ fn agree(took: &[Duration]) -> bool {
     slowest.as_secs_f64() <= fastest.as_secs_f64() * 1.05
 }
 
-/// The median of the times (the mean of the middle two of an even count).
+/// The median of the times, by the workspace's one quantile ([`abiss_units::quantile`]:
+/// nearest rank, so the lower of the middle two of an even count).
 fn median(took: &mut [Duration]) -> Duration {
     took.sort_unstable();
-    match took.len() {
-        0 => Duration::ZERO,
-        n if n % 2 == 1 => took[n / 2],
-        n => (took[n / 2 - 1] + took[n / 2]) / 2,
-    }
+    abiss_units::quantile(took, 0.5).unwrap_or(Duration::ZERO)
 }
 
 /// Random 64 KiB reads with several requests in flight (a thread each).

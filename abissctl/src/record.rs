@@ -41,18 +41,20 @@ pub(crate) fn default_ring(rate: ByteRate) -> ByteSize {
 }
 
 /// Records standard input into `file` at `rate` with a ring of `buffer`, at ABISS level
-/// `priority`; prints what it did (`json`: as JSON on standard output).
+/// `priority`, allocated ahead by abissd with `preallocate`; prints what it did (`json`: as
+/// JSON on standard output).
 pub(crate) fn record(
     socket: &Path,
     file: &Path,
     (rate, buffer, priority): (ByteRate, ByteSize, u8),
-    json: bool,
+    (preallocate, json): (bool, bool),
 ) -> Result<(), CliError> {
     // Grown first, so that the recorder writes freely while abissd admits the stream.
     let mut input = std::io::stdin().lock();
     grow_pipe(&input);
     let options = StreamOptions {
         priority,
+        preallocate,
         ..StreamOptions::new(rate, buffer)
     };
     let mut recording = DirectRecording::start_at(socket, file, &options)?;

@@ -364,7 +364,7 @@ pub fn list(client: &mut Client, json: bool) -> Result<(), CliError> {
         "LOCKED",
         "CREDIT",
         "MISSES",
-        "UPGRADES",
+        "RAISED",
         "PREFETCHED"
     );
     for info in &streams {
@@ -488,100 +488,4 @@ fn recording_line(recording: &abiss_proto::RecordingInfo) -> String {
         ByteSize(recording.written_back_bytes).readable(),
         ByteSize(recording.dirty_bytes).readable(),
     )
-}
-
-/// One line on reader raises.
-fn raise_line(raises: &abiss_proto::RaiseReport) -> String {
-    if !raises.enabled {
-        return "reader raises: off (abissd --no-raises)".to_owned();
-    }
-    let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| format!("{us} µs"));
-    format!(
-        "reader raises: {} raised now, {} in all, {} restored, {} dropped for other files' I/O; event to priority p50 {}, p99 {}, max {}",
-        raises.active,
-        raises.total,
-        raises.restored,
-        raises.policed,
-        micros(raises.latency_p50_us),
-        micros(raises.latency_p99_us),
-        micros(raises.latency_max_us)
-    )
-}
-
-/// Prints the managed devices.
-pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
-    let report = client.status_report()?;
-    let mut out = std::io::stdout().lock();
-    if json {
-        crate::json::print(&mut out, &report);
-        return Ok(());
-    }
-    let devices = report.devices;
-    let _ = writeln!(out, "{}", raise_line(&report.raises));
-    let memory = &report.memory;
-    let _ = writeln!(
-        out,
-        "locked memory: {} locked, {} reserved of {} (yours: {} locked, {} reserved of {} per user)",
-        ByteSize(memory.locked_bytes).readable(),
-        ByteSize(memory.reserved_bytes).readable(),
-        ByteSize(memory.budget_bytes).readable(),
-        ByteSize(memory.yours_locked_bytes).readable(),
-        ByteSize(memory.yours_reserved_bytes).readable(),
-        ByteSize(memory.per_user_budget_bytes).readable(),
-    );
-    for capability in &report.capabilities {
-        let _ = match &capability.off_because {
-            None => match &capability.stand_in {
-                None => writeln!(out, "{:<18} on   {}", capability.name, capability.gives),
-                Some(how) => writeln!(
-                    out,
-                    "{:<18} on   {} ({how})",
-                    capability.name, capability.gives
-                ),
-            },
-            Some(why) => writeln!(
-                out,
-                "{:<18} OFF  {why} (needs {})",
-                capability.name, capability.needs
-            ),
-        };
-    }
-    if devices.is_empty() {
-        let _ = writeln!(out, "abissd manages no device (start it with --device DEV)");
-        return Ok(());
-    }
-    let _ = writeln!(
-        out,
-        "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>13} {:>13} {:>7}  CAPACITY FROM",
-        "DEVICE",
-        "DEV",
-        "ELEVATOR",
-        "DEPTH",
-        "CAPACITY",
-        "RT %",
-        "RESERVED",
-        "READ",
-        "WRITE",
-        "FREE",
-        "STREAMS"
-    );
-    for device in &devices {
-        let _ = writeln!(
-            out,
-            "{:<10} {:>7} {:<12} {:>5} {:>13} {:>6} {:>13} {:>13} {:>13} {:>13} {:>7}  {}",
-            device.name,
-            device.device.to_string(),
-            device.elevator,
-            device.dispatch_depth,
-            device.capacity.readable(),
-            device.realtime_share_percent,
-            device.reserved.readable(),
-            ByteRate(device.reserved.0.saturating_sub(device.reserved_write.0)).readable(),
-            device.reserved_write.readable(),
-            device.free.readable(),
-            device.streams,
-            device.capacity_source
-        );
-    }
-    Ok(())
 }

@@ -38,7 +38,7 @@ pub struct Sample {
     pub streams: Vec<StreamInfo>,
     /// The managed disks with their latency over `covered`.
     pub disks: Vec<Disk>,
-    /// Daemon-wide figures: upgrades and locked memory (the devices are in `disks`).
+    /// Daemon-wide figures: raises and locked memory (the devices are in `disks`).
     pub report: StatusReport,
 }
 

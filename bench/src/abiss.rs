@@ -201,16 +201,16 @@ impl RunSetup for AbissRun {
     fn daemon_figures(&self) -> Option<DaemonFigures> {
         let mut client = Client::connect(self.daemon.socket()).ok()?;
         let (_, groups) = client.latency().ok()?;
-        let (_, upgrades) = client.status_and_upgrades().ok()?;
+        let (_, raises) = client.status_and_raises().ok()?;
         let buffers = self.buffers.lock().map(|b| b.clone()).unwrap_or_default();
         let live = StreamCounts::of(&groups, |_| true);
         let ended = self.ended_streams.lock().map(|c| *c).unwrap_or_default();
         Some(DaemonFigures {
             stream_requests: live.requests + ended.requests,
             inversions: live.inversions + ended.inversions,
-            upgrades: upgrades.total,
-            upgrade_latency_p50_us: upgrades.latency_p50_us,
-            upgrade_latency_p99_us: upgrades.latency_p99_us,
+            raises: raises.total,
+            raise_latency_p50_us: raises.latency_p50_us,
+            raise_latency_p99_us: raises.latency_p99_us,
             buffer_bytes: buffers
                 .iter()
                 .min()
@@ -278,7 +278,7 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             &[],
         ),
         abiss_row(
-            "abiss-mq-deadline-no-upgrades",
+            "abiss-mq-deadline-no-raises",
             "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-raises)",
             ("mq-deadline", 0, Auto),
             &["--no-raises"],

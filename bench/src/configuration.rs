@@ -187,11 +187,11 @@ pub struct DaemonFigures {
     /// Those that ran below their stream's level (priority inversions).
     pub inversions: u64,
     /// Reader threads raised after a page-cache miss.
-    pub upgrades: u64,
+    pub raises: u64,
     /// Miss event to raised priority, median and 99th percentile, µs.
-    pub upgrade_latency_p50_us: Option<u64>,
-    /// See `upgrade_latency_p50_us`.
-    pub upgrade_latency_p99_us: Option<u64>,
+    pub raise_latency_p50_us: Option<u64>,
+    /// See `raise_latency_p50_us`.
+    pub raise_latency_p99_us: Option<u64>,
     /// The smallest and the largest playout buffer abissd gave the streams, bytes (it sizes
     /// them itself with `--buffer auto`).
     pub buffer_bytes: Option<(u64, u64)>,

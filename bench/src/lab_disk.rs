@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind, RequestRecord};
+use abiss_lab::{FilesystemKind, Lab, LabOptions, RequestRecord};
 use anyhow::Context as _;
 use serde::Serialize;
 
@@ -79,21 +79,15 @@ impl LabDisk {
         fs: BenchFs,
     ) -> anyhow::Result<Self> {
         let name = format!("abiss-bench-{benchmark}-{}", std::process::id());
-        let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
-            .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
-        options.size_bytes = size_bytes;
-        options.mkfs = Some(match fs {
+        let mkfs = match fs {
             BenchFs::Ext4 => FilesystemKind::Ext4,
             BenchFs::Btrfs | BenchFs::BtrfsZstd => FilesystemKind::Btrfs,
-        });
+        };
+        // On disk (/var/tmp) where memory has no room for the image: it can be large.
+        let dir = PathBuf::from(format!("/var/tmp/{name}"));
+        let mut options = LabOptions::hdd_in(&dir, size_bytes, Some(mkfs))
+            .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
         options.mount_options = (fs == BenchFs::BtrfsZstd).then(|| "compress=zstd".to_owned());
-        options.state_dir = PathBuf::from(format!("/tmp/{name}"));
-        // In memory where it fits: a backing file on disk makes the emulator wait for that
-        // disk now and then (`abiss_lab::lab::memory_backing_dir`).
-        options.backing_dir = abiss_lab::lab::memory_backing_dir(size_bytes)
-            .unwrap_or_else(|| PathBuf::from("/var/tmp/abiss-bench"));
-        options.mount_dir = Some(PathBuf::from(format!("/tmp/{name}.mnt")));
-        options.scheduler = Some("none".into());
         let lab = Lab::up(&options).context("cannot bring the lab up")?;
         let disk = Self {
             lab,
@@ -242,6 +236,10 @@ impl Drop for LabDisk {
                 "abiss-bench: taking the lab down failed ({error}); run `abiss-lab down --state-dir {}`",
                 self.state_dir.display()
             );
+        }
+        // The lab's own directory (`LabOptions::hdd_in`), empty once the lab is down.
+        if let Some(dir) = self.state_dir.parent() {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }

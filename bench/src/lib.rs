@@ -27,7 +27,7 @@
 //! | the saturation sweep: more readers until deadlines are missed | [`sweep`] |
 //! | the tracer's own cost (fio on loop devices over memory), per situation | [`overhead`] |
 //! | an empty BPF program: the floor of the kernel's BPF statistics | [`empty_program`] |
-//! | upgrade latency: from a page-cache miss to the raised priority | [`upgrades`] |
+//! | raise latency: from a page-cache miss to the raised priority | [`raises`] |
 //! | admission control's predictions against measured misses | [`admission`] |
 //! | zero-miss streams against the locked-memory budget the buffers come from | [`memory`] |
 //! | real, unmodified players (GStreamer, ffmpeg, mpv) under a seeky best-effort load | [`players`] |
@@ -56,14 +56,15 @@ pub mod memory;
 pub mod overhead;
 pub mod players;
 pub mod process;
+pub mod raises;
 pub mod recording;
 pub mod reference;
 pub mod report;
+pub mod request_trace;
 pub mod row;
 pub mod schedule;
 pub mod soak;
 pub mod sweep;
 pub mod throughput;
 pub mod trial;
-pub mod upgrades;
 pub mod workload;

@@ -3,7 +3,7 @@
 //! `ABISS_LAB_BIN`). Needs root.
 
 use abiss_bench::{
-    admission, interrupt, memory, overhead, players, recording, reference, soak, sweep, upgrades,
+    admission, interrupt, memory, overhead, players, raises, recording, reference, soak, sweep,
 };
 use clap::Parser;
 
@@ -21,8 +21,9 @@ enum Command {
     /// (overhead.json, .md).
     Overhead(overhead::OverheadArgs),
     /// Time from a page-cache miss on an attached file to the reader's raised priority, over
-    /// many misses under the copy load and the seeky load (upgrades.json, .md, .svg).
-    Upgrades(upgrades::UpgradesArgs),
+    /// many misses under the copy load and the seeky load (raises.json, .md, .svg).
+    #[command(alias = "upgrades")]
+    Raises(raises::RaisesArgs),
     /// Admission control against measurement: the lab hdd profiled, the predicted miss
     /// probability per number of 1 MB/s readers in both modes, and the measured miss ratio
     /// with admission off (admission.json, .md, .svg).
@@ -52,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         Command::Reference(args) => reference::run(&args),
         Command::Sweep(args) => sweep::run(&args),
         Command::Overhead(args) => overhead::run(&args),
-        Command::Upgrades(args) => upgrades::run(&args),
+        Command::Raises(args) => raises::run(&args),
         Command::Admission(args) => admission::run(&args),
         Command::Memory(args) => memory::run(&args),
         Command::Players(args) => players::run(&args),

@@ -74,6 +74,10 @@ pub struct RecordingArgs {
     /// `abissctl record --buffer` of each recorder in the direct rows (the ring).
     #[arg(long, default_value = "2MiB")]
     pub record_buffer: String,
+    /// `abissctl record --preallocate` in the direct rows: abissd allocates each recording
+    /// ahead of its writes.
+    #[arg(long)]
+    pub record_preallocate: bool,
     /// `abissctl run --rate` of each player in the abiss rows (the media is 1 MB/s).
     #[arg(long, default_value = "1.1MB/s")]
     pub player_rate: String,
@@ -93,6 +97,10 @@ pub struct RecordingArgs {
     /// Also keep every recorder's `perf trace` output here (`ROW-N-KIND.trace`).
     #[arg(long)]
     pub traces_dir: Option<PathBuf>,
+    /// The best-effort load beside the recorders and players: `seeky` (one writer, two random
+    /// readers) or `greedy` (ABISS's 8 greedy streams: 4 writers, 4 readers).
+    #[arg(long, value_enum, default_value_t = load::LoadKind::Seeky)]
+    pub load: load::LoadKind,
 }
 
 /// What one row of the benchmark runs (reported as its [`crate::row::Row`]'s configuration).
@@ -199,7 +207,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
         .rows
         .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + 30;
-    let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb)?;
+    let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb, args.load)?;
     eprintln!("recording: what timing write(2) costs");
     let tracer_cost = tracer_cost::measure(bench.scratch())?;
     for cost in &tracer_cost {
@@ -229,6 +237,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
                     recorder_rate: &args.recorder_rate,
                     recorder_buffer: &args.recorder_buffer,
                     record_buffer: &args.record_buffer,
+                    record_preallocate: args.record_preallocate,
                     capture_ms: args.capture_ms,
                     traces_dir: args.traces_dir.as_deref(),
                 },
@@ -283,6 +292,7 @@ fn write_report(args: &RecordingArgs, begun: Instant, outcome: &Outcome) -> anyh
             "abiss_recorder_rate": args.recorder_rate,
             "abiss_recorder_buffer": args.recorder_buffer,
             "abiss_record_buffer": args.record_buffer,
+            "abiss_record_preallocate": args.record_preallocate,
             "players": PLAYERS,
             "abiss_player_rate": args.player_rate,
             "abiss_player_preroll": args.player_preroll,
@@ -293,6 +303,8 @@ fn write_report(args: &RecordingArgs, begun: Instant, outcome: &Outcome) -> anyh
             "goal_p999_ms": GOAL_P999_MS,
             "queue": outcome.queue,
             "disk_bytes": DISK_BYTES,
+            "load": args.load,
+            "abiss_bound_ns": crate::request_trace::ABISS_BOUND_NS,
         }),
         outcome
             .results

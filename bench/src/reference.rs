@@ -293,7 +293,7 @@ fn daemon_table(text: &mut String, rows: &[TrialRow]) {
         "\nWhat abissd counted (requests tagged with a stream; priority inversions = those that ran \
          below the stream's level; readers raised after a page-cache miss, and the time from the \
          kernel event to the raised priority):\n\n\
-         | configuration | stream requests | priority inversions | upgrades | upgrade p50 µs | upgrade p99 µs |\n\
+         | configuration | stream requests | priority inversions | raises | raise p50 µs | raise p99 µs |\n\
          | --- | ---: | ---: | ---: | ---: | ---: |\n",
     );
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
@@ -304,9 +304,9 @@ fn daemon_table(text: &mut String, rows: &[TrialRow]) {
             row.name,
             daemon.stream_requests,
             daemon.inversions,
-            daemon.upgrades,
-            micros(daemon.upgrade_latency_p50_us),
-            micros(daemon.upgrade_latency_p99_us)
+            daemon.raises,
+            micros(daemon.raise_latency_p50_us),
+            micros(daemon.raise_latency_p99_us)
         );
     }
 }

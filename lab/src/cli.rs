@@ -234,6 +234,7 @@ fn serve(state_dir: &Path, foreground: bool) -> ExitCode {
             }
         }
     }
+    crate::emulator::apart::set_apart();
     let result = lab::record_emulator_pid(state_dir)
         .and_then(|()| lab::read_emulator_config(state_dir))
         .and_then(|config| crate::emulator::serve(&config));

@@ -188,38 +188,13 @@ pub fn late_percentile_ns(records: &[RequestRecord], p: f64) -> Option<i64> {
     quantile(&late, p / 100.0)
 }
 
-/// The value below which `quantile` (0 to 1) of `sorted` (ascending) lies, by nearest rank:
-/// the smallest value with at least that share of the list at or below it; `None` for an
-/// empty list. The one sample quantile of the tests, the benchmarks and the lab.
-#[must_use]
-pub fn quantile<T: Copy>(sorted: &[T], quantile: f64) -> Option<T> {
-    if sorted.is_empty() {
-        return None;
-    }
-    #[expect(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss,
-        reason = "a rank within the slice"
-    )]
-    let rank = (quantile * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
-}
+/// The one sample quantile (nearest rank), kept here for the tests and the benchmarks that
+/// name it as the lab's; it lives in `abiss-units`, which the product crates share.
+pub use abiss_units::quantile;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quantile_is_nearest_rank() {
-        let v: Vec<u32> = (1..=100).collect();
-        assert_eq!(quantile(&v, 0.99), Some(99));
-        assert_eq!(quantile(&v, 1.0), Some(100));
-        assert_eq!(quantile(&v, 0.0), Some(1));
-        let thousand: Vec<u32> = (1..=1000).collect();
-        assert_eq!(quantile(&thousand, 0.999), Some(999));
-        assert_eq!(quantile::<u32>(&[], 0.5), None);
-    }
 
     fn record(seq: u64) -> RequestRecord {
         RequestRecord {

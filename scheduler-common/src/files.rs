@@ -202,8 +202,8 @@ pub const MAX_URING_INFLIGHT: u32 = 16_384;
 /// further requests go unfollowed (and unreported).
 pub const MAX_URING_INFLIGHT_PER_USER: u64 = 256;
 
-/// Users whose followed `io_uring` requests are counted at once (the `URING_USERS` map): as
-/// many as processes remembered as readers.
+/// Users whose followed `io_uring` requests, or whose followed readers, are counted at once
+/// (the `URING_USERS` and `READER_USERS` maps): as many as readers can be followed.
 pub const MAX_URING_USERS: u32 = MAX_FILE_READERS;
 
 /// Age after which abissd drops a followed `io_uring` request (and gives its user's count
@@ -212,6 +212,26 @@ pub const MAX_URING_USERS: u32 = MAX_FILE_READERS;
 /// completion was never seen.
 pub const STALE_URING_NS: u64 = 60_000_000_000;
 
-/// Processes remembered as readers of attached files (least recently seen forgotten first):
-/// only their `io_uring` submissions are followed.
-pub const MAX_FILE_READERS: u32 = 4_096;
+/// Processes followed as readers of attached files at once (only their `io_uring` submissions
+/// are followed): [`MAX_FILE_READERS_PER_USER`] for each of 64 users.
+pub const MAX_FILE_READERS: u32 = 16_384;
+
+/// Processes of one user followed as readers at once. Past it, that user's further reader
+/// processes are not followed (their `io_uring` reads go unreported) until abissd's sweep finds
+/// some of the user's followed processes gone and gives their room back. Before, the table was
+/// one least-recently-used map of 4 096 for everyone, and one user's short-lived readers pushed
+/// every other user's out.
+pub const MAX_FILE_READERS_PER_USER: u64 = 256;
+
+/// A process followed as a reader of an attached file (`FILE_READERS`, by process id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileReader {
+    /// The tag of the stream it was last seen reading.
+    pub stream: u64,
+    /// The user it was seen as when it was first followed, whose
+    /// [`MAX_FILE_READERS_PER_USER`] it counts against until abissd sweeps it out.
+    pub uid: u32,
+    /// Padding.
+    pub pad: u32,
+}

@@ -17,7 +17,7 @@
 //! | switches abissd flips while the programs run ([`Control`]) | crate root |
 //! | latency histograms: [`HistogramKey`], [`LatencyCounters`], [`latency_slot`] | `requests` |
 //! | requests in flight and completed: [`InflightRequest`], [`RequestOrigin`], [`RequestEvent`] | `requests` |
-//! | attached files and what tasks do with them: [`FileKey`], [`AttachedFile`], [`PlayoutEvent`], [`UringSubmission`] | `files` |
+//! | attached files and what tasks do with them: [`FileKey`], [`AttachedFile`], [`PlayoutEvent`], [`UringSubmission`], [`FileReader`] | `files` |
 //! | threads abissd raised, and the tasks they made since ([`RaisedThread`], [`ForkEvent`], [`raised_flags`]) | crate root |
 //! | a request record's life cycle | [`request_state`] (in `requests`) |
 //! | which disks the block programs follow, managed or traced (values of the `DISKS` map) | [`disk_flags`] |
@@ -37,10 +37,10 @@ mod requests;
 mod time;
 
 pub use files::{
-    playout_kind, AttachedFile, FileKey, FillReport, PlayoutEvent, UringSubmission, ANY_READER,
-    FILL_REPORT_GAP_NS, MAX_ATTACHED_FILES, MAX_FILE_READERS, MAX_URING_INFLIGHT,
-    MAX_URING_INFLIGHT_PER_USER, MAX_URING_USERS, PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
-    READ_REPORT_BURST, READ_REPORT_GAP_NS, STALE_URING_NS,
+    playout_kind, AttachedFile, FileKey, FileReader, FillReport, PlayoutEvent, UringSubmission,
+    ANY_READER, FILL_REPORT_GAP_NS, MAX_ATTACHED_FILES, MAX_FILE_READERS,
+    MAX_FILE_READERS_PER_USER, MAX_URING_INFLIGHT, MAX_URING_INFLIGHT_PER_USER, MAX_URING_USERS,
+    PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS, READ_REPORT_BURST, READ_REPORT_GAP_NS, STALE_URING_NS,
 };
 pub use priority::{abiss_level, ioprio, AbissLevel};
 pub use requests::{
@@ -411,6 +411,7 @@ mod pod {
     unsafe impl aya::Pod for super::AttachedFile {}
     unsafe impl aya::Pod for super::PlayoutEvent {}
     unsafe impl aya::Pod for super::UringSubmission {}
+    unsafe impl aya::Pod for super::FileReader {}
     unsafe impl aya::Pod for super::RaisedThread {}
     unsafe impl aya::Pod for super::RaiseCounts {}
     unsafe impl aya::Pod for super::ForkEvent {}
@@ -425,6 +426,7 @@ const _: () = assert!(core::mem::size_of::<ForkEvent>() == 48);
 const _: () = assert!(core::mem::size_of::<RaisedRequest>() == 16);
 const _: () = assert!(core::mem::size_of::<Control>() == 24);
 const _: () = assert!(core::mem::size_of::<UringSubmission>() == 24);
+const _: () = assert!(core::mem::size_of::<FileReader>() == 16);
 const _: () = assert!(core::mem::size_of::<HistogramKey>() == 16);
 const _: () = assert!(core::mem::size_of::<FileKey>() == 16);
 const _: () = assert!(core::mem::size_of::<AttachedFile>() == 24);

@@ -15,7 +15,7 @@ pub mod map {
     pub const DISKS: &str = "DISKS";
     /// The request ring of event subscribers.
     pub const EVENTS: &str = "EVENTS";
-    /// Readers of attached files, per user.
+    /// Processes followed as readers of attached files.
     pub const FILE_READERS: &str = "FILE_READERS";
     /// The ring of tasks raised threads make.
     pub const FORKS: &str = "FORKS";
@@ -39,12 +39,18 @@ pub mod map {
     pub const RAISE_COUNTS: &str = "RAISE_COUNTS";
     /// Raised threads' requests between insert and issue, as counted at insert.
     pub const RAISED_REQUESTS: &str = "RAISED_REQUESTS";
+    /// Followed reader processes per user: added by the programs.
+    pub const READER_USERS: &str = "READER_USERS";
+    /// Followed reader processes per user: given back by abissd.
+    pub const READER_GIVEN: &str = "READER_GIVEN";
     /// When a reader of a file is reported next.
     pub const READ_REPORT_DUE: &str = "READ_REPORT_DUE";
     /// Followed `io_uring` requests.
     pub const URING_INFLIGHT: &str = "URING_INFLIGHT";
-    /// Followed `io_uring` requests per user.
+    /// Followed `io_uring` requests per user: added and given back by the programs.
     pub const URING_USERS: &str = "URING_USERS";
+    /// Followed `io_uring` requests per user: given back by abissd.
+    pub const URING_GIVEN: &str = "URING_GIVEN";
     /// A zeroed counter record to copy from.
     pub const ZERO_COUNTERS: &str = "ZERO_COUNTERS";
 }
@@ -78,7 +84,7 @@ pub mod program {
 }
 
 /// Every map.
-pub const MAPS: [&str; 20] = [
+pub const MAPS: [&str; 23] = [
     map::ATTACHED,
     map::CONTROL,
     map::DISKS,
@@ -96,8 +102,11 @@ pub const MAPS: [&str; 20] = [
     map::RAISE_COUNTS,
     map::RAISED_REQUESTS,
     map::READ_REPORT_DUE,
+    map::READER_USERS,
+    map::READER_GIVEN,
     map::URING_INFLIGHT,
     map::URING_USERS,
+    map::URING_GIVEN,
     map::ZERO_COUNTERS,
 ];
 

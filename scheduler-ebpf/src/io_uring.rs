@@ -8,47 +8,26 @@
 //!
 //! BTF tracepoints: `io_uring_submit_req`, `io_uring_complete`.
 
-use core::intrinsics::{atomic_xadd, AtomicOrdering};
-
 use aya_ebpf::{
-    bindings::BPF_NOEXIST, helpers::bpf_get_current_uid_gid, macros::btf_tracepoint,
-    programs::BtfTracePointContext,
+    helpers::bpf_get_current_uid_gid, macros::btf_tracepoint, programs::BtfTracePointContext,
 };
 use scheduler_common::{playout_kind, PlayoutEvent, UringSubmission, MAX_URING_INFLIGHT_PER_USER};
 
 use crate::kernel::{
-    attached_file, current_task_unless, files_attached, inode_key, layout, note_raised_context,
-    now_ns, read, report,
+    add_to, attached_file, current_task_unless, files_attached, inode_key, layout,
+    note_raised_context, now_ns, read, report, take_room,
 };
-use crate::maps::{CONTROL, FILE_READERS, URING_INFLIGHT, URING_USERS};
+use crate::maps::{CONTROL, FILE_READERS, URING_GIVEN, URING_INFLIGHT, URING_USERS};
 
-/// User `uid`'s count of followed requests, made at its first request.
-#[inline(always)]
-fn user_count(uid: u32) -> Option<*mut u64> {
-    if let Some(found) = URING_USERS.get_ptr_mut(uid) {
-        return Some(found);
-    }
-    // Two CPUs making it at once make it once.
-    let _ = URING_USERS.insert(uid, 0, u64::from(BPF_NOEXIST));
-    URING_USERS.get_ptr_mut(uid)
-}
-
-/// Adds `delta` (wrapping: `u64::MAX` takes one away) to the count at `count`, with BPF's
-/// atomic add (several CPUs submit for one user at once; `core`'s atomics need compare and
-/// swap, which this target lacks).
-#[inline(always)]
-fn add_to(count: *mut u64, delta: u64) {
-    // SAFETY: an aligned u64 of a live map value.
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, delta) };
-}
-
-/// Gives back one of user `uid`'s followed requests (its entry was taken out). A count at zero
-/// stays there: one an emptying of the maps reset is not taken below it.
+/// Gives back one of user `uid`'s followed requests (its entry was taken out). A count at what
+/// abissd gave back stays there: one an emptying of the maps reset is not taken below it.
 #[inline(always)]
 fn give_back(uid: u32) {
+    // SAFETY: a lookup of a plain u64, copied.
+    let given = unsafe { URING_GIVEN.get(&uid) }.copied().unwrap_or(0);
     if let Some(count) = URING_USERS.get_ptr_mut(uid) {
         // SAFETY: an aligned u64 of a live map value.
-        if unsafe { count.read_volatile() } > 0 {
+        if unsafe { count.read_volatile() } > given {
             add_to(count, u64::MAX);
         }
     }
@@ -79,17 +58,12 @@ pub fn abiss_uring_submit(ctx: BtfTracePointContext) -> i32 {
     let req: u64 = ctx.arg(0);
     #[expect(clippy::cast_possible_truncation, reason = "the low half is the uid")]
     let uid = bpf_get_current_uid_gid() as u32;
-    let Some(count) = user_count(uid) else {
+    // Past the user's room (full of requests that have not completed), this one is not
+    // followed, and nobody else's room is taken.
+    let Some(count) = take_room(&URING_USERS, &URING_GIVEN, uid, MAX_URING_INFLIGHT_PER_USER)
+    else {
         return 0;
     };
-    add_to(count, 1);
-    // SAFETY: an aligned u64 of a live map value.
-    if unsafe { count.read_volatile() } > MAX_URING_INFLIGHT_PER_USER {
-        // The user's room is full (of requests that have not completed): this one is not
-        // followed, and nobody else's room is taken.
-        add_to(count, u64::MAX);
-        return 0;
-    }
     // A request at the address of one whose completion was not seen replaces it: that one's
     // user gets its room back.
     // SAFETY: pointer to a live map value, one field copied.

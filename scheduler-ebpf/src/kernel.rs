@@ -5,17 +5,22 @@
 //! No tracepoints here. Every helper stays `#[inline(always)]`, as before the split: each one
 //! is inlined into the programs that call it, so every program is a single function.
 
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+
 use aya_ebpf::bindings::BPF_NOEXIST;
 use aya_ebpf::helpers::{
     bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_uid_gid,
     bpf_probe_read_kernel, generated::bpf_ktime_get_ns,
 };
+use aya_ebpf::maps::HashMap;
 use scheduler_common::{
-    raised_flags, AttachedFile, FileKey, PlayoutEvent, RaiseCounts, RaisedThread,
+    raised_flags, AttachedFile, FileKey, FileReader, PlayoutEvent, RaiseCounts, RaisedThread,
+    MAX_FILE_READERS_PER_USER,
 };
 
 use crate::maps::{
-    ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS, RAISE_COUNTS,
+    ATTACHED, CONTROL, FILE_READERS, PLAYOUT, RAISED, RAISED_CONTEXTS, RAISE_COUNTS, READER_GIVEN,
+    READER_USERS,
 };
 
 /// `PF_KTHREAD`: the task is a kernel thread.
@@ -209,13 +214,80 @@ pub(crate) fn report(event: PlayoutEvent) {
     }
 }
 
-/// Notes process `tgid` as a reader of `stream`'s file (a lookup, and an update only when new).
+/// Notes process `tgid` as a reader of `stream`'s file (a lookup, and an update only when
+/// new), within its user's room: past `MAX_FILE_READERS_PER_USER` of one user's, the process is
+/// not followed, and no other user's room is taken.
 #[inline(always)]
 fn remember_reader(tgid: u32, stream: u64) {
-    // SAFETY: pointer to a live map value of this type, read once.
-    if FILE_READERS.get_ptr(tgid).map(|found| unsafe { *found }) != Some(stream) {
-        let _ = FILE_READERS.insert(tgid, stream, 0);
+    if let Some(found) = FILE_READERS.get_ptr_mut(tgid) {
+        // SAFETY: a live map value; the stream is one aligned u64.
+        unsafe {
+            if (*found).stream != stream {
+                (*found).stream = stream;
+            }
+        }
+        return;
     }
+    #[expect(clippy::cast_possible_truncation, reason = "the low half is the uid")]
+    let uid = bpf_get_current_uid_gid() as u32;
+    let Some(count) = take_room(&READER_USERS, &READER_GIVEN, uid, MAX_FILE_READERS_PER_USER)
+    else {
+        return;
+    };
+    let reader = FileReader {
+        stream,
+        uid,
+        pad: 0,
+    };
+    // Two CPUs making it at once make it once: the other gives its room back.
+    if FILE_READERS
+        .insert(tgid, reader, u64::from(BPF_NOEXIST))
+        .is_err()
+    {
+        add_to(count, u64::MAX);
+    }
+}
+
+/// Takes one of user `uid`'s room: adds one to its count in `added` (atomically), unless what
+/// it holds, that count less what abissd gave back (`given`, which abissd alone writes), is past
+/// `bound` already, in which case the one is taken back. The count, if the room was taken.
+#[inline(always)]
+pub(crate) fn take_room(
+    added: &HashMap<u32, u64>,
+    given: &HashMap<u32, u64>,
+    uid: u32,
+    bound: u64,
+) -> Option<*mut u64> {
+    let count = user_count(added, uid)?;
+    add_to(count, 1);
+    // SAFETY: a lookup of a plain u64, copied.
+    let given = unsafe { given.get(&uid) }.copied().unwrap_or(0);
+    // SAFETY: an aligned u64 of a live map value.
+    if unsafe { count.read_volatile() }.saturating_sub(given) > bound {
+        add_to(count, u64::MAX);
+        return None;
+    }
+    Some(count)
+}
+
+/// User `uid`'s count in `counts`, made at its first use.
+#[inline(always)]
+fn user_count(counts: &HashMap<u32, u64>, uid: u32) -> Option<*mut u64> {
+    if let Some(found) = counts.get_ptr_mut(uid) {
+        return Some(found);
+    }
+    // Two CPUs making it at once make it once.
+    let _ = counts.insert(uid, 0, u64::from(BPF_NOEXIST));
+    counts.get_ptr_mut(uid)
+}
+
+/// Adds `delta` (wrapping: `u64::MAX` takes one away) to the count at `count`, with BPF's
+/// atomic add (several CPUs count for one user at once; `core`'s atomics need compare and
+/// swap, which this target lacks).
+#[inline(always)]
+pub(crate) fn add_to(count: *mut u64, delta: u64) {
+    // SAFETY: an aligned u64 of a live map value.
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(count, delta) };
 }
 
 /// The current task's I/O context (`task_struct.io_context`), if it has one.

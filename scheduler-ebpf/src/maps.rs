@@ -10,11 +10,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
 use scheduler_common::{
-    AttachedFile, Control, FileKey, FillReport, HistogramKey, InflightRequest, KernelLayout,
-    LatencyCounters, RaiseCounts, RaisedRequest, RaisedThread, RequestOrigin, UringSubmission,
-    EVENT_RING_BYTES, FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS, MAX_FILE_READERS,
-    MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT, MAX_URING_USERS,
-    PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
+    AttachedFile, Control, FileKey, FileReader, FillReport, HistogramKey, InflightRequest,
+    KernelLayout, LatencyCounters, RaiseCounts, RaisedRequest, RaisedThread, RequestOrigin,
+    UringSubmission, EVENT_RING_BYTES, FORK_RING_BYTES, MAX_ATTACHED_FILES, MAX_DISKS,
+    MAX_FILE_READERS, MAX_HISTOGRAM_KEYS, MAX_INFLIGHT, MAX_RAISED, MAX_URING_INFLIGHT,
+    MAX_URING_USERS, PLAYOUT_RING_BYTES, READ_REPORT_BUCKETS,
 };
 
 /// Filled in by abissd (`EbpfLoader::set_global`) before load.
@@ -70,11 +70,26 @@ pub(crate) static PLAYOUT: RingBuf = RingBuf::with_byte_size(PLAYOUT_RING_BYTES,
 pub(crate) static READ_REPORT_DUE: LruHashMap<[u64; 2], u64> =
     LruHashMap::with_max_entries(READ_REPORT_BUCKETS, 0);
 
-/// Processes (tgid) seen reading an attached file, with the stream: their `io_uring` requests
-/// are followed, nobody else's, so other rings pay one lookup per submission.
+/// Processes (tgid) seen reading an attached file, with the stream and the user they count
+/// against: their `io_uring` requests are followed, nobody else's, so other rings pay one
+/// lookup per submission. A plain hash, at most `MAX_FILE_READERS_PER_USER` of one user's
+/// (`READER_USERS`): a least-recently-used map let one user's short-lived readers push every
+/// other user's out. abissd sweeps out the processes that are gone and gives their room back.
 #[map]
-pub(crate) static FILE_READERS: LruHashMap<u32, u64> =
-    LruHashMap::with_max_entries(MAX_FILE_READERS, 0);
+pub(crate) static FILE_READERS: HashMap<u32, FileReader> =
+    HashMap::with_max_entries(MAX_FILE_READERS, 0);
+
+/// How many entries of `FILE_READERS` each user was given, by uid (added to atomically by the
+/// programs); what the user holds is this less `READER_GIVEN`.
+#[map]
+pub(crate) static READER_USERS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_URING_USERS, 0);
+
+/// How many entries of `FILE_READERS` abissd took out for each user (processes gone), by uid:
+/// written by abissd alone, so its read-and-write never races with the programs' atomic adds
+/// to `READER_USERS` (one shared count lost the adds that came between abissd's read and its
+/// write, and the bound wore away).
+#[map]
+pub(crate) static READER_GIVEN: HashMap<u32, u64> = HashMap::with_max_entries(MAX_URING_USERS, 0);
 
 /// `io_uring` requests of readers of attached files between submission and completion, by
 /// request address; at most `MAX_URING_INFLIGHT_PER_USER` of one user's (`URING_USERS`).
@@ -84,9 +99,15 @@ pub(crate) static FILE_READERS: LruHashMap<u32, u64> =
 pub(crate) static URING_INFLIGHT: HashMap<u64, UringSubmission> =
     HashMap::with_max_entries(MAX_URING_INFLIGHT, 0);
 
-/// How many entries of `URING_INFLIGHT` each user has, by uid (added to atomically).
+/// How many entries of `URING_INFLIGHT` each user has, by uid (added to and taken from
+/// atomically by the programs), less `URING_GIVEN`.
 #[map]
 pub(crate) static URING_USERS: HashMap<u32, u64> = HashMap::with_max_entries(MAX_URING_USERS, 0);
+
+/// How many entries of `URING_INFLIGHT` abissd dropped as stale for each user, by uid: written
+/// by abissd alone (see `READER_GIVEN`).
+#[map]
+pub(crate) static URING_GIVEN: HashMap<u32, u64> = HashMap::with_max_entries(MAX_URING_USERS, 0);
 
 /// Threads whose new tasks the fork program follows, by thread id: those abissd raised
 /// (written by abissd) and the tasks they made that abissd has not put back yet (written by

@@ -12,11 +12,11 @@ use std::time::Duration;
 use abiss_model::ModelError;
 use abiss_os::clock::monotonic_now;
 use abiss_proto::AdmissionMode;
-use aya::maps::RingBuf;
 use log::{error, info, warn};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{broadcast, mpsc};
 
+use crate::controller::commands::{handle, Watchers};
 use crate::controller::Controller;
 use crate::disk::device::{DeviceConfig, DeviceError};
 use crate::disk::managed::{AdmissionSettings, Disks, TakeError};
@@ -31,10 +31,10 @@ use crate::kernel::tracer::{BlockTracer, LoaderBtf, TracerError};
 use crate::policy::memory::LockedMemoryBudget;
 use crate::raise::forks::RaisedForks;
 use crate::raise::ReaderRaises;
+use crate::serve::loop_clock::LoopClock;
 use crate::serve::socket::{ControlSocket, SocketError};
 use crate::serve::{serve_connection, Command, Context};
 use crate::stream::prefetch::{LoadDone, PrefetchEngine};
-use scheduler_common::names::map;
 
 /// How the daemon is set up.
 #[derive(Clone, Debug)]
@@ -365,16 +365,9 @@ fn reader_raises(
     ),
     DaemonError,
 > {
-    let map_error = |name| move |source| TracerError::Map { name, source };
-    let ring = RingBuf::try_from(tracer.take_map(map::FORKS)?).map_err(map_error(map::FORKS))?;
-    let maps = (
-        tracer.take_map(map::RAISED)?,
-        tracer.take_map(map::RAISE_COUNTS)?,
-        tracer.take_map(map::RAISED_CONTEXTS)?,
-        tracer.take_map(map::FORK_LOST)?,
-    );
-    let followed =
-        RaisedForks::new(maps.0, maps.1, maps.2, maps.3).map_err(map_error(map::RAISED))?;
+    let maps = tracer.take_raise_maps()?;
+    let ring = maps.forks;
+    let followed = RaisedForks::new(maps.raised, maps.counts, maps.contexts, maps.lost);
     let (fork_tx, forks) = mpsc::channel(FORK_QUEUE);
     let unqueued = followed.unqueued();
     let pump = tokio::spawn(pump_ring(ring, move |bytes| {
@@ -393,53 +386,6 @@ fn reader_raises(
     Ok((raises, forks, pump))
 }
 
-/// What a connection watches.
-#[derive(Clone, Copy, Debug)]
-enum Watch {
-    /// Every disk's latency (it asked for latency or events).
-    Disks,
-    /// Per-request events.
-    Events,
-}
-
-/// Connections that watch the disks: they set what the programs record.
-#[derive(Debug, Default)]
-struct Watchers {
-    /// Trace clients: while there is one, every disk is traced, not only the managed ones.
-    tracers: u32,
-    /// Connections that stream per-request events.
-    subscribers: u32,
-}
-
-impl Watchers {
-    /// One more (`joins`) or one fewer watcher of `what`; the programs are told when the
-    /// first one joins and when the last one leaves.
-    fn change(&mut self, controller: &mut Controller, what: Watch, joins: bool) {
-        let count = match what {
-            Watch::Disks => &mut self.tracers,
-            Watch::Events => &mut self.subscribers,
-        };
-        let before = *count;
-        *count = if joins {
-            before.saturating_add(1)
-        } else {
-            before.saturating_sub(1)
-        };
-        if (before == 0) == (*count == 0) {
-            return;
-        }
-        let on = *count != 0;
-        let result = match what {
-            Watch::Disks => controller.tracer().set_trace_all(on),
-            Watch::Events => controller.tracer().set_emit_events(on),
-        };
-        if let Err(error) = result {
-            let state = if on { "on" } else { "off" };
-            warn!("cannot switch {what:?} watching {state}: {error}");
-        }
-    }
-}
-
 /// The main loop, then shutdown.
 async fn serve(
     mut controller: Controller,
@@ -448,39 +394,55 @@ async fn serve(
     reload: &Reload,
 ) {
     let mut watchers = Watchers::default();
+    let mut clock = LoopClock::default();
     let mut sweep = tokio::time::interval(Duration::from_secs(10));
     // The credit timer wakes the loop only when some window lacks pages its credit will soon
     // cover; a stream whose window is full costs no wakeups at all.
     let idle = Duration::from_secs(3600);
-    let credit_timer = tokio::time::sleep(idle);
+    let mut timer_set_for = tokio::time::Instant::now() + idle;
+    let credit_timer = tokio::time::sleep_until(timer_set_for);
     tokio::pin!(credit_timer);
     loop {
-        tokio::select! {
-            accepted = inputs.socket.listener().accept() => match accepted {
-                Ok((stream, _)) => {
-                    tokio::spawn(serve_connection(stream, inputs.context.clone()));
-                }
-                Err(error) => warn!("accept failed: {error}"),
-            },
-            Some(command) = inputs.commands.recv() => {
-                handle(&mut controller, command, &mut watchers);
+        let woke = tokio::select! {
+            accepted = inputs.socket.listener().accept() => Woke::Accepted(accepted),
+            Some(command) = inputs.commands.recv() => Woke::Command(command),
+            Some(done) = inputs.loads.recv() => Woke::Loaded(done),
+            Some(access) = inputs.accesses.recv() => Woke::Access(access),
+            Some(fork) = inputs.forks.recv() => Woke::Fork(fork),
+            () = &mut credit_timer => Woke::CreditTimer,
+            _ = sweep.tick() => Woke::Sweep,
+            _ = inputs.sigint.recv() => break,
+            _ = inputs.sigterm.recv() => break,
+            _ = inputs.sighup.recv() => Woke::Reload,
+        };
+        let turn = std::time::Instant::now();
+        match woke {
+            Woke::Accepted(Ok((stream, _))) => {
+                tokio::spawn(serve_connection(stream, inputs.context.clone()));
             }
-            Some(done) = inputs.loads.recv() => controller.loaded(done),
-            Some(access) = inputs.accesses.recv() => controller.on_access(access, monotonic_now()),
-            Some(fork) = inputs.forks.recv() => controller.on_fork(&fork),
-            () = &mut credit_timer => controller.tick(monotonic_now()),
-            _ = sweep.tick() => match controller.tracer().sweep_stale(monotonic_now()) {
+            Woke::Accepted(Err(error)) => warn!("accept failed: {error}"),
+            Woke::Command(command) => handle(&mut controller, command, &mut watchers, &clock),
+            Woke::Loaded(done) => controller.loaded(done),
+            Woke::Access(access) => {
+                let now = monotonic_now();
+                clock.access_handled(access.at, now);
+                controller.on_access(access, now);
+            }
+            Woke::Fork(fork) => controller.on_fork(&fork),
+            Woke::CreditTimer => {
+                clock.timer_fired(timer_set_for.into_std(), turn);
+                controller.tick(monotonic_now());
+            }
+            Woke::Sweep => match controller.tracer().sweep_stale(monotonic_now()) {
                 Ok(0) => {}
                 Ok(dropped) => info!("dropped {dropped} idle request records"),
                 Err(error) => warn!("cannot sweep request records: {error}"),
             },
-            _ = inputs.sigint.recv() => break,
-            _ = inputs.sigterm.recv() => break,
-            _ = inputs.sighup.recv() => {
+            Woke::Reload => {
                 crate::systemd::reloading();
                 match reload() {
                     Ok(new) => reconfigure(&mut controller, &mut config, new),
-                    Err(reason) => error!("reload refused, the running configuration stays: {reason}"),
+                    Err(reason) => error!("reload refused, the configuration stays: {reason}"),
                 }
                 crate::systemd::ready("reloaded");
             }
@@ -491,9 +453,9 @@ async fn serve(
             .map_or(idle, |ns| {
                 Duration::from_nanos(ns).max(Duration::from_millis(1))
             });
-        credit_timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + wait);
+        timer_set_for = tokio::time::Instant::now() + wait;
+        credit_timer.as_mut().reset(timer_set_for);
+        clock.turn(turn.elapsed());
     }
     info!("shutting down: ending streams, restoring devices, detaching programs");
     crate::systemd::stopping();
@@ -504,71 +466,14 @@ async fn serve(
     drop(inputs);
 }
 
-/// Answers one command of a connection.
-fn handle(controller: &mut Controller, command: Command, watchers: &mut Watchers) {
-    match command {
-        Command::Latency(reply) => {
-            let _ = reply.send(controller.tracer().latency().map_err(|e| e.to_string()));
-        }
-        Command::RequestRecords(reply) => {
-            let _ = reply.send(controller.tracer().request_records().unwrap_or((0, 0)));
-        }
-        Command::StartTracing(reply) => {
-            watchers.change(controller, Watch::Disks, true);
-            let _ = reply.send(());
-        }
-        Command::StopTracing => watchers.change(controller, Watch::Disks, false),
-        Command::Subscribe(reply) => {
-            watchers.change(controller, Watch::Events, true);
-            let _ = reply.send(());
-        }
-        Command::Unsubscribe => watchers.change(controller, Watch::Events, false),
-        Command::Attach {
-            uid,
-            connection,
-            fd,
-            request,
-            reply,
-        } => {
-            let _ = reply.send(controller.attach(uid, connection, fd, request, monotonic_now()));
-        }
-        Command::Detach { uid, target, reply } => {
-            let _ = reply.send(controller.detach(uid, &target));
-        }
-        Command::ReaderStarts {
-            uid,
-            stream,
-            tid,
-            reply,
-        } => {
-            let _ = reply.send(controller.reader_starts(uid, stream, tid, monotonic_now()));
-        }
-        Command::SetRate {
-            uid,
-            target,
-            rate,
-            reply,
-        } => {
-            let _ = reply.send(controller.set_rate(uid, &target, rate, monotonic_now()));
-        }
-        Command::Position {
-            uid,
-            stream,
-            offset,
-            at,
-        } => {
-            let now = monotonic_now();
-            controller.position(uid, stream, offset, at.unwrap_or(now), now);
-        }
-        Command::List { uid, reply } => {
-            let _ = reply.send(controller.list(uid));
-        }
-        Command::Status { uid, reply } => {
-            let _ = reply.send(controller.status(uid));
-        }
-        Command::Admit { request, reply } => {
-            let _ = reply.send(controller.plan(&request));
-        }
-        Command::ConnectionClosed(connection) => controller.connection_closed(connection),
-    }
+/// What woke the main loop.
+enum Woke {
+    Accepted(std::io::Result<(tokio::net::UnixStream, tokio::net::unix::SocketAddr)>),
+    Command(Command),
+    Loaded(LoadDone),
+    Access(StreamAccess),
+    Fork(Fork),
+    CreditTimer,
+    Sweep,
+    Reload,
 }

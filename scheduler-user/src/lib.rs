@@ -42,6 +42,7 @@ mod controller;
 mod daemon;
 pub mod disk;
 mod kernel;
+mod latency_histogram;
 pub mod policy;
 mod raise;
 pub mod serve;

@@ -109,7 +109,7 @@ impl Daemon {
         self.process = Some(self.command.start().expect("start abissd"));
     }
 
-    /// The daemon's state directory (device and upgrade records for crash recovery).
+    /// The daemon's state directory (device and raise records for crash recovery).
     #[must_use]
     pub fn state_dir(&self) -> PathBuf {
         self.command.state_dir()
@@ -189,6 +189,16 @@ impl Daemon {
         abiss_client::Client::connect(&self.socket)
             .and_then(|mut client| client.list())
             .expect("list streams")
+    }
+
+    /// How late the daemon's loop has woken for its credit timer: printed beside a timing
+    /// test's misses, so that a late loop is told from a slow disk.
+    #[must_use]
+    pub fn main_loop(&self) -> abiss_proto::LoopReport {
+        abiss_client::Client::connect(&self.socket)
+            .and_then(|mut client| client.status_report())
+            .expect("status")
+            .main_loop
     }
 
     /// Stops the daemon with SIGTERM and returns its exit status code.

@@ -283,3 +283,55 @@ pub fn unread_metrics(address: &str, count: u32) -> std::process::ExitCode {
     drop(held);
     std::process::ExitCode::SUCCESS
 }
+
+/// `readers FILE COUNT` of the hostile client: [`held_readers`], then `readers N` (how many
+/// read), then the readers are held until a line (or the end) comes on standard input.
+#[must_use]
+pub fn held_readers_command(file: &str, count: &str) -> std::process::ExitCode {
+    let Ok(count) = count.parse::<u32>() else {
+        eprintln!("COUNT is a number");
+        return std::process::ExitCode::from(2);
+    };
+    let Ok((release, children)) = held_readers(Path::new(file), count) else {
+        eprintln!("cannot make the readers");
+        return std::process::ExitCode::from(1);
+    };
+    println!("readers {}", children.len());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    drop(release);
+    for child in children {
+        let _ = nix::sys::wait::waitpid(child, None);
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// Makes `count` processes, one after another, each of which reads the first page of `file`
+/// (a new reader of the file to the kernel programs) and then waits until the pipe whose
+/// writing end this returns is closed. The processes that read.
+///
+/// # Errors
+/// The file cannot be opened or the pipe made.
+pub fn held_readers(file: &Path, count: u32) -> std::io::Result<(OwnedFd, Vec<nix::unistd::Pid>)> {
+    use std::os::unix::fs::FileExt;
+    let opened = std::fs::File::open(file)?;
+    let (wait_on, release) = nix::unistd::pipe()?;
+    let mut children = Vec::new();
+    for _ in 0..count {
+        // SAFETY: the child only reads into buffers it owns and leaves with `_exit`.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => {
+                drop(release);
+                let mut page = [0u8; 4096];
+                let ok = opened.read_at(&mut page, 0).is_ok();
+                let mut byte = [0u8; 1];
+                let _ = nix::unistd::read(wait_on.as_raw_fd(), &mut byte);
+                // SAFETY: leaves the child without running the parent's exit handlers.
+                unsafe { libc::_exit(i32::from(!ok)) };
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => children.push(child),
+            Err(_) => break,
+        }
+    }
+    Ok((release, children))
+}

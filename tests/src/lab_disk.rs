@@ -53,12 +53,28 @@ impl HddLab {
         scheduler: &str,
         mount_options: Option<&str>,
     ) -> Self {
-        Self::up_mounted(
+        Self::up_modelled(
             tag,
             size_gib,
             scheduler,
             Some(abiss_lab::FilesystemKind::Btrfs),
             mount_options,
+            None,
+        )
+    }
+
+    /// A `size_gib` lab hdd with `scheduler` selected and ext4 on it, reading and writing
+    /// `mb_s` MB/s in every zone: a disk slow enough that locking a window of it takes seconds.
+    /// Made and filled as the others (unmodelled), so only what a test reads from it is slow.
+    #[must_use]
+    pub fn up_slow(tag: &str, size_gib: u64, scheduler: &str, mb_s: f64) -> Self {
+        Self::up_modelled(
+            tag,
+            size_gib,
+            scheduler,
+            Some(abiss_lab::FilesystemKind::Ext4),
+            None,
+            Some(mb_s),
         )
     }
 
@@ -74,34 +90,27 @@ impl HddLab {
         scheduler: &str,
         mkfs: Option<abiss_lab::FilesystemKind>,
     ) -> Self {
-        Self::up_mounted(tag, size_gib, scheduler, mkfs, None)
+        Self::up_modelled(tag, size_gib, scheduler, mkfs, None, None)
     }
 
-    fn up_mounted(
+    fn up_modelled(
         tag: &str,
         size_gib: u64,
         scheduler: &str,
         mkfs: Option<abiss_lab::FilesystemKind>,
         mount_options: Option<&str>,
+        rate_mb_s: Option<f64>,
     ) -> Self {
-        use abiss_lab::{Lab, LabOptions, ModelFile, ModelKind};
+        use abiss_lab::{Lab, LabOptions};
         let dir = Scratch::new_in("/tmp", &format!("lab-{tag}"));
         let mut options =
-            LabOptions::new(ModelFile::default().spec(ModelKind::Hdd)).expect("lab options");
-        options.size_bytes = size_gib << 30;
-        options.mkfs = mkfs;
-        options.mount_options = mount_options.map(str::to_owned);
-        if mkfs.is_some() {
-            options.mount_dir = Some(dir.path().join("mnt"));
+            LabOptions::hdd_in(dir.path(), size_gib << 30, mkfs).expect("lab options");
+        if let Some(rate) = rate_mb_s {
+            options.model.hdd.outer_rate_mb_s = rate;
+            options.model.hdd.inner_rate_mb_s = rate;
         }
+        options.mount_options = mount_options.map(str::to_owned);
         options.scheduler = Some(scheduler.to_owned());
-        options.state_dir = dir.path().join("state");
-        // In memory where it fits, as the benchmarks do (`abiss_lab::lab::memory_backing_dir`),
-        // in a directory of its own (every test lab's state directory is called `state`).
-        options.backing_dir = abiss_lab::lab::memory_backing_dir(options.size_bytes).map_or_else(
-            || dir.path().join("backing"),
-            |memory| memory.join(dir.path().file_name().unwrap_or_default()),
-        );
         let timer = FixtureTimer::start("lab hdd up");
         let lab = Lab::up(&options).expect("bring the lab hdd up");
         drop(timer);

@@ -44,7 +44,7 @@
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
 //! | **priorities and admission** | |
-//! | automatic priority upgrades, and putting them back | `tests/upgrades.rs` |
+//! | automatic raises (readers that miss raised to the stream's priority), and putting them back | `tests/automatic_raises.rs` |
 //! | admission refuses exactly at the capacity `abissctl admit` predicts | `tests/admission_capacity.rs` |
 //! | automatic buffers enlarged for the disk's admission, within the memory budgets | `tests/capacity_buffers.rs` |
 //! | **devices, kernels, tracing** | |

@@ -126,13 +126,13 @@ impl NobodysStream {
         assert!(recorded, "abissd did not record {raises} raises");
     }
 
-    /// What `status` says of upgrades, and what `list` says of the stream's policed readers.
+    /// What `status` says of raises, and what `list` says of the stream's policed readers.
     #[must_use]
     pub fn policed(&self) -> (abiss_proto::RaiseReport, u64) {
         let mut client = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
-        let upgrades = client.status_report().expect("status").raises;
+        let raises = client.status_report().expect("status").raises;
         let listed = client.list().expect("list");
-        (upgrades, listed[0].policed)
+        (raises, listed[0].policed)
     }
 }
 

@@ -147,11 +147,22 @@ pub fn wait_for_ioprio(tid: u32, wanted: u16, timeout: Duration) -> Option<Durat
 /// a CPU. The priority is above the emulator's so that read latency measures I/O waits only;
 /// a reader that waits for the disk still waits, whatever its CPU priority.
 ///
+/// Threads and processes the thread makes afterwards start at the ordinary priority
+/// (`SCHED_RESET_ON_FORK`): a test's best-effort load started after its reader is best effort.
+/// Without it, the timeshift test's page-cache writer ran at real-time priority, a CPU flat out
+/// for 8 s, and held up every abissd on the machine by up to 0.1 s (2026-12-07).
+///
 /// # Panics
 /// If the thread cannot be made real-time (the tests run as root).
 pub fn run_at_realtime_cpu_priority() {
     let param = libc::sched_param { sched_priority: 30 };
     // SAFETY: a valid sched_param that outlives the call; pid 0 is the calling thread.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    let rc = unsafe {
+        libc::sched_setscheduler(
+            0,
+            libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK,
+            &raw const param,
+        )
+    };
     assert_eq!(rc, 0, "SCHED_FIFO for the reader thread");
 }

@@ -340,6 +340,12 @@ fn prometheus_scrapes_a_streams_misses_and_a_latency_quantile() {
     drop(off);
     let _on = BpfStats::set(true);
     let exposed = sample_names(&scrape(metrics));
+    // The reads above were accesses the loop handled: how late it was shows.
+    assert!(
+        exposed.contains("abiss_main_loop_late_seconds")
+            && exposed.contains("abiss_main_loop_longest_turn_seconds"),
+        "{exposed:?}"
+    );
     let (panels, variables) = dashboard_queries();
     let missing: Vec<String> = metric_names(panels.iter().chain(&variables))
         .difference(&exposed)

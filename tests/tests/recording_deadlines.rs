@@ -218,7 +218,18 @@ fn a_recorder_meets_its_deadlines_against_a_best_effort_writer() {
 /// for a CPU); the next test asserts that those two explain every one. Before, with a
 /// write-back that waited for nothing (`sync_file_range(WRITE)` alone), one of two runs had a
 /// 484 ms write (`bench/results/recording-write-ahead/`).
+///
+/// Ignored since 2026-12-07, as its ext4 sibling is: in a fresh-clone run of the suite (it runs
+/// alone there) the recorder overflowed 35 times in 480 writes, its writes asleep 120 to 200 ms
+/// each, many in a row, the pace of the dirty-page throttle; 5 runs alone after passed. The
+/// throttle paces every writer by the machine's dirty pages, which the write stream does not
+/// control: the guaranteed recording is `abissctl record`, past the page cache, whose test
+/// (`recording_direct.rs`) runs in the suite under a heavier load.
 #[test]
+#[ignore = "0 overflows not reliable: 35 overflows of 480 in 1 of 3 fresh-clone suite runs \
+            (2026-12-07), the writes asleep 120-200 ms each in the kernel's dirty-page \
+            throttle, which paces every writer by the machine's dirty pages; 0 in 5 runs alone \
+            after; the guaranteed path is abissctl record (recording_direct.rs)"]
 fn a_recorder_on_xfs_meets_its_deadlines_against_a_best_effort_writer() {
     require_root!();
     let (with, be_with, _) = xfs_recorder_against_writer();

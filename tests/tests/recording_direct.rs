@@ -9,6 +9,7 @@
 //! `ABISS_DIRECT` takes the same path.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +35,17 @@ const BOUND_NS: u64 = 6_000_000;
 /// `abissctl record FILE` against `daemon` with a ring of `ring` (its default where `None`),
 /// its standard input a pipe.
 fn start_record(daemon: &Daemon, file: &Path, rate: &str, ring: Option<&str>) -> Child {
+    start_record_with(daemon, file, rate, ring, &[])
+}
+
+/// [`start_record`] with more of `abissctl record`'s options.
+fn start_record_with(
+    daemon: &Daemon,
+    file: &Path,
+    rate: &str,
+    ring: Option<&str>,
+    options: &[&str],
+) -> Child {
     Command::new(binary("abissctl"))
         .arg("--socket")
         .arg(daemon.socket())
@@ -41,6 +53,7 @@ fn start_record(daemon: &Daemon, file: &Path, rate: &str, ring: Option<&str>) ->
         .arg(file)
         .args(["--rate", rate, "--json"])
         .args(ring.map(|ring| ["--buffer", ring]).into_iter().flatten())
+        .args(options)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -431,6 +444,58 @@ fn a_killed_abissd_loses_nothing_of_a_direct_recording() {
     assert_eq!(summary["bytes"], total, "{summary}");
     let on_disk = std::fs::read(&file).expect("read the recording");
     assert!(on_disk == bytes, "the file is byte-identical to the input");
+}
+
+/// `abissctl record --preallocate`: abissd allocates the file ahead of the writes (4 s of the
+/// rate), the kernel agrees the blocks are the file's, the recording is still exactly its
+/// input, and what was left past its end is given back once the recording ends.
+#[test]
+fn a_direct_recording_is_allocated_ahead_when_asked_and_the_rest_given_back() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 128));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let file = fs.path().join("ahead.ts");
+    let mut recorder = start_record_with(&daemon, &file, "2MB/s", None, &["--preallocate"]);
+    let mut input = recorder.stdin.take().expect("the recorder's input");
+    let total = 3_000_000 + 777;
+    let bytes: Vec<u8> = (0..total)
+        .map(|i: usize| u8::try_from((i * 13 + i / 4099) % 251).unwrap_or(0))
+        .collect();
+    input
+        .write_all(&bytes[..2_000_000])
+        .expect("feed the recorder");
+    let mut client = Client::connect(daemon.socket()).expect("connect");
+    let mut seen = None;
+    let allocated = abiss_tests::wait_until(Duration::from_secs(5), || {
+        let recording = client
+            .list()
+            .expect("list")
+            .into_iter()
+            .find_map(|stream| stream.recording);
+        let on_disk = std::fs::metadata(&file).map(|m| (m.len(), m.blocks() * 512));
+        seen = Some((recording.clone(), on_disk.as_ref().ok().copied()));
+        matches!(
+            (&recording, on_disk),
+            (Some(r), Ok((size, allocated)))
+                if r.direct && r.preallocated_end >= size + 4 * MIB && allocated >= size + 4 * MIB
+        )
+    });
+    assert!(allocated, "allocated ahead of the writes: {seen:?}");
+    input.write_all(&bytes[2_000_000..]).expect("feed the rest");
+    drop(input);
+    let summary = summary_of(recorder);
+    assert_eq!(summary["bytes"], total, "{summary}");
+    let on_disk = std::fs::read(&file).expect("read the recording");
+    assert!(on_disk == bytes, "the file is byte-identical to the input");
+    let block_end = u64::try_from(total).expect("size").div_ceil(4096) * 4096;
+    let given_back = abiss_tests::wait_until(Duration::from_secs(10), || {
+        std::fs::metadata(&file).is_ok_and(|m| m.blocks() * 512 <= block_end)
+    });
+    let blocks = std::fs::metadata(&file).map(|m| m.blocks() * 512);
+    assert!(
+        given_back,
+        "nothing stays allocated past the end: {blocks:?} bytes of blocks for {total}"
+    );
 }
 
 /// A file system without direct I/O (tmpfs) and a full one: one sentence, exit 17 and 18,

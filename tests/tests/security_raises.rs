@@ -220,9 +220,9 @@ fn reading_another_file_at_real_time_loses_the_raise(how: &[&str]) {
     let read_while_raised = disk_bytes_read(&disk) - before;
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
-    let (upgrades, listed) = setup.policed();
+    let (raises, listed) = setup.policed();
     println!(
-        "raise dropped {back:?} after the check began; {} KiB read meanwhile; {}; {upgrades:?}",
+        "raise dropped {back:?} after the check began; {} KiB read meanwhile; {}; {raises:?}",
         read_while_raised >> 10,
         String::from_utf8_lossy(&output.stdout).trim()
     );
@@ -230,7 +230,7 @@ fn reading_another_file_at_real_time_loses_the_raise(how: &[&str]) {
         back.is_some(),
         "the reader kept its raise while reading another file"
     );
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(raises.policed, 1, "{raises:?}");
     assert_eq!(listed, 1, "list shows the policed reader");
 }
 
@@ -246,13 +246,13 @@ fn a_raise_lends_no_more_of_the_streams_own_file_than_its_rate() {
     let back = wait_for_ioprio(reader.id(), BE5, Duration::from_secs(3));
     let output = reader.wait_with_output().expect("reader");
     assert!(output.status.success(), "the reader failed: {output:?}");
-    let (upgrades, listed) = setup.policed();
-    println!("raise dropped {back:?} after it was seen; {upgrades:?}");
+    let (raises, listed) = setup.policed();
+    println!("raise dropped {back:?} after it was seen; {raises:?}");
     assert!(
         back.is_some(),
         "a 1 kB/s stream lent its reader RT reads at full speed"
     );
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(raises.policed, 1, "{raises:?}");
     assert_eq!(listed, 1, "list shows the policed reader");
 }
 
@@ -341,6 +341,6 @@ fn a_rate_raised_now_lends_nothing_for_the_time_before() {
     let said = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{output:?}");
     assert_eq!(said.trim(), "raised false", "{output:?}");
-    let (upgrades, _) = setup.policed();
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    let (raises, _) = setup.policed();
+    assert_eq!(raises.policed, 1, "{raises:?}");
 }

@@ -82,8 +82,8 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
         std::thread::sleep(Duration::from_millis(10));
     }
     let status = reader.wait().expect("reader");
-    let (upgrades, listed) = setup.policed();
-    println!("raise dropped {back:?} after the children were named; {upgrades:?}");
+    let (raises, listed) = setup.policed();
+    println!("raise dropped {back:?} after the children were named; {raises:?}");
     assert!(back.is_some(), "the reader kept its raise past the bound");
     assert!(
         children_back.iter().all(|&b| b),
@@ -91,7 +91,7 @@ fn a_raised_reader_that_makes_too_many_clone_io_tasks_loses_its_raise() {
     );
     assert!(!raised_again, "the reader was raised again for the stream");
     assert!(status.success(), "the reader failed: {status:?}");
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(raises.policed, 1, "{raises:?}");
     assert_eq!(listed, 1, "list shows the policed reader");
 }
 
@@ -121,17 +121,17 @@ fn clone_io_tasks_past_the_bound_go_back_when_the_raised_reader_is_gone() {
         .iter()
         .map(|&child| wait_for_ioprio(child, BE5, DROPPED_WITHIN))
         .collect();
-    let (upgrades, _) = setup.policed();
-    println!("children back after {back:?}; {upgrades:?}");
+    let (raises, _) = setup.policed();
+    println!("children back after {back:?}; {raises:?}");
     assert!(status.success(), "the reader failed: {status:?}");
     assert!(
         back.iter().all(Option::is_some),
         "tasks past the bound kept the raise after the reader was gone: {back:?}"
     );
     assert_eq!(
-        (upgrades.restored, upgrades.policed),
+        (raises.restored, raises.policed),
         (0, 1),
-        "the raise was dropped, with the reader gone: {upgrades:?}"
+        "the raise was dropped, with the reader gone: {raises:?}"
     );
 }
 
@@ -182,8 +182,8 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
         .filter(|&&c| ioprio::get(c).ok() == Some(BE5))
         .count();
     let status = reader.wait().expect("reader");
-    let (upgrades, _) = setup.policed();
-    println!("{noted} entries in the table while abissd was stopped; raise dropped {back:?} after it went on; {upgrades:?}");
+    let (raises, _) = setup.policed();
+    println!("{noted} entries in the table while abissd was stopped; raise dropped {back:?} after it went on; {raises:?}");
     assert!(
         noted <= 1 + usize::try_from(MAX_SHARED_IO_TASKS_PER_RAISE).expect("small"),
         "{noted} entries: the raised reader and more than {MAX_SHARED_IO_TASKS_PER_RAISE} of its tasks"
@@ -191,7 +191,7 @@ fn the_fork_program_notes_a_raises_bound_and_no_more_while_abissd_is_not_listeni
     assert!(back.is_some(), "the reader kept its raise past the bound");
     assert_eq!(children_back, kept.len(), "children still real time");
     assert!(status.success(), "the reader failed: {status:?}");
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(raises.policed, 1, "{raises:?}");
 }
 
 /// Two raised readers of one stream make 10 tasks sharing their I/O contexts each: neither
@@ -232,10 +232,8 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
         .all(|&c| ioprio::get(c).ok() == Some(BE5));
     let first_children_raised = first_kept.iter().all(|&c| ioprio::get(c).ok() == Some(RT0));
     let statuses = (first.wait().expect("first"), second.wait().expect("second"));
-    let (upgrades, _) = setup.policed();
-    println!(
-        "second reader's raise dropped {second_back:?} after it named its tasks; {upgrades:?}"
-    );
+    let (raises, _) = setup.policed();
+    println!("second reader's raise dropped {second_back:?} after it named its tasks; {raises:?}");
     assert!(statuses.0.success() && statuses.1.success(), "{statuses:?}");
     assert!(
         second_back.is_some(),
@@ -249,7 +247,7 @@ fn a_streams_raises_together_note_at_most_its_bound_of_clone_io_tasks() {
         first_still_raised && first_children_raised,
         "the first reader, within the bound, lost its raise too"
     );
-    assert_eq!(upgrades.policed, 1, "{upgrades:?}");
+    assert_eq!(raises.policed, 1, "{raises:?}");
 }
 
 /// A plain child of a raised reader makes 65 tasks sharing the child's own I/O context (not

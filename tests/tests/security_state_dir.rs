@@ -111,7 +111,7 @@ fn raises_stop_while_their_record_cannot_be_written() {
     let mut reader = test_reader(NOBODY_UID, &files[0], 4, 16 << 20, 2);
     let pid = reader.id();
     std::thread::sleep(Duration::from_secs(3));
-    let upgrades = Client::connect(daemon.socket())
+    let raises = Client::connect(daemon.socket())
         .and_then(|mut client| client.status_report())
         .expect("status")
         .raises;
@@ -121,9 +121,9 @@ fn raises_stop_while_their_record_cannot_be_written() {
     daemon.stop();
     let log = std::fs::read_to_string(&log_file).expect("read abissd's log");
     assert_eq!(
-        (upgrades.active, upgrades.total, now),
+        (raises.active, raises.total, now),
         (0, 0, BE5),
-        "a raise went on while the state dir was full: {upgrades:?}, ioprio {now:#x}\n{log}"
+        "a raise went on while the state dir was full: {raises:?}, ioprio {now:#x}\n{log}"
     );
     assert_eq!(
         log.matches("cannot record raised threads").count(),
@@ -131,6 +131,31 @@ fn raises_stop_while_their_record_cannot_be_written() {
         "said once: {log}"
     );
     assert!(log.contains("raising no reader"), "{log}");
+}
+
+/// Kills `daemon` with SIGKILL the moment thread `pid` is seen raised (looked at every 100 µs):
+/// a raise must be recorded before it is made, or this is where it would be lost.
+fn kill_once_raised(daemon: &Daemon, pid: u32) {
+    let daemon_pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.pid()).expect("pid"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while abiss_os::ioprio::get(pid).ok() != Some(RT0) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    nix::sys::signal::kill(daemon_pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+    assert_eq!(
+        abiss_os::ioprio::get(pid).ok(),
+        Some(RT0),
+        "nobody's reader of nobody's stream was raised"
+    );
+}
+
+/// A start of abissd over the killed `daemon`'s state that cannot take its disk (exit 16).
+fn start_failing_on_its_disk(daemon: &Daemon) -> Output {
+    run_to_exit(
+        abissd_command(daemon.socket().parent().expect("the daemon's directory"))
+            .args(["--device", "/dev/abiss-no-such-disk"])
+            .command(),
+    )
 }
 
 #[test]
@@ -141,19 +166,9 @@ fn a_crashed_daemons_raises_are_put_back_even_when_the_next_start_fails_on_a_dis
     let _stream = attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
     let mut reader = test_reader(NOBODY_UID, &files[0], 2, 16 << 20, 30);
     let pid = reader.id();
-    let raised = wait_until(Duration::from_secs(5), || {
-        abiss_os::ioprio::get(pid).ok() == Some(RT0)
-    });
-    assert!(raised, "nobody's reader of nobody's stream was raised");
-    let daemon_pid = nix::unistd::Pid::from_raw(i32::try_from(daemon.pid()).expect("pid"));
-    nix::sys::signal::kill(daemon_pid, nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+    kill_once_raised(&daemon, pid);
     std::thread::sleep(Duration::from_millis(300));
-    // The next start cannot take its disk (exit 16).
-    let next = run_to_exit(
-        abissd_command(daemon.socket().parent().expect("the daemon's directory"))
-            .args(["--device", "/dev/abiss-no-such-disk"])
-            .command(),
-    );
+    let next = start_failing_on_its_disk(&daemon);
     let now = abiss_os::ioprio::get(pid).expect("ioprio of the reader");
     let _ = reader.kill();
     let _ = reader.wait();
@@ -161,6 +176,78 @@ fn a_crashed_daemons_raises_are_put_back_even_when_the_next_start_fails_on_a_dis
     assert_eq!(
         now, BE5,
         "the reader a crashed daemon raised is still at {now:#x} after a start that failed"
+    );
+}
+
+/// The tasks a raised reader makes while no abissd runs take its raise (a new task takes its
+/// maker's I/O priority), and no abissd hears of them: the next start puts them back with the
+/// reader, even one that then fails on its disk.
+#[test]
+fn what_a_raised_reader_makes_while_abissd_is_down_is_put_back_at_the_next_start() {
+    require_root!();
+    let (fs, files) = shared_fs(&[("stream.bin", 64 << 20)]);
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let _stream = attach_as(NOBODY_UID, daemon.socket(), &files[0], "1MB/s");
+    // Reads 3 s from far outside the window (raised at its first miss), then forks a child
+    // that reads on and starts a thread, both living 20 s.
+    let file = files[0].to_string_lossy().into_owned();
+    let mut reader = as_user(NOBODY_UID, &binary("abiss-test-reader"))
+        .args([file.as_str(), "1000000", "65536", "577536", "3"])
+        .args(["--start", &(16 << 20).to_string(), "--ioprio", "2/5"])
+        .args(["--fork", file.as_str(), "20"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the test reader");
+    let pid = reader.id();
+    kill_once_raised(&daemon, pid);
+    let made = |pid: u32| -> Vec<u32> {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|dir| {
+                dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .unwrap_or_default();
+        children
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .chain(threads.into_iter().filter(|&t| t != pid))
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(8), || made(pid).len() >= 2),
+        "the reader forked a child and started a thread: {:?}",
+        made(pid)
+    );
+    let tasks = made(pid);
+    let before: Vec<Option<u16>> = tasks
+        .iter()
+        .map(|&t| abiss_os::ioprio::get(t).ok())
+        .collect();
+    let next = start_failing_on_its_disk(&daemon);
+    let after: Vec<Option<u16>> = tasks
+        .iter()
+        .map(|&t| abiss_os::ioprio::get(t).ok())
+        .collect();
+    let reader_now = abiss_os::ioprio::get(pid).ok();
+    let _ = reader.kill();
+    let _ = reader.wait();
+    for task in &tasks {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(*task).expect("pid")),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    assert_eq!(next.status.code(), Some(16), "{next:?}");
+    assert!(
+        before.iter().all(|&p| p == Some(RT0)),
+        "what the reader made while abissd was down took its raise: {tasks:?} at {before:?}"
+    );
+    assert_eq!(reader_now, Some(BE5), "the reader is put back");
+    assert!(
+        after.iter().all(|&p| p == Some(BE5)),
+        "what the reader made while abissd was down is put back: {tasks:?} at {after:?}"
     );
 }
 
@@ -191,7 +278,7 @@ fn start_time(pid: u32) -> u64 {
 }
 
 #[test]
-fn a_forged_upgrade_record_raises_nobody_at_start() {
+fn a_forged_raise_record_raises_nobody_at_start() {
     require_root!();
     let scratch = Scratch::new_in("/tmp", "forged");
     let state = scratch.path().join("state");

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use abiss_lab::{FilesystemKind, Lab, LabOptions, ModelFile, ModelKind};
+use abiss_lab::{FilesystemKind, Lab, LabOptions};
 use anyhow::{bail, Context};
 use std::os::unix::process::CommandExt;
 
@@ -131,7 +131,7 @@ pub fn run(root: &Path, secs: u64) -> anyhow::Result<()> {
         "--count",
         &reports,
     ]))?;
-    step("the stream (abissctl list): window, locked pages, credit, misses, upgrades, readers");
+    step("the stream (abissctl list): window, locked pages, credit, misses, raises, readers");
     shell::run(&mut ctl(&["list"]))?;
 
     if let Some(mut player) = setup.workload.pop() {
@@ -233,13 +233,8 @@ fn tear_down(mut setup: DemoSetup) -> anyhow::Result<()> {
 /// The lab hdd with ext4, a movie and a copy source written on it, the page cache cold.
 fn bring_up_lab(dir: &Path, setup: &mut DemoSetup) -> anyhow::Result<Lab> {
     step("bringing up an emulated 2.5\" 5400 rpm laptop disk (abiss-lab hdd model) with ext4");
-    let mut options = LabOptions::new(ModelFile::default().spec(ModelKind::Hdd))
+    let options = LabOptions::hdd_in(dir, 2 << 30, Some(FilesystemKind::Ext4))
         .context("cannot find the abiss-lab binary (cargo xtask build builds it)")?;
-    options.size_bytes = 2 << 30;
-    options.mkfs = Some(FilesystemKind::Ext4);
-    options.mount_dir = Some(dir.join("disk"));
-    options.state_dir = dir.join("lab");
-    options.backing_dir = dir.join("backing");
     setup.lab_state = Some(options.state_dir.clone());
     let lab = Lab::up(&options).context("cannot bring the lab disk up")?;
     let mount = lab

@@ -108,9 +108,11 @@ enum Benchmark {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Upgrade latency over many page-cache misses (see `abiss-bench upgrades --help`).
-    Upgrades {
-        /// Passed to `abiss-bench upgrades`.
+    /// Raise latency over many page-cache misses (see `abiss-bench raises --help`);
+    /// `upgrades`, its earlier name, is still taken.
+    #[command(alias = "upgrades")]
+    Raises {
+        /// Passed to `abiss-bench raises`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -176,7 +178,7 @@ fn main() -> ExitCode {
             Benchmark::Overhead { args } => bench::run_bench_binary(&root, "overhead", &args),
             Benchmark::Reference { args } => bench::run_bench_binary(&root, "reference", &args),
             Benchmark::Sweep { args } => bench::run_bench_binary(&root, "sweep", &args),
-            Benchmark::Upgrades { args } => bench::run_bench_binary(&root, "upgrades", &args),
+            Benchmark::Raises { args } => bench::run_bench_binary(&root, "raises", &args),
             Benchmark::Admission { args } => bench::run_bench_binary(&root, "admission", &args),
             Benchmark::Memory { args } => bench::run_bench_binary(&root, "memory", &args),
             Benchmark::Players { args } => bench::run_bench_binary(&root, "players", &args),

@@ -11,6 +11,12 @@ use std::time::Duration;
 /// assertion, its figures and the start of a backtrace.
 const FAILURE_LINES: usize = 120;
 
+/// Lines of one panic's message kept for the last lines of the run, and characters of each:
+/// a CI service that keeps only the log's tail shows why every test failed, however long the
+/// failure sections above it (a test's figures come first in its section).
+const REASON_LINES: usize = 8;
+const REASON_CHARS: usize = 400;
+
 /// What one test binary printed and how it ended.
 #[derive(Debug)]
 pub struct BinaryLog {
@@ -26,6 +32,10 @@ pub struct BinaryLog {
     pub failure: Vec<String>,
     /// Every line, when it ran beside another and prints only at its end.
     kept: Vec<String>,
+    /// Each panic's `panicked at` line and its message, from anywhere in the section.
+    reasons: Vec<String>,
+    /// Lines of the current panic's message still to keep.
+    reason_left: usize,
 }
 
 impl BinaryLog {
@@ -38,6 +48,8 @@ impl BinaryLog {
             in_failures: false,
             failure: Vec::new(),
             kept: Vec::new(),
+            reasons: Vec::new(),
+            reason_left: 0,
         }
     }
 
@@ -52,6 +64,20 @@ impl BinaryLog {
         }
         if self.in_failures && self.failure.len() < FAILURE_LINES {
             self.failure.push(line.to_owned());
+        }
+        if line.contains(" panicked at ") {
+            self.reason_left = REASON_LINES;
+        } else if line.starts_with("stack backtrace:") || line.starts_with("note: ") {
+            self.reason_left = 0;
+        }
+        if self.reason_left > 0 {
+            self.reason_left -= 1;
+            let cut = line
+                .char_indices()
+                .nth(REASON_CHARS)
+                .map_or(line.len(), |(at, _)| at);
+            let ellipsis = if cut < line.len() { " …" } else { "" };
+            self.reasons.push(format!("{}{ellipsis}", &line[..cut]));
         }
     }
 
@@ -105,7 +131,7 @@ impl TestLog {
     }
 
     /// The summary printed at the end: the time of each lane, the slowest binaries, then
-    /// every failure section.
+    /// every failure section, and last why each test failed.
     pub fn summary(&self, beside: &LaneRun, alone: Duration) -> String {
         let mut slowest: Vec<&BinaryLog> = self.binaries.iter().collect();
         slowest.sort_by_key(|b| std::cmp::Reverse(b.took));
@@ -135,6 +161,12 @@ impl TestLog {
                 let _ = writeln!(out, "  | {line}");
             }
         }
+        for binary in self.binaries.iter().filter(|b| !b.passed) {
+            let _ = writeln!(out, "xtask: why {} failed:", binary.name);
+            for line in &binary.reasons {
+                let _ = writeln!(out, "  > {line}");
+            }
+        }
         out
     }
 }
@@ -158,7 +190,11 @@ mod tests {
             "failures:",
             "",
             "---- two stdout ----",
+            "a figure",
+            "thread 'two' (7) panicked at tests/b.rs:3:5:",
             "assertion failed: the raise was kept",
+            "stack backtrace:",
+            "   0: a frame",
             "",
             "failures:",
             "    two",
@@ -186,5 +222,14 @@ mod tests {
         assert!(summary.contains("tests/tests/b.rs failed"));
         assert!(summary.contains("| assertion failed: the raise was kept"));
         assert!(!summary.contains("a line after the result"));
+        let why = summary
+            .find("why tests/tests/b.rs failed")
+            .expect("the reasons");
+        assert!(
+            summary[why..].ends_with(
+                "  > thread 'two' (7) panicked at tests/b.rs:3:5:\n  > assertion failed: the raise was kept\n"
+            ),
+            "{summary}"
+        );
     }
 }

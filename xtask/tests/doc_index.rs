@@ -1,11 +1,18 @@
 //! The indexes the documents keep stay whole: every module of abissd is in the module map of
 //! `docs/architecture.md`, every integration test file in the index of `tests/src/lib.rs`, and
-//! every benchmark of `abiss-bench` in `bench/README.md`. An index that silently leaves out what
-//! was added since is how the old README's module table came to name files that no longer
-//! existed; this test names what is missing instead. Needs no root and no eBPF build.
+//! every benchmark of `abiss-bench` in `bench/README.md`; and the other way round, every path
+//! `docs/architecture.md` and `DEVELOPING.md` name in backticks is a file or folder of the
+//! workspace, and every function `DEVELOPING.md` names is in its sources (`doc_index/stale.rs`).
+//! An index that silently leaves out what was added since, or keeps what was renamed, is how
+//! the old README's module table came to name files that no longer existed; this test names
+//! what is missing or stale instead. Needs no root and no eBPF build.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+
+// A module of this test, not a test of its own (which a file beside this one would be).
+#[path = "doc_index/stale.rs"]
+mod stale;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

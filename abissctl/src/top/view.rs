@@ -363,6 +363,7 @@ mod tests {
                 raises: abiss_proto::RaiseReport::default(),
                 capabilities: Vec::new(),
                 memory: abiss_proto::MemoryReport::default(),
+                main_loop: abiss_proto::LoopReport::default(),
             },
         }
     }

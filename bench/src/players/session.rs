@@ -350,7 +350,7 @@ impl Session {
         let (daemon, wrapper) = self.wrapper(row, plan.rate)?;
         let watch = daemon.as_ref().map(|d| StreamWatch::start(d.socket()));
         let request_trace = match (&daemon, plan.events_dir) {
-            (Some(daemon), Some(dir)) => Some(RequestTrace::start(
+            (Some(daemon), Some(dir)) => Some(crate::request_trace::RequestTrace::start(
                 self.bin_dir.as_deref().unwrap_or(Path::new(".")),
                 daemon.socket(),
                 &dir.join(format!("{}-requests.jsonl", plan.label())),
@@ -416,33 +416,6 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.scratch);
-    }
-}
-
-/// `abissctl trace --events --json` into a file while a row runs (with `--events-dir`): every
-/// block request with its stream, priority, queue and service time. Ended on drop.
-#[derive(Debug)]
-struct RequestTrace(std::process::Child);
-
-impl RequestTrace {
-    fn start(bin_dir: &Path, socket: &Path, output: &Path) -> anyhow::Result<Self> {
-        if let Some(dir) = output.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let child = std::process::Command::new(bin_dir.join("abissctl"))
-            .args(["trace", "--events", "--json"])
-            .env("ABISS_SOCKET", socket)
-            .stdout(std::fs::File::create(output)?)
-            .spawn()
-            .context("cannot start abissctl trace")?;
-        Ok(Self(child))
-    }
-}
-
-impl Drop for RequestTrace {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

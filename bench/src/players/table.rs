@@ -241,7 +241,7 @@ const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the player
      waited for the disk for data the window should have held; seek waits = reads that waited \
      for the window a seek (a player's jump) asked for, while it loaded; service = dispatch to completion and queue = insert to dispatch of \
      the stream's block requests (log2 bucket bounds):\n\n\
-     | row | stream | file | misses | seek waits | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | row | stream | file | misses | seek waits | raises | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
      | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 /// What abissd counted per stream, per row (and run).

@@ -38,7 +38,7 @@ pub struct StreamFigures {
     /// Reads that waited for a seek's refill, as abissd counts them.
     pub seek_waits: u64,
     /// Reader threads raised.
-    pub upgrades: u64,
+    pub raises: u64,
     /// Bytes its prefetch loaded.
     pub prefetched_bytes: u64,
     /// abissd's advice, if any.
@@ -118,7 +118,7 @@ impl StreamWatch {
                     buffer_bytes: stream.buffer.0,
                     misses: stream.misses,
                     seek_waits: stream.seek_waits,
-                    upgrades: stream.raises,
+                    raises: stream.raises,
                     prefetched_bytes: stream.prefetched_bytes,
                     suggestion: stream.suggestion,
                     requests,
@@ -159,7 +159,7 @@ fn record(seen: &Mutex<BTreeMap<StreamId, StreamInfo>>, streams: Vec<StreamInfo>
 
 /// Appends to `text` the per-stream table of the rows that have streams: `intro` (the
 /// paragraph and the table's head) and a line per stream, `| row | id | file | misses |
-/// seek waits | upgrades | requests | inversions | service p99 | queue p99 | queue max | suggestion |`.
+/// seek waits | raises | requests | inversions | service p99 | queue p99 | queue max | suggestion |`.
 /// Nothing if no row has streams.
 pub(crate) fn streams_table(
     text: &mut String,
@@ -183,7 +183,7 @@ pub(crate) fn streams_table(
                 stream.id,
                 stream.misses,
                 stream.seek_waits,
-                stream.upgrades,
+                stream.raises,
                 stream.requests,
                 stream.inversions,
                 ms(stream.service_p99_ms),

@@ -25,6 +25,8 @@ pub struct RecordSink {
     pub rate: String,
     /// `--buffer`: the ring.
     pub buffer: String,
+    /// `--preallocate`: abissd allocates the file ahead of the writes.
+    pub preallocate: bool,
 }
 
 /// A running `abissctl record`, and its FIFO.
@@ -53,9 +55,16 @@ impl RecordSink {
         let _ = std::fs::remove_file(&fifo);
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
             .with_context(|| format!("cannot make the FIFO {}", fifo.display()))?;
+        let preallocate = if self.preallocate {
+            " --preallocate"
+        } else {
+            ""
+        };
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(r#"exec "$0" --socket "$1" record "$2" --rate "$3" --buffer "$4" --json < "$5""#)
+            .arg(format!(
+                r#"exec "$0" --socket "$1" record "$2" --rate "$3" --buffer "$4"{preallocate} --json < "$5""#
+            ))
             .arg(&self.abissctl)
             .arg(&self.socket)
             .arg(file)

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::direct::RecordSink;
 use super::filesystem::FileSystem;
-use super::load::{self, LoadFigures, LoadFiles};
+use super::load::{self, LoadFigures, LoadFiles, LoadKind};
 use super::recorder::{RecorderKind, RecorderResult, RunningRecorder, Tracer};
 use super::writes::quantile;
 use super::{Configuration, DISK_BYTES, PLAYERS, RECORDERS};
@@ -27,6 +27,7 @@ use crate::players::player::{PlayerKind, PlayerSpec, RunningPlayer, Wrapper};
 use crate::players::session::{player_result, PlayerResult};
 use crate::players::watch::{StreamFigures, StreamWatch};
 use crate::players::Class;
+use crate::request_trace::{self, RealTimeWrites, RequestTrace};
 use crate::trial::sleep_interruptibly;
 
 /// How long `perf trace` gets to set up before the recorders start.
@@ -51,6 +52,8 @@ pub struct RowPlan<'a> {
     pub recorder_buffer: &'a str,
     /// `abissctl record --buffer` of the recorders in a direct row.
     pub record_buffer: &'a str,
+    /// `abissctl record --preallocate` in a direct row.
+    pub record_preallocate: bool,
     /// The capture buffer the recorders' overflows are counted against, ms.
     pub capture_ms: u64,
     /// Where to keep each recorder's `perf trace` output, if anywhere.
@@ -94,6 +97,7 @@ pub struct Bench {
     source: PathBuf,
     media: Vec<PathBuf>,
     load: Option<LoadFiles>,
+    load_kind: LoadKind,
     scratch: PathBuf,
     bin_dir: Option<PathBuf>,
 }
@@ -127,11 +131,15 @@ pub struct RowResult {
     pub load_average_1m: f64,
     /// What abissd counted per stream (abiss rows).
     pub streams: Option<Vec<StreamFigures>>,
+    /// The real-time write requests on the lab disk against ABISS's bound, from abissd's
+    /// tracer (abiss rows).
+    pub real_time_writes: Option<RealTimeWrites>,
 }
 
 impl Bench {
-    /// Brings the lab hdd up (ext4) with the media for `media_secs`.
-    pub fn up(media_secs: u32, read_ahead_kb: u32) -> anyhow::Result<Self> {
+    /// Brings the lab hdd up (ext4) with the media for `media_secs`, for rows under
+    /// `load_kind`.
+    pub fn up(media_secs: u32, read_ahead_kb: u32, load_kind: LoadKind) -> anyhow::Result<Self> {
         let source = media::cached_media(media_secs)?;
         let disk = LabDisk::up("recording", DISK_BYTES, read_ahead_kb)?;
         let scratch =
@@ -143,6 +151,7 @@ impl Bench {
             source,
             media: Vec::new(),
             load: None,
+            load_kind,
             scratch,
             bin_dir: std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from),
         })
@@ -185,7 +194,11 @@ impl Bench {
             self.disk.device().display()
         );
         self.media = media::copy_onto(&self.source, self.disk.mount_dir(), PLAYERS)?;
-        self.load = Some(load::lay_out(self.disk.mount_dir(), &self.scratch)?);
+        self.load = Some(load::lay_out(
+            self.disk.mount_dir(),
+            &self.scratch,
+            self.load_kind,
+        )?);
         Ok(())
     }
 
@@ -266,19 +279,13 @@ impl Bench {
         let files = self.load.as_ref().context("nothing laid out")?;
         let bin_dir = self.bin_dir()?;
         self.disk.select_elevator(row.elevator)?;
-        // Last row's recordings and the writer's file go: this row allocates anew.
-        for index in 0..RECORDERS.len() {
-            let _ = std::fs::remove_file(self.recording(index));
-        }
-        let _ = std::fs::remove_file(&files.write);
-        sync_disks();
-        for path in &self.media {
-            drop_cached_pages(path)?;
-        }
-        self.disk
-            .wait_until_idle(Duration::from_secs(1), Duration::from_secs(60))?;
+        self.start_afresh(files)?;
         let (daemon, player_wrapper, recorder_wrapper) = self.wrappers(plan)?;
         let watch = daemon.as_ref().map(|d| StreamWatch::start(d.socket()));
+        let request_trace = daemon
+            .as_ref()
+            .map(|d| self.trace_requests(d, bin_dir, row.name))
+            .transpose()?;
         let runtime = plan.warmup + Duration::from_secs(plan.secs + 3);
         let load = load::start(&self.scratch, files, runtime)?;
         sleep_interruptibly(plan.warmup)?;
@@ -320,6 +327,9 @@ impl Bench {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let cpu_after = cpu_times()?;
         let load = load.finish()?;
+        let real_time_writes = request_trace
+            .map(|(trace, file)| self.real_time_writes(trace, &file))
+            .transpose()?;
         drop(daemon);
         let players: Vec<PlayerResult> = runs
             .iter()
@@ -338,7 +348,48 @@ impl Bench {
             cpu_busy_pct: busy_pct(cpu_before, cpu_after),
             load_average_1m,
             streams,
+            real_time_writes,
         })
+    }
+
+    /// Last row's recordings and the writers' files go (this row allocates anew) and their
+    /// blocks are freed, the media leave the page cache, and the disk is let go idle.
+    fn start_afresh(&self, files: &LoadFiles) -> anyhow::Result<()> {
+        for index in 0..RECORDERS.len() {
+            let _ = std::fs::remove_file(self.recording(index));
+        }
+        for file in files.kind.write_files(&files.dir) {
+            let _ = std::fs::remove_file(file);
+        }
+        sync_disks();
+        for path in &self.media {
+            drop_cached_pages(path)?;
+        }
+        self.disk
+            .wait_until_idle(Duration::from_secs(1), Duration::from_secs(60))?;
+        Ok(())
+    }
+
+    /// Every block request `daemon` sees while row `name` runs, into a file of the scratch.
+    fn trace_requests(
+        &self,
+        daemon: &Daemon,
+        bin_dir: &Path,
+        name: &str,
+    ) -> anyhow::Result<(RequestTrace, PathBuf)> {
+        let file = self.scratch.join(format!("{name}-requests.jsonl"));
+        Ok((RequestTrace::start(bin_dir, daemon.socket(), &file)?, file))
+    }
+
+    /// Ends `trace` and counts the real-time writes on the lab disk it saw in `file`.
+    fn real_time_writes(&self, trace: RequestTrace, file: &Path) -> anyhow::Result<RealTimeWrites> {
+        drop(trace);
+        let records = request_trace::records(file)?;
+        let _ = std::fs::remove_file(file);
+        Ok(RealTimeWrites::of(
+            &records,
+            request_trace::device_number(self.disk.device())?,
+        ))
     }
 
     fn launch_recorders(
@@ -430,5 +481,6 @@ fn record_sink(plan: &RowPlan<'_>, daemon: Option<&Daemon>, bin_dir: &Path) -> O
         socket: daemon.socket().to_path_buf(),
         rate: plan.recorder_rate.to_owned(),
         buffer: plan.record_buffer.to_owned(),
+        preallocate: plan.record_preallocate,
     })
 }

@@ -133,9 +133,7 @@ pub fn markdown(context: &Context<'_>) -> String {
          filesink`, video only (writev(2) calls of about 77 KB, 12 a second; see recorder.rs for \
          why MPEG-4 and no sound); `abiss-test-recorder FILE 1000000 65536 1000 {secs}` (64 KiB every 65.5 ms). \
          **Players**: {players} × `ffmpeg -re -i FILE -f null -`, each on its own 8 Mbit/s file \
-         (the players benchmark's media and player). **Best-effort load** (fio): one sequential \
-         writer of 1 MiB buffered write(2) calls into a new file, two random 16 KiB `O_DIRECT` \
-         readers of a 512 MiB file. **Dirty limits** of a small machine while the rows run: \
+         (the players benchmark's media and player). **Best-effort load** {load}. **Dirty limits** of a small machine while the rows run: \
          `vm.dirty_bytes` = {dirty} MiB, `vm.dirty_background_bytes` = {background} MiB (the \
          previous values are put back at the end, also after an error or Ctrl-C). **abiss rows**: \
          abissd with its defaults; each recorder under `abissctl run --write --rate {rrate} \
@@ -155,6 +153,7 @@ pub fn markdown(context: &Context<'_>) -> String {
         rrate = args.recorder_rate,
         rbuffer = args.recorder_buffer,
         pargs = super::session::player_args(&args.player_rate, &args.player_preroll).join(" "),
+        load = args.load.describe(),
         disk_line = disk_line(context.queue),
         machine_line = report::machine_line(context.machine),
     );
@@ -191,6 +190,7 @@ pub fn markdown(context: &Context<'_>) -> String {
     tracer_cost_table(&mut text, context.tracer_cost);
     rows_table(&mut text, context.results);
     goal_summary(&mut text, context.results);
+    deadline_table(&mut text, context.results);
     recorders_table(&mut text, context.results);
     let streams: Vec<(&str, Option<&[StreamFigures]>)> = context
         .results
@@ -282,6 +282,34 @@ fn rows_table(text: &mut String, results: &[RowResult]) {
             result.cpu_busy_pct,
             if goal_met(result) { "yes" } else { "no" },
         );
+    }
+}
+
+/// The abiss rows' real-time write requests against ABISS's bound, from abissd's tracer.
+fn deadline_table(text: &mut String, results: &[RowResult]) {
+    let _ = write!(
+        text,
+        "\nReal-time write requests on the lab disk, insert to completion, against ABISS's bound of \
+         {} ms (abissd's tracer through `abissctl trace --events --json`; abiss rows):\n\n\
+         | row | real-time writes | over the bound | p50 ms | queued p50 ms | p99 ms | slowest ms | its queue ms |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        crate::request_trace::ABISS_BOUND_NS / 1_000_000
+    );
+    for result in results {
+        if let Some(w) = &result.real_time_writes {
+            let _ = writeln!(
+                text,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                result.row.name,
+                w.requests,
+                w.over_bound,
+                report::ms(w.p50_ms),
+                report::ms(w.queue_p50_ms),
+                report::ms(w.p99_ms),
+                report::ms(w.slowest_ms),
+                report::ms(w.slowest_queue_ms)
+            );
+        }
     }
 }
 
@@ -455,11 +483,11 @@ fn record_table(text: &mut String, results: &[RowResult]) {
 /// The head of the per-stream table, what abissd counted ([`watch::streams_table`]).
 const STREAMS_INTRO: &str = "\nWhat abissd counted per stream (before the players were stopped): misses = reads that \
      waited for the disk for data the window should have held (read streams); seek waits = \
-     reads that waited for the window a seek asked for; upgrades = raises of a reader; inversions = the \
+     reads that waited for the window a seek asked for; raises = readers raised; inversions = the \
      stream's block requests that ran below its level (a recording's: pages the kernel's \
      flushers wrote back at best effort before abissd did); service = dispatch to completion \
      and queue = insert to dispatch of the stream's block requests (log2 bucket bounds):\n\n\
-     | row | stream | file | misses | seek waits | upgrades | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
+     | row | stream | file | misses | seek waits | raises | requests | inversions | service p99 ms | queue p99 ms | queue max ms | suggestion |\n\
      | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
 
 fn errors(text: &mut String, results: &[RowResult]) {

@@ -245,7 +245,7 @@ impl Soak {
         });
         let mut root = Client::connect(&self.socket())?;
         let streams = root.list()?.len();
-        let (_, upgrades) = root.status_and_upgrades()?;
+        let (_, raises) = root.status_and_raises()?;
         drop(root);
         let exit = self.end(false);
         let disk = DiskSettings::of(&self.disk);
@@ -253,11 +253,11 @@ impl Soak {
             "baseline": self.baseline,
             "at_end": now,
             "streams_left": streams,
-            "raised_threads": upgrades.active,
-            "upgrades_total": upgrades.total,
-            "upgrades_restored": upgrades.restored,
+            "raised_threads": raises.active,
+            "raises_total": raises.total,
+            "raises_restored": raises.restored,
             "exit_code": exit,
-            "note": "upgrades_* count the last abissd's raises only (since its start)",
+            "note": "raises_* count the last abissd's raises only (since its start)",
             "disk_original": self.original,
             "disk_after_stop": disk,
             "disk_restored_at_stop": disk == self.original,

@@ -81,8 +81,8 @@ pub(super) fn markdown(results: &Results<Value, Value>) -> String {
         end["exit_code"],
         settings_text(&end["disk_after_stop"]),
         settings_text(&end["disk_original"]),
-        end["upgrades_total"],
-        end["upgrades_restored"],
+        end["raises_total"],
+        end["raises_restored"],
     );
     md
 }

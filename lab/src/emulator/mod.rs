@@ -28,6 +28,7 @@ use crate::model::ModelSpec;
 use crate::queue::DeviceQueue;
 use crate::timing::{self};
 
+pub mod apart;
 mod fuse;
 mod service;
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::emulator::image_path;
 use crate::error::LabError;
-use crate::model::ModelSpec;
+use crate::model::{ModelKind, ModelSpec};
 use crate::stats::{read_summary, StatsCursor, StatsSummary};
 use crate::system;
 
@@ -52,12 +52,25 @@ pub fn memory_backing_dir(size_bytes: u64) -> Option<PathBuf> {
     use procfs::Current as _;
     let dir = Path::new(MEMORY_BACKING_DIR);
     let parent = dir.parent()?;
+    if !root_owns(dir) {
+        return None;
+    }
     let stats = nix::sys::statvfs::statvfs(parent).ok()?;
     let free = stats
         .blocks_available()
         .saturating_mul(stats.fragment_size());
     let available = procfs::Meminfo::current().ok()?.mem_available?;
     (free >= size_bytes && available >= size_bytes.saturating_mul(2)).then(|| dir.to_path_buf())
+}
+
+/// Whether `dir` is a directory root made and alone may write, making it (0755) if it is
+/// missing. `/dev/shm` is every user's to write: a directory someone else put at that name, or
+/// a link, would let them choose what root's lab writes its image over.
+fn root_owns(dir: &Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let _ = std::fs::DirBuilder::new().mode(0o755).create(dir);
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|found| found.is_dir() && found.uid() == 0 && found.mode() & 0o022 == 0)
 }
 
 /// The smallest disk a lab makes: room for a file system and for seeks to mean something.
@@ -121,6 +134,38 @@ impl LabOptions {
             backing_dir: PathBuf::from(DEFAULT_BACKING_DIR),
             emulator_exe: emulator_exe()?,
         })
+    }
+}
+
+impl LabOptions {
+    /// The lab hdd of every harness (the tests, the benchmarks and the demo): the default hdd
+    /// model, `size_bytes` big, `mkfs` made and mounted at `dir/mnt`, the lab's state in
+    /// `dir/state`, the `none` elevator, and the image in memory where it fits
+    /// ([`memory_backing_dir`], in a directory named after `dir` and this process), else in
+    /// `dir/backing`.
+    ///
+    /// # Errors
+    /// The `abiss-lab` executable is not found ([`emulator_exe`]).
+    pub fn hdd_in(
+        dir: &Path,
+        size_bytes: u64,
+        mkfs: Option<FilesystemKind>,
+    ) -> Result<Self, LabError> {
+        let mut options = Self::new(crate::model::ModelFile::default().spec(ModelKind::Hdd))?;
+        options.size_bytes = size_bytes;
+        options.mkfs = mkfs;
+        options.mount_dir = mkfs.map(|_| dir.join("mnt"));
+        options.state_dir = dir.join("state");
+        options.scheduler = Some("none".into());
+        // Named after the lab and this process: two checkouts' demos may run at once.
+        let name = format!(
+            "{}-{}",
+            dir.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        );
+        options.backing_dir = memory_backing_dir(size_bytes)
+            .map_or_else(|| dir.join("backing"), |memory| memory.join(name));
+        Ok(options)
     }
 }
 

@@ -271,7 +271,7 @@ impl Controller {
             Access::Read(range) | Access::Fault(range) | Access::Miss(range) => Some(range),
             _ => None,
         };
-        let sharing = self.streams.sharing(event.stream, reader.tgid);
+        let sharing = self.streams.sharing(event.file_tag, reader.tgid);
         let Some(id) = route(&sharing, reader.uid, at) else {
             return;
         };

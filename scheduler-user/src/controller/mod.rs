@@ -9,13 +9,14 @@ use std::sync::Arc;
 
 use abiss_os::clock::monotonic_now;
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, MemoryReport, Refusal,
-    StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
+    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, LoopReport, MemoryReport,
+    Refusal, StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
 };
 use log::{info, warn};
 use scheduler_common::MonotonicNs;
 
 mod access;
+pub(crate) mod commands;
 mod sizing;
 
 use crate::disk::latency_tail::LatencyTails;
@@ -501,6 +502,8 @@ impl Controller {
                 yours_reserved_bytes: self.streams.locked_at_most(Some(peer_uid)),
                 yours_locked_bytes: self.streams.locked_now(Some(peer_uid)),
             },
+            // The loop's own figures are the loop's to add.
+            main_loop: LoopReport::default(),
         }
     }
 

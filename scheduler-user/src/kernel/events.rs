@@ -56,8 +56,9 @@ pub(crate) enum Access {
 /// One access of a task to a stream's file.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct StreamAccess {
-    /// The stream whose file it is.
-    pub(crate) stream: u64,
+    /// The tag of the file (shared by the file's streams; which of them the access belongs to
+    /// is the controller's to route).
+    pub(crate) file_tag: u64,
     /// When (the kernel's clock).
     pub(crate) at: MonotonicNs,
     /// Who.
@@ -203,7 +204,7 @@ pub(crate) fn decode_access(bytes: &[u8]) -> Option<StreamAccess> {
         _ => return None,
     };
     Some(StreamAccess {
-        stream: event.stream,
+        file_tag: event.stream,
         at: MonotonicNs(event.ts_ns),
         reader: Reader {
             tgid: event.tgid,
@@ -250,7 +251,7 @@ mod tests {
         assert_eq!(read.access, Access::Read(8192..16384));
         assert_eq!(read.reader.command, "player");
         assert_eq!(
-            (read.stream, read.at, read.reader.pid),
+            (read.file_tag, read.at, read.reader.pid),
             (3, MonotonicNs(5), 11)
         );
         let miss = decode_access(&raw(&event(playout_kind::MISS))).expect("miss");

@@ -190,7 +190,7 @@ fn only_the_owner_or_roots_streams_raise_a_reader() {
 }
 
 #[test]
-fn idle_upgrades_expire_and_accesses_keep_them() {
+fn idle_raises_expire_and_accesses_keep_them() {
     let mut table = RaiseTable::new(5_000);
     table.insert(raise(1, 10, 0));
     table.insert(raise(2, 10, 0));

@@ -180,6 +180,25 @@ impl WriteBehind {
 
     /// The application has written up to `file_bytes` (the file's size now).
     pub(crate) fn on_size(&mut self, file_bytes: u64, now: MonotonicNs) -> Vec<WriteAction> {
+        self.note_size(file_bytes, now);
+        self.on_tick(now)
+    }
+
+    /// A direct recording's client has written up to `file_bytes` past the page cache: none of
+    /// it is dirty, so nothing is written back, and only the allocation ahead moves.
+    pub(crate) fn on_written_directly(
+        &mut self,
+        file_bytes: u64,
+        now: MonotonicNs,
+    ) -> Vec<WriteAction> {
+        self.note_size(file_bytes, now);
+        self.written_back_end = page_floor(self.written_end);
+        self.in_flight = None;
+        self.allocation_credit.accrue(now);
+        self.allocate().into_iter().collect()
+    }
+
+    fn note_size(&mut self, file_bytes: u64, now: MonotonicNs) {
         if file_bytes > self.written_end {
             self.written_end = file_bytes;
             self.grew_at = now;
@@ -190,7 +209,6 @@ impl WriteBehind {
             self.written_back_end = self.written_back_end.min(page_floor(file_bytes));
             self.allocated_end = self.allocated_end.min(file_bytes);
         }
-        self.on_tick(now)
     }
 
     /// Time passed: credit accrued.
@@ -202,17 +220,21 @@ impl WriteBehind {
             self.in_flight = Some(range.clone());
             actions.push(WriteAction::WriteBack(range));
         }
-        if let Some(range) = self.next_allocation() {
-            let spent = self.allocation_credit.try_spend(range.end - range.start);
-            debug_assert!(
-                spent,
-                "next_allocation asks only for what the credit covers"
-            );
-            self.allocated_end = range.end;
-            self.preallocated_bytes += range.end - range.start;
-            actions.push(WriteAction::Preallocate(range));
-        }
+        actions.extend(self.allocate());
         actions
+    }
+
+    /// The next allocation ahead, if one is due, as spent.
+    fn allocate(&mut self) -> Option<WriteAction> {
+        let range = self.next_allocation()?;
+        let spent = self.allocation_credit.try_spend(range.end - range.start);
+        debug_assert!(
+            spent,
+            "next_allocation asks only for what the credit covers"
+        );
+        self.allocated_end = range.end;
+        self.preallocated_bytes += range.end - range.start;
+        Some(WriteAction::Preallocate(range))
     }
 
     /// Whole pages written and not yet written back (or on their way).

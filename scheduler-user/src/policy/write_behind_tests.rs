@@ -187,6 +187,36 @@ proptest! {
         }
     }
 
+    /// A direct recording (its client writes past the page cache): whatever the writer does,
+    /// nothing is ever written back, the allocation keeps within the same bounds as a
+    /// page-cache recording's, and nothing counts as dirty.
+    #[test]
+    fn a_direct_recording_is_only_allocated_ahead_within_its_rate(
+        rate_kib in 1u64..65536,
+        steps in prop::collection::vec((0u64..64 * MIB, 1u64..500_000_000, any::<bool>()), 1..200),
+    ) {
+        let s = shape(MIB, rate_kib * 1024);
+        let mut window = WriteBehind::new(s, 0, s.credit_limit_bytes, MonotonicNs::ZERO);
+        let (mut now, mut end) = (0u64, 0u64);
+        for (grow, dt, truncate) in steps {
+            now += dt;
+            end = if truncate { end.saturating_sub(grow) } else { end + grow };
+            let actions = window.on_written_directly(end, MonotonicNs(now));
+            prop_assert!(write_backs(&actions).is_empty(), "{actions:?}");
+            for action in &actions {
+                if let WriteAction::Preallocate(range) = action {
+                    prop_assert!(range.start >= end, "allocated {range:?} below the end {end}");
+                }
+            }
+            prop_assert_eq!(window.behind_bytes(), end - page_floor(end));
+            let allowed = 2 * s.preallocate_ahead() + u64::try_from(
+                u128::from(now) * u128::from(s.rate_bps) / u128::from(SECOND)
+            ).unwrap();
+            prop_assert!(window.preallocated_bytes() <= allowed);
+            prop_assert!(window.allocated_end() <= end + s.preallocate_ahead() + MIB);
+        }
+    }
+
     /// A writer that keeps to its rate, in writes of up to a batch, never has more than its
     /// buffer plus a batch dirty (with write-backs finishing at once), and everything it wrote
     /// in whole pages is written back once it stops.

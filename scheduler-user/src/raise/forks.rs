@@ -65,7 +65,7 @@ use std::sync::Arc;
 
 use abiss_os::{clock::monotonic_now, ioprio};
 use abiss_proto::StreamId;
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{HashMap, MapData, PerCpuArray};
 use log::{debug, info, warn};
 use scheduler_common::{RaiseCounts, RaisedThread};
 
@@ -133,26 +133,26 @@ impl std::fmt::Debug for RaisedForks {
 }
 
 impl RaisedForks {
-    /// Over the `RAISED`, `RAISE_COUNTS`, `RAISED_CONTEXTS` and `FORK_LOST` maps of the loaded
-    /// object.
+    /// Over the raise maps the tracer hands over
+    /// ([`take_raise_maps`](crate::kernel::tracer::BlockTracer::take_raise_maps)).
     pub(crate) fn new(
-        raised: Map,
-        counts: Map,
-        contexts: Map,
-        lost: Map,
-    ) -> Result<Self, MapError> {
-        Ok(Self {
-            raised: HashMap::try_from(raised)?,
-            counts: HashMap::try_from(counts)?,
-            contexts: HashMap::try_from(contexts)?,
-            lost: PerCpuArray::try_from(lost)?,
+        raised: HashMap<MapData, u32, RaisedThread>,
+        counts: HashMap<MapData, u32, RaiseCounts>,
+        contexts: HashMap<MapData, u64, u32>,
+        lost: PerCpuArray<MapData, u64>,
+    ) -> Self {
+        Self {
+            raised,
+            counts,
+            contexts,
+            lost,
             unqueued: Arc::default(),
             shared: SharedIoTasks::default(),
             replaced: None,
             ended_since_prune: false,
             put_back: 0,
             lost_seen: 0,
-        })
+        }
     }
 
     /// The count of the fork ring's reports the pump could not queue for the main loop:

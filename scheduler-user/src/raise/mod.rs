@@ -15,6 +15,7 @@ use log::{debug, info, warn};
 use scheduler_common::{AbissLevel, MonotonicNs};
 
 use crate::kernel::events::Reader;
+use crate::latency_histogram;
 use crate::policy::raise::{
     may_raise, raised_priority, Raise, RaiseTable, MAX_RAISED_PER_STREAM, MAX_RAISED_PER_USER,
 };
@@ -33,6 +34,7 @@ mod barred;
 pub(crate) mod forks;
 mod journal;
 mod ledger;
+mod made_while_down;
 mod misuse;
 mod reused_id;
 
@@ -119,8 +121,7 @@ impl ReaderRaises {
             table: RaiseTable::new(idle_ns),
             enabled,
             record: state_dir.join(RAISES_FILE),
-            latency: Histogram::new_with_bounds(1_000, 60_000_000_000, 2)
-                .expect("1 µs to 60 s at 2 significant digits are valid bounds"),
+            latency: latency_histogram::new(),
             total: 0,
             restored: 0,
             per_stream: HashMap::new(),
@@ -163,8 +164,9 @@ impl ReaderRaises {
         if !self.enabled {
             return false;
         }
-        // The uid comes with the event, so the thread is raised before anything is read from
-        // /proc: the reads it waits for are being queued right now.
+        // The uid comes with the event, so the cheap refusals come before `/proc` is read: the
+        // reads the thread waits for are being queued right now. (`/proc` is read once before
+        // the raise, for the record, and once after, to be sure the id named the same thread.)
         let (pid, uid) = (reader.pid, reader.uid);
         if !may_raise(owner_uid, uid) {
             debug!("stream {stream}: thread {pid} of uid {uid} is not the owner's; not raised");
@@ -192,42 +194,37 @@ impl ReaderRaises {
             debug!("stream {stream}: thread {pid} not raised: the record cannot be written");
             return false;
         }
+        let Some(mut raise) = self.record_ahead(
+            reader,
+            RaiseFor { stream, file_tag },
+            (current, target),
+            at,
+            cause,
+        ) else {
+            return false;
+        };
+        let task = raise.task;
         // What it read of its file so far is its earlier stream's (the kernel may count afresh).
         self.fold_own_of(pid, stream);
         let raising = RaiseFor { stream, file_tag };
         let Some(followed) = self.follow_and_raise(raising, pid, (current, target), hook) else {
+            self.forget_unmade();
             return false;
         };
         let done = monotonic_now();
         if cause == Cause::Miss {
             let _ = self.latency.record(done.saturating_since(at).max(1_000));
         }
-        let Some((task, followed)) =
-            self.confirm_reader(reader, raising, (current, target), followed, hook)
+        let Some(followed) =
+            self.confirm_reader(reader, task, raising, (current, target), followed, hook)
         else {
+            self.forget_unmade();
             return false;
         };
-        let raise = Raise {
-            task,
-            tgid: reader.tgid,
-            stream,
-            file_tag,
-            previous: current,
-            applied: target,
-            last_access: done,
-            raised_at: done,
-            // A start raise's player makes its reading threads next ([`adoption`]).
-            started_at: (cause == Cause::ReaderStart).then_some(done),
-            journal: false,
-            writer: cause == Cause::DirectWriter,
-            uid,
-            account: RaiseAccount::default(),
-        };
-        if !self.record_with(&raise) {
-            // Unrecorded, a crash would leave it raised for good: put back at once.
-            let _ = ioprio::set(pid, current);
-            return self.not_raised(pid, hook);
-        }
+        raise.last_access = done;
+        raise.raised_at = done;
+        // A start raise's player makes its reading threads next ([`adoption`]).
+        raise.started_at = (cause == Cause::ReaderStart).then_some(done);
         self.table.insert(raise);
         if let Some(kept) = self.table.get(pid).map(Raise::followed_as) {
             // As the table keeps it (the id may have named a thread raised before). Only if
@@ -245,6 +242,37 @@ impl ReaderRaises {
             done.saturating_since(at) / 1000
         );
         true
+    }
+
+    /// Records the raise of `reader`'s thread from `current` to `target` before it is made:
+    /// killed between the two, abissd would leave a raise that no later start knows of (a test
+    /// that killed it as soon as the reader was raised found one left at real time). The
+    /// record needs the thread's start time. The raise as recorded, if it was.
+    fn record_ahead(
+        &mut self,
+        reader: &Reader,
+        RaiseFor { stream, file_tag }: RaiseFor,
+        (current, target): (u16, u16),
+        at: MonotonicNs,
+        cause: Cause,
+    ) -> Option<Raise> {
+        let task = reused_id::reader_task(reader, stream)?;
+        let raise = Raise {
+            task,
+            tgid: reader.tgid,
+            stream,
+            file_tag,
+            previous: current,
+            applied: target,
+            last_access: at,
+            raised_at: at,
+            started_at: None,
+            journal: false,
+            writer: cause == Cause::DirectWriter,
+            uid: reader.uid,
+            account: RaiseAccount::default(),
+        };
+        self.record_with(&raise).then_some(raise)
     }
 
     /// Whether thread `pid` of user `uid` may be raised for `stream` now: the table has room
@@ -445,16 +473,16 @@ impl ReaderRaises {
     /// Figures for `status`.
     #[must_use]
     pub(crate) fn report(&self) -> RaiseReport {
-        let quantile =
-            |q: f64| (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(q) / 1000);
+        let [latency_p50_us, latency_p99_us, latency_max_us] =
+            latency_histogram::quantiles_us(&self.latency);
         RaiseReport {
             enabled: self.enabled,
             active: u64::try_from(self.table.all().len()).unwrap_or(u64::MAX),
             total: self.total,
             restored: self.restored,
-            latency_p50_us: quantile(0.5),
-            latency_p99_us: quantile(0.99),
-            latency_max_us: (!self.latency.is_empty()).then(|| self.latency.max() / 1000),
+            latency_p50_us,
+            latency_p99_us,
+            latency_max_us,
             policed: self.policed,
         }
     }
@@ -483,6 +511,14 @@ impl ReaderRaises {
         serde_json::to_vec(raises)
             .map_err(io::Error::other)
             .and_then(|bytes| abiss_os::fs::replace(&self.record, &bytes))
+    }
+
+    /// The record of a raise that was not made after all: rewritten from the table, so that
+    /// a crash does not leave it for the next start (which would put the thread back only if
+    /// its priority were the raise's still, but that may be its own choice by then).
+    fn forget_unmade(&mut self) {
+        let result = self.write_record(&self.table.all());
+        let _ = self.note_record(result);
     }
 
     /// Records the raised threads with `raise` among them (as the table will hold it),

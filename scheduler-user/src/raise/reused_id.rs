@@ -12,6 +12,7 @@
 //! user for what it read and did not pay for, and the new raise starts with fresh counts.
 
 use abiss_os::ioprio;
+use abiss_proto::StreamId;
 use log::warn;
 
 use super::task::task_identity;
@@ -20,25 +21,39 @@ use crate::kernel::events::Reader;
 use crate::policy::raise::TaskId;
 use crate::raise::forks::ForkHook;
 
+/// The thread of `reader`'s event, with its start time, if its id names it still (its user and
+/// process are the event's); `None` if it is gone or is another thread.
+pub(super) fn reader_task(reader: &Reader, stream: StreamId) -> Option<TaskId> {
+    let pid = reader.pid;
+    match task_identity(pid) {
+        Ok(Some(identity)) if identity.uid == reader.uid && identity.tgid == reader.tgid => {
+            Some(identity.task)
+        }
+        Ok(None) => None, // gone already
+        _ => {
+            warn!("stream {stream}: thread {pid} is not the reader of the event; not raised");
+            None
+        }
+    }
+}
+
 impl ReaderRaises {
-    /// Thread `reader.pid` was just raised from `current` to `target` for `stream`, and
-    /// followed as `followed` (previous, applied, file tag). The raise came first, for the
-    /// reader waiting right now; now its id must still name the thread of the event, and not
-    /// another that took the id since: then the thread (with its start time) and how it is
+    /// Thread `task` (the reader of `reader`'s event) was just raised from `current` to
+    /// `target` for `stream`, and followed as `followed` (previous, applied, file tag). Its id
+    /// must still name that thread, and not another that took the id since: then how it is
     /// followed now. Otherwise it is put back, and `None`.
     pub(super) fn confirm_reader(
         &mut self,
         reader: &Reader,
+        task: TaskId,
         RaiseFor { stream, file_tag }: RaiseFor,
         (current, target): (u16, u16),
         followed: (u16, u16, u64),
         hook: &mut dyn ForkHook,
-    ) -> Option<(TaskId, (u16, u16, u64))> {
+    ) -> Option<(u16, u16, u64)> {
         let pid = reader.pid;
-        let identity = match task_identity(pid) {
-            Ok(Some(identity)) if identity.uid == reader.uid && identity.tgid == reader.tgid => {
-                identity
-            }
+        match task_identity(pid) {
+            Ok(Some(identity)) if identity.task == task => {}
             Ok(None) => {
                 self.not_raised(pid, hook); // gone already: nothing to restore
                 return None;
@@ -49,11 +64,11 @@ impl ReaderRaises {
                 self.not_raised(pid, hook);
                 return None;
             }
-        };
+        }
         let fresh = (current, target, file_tag);
-        match self.end_raise_of_earlier_thread(identity.task, fresh, hook) {
-            Ok(false) => Some((identity.task, followed)),
-            Ok(true) => Some((identity.task, fresh)),
+        match self.end_raise_of_earlier_thread(task, fresh, hook) {
+            Ok(false) => Some(followed),
+            Ok(true) => Some(fresh),
             Err(error) => {
                 let _ = ioprio::set(pid, current);
                 warn!("stream {stream}: cannot follow thread {pid}'s forks ({error}); put back");

@@ -124,6 +124,10 @@ pub(crate) fn restore_leftovers(state_dir: &Path) {
             Restored::Unknown => unknown.push(raise.clone()),
         }
     }
+    let made = super::made_while_down::put_back(&raises);
+    if made > 0 {
+        info!("put back {made} tasks that raised threads made while no abissd ran");
+    }
     // What could not be looked at stays recorded for the next start.
     let kept = if unknown.is_empty() {
         std::fs::remove_file(&path)

@@ -11,6 +11,7 @@ pub(crate) mod closer;
 pub(crate) mod connection;
 pub(crate) mod keyed_threads;
 pub mod limits;
+pub(crate) mod loop_clock;
 pub(crate) mod metrics;
 pub(crate) mod socket;
 

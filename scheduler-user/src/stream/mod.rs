@@ -67,12 +67,6 @@ pub(crate) fn check_parameters(request: &AttachRequest) -> Result<AbissLevel, At
             "only a recording is written directly: a direct stream must be a write stream".into(),
         );
     }
-    if request.direct && request.preallocate {
-        return bad(
-            "a direct recording is written by its client, which allocates any space itself: do not ask abissd to preallocate"
-                .into(),
-        );
-    }
     if request.buffer_auto && request.write {
         return bad(
             "a recording's buffer is its dirty-memory bound: give it a size, not auto".into(),
@@ -522,7 +516,7 @@ mod tests {
     }
 
     #[test]
-    fn a_direct_stream_is_a_recording_that_abissd_allocates_nothing_for() {
+    fn a_direct_stream_is_a_recording_that_abissd_may_allocate_ahead_of() {
         let direct = |write, preallocate| AttachRequest {
             write,
             preallocate,
@@ -530,8 +524,8 @@ mod tests {
             ..request(1_000_000, 2 << 20, 20, 0)
         };
         assert!(check_parameters(&direct(true, false)).is_ok());
+        assert!(check_parameters(&direct(true, true)).is_ok());
         let message = |r| check_parameters(&r).unwrap_err().to_string();
         assert!(message(direct(false, false)).contains("write stream"));
-        assert!(message(direct(true, true)).contains("allocat"));
     }
 }

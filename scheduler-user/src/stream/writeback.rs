@@ -82,7 +82,8 @@ pub(crate) struct Recording {
     /// Write-backs that failed, for the log.
     failures: u64,
     /// A direct recording (`AttachRequest::direct`): its client writes past the page cache,
-    /// so there is nothing to write back; only its size is followed, for `abissctl list`.
+    /// so there is nothing to write back; its size is followed, for `abissctl list` and for
+    /// the allocation ahead of it (if asked for).
     direct: Option<u64>,
 }
 
@@ -155,6 +156,7 @@ impl Recording {
                 self.polled_at = now;
                 if let Ok(stat) = nix::sys::stat::fstat(file.fd().as_raw_fd()) {
                     *written = u64::try_from(stat.st_size).unwrap_or(0);
+                    return self.window.on_written_directly(*written, now);
                 }
             }
             return Vec::new();
@@ -254,6 +256,8 @@ impl Recording {
                 written_end: written,
                 written_back_end: written,
                 headroom_bytes: i64::try_from(self.shape.buffer_bytes).unwrap_or(i64::MAX),
+                preallocated_end: window.allocated_end(),
+                preallocated_bytes: window.preallocated_bytes(),
                 direct: true,
                 ..RecordingInfo::default()
             };

@@ -58,6 +58,9 @@
 //!   and 536-byte segments,
 //!   sends a whole `GET /metrics` head on each and reads nothing; prints `sent N`, then holds
 //!   them until a line arrives on standard input.
+//! - `abiss-hostile-client SOCKET readers FILE COUNT`: makes COUNT processes one after another,
+//!   each reading the first page of FILE; prints `readers N`, and holds them until a line
+//!   comes on standard input, when they exit.
 //! - `abiss-hostile-client SOCKET idle SECONDS 0`: connects and sends nothing; prints how long
 //!   the daemon took to close the connection (`closed after MS ms: ANSWER`), or exits 3 if it
 //!   was still open after SECONDS.
@@ -79,7 +82,7 @@ fn main() -> ExitCode {
     }
     let [_, socket, mode, first, second] = args.as_slice() else {
         eprintln!(
-            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|unread-metrics|threads|direct|users|speedup|flood|opath|linger|linger-oob|outlive|subscribe|hold|idle|plans ARG ARG"
+            "usage: abiss-hostile-client SOCKET fds|overflow|admit|attach|unread-metrics|threads|direct|users|speedup|flood|opath|linger|linger-oob|outlive|subscribe|hold|idle|plans|readers ARG ARG"
         );
         return ExitCode::from(2);
     };
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
             hand_lingering_sockets(socket, secs, count, mode == "linger-oob")
         }
         "attach" => attach_and_wait(socket, first),
+        "readers" => abiss_tests::hostile::held_readers_command(first, second),
         "admit" => {
             let Ok(count) = second.parse::<u32>() else {
                 eprintln!("COUNT is a number");

@@ -1,4 +1,4 @@
-//! A paced reader for the upgrade tests: it knows nothing of abiss. It reads FILE at a rate
+//! A paced reader for the raise tests: it knows nothing of abiss. It reads FILE at a rate
 //! with read(2) or with `io_uring`, optionally from a start offset and with one seek, and prints
 //! a JSON summary per phase.
 //!

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// The smallest depth the kernel accepts for `nr_requests` (`BLKDEV_MIN_RQ`); it rounds smaller
 /// values up to this.
-pub const MIN_DISPATCH_DEPTH: u32 = 4;
+pub(crate) const MIN_DISPATCH_DEPTH: u32 = 4;
 
 /// An elevator that honours I/O priorities.
 // It parses from its sysfs name; that `FromStr` impl lives in error.rs, beside the
@@ -25,7 +25,7 @@ pub enum Elevator {
 impl Elevator {
     /// The name in `queue/scheduler`.
     #[must_use]
-    pub const fn sysfs_name(self) -> &'static str {
+    pub(crate) const fn sysfs_name(self) -> &'static str {
         match self {
             Self::Bfq => "bfq",
             Self::MqDeadline => "mq-deadline",
@@ -34,7 +34,7 @@ impl Elevator {
 
     /// The kernel module that provides it, for `modprobe`.
     #[must_use]
-    pub const fn module(self) -> &'static str {
+    pub(crate) const fn module(self) -> &'static str {
         match self {
             Self::Bfq => "bfq",
             Self::MqDeadline => "mq-deadline",

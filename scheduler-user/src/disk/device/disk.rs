@@ -36,7 +36,7 @@ impl Disk {
     /// `POSIX_FADV_WILLNEED` (it reads up to the larger of `max_sectors_kb` and the file's
     /// readahead). `None` if sysfs does not say.
     #[must_use]
-    pub fn largest_request_bytes(&self) -> Option<u64> {
+    pub(crate) fn largest_request_bytes(&self) -> Option<u64> {
         let queue = Path::new(SYSFS)
             .join("block")
             .join(&self.name)
@@ -66,7 +66,7 @@ pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {
 /// disk itself, a partition's disk, or the disks at the bottom of a device-mapper or md
 /// device's stack (read by [`abiss_kernel::storage`]), each of which has a queue abissd can
 /// manage. What `--device` means.
-pub fn resolve_disks(spec: &str) -> Result<Vec<Disk>, DeviceError> {
+pub(crate) fn resolve_disks(spec: &str) -> Result<Vec<Disk>, DeviceError> {
     resolve_disks_in(Path::new(SYSFS), spec)
 }
 
@@ -91,7 +91,7 @@ fn resolve_disks_in(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceError> {
 /// abissd would look it up as root, in its main loop. So a client names a disk by NAME,
 /// `/dev/NAME` (taken as NAME, in sysfs) or MAJOR:MINOR; abissctl turns other paths into
 /// MAJOR:MINOR itself, as the user.
-pub fn resolve_client_disk(spec: &str) -> Result<Disk, DeviceError> {
+pub(crate) fn resolve_client_disk(spec: &str) -> Result<Disk, DeviceError> {
     resolve_client_disk_in(Path::new(SYSFS), spec)
 }
 

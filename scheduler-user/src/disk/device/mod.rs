@@ -44,12 +44,15 @@ use nix::fcntl::Flock;
 use scheduler_common::MonotonicNs;
 use serde::Serialize;
 
-pub use config::{DeviceConfig, Elevator, MIN_DISPATCH_DEPTH};
-pub use disk::{resolve_client_disk, resolve_disk, resolve_disks, Disk};
+pub use config::{DeviceConfig, Elevator};
+pub(crate) use disk::{resolve_client_disk, resolve_disks};
+pub use disk::{resolve_disk, Disk};
 pub use error::DeviceError;
-pub use plan::{DepthSource, QueueSettings, REQUEST_CAP_KIB, WRITE_EXPIRE_MS};
+pub use plan::{DepthSource, REQUEST_CAP_KIB, WRITE_EXPIRE_MS};
 pub use state::{recover, RecoveryOutcome};
-pub use sysfs::SYSFS;
+pub(crate) use sysfs::SYSFS;
+
+use config::MIN_DISPATCH_DEPTH;
 
 use plan::{plan_restore, plan_take, QueueWrite};
 use queue::DiskQueue;
@@ -62,7 +65,7 @@ use state::{
 /// Where nobody mounted debugfs, a read mounts it privately (a thread, a mount namespace, a
 /// mount), and any user may ask for `status` as often as they like (issue 33): so that work
 /// is at most once per managed disk in this long, however many ask.
-pub const STATUS_DEPTH_EVERY_NS: u64 = 5_000_000_000;
+pub(crate) const STATUS_DEPTH_EVERY_NS: u64 = 5_000_000_000;
 
 /// A disk abissd manages; dropping it puts the original settings back.
 #[derive(Debug)]
@@ -70,7 +73,6 @@ pub struct ManagedDevice {
     disk: Disk,
     queue: DiskQueue,
     saved: SavedDevice,
-    config: DeviceConfig,
     state_file: PathBuf,
     restored: bool,
     /// The live driver depth `status` last read, and when ([`STATUS_DEPTH_EVERY_NS`]).
@@ -161,7 +163,6 @@ impl ManagedDevice {
             disk,
             queue,
             saved,
-            config: *config,
             state_file,
             restored: false,
             status_depth: std::sync::Mutex::new(None),
@@ -176,18 +177,6 @@ impl ManagedDevice {
     #[must_use]
     pub fn disk(&self) -> &Disk {
         &self.disk
-    }
-
-    /// What the disk had before it was taken.
-    #[must_use]
-    pub fn original(&self) -> &QueueSettings {
-        &self.saved.original
-    }
-
-    /// The configuration it was taken with.
-    #[must_use]
-    pub fn config(&self) -> DeviceConfig {
-        self.config
     }
 
     /// Its state file.

@@ -7,7 +7,7 @@ use std::path::Path;
 use super::error::DeviceError;
 
 /// Where sysfs is mounted.
-pub const SYSFS: &str = "/sys";
+pub(crate) const SYSFS: &str = "/sys";
 
 pub(super) fn read_trimmed(path: &Path) -> Result<String, DeviceError> {
     fs::read_to_string(path)

@@ -103,8 +103,9 @@ impl BlockTracer {
 
     /// Drops request records last used before `now - STALE_REQUEST_NS` (slots of devices
     /// that went idle or away, and requests that vanished without completing or merging), and
-    /// those of disks no longer traced, and followed `io_uring` requests older than
-    /// `STALE_URING_NS`. Returns how many were dropped.
+    /// those of disks no longer traced, followed `io_uring` requests older than
+    /// `STALE_URING_NS` (followed readers that are gone have a thread of their own,
+    /// `reader_sweep`). Returns how many were dropped.
     pub(crate) fn sweep_stale(&mut self, now: MonotonicNs) -> Result<usize, TracerError> {
         // The records keep the kernel's plain nanoseconds: so does the cutoff.
         let cutoff = now.0.saturating_sub(STALE_REQUEST_NS);

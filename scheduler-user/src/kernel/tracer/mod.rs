@@ -1,8 +1,10 @@
 //! Loads, attaches and reads the block-layer tracing programs.
 
+mod hand_over;
 mod histograms;
 #[cfg(test)]
 mod names_tests;
+mod reader_sweep;
 mod uring;
 
 use std::collections::BTreeMap;
@@ -10,7 +12,7 @@ use std::path::Path;
 
 use abiss_proto::{Capability, DeviceNumber};
 use aya::{
-    maps::{Array, HashMap, MapData, MapError, RingBuf},
+    maps::{Array, HashMap, MapData, MapError},
     programs::{tp_btf::BtfTracePointLinkId, BtfTracePoint, ProgramError},
     Btf, Ebpf, EbpfError, EbpfLoader,
 };
@@ -20,6 +22,7 @@ use scheduler_common::{
 };
 
 use crate::kernel::capabilities::Feature;
+use reader_sweep::ReaderSweep;
 use scheduler_common::names::{map, program};
 
 /// The most keys one emptying of a map walks: twice the largest map it empties.
@@ -93,6 +96,13 @@ pub(crate) enum TracerError {
         /// Kernel error.
         #[source]
         source: MapError,
+    },
+    /// A thread of the tracer could not start.
+    #[error("cannot start a thread of the tracer: {source}")]
+    Thread {
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
 }
 
@@ -230,6 +240,8 @@ pub(crate) struct BlockTracer {
     /// kernel's `LATENCY` map, which holds `MAX_HISTOGRAM_KEYS` keys and would otherwise
     /// fill up with streams long gone (new streams' requests then went uncounted).
     retired: BTreeMap<HistogramKey, LatencyCounters>,
+    /// The thread that sweeps out followed readers that are gone.
+    reader_sweep: ReaderSweep,
 }
 
 impl BlockTracer {
@@ -291,6 +303,7 @@ impl BlockTracer {
             daemon_tgid: std::process::id(),
             ..Control::default()
         };
+        let reader_sweep = hand_over::start_reader_sweep(&ebpf)?;
         let mut tracer = Self {
             ebpf,
             program_ids,
@@ -299,6 +312,7 @@ impl BlockTracer {
             readers_seen: false,
             capabilities,
             retired: BTreeMap::new(),
+            reader_sweep,
         };
         tracer.set_control(control)?;
         Ok(tracer)
@@ -480,25 +494,6 @@ impl BlockTracer {
         Ok(dropped.len())
     }
 
-    /// Takes map `name` out of the object (once), for its own owner.
-    pub(crate) fn take_map(&mut self, name: &'static str) -> Result<aya::maps::Map, TracerError> {
-        self.ebpf
-            .take_map(name)
-            .ok_or(TracerError::MissingMap { name })
-    }
-
-    /// Takes the ring buffer that carries per-request events (once).
-    pub(crate) fn take_event_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
-        let name = map::EVENTS;
-        RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
-    }
-
-    /// Takes the ring buffer that carries reads of attached files (once).
-    pub(crate) fn take_playout_ring(&mut self) -> Result<RingBuf<MapData>, TracerError> {
-        let name = map::PLAYOUT;
-        RingBuf::try_from(self.take_map(name)?).map_err(|source| TracerError::Map { name, source })
-    }
-
     /// A process was seen reading an attached file: from now on (until no file is attached)
     /// the `io_uring` programs follow the requests of such processes.
     pub(crate) fn note_reader(&mut self) -> Result<(), TracerError> {
@@ -562,7 +557,6 @@ impl BlockTracer {
             // The completion program stops looking once no file is attached: what is still
             // remembered would never be taken out.
             self.forget_uring()?;
-            self.forget_all::<u32, u64>(map::FILE_READERS)?;
             // Each file's and reader's report pacing: a bucket forgotten comes back full.
             self.forget_all::<[u64; 2], u64>(map::READ_REPORT_DUE)?;
         }

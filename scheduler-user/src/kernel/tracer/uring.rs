@@ -1,6 +1,7 @@
 //! The `io_uring` requests the programs follow (`URING_INFLIGHT`, and each user's count of them
 //! in `URING_USERS`): dropped when they outlive any read of a stream, and forgotten with the
-//! last attached file.
+//! last attached file. The processes whose requests they follow (`FILE_READERS`) are swept on
+//! a thread of their own (`reader_sweep`).
 
 use aya::maps::HashMap;
 use aya::maps::MapData;
@@ -14,10 +15,10 @@ impl BlockTracer {
     /// poll or a read on a pipe or a socket that has not completed, or a request whose
     /// completion was not seen), and gives their users' room back; how many. Each user's
     /// stuck requests fill only that user's room (`MAX_URING_INFLIGHT_PER_USER`), and this
-    /// lets a user have it back once their requests are old. The count is given back by a read
-    /// and a write, where the programs add atomically: a request the user's readers submit or
-    /// complete between the two is miscounted by one, until the last file is detached and the
-    /// counts start afresh.
+    /// lets a user have it back once their requests are old. What abissd gives back is counted
+    /// in a map of its own (`URING_GIVEN`), which the programs only read: with one shared count,
+    /// abissd's read and write lost the programs' atomic adds that came between the two, and
+    /// the bound wore away.
     pub(super) fn sweep_stale_uring(&mut self, now: MonotonicNs) -> Result<usize, TracerError> {
         // The map keeps the kernel's plain nanoseconds: so does the cutoff.
         let cutoff = now.0.saturating_sub(STALE_URING_NS);
@@ -42,20 +43,29 @@ impl BlockTracer {
             .filter(|(req, _)| requests.remove(req).is_ok())
             .map(|&(_, uid)| uid)
             .collect();
-        let name = map::URING_USERS;
-        let mut users: HashMap<&mut MapData, u32, u64> = self.typed_map_mut(name)?;
-        for uid in &removed {
-            if let Ok(count) = users.get(uid, 0) {
-                let _ = users.insert(uid, count.saturating_sub(1), 0);
-            }
-        }
+        self.give_back(&removed)?;
         Ok(removed.len())
     }
 
-    /// Forgets every followed `io_uring` request and every user's count: no file is attached,
-    /// and the completion program no longer looks.
+    /// Adds one to the given-back count (`URING_GIVEN`, which only abissd writes) of each of
+    /// `uids`, once per appearance.
+    fn give_back(&mut self, uids: &[u32]) -> Result<(), TracerError> {
+        let mut given: HashMap<&mut MapData, u32, u64> = self.typed_map_mut(map::URING_GIVEN)?;
+        for uid in uids {
+            let count = given.get(uid, 0).unwrap_or(0);
+            let _ = given.insert(uid, count.saturating_add(1), 0);
+        }
+        Ok(())
+    }
+
+    /// Forgets every followed `io_uring` request and reader, and every user's counts: no file
+    /// is attached, and the completion program no longer looks.
     pub(super) fn forget_uring(&mut self) -> Result<(), TracerError> {
         self.forget_all::<u64, UringSubmission>(map::URING_INFLIGHT)?;
-        self.forget_all::<u32, u64>(map::URING_USERS)
+        self.forget_all::<u32, u64>(map::URING_USERS)?;
+        self.forget_all::<u32, u64>(map::URING_GIVEN)?;
+        // The sweeping thread writes what users are given back: it empties its maps itself.
+        self.reader_sweep.forget();
+        Ok(())
     }
 }

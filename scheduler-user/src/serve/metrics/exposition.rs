@@ -92,6 +92,56 @@ type Labels = Vec<(&'static str, String)>;
 
 /// Writes one metric family, or nothing when it has no samples (so an idle daemon lists no
 /// empty families).
+/// How late the main loop woke, by what woke it, at three quantiles (where it has woken).
+#[expect(
+    clippy::cast_precision_loss,
+    reason = "microseconds well under 2^52, shown in seconds"
+)]
+fn encode_main_loop(snapshot: &Snapshot, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    let main_loop = &snapshot.status.main_loop;
+    let mut samples: Vec<(Labels, f64)> = Vec::new();
+    for (wakeup, figures) in [
+        (
+            "credit_timer",
+            [
+                main_loop.late_p50_us,
+                main_loop.late_p99_us,
+                main_loop.late_max_us,
+            ],
+        ),
+        (
+            "access",
+            [
+                main_loop.access_p50_us,
+                main_loop.access_p99_us,
+                main_loop.access_max_us,
+            ],
+        ),
+    ] {
+        for (quantile, us) in ["0.5", "0.99", "1"].into_iter().zip(figures) {
+            if let Some(us) = us {
+                let labels = vec![
+                    ("wakeup", wakeup.to_owned()),
+                    ("quantile", quantile.to_owned()),
+                ];
+                samples.push((labels, us as f64 / 1e6));
+            }
+        }
+    }
+    gauges(
+        encoder,
+        "abiss_main_loop_late_seconds",
+        "How late abissd's loop woke since it started: for its credit timer, or to handle a reader's access (quantile 1 is the latest).",
+        &samples,
+    )?;
+    gauges(
+        encoder,
+        "abiss_main_loop_longest_turn_seconds",
+        "The longest one wakeup of abissd's loop took to do its work.",
+        &[(Vec::new(), main_loop.longest_turn_us as f64 / 1e6)],
+    )
+}
+
 fn family<T>(
     encoder: &mut DescriptorEncoder,
     (name, help, kind): (&str, &str, MetricType),
@@ -485,6 +535,7 @@ fn encode_daemon(snapshot: &Snapshot, encoder: &mut DescriptorEncoder) -> fmt::R
         "Raised reader threads put back to their earlier priority.",
         &[(none(), raises.restored)],
     )?;
+    encode_main_loop(snapshot, encoder)?;
     let capabilities: Vec<(Labels, u64)> = snapshot
         .status
         .capabilities

@@ -1,4 +1,4 @@
-//! Automatic priority upgrades: readers of an attached file that miss the page cache are
+//! Automatic raises: readers of an attached file that miss the page cache are
 //! raised to the stream's priority, their requests are tagged with the stream, and everything
 //! is put back on detach, on idleness and across a daemon crash. On the lab hdd with a
 //! best-effort copy loop running.
@@ -18,7 +18,7 @@ use abiss_tests::{
 
 const MB: u64 = 1_000_000;
 const BUFFER: u64 = 564 * 1024;
-/// The reader's own priority before any upgrade: BE/5, so a restore is told from a default.
+/// The reader's own priority before any raise: BE/5, so a restore is told from a default.
 const READER_IOPRIO: &str = "2/5";
 const BE5: u16 = (2 << 13) | 5;
 const RT0: u16 = 1 << 13;
@@ -122,7 +122,7 @@ fn collect_events(client: &mut Client, timeout: Duration) -> Vec<RequestRecord> 
 #[test]
 fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_untouched() {
     require_root!();
-    let bench = bench("upgrade");
+    let bench = bench("raise");
     let stream = bench.file("stream.bin");
     let id = bench.daemon.attach_at_1mb(&stream);
     let mut events = Client::connect(bench.daemon.socket()).expect("connect");
@@ -177,7 +177,7 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     );
 
     let listed = &bench.daemon.streams()[0];
-    assert!(listed.raises >= 1, "the upgrade is counted");
+    assert!(listed.raises >= 1, "the raise is counted");
     assert!(
         listed
             .readers
@@ -210,7 +210,7 @@ fn a_reader_that_misses_is_raised_tagged_and_restored_and_other_readers_are_unto
     // After the seek the reader meets its schedule again: no read misses its deadline.
     assert_eq!(seen[1]["misses"], 0, "after the seek: {}", seen[1]);
     let _ = phases(unattached);
-    assert_upgrade_counted_restored_and_fast(&bench.daemon);
+    assert_raise_counted_restored_and_fast(&bench.daemon);
 }
 
 /// Watches the unattached reader `pid` for `watch`: it keeps its own BE/5 all along.
@@ -258,17 +258,17 @@ fn assert_tagged_and_raised(records: &[RequestRecord], reader: &RaisedReader) {
     );
 }
 
-/// abissd counted the upgrade and its restore, none is active, and the raise was fast.
-fn assert_upgrade_counted_restored_and_fast(daemon: &Daemon) {
+/// abissd counted the raise and its restore, none is active, and the raise was fast.
+fn assert_raise_counted_restored_and_fast(daemon: &Daemon) {
     let mut client = Client::connect(daemon.socket()).expect("connect");
-    let (_, upgrades) = client.status_and_upgrades().expect("status");
-    eprintln!("upgrades: {upgrades:?}");
-    assert!(upgrades.total >= 1 && upgrades.restored >= 1);
-    assert_eq!(upgrades.active, 0);
+    let (_, raises) = client.status_and_raises().expect("status");
+    eprintln!("raises: {raises:?}");
+    assert!(raises.total >= 1 && raises.restored >= 1);
+    assert_eq!(raises.active, 0);
     // One sample here, on a loaded two-core machine: the p99 target (2 ms) is measured over
-    // many misses by `cargo xtask bench upgrades`; here the raise must beat a disk request.
-    let latency = upgrades.latency_max_us.expect("upgrade latency measured");
-    assert!(latency < 20_000, "upgrade latency {latency} µs");
+    // many misses by `cargo xtask bench raises`; here the raise must beat a disk request.
+    let latency = raises.latency_max_us.expect("raise latency measured");
+    assert!(latency < 20_000, "raise latency {latency} µs");
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn a_command_under_abissctl_run_starts_at_the_streams_level() {
     assert!(
         wait_until(Duration::from_secs(10), || {
             let mut client = Client::connect(bench.daemon.socket()).expect("connect");
-            client.status_and_upgrades().expect("status").1.active == 0
+            client.status_and_raises().expect("status").1.active == 0
         }),
         "no thread stays raised after the command"
     );
@@ -463,7 +463,7 @@ fn a_reader_that_stops_reading_is_put_back_after_the_idle_time() {
         wait_for_ioprio(pid_of(&reading), RT0, Duration::from_secs(2)).is_some(),
         "raised"
     );
-    // Still reading: the upgrade stays although the idle time is shorter than the run.
+    // Still reading: the raise stays although the idle time is shorter than the run.
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         ioprio::get(pid_of(&reading)).ok(),
@@ -531,7 +531,7 @@ fn a_daemon_crash_leaves_no_reader_raised() {
             .state_dir()
             .join("upgrades.json")
             .exists()),
-        "the upgrade is recorded for a restart"
+        "the raise is recorded for a restart"
     );
     bench.daemon.crash_and_restart();
     // The new daemon listens before it has loaded everything; give it the time to start.
@@ -546,7 +546,7 @@ fn a_daemon_crash_leaves_no_reader_raised() {
 /// A player that reads in short-lived threads (one per segment, say): 40 threads one after
 /// another each miss the page cache once, and each is raised. A stream raises at most 32
 /// threads at once, and a thread that is gone held its raise until it idled out (5 s): the
-/// upgrades benchmark raised 96 of 200 such threads.
+/// raises benchmark (then `upgrades`) raised 96 of 200 such threads.
 #[test]
 fn short_lived_reader_threads_are_each_raised() {
     use std::os::fd::AsRawFd as _;

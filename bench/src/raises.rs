@@ -1,10 +1,10 @@
-//! Upgrade latency: how long abissd takes from a reader's page-cache miss on an attached file
+//! Raise latency: how long abissd takes from a reader's page-cache miss on an attached file
 //! (the kernel's event) to the reader's raised I/O priority, over many misses, under each of two
 //! best-effort loads on the lab hdd: the reference copy loop, and the players benchmark's seeky
 //! load (fio's random direct and buffered readers and a random writer: five busy processes on
-//! the CPUs as well as on the disk, which is where issue 12 saw upgrades slow down).
+//! the CPUs as well as on the disk, which is where issue 12 saw raises slow down).
 //!
-//! Each miss is made by a new thread (so each is a new upgrade): it drops a random 64 KiB of the
+//! Each miss is made by a new thread (so each is a new raise): it drops a random 64 KiB of the
 //! attached file from the page cache, reads it back, and checks whether it was raised by the
 //! time its read returned.
 
@@ -33,9 +33,9 @@ use crate::report::{self, Results, Row};
 use crate::row::{self, RowsArg};
 use crate::workload::CopyLoop;
 
-/// `abiss-bench upgrades`.
+/// `abiss-bench raises` (`upgrades`, its earlier name, is still taken).
 #[derive(Debug, clap::Args)]
-pub struct UpgradesArgs {
+pub struct RaisesArgs {
     /// Misses to make (one new reader thread each).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub misses: u32,
@@ -84,8 +84,8 @@ const READ_BYTES: u64 = 64 << 10;
 /// RT/0, the priority of a level-0 stream.
 const RT0: u16 = 1 << 13;
 
-/// Runs the measurement and writes upgrades.{json,md,svg}.
-pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
+/// Runs the measurement and writes raises.{json,md,svg}.
+pub fn run(args: &RaisesArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
     let loads = args.rows.select(
         vec![BestEffortLoad::Copy, BestEffortLoad::Seeky],
@@ -98,7 +98,7 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for load in loads {
         eprintln!(
-            "upgrades: {} misses under the {}",
+            "raises: {} misses under the {}",
             args.misses,
             load.describe()
         );
@@ -110,31 +110,31 @@ pub fn run(args: &UpgradesArgs) -> anyhow::Result<()> {
     }
 
     let results = Results::new(
-        "upgrades",
+        "raises",
         begun,
         json!({
             "misses": args.misses,
             "read_bytes": READ_BYTES,
             "stream": {"rate_bps": 1_000_000, "buffer_bytes": 564 << 10, "level": 0},
             "copy_file_bytes": COPY_FILE_BYTES,
-            "abissd": "debug build (ABISS_BIN_DIR=target/debug), mq-deadline",
+            "abissd": "the build the machine line names (ABISS_BIN_DIR), mq-deadline",
         }),
         rows,
     );
     let markdown = markdown(&results, args.misses);
-    results.write(&args.results_dir, "upgrades", &markdown, |path| {
+    results.write(&args.results_dir, "raises", &markdown, |path| {
         chart(path, &results.rows)
     })
 }
 
-/// A row: a best-effort load and the upgrades under it.
-type UpgradeRow = Row<BestEffortLoad, UpgradeFigures>;
+/// A row: a best-effort load and the raises under it.
+type RaiseRow = Row<BestEffortLoad, RaiseFigures>;
 
-/// Issue 12's goal for the upgrade latency under the seeky load, µs (p99).
+/// Issue 12's goal for the raise latency under the seeky load, µs (p99).
 const GOAL_P99_US: f64 = 2000.0;
 
-/// Upgrade latency per load as bars on a log scale (p50, p99, max), with the goal.
-fn chart(path: &Path, rows: &[UpgradeRow]) -> anyhow::Result<()> {
+/// Raise latency per load as bars on a log scale (p50, p99, max), with the goal.
+fn chart(path: &Path, rows: &[RaiseRow]) -> anyhow::Result<()> {
     use plotters::prelude::*;
     const FLOOR: f64 = 10.0;
     #[expect(
@@ -144,8 +144,8 @@ fn chart(path: &Path, rows: &[UpgradeRow]) -> anyhow::Result<()> {
     let figures: Vec<[f64; 3]> = rows
         .iter()
         .map(|row| {
-            let u = &row.figures.upgrades;
-            [u.latency_p50_us, u.latency_p99_us, u.latency_max_us]
+            let r = &row.figures.raises;
+            [r.latency_p50_us, r.latency_p99_us, r.latency_max_us]
                 .map(|us| us.map_or(FLOOR, |us| (us as f64).max(FLOOR)))
         })
         .collect();
@@ -166,7 +166,7 @@ fn chart(path: &Path, rows: &[UpgradeRow]) -> anyhow::Result<()> {
         .collect();
     crate::chart::row_bars(
         path,
-        "Upgrade latency: page-cache miss to raised I/O priority, lab hdd".to_owned(),
+        "Raise latency: page-cache miss to raised I/O priority, lab hdd".to_owned(),
         20,
         &names,
         (FLOOR, top),
@@ -199,9 +199,9 @@ fn chart(path: &Path, rows: &[UpgradeRow]) -> anyhow::Result<()> {
 
 /// What [`measure`] found.
 #[derive(Debug, Serialize)]
-struct UpgradeFigures {
-    /// abissd's upgrade count and latencies.
-    upgrades: abiss_proto::RaiseReport,
+struct RaiseFigures {
+    /// abissd's raise count and latencies.
+    raises: abiss_proto::RaiseReport,
     /// Miss threads raised by the time their read returned.
     #[serde(rename = "raised_before_the_read_returned")]
     raised_in_time: u32,
@@ -220,8 +220,8 @@ struct UpgradeFigures {
 
 /// Brings up the lab disk and abissd with one attached 1 MB/s stream, starts `load`, and makes
 /// `misses` misses on the stream's file; everything is torn down before it returns.
-fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<UpgradeFigures> {
-    let disk = LabDisk::up("upgrades", DISK_BYTES, 128)?;
+fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<RaiseFigures> {
+    let disk = LabDisk::up("raises", DISK_BYTES, 128)?;
     // The seeky load's files go first: the stream and copy files are then spread over what is
     // left, and a reserve fills the rest of the disk.
     let seeky_files = match load {
@@ -280,7 +280,7 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     let costs = costs
         .join()
         .map_err(|_| anyhow::anyhow!("the stats request panicked"))??;
-    let (_, upgrades) = client.status_and_upgrades()?;
+    let (_, raises) = client.status_and_raises()?;
     match running {
         RunningLoad::Copy(copy) => copy.stop()?,
         RunningLoad::Seeky(seeky) => drop(seeky),
@@ -288,8 +288,8 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     drop(client);
     drop(daemon);
     drop(disk);
-    Ok(UpgradeFigures {
-        upgrades,
+    Ok(RaiseFigures {
+        raises,
         raised_in_time,
         read_summary: reads.summary(),
         costs,
@@ -357,18 +357,18 @@ fn make_misses(path: &Path, count: u32) -> anyhow::Result<(LatencyHistogram, u32
 }
 
 /// The Markdown report.
-fn markdown(results: &Results<BestEffortLoad, UpgradeFigures>, misses: u32) -> String {
+fn markdown(results: &Results<BestEffortLoad, RaiseFigures>, misses: u32) -> String {
     let command = &results.command;
     let micros = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |us| us.to_string());
     let mut markdown = format!(
-        "### Upgrade latency: page-cache miss on an attached file to raised I/O priority\n\n\
+        "### Raise latency: page-cache miss on an attached file to raised I/O priority\n\n\
          `{command}`: {} misses per load, each by a new thread reading 64 KiB it first dropped \
          from the page cache, on a 1 MB/s level-0 stream of the lab hdd. Latency is measured by \
-         abissd from the kernel event's timestamp to the return of `ioprio_set` (debug build of \
-         abissd), and read back from `abissctl status`. While the misses were made: the busy share \
+         abissd from the kernel event's timestamp to the return of `ioprio_set` (the record of \
+         the raise is written before it), and read back from `abissctl status`. While the misses were made: the busy share \
          of all CPUs, and steal, the time the hypervisor gave this virtual machine's CPUs to \
          others while they had work (all CPUs; it delays abissd and the programs alike). {}\n\n\
-         | load | misses | upgrades | upgrade p50 µs | upgrade p99 µs | upgrade max µs | raised before the read returned | miss read p50 ms | miss read p99 ms | CPU busy % | steal ms |\n\
+         | load | misses | raises | raise p50 µs | raise p99 µs | raise max µs | raised before the read returned | miss read p50 ms | miss read p99 ms | CPU busy % | steal ms |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         misses,
         report::machine_line(&results.machine)
@@ -384,10 +384,10 @@ fn markdown(results: &Results<BestEffortLoad, UpgradeFigures>, misses: u32) -> S
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
             load.describe(),
             misses,
-            row.upgrades.total,
-            micros(row.upgrades.latency_p50_us),
-            micros(row.upgrades.latency_p99_us),
-            micros(row.upgrades.latency_max_us),
+            row.raises.total,
+            micros(row.raises.latency_p50_us),
+            micros(row.raises.latency_p99_us),
+            micros(row.raises.latency_max_us),
             row.raised_in_time,
             report::ms(row.read_summary.p50_ms),
             report::ms(row.read_summary.p99_ms),
