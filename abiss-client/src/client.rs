@@ -285,6 +285,17 @@ impl Client {
         }
     }
 
+    /// Hands the ring of direct recording `stream` (a memfd sealed against shrinking and
+    /// growing, its pages touched) to the daemon, which locks it for as long as the stream
+    /// lasts, against the stream's locked-memory budget. The bytes locked.
+    pub fn lock_ring(&mut self, stream: StreamId, ring: impl AsFd) -> Result<u64, ClientError> {
+        self.send_with_fd(Request::LockRing { stream }, ring)?;
+        match self.receive()? {
+            Response::RingLocked { bytes, .. } => Ok(bytes),
+            other => Err(self.unexpected(&other)),
+        }
+    }
+
     /// Tells the daemon the application's playout point (no answer is awaited).
     pub fn position(&mut self, stream: StreamId, offset: u64) -> Result<(), ClientError> {
         self.send(Request::Position {

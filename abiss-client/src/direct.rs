@@ -23,7 +23,8 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -78,16 +79,38 @@ pub struct DirectSummary {
     pub piece_p999_ms: f64,
     /// The slowest piece, ms.
     pub piece_max_ms: f64,
-    /// Whether the ring was locked in memory (`mlock`; the user's `RLIMIT_MEMLOCK` binds it).
+    /// Whether the ring was locked in memory, by abissd or else by this process (`mlock`,
+    /// as far as the user's `RLIMIT_MEMLOCK` allows).
     pub locked: bool,
+    /// Whether abissd locked it, against the stream's budget.
+    pub locked_by_abissd: bool,
 }
 
-/// The ring's memory: aligned, locked if the user's limit allows.
+/// The ring's memory: a memfd mapped shared, which abissd can lock against the stream's
+/// budget (`Request::LockRing`); or aligned heap memory where a memfd cannot be had or
+/// cannot give the alignment. Either is locked here instead when abissd does not take it, as
+/// far as the user's `RLIMIT_MEMLOCK` allows.
 struct RingMemory {
     pointer: *mut u8,
-    layout: std::alloc::Layout,
-    locked: bool,
+    /// Bytes mapped or allocated: the ring, to a whole page for a memfd.
+    bytes: usize,
+    backing: Backing,
+    /// [`RING_UNLOCKED`], [`RING_LOCKED_HERE`] or [`RING_LOCKED_BY_ABISSD`].
+    lock: AtomicU8,
 }
+
+enum Backing {
+    /// Sealed against shrinking and growing, every page touched.
+    Memfd(OwnedFd),
+    Heap(std::alloc::Layout),
+}
+
+const RING_UNLOCKED: u8 = 0;
+const RING_LOCKED_HERE: u8 = 1;
+const RING_LOCKED_BY_ABISSD: u8 = 2;
+
+/// A page, the most a memfd's mapping is aligned to.
+const PAGE_BYTES: usize = 4096;
 
 // SAFETY: the memory is plain bytes; who touches which part is ordered by `Shared::state`.
 unsafe impl Send for RingMemory {}
@@ -96,6 +119,11 @@ unsafe impl Sync for RingMemory {}
 
 impl RingMemory {
     fn new(bytes: usize, align: usize) -> io::Result<Self> {
+        if align <= PAGE_BYTES {
+            if let Ok(ring) = Self::memfd(bytes) {
+                return Ok(ring);
+            }
+        }
         let layout = std::alloc::Layout::from_size_align(bytes, align)
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error.to_string()))?;
         // SAFETY: a layout of non-zero size.
@@ -103,22 +131,110 @@ impl RingMemory {
         if pointer.is_null() {
             return Err(io::Error::from(io::ErrorKind::OutOfMemory));
         }
-        // SAFETY: the allocation just made. A failure (over RLIMIT_MEMLOCK) leaves it unlocked.
-        let locked = unsafe { libc::mlock(pointer.cast(), bytes) } == 0;
         Ok(Self {
             pointer,
-            layout,
-            locked,
+            bytes,
+            backing: Backing::Heap(layout),
+            lock: AtomicU8::new(RING_UNLOCKED),
         })
+    }
+
+    /// A memfd of `bytes` to a whole page, mapped, touched and sealed.
+    fn memfd(bytes: usize) -> io::Result<Self> {
+        let bytes = bytes.div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        // SAFETY: a NUL-terminated name and valid flags.
+        let raw = unsafe {
+            libc::memfd_create(
+                c"abiss-ring".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just made, and ours alone.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let length = libc::off_t::try_from(bytes).map_err(io::Error::other)?;
+        // SAFETY: our memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), length) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh shared mapping of our memfd of `bytes`; nothing else is there.
+        let pointer = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if pointer == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let ring = Self {
+            pointer: pointer.cast(),
+            bytes,
+            backing: Backing::Memfd(fd),
+            lock: AtomicU8::new(RING_UNLOCKED),
+        };
+        // abissd takes only a ring whose every page is there (its lock must not be what
+        // brings them in): one byte written per page.
+        for page in (0..bytes).step_by(PAGE_BYTES) {
+            // SAFETY: within the mapping, which is writable.
+            unsafe { ring.pointer.add(page).write_volatile(0) };
+        }
+        let Backing::Memfd(fd) = &ring.backing else {
+            unreachable!("made as a memfd above")
+        };
+        // SAFETY: our memfd; sealed, its size is fixed for abissd's mapping as for ours.
+        let sealed = unsafe {
+            libc::fcntl(
+                fd.as_raw_fd(),
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+            )
+        };
+        if sealed != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ring)
+    }
+
+    /// The memfd to hand to abissd, if the ring is one.
+    fn memfd_fd(&self) -> Option<BorrowedFd<'_>> {
+        match &self.backing {
+            Backing::Memfd(fd) => Some(fd.as_fd()),
+            Backing::Heap(_) => None,
+        }
+    }
+
+    /// Locks the ring here, as far as `RLIMIT_MEMLOCK` allows: whether it is.
+    fn lock_here(&self) -> bool {
+        // SAFETY: our own mapping or allocation of `bytes`.
+        let locked = unsafe { libc::mlock(self.pointer.cast(), self.bytes) } == 0;
+        if locked {
+            self.lock.store(RING_LOCKED_HERE, Ordering::SeqCst);
+        }
+        locked
     }
 }
 
 impl Drop for RingMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout; munlock of unlocked memory is harmless.
+        // SAFETY: made in `new` with these bytes and this layout; munlock of unlocked memory is
+        // harmless, and unmapping unlocks too.
         unsafe {
-            libc::munlock(self.pointer.cast(), self.layout.size());
-            std::alloc::dealloc(self.pointer, self.layout);
+            match &self.backing {
+                Backing::Memfd(_) => {
+                    libc::munmap(self.pointer.cast(), self.bytes);
+                }
+                Backing::Heap(layout) => {
+                    libc::munlock(self.pointer.cast(), self.bytes);
+                    std::alloc::dealloc(self.pointer, *layout);
+                }
+            }
         }
     }
 }
@@ -215,6 +331,22 @@ impl DirectWriter {
         self.writer_tid
     }
 
+    /// The ring's memfd, to hand to abissd (`None`: the ring is heap memory).
+    pub(crate) fn ring_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.shared.memory.memfd_fd()
+    }
+
+    /// abissd locked the ring (`locked_by_abissd`), or else it is locked here as far as the
+    /// user's `RLIMIT_MEMLOCK` allows. Whether it is locked.
+    pub(crate) fn ring_locked(&self, locked_by_abissd: bool) -> bool {
+        let memory = &self.shared.memory;
+        if locked_by_abissd {
+            memory.lock.store(RING_LOCKED_BY_ABISSD, Ordering::SeqCst);
+            return true;
+        }
+        memory.lock_here()
+    }
+
     /// Copies all of `data` into the ring, waiting for room when it is full (an overflow).
     pub(crate) fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         let began = Instant::now();
@@ -288,7 +420,9 @@ impl DirectWriter {
             write_max_ms: self.write_ms.iter().copied().fold(0.0, f32::max).into(),
             piece_p999_ms: quantile_of(&figures.piece_ms, 0.999),
             piece_max_ms: figures.piece_ms.iter().copied().fold(0.0, f32::max).into(),
-            locked: self.shared.memory.locked,
+            locked: self.shared.memory.lock.load(Ordering::SeqCst) != RING_UNLOCKED,
+            locked_by_abissd: self.shared.memory.lock.load(Ordering::SeqCst)
+                == RING_LOCKED_BY_ABISSD,
         })
     }
 

@@ -38,7 +38,8 @@ pub enum RecordError {
 }
 
 /// A file recorded past the page cache at a guaranteed rate. Writes are copies into a ring of
-/// locked memory this process owns; a thread of the library writes the ring to the file with
+/// memory this process owns, which abissd locks for it (or, where it does not, this process
+/// as far as its `RLIMIT_MEMLOCK` allows); a thread of the library writes the ring to the file with
 /// `O_DIRECT`, raised by abissd to the stream's level. Call
 /// [`DirectRecording::finish`] at the end: it writes the tail, truncates the file to the exact
 /// size written, and ends the stream (dropping it does the same, without the figures).
@@ -141,6 +142,13 @@ impl DirectRecording {
         let raised = client
             .reader_starts(stream.id, writer.writer_tid())
             .unwrap_or(false);
+        // abissd locks the ring against the stream's budget; where it does not (a ring larger
+        // than the stream's buffer and batch), it is locked here as far as the user's
+        // RLIMIT_MEMLOCK allows. Either way before the first byte is copied in.
+        let locked_by_abissd = writer
+            .ring_fd()
+            .is_some_and(|ring| client.lock_ring(stream.id, ring).is_ok());
+        writer.ring_locked(locked_by_abissd);
         Ok(Self {
             writer: Some(writer),
             client,

@@ -45,7 +45,7 @@ pub use units::{DeviceNumber, IoClass, IoPriority, Operation};
 use serde::{Deserialize, Serialize};
 
 /// Version of this protocol. Bump on any incompatible change of [`Request`] or [`Response`].
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// ABISS priority levels: 0 is the highest (real time only), 7 the default best effort.
 pub const ABISS_LEVELS: u8 = 8;
@@ -140,6 +140,17 @@ pub enum Request {
         stream: StreamId,
         /// The thread (a process id names its main thread).
         tid: u32,
+    },
+    /// The ring of a direct recording's client, a memfd sealed against shrinking and
+    /// growing (`F_SEAL_SHRINK | F_SEAL_GROW`) whose pages the client has touched, travels
+    /// with this message (`SCM_RIGHTS`): abissd locks it in memory for as long as the stream
+    /// lasts, against the locked memory the stream was admitted with (its buffer), so the
+    /// client's own `RLIMIT_MEMLOCK` does not bind it. The data stays in the client's ring;
+    /// should abissd stop, the ring is merely no longer locked. Only the stream's owner (or
+    /// root) may, once per stream. Answered with [`Response::RingLocked`] once it is locked.
+    LockRing {
+        /// The direct recording.
+        stream: StreamId,
     },
     /// The application's playout point moved to `offset` (ABISS's "position" message). A
     /// notification: the daemon does not answer it, so readers never wait for the daemon.
@@ -271,6 +282,13 @@ pub enum Response {
         /// Whether the thread is at the stream's level now (false: it was already, or reader
         /// raises are off, or it cannot be raised; the stream works either way).
         raised: bool,
+    },
+    /// Answer to [`Request::LockRing`]: the ring is locked.
+    RingLocked {
+        /// The stream.
+        stream: StreamId,
+        /// Bytes locked.
+        bytes: u64,
     },
     /// Answer to [`Request::SetRate`]: the stream as it is now.
     RateChanged(StreamInfo),

@@ -155,6 +155,7 @@ fn report(
             "piece_p999_ms": direct.piece_p999_ms,
             "piece_max_ms": direct.piece_max_ms,
             "locked": direct.locked,
+            "locked_by_abissd": direct.locked_by_abissd,
             "raised": summary.raised,
             "daemon_lost": summary.daemon_lost,
         });

@@ -41,6 +41,7 @@
 //! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`), requests tagged at the disk; subvolumes; a btrfs over two disks refused | `tests/btrfs.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
 //! | recording past the page cache (`abissctl record`, C `ABISS_DIRECT`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
+//! | a recorder's ring locked by abissd against the stream's budget, beyond the user's own `RLIMIT_MEMLOCK`, and let go at the end (as `nobody`) | `tests/recorder_ring.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |
 //! | **priorities and admission** | |
@@ -118,8 +119,8 @@ pub use output::{assert_fails, attached_id, json_of, stderr};
 pub use page_cache::{evict, guarantee, paced_read, resident_bytes, PacedReport, SlowRead};
 pub use users::{
     abissctl_as, abissctl_as_nobody, as_nobody, as_user, attach_as, children_of, chmod,
-    nobody_waiting_to_run, open_fds, run_at_realtime_cpu_priority, set_thread_ioprio,
-    spawn_with_id, wait_for_ioprio, BE5, NOBODY_UID, RT0,
+    locked_bytes_of, nobody_waiting_to_run, open_fds, run_at_realtime_cpu_priority,
+    set_thread_ioprio, spawn_with_id, wait_for_ioprio, BE5, NOBODY_UID, RT0,
 };
 
 /// The path of built binary `name` (in `ABISS_BIN_DIR`, set by `cargo xtask test`), its pages

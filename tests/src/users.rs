@@ -75,6 +75,26 @@ pub fn chmod(path: &Path, mode: u32) {
         .unwrap_or_else(|error| panic!("chmod {}: {error}", path.display()));
 }
 
+/// Bytes of memory process `pid` holds locked (`VmLck` in its /proc status): abissd's own,
+/// where the machine's `Mlocked` also counts what the suite's other lanes lock meanwhile (it
+/// once read 55.8 MB here, 13.9 MB of it theirs).
+#[must_use]
+pub fn locked_bytes_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmLck:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("VmLck")
+        * 1024
+}
+
 /// Open descriptors of process `pid`.
 #[must_use]
 pub fn open_fds(pid: u32) -> usize {

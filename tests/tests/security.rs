@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use abiss_tests::{attached_id, chmod, open_fds, shared_fs};
+use abiss_tests::{attached_id, chmod, locked_bytes_of, open_fds, shared_fs};
 use abiss_tests::{binary, require_root, write_cold_file, Daemon, Ext4Mount, HddLab, LoopDevice};
 
 /// Runs `program` with `args` as `nobody`, without capabilities.
@@ -180,25 +180,6 @@ fn attach_slowly_as_nobody(socket: &str, file: &Path, buffer: &str) -> std::proc
             buffer,
         ],
     )
-}
-
-/// Bytes of memory process `pid` holds locked (`VmLck` in its /proc status): abissd's own,
-/// where the machine's `Mlocked` also counts what the suite's other lanes lock meanwhile (it
-/// once read 55.8 MB here, 13.9 MB of it theirs).
-fn locked_bytes_of(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmLck:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .expect("VmLck")
-        * 1024
 }
 
 #[test]

@@ -366,6 +366,9 @@ impl Controller {
 
     /// A load finished.
     pub(crate) fn loaded(&mut self, done: LoadDone) {
+        if done.kind == JobKind::LockRing {
+            return self.ring_locked(done);
+        }
         log::debug!(
             "stream {}: {:?} {:?}",
             done.stream,

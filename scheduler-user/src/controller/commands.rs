@@ -99,6 +99,12 @@ pub(crate) fn handle(
         } => {
             let _ = reply.send(controller.reader_starts(uid, stream, tid, monotonic_now()));
         }
+        Command::LockRing {
+            uid,
+            stream,
+            fd,
+            reply,
+        } => controller.lock_ring(uid, stream, fd, reply),
         Command::SetRate {
             uid,
             target,

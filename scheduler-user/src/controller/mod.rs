@@ -17,6 +17,7 @@ use scheduler_common::MonotonicNs;
 
 mod access;
 pub(crate) mod commands;
+mod recorder_ring;
 mod sizing;
 
 use crate::disk::latency_tail::LatencyTails;

@@ -9,6 +9,7 @@
 pub(crate) mod client_file;
 pub(crate) mod closer;
 pub(crate) mod connection;
+mod hand_over;
 pub(crate) mod keyed_threads;
 pub mod limits;
 pub(crate) mod loop_clock;
@@ -77,6 +78,17 @@ pub(crate) enum Command {
         target: StreamTarget,
         /// The answer: the stream ended.
         reply: Reply<Result<StreamId, Refusal>>,
+    },
+    /// Lock the ring of a direct recording, behind `fd`.
+    LockRing {
+        /// The peer.
+        uid: u32,
+        /// The stream.
+        stream: StreamId,
+        /// The descriptor it passed.
+        fd: closer::ClientFd,
+        /// The answer, once it is locked: the bytes locked.
+        reply: Reply<Result<u64, Refusal>>,
     },
     /// Give a stream another rate.
     SetRate {
@@ -327,7 +339,10 @@ async fn serve_requests(
                 continue;
             }
             Request::Attach(request) => {
-                attach(socket, context, peer_uid, connection, request, &mut held).await
+                hand_over::attach(socket, context, peer_uid, connection, request, &mut held).await
+            }
+            Request::LockRing { stream } => {
+                hand_over::lock_ring(socket, context, peer_uid, stream).await
             }
             other => answer(other, context, peer_uid).await,
         };
@@ -337,47 +352,6 @@ async fn serve_requests(
         if !send(socket, &response).await {
             return;
         }
-    }
-}
-
-/// Attaches the file whose descriptor came with the request; a non-persistent stream is
-/// added to those the connection `held`s.
-async fn attach(
-    socket: &mut FramedSocket,
-    context: &Context,
-    peer_uid: u32,
-    connection: u64,
-    request: AttachRequest,
-    held: &mut HashSet<StreamId>,
-) -> Response {
-    let fd = match socket.take_fd() {
-        Some(Ok(fd)) => fd,
-        Some(Err(reason)) => return error_response(ErrorKind::BadRequest, reason),
-        None => {
-            return error_response(
-                ErrorKind::BadRequest,
-                "the attach request carried no file descriptor; open the file and pass it with SCM_RIGHTS",
-            )
-        }
-    };
-    let persistent = request.persistent;
-    let answer = ask(context, |reply| Command::Attach {
-        uid: peer_uid,
-        connection,
-        fd,
-        request,
-        reply,
-    })
-    .await;
-    match answer {
-        Some(Ok(info)) => {
-            if !persistent {
-                held.insert(info.id);
-            }
-            Response::Attached(info)
-        }
-        Some(Err(refused)) => Response::from(refused),
-        None => shutting_down(),
     }
 }
 
@@ -473,7 +447,10 @@ async fn answer(request: Request, context: &Context, peer_uid: u32) -> Response 
                 None => shutting_down(),
             }
         }
-        Request::Events | Request::Position { .. } | Request::Attach(_) => {
+        Request::Events
+        | Request::Position { .. }
+        | Request::Attach(_)
+        | Request::LockRing { .. } => {
             error_response(ErrorKind::Internal, "request routed to the wrong handler")
         }
     }

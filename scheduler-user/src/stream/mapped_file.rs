@@ -126,6 +126,31 @@ impl MappedFile {
         Ok(mapped)
     }
 
+    /// A direct recording's ring ([`crate::stream::recorder_ring`]): a sealed memfd of
+    /// exactly `bytes`, mapped whole, so its pages can be locked.
+    pub(crate) fn ring(fd: ClientFd, bytes: u64) -> io::Result<Self> {
+        let map_bytes = usize::try_from(bytes).map_err(io::Error::other)?;
+        let length = NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("no length"))?;
+        // SAFETY: a fresh shared read-only mapping of a memfd we hold open, whose seals keep
+        // it this size; nothing else is at the address the kernel picks.
+        let map = unsafe {
+            mmap(
+                None,
+                length,
+                ProtFlags::PROT_READ,
+                MapFlags::MAP_SHARED,
+                fd.as_fd(),
+                0,
+            )
+        }?;
+        Ok(Self {
+            fd,
+            map,
+            map_bytes,
+            advice_bytes: DEFAULT_ADVICE_BYTES,
+        })
+    }
+
     /// A write stream's file: not mapped (its descriptor may be write-only, and its window is
     /// written back, never locked), so locking, unlocking and residency see nothing.
     #[must_use]

@@ -3,6 +3,7 @@
 
 pub(crate) mod mapped_file;
 pub(crate) mod prefetch;
+pub(crate) mod recorder_ring;
 pub(crate) mod table;
 pub(crate) mod writeback;
 

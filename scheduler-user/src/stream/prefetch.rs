@@ -63,6 +63,9 @@ pub(crate) enum JobKind {
     /// stream's window): `sync_file_range` on the ring, run by an `io_uring` worker that shares
     /// this level's I/O context, so the writes carry the level's priority.
     WriteBack,
+    /// Lock a direct recording's ring, its range the whole ring
+    /// ([`crate::stream::recorder_ring`]): nothing is read; its client touched every page.
+    LockRing,
     /// Allocate the range without changing the file's size (`fallocate` with `KEEP_SIZE`),
     /// likewise at the level's priority: the allocation's metadata reads and its journal
     /// handle must not wait behind best-effort I/O while the writer waits for the same journal.
@@ -112,6 +115,8 @@ enum WorkerCommand {
 pub(crate) struct PrefetchEngine {
     workers: HashMap<AbissLevel, Worker>,
     done: tokio::sync::mpsc::UnboundedSender<LoadDone>,
+    /// Recorders' rings to lock: a thread per user, as the levels' lockers.
+    ring_lockers: Lockers,
 }
 
 #[derive(Debug)]
@@ -133,10 +138,23 @@ impl PrefetchEngine {
     /// An engine that reports finished loads to `done`.
     #[must_use]
     pub(crate) fn new(done: tokio::sync::mpsc::UnboundedSender<LoadDone>) -> Self {
+        let ring_done = done.clone();
+        let ring_lockers = KeyedThreads::new(
+            "abiss-ring-lock",
+            |_uid| {},
+            move |_uid, job: LoadJob| lock_and_report(&job, &ring_done),
+        );
         Self {
             workers: HashMap::new(),
             done,
+            ring_lockers,
         }
+    }
+
+    /// Locks a recorder's ring (`job`, of kind [`JobKind::LockRing`]) on its user's ring
+    /// locker; reported like a load.
+    pub(crate) fn lock_ring(&self, job: LoadJob) {
+        self.ring_lockers.submit(job.file.fd().uid(), job);
     }
 
     fn worker(&mut self, level: AbissLevel) -> io::Result<&Worker> {
@@ -272,19 +290,22 @@ fn run_worker(
         move |_uid| {
             let _ = ioprio::set(ioprio::CALLING_THREAD, level.to_ioprio());
         },
-        move |_uid, job: LoadJob| {
-            let outcome = match job.file.lock(&job.range) {
-                Ok(()) => LoadOutcome::Loaded,
-                Err(error) => LoadOutcome::Failed(error),
-            };
-            let _ = lock_done.send(LoadDone {
-                stream: job.stream,
-                generation: job.generation,
-                range: job.range.clone(),
-                kind: job.kind,
-                outcome,
-            });
-        },
+        move |_uid, job: LoadJob| lock_and_report(&job, &lock_done),
     );
     submit_loads(commands, held, done, &lockers)
+}
+
+/// Locks `job`'s range and reports how that ended to `done`.
+fn lock_and_report(job: &LoadJob, done: &tokio::sync::mpsc::UnboundedSender<LoadDone>) {
+    let outcome = match job.file.lock(&job.range) {
+        Ok(()) => LoadOutcome::Loaded,
+        Err(error) => LoadOutcome::Failed(error),
+    };
+    let _ = done.send(LoadDone {
+        stream: job.stream,
+        generation: job.generation,
+        range: job.range.clone(),
+        kind: job.kind,
+        outcome,
+    });
 }

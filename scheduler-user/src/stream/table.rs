@@ -8,7 +8,7 @@ use scheduler_common::{AttachedFile, FileKey};
 
 use crate::policy::memory::locked_at_most;
 use crate::policy::shared_file::{kernel_entry, FileStream};
-use crate::stream::writeback::AheadByUser;
+use crate::stream::writeback::{AheadByUser, Recording};
 use crate::stream::Stream;
 
 /// All streams, by id.
@@ -182,7 +182,10 @@ impl StreamTable {
         self.streams
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
-            .map(|s| s.playout.locked_bytes())
+            .map(|s| {
+                s.playout.locked_bytes()
+                    + s.kind.recording().map_or(0, Recording::ring_locked_bytes)
+            })
             .sum()
     }
 

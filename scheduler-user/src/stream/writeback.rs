@@ -32,6 +32,7 @@ pub(crate) use give_back::GiveBack;
 
 use crate::policy::write_behind::{allocation_room, WriteAction, WriteBehind, WriteBehindShape};
 use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+use crate::stream::recorder_ring::RecorderRing;
 
 /// What each user's recordings hold allocated ahead of their writers, by uid: each
 /// recording is held to what its user's budget leaves it
@@ -85,6 +86,8 @@ pub(crate) struct Recording {
     /// so there is nothing to write back; its size is followed, for `abissctl list` and for
     /// the allocation ahead of it (if asked for).
     direct: Option<u64>,
+    /// A direct recording's ring, handed over by its client and locked by abissd.
+    pub(crate) ring: Option<RecorderRing>,
 }
 
 impl Recording {
@@ -102,6 +105,7 @@ impl Recording {
             polled_at: now,
             failures: 0,
             direct: None,
+            ring: None,
         }
     }
 
@@ -118,6 +122,12 @@ impl Recording {
     #[must_use]
     pub(crate) fn is_direct(&self) -> bool {
         self.direct.is_some()
+    }
+
+    /// What abissd holds locked of its client's ring.
+    #[must_use]
+    pub(crate) fn ring_locked_bytes(&self) -> u64 {
+        self.ring.as_ref().map_or(0, RecorderRing::locked_bytes)
     }
 
     /// Time between two looks at the file's size: a quarter of a write-back request at the

@@ -12,7 +12,7 @@ use abiss_proto::{MAX_LINE_BYTES, PROTOCOL_VERSION};
 use super::{HostileConnection, Message};
 
 /// Kinds of descriptor a message may carry (`abiss-fuzz-client` opens them).
-pub(super) const FD_KINDS: [&str; 20] = [
+pub(super) const FD_KINDS: [&str; 21] = [
     "file",
     "directory",
     "opath",
@@ -27,6 +27,7 @@ pub(super) const FD_KINDS: [&str; 20] = [
     "fifo_write",
     "fifo_no_writer",
     "memfd",
+    "sealed_ring",
     "fuse",
     "tty",
     "eventfd",
@@ -101,6 +102,10 @@ pub(super) fn request(device: &str) -> impl Strategy<Value = Value> {
             }),
         ]
         .prop_map(|target| json!({"kind": "detach", "target": target})),
+        // A recorder's ring for a stream of this run (most of them) or any other; the
+        // session passes a memfd with it, the framed lines any descriptor.
+        1 => prop_oneof![0u64..2000, hostile_u64()]
+            .prop_map(|stream| json!({"kind": "lock_ring", "stream": stream})),
         // Stream ids are small and counted up: most of these name a stream of this run.
         2 => (
             prop_oneof![0u64..2000, hostile_u64()],
@@ -199,13 +204,13 @@ fn number_literal() -> impl Strategy<Value = &'static str> {
 fn huge_numbers() -> impl Strategy<Value = Vec<u8>> {
     let templates = proptest::sample::select(vec![
         r#"{"version":N,"request":{"kind":"hello"}}"#,
-        r#"{"version":4,"request":{"kind":"stats","window_ms":N}}"#,
-        r#"{"version":4,"request":{"kind":"position","stream":1,"offset":N,"at_ns":N}}"#,
-        r#"{"version":4,"request":{"kind":"position","stream":N,"offset":0}}"#,
-        r#"{"version":4,"request":{"kind":"detach","target":{"id":N}}}"#,
-        r#"{"version":4,"request":{"kind":"attach","rate":N,"buffer":65536,"batch_pages":1,"priority":0,"persistent":false}}"#,
-        r#"{"version":4,"request":{"kind":"attach","rate":1000,"buffer":N,"batch_pages":N,"priority":N,"persistent":false}}"#,
-        r#"{"version":4,"request":{"kind":"admit","device":"loop0","rate":N,"buffer":N,"count":N,"mode":null}}"#,
+        r#"{"version":5,"request":{"kind":"stats","window_ms":N}}"#,
+        r#"{"version":5,"request":{"kind":"position","stream":1,"offset":N,"at_ns":N}}"#,
+        r#"{"version":5,"request":{"kind":"position","stream":N,"offset":0}}"#,
+        r#"{"version":5,"request":{"kind":"detach","target":{"id":N}}}"#,
+        r#"{"version":5,"request":{"kind":"attach","rate":N,"buffer":65536,"batch_pages":1,"priority":0,"persistent":false}}"#,
+        r#"{"version":5,"request":{"kind":"attach","rate":1000,"buffer":N,"batch_pages":N,"priority":N,"persistent":false}}"#,
+        r#"{"version":5,"request":{"kind":"admit","device":"loop0","rate":N,"buffer":N,"count":N,"mode":null}}"#,
     ]);
     (templates, number_literal())
         .prop_map(|(template, number)| format!("{}\n", template.replace('N', number)).into_bytes())
@@ -382,6 +387,8 @@ fn client_session(device: &str) -> impl Strategy<Value = HostileConnection> {
             .map(|request| {
                 let fds = if request["kind"] == json!("attach") {
                     vec!["managed"]
+                } else if request["kind"] == json!("lock_ring") {
+                    vec!["sealed_ring"]
                 } else {
                     Vec::new()
                 };
