@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::report::{Results, Row};
-use crate::row::{self, RowsArg};
+use crate::row::RowsArg;
 use baseline::Baseline;
 use player::PlayerKind;
 use session::{RowPlan, RowResult, Session};
@@ -135,6 +135,8 @@ pub struct Configuration {
     pub scenario: Scenario,
     /// More `abissctl run` options (abiss rows): `--buffer 6MiB`, `--preroll 6MiB`.
     pub run_options: &'static [&'static str],
+    /// More abissd options (abiss rows): `--dispatch-depth 4`.
+    pub daemon_options: &'static [&'static str],
     /// No best-effort load: what the players' cold start costs the disk alone, the floor
     /// under every row's start-up.
     pub no_load: bool,
@@ -158,6 +160,7 @@ fn row(
         class,
         scenario,
         run_options: &[],
+        daemon_options: &[],
         no_load: false,
         warm: false,
     }
@@ -212,7 +215,22 @@ fn no_load_rows() -> Vec<Configuration> {
             "abiss, abissctl run --preroll 6MiB, no best-effort load",
             &["--preroll", "6MiB"],
         )),
+        Configuration {
+            daemon_options: &["--dispatch-depth", "4"],
+            ..no_load(abiss_with(
+                "abiss-preroll-depth-4-no-load",
+                "abiss at the kernel's least dispatch depth (abissd --dispatch-depth 4), \
+                 abissctl run --preroll 6MiB, no best-effort load",
+                &["--preroll", "6MiB"],
+            ))
+        },
     ]
+}
+
+/// Whether `row` runs when no rows are named: all but the experiments with abissd's own
+/// options (the dispatch depth), which run when named.
+fn by_default(row: &Configuration) -> bool {
+    row.daemon_options.is_empty()
 }
 
 /// Every row, in report order.
@@ -256,6 +274,15 @@ pub fn all_rows() -> Vec<Configuration> {
             "abiss, abissctl run --preroll 6MiB: the players' start-up reads loaded at once",
             &["--preroll", "6MiB"],
         ),
+        Configuration {
+            daemon_options: &["--dispatch-depth", "4"],
+            ..abiss_with(
+                "abiss-preroll-depth-4",
+                "abiss at the kernel's least dispatch depth (abissd --dispatch-depth 4), \
+                 abissctl run --preroll 6MiB: half the best effort a start-up waits behind",
+                &["--preroll", "6MiB"],
+            )
+        },
         row(
             "mq-deadline-seek",
             "stock mq-deadline, gst seeking every 10 s",
@@ -327,7 +354,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.secs >= 5, "--secs must be at least 5");
     let rows = args
         .rows
-        .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
+        .select_present(all_rows(), |r| r.name, by_default, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
     let session = Session::up(
         "players",
@@ -430,6 +457,7 @@ pub fn measure_one(
         no_load: false,
         warm: false,
         run_options: abiss.map_or(&[], |(_, _, options)| options),
+        daemon_options: &[],
     };
     let result = session.run_row(
         &RowPlan {

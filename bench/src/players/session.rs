@@ -273,7 +273,7 @@ impl Session {
                 let bin_dir = self.bin_dir.as_deref().context(
                     "abiss rows need ABISS_BIN_DIR (where abissd is); run them through `cargo xtask bench`",
                 )?;
-                let daemon = Daemon::start(bin_dir, self.disk.device(), &[], None)?;
+                let daemon = Daemon::start(bin_dir, self.disk.device(), row.daemon_options, None)?;
                 let wrapper = Wrapper::Abiss {
                     abissctl: bin_dir.join("abissctl"),
                     socket: daemon.socket().to_path_buf(),
