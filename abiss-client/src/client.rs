@@ -285,8 +285,8 @@ impl Client {
         }
     }
 
-    /// Hands the ring of direct recording `stream` (a memfd sealed against shrinking and
-    /// growing, its pages touched) to the daemon, which locks it for as long as the stream
+    /// Hands the ring of direct recording `stream` (a memfd sealed against shrinking, growing
+    /// and later writers, its pages touched) to the daemon, which locks it for as long as the stream
     /// lasts, against the stream's locked-memory budget. The bytes locked.
     pub fn lock_ring(&mut self, stream: StreamId, ring: impl AsFd) -> Result<u64, ClientError> {
         self.send_with_fd(Request::LockRing { stream }, ring)?;

@@ -100,7 +100,7 @@ struct RingMemory {
 }
 
 enum Backing {
-    /// Sealed against shrinking and growing, every page touched.
+    /// Sealed against shrinking, growing and later writers, every page touched.
     Memfd(OwnedFd),
     Heap(std::alloc::Layout),
 }
@@ -188,12 +188,13 @@ impl RingMemory {
         let Backing::Memfd(fd) = &ring.backing else {
             unreachable!("made as a memfd above")
         };
-        // SAFETY: our memfd; sealed, its size is fixed for abissd's mapping as for ours.
+        // SAFETY: our memfd. Sealed, its size is fixed for abissd's mapping as for ours, and no
+        // hole can be punched in it; the writable mapping above was made before the seal.
         let sealed = unsafe {
             libc::fcntl(
                 fd.as_raw_fd(),
                 libc::F_ADD_SEALS,
-                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+                libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE,
             )
         };
         if sealed != 0 {
@@ -291,10 +292,7 @@ impl DirectWriter {
     /// `buffer_bytes`, in pieces aligned to `align` (file and memory).
     pub(crate) fn start(file: File, buffer_bytes: u64, align: usize) -> io::Result<Self> {
         let piece = piece_bytes(buffer_bytes, align);
-        let pieces = usize::try_from(buffer_bytes.div_ceil(piece as u64))
-            .unwrap_or(usize::MAX)
-            .max(MIN_PIECES);
-        let capacity = pieces * piece;
+        let capacity = ring_bytes(buffer_bytes, align);
         let shared = Arc::new(Shared {
             memory: RingMemory::new(capacity, align.max(4096))?,
             capacity: capacity as u64,
@@ -440,6 +438,17 @@ impl Drop for DirectWriter {
             let _ = thread.join();
         }
     }
+}
+
+/// The ring a buffer of `buffer_bytes` takes: whole pieces ([`piece_bytes`]), at least
+/// [`MIN_PIECES`] of them. The stream is attached with this buffer, so that abissd admits
+/// what it is asked to lock.
+pub(crate) fn ring_bytes(buffer_bytes: u64, align: usize) -> usize {
+    let piece = piece_bytes(buffer_bytes, align);
+    let pieces = usize::try_from(buffer_bytes.div_ceil(piece as u64))
+        .unwrap_or(usize::MAX)
+        .max(MIN_PIECES);
+    pieces.saturating_mul(piece)
 }
 
 /// The piece size for a ring of `buffer_bytes`: a quarter of it, at most

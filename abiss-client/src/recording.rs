@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use abiss_proto::{StreamId, StreamInfo, StreamTarget};
 
 use crate::client::{Client, ClientError};
-use crate::direct::{direct_alignment, DirectSummary, DirectWriter, MAX_PIECE_BYTES};
+use crate::direct::{direct_alignment, ring_bytes, DirectSummary, DirectWriter, MAX_PIECE_BYTES};
 use crate::file::StreamOptions;
 
 /// Why a direct recording could not start or finish. Each is one sentence.
@@ -48,6 +48,8 @@ pub struct DirectRecording {
     client: Client,
     stream: StreamInfo,
     raised: bool,
+    /// Why abissd did not lock the ring, if it did not.
+    ring_refusal: Option<String>,
     path: PathBuf,
 }
 
@@ -71,6 +73,9 @@ pub struct RecordingSummary {
     /// abissd could not be told the recording ended (it stopped or crashed during it): the
     /// recording went on at best effort from then.
     pub daemon_lost: bool,
+    /// Why abissd did not lock the ring (this process then locked it as far as its
+    /// `RLIMIT_MEMLOCK` allows), if it did not.
+    pub ring_refusal: Option<String>,
 }
 
 impl DirectRecording {
@@ -126,6 +131,10 @@ impl DirectRecording {
         let align = check_file(&file, path, options).map_err(remove)?;
         let mut request = options.request(true);
         request.direct = true;
+        // Admitted to lock the ring as it will be: whole pieces.
+        request.buffer = abiss_proto::ByteSize(
+            u64::try_from(ring_bytes(options.buffer.0, align)).unwrap_or(u64::MAX),
+        );
         let mut client = connect().map_err(|e| remove(e.into()))?;
         let stream = client
             .attach(&file, request)
@@ -145,15 +154,20 @@ impl DirectRecording {
         // abissd locks the ring against the stream's budget; where it does not (a ring larger
         // than the stream's buffer and batch), it is locked here as far as the user's
         // RLIMIT_MEMLOCK allows. Either way before the first byte is copied in.
-        let locked_by_abissd = writer
-            .ring_fd()
-            .is_some_and(|ring| client.lock_ring(stream.id, ring).is_ok());
-        writer.ring_locked(locked_by_abissd);
+        let ring_refusal = match writer.ring_fd() {
+            Some(ring) => client
+                .lock_ring(stream.id, ring)
+                .err()
+                .map(|e| e.to_string()),
+            None => Some("the ring is not a memfd (a direct-I/O alignment over 4 KiB)".into()),
+        };
+        writer.ring_locked(ring_refusal.is_none());
         Ok(Self {
             writer: Some(writer),
             client,
             stream,
             raised,
+            ring_refusal,
             path: path.to_path_buf(),
         })
     }
@@ -201,6 +215,7 @@ impl DirectRecording {
             direct,
             raised: self.raised,
             daemon_lost,
+            ring_refusal: self.ring_refusal.take(),
         })
     }
 }

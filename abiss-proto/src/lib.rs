@@ -141,8 +141,9 @@ pub enum Request {
         /// The thread (a process id names its main thread).
         tid: u32,
     },
-    /// The ring of a direct recording's client, a memfd sealed against shrinking and
-    /// growing (`F_SEAL_SHRINK | F_SEAL_GROW`) whose pages the client has touched, travels
+    /// The ring of a direct recording's client, a memfd sealed against shrinking, growing
+    /// and later writers (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE`, once the client
+    /// mapped it) whose pages the client has touched, travels
     /// with this message (`SCM_RIGHTS`): abissd locks it in memory for as long as the stream
     /// lasts, against the locked memory the stream was admitted with (its buffer), so the
     /// client's own `RLIMIT_MEMLOCK` does not bind it. The data stays in the client's ring;

@@ -130,10 +130,13 @@ fn report(
         direct.pieces,
         direct.piece_p999_ms,
         direct.piece_max_ms,
-        if direct.locked {
-            ""
-        } else {
-            "; the ring was not locked in memory (RLIMIT_MEMLOCK)"
+        match (&summary.ring_refusal, direct.locked) {
+            (None, _) => String::new(),
+            (Some(why), true) => format!("; abissd did not lock the ring ({why}), abissctl did"),
+            (Some(why), false) => format!(
+                "; the ring was not locked in memory: abissd did not lock it ({why}), and \
+                 RLIMIT_MEMLOCK is too small for abissctl to"
+            ),
         },
         if summary.daemon_lost {
             "; abissd went away during it, and it went on at best effort"
@@ -156,6 +159,7 @@ fn report(
             "piece_max_ms": direct.piece_max_ms,
             "locked": direct.locked,
             "locked_by_abissd": direct.locked_by_abissd,
+            "ring_refusal": summary.ring_refusal,
             "raised": summary.raised,
             "daemon_lost": summary.daemon_lost,
         });

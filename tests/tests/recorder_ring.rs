@@ -63,6 +63,7 @@ fn abissd_locks_a_recorders_ring_beyond_the_users_own_limit_and_lets_it_go_at_th
         "abissd held {while_recording} bytes locked while nobody recorded with a 4 MiB ring, against {before} before"
     );
     assert_eq!(summary["locked_by_abissd"], true, "{summary}");
+    assert!(summary["ring_refusal"].is_null(), "{summary}");
     assert_eq!(summary["locked"], true, "{summary}");
     assert_eq!(summary["bytes"], bytes.len(), "{summary}");
     assert!(

@@ -3,6 +3,7 @@
 //! take; one that can never be a stream was already given back to the closer, with its reason.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use abiss_proto::{AttachRequest, ErrorKind, Response, StreamId};
 
@@ -57,19 +58,30 @@ pub(super) async fn lock_ring(
         Ok(fd) => fd,
         Err(reason) => return error_response(ErrorKind::BadRequest, reason),
     };
-    match ask(context, |reply| Command::LockRing {
+    let locked = ask(context, |reply| Command::LockRing {
         uid: peer_uid,
         stream,
         fd,
         reply,
-    })
-    .await
-    {
-        Some(Ok(bytes)) => Response::RingLocked { stream, bytes },
-        Some(Err(refused)) => Response::from(refused),
-        None => shutting_down(),
+    });
+    // The lock runs on the user's ring-locking thread; should that thread never answer (it
+    // could not be started), the connection is not held waiting for it.
+    match tokio::time::timeout(RING_LOCK_TIMEOUT, locked).await {
+        Ok(Some(Ok(bytes))) => Response::RingLocked { stream, bytes },
+        Ok(Some(Err(refused))) => Response::from(refused),
+        Ok(None) => shutting_down(),
+        Err(_) => error_response(
+            ErrorKind::Internal,
+            format!(
+                "abissd did not lock the ring within {} s; lock it yourself",
+                RING_LOCK_TIMEOUT.as_secs()
+            ),
+        ),
     }
 }
+
+/// The longest a connection waits for its ring to be locked.
+const RING_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The descriptor a `what` request came with, or why there is none (a bad request).
 fn descriptor(received: Option<Received>, what: &str) -> Result<ClientFd, String> {

@@ -142,7 +142,10 @@ impl PrefetchEngine {
         let ring_lockers = KeyedThreads::new(
             "abiss-ring-lock",
             |_uid| {},
-            move |_uid, job: LoadJob| lock_and_report(&job, &ring_done),
+            move |_uid, job: LoadJob| {
+                let locked = crate::stream::recorder_ring::lock_in_pieces(&job.file, &job.range);
+                report(&job, locked, &ring_done);
+            },
         );
         Self {
             workers: HashMap::new(),
@@ -297,7 +300,16 @@ fn run_worker(
 
 /// Locks `job`'s range and reports how that ended to `done`.
 fn lock_and_report(job: &LoadJob, done: &tokio::sync::mpsc::UnboundedSender<LoadDone>) {
-    let outcome = match job.file.lock(&job.range) {
+    report(job, job.file.lock(&job.range), done);
+}
+
+/// Reports to `done` how `job`'s lock ended.
+fn report(
+    job: &LoadJob,
+    locked: io::Result<()>,
+    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+) {
+    let outcome = match locked {
         Ok(()) => LoadOutcome::Loaded,
         Err(error) => LoadOutcome::Failed(error),
     };

@@ -9,13 +9,26 @@
 //! buffer), until the stream ends.
 //!
 //! What the ring must be, checked before anything is mapped, in an order that never waits on
-//! the client's object: sealed against shrinking and growing (`F_GET_SEALS` answers only for
-//! memfds, without calling any file system), so its size is fixed and no page of the mapping
-//! can vanish under a fault; at most the stream's reservation; and every page already touched
+//! the client's object: a memfd sealed against shrinking, growing and later writers
+//! (`F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE`; `F_GET_SEALS` answers only for memfds,
+//! without calling any file system), so its size is fixed and no page of it can be punched out
+//! (a hole punch is refused under a write seal), while the client's own writable mapping, made
+//! before the seal, goes on; at most the stream's reservation; and every page already touched
 //! by its client (`mincore`), so that the lock charges no page to abissd's memory cgroup that
-//! the client's would have paid for. The lock itself runs on the owner's locking thread
-//! ([`crate::stream::prefetch::PrefetchEngine::lock_ring`]), like a window's.
+//! the client's would have paid for.
+//!
+//! The lock runs on the owner's ring-locking thread
+//! ([`crate::stream::prefetch::PrefetchEngine::lock_ring`]), never on the main loop, and in
+//! pieces ([`lock_in_pieces`]): `mlock` faults pages in under abissd's address-space lock, which
+//! every other lock and the main loop's `mmap` and `munmap` wait for, and a memfd's page that
+//! its client pushed out to swap (`MADV_PAGEOUT`, allowed to it) would be read back under that
+//! lock. So each piece is first read through the descriptor (`pread`, which brings swapped pages
+//! back without that lock), then locked; once locked, a page can no longer be paged out. What a
+//! client can still make the lock wait for is a page it pushed out between the read and the
+//! lock of one piece. The lock stops when the stream ended meanwhile.
 
+use std::io;
+use std::ops::Range;
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Arc;
 
@@ -108,8 +121,36 @@ impl Drop for RecorderRing {
     }
 }
 
-/// The seals a ring must carry: its size is fixed.
-const RING_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK.union(SealFlag::F_SEAL_GROW);
+/// The seals a ring must carry: its size is fixed, and no hole can be punched in it.
+const RING_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_FUTURE_WRITE);
+
+/// The most of a ring read and locked at once.
+const PIECE_BYTES: u64 = 2 << 20;
+
+/// Locks `range` of the ring `file` (on the owner's ring-locking thread), a piece at a time,
+/// each read through the descriptor first (see the module). Stops with `Interrupted` once
+/// nothing but this job holds the ring: its stream ended.
+pub(crate) fn lock_in_pieces(file: &Arc<MappedFile>, range: &Range<u64>) -> io::Result<()> {
+    let mut scratch = vec![0u8; usize::try_from(PIECE_BYTES).unwrap_or(1 << 20)];
+    let mut at = range.start;
+    while at < range.end {
+        if Arc::strong_count(file) == 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::Interrupted,
+                "the stream ended while its ring was locked",
+            ));
+        }
+        let end = (at + PIECE_BYTES).min(range.end);
+        let length = usize::try_from(end - at).unwrap_or(0);
+        let offset = i64::try_from(at).map_err(io::Error::other)?;
+        nix::sys::uio::pread(file.fd(), &mut scratch[..length], offset)?;
+        file.lock(&(at..end))?;
+        at = end;
+    }
+    Ok(())
+}
 
 /// The ring behind `fd`, mapped, and its size; or why it is not one abissd locks.
 fn checked(fd: ClientFd, reserved_bytes: u64) -> Result<(MappedFile, u64), String> {
@@ -119,7 +160,7 @@ fn checked(fd: ClientFd, reserved_bytes: u64) -> Result<(MappedFile, u64), Strin
     })?;
     if !SealFlag::from_bits_truncate(seals).contains(RING_SEALS) {
         return Err(
-            "the ring must be sealed against shrinking and growing (F_SEAL_SHRINK | F_SEAL_GROW) before it is handed over"
+            "the ring must be sealed against shrinking, growing and later writers (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE, after the recorder mapped it) before it is handed over"
                 .into(),
         );
     }
@@ -189,7 +230,7 @@ mod tests {
         checked(ClientFd::new(fd, 1000, closer), reserved).map(|(_, bytes)| bytes)
     }
 
-    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    const SEALED: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE;
 
     #[test]
     fn a_sealed_touched_memfd_within_the_reservation_is_taken_and_locked() {

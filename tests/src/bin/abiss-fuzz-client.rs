@@ -371,8 +371,8 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
             let _ = file.write_all(&vec![7u8; 1 << 20]);
             OwnedFd::from(file)
         }),
-        // A recorder's ring as abissd takes one: 64 KiB, touched, sealed against shrinking
-        // and growing.
+        // A recorder's ring as abissd takes one: 64 KiB, touched, sealed against shrinking,
+        // growing and later writers.
         "sealed_ring" => nix::sys::memfd::memfd_create(
             c"abiss-fuzz-ring",
             nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC
@@ -382,7 +382,9 @@ fn open_kind(paths: &Paths, kind: &str) -> Option<OwnedFd> {
         .and_then(|memfd| {
             let mut file = File::from(memfd);
             file.write_all(&vec![7u8; 64 << 10]).ok()?;
-            let seals = nix::fcntl::SealFlag::F_SEAL_SHRINK | nix::fcntl::SealFlag::F_SEAL_GROW;
+            let seals = nix::fcntl::SealFlag::F_SEAL_SHRINK
+                | nix::fcntl::SealFlag::F_SEAL_GROW
+                | nix::fcntl::SealFlag::F_SEAL_FUTURE_WRITE;
             nix::fcntl::fcntl(file.as_raw_fd(), nix::fcntl::FcntlArg::F_ADD_SEALS(seals)).ok()?;
             Some(OwnedFd::from(file))
         }),
