@@ -278,6 +278,13 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             &[],
         ),
         abiss_row(
+            "abiss-mq-deadline-depth-4",
+            "ABISS over mq-deadline, real-time streams, at the kernel's least dispatch depth (abissd --dispatch-depth 4)",
+            ("mq-deadline", 0, Auto),
+            &["--dispatch-depth", "4"],
+        )
+        .on_request(),
+        abiss_row(
             "abiss-mq-deadline-no-raises",
             "ABISS over mq-deadline, real-time streams, readers never raised (abissd --no-raises)",
             ("mq-deadline", 0, Auto),
