@@ -100,39 +100,25 @@ impl MappedFile {
         if bytes == 0 {
             return Err(io::Error::other("the file is empty"));
         }
-        let reach = mapping_bytes(bytes);
-        let map_bytes = usize::try_from(reach).map_err(io::Error::other)?;
-        let length = NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("no length"))?;
-        // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
-        // the address the kernel picks.
-        let map = unsafe {
-            mmap(
-                None,
-                length,
-                ProtFlags::PROT_READ,
-                MapFlags::MAP_SHARED,
-                fd.as_fd(),
-                0,
-            )
-        }?;
-        let mapped = Self {
-            fd,
-            map,
-            map_bytes,
-            advice_bytes: DEFAULT_ADVICE_BYTES,
-        };
+        let mapped = Self::mapped(fd, mapping_bytes(bytes))?;
         // SAFETY: advice on our own mapping: no readahead when mlock faults pages in.
-        unsafe { madvise(mapped.map, map_bytes, MmapAdvise::MADV_RANDOM) }?;
+        unsafe { madvise(mapped.map, mapped.map_bytes, MmapAdvise::MADV_RANDOM) }?;
         Ok(mapped)
     }
 
     /// A direct recording's ring ([`crate::stream::recorder_ring`]): a sealed memfd of
     /// exactly `bytes`, mapped whole, so its pages can be locked.
     pub(crate) fn ring(fd: ClientFd, bytes: u64) -> io::Result<Self> {
-        let map_bytes = usize::try_from(bytes).map_err(io::Error::other)?;
+        Self::mapped(fd, bytes)
+    }
+
+    /// `fd` mapped shared and read-only over `reach` bytes.
+    fn mapped(fd: ClientFd, reach: u64) -> io::Result<Self> {
+        let map_bytes = usize::try_from(reach).map_err(io::Error::other)?;
         let length = NonZeroUsize::new(map_bytes).ok_or_else(|| io::Error::other("no length"))?;
-        // SAFETY: a fresh shared read-only mapping of a memfd we hold open, whose seals keep
-        // it this size; nothing else is at the address the kernel picks.
+        // SAFETY: a fresh shared read-only mapping of a file we hold open; nothing else is at
+        // the address the kernel picks, and abissd never reads through it (a memfd ring's
+        // seals keep it its size; a file's pages past its end are never touched).
         let map = unsafe {
             mmap(
                 None,

@@ -143,8 +143,8 @@ impl PrefetchEngine {
             "abiss-ring-lock",
             |_uid| {},
             move |_uid, job: LoadJob| {
-                let locked = crate::stream::recorder_ring::lock_in_pieces(&job.file, &job.range);
-                report(&job, locked, &ring_done);
+                let result = crate::stream::recorder_ring::lock_in_pieces(&job.file, &job.range);
+                report(&job, locked(result), &ring_done);
             },
         );
         Self {
@@ -264,14 +264,8 @@ fn hold_for(
 }
 
 /// Reports `job` as failed with `error`.
-fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: LoadJob, error: io::Error) {
-    let _ = done.send(LoadDone {
-        stream: job.stream,
-        generation: job.generation,
-        range: job.range,
-        kind: job.kind,
-        outcome: LoadOutcome::Failed(error),
-    });
+fn fail(done: &tokio::sync::mpsc::UnboundedSender<LoadDone>, job: &LoadJob, error: io::Error) {
+    report(job, LoadOutcome::Failed(error), done);
 }
 
 /// One ring's life: serves `held` (what came while the worker was down), then `commands`.
@@ -300,19 +294,23 @@ fn run_worker(
 
 /// Locks `job`'s range and reports how that ended to `done`.
 fn lock_and_report(job: &LoadJob, done: &tokio::sync::mpsc::UnboundedSender<LoadDone>) {
-    report(job, job.file.lock(&job.range), done);
+    report(job, locked(job.file.lock(&job.range)), done);
 }
 
-/// Reports to `done` how `job`'s lock ended.
-fn report(
-    job: &LoadJob,
-    locked: io::Result<()>,
-    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
-) {
-    let outcome = match locked {
+/// A lock's outcome.
+fn locked(result: io::Result<()>) -> LoadOutcome {
+    match result {
         Ok(()) => LoadOutcome::Loaded,
         Err(error) => LoadOutcome::Failed(error),
-    };
+    }
+}
+
+/// Reports to `done` how `job` ended.
+fn report(
+    job: &LoadJob,
+    outcome: LoadOutcome,
+    done: &tokio::sync::mpsc::UnboundedSender<LoadDone>,
+) {
     let _ = done.send(LoadDone {
         stream: job.stream,
         generation: job.generation,

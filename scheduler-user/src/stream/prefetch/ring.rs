@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::{fail, JobKind, LoadDone, LoadJob, LoadOutcome, Lockers, WorkerCommand};
+use super::{fail, report, JobKind, LoadDone, LoadJob, LoadOutcome, Lockers, WorkerCommand};
 
 /// Marks cancel requests' completions apart from loads'.
 const CANCEL_TAG: u64 = 1 << 63;
@@ -52,7 +52,7 @@ pub(super) fn submit_loads(
     if let Err(error) = &result {
         // The ring goes with its requests: their windows must ask for them again.
         for (_, InFlight { job, .. }) in ring.in_flight.drain() {
-            fail(done, job, io::Error::new(error.kind(), error.to_string()));
+            fail(done, &job, io::Error::new(error.kind(), error.to_string()));
         }
     }
     result
@@ -89,7 +89,7 @@ impl LoadRing {
                     // What the ring never saw fails with it.
                     for command in batch {
                         if let WorkerCommand::Load(job) = command {
-                            fail(done, job, io::Error::new(error.kind(), error.to_string()));
+                            fail(done, &job, io::Error::new(error.kind(), error.to_string()));
                         }
                     }
                     return Err(error);
@@ -135,7 +135,7 @@ impl LoadRing {
                     // Never as root: that would pass the owner's quota.
                     fail(
                         done,
-                        job,
+                        &job,
                         io::Error::other("abissd cannot allocate without its capabilities"),
                     );
                     return Ok(());
@@ -310,13 +310,7 @@ impl LoadRing {
                 lockers.submit(job.file.fd().uid(), job);
                 continue;
             };
-            let _ = done.send(LoadDone {
-                stream: job.stream,
-                generation: job.generation,
-                range: job.range.clone(),
-                kind: job.kind,
-                outcome,
-            });
+            report(&job, outcome, done);
         }
         Ok(())
     }
