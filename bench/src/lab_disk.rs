@@ -68,15 +68,17 @@ impl LabDisk {
     /// decides how often a 1 MB/s reader reaches the disk at all, so it is set here and again
     /// after every elevator change.
     pub fn up(benchmark: &str, size_bytes: u64, read_ahead_kb: u32) -> anyhow::Result<Self> {
-        Self::up_with(benchmark, size_bytes, read_ahead_kb, BenchFs::Ext4)
+        Self::up_with(benchmark, size_bytes, read_ahead_kb, BenchFs::Ext4, None)
     }
 
-    /// As [`LabDisk::up`], with file system `fs`.
+    /// As [`LabDisk::up`], with file system `fs`, and the hdd taking `hdd_queue_depth`
+    /// requests at once instead of its model's (`lab/models/default.toml`), where given.
     pub fn up_with(
         benchmark: &str,
         size_bytes: u64,
         read_ahead_kb: u32,
         fs: BenchFs,
+        hdd_queue_depth: Option<u32>,
     ) -> anyhow::Result<Self> {
         let name = format!("abiss-bench-{benchmark}-{}", std::process::id());
         let mkfs = match fs {
@@ -88,6 +90,9 @@ impl LabDisk {
         let mut options = LabOptions::hdd_in(&dir, size_bytes, Some(mkfs))
             .context("cannot find the abiss-lab executable (set ABISS_LAB_BIN)")?;
         options.mount_options = (fs == BenchFs::BtrfsZstd).then(|| "compress=zstd".to_owned());
+        if let Some(depth) = hdd_queue_depth {
+            options.model.hdd.queue_depth = depth;
+        }
         let lab = Lab::up(&options).context("cannot bring the lab up")?;
         let disk = Self {
             lab,

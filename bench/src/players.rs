@@ -66,6 +66,11 @@ pub struct PlayersArgs {
     /// Readahead of the lab device in KiB (128 is what the kernel gives a SATA disk).
     #[arg(long, default_value_t = 128)]
     pub read_ahead_kb: u32,
+    /// Requests the lab hdd takes at once and orders by position (its command queue),
+    /// instead of its model's 4: a disk whose queue orders more (32 for SATA's NCQ) gains
+    /// from a deeper dispatch depth, which the model's 4 cannot show.
+    #[arg(long)]
+    pub hdd_queue_depth: Option<u32>,
     /// Where the results go.
     #[arg(long, default_value = "bench/results")]
     pub results_dir: PathBuf,
@@ -366,7 +371,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
         "players",
         FOUR.len(),
         media_secs.max(150),
-        args.read_ahead_kb,
+        (args.read_ahead_kb, args.hdd_queue_depth),
     )?;
     eprintln!("players: no-load, warm-cache baselines");
     let baselines = session.baselines(
@@ -441,7 +446,7 @@ pub fn measure_one(
     secs: u64,
     abiss: Option<(&std::path::Path, &str, &'static [&'static str])>,
 ) -> anyhow::Result<(Baseline, RowResult)> {
-    let mut session = Session::up("players-test", 1, 150, 128)?;
+    let mut session = Session::up("players-test", 1, 150, (128, None))?;
     if let Some((bin_dir, _, _)) = abiss {
         session.set_bin_dir(bin_dir);
     }

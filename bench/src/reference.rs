@@ -125,7 +125,7 @@ pub fn run(args: &ReferenceArgs) -> anyhow::Result<()> {
         args.secs,
         args.warmup_secs
     );
-    let disk = LabDisk::up_with("reference", DISK_BYTES, args.read_ahead_kb, args.fs)?;
+    let disk = LabDisk::up_with("reference", DISK_BYTES, args.read_ahead_kb, args.fs, None)?;
     eprintln!(
         "lab hdd {} with {:?} at {}; writing the files",
         disk.device().display(),

@@ -146,16 +146,23 @@ impl RowResult {
 }
 
 impl Session {
-    /// Brings the lab hdd up, copies `players` media files of `media_secs` onto it and lays
+    /// Brings the lab hdd up (taking `hdd_queue_depth` requests at once instead of its
+    /// model's, where given), copies `players` media files of `media_secs` onto it and lays
     /// out the load.
     pub fn up(
         name: &str,
         players: usize,
         media_secs: u32,
-        read_ahead_kb: u32,
+        (read_ahead_kb, hdd_queue_depth): (u32, Option<u32>),
     ) -> anyhow::Result<Self> {
         let source = media::cached_media(media_secs)?;
-        let disk = LabDisk::up(name, DISK_BYTES, read_ahead_kb)?;
+        let disk = LabDisk::up_with(
+            name,
+            DISK_BYTES,
+            read_ahead_kb,
+            crate::lab_disk::BenchFs::Ext4,
+            hdd_queue_depth,
+        )?;
         eprintln!(
             "lab hdd {} with ext4 at {}; copying the media and laying out the load",
             disk.device().display(),
