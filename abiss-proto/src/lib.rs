@@ -229,6 +229,27 @@ pub struct AttachRequest {
     pub buffer_auto: bool,
 }
 
+impl AttachRequest {
+    /// A read stream at `rate` with a fixed `buffer`, `batch_pages` per credit step, at ABISS
+    /// level `priority`, that ends with its connection, every other option off; the rest
+    /// come with struct update syntax (`AttachRequest { write: true, ..AttachRequest::read(…) }`).
+    #[must_use]
+    pub const fn read(rate: ByteRate, buffer: ByteSize, batch_pages: u32, priority: u8) -> Self {
+        Self {
+            rate,
+            buffer,
+            batch_pages,
+            priority,
+            persistent: false,
+            write: false,
+            preallocate: false,
+            direct: false,
+            preroll: None,
+            buffer_auto: false,
+        }
+    }
+}
+
 /// A stream named by id, or by the file it streams.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -434,16 +455,14 @@ mod tests {
     #[test]
     fn a_direct_recording_round_trips_and_is_absent_by_default() {
         let request = AttachRequest {
-            rate: ByteRate(1_000_000),
-            buffer: ByteSize(2 << 20),
-            batch_pages: DEFAULT_BATCH_PAGES,
-            priority: DEFAULT_LEVEL,
-            persistent: false,
             write: true,
-            preallocate: false,
             direct: true,
-            preroll: None,
-            buffer_auto: false,
+            ..AttachRequest::read(
+                ByteRate(1_000_000),
+                ByteSize(2 << 20),
+                DEFAULT_BATCH_PAGES,
+                DEFAULT_LEVEL,
+            )
         };
         let line = encode_line(&Envelope::new(Request::Attach(request.clone()))).unwrap();
         assert!(String::from_utf8_lossy(&line).contains(r#""direct":true"#));

@@ -253,18 +253,7 @@ fn measure(bin_dir: &Path, misses: u32, load: BestEffortLoad) -> anyhow::Result<
     let file = File::open(&stream_file)?;
     let stream = client.attach(
         &file,
-        AttachRequest {
-            rate: ByteRate(1_000_000),
-            buffer: ByteSize(564 << 10),
-            batch_pages: 20,
-            priority: 0,
-            persistent: false,
-            write: false,
-            preallocate: false,
-            direct: false,
-            preroll: None,
-            buffer_auto: false,
-        },
+        AttachRequest::read(ByteRate(1_000_000), ByteSize(564 << 10), 20, 0),
     )?;
     client.wait_loaded(stream.id, Duration::from_secs(30))?;
     let running = start_load(load, &files, seeky_files, disk.mount_dir(), misses)?;

@@ -69,18 +69,7 @@ const USERS: [&str; 3] = ["abiss-soak1", "abiss-soak2", "abiss-soak3"];
 const FILE_BYTES: u64 = 16 << 20;
 const MISS_BYTES: u64 = 64 << 10;
 /// What a cycle's stream asks: small, so that four users' streams always fit.
-const STREAM: AttachRequest = AttachRequest {
-    rate: ByteRate(500_000),
-    buffer: ByteSize(256 << 10),
-    batch_pages: 8,
-    priority: 0,
-    persistent: false,
-    write: false,
-    preallocate: false,
-    direct: false,
-    preroll: None,
-    buffer_auto: false,
-};
+const STREAM: AttachRequest = AttachRequest::read(ByteRate(500_000), ByteSize(256 << 10), 8, 0);
 
 /// The soak's one row.
 const ROW: &str = "four-users";

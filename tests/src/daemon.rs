@@ -284,16 +284,13 @@ pub fn read_request(
     batch_pages: u32,
 ) -> abiss_proto::AttachRequest {
     abiss_proto::AttachRequest {
-        rate: abiss_proto::ByteRate(rate_bps),
-        buffer: abiss_proto::ByteSize(buffer_bytes),
-        batch_pages,
-        priority: 0,
         persistent: true,
-        write: false,
-        preallocate: false,
-        direct: false,
-        preroll: None,
-        buffer_auto: false,
+        ..abiss_proto::AttachRequest::read(
+            abiss_proto::ByteRate(rate_bps),
+            abiss_proto::ByteSize(buffer_bytes),
+            batch_pages,
+            0,
+        )
     }
 }
 

@@ -444,16 +444,8 @@ fn write_streams_are_refused_without_the_right_to_write() {
     chmod(fs.path(), 0o755);
     chmod(&file, 0o644);
     let request = AttachRequest {
-        rate: ByteRate(RATE),
-        buffer: ByteSize(BUFFER),
-        batch_pages: 20,
-        priority: 0,
-        persistent: false,
         write: true,
-        preallocate: false,
-        direct: false,
-        preroll: None,
-        buffer_auto: false,
+        ..AttachRequest::read(ByteRate(RATE), ByteSize(BUFFER), 20, 0)
     };
     // A read-only descriptor proves no right to write.
     let mut client = Client::connect(daemon.socket()).expect("connect");

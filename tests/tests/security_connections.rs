@@ -166,18 +166,12 @@ fn an_idle_connection_is_closed_and_one_holding_a_stream_is_not() {
     let stream = holder
         .attach(
             std::fs::File::open(&file).expect("open"),
-            abiss_proto::AttachRequest {
-                rate: abiss_proto::ByteRate(1000),
-                buffer: abiss_proto::ByteSize(64 << 10),
-                batch_pages: 1,
-                priority: 0,
-                persistent: false,
-                write: false,
-                preallocate: false,
-                direct: false,
-                preroll: None,
-                buffer_auto: false,
-            },
+            abiss_proto::AttachRequest::read(
+                abiss_proto::ByteRate(1000),
+                abiss_proto::ByteSize(64 << 10),
+                1,
+                0,
+            ),
         )
         .expect("attach");
 

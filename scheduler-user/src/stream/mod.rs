@@ -491,18 +491,12 @@ mod tests {
     use super::*;
 
     fn request(rate: u64, buffer: u64, batch: u32, priority: u8) -> AttachRequest {
-        AttachRequest {
-            rate: abiss_proto::ByteRate(rate),
-            buffer: ByteSize(buffer),
-            batch_pages: batch,
+        AttachRequest::read(
+            abiss_proto::ByteRate(rate),
+            ByteSize(buffer),
+            batch,
             priority,
-            persistent: false,
-            write: false,
-            preallocate: false,
-            direct: false,
-            preroll: None,
-            buffer_auto: false,
-        }
+        )
     }
 
     #[test]

@@ -256,18 +256,12 @@ impl Harness {
         let mut root = abiss_client::Client::connect(self.daemon.socket()).expect("connect");
         for level in 0..abiss_proto::ABISS_LEVELS {
             let file = std::fs::File::open(&self.targets.managed_file).expect("open");
-            let request = abiss_proto::AttachRequest {
-                rate: abiss_proto::ByteRate(1_000_000),
-                buffer: abiss_proto::ByteSize(564 << 10),
-                batch_pages: 20,
-                priority: level,
-                persistent: false,
-                write: false,
-                preallocate: false,
-                direct: false,
-                preroll: None,
-                buffer_auto: false,
-            };
+            let request = abiss_proto::AttachRequest::read(
+                abiss_proto::ByteRate(1_000_000),
+                abiss_proto::ByteSize(564 << 10),
+                20,
+                level,
+            );
             let stream = root.attach(&file, request).expect("attach at every level");
             root.detach(StreamTarget::Id(stream.id)).expect("detach");
         }
