@@ -1,12 +1,11 @@
 //! The controller's side of a direct recording's ring ([`crate::stream::recorder_ring`]): the
 //! client's hand-over, and the lock's end.
 
-use abiss_proto::{Refusal, StreamId, StreamTarget, PAGE_BYTES};
+use abiss_proto::{Refusal, StreamId, StreamTarget};
 use log::{info, warn};
 use tokio::sync::oneshot;
 
 use super::Controller;
-use crate::policy::memory::locked_at_most;
 use crate::serve::closer::ClientFd;
 use crate::stream::prefetch::{JobKind, LoadDone, LoadJob, LoadOutcome};
 use crate::stream::recorder_ring::RecorderRing;
@@ -36,11 +35,7 @@ impl Controller {
                 },
             );
         };
-        // What the stream was admitted to lock (`Controller::admit`): its buffer and a batch.
-        let reserved = locked_at_most(
-            stream.granted.buffer.0,
-            u64::from(stream.granted.batch_pages) * PAGE_BYTES,
-        );
+        let reserved = stream.admitted_locked_bytes();
         let Some(recording) = stream.kind.recording_mut().filter(|r| r.is_direct()) else {
             return refuse(
                 reply,

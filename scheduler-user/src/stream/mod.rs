@@ -17,6 +17,7 @@ use abiss_proto::{
 use scheduler_common::{AbissLevel, FileKey, MonotonicNs};
 
 use crate::policy::admission::StreamDemand;
+use crate::policy::memory::locked_at_most;
 use crate::policy::playout::{PlayoutBuffer, PlayoutShape, WindowAction};
 use crate::policy::rate_history::RateHistory;
 use crate::policy::recent_readers::RecentReaders;
@@ -177,6 +178,16 @@ pub(crate) struct StreamStart {
 }
 
 impl Stream {
+    /// What the stream was admitted to lock (`Controller::admit`): its buffer and a batch. A
+    /// direct recording's ring is locked within it.
+    #[must_use]
+    pub(crate) fn admitted_locked_bytes(&self) -> u64 {
+        locked_at_most(
+            self.granted.buffer.0,
+            u64::from(self.granted.batch_pages) * PAGE_BYTES,
+        )
+    }
+
     /// The credit a stream may hold: the initial fill and one seek refill are immediate;
     /// beyond that the stream loads at its rate (see `CreditTimer`).
     #[must_use]

@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use abiss_proto::{DeviceNumber, Refusal, StreamId, PAGE_BYTES};
+use abiss_proto::{DeviceNumber, Refusal, StreamId};
 use scheduler_common::{AttachedFile, FileKey};
 
-use crate::policy::memory::locked_at_most;
 use crate::policy::shared_file::{kernel_entry, FileStream};
 use crate::stream::writeback::{AheadByUser, Recording};
 use crate::stream::Stream;
@@ -165,14 +164,8 @@ impl StreamTable {
         self.streams
             .values()
             .filter(|s| uid.is_none_or(|uid| s.owner_uid == uid))
-            .map(|s| {
-                // A preroll holds more until its reader passes it.
-                locked_at_most(
-                    s.granted.buffer.0,
-                    u64::from(s.granted.batch_pages) * PAGE_BYTES,
-                )
-                .max(s.playout.locked_bytes())
-            })
+            // A preroll holds more until its reader passes it.
+            .map(|s| s.admitted_locked_bytes().max(s.playout.locked_bytes()))
             .sum()
     }
 
