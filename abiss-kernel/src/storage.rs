@@ -148,30 +148,57 @@ pub struct Layer {
 }
 
 impl Layer {
-    /// The disk abissd serves a file of this device from: the bottom of a chain of
-    /// partitions and device-mapper devices each built on one device (LVM on one disk, LUKS,
-    /// LVM on LUKS), else itself. A device-mapper device over one device remaps a bio in the
-    /// caller's context (dm-crypt submits its read clones there too, and decrypts in the
-    /// file's own pages), so the disk's requests keep the reader's priority and the file's
-    /// pages; [`Layer::unserved_layer`] says where a stack stops being such a chain.
+    /// The disks abissd serves a file of this device from, each once: the bottom of a chain
+    /// of partitions and device-mapper devices each built on one device (LVM on one disk,
+    /// LUKS, LVM on LUKS), else itself; through a device-mapper device over several devices
+    /// (striped or mirrored LVM) or an md array that reads in its caller's context
+    /// ([`md_reads_in_caller`]), the disks under every member. Such layers remap or clone a
+    /// read bio in the caller's context (dm-crypt submits its read clones there too, and
+    /// decrypts in the file's own pages), so the disks' requests keep the reader's priority
+    /// and the file's pages; [`Layer::unserved_layer`] says where a stack stops being served.
     #[must_use]
-    pub fn serving_disk(&self) -> &Layer {
-        match (&self.kind, self.below.as_slice()) {
-            (Kind::Partition { .. } | Kind::DeviceMapper { .. }, [one]) => one.serving_disk(),
-            _ => self,
+    pub fn serving_disks(&self) -> Vec<&Layer> {
+        let spread = match &self.kind {
+            Kind::Partition { .. } | Kind::DeviceMapper { .. } => !self.below.is_empty(),
+            Kind::Md { level } => md_reads_in_caller(level) && !self.below.is_empty(),
+            Kind::Disk | Kind::Loop { .. } => false,
+        };
+        if !spread {
+            return vec![self];
         }
+        let mut found: Vec<&Layer> = Vec::new();
+        for disk in self.below.iter().flat_map(Layer::serving_disks) {
+            if !found.iter().any(|seen| seen.device == disk.device) {
+                found.push(disk);
+            }
+        }
+        found
     }
 
     /// The first layer from the top through which abissd cannot serve a stream: an md array
-    /// (md's raid personalities submit from their own threads and spread a file over their
-    /// members), or a device-mapper device built on other than one device (striped or
-    /// mirrored LVM, dm-cache, a snapshot, a thin pool). `None` for a chain down to one disk.
+    /// of a level whose reads go through md's own thread (raid4, 5, 6: the stripe cache), or
+    /// a device-mapper device built on no device. `None` for a stack served down to its
+    /// disks.
     #[must_use]
     pub fn unserved_layer(&self) -> Option<&Layer> {
         match (&self.kind, self.below.as_slice()) {
-            (Kind::Md { .. }, _) | (Kind::DeviceMapper { .. }, [] | [_, _, ..]) => Some(self),
-            (Kind::Partition { .. } | Kind::DeviceMapper { .. }, [one]) => one.unserved_layer(),
+            (Kind::Md { level }, _) if !md_reads_in_caller(level) => Some(self),
+            (Kind::DeviceMapper { .. }, []) => Some(self),
+            (Kind::Partition { .. } | Kind::DeviceMapper { .. } | Kind::Md { .. }, below) => {
+                below.iter().find_map(Layer::unserved_layer)
+            }
             _ => None,
+        }
+    }
+
+    /// The first md layer from the top: recordings through md are not served (its raid1
+    /// writes behind from copies of its own on write-mostly members, and the writes through
+    /// it are not yet measured), though its reading streams are.
+    #[must_use]
+    pub fn md_layer(&self) -> Option<&Layer> {
+        match &self.kind {
+            Kind::Md { .. } => Some(self),
+            _ => self.below.iter().find_map(Layer::md_layer),
         }
     }
 
@@ -394,17 +421,12 @@ impl Unservable {
             Self::Layer { stack, layer } => {
                 let why = match &layer.kind {
                     Kind::Md { level } => format!(
-                        "md ({} {level}) submits the requests of its members from its own threads and spreads a file over them, so abissd cannot keep a stream's priority through it",
-                        layer.name
-                    ),
-                    _ if layer.below.is_empty() => format!(
-                        "the device mapper's {} is built on no disk abissd could manage",
+                        "md ({} {level}) reads and writes through its stripe cache from its own thread, so abissd cannot keep a stream's priority through it; md linear, raid0, raid1 and raid10 are served",
                         layer.name
                     ),
                     _ => format!(
-                        "the device mapper's {} spreads the file over {} devices (striped or mirrored LVM, dm-cache, a snapshot), and abissd serves a stream from one disk; a device-mapper stack over one disk (LVM, LUKS, LVM on LUKS) is served",
-                        layer.name,
-                        layer.below.len()
+                        "the device mapper's {} is built on no disk abissd could manage",
+                        layer.name
                     ),
                 };
                 format!("is on {}: {why}", stack.describe())
@@ -417,26 +439,33 @@ impl Unservable {
 /// sentence that begins with the file's name; `None` when it is.
 #[must_use]
 pub fn recording_reason(stack: &Layer) -> Option<String> {
-    let layer = stack.layer_writing_from_own_pages()?;
-    let writes = match &layer.kind {
-        Kind::DeviceMapper {
-            subsystem: Some(subsystem),
-            ..
-        } if subsystem == "CRYPT" => "writes",
-        _ => "may write",
-    };
+    if let Some(layer) = stack.layer_writing_from_own_pages() {
+        let writes = match &layer.kind {
+            Kind::DeviceMapper {
+                subsystem: Some(subsystem),
+                ..
+            } if subsystem == "CRYPT" => "writes",
+            _ => "may write",
+        };
+        return Some(format!(
+            "is on {}: {} {writes} a file's pages to the disk from its own workers on pages of its own, so abissd cannot tell a recording's writes there or keep their level; record on a file system without it (reading streams of it are served)",
+            stack.describe(),
+            layer.kind_text()
+        ));
+    }
+    let md = stack.md_layer()?;
     Some(format!(
-        "is on {}: {} {writes} a file's pages to the disk from its own workers on pages of its own, so abissd cannot tell a recording's writes there or keep their level; record on a file system without it (reading streams of it are served)",
+        "is on {}: recordings through {} are not served (md's writes are not measured with abiss yet, and a raid1 writes behind from copies of its own); reading streams of it are",
         stack.describe(),
-        layer.kind_text()
+        md.kind_text()
     ))
 }
 
 /// The disks that serve the data of the file system of `mount` whose files report `device`:
-/// a partition's disk, a whole disk (or loop device) itself, the one disk under a chain of
-/// device-mapper devices ([`Layer::serving_disk`]), each member of a btrfs the same way; one
-/// entry per disk. An md device, or a device-mapper device over several devices, anywhere
-/// on the way is [`Unservable::Layer`].
+/// a partition's disk, a whole disk (or loop device) itself, the disks under device-mapper
+/// and md devices ([`Layer::serving_disks`]), each member of a btrfs the same way; one entry
+/// per disk. A layer abissd cannot serve through anywhere on the way
+/// ([`Layer::unserved_layer`]) is [`Unservable::Layer`].
 ///
 /// # Errors
 /// Why no disk can serve it.
@@ -465,25 +494,13 @@ pub fn serving_disks(
                 layer: Box::new(layer.clone()),
             });
         }
-        let disk = stack.serving_disk();
-        if !disks.iter().any(|seen| seen.device == disk.device) {
-            disks.push(disk.clone());
+        for disk in stack.serving_disks() {
+            if !disks.iter().any(|seen| seen.device == disk.device) {
+                disks.push(disk.clone());
+            }
         }
     }
     Ok(disks)
-}
-
-/// Why a file system over several disks (a multi-device btrfs, the only one
-/// [`serving_disks`] finds) is not served, as the end of a sentence that begins with the
-/// file's name.
-#[must_use]
-pub fn several_disks_reason(disks: &[Layer]) -> String {
-    let names: Vec<&str> = disks.iter().map(|disk| disk.name.as_str()).collect();
-    format!(
-        "is on a btrfs over {} disks ({}): abissd serves a stream from one disk, and btrfs may put any extent of the file on any of them; put it on a btrfs of one device",
-        disks.len(),
-        names.join(", ")
-    )
 }
 
 /// The physical disks under block device `device` (itself when it is one, a partition's disk,
@@ -493,6 +510,15 @@ pub fn several_disks_reason(disks: &[Layer]) -> String {
 pub fn physical_disks(sys: &Path, device: DeviceNumber) -> Option<Vec<Layer>> {
     let stack = stack_of(sys, device)?;
     Some(stack.physical().into_iter().cloned().collect())
+}
+
+/// Whether md's personality `level` (`md/level`: `raid1`) submits a read to its members from
+/// the reader's own context: linear, raid0, raid1 and raid10 clone or split the bio there (a
+/// raid1 or raid10 picks one mirror per read). raid4, 5 and 6 read through the stripe cache,
+/// which md's own thread (`md0_raid5`) works, in new bios of its own.
+#[must_use]
+pub fn md_reads_in_caller(level: &str) -> bool {
+    matches!(level, "linear" | "raid0" | "raid1" | "raid10")
 }
 
 /// The directories the links in sysfs directory `dir` lead to (`slaves/`, a btrfs file

@@ -70,8 +70,8 @@ fn a_crypt_device_on_a_partition_goes_down_to_its_disk() {
         "dm-0 (253:0, dm-crypt 'root') → sda2 (8:2, partition 2) → sda (8:0, disk)"
     );
     assert_eq!(
-        stack.serving_disk().name,
-        "sda",
+        names_of(&stack.serving_disks()),
+        ["sda"],
         "a dm device over one device is served from the disk beneath"
     );
     let physical: Vec<&str> = stack.physical().iter().map(|l| l.name.as_str()).collect();
@@ -100,7 +100,7 @@ fn a_partition_is_served_from_its_disk_and_an_md_array_has_all_its_members() {
         stack.describe()
     );
     let partition = stack_of(&sys.0, number("8:17")).unwrap();
-    assert_eq!(partition.serving_disk().name, "sdb");
+    assert_eq!(names_of(&partition.serving_disks()), ["sdb"]);
 }
 
 #[test]
@@ -200,15 +200,10 @@ fn a_file_system_is_served_from_the_disks_under_it() {
         names(serving_disks(&sys.0, Some(&mount), number("0:46")).unwrap()),
         ["loop3"]
     );
-    // Two devices: both, for the caller to refuse, with the reason naming them.
+    // Two devices: both serve it.
     symlink(&loop4, devices.join("loop4")).unwrap();
     let both = serving_disks(&sys.0, Some(&mount), number("0:46")).unwrap();
-    assert_eq!(names(both.clone()), ["loop3", "loop4"]);
-    let reason = several_disks_reason(&both);
-    assert!(
-        reason.contains("btrfs over 2 disks (loop3, loop4)"),
-        "{reason}"
-    );
+    assert_eq!(names(both), ["loop3", "loop4"]);
     // tmpfs is on no block device.
     let tmpfs = Mount {
         fs_type: "tmpfs".to_owned(),
@@ -227,7 +222,7 @@ fn a_file_system_is_served_from_the_disks_under_it() {
 }
 
 #[test]
-fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_md_or_several_devices_are_not() {
+fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_records_only_through_lvm() {
     let sys = FakeSys::new("layers");
     sys.device("sda", "8:0");
     let sda2 = sys.device("sda/sda2", "8:2");
@@ -279,9 +274,9 @@ fn a_device_mapper_chain_over_one_disk_is_served_from_it_and_md_or_several_devic
 }
 
 #[test]
-fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
-    let sys = FakeSys::new("refused-layers");
-    // Striped LVM over two disks, an md raid1, and LUKS on the md: refused, naming the layer.
+fn md_mirrors_and_stripes_and_a_device_mapper_over_several_devices_are_served_from_every_disk() {
+    let sys = FakeSys::new("spread-layers");
+    // Striped LVM over two disks, an md raid1, and LUKS on the md: served from both disks.
     let sdb = sys.device("sdb", "8:16");
     let sdc = sys.device("sdc", "8:32");
     let striped = sys.device("dm-4", "253:4");
@@ -289,14 +284,6 @@ fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
     write(&striped, "dm/uuid", "LVM-mnopqr\n");
     slave(&striped, &sdb);
     slave(&striped, &sdc);
-    let reason = serving_disks(&sys.0, None, number("253:4"))
-        .unwrap_err()
-        .reason();
-    assert!(
-        reason.starts_with("is on dm-4 (253:4, LVM 'vg-striped') → [sdb (8:16, disk); sdc")
-            && reason.contains("the device mapper's dm-4 spreads the file over 2 devices"),
-        "{reason}"
-    );
     let md = sys.device("md0", "9:0");
     write(&md, "md/level", "raid1\n");
     slave(&md, &sdb);
@@ -305,14 +292,44 @@ fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
     write(&luks_on_md, "dm/name", "md0_crypt\n");
     write(&luks_on_md, "dm/uuid", "CRYPT-LUKS2-def-md0_crypt\n");
     slave(&luks_on_md, &md);
-    for dev in ["9:0", "253:5"] {
+    let serving = |dev: &str| -> Vec<String> {
+        serving_disks(&sys.0, None, number(dev))
+            .unwrap()
+            .iter()
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    for dev in ["253:4", "9:0", "253:5"] {
+        assert_eq!(serving(dev), ["sdb", "sdc"], "{dev}");
+    }
+    // Striped LVM records; through md, only reading streams are served.
+    let stack = |dev: &str| stack_of(&sys.0, number(dev)).unwrap();
+    assert_eq!(recording_reason(&stack("253:4")), None);
+    let reason = recording_reason(&stack("9:0")).expect("md records nothing");
+    assert!(
+        reason.contains("recordings through md raid1 are not served"),
+        "{reason}"
+    );
+    // raid5 reads through its stripe cache, from md's thread: refused, naming it.
+    let md5 = sys.device("md1", "9:1");
+    write(&md5, "md/level", "raid5\n");
+    slave(&md5, &sdb);
+    slave(&md5, &sdc);
+    let luks_on_md5 = sys.device("dm-7", "253:7");
+    write(&luks_on_md5, "dm/name", "md1_crypt\n");
+    write(&luks_on_md5, "dm/uuid", "CRYPT-LUKS2-ghi-md1_crypt\n");
+    slave(&luks_on_md5, &md5);
+    for dev in ["9:1", "253:7"] {
         let error = serving_disks(&sys.0, None, number(dev)).unwrap_err();
         let Unservable::Layer { layer, .. } = &error else {
             panic!("{error:?}");
         };
-        assert_eq!(layer.name, "md0");
+        assert_eq!(layer.name, "md1");
         let reason = error.reason();
-        assert!(reason.contains("md (md0 raid1) submits"), "{reason}");
+        assert!(
+            reason.contains("md (md1 raid5) reads and writes through its stripe cache"),
+            "{reason}"
+        );
     }
     let table_only = sys.device("dm-6", "253:6");
     write(&table_only, "dm/name", "zero\n");
@@ -332,4 +349,8 @@ fn md_and_a_device_mapper_over_several_devices_are_refused_naming_the_layer() {
     assert_eq!(disks("9:0"), ["sdb", "sdc"]);
     assert_eq!(disks("8:16"), ["sdb"]);
     assert!(physical_disks(&sys.0, number("1:1")).is_none());
+}
+
+fn names_of(layers: &[&Layer]) -> Vec<String> {
+    layers.iter().map(|l| l.name.clone()).collect()
 }

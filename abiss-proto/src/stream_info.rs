@@ -16,8 +16,13 @@ pub struct StreamInfo {
     pub path: String,
     /// The filesystem device of the file.
     pub file_device: DeviceNumber,
-    /// The disk that serves it.
+    /// The disk that serves it: the first of `disks`.
     pub disk: DeviceNumber,
+    /// Every disk that serves it, sorted: one, or each of a file system over several (a btrfs
+    /// over two disks, an md or device-mapper array's members). Absent from daemons before it:
+    /// read as empty, and `disk` alone then.
+    #[serde(default)]
+    pub disks: Vec<DeviceNumber>,
     /// Inode number.
     pub inode: u64,
     /// File size in bytes.

@@ -38,7 +38,7 @@
 //! | several streams of one file; a reader behind a recording | `tests/shared_files.rs` |
 //! | write streams (recordings): write-back at the stream's level, allocation ahead, refusals (helpers shared in `tests/recording/`) | `tests/recording.rs` |
 //! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
-//! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`), requests tagged at the disk; subvolumes; a btrfs over two disks refused | `tests/btrfs.rs` |
+//! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`) and over two lab hdds, requests tagged at each disk; subvolumes; a btrfs over two disks served only with both managed, each charged the stream | `tests/btrfs.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
 //! | recording past the page cache (`abissctl record`, C `ABISS_DIRECT`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
 //! | a recorder's ring locked by abissd against the stream's budget, beyond the user's own `RLIMIT_MEMLOCK`, and let go at the end (as `nobody`) | `tests/recorder_ring.rs` |
@@ -56,7 +56,7 @@
 //! | requests attributed to their submitting task and their file | `tests/attribution.rs` |
 //! | optional parts switched off as on older kernels (`--disable`) | `tests/capabilities.rs` |
 //! | `abissctl doctor`: the kernel's parts, a path's stack and disk, served or not (exit 16), as root and `nobody` | `tests/doctor.rs` |
-//! | this build on the distributions' own kernels, in qemu (`cargo xtask kernels`) | `tests/kernels.rs` |
+//! | this build on the distributions' own kernels, in qemu (`cargo xtask kernels`), with LVM on LUKS, md raid1 and striped LVM | `tests/kernels.rs` |
 //! | **interfaces** | |
 //! | the C API from real C programs | `tests/c_example.rs` |
 //! | abissctl's habits: bcc's `[interval [count]]`, `64k`, RFC 3339 times | `tests/cli_habits.rs` |

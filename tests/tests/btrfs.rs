@@ -8,8 +8,12 @@
 //! counts from the request events and prints by task and priority. Plain, the requests are
 //! tagged with the stream; compressed, they are not: btrfs reads compressed extents into pages
 //! of its own, which belong to no file. Files of two subvolumes with one inode number are not attached together
-//! (the programs key files by the super block's device and the inode). A btrfs over two disks is
-//! refused with one sentence naming btrfs and its disks, and nothing changes.
+//! (the programs key files by the super block's device and the inode).
+//!
+//! A btrfs over two disks (data striped, metadata mirrored) is served from both: refused with one
+//! sentence while one of them is not managed, and admitted on both, each charged the stream's
+//! whole rate. Over two lab hdds under the copy loop, the paced reader misses nothing and
+//! abissd's loads reach both disks at the stream's level, tagged with it.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -109,12 +113,30 @@ fn guarantee_on_btrfs(
     tagged_at_disk: bool,
 ) {
     let lab = HddLab::up_btrfs(tag, 2, "none", mount_options);
-    let mount = lab.mount().to_path_buf();
+    guarantee_at(tag, lab.mount(), &[lab.device()], write, tagged_at_disk);
+}
+
+/// The guarantee on the btrfs mounted at `mount`, over `disks` (the lab's loop devices, each
+/// managed by abissd): a paced reader of a file written by `write` under the copy loop misses
+/// nothing, and abissd's loads reach every disk at the stream's level (tagged with it when
+/// `tagged_at_disk`).
+fn guarantee_at(
+    tag: &str,
+    mount: &Path,
+    disks: &[&Path],
+    write: fn(&Path, u64),
+    tagged_at_disk: bool,
+) {
     let path = mount.join("stream.bin");
     // The file outlasts the reading: a reader at its end would stop early.
     write(&path, (read_for().as_secs() + 12) * RATE);
     write_cold_file(&mount.join("copy-source.bin"), 100 << 20);
-    let daemon = Daemon::start_managing(lab.device(), &["--capacity", "30MB/s"]);
+    let mut args: Vec<&str> = Vec::new();
+    for disk in disks {
+        args.extend(["--device", disk.to_str().expect("a device path")]);
+    }
+    args.extend(["--capacity", "30MB/s"]);
+    let daemon = Daemon::start_with(&args);
     let mut copy = CopyLoop::start(mount.join("copy-source.bin"), mount.join("copy-target.bin"));
     std::thread::sleep(Duration::from_secs(2));
     let events = collect_events(&daemon, read_for() + Duration::from_secs(2));
@@ -127,7 +149,6 @@ fn guarantee_on_btrfs(
         .into_iter()
         .find(|s| s.id == stream)
         .expect("attached");
-    let disk = device_number(lab.device());
     eprintln!(
         "{tag}: {} reads, {} misses, p50 {} µs, p99 {} µs, p99.9 {} µs, max {} µs; copy loop moved {} MB; stream misses seen by abissd {}",
         report.latencies_ns.len(),
@@ -139,10 +160,13 @@ fn guarantee_on_btrfs(
         copied / 1_000_000,
         info.misses
     );
-    eprintln!(
-        "{tag}: requests at the lab disk by task, operation, priority and stream (count, bytes): {:?}",
-        requests_by_kind(&records, disk)
-    );
+    for disk in disks {
+        eprintln!(
+            "{tag}: requests at {} by task, operation, priority and stream (count, bytes): {:?}",
+            disk.display(),
+            requests_by_kind(&records, device_number(disk))
+        );
+    }
     assert_eq!(report.misses, 0, "{tag}: deadline misses");
     assert!(
         report.not_resident.is_empty(),
@@ -158,7 +182,18 @@ fn guarantee_on_btrfs(
         copied > 10_000_000,
         "{tag}: the copy loop loaded the disk ({copied} bytes)"
     );
-    check_loads(tag, &records, disk, (daemon.pid(), stream), tagged_at_disk);
+    let mut numbers: Vec<DeviceNumber> = disks.iter().map(|d| device_number(d)).collect();
+    numbers.sort();
+    assert_eq!(info.disks, numbers, "{tag}: served from every disk");
+    for disk in disks {
+        check_loads(
+            tag,
+            &records,
+            device_number(disk),
+            (daemon.pid(), stream),
+            tagged_at_disk,
+        );
+    }
 }
 
 /// abissd's (process `daemon`) loads for `stream` among `records` reached `disk` at the
@@ -178,7 +213,7 @@ fn check_loads(
         .collect();
     assert!(
         !loads.is_empty(),
-        "{tag}: no load of abissd's reached the lab disk"
+        "{tag}: no load of abissd's reached the lab disk {disk}"
     );
     let wrong: Vec<&&RequestRecord> = loads
         .iter()
@@ -210,6 +245,25 @@ fn a_paced_reader_on_btrfs_meets_every_deadline_under_a_copy_loop() {
 }
 
 #[test]
+fn a_paced_reader_on_a_btrfs_over_two_lab_disks_meets_every_deadline_under_a_copy_loop() {
+    require_root!();
+    let labs = [
+        HddLab::up_raw("btrfs-two-a", 1, "none"),
+        HddLab::up_raw("btrfs-two-b", 1, "none"),
+    ];
+    let disks = [labs[0].device(), labs[1].device()];
+    let btrfs = Btrfs::on(&disks);
+    guarantee_at(
+        "btrfs-two-disks",
+        btrfs.mount.path(),
+        &disks,
+        write_cold_file,
+        true,
+    );
+    drop(btrfs);
+}
+
+#[test]
 fn a_paced_reader_on_compressed_btrfs_meets_every_deadline_under_a_copy_loop() {
     require_root!();
     guarantee_on_btrfs(
@@ -229,14 +283,14 @@ struct Btrfs {
 }
 
 impl Btrfs {
-    fn on(devices: &[&LoopDevice]) -> Self {
+    fn on(devices: &[&Path]) -> Self {
         let mut mkfs = Command::new("mkfs.btrfs");
         mkfs.args(["-q", "-f"]);
         if devices.len() > 1 {
             mkfs.args(["-d", "raid0", "-m", "raid1"]);
         }
         let status = mkfs
-            .args(devices.iter().map(|d| d.path()))
+            .args(devices)
             .stdout(std::process::Stdio::null())
             .status()
             .expect("run mkfs.btrfs (btrfs-progs)");
@@ -246,10 +300,10 @@ impl Btrfs {
         for device in &devices[1..] {
             command
                 .arg("-o")
-                .arg(format!("device={}", device.path().display()));
+                .arg(format!("device={}", device.display()));
         }
         let status = command
-            .arg(devices[0].path())
+            .arg(devices[0])
             .arg(mount.path())
             .status()
             .expect("run mount");
@@ -272,7 +326,7 @@ fn write_file(path: &Path, bytes: usize) {
 fn files_of_subvolumes_attach_and_two_with_one_inode_number_do_not_attach_together() {
     require_root!();
     let device = LoopDevice::new_in("/dev/shm", 128);
-    let btrfs = Btrfs::on(&[&device]);
+    let btrfs = Btrfs::on(&[device.path()]);
     let root = btrfs.mount.path();
     let status = Command::new("btrfs")
         .args(["-q", "subvolume", "create"])
@@ -329,28 +383,75 @@ fn files_of_subvolumes_attach_and_two_with_one_inode_number_do_not_attach_togeth
 }
 
 #[test]
-fn a_btrfs_over_two_disks_is_refused_with_one_sentence_and_nothing_changes() {
+fn a_btrfs_over_two_disks_is_served_from_both_and_each_is_charged_the_stream() {
     require_root!();
     let devices = [
         LoopDevice::new_in("/dev/shm", 128),
         LoopDevice::new_in("/dev/shm", 128),
     ];
-    let btrfs = Btrfs::on(&[&devices[0], &devices[1]]);
+    let btrfs = Btrfs::on(&[devices[0].path(), devices[1].path()]);
     let file = btrfs.mount.path().join("movie.bin");
+    let second = btrfs.mount.path().join("second.bin");
     write_file(&file, 4 << 20);
+    write_file(&second, 4 << 20);
+    let mut numbers: Vec<DeviceNumber> = devices.iter().map(LoopDevice::number).collect();
+    numbers.sort();
+    let attach = |daemon: &Daemon, path: &Path, rate: &str| {
+        daemon.ctl([
+            std::ffi::OsStr::new("attach"),
+            path.as_os_str(),
+            std::ffi::OsStr::new("--rate"),
+            std::ffi::OsStr::new(rate),
+            std::ffi::OsStr::new("--buffer"),
+            std::ffi::OsStr::new("564KiB"),
+        ])
+    };
+    {
+        // One of the two managed: refused, naming the other, and nothing attached.
+        let daemon = Daemon::start_managing(devices[0].path(), &[]);
+        let output = attach(&daemon, &file, "1MB/s");
+        assert_fails(
+            &output,
+            5,
+            &format!(
+                "is on {} ({}) (its data may be on any of",
+                devices[1].name(),
+                devices[1].number()
+            ),
+        );
+        assert!(daemon.streams().is_empty(), "nothing attached");
+    }
+    // Both managed, 8 MB/s of each for real-time streams: served from both, and each disk
+    // carries the stream's whole rate (either may hold any extent of it).
     let daemon = Daemon::start_with(&[
         "--device",
         devices[0].path().to_str().unwrap(),
         "--device",
         devices[1].path().to_str().unwrap(),
+        "--capacity",
+        "10MB/s",
     ]);
-    let output = daemon.attach_1mb_output(&file, "564KiB");
-    let mut names: Vec<String> = devices.iter().map(LoopDevice::name).collect();
-    names.sort();
-    assert_fails(
-        &output,
-        5,
-        &format!("is on a btrfs over 2 disks ({})", names.join(", ")),
-    );
-    assert!(daemon.streams().is_empty(), "nothing attached");
+    let _ = attached_id(&attach(&daemon, &file, "6MB/s"));
+    let streams = daemon.streams();
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].disks, numbers, "served from both disks");
+    assert_eq!(streams[0].disk, numbers[0]);
+    let status = abiss_tests::json_of(&daemon.ctl(["status", "--json"]));
+    let charged: Vec<(u64, u64)> = status["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .map(|d| {
+            (
+                d["streams"].as_u64().unwrap(),
+                d["reserved"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(charged, [(1, 6_000_000), (1, 6_000_000)], "{status}");
+    // 2 MB/s is left on each: a second stream of 3 MB/s does not fit, and nothing changes.
+    let output = attach(&daemon, &second, "3MB/s");
+    assert_fails(&output, 9, "");
+    assert_eq!(daemon.streams().len(), 1);
+    let _ = attached_id(&attach(&daemon, &second, "2MB/s"));
 }

@@ -228,54 +228,72 @@ impl Drop for Btrfs {
 }
 
 #[test]
-fn a_file_on_a_btrfs_over_two_disks_names_both_and_is_not_served() {
+fn a_file_on_a_btrfs_over_two_disks_names_both_and_is_served_once_both_are_managed() {
     require_root!();
     let btrfs = Btrfs::new();
     let file = file_in(btrfs.mount.path());
-    let daemon = Daemon::start_managing(btrfs.devices[0].path(), &[]);
     let path = file.to_str().unwrap();
-
+    let mut names: Vec<String> = btrfs.devices.iter().map(LoopDevice::name).collect();
+    names.sort();
+    {
+        let daemon = Daemon::start_managing(btrfs.devices[0].path(), &[]);
+        let report = json(&doctor(daemon.socket(), &["--json", path]));
+        assert_eq!(report["exit_code"], NOT_SERVED);
+        assert_eq!(report["path"]["file_system"]["fs_type"], "btrfs");
+        let stack: Vec<&str> = report["path"]["stack"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|layer| layer["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(stack, names, "both devices of the file system");
+        let unmanaged = btrfs.devices[1].name();
+        let why = report["path"]["why_not"].as_str().unwrap();
+        assert!(
+            why.contains(&format!(
+                "which abissd does not manage; start abissd with --device {unmanaged}"
+            )),
+            "{why}"
+        );
+        let shown = text(&doctor_as_nobody(daemon.socket(), &[path]));
+        assert!(
+            line(&shown, &format!("disk {}", btrfs.devices[0].name()))
+                .contains("managed by abissd"),
+            "{shown}"
+        );
+        assert!(
+            line(&shown, &format!("disk {unmanaged}")).contains(" no "),
+            "{shown}"
+        );
+        // With one of its devices managed, abissd does not serve it either, and names the other.
+        let attach = daemon.ctl(["attach", path, "--rate", "1MB/s"]);
+        assert_eq!(attach.status.code(), Some(5), "{}", text(&attach));
+        assert!(
+            text(&attach).contains(&format!("is on {unmanaged} (")),
+            "{}",
+            text(&attach)
+        );
+    }
+    let daemon = Daemon::start_with(&[
+        "--device",
+        btrfs.devices[0].path().to_str().unwrap(),
+        "--device",
+        btrfs.devices[1].path().to_str().unwrap(),
+    ]);
     let report = json(&doctor(daemon.socket(), &["--json", path]));
-    assert_eq!(report["exit_code"], NOT_SERVED);
-    assert_eq!(report["path"]["file_system"]["fs_type"], "btrfs");
-    let stack: Vec<&str> = report["path"]["stack"]
+    assert_eq!(report["path"]["served"], true, "{report}");
+    let disks: Vec<&str> = report["path"]["disks"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|layer| layer["name"].as_str().unwrap())
+        .map(|disk| disk["name"].as_str().unwrap())
         .collect();
-    let mut names: Vec<String> = btrfs.devices.iter().map(LoopDevice::name).collect();
-    names.sort();
-    assert_eq!(stack, names, "both devices of the file system");
-    let why = report["path"]["why_not"].as_str().unwrap();
-    assert!(
-        why.contains(&format!(
-            "is on a btrfs over 2 disks ({})",
-            names.join(", ")
-        )),
-        "{why}"
-    );
-
+    assert_eq!(disks, names, "served from both: {report}");
     let shown = text(&doctor_as_nobody(daemon.socket(), &[path]));
     assert!(
-        line(&shown, &format!("disk {}", btrfs.devices[0].name())).contains("managed by abissd"),
+        line(&shown, "served")
+            .contains(&format!("abiss can serve it from {}", names.join(" and "))),
         "{shown}"
-    );
-    assert!(
-        line(&shown, &format!("disk {}", btrfs.devices[1].name())).contains(" no "),
-        "{shown}"
-    );
-    assert!(
-        line(&shown, "served").contains("btrfs over 2 disks"),
-        "{shown}"
-    );
-    // Even with one of its devices managed, abissd cannot serve it, and says so as doctor did.
-    let attach = daemon.ctl(["attach", path, "--rate", "1MB/s"]);
-    assert_eq!(attach.status.code(), Some(5), "{}", text(&attach));
-    assert!(
-        text(&attach).contains("btrfs over 2 disks"),
-        "{}",
-        text(&attach)
     );
 }
 

@@ -3,8 +3,9 @@
 //! behind), Ubuntu 22.04's 5.15, Debian 12's 6.1, Ubuntu 24.04's 6.8 and Debian 13's 6.12 (it
 //! must start with the documented parts on, keep a 1 MB/s stream's guarantee, and stop
 //! cleanly; then, on LVM on LUKS over one loop device, serve a stream from that loop device
-//! with abissd's loads at real time and refuse a recording, and refuse a file on an md raid1
-//! leaving its disks as they were: xtask/src/kernels/stacks.rs). Each kernel is booted from its own package in qemu by `xtask kernels`
+//! with abissd's loads at real time and refuse a recording; serve a file on an md raid1 of two
+//! loop devices and one on LVM striped over two more from their members, refuse a recording on
+//! the raid1, and leave every disk as it was: xtask/src/kernels/stacks.rs). Each kernel is booted from its own package in qemu by `xtask kernels`
 //! (xtask/src/kernels.rs), which downloads the packages once into target/kernels.
 //!
 //! qemu runs under TCG: this lab's /dev/kvm is PVM, which cannot boot stock distribution

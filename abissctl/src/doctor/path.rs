@@ -55,7 +55,7 @@ pub(super) fn examine(path: &Path) -> Result<Examined, CliError> {
 }
 
 /// The disk a file would be served from, as `--json` shows it.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub(super) struct ServingDisk {
     name: String,
     device: DeviceNumber,
@@ -74,7 +74,11 @@ pub(super) struct PathReport {
     file_system: Option<Mount>,
     /// The block devices under the file system (several for a multi-device btrfs).
     stack: Vec<Layer>,
+    /// The first of `disks` (the one, for most file systems).
     disk: Option<ServingDisk>,
+    /// Every disk that would serve a stream of PATH (several for a file system over several:
+    /// each is charged the stream's whole rate).
+    disks: Vec<ServingDisk>,
     /// Whether abiss can serve PATH now; when not, why.
     pub served: bool,
     why_not: Option<String>,
@@ -103,31 +107,42 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
     for disk in &physical {
         findings.push(managed_finding(disk, devices, daemon.is_some()));
     }
-    // abissd serves a file from the one disk under its file system (a partition's disk, a
-    // single-device btrfs's disk), as `storage::serving_disks` finds it for abissd too.
+    // abissd serves a file from the disks under its file system (a partition's disk, every
+    // device of a btrfs, the members of a raid1), as `storage::serving_disks` finds them for
+    // abissd too.
     let serving_disks = storage::serving_disks(sys, mount.as_ref(), examined.device);
-    let serving = match &serving_disks {
-        Ok(disks) if disks.len() == 1 => disks.first(),
-        _ => None,
-    };
-    let status = serving.and_then(|disk| devices.iter().find(|d| d.device == disk.device));
-    let why_not = why_not(&examined, &serving_disks, status, daemon.is_some());
+    let serving: Vec<(&Layer, Option<&DeviceStatus>)> = serving_disks
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|disk| (disk, devices.iter().find(|d| d.device == disk.device)))
+        .collect();
+    let why_not = why_not(&examined, &serving_disks, &serving, daemon.is_some());
     findings.push(match &why_not {
-        None => Finding::new(
-            "served",
-            State::Yes,
-            format!(
-                "abiss can serve it from {}: admission would give a stream up to {} now",
-                serving.map_or("?", |d| d.name.as_str()),
-                status.map_or_else(String::new, |s| s.free.readable())
-            ),
-        ),
+        None => {
+            let names: Vec<&str> = serving.iter().map(|(d, _)| d.name.as_str()).collect();
+            let free = serving.iter().filter_map(|(_, s)| s.map(|s| s.free)).min();
+            Finding::new(
+                "served",
+                State::Yes,
+                format!(
+                    "abiss can serve it from {}: admission would give a stream up to {} now",
+                    names.join(" and "),
+                    free.map_or_else(String::new, abiss_proto::ByteRate::readable)
+                ),
+            )
+        }
         Some(why) => Finding::new("served", State::No, why.clone()),
     });
+    let disks: Vec<ServingDisk> = serving
+        .iter()
+        .map(|(disk, status)| serving_disk(disk, *status))
+        .collect();
     PathReport {
         path: examined.path,
         file_system: mount,
-        disk: serving.map(|disk| serving_disk(disk, status)),
+        disk: disks.first().cloned(),
+        disks,
         stack: stacks,
         served: why_not.is_none(),
         why_not,
@@ -191,33 +206,34 @@ fn serving_disk(disk: &Layer, status: Option<&DeviceStatus>) -> ServingDisk {
     }
 }
 
-/// Why abiss cannot serve PATH now, or `None` when it can.
+/// Why abiss cannot serve PATH now, or `None` when it can: from the disks that would
+/// serve it, each with what abissd says of it.
 fn why_not(
     examined: &Examined,
     serving: &Result<Vec<Layer>, storage::Unservable>,
-    status: Option<&DeviceStatus>,
+    statuses: &[(&Layer, Option<&DeviceStatus>)],
     daemon: bool,
 ) -> Option<String> {
     let path = examined.path.display();
-    let disk = match serving.as_deref() {
-        Err(unservable) => return Some(format!("{path} {}", unservable.reason())),
-        Ok([disk]) => disk,
-        Ok(disks) => return Some(format!("{path} {}", storage::several_disks_reason(disks))),
-    };
+    if let Err(unservable) = serving {
+        return Some(format!("{path} {}", unservable.reason()));
+    }
     if !daemon {
         return Some("abissd is not running; start it with --device for this disk".to_owned());
     }
-    let Some(status) = status else {
-        return Some(format!(
-            "{path} is on {} ({}), which abissd does not manage; start abissd with --device {}",
-            disk.name, disk.device, disk.name
-        ));
-    };
-    if status.free == ByteRate(0) {
-        return Some(format!(
-            "{} is full: admission would give a stream nothing now",
-            disk.name
-        ));
+    for (disk, status) in statuses {
+        let Some(status) = status else {
+            return Some(format!(
+                "{path} is on {} ({}), which abissd does not manage; start abissd with --device {}",
+                disk.name, disk.device, disk.name
+            ));
+        };
+        if status.free == ByteRate(0) {
+            return Some(format!(
+                "{} is full: admission would give a stream nothing now",
+                disk.name
+            ));
+        }
     }
     if !examined.readable {
         return Some(

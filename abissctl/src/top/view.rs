@@ -299,6 +299,7 @@ mod tests {
             path: "/mnt/lab/movie.bin".into(),
             file_device: disk,
             disk,
+            disks: vec![disk],
             inode: 12,
             file_bytes: 64 << 20,
             rate: ByteRate(1_000_000),

@@ -139,32 +139,27 @@ impl Controller {
     ) -> Result<StreamInfo, Refusal> {
         let level = check_parameters(&request)?;
         let mut file = check_file(fd, request.write)?;
-        let disk = self.disks.serving(&mut file, request.write)?;
+        let found = self.disks.serving(&mut file, request.write)?;
+        let disks = found.numbers();
         if request.buffer_auto {
             // The tails are kept only while automatic streams run: the first one is sized from
             // what the disk did since they were last looked at.
             self.refresh_tails(now);
         }
-        let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), disk.number);
+        let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), &disks);
         let for_capacity = sizing.grown();
         let tag = self.may_share(peer_uid, &file, request.write)?;
         // The disk admits the stream with the owner's other automatic streams grown to its
         // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
         // everything else has said yes, so a refusal changes nothing.
-        self.admit(
-            peer_uid,
-            &request,
-            disk.number,
-            &file,
-            for_capacity.is_none(),
-        )
-        .map_err(|refusal| sizing.explain(refusal))?;
+        self.admit(peer_uid, &request, &disks, &file, for_capacity.is_none())
+            .map_err(|refusal| sizing.explain(refusal))?;
         if let Some(bytes) = for_capacity {
-            self.grow_for_capacity(peer_uid, disk.number, bytes, now);
+            self.grow_for_capacity(peer_uid, &disks, bytes, now);
         }
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
-        let mapped = match disk.largest_request_bytes() {
+        let mapped = match found.largest_request_bytes() {
             Some(bytes) => mapped.with_advice_bytes(bytes),
             None => mapped,
         };
@@ -188,7 +183,7 @@ impl Controller {
             owner,
             request,
             file,
-            disk.number,
+            disks,
             Arc::new(mapped),
             start,
         );
@@ -227,14 +222,14 @@ impl Controller {
         Ok(info)
     }
 
-    /// Whether a new stream of `request` on `file` (on `disk`) fits: the stream limits, the
+    /// Whether a new stream of `request` on `file` (on `disks`) fits: the stream limits, the
     /// disk's admission control (unless `check_disk` is false: already checked for a set grown
     /// for capacity) and the locked-memory budgets.
     fn admit(
         &self,
         peer_uid: u32,
         request: &AttachRequest,
-        disk: DeviceNumber,
+        disks: &[DeviceNumber],
         file: &CheckedFile,
         check_disk: bool,
     ) -> Result<(), Refusal> {
@@ -247,7 +242,7 @@ impl Controller {
             });
         }
         if check_disk {
-            self.disks.admit(disk, request, &self.streams, None)?;
+            self.disks.admit(disks, request, &self.streams, None)?;
         }
         // A preroll is locked too, until the reader passes it (no more than the file), and
         // with it the file's tail, for the player's probe.
@@ -407,9 +402,9 @@ impl Controller {
         now: MonotonicNs,
     ) -> Result<StreamInfo, Refusal> {
         let id = self.owned_stream(peer_uid, target)?;
-        let (disk, request) = match self.streams.get(id) {
+        let (disks, request) = match self.streams.get(id) {
             Some(stream) => (
-                stream.disk,
+                stream.disks.clone(),
                 AttachRequest {
                     rate,
                     ..stream.granted.clone()
@@ -422,7 +417,8 @@ impl Controller {
             }
         };
         check_parameters(&request)?;
-        self.disks.admit(disk, &request, &self.streams, Some(id))?;
+        self.disks
+            .admit(&disks, &request, &self.streams, Some(id))?;
         let Some(stream) = self.streams.get_mut(id) else {
             return Err(Refusal::NotAttached {
                 what: format!("stream {id}"),

@@ -20,20 +20,34 @@ use crate::policy::probe_tail::preroll_locked_bytes;
 use crate::stream::{demand_of, Stream, MAX_BUFFER_BYTES};
 
 impl Controller {
+    /// The longest tail of the requests in `class` measured on any of `disks`: a stream over
+    /// several waits for the slowest of them.
+    fn tail_ns(&self, disks: &[DeviceNumber], class: IoClass) -> Option<u64> {
+        disks
+            .iter()
+            .filter_map(|&disk| self.tails.tail_ns(disk, class))
+            .max()
+    }
+
     /// Sizes the buffer of `request` (`--buffer auto`, its `buffer` the application's part)
-    /// from the tail of `disk`'s requests in the class of the stream's `level`.
+    /// from the tail of the requests of `disks` in the class of the stream's `level`.
     fn size_buffer(
         &self,
         request: &mut AttachRequest,
         level: AbissLevel,
-        disk: DeviceNumber,
+        disks: &[DeviceNumber],
     ) -> AutoBufferInfo {
-        let measured = self.tails.tail_ns(disk, level_class(level));
+        let measured = self.tail_ns(disks, level_class(level));
         // An estimate only raises the default: a disk that served only short best-effort
         // requests says little of how long a real-time one waits behind a long one.
         let estimated = measured
             .is_none()
-            .then(|| self.tails.estimate_ns(disk))
+            .then(|| {
+                disks
+                    .iter()
+                    .filter_map(|&disk| self.tails.estimate_ns(disk))
+                    .max()
+            })
             .flatten()
             .filter(|&ns| ns > DEFAULT_TAIL_NS);
         let tail_ns = measured.or(estimated).unwrap_or(DEFAULT_TAIL_NS);
@@ -79,7 +93,7 @@ impl Controller {
                 continue;
             };
             let class = level_class(stream.level);
-            let Some(tail_ns) = self.tails.tail_ns(stream.disk, class) else {
+            let Some(tail_ns) = self.tail_ns(&stream.disks, class) else {
                 continue;
             };
             let locked_by_user = self.streams.locked_at_most(Some(stream.owner_uid));
@@ -131,13 +145,13 @@ impl Controller {
         &self,
         peer_uid: u32,
         (request, level): (&mut AttachRequest, AbissLevel),
-        disk: DeviceNumber,
+        disks: &[DeviceNumber],
     ) -> (Option<AutoBufferInfo>, CapacitySizing) {
         if !request.buffer_auto {
             return (None, CapacitySizing::AsIs);
         }
-        let mut info = self.size_buffer(request, level, disk);
-        let sizing = self.buffer_for_capacity(peer_uid, request, disk);
+        let mut info = self.size_buffer(request, level, disks);
+        let sizing = self.buffer_for_capacity(peer_uid, request, disks);
         if let CapacitySizing::Grow(bytes) = sizing {
             request.buffer = ByteSize(bytes);
             info.for_capacity_bytes = Some(bytes);
@@ -145,7 +159,7 @@ impl Controller {
         (Some(info), sizing)
     }
 
-    /// Memory buys disk time: when `disk`'s model would refuse the automatic stream of
+    /// Memory buys disk time: when the model of one of `disks` would refuse the automatic stream of
     /// `request` at its latency-sized buffer, the smallest common buffer for it and its
     /// owner's other automatic streams on the disk at which the disk admits them all and the
     /// locked-memory budgets hold the growth (see [`crate::policy::buffer_sizing`]). Only the
@@ -156,29 +170,33 @@ impl Controller {
         &self,
         peer_uid: u32,
         request: &AttachRequest,
-        disk: DeviceNumber,
+        disks: &[DeviceNumber],
     ) -> CapacitySizing {
         let grows =
-            |stream: &Stream, buffer: u64| grows_for_capacity(stream, peer_uid, disk, buffer);
+            |stream: &Stream, buffer: u64| grows_for_capacity(stream, peer_uid, disks, buffer);
         let with_buffer = |granted: &AttachRequest, buffer: u64| AttachRequest {
             buffer: ByteSize(buffer.max(granted.buffer.0)),
             ..granted.clone()
         };
         let admits_at = |buffer: u64| {
-            let existing: Vec<_> = self
-                .streams
-                .iter()
-                .filter(|s| s.disk == disk)
-                .map(|s| {
-                    if grows(s, buffer) {
-                        demand_of(&with_buffer(&s.granted, buffer))
-                    } else {
-                        s.demand()
-                    }
-                })
-                .collect();
-            self.disks
-                .model_admits(disk, &existing, &demand_of(&with_buffer(request, buffer)))
+            let existing_on = |disk: DeviceNumber| {
+                self.streams
+                    .iter()
+                    .filter(|s| s.is_on(disk))
+                    .map(|s| {
+                        if grows(s, buffer) {
+                            demand_of(&with_buffer(&s.granted, buffer))
+                        } else {
+                            s.demand()
+                        }
+                    })
+                    .collect()
+            };
+            self.disks.model_admits(
+                disks,
+                existing_on,
+                &demand_of(&with_buffer(request, buffer)),
+            )
         };
         if admits_at(request.buffer.0).unwrap_or(true) {
             return CapacitySizing::AsIs;
@@ -229,17 +247,17 @@ impl Controller {
         })
     }
 
-    /// Grows `owner`'s automatic streams on `disk` to `buffer_bytes`, as
+    /// Grows `owner`'s automatic streams on `disks` to `buffer_bytes`, as
     /// [`Self::buffer_for_capacity`] found they must be for one more stream.
     pub(super) fn grow_for_capacity(
         &mut self,
         owner: u32,
-        disk: DeviceNumber,
+        disks: &[DeviceNumber],
         buffer_bytes: u64,
         now: MonotonicNs,
     ) {
         for stream in self.streams.iter_mut() {
-            if !grows_for_capacity(stream, owner, disk, buffer_bytes) {
+            if !grows_for_capacity(stream, owner, disks, buffer_bytes) {
                 continue;
             }
             let Some(info) = &mut stream.auto_buffer else {
@@ -283,7 +301,10 @@ impl Controller {
             );
         }
         // Cut short, the preroll keeps its head: the tail only comes whole.
-        let others_starting = self.streams.starting_on(stream.disk);
+        let others_starting = stream
+            .disks
+            .iter()
+            .any(|&disk| self.streams.starting_on(disk));
         stream.playout.preroll(
             asked + granted.min(head),
             granted >= wanted,
@@ -344,11 +365,16 @@ impl CapacitySizing {
     }
 }
 
-/// Whether `stream` grows when `owner`'s automatic streams on `disk` take a common buffer of
-/// `buffer_bytes` for the disk's capacity: only the owner's own automatic streams, and only
-/// upwards.
-fn grows_for_capacity(stream: &Stream, owner: u32, disk: DeviceNumber, buffer_bytes: u64) -> bool {
-    stream.disk == disk
+/// Whether `stream` grows when `owner`'s automatic streams on `disks` take a common buffer of
+/// `buffer_bytes` for their capacity: only the owner's own automatic streams that share one of
+/// the disks, and only upwards.
+fn grows_for_capacity(
+    stream: &Stream,
+    owner: u32,
+    disks: &[DeviceNumber],
+    buffer_bytes: u64,
+) -> bool {
+    disks.iter().any(|&disk| stream.is_on(disk))
         && stream.owner_uid == owner
         && stream.auto_buffer.is_some()
         && stream.granted.buffer.0 < buffer_bytes

@@ -1,11 +1,11 @@
-//! Which disk serves a client's file: its mount (by the id `statx` reported, so a file in a
+//! Which disks serve a client's file: its mount (by the id `statx` reported, so a file in a
 //! btrfs subvolume, whose device number no mount shows, is found too), and the disks under
 //! that mount's file system, read through the one stack reader abissd and `abissctl doctor`
-//! share ([`abiss_kernel::storage`]): a partition's disk, the one disk under device-mapper
-//! devices each built on one device (LVM, LUKS, LVM on LUKS), a single-device btrfs's disk.
-//! An md array, a device-mapper device over several devices, a btrfs over several disks and
-//! a file system on no block device each get one sentence naming what is in the way; so does
-//! a recording through a device mapper that writes from pages of its own (dm-crypt).
+//! share ([`abiss_kernel::storage`]): a partition's disk, the disks under device-mapper and
+//! md devices that read in the caller's context (LVM, LUKS, striped LVM, md raid0/1/10), every
+//! device of a btrfs. An md raid4/5/6 and a file system on no block device each get one
+//! sentence naming what is in the way; so does a recording through a device mapper that writes
+//! from pages of its own (dm-crypt), or through md.
 //!
 //! Only `/proc/self/mountinfo` and sysfs are read: nothing of the file's own file system,
 //! which may be a user's (a FUSE server that never answers), so this may run on the main
@@ -18,18 +18,35 @@ use abiss_proto::{DeviceNumber, Refusal};
 
 use super::device::{Disk, SYSFS};
 
-/// The disk a file is served from, and the device number its kernel structures carry.
+/// The disks a file is served from, and the device number its kernel structures carry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct FileDisk {
-    /// The whole disk under the file's file system.
-    pub(crate) disk: Disk,
+    /// The whole disks under the file's file system, sorted by number, never empty: one, or
+    /// each member of a btrfs over several.
+    pub(crate) disks: Vec<Disk>,
     /// The file system's own device number (its super block's, which the eBPF programs read
     /// from a page's inode): a btrfs file's `st_dev` is its subvolume's anonymous number,
     /// which is not this one.
     pub(crate) kernel_device: DeviceNumber,
 }
 
-/// The disk serving a file that reports `file_device` and was opened through mount
+impl FileDisk {
+    /// The disks' numbers, in order.
+    pub(crate) fn numbers(&self) -> Vec<DeviceNumber> {
+        self.disks.iter().map(|disk| disk.number).collect()
+    }
+
+    /// The largest read the disks all take in one request (see
+    /// [`Disk::largest_request_bytes`]); `None` if sysfs says it of none.
+    pub(crate) fn largest_request_bytes(&self) -> Option<u64> {
+        self.disks
+            .iter()
+            .filter_map(Disk::largest_request_bytes)
+            .min()
+    }
+}
+
+/// The disks serving a file that reports `file_device` and was opened through mount
 /// `mount_id`, named `path` in sentences, for a recording when `write`.
 pub(crate) fn disk_of_file(
     file_device: DeviceNumber,
@@ -52,22 +69,24 @@ fn disk_in(
     write: bool,
 ) -> Result<FileDisk, Refusal> {
     let refused = |reason: String| Refusal::UnknownDevice(format!("{path} {reason}"));
-    let disks =
+    let found =
         storage::serving_disks(sys, mount, file_device).map_err(|why| refused(why.reason()))?;
-    let [disk] = disks.as_slice() else {
-        return Err(refused(storage::several_disks_reason(&disks)));
-    };
     if write {
         let stacks = storage::file_system_stacks(sys, mount, file_device);
         if let Some(reason) = stacks.iter().find_map(storage::recording_reason) {
             return Err(refused(reason));
         }
     }
-    Ok(FileDisk {
-        disk: Disk {
+    let mut disks: Vec<Disk> = found
+        .iter()
+        .map(|disk| Disk {
             name: disk.name.clone(),
             number: disk.device,
-        },
+        })
+        .collect();
+    disks.sort_by_key(|disk| disk.number);
+    Ok(FileDisk {
+        disks,
         kernel_device: mount.map_or(file_device, |mount| mount.device),
     })
 }
@@ -100,8 +119,8 @@ mod tests {
             source: "/dev/loop3".to_owned(),
         };
         let found = disk_in(&sys, Some(&mount), number("0:46"), "/mnt/sub/f", false).unwrap();
-        assert_eq!(found.disk.name, "loop3");
-        assert_eq!(found.disk.number, number("7:3"));
+        assert_eq!(found.disks[0].name, "loop3");
+        assert_eq!(found.numbers(), [number("7:3")]);
         assert_eq!(found.kernel_device, number("0:45"));
         // Without its mount, nothing tells which btrfs an anonymous number belongs to.
         let refusal = disk_in(&sys, None, number("0:46"), "/mnt/sub/f", false).unwrap_err();
@@ -129,7 +148,7 @@ mod tests {
         std::fs::create_dir_all(sys.join("dev/block")).unwrap();
         std::os::unix::fs::symlink(&dm, sys.join("dev/block/253:0")).unwrap();
         let found = disk_in(&sys, None, number("253:0"), "/m/f", false).unwrap();
-        assert_eq!(found.disk.number, number("7:3"));
+        assert_eq!(found.numbers(), [number("7:3")]);
         assert_eq!(found.kernel_device, number("253:0"));
         let refusal = disk_in(&sys, None, number("253:0"), "/m/f", true).unwrap_err();
         assert!(

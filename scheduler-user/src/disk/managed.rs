@@ -17,9 +17,9 @@ use abiss_proto::{
 use log::{info, warn};
 
 use crate::disk::device::{
-    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, Disk, ManagedDevice,
+    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, ManagedDevice,
 };
-use crate::disk::file_disk::disk_of_file;
+use crate::disk::file_disk::{disk_of_file, FileDisk};
 use crate::policy::admission::{
     AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
 };
@@ -130,7 +130,7 @@ fn demands_on(
 ) -> Vec<StreamDemand> {
     streams
         .iter()
-        .filter(|s| s.disk == disk && Some(s.id) != except)
+        .filter(|s| s.is_on(disk) && Some(s.id) != except)
         .map(crate::stream::Stream::demand)
         .collect()
 }
@@ -200,29 +200,66 @@ impl Disks {
         self.settings = settings;
     }
 
-    /// The managed disk `file` lives on (found through its file system's stack: see
+    /// The managed disks `file` lives on (found through its file system's stack: see
     /// [`crate::disk::file_disk`]), with any model saved since the daemon started taken up (a
     /// broken one refuses). The file's kernel key takes its file system's own device. A
     /// recording (`write`) is refused through a layer that writes from pages of its own.
-    pub(crate) fn serving(&mut self, file: &mut CheckedFile, write: bool) -> Result<Disk, Refusal> {
+    pub(crate) fn serving(
+        &mut self,
+        file: &mut CheckedFile,
+        write: bool,
+    ) -> Result<FileDisk, Refusal> {
         let found = disk_of_file(file.file_device, file.mount_id, &file.path, write)?;
-        let Some(managed) = self.disks.get_mut(&found.disk.number) else {
+        let unmanaged: Vec<String> = found
+            .disks
+            .iter()
+            .filter(|disk| !self.disks.contains_key(&disk.number))
+            .map(ToString::to_string)
+            .collect();
+        if !unmanaged.is_empty() {
+            let which = if found.disks.len() == 1 {
+                String::new()
+            } else {
+                let all: Vec<String> = found.disks.iter().map(ToString::to_string).collect();
+                format!(" (its data may be on any of {})", all.join(", "))
+            };
             return Err(Refusal::UnknownDevice(format!(
-                "{} is on {}, which abissd does not manage; start abissd with --device for it",
-                file.path, found.disk
+                "{} is on {}{which}, which abissd does not manage; start abissd with --device for {}",
+                file.path,
+                unmanaged.join(" and "),
+                if unmanaged.len() == 1 { "it" } else { "each" }
             )));
-        };
-        managed
-            .load_model(&self.settings)
-            .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
+        }
+        for disk in &found.disks {
+            if let Some(managed) = self.disks.get_mut(&disk.number) {
+                managed
+                    .load_model(&self.settings)
+                    .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
+            }
+        }
         file.key.dev = found.kernel_device.to_kernel();
-        Ok(found.disk)
+        Ok(found)
     }
 
-    /// Admission of a stream of `request` on managed `disk`, next to `streams` (but stream
-    /// `replacing`, which the request would replace): by its model, or by the configured
-    /// capacity until it has one.
+    /// Admission of a stream of `request` on managed `disks`, next to `streams` (but stream
+    /// `replacing`, which the request would replace): by each disk's model, or by the
+    /// configured capacity until it has one. A stream over several disks is charged its whole
+    /// demand on each: which of them serves a given read is the file system's choice (a
+    /// btrfs's extent, a raid1's mirror), so each must be able to serve it all.
     pub(crate) fn admit(
+        &self,
+        disks: &[DeviceNumber],
+        request: &AttachRequest,
+        streams: &StreamTable,
+        replacing: Option<StreamId>,
+    ) -> Result<(), Refusal> {
+        for &disk in disks {
+            self.admit_on(disk, request, streams, replacing)?;
+        }
+        Ok(())
+    }
+
+    fn admit_on(
         &self,
         disk: DeviceNumber,
         request: &AttachRequest,
@@ -256,20 +293,30 @@ impl Disks {
         Ok(())
     }
 
-    /// Whether `disk`'s model admits `demand` next to `existing`: `None` when the disk has no
-    /// model yet or admission is off, where a stream's buffer changes nothing.
+    /// Whether the models of `disks` admit `demand` next to the streams each serves now
+    /// (`existing_on` gives them, per disk): `None` when no disk has a model yet or admission
+    /// is off, where a stream's buffer changes nothing; `Some(false)` when one refuses.
     #[must_use]
     pub(crate) fn model_admits(
         &self,
-        disk: DeviceNumber,
-        existing: &[StreamDemand],
+        disks: &[DeviceNumber],
+        existing_on: impl Fn(DeviceNumber) -> Vec<StreamDemand>,
         demand: &StreamDemand,
     ) -> Option<bool> {
         if self.settings.mode == AdmissionMode::Off {
             return None;
         }
-        let control = self.disks.get(&disk)?.model.as_ref()?;
-        Some(control.admit(existing, demand).is_ok())
+        let mut answer = None;
+        for &disk in disks {
+            let Some(control) = self.disks.get(&disk).and_then(|d| d.model.as_ref()) else {
+                continue;
+            };
+            if control.admit(&existing_on(disk), demand).is_err() {
+                return Some(false);
+            }
+            answer = Some(true);
+        }
+        answer
     }
 
     /// Capacity planning: how many streams like the request's fit on its device.
@@ -384,7 +431,7 @@ impl Disks {
             free: ByteRate(figures.free_bps),
             admission: figures.admission,
             miss_probability_ppm: figures.miss_ppm,
-            streams: u32::try_from(streams.iter().filter(|s| s.disk == disk.number).count())
+            streams: u32::try_from(streams.iter().filter(|s| s.is_on(disk.number)).count())
                 .unwrap_or(u32::MAX),
         }
     }

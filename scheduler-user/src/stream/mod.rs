@@ -125,8 +125,10 @@ pub(crate) struct Stream {
     pub(crate) key: FileKey,
     /// The filesystem device.
     pub(crate) file_device: DeviceNumber,
-    /// The disk serving it.
-    pub(crate) disk: DeviceNumber,
+    /// The disks serving it, sorted, never empty: one, or each disk a file system over
+    /// several may put the file's data on (a btrfs's devices, an md or device-mapper array's
+    /// members). Each is charged the stream's whole rate (see `disk::managed`).
+    pub(crate) disks: Vec<DeviceNumber>,
     /// File size.
     pub(crate) file_bytes: u64,
     /// The mapped file (window pages are locked in this mapping).
@@ -188,6 +190,12 @@ impl Stream {
         )
     }
 
+    /// Whether `disk` is one of the disks serving it.
+    #[must_use]
+    pub(crate) fn is_on(&self, disk: DeviceNumber) -> bool {
+        self.disks.contains(&disk)
+    }
+
     /// The credit a stream may hold: the initial fill and one seek refill are immediate;
     /// beyond that the stream loads at its rate (see `CreditTimer`).
     #[must_use]
@@ -203,7 +211,7 @@ impl Stream {
         owner: StreamOwner,
         granted: AttachRequest,
         file: CheckedFile,
-        disk: DeviceNumber,
+        disks: Vec<DeviceNumber>,
         mapped: Arc<MappedFile>,
         start: StreamStart,
     ) -> (Self, Vec<WindowAction>) {
@@ -244,7 +252,7 @@ impl Stream {
             path: file.path,
             key: file.key,
             file_device: file.file_device,
-            disk,
+            disks,
             file_bytes: file.bytes,
             file: mapped,
             playout,
@@ -408,7 +416,8 @@ impl Stream {
             owner_uid: self.owner_uid,
             path: self.path.clone(),
             file_device: self.file_device,
-            disk: self.disk,
+            disk: self.disks[0],
+            disks: self.disks.clone(),
             inode: self.key.ino,
             file_bytes: self.file_bytes,
             rate: self.granted.rate,

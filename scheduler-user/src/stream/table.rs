@@ -125,7 +125,7 @@ impl StreamTable {
     pub(crate) fn reserved_on(&self, disk: DeviceNumber, except: Option<StreamId>) -> u64 {
         self.streams
             .values()
-            .filter(|s| s.disk == disk && Some(s.id) != except)
+            .filter(|s| s.is_on(disk) && Some(s.id) != except)
             .map(|s| s.granted.rate.0)
             .sum()
     }
@@ -135,7 +135,7 @@ impl StreamTable {
     pub(crate) fn starting_on(&self, disk: DeviceNumber) -> bool {
         self.streams
             .values()
-            .any(|s| s.disk == disk && s.playout.is_starting())
+            .any(|s| s.is_on(disk) && s.playout.is_starting())
     }
 
     /// Sum of the granted rates of the write streams on `disk`.
@@ -143,7 +143,7 @@ impl StreamTable {
     pub(crate) fn reserved_write_on(&self, disk: DeviceNumber) -> u64 {
         self.streams
             .values()
-            .filter(|s| s.disk == disk && s.granted.write)
+            .filter(|s| s.is_on(disk) && s.granted.write)
             .map(|s| s.granted.rate.0)
             .sum()
     }

@@ -110,8 +110,9 @@ losetup -d "$dev"
 # Storage stacks (issue 35). LVM on LUKS as Debian's and Ubuntu's encrypted installs make it,
 # over one loop device: dm-crypt (aes-xts-plain64, a fixed key), dm-linear on it, each with
 # the uuid its tool gives (CRYPT-…, LVM-…), which is how abissd tells them apart; ext4 on
-# top. And an md raid1 of two loop devices, which abissd refuses. One abissd manages the
-# disks under both, named at the top of each stack (`--device dm-N`, `--device md0`).
+# top. And an md raid1 of two loop devices with ext4, served from both (a recording on it is
+# refused), and LVM striped over two more (dm-striped, 64 KiB stripes, LVM's uuid). One abissd
+# manages the disks under all, named at the top of each stack (`--device dm-N`, `--device md0`).
 export DM_DISABLE_UDEV=1
 truncate -s 64M /tmp/stack.img
 truncate -s 32M /tmp/md-a.img
@@ -119,30 +120,42 @@ truncate -s 32M /tmp/md-b.img
 stack_dev=$(losetup -f); losetup "$stack_dev" /tmp/stack.img
 md_a=$(losetup -f); losetup "$md_a" /tmp/md-a.img
 md_b=$(losetup -f); losetup "$md_b" /tmp/md-b.img
+truncate -s 32M /tmp/striped-a.img
+truncate -s 32M /tmp/striped-b.img
+st_a=$(losetup -f); losetup "$st_a" /tmp/striped-a.img
+st_b=$(losetup -f); losetup "$st_b" /tmp/striped-b.img
 sectors=$(blockdev --getsz "$stack_dev")
 key=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f
 dmsetup create abiss-crypt --uuid CRYPT-PLAIN-abiss-crypt \
     --table "0 $sectors crypt aes-xts-plain64 $key 0 $stack_dev 0" 2>/tmp/dm.err \
     && dmsetup create abiss-vg-lv --uuid LVM-abissabissabissabissabissabissabissabissabissabissabissabissab \
         --table "0 $sectors linear /dev/mapper/abiss-crypt 0" 2>>/tmp/dm.err \
+    && dmsetup create abiss-vg-striped --uuid LVM-abissabissabissabissabissabissabissabissabissabissabissabissst \
+        --table "0 $(( $(blockdev --getsz "$st_a") * 2 )) striped 2 128 $st_a 0 $st_b 0" 2>>/tmp/dm.err \
     || { say stack-failed dmsetup; block stack-failed-stderr /tmp/dm.err; finish; }
 # Without udev, libdevmapper makes /dev/mapper/NAME a node of its own, not a link to dm-N.
 for d in /sys/block/dm-*; do [ "$(cat "$d/dm/name")" = abiss-vg-lv ] && lv=${d##*/}; done
+for d in /sys/block/dm-*; do [ "$(cat "$d/dm/name")" = abiss-vg-striped ] && striped=${d##*/}; done
 /usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-lv || { say stack-failed mke2fs; finish; }
-mkdir -p /mnt/stack /mnt/md
+mkdir -p /mnt/stack /mnt/md /mnt/striped
 mount -t ext4 /dev/mapper/abiss-vg-lv /mnt/stack || { say stack-failed mount; finish; }
 dd if=/dev/urandom of=/mnt/stack/stream.bin bs=1M count=8 2>/dev/null
 mdadm --create /dev/md0 --run --quiet --level=1 --raid-devices=2 --metadata=1.2 --assume-clean \
     "$md_a" "$md_b" >/tmp/md.err 2>&1 || { say stack-failed mdadm; block stack-failed-stderr /tmp/md.err; finish; }
 /usr/sbin/mke2fs -q -t ext4 /dev/md0 && mount -t ext4 /dev/md0 /mnt/md || { say stack-failed md-mount; finish; }
-dd if=/dev/urandom of=/mnt/md/stream.bin bs=1M count=2 2>/dev/null
+dd if=/dev/urandom of=/mnt/md/stream.bin bs=1M count=8 2>/dev/null
+/usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-striped && mount -t ext4 /dev/mapper/abiss-vg-striped /mnt/striped \
+    || { say stack-failed striped-mount; finish; }
+dd if=/dev/urandom of=/mnt/striped/stream.bin bs=1M count=8 2>/dev/null
 sync
 echo 3 >/proc/sys/vm/drop_caches
 say stack "${stack_dev#/dev/}" "$(cat /sys/block/${stack_dev#/dev/}/dev)" "$lv" "$(cat /sys/block/$lv/dev)" "${md_a#/dev/}" "${md_b#/dev/}"
-say stack-elevators-before "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)"
+say md-members "$(cat /sys/block/${md_a#/dev/}/dev)" "$(cat /sys/block/${md_b#/dev/}/dev)"
+say striped-members "$(cat /sys/block/${st_a#/dev/}/dev)" "$(cat /sys/block/${st_b#/dev/}/dev)"
+say stack-elevators-before "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_b#/dev/}/queue/scheduler)"
 say stack-bpf-before "$(programs)"
 RUST_LOG="${abiss_log:-info}" abissd --socket $socket --state-dir $dir/state --model-dir $dir/models \
-    --device "$lv" --device md0 --capacity 30MB/s >/tmp/stack-abissd.log 2>&1 &
+    --device "$lv" --device md0 --device "$striped" --capacity 30MB/s >/tmp/stack-abissd.log 2>&1 &
 pid=$!
 i=0
 while [ $i -lt 1200 ] && ! abissctl --socket $socket status >/dev/null 2>&1; do
@@ -154,7 +167,9 @@ abissctl --socket $socket doctor /mnt/stack/stream.bin >/tmp/stack-doctor.txt 2>
 block stack-doctor /tmp/stack-doctor.txt
 abissctl --socket $socket doctor /mnt/md/stream.bin >/tmp/md-doctor.txt 2>&1
 block md-doctor /tmp/md-doctor.txt
-abissctl --socket $socket trace --events --json --device "${stack_dev#/dev/}" >/tmp/stack-events.json 2>/dev/null &
+abissctl --socket $socket doctor /mnt/striped/stream.bin >/tmp/striped-doctor.txt 2>&1
+block striped-doctor /tmp/striped-doctor.txt
+abissctl --socket $socket trace --events --json >/tmp/stack-events.json 2>/dev/null &
 tracer=$!
 sleep 1
 abissctl --socket $socket attach /mnt/stack/stream.bin --rate 1MB/s --write >/dev/null 2>/tmp/stack-write.err
@@ -170,13 +185,33 @@ block stack-reader /tmp/stack-reader.json
 block stack-reader-stderr /tmp/stack-reader.err
 abissctl --socket $socket list --json >/tmp/stack-list.json
 block stack-list-json /tmp/stack-list.json
-abissctl --socket $socket attach /mnt/md/stream.bin --rate 1MB/s >/dev/null 2>/tmp/md-attach.err
-say md-attach $?
-block md-attach-stderr /tmp/md-attach.err
-abissctl --socket $socket list --json >/tmp/md-list.json
-block md-list-json /tmp/md-list.json
 abissctl --socket $socket detach "$id" >/dev/null 2>&1
 say stack-detach $?
+abissctl --socket $socket attach /mnt/md/stream.bin --rate 1MB/s --write >/dev/null 2>/tmp/md-write.err
+say md-write-attach $?
+block md-write-stderr /tmp/md-write.err
+md_id=$(abissctl --socket $socket attach /mnt/md/stream.bin --rate 1MB/s 2>/tmp/md-attach.err)
+say md-attach $? "$md_id"
+block md-attach-stderr /tmp/md-attach.err
+abiss-test-reader /mnt/md/stream.bin 1000000 65536 577536 4 >/tmp/md-reader.json 2>/tmp/md-reader.err
+say md-reader-exit $?
+block md-reader /tmp/md-reader.json
+block md-reader-stderr /tmp/md-reader.err
+abissctl --socket $socket list --json >/tmp/md-list.json
+block md-list-json /tmp/md-list.json
+abissctl --socket $socket detach "$md_id" >/dev/null 2>&1
+say md-detach $?
+striped_id=$(abissctl --socket $socket attach /mnt/striped/stream.bin --rate 1MB/s 2>/tmp/striped-attach.err)
+say striped-attach $? "$striped_id"
+block striped-attach-stderr /tmp/striped-attach.err
+abiss-test-reader /mnt/striped/stream.bin 1000000 65536 577536 4 >/tmp/striped-reader.json 2>/tmp/striped-reader.err
+say striped-reader-exit $?
+block striped-reader /tmp/striped-reader.json
+block striped-reader-stderr /tmp/striped-reader.err
+abissctl --socket $socket list --json >/tmp/striped-list.json
+block striped-list-json /tmp/striped-list.json
+abissctl --socket $socket detach "$striped_id" >/dev/null 2>&1
+say striped-detach $?
 sleep 1
 kill $tracer
 wait $tracer
@@ -186,8 +221,8 @@ wait $pid
 say stack-abissd-exit $?
 say stack-abissd-pid $pid
 block stack-abissd-log /tmp/stack-abissd.log
-say stack-elevators-after "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)"
+say stack-elevators-after "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_b#/dev/}/queue/scheduler)"
 say stack-bpf-after "$(programs)"
 say stack-leftovers "$(leftovers)"
-umount /mnt/stack /mnt/md
+umount /mnt/stack /mnt/md /mnt/striped
 finish

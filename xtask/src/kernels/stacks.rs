@@ -1,6 +1,7 @@
 //! Judging the guest's storage stacks (issue 35): LVM on LUKS (dm-linear over dm-crypt, made
 //! with dmsetup) over one loop device, served from that loop device; an md raid1 of two loop
-//! devices, refused. See `init.sh`'s second part.
+//! devices and LVM striped over two more (dm-striped), each served from both. See `init.sh`'s
+//! second part.
 
 use std::collections::BTreeMap;
 
@@ -24,12 +25,18 @@ pub(super) fn judge_stacks(
     checks: &mut Vec<Check>,
 ) {
     if let Some(disk) = serial.say("main-disk") {
-        judge_loads(serial, "", disk, priority_in_bio, checks);
+        let plain = Loads {
+            label: "plain ext4",
+            attach: "attach",
+            run: "",
+            devices: vec![disk],
+        };
+        judge_loads(serial, &plain, priority_in_bio, checks);
     }
     let built = serial.say("stack");
     check(
         checks,
-        "stacks built: LVM on LUKS over one loop device, md raid1 over two",
+        "stacks built: LVM on LUKS over one loop device, md raid1 over two, LVM striped over two",
         built.is_some(),
         built.map_or_else(
             || {
@@ -67,27 +74,36 @@ pub(super) fn judge_stacks(
             && write.trim().lines().count() == 1,
         first_lines(write, 2),
     );
-    judge_reader(serial, follows_readers, checks);
-    judge_loads(serial, "stack-", loop_number, priority_in_bio, checks);
-    judge_md(serial, checks);
+    judge_reader(serial, "stack", follows_readers, checks);
+    let stack = Loads {
+        label: "stack",
+        attach: "stack-attach",
+        run: "stack-",
+        devices: vec![loop_number],
+    };
+    judge_loads(serial, &stack, priority_in_bio, checks);
+    for spread in [("md", "md raid1"), ("striped", "LVM 'abiss-vg-striped'")] {
+        judge_spread(serial, spread, follows_readers, priority_in_bio, checks);
+    }
+    judge_stack_end(serial, checks);
 }
 
-/// The stream on the stack: attached, its paced reader on schedule with no deadline missed,
-/// and (where abissd follows readers) no page-cache miss seen by abissd.
-fn judge_reader(serial: &Serial, follows_readers: bool, checks: &mut Vec<Check>) {
-    let attach = serial.number("stack-attach");
+/// The stream on stack `run` (`stack`, `md`): attached, its paced reader on schedule with no
+/// deadline missed, and (where abissd follows readers) no page-cache miss seen by abissd.
+fn judge_reader(serial: &Serial, run: &str, follows_readers: bool, checks: &mut Vec<Check>) {
+    let attach = serial.number(&format!("{run}-attach"));
     check(
         checks,
-        "`abissctl attach --rate 1MB/s` on the stack succeeds",
+        &format!("`abissctl attach --rate 1MB/s` on the {run} succeeds"),
         attach == Some(0),
         format!(
             "exit {attach:?}: {}",
-            first_lines(serial.block("stack-attach-stderr"), 2)
+            first_lines(serial.block(&format!("{run}-attach-stderr")), 2)
         ),
     );
     let reader: Value = serde_json::from_str(
         serial
-            .block("stack-reader")
+            .block(&format!("{run}-reader"))
             .lines()
             .next()
             .unwrap_or_default(),
@@ -98,7 +114,7 @@ fn judge_reader(serial: &Serial, follows_readers: bool, checks: &mut Vec<Check>)
     let scheduled = STACK_READ_SECS * 1_000_000 / 65_536;
     check(
         checks,
-        "stack: paced reader kept its schedule, 0 deadline misses",
+        &format!("{run}: paced reader kept its schedule, 0 deadline misses"),
         misses == Some(0) && reads * 100 >= scheduled * 95,
         format!(
             "{reads} reads of {scheduled} scheduled, misses {:?}, max {} µs",
@@ -106,40 +122,52 @@ fn judge_reader(serial: &Serial, follows_readers: bool, checks: &mut Vec<Check>)
             reader.get("max_ns").and_then(Value::as_u64).unwrap_or(0) / 1000
         ),
     );
-    let daemon_misses = stream_misses(serial.block("stack-list-json"));
+    let daemon_misses = stream_misses(serial.block(&format!("{run}-list-json")));
     if follows_readers {
         check(
             checks,
-            "stack: abissd counted 0 page-cache misses (the pages were resident when read)",
+            &format!(
+                "{run}: abissd counted 0 page-cache misses (the pages were resident when read)"
+            ),
             daemon_misses.len() == 1 && daemon_misses.iter().all(|&m| m == 0),
             format!("misses per stream: {daemon_misses:?}"),
         );
     } else {
         check(
             checks,
-            "stack: abissd saw the stream (page-cache misses reported, not judged: no read-tracking)",
+            &format!("{run}: abissd saw the stream (page-cache misses reported, not judged: no read-tracking)"),
             daemon_misses.len() == 1,
             format!("misses per stream: {daemon_misses:?}"),
         );
     }
 }
 
-/// abissd's loads (its requests at loop device `loop_number`, from the request events
+/// Whose loads [`judge_loads`] judges: the stream attached as say `attach` (exit code and id),
+/// by the abissd of run `run` (its `{run}abissd-pid` and `{run}events` blocks), at loop
+/// devices `devices` (their numbers), named `label` in the check.
+struct Loads<'a> {
+    label: &'a str,
+    attach: &'a str,
+    run: &'a str,
+    devices: Vec<&'a str>,
+}
+
+/// abissd's loads (its requests at the loop devices of `loads`, from the request events
 /// `abissctl trace --events --json` streamed: the guest's `{run}events` block) were all at
 /// the stream's level, real time 0, and some carried the stream's tag (the file's own pages
 /// reached the disk); the other tasks' requests there are reported beside them. Before Linux
 /// 6.0 (`priority_in_bio` false) a buffered read's bio carries no task's priority at all
 /// (6.0's "block: Always initialize bio IO priority on submit" puts it there), so on a plain
 /// disk as through a stack the loads must be at none/0 there.
-fn judge_loads(
-    serial: &Serial,
-    run: &str,
-    loop_number: &str,
-    priority_in_bio: bool,
-    checks: &mut Vec<Check>,
-) {
+fn judge_loads(serial: &Serial, loads: &Loads, priority_in_bio: bool, checks: &mut Vec<Check>) {
+    let Loads {
+        label,
+        attach,
+        run,
+        devices,
+    } = loads;
     let stream = serial
-        .say(&format!("{run}attach"))
+        .say(attach)
         .and_then(|v| v.split_whitespace().nth(1))
         .and_then(|id| id.parse::<u64>().ok());
     let pid = serial.number(&format!("{run}abissd-pid"));
@@ -147,7 +175,7 @@ fn judge_loads(
         .block(&format!("{run}events"))
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
-        .filter(|event: &Value| device_text(event) == loop_number)
+        .filter(|event: &Value| devices.contains(&device_text(event).as_str()))
         .collect();
     let expected = if priority_in_bio {
         ("rt", 0)
@@ -156,13 +184,13 @@ fn judge_loads(
     };
     let mut loads_by_priority: BTreeMap<String, u64> = BTreeMap::new();
     let mut tagged = 0;
-    let mut loads = 0;
+    let mut count = 0;
     let mut off_level = 0;
     for event in events
         .iter()
         .filter(|e| e.get("tgid").and_then(Value::as_i64) == pid)
     {
-        loads += 1;
+        count += 1;
         let priority = event.get("priority").cloned().unwrap_or(Value::Null);
         let class = priority.get("class").and_then(Value::as_str).unwrap_or("?");
         let level = priority.get("level").and_then(Value::as_u64).unwrap_or(9);
@@ -176,29 +204,26 @@ fn judge_loads(
             .get("operation")
             .and_then(Value::as_str)
             .unwrap_or("?");
+        // Over several devices, which of them served each load.
+        let at = if devices.len() > 1 {
+            format!("{} ", device_text(event))
+        } else {
+            String::new()
+        };
         *loads_by_priority
-            .entry(format!("{operation} {class}/{level}"))
+            .entry(format!("{at}{operation} {class}/{level}"))
             .or_default() += 1;
     }
-    let others: BTreeMap<String, u64> = events
-        .iter()
-        .filter(|e| e.get("tgid").and_then(Value::as_i64) != pid)
-        .fold(BTreeMap::new(), |mut by, event| {
-            let comm = event.get("comm").and_then(Value::as_str).unwrap_or("?");
-            let priority = event.get("priority").cloned().unwrap_or(Value::Null);
-            *by.entry(format!(
-                "{comm} {}/{}",
-                priority.get("class").and_then(Value::as_str).unwrap_or("?"),
-                priority.get("level").and_then(Value::as_u64).unwrap_or(9)
-            ))
-            .or_default() += 1;
-            by
-        });
+    let others = by_task_and_priority(
+        events
+            .iter()
+            .filter(|e| e.get("tgid").and_then(Value::as_i64) != pid),
+    );
     check(
         checks,
         &format!(
-            "{}: abissd's loads reach the loop device at {}/{}, tagged with the stream{}",
-            if run.is_empty() { "plain ext4" } else { "stack" },
+            "{label}: abissd's loads reach the loop device{} at {}/{}, tagged with the stream{}",
+            if devices.len() > 1 { "s" } else { "" },
             expected.0,
             expected.1,
             if priority_in_bio {
@@ -207,37 +232,63 @@ fn judge_loads(
                 " (before 6.0 a buffered read's bio carries no task's priority)"
             }
         ),
-        loads > 0 && off_level == 0 && tagged > 0,
+        count > 0 && off_level == 0 && tagged > 0,
         format!(
-            "{loads} requests of abissd at {loop_number} ({tagged} tagged with stream {stream:?}), by operation and priority {loads_by_priority:?}; other tasks' requests there: {others:?}"
+            "{count} requests of abissd at {} ({tagged} tagged with stream {stream:?}), by operation and priority {loads_by_priority:?}; other tasks' requests there: {others:?}",
+            devices.join(" and ")
         ),
     );
 }
 
-/// The md raid1: attach refused with md's sentence, no stream made, abissd's disks put back
-/// and nothing of it left.
-fn judge_md(serial: &Serial, checks: &mut Vec<Check>) {
-    let refusal = serial.block("md-attach-stderr");
-    let doctor = serial.block("md-doctor");
+/// A stack over two loop devices, `run` (`md`: the md raid1; `striped`: LVM striped over two),
+/// named `label`: doctor serves it from both, a reading stream is served (attached, read on
+/// schedule, abissd's loads at the members at the stream's level); on the raid1 a recording
+/// is refused with one sentence naming md.
+fn judge_spread(
+    serial: &Serial,
+    (run, label): (&str, &str),
+    follows_readers: bool,
+    priority_in_bio: bool,
+    checks: &mut Vec<Check>,
+) {
+    if run == "md" {
+        let refusal = serial.block("md-write-stderr");
+        check(
+            checks,
+            "md raid1: a recording is refused with one sentence naming md",
+            serial
+                .number("md-write-attach")
+                .is_some_and(|code| code != 0)
+                && refusal.contains("recordings through md raid1 are not served")
+                && refusal.trim().lines().count() == 1,
+            first_lines(refusal, 2),
+        );
+    }
+    let doctor = serial.block(&format!("{run}-doctor"));
+    let members: Vec<&str> = serial
+        .say(&format!("{run}-members"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     check(
         checks,
-        "md raid1: attach refused with one sentence naming md, doctor says the same",
-        serial.number("md-attach").is_some_and(|code| code != 0)
-            && refusal.contains("md (md0 raid1) submits")
-            && refusal.trim().lines().count() == 1
-            && doctor.contains("md (md0 raid1) submits"),
-        first_lines(refusal, 2),
+        &format!("{label}: `abissctl doctor` serves it from both members"),
+        doctor.contains(label) && doctor.contains("abiss can serve it from loop"),
+        doctor_lines(doctor),
     );
-    let streams = stream_misses(serial.block("md-list-json"));
-    check(
-        checks,
-        "md raid1: the refusal made no stream",
-        streams.len() == 1,
-        format!(
-            "streams after the refusal (the stack's one expected): {}",
-            streams.len()
-        ),
-    );
+    judge_reader(serial, run, follows_readers, checks);
+    let attach = format!("{run}-attach");
+    let loads = Loads {
+        label,
+        attach: &attach,
+        run: "stack-",
+        devices: members,
+    };
+    judge_loads(serial, &loads, priority_in_bio, checks);
+}
+
+/// The end of the stack run: abissd's disks put back and nothing of it left.
+fn judge_stack_end(serial: &Serial, checks: &mut Vec<Check>) {
     let before = serial.say("stack-elevators-before").unwrap_or("?");
     let after = serial.say("stack-elevators-after").unwrap_or("!");
     check(
@@ -245,7 +296,7 @@ fn judge_md(serial: &Serial, checks: &mut Vec<Check>) {
         "stack run: abissd exits 0 and puts every disk's elevator back",
         serial.number("stack-abissd-exit") == Some(0) && before == after,
         format!(
-            "exit {:?}; elevators of the loop, md members before: {before}; after: {after}",
+            "exit {:?}; elevators of the loop, md members, striped members before: {before}; after: {after}",
             serial.number("stack-abissd-exit")
         ),
     );
@@ -260,6 +311,21 @@ fn judge_md(serial: &Serial, checks: &mut Vec<Check>) {
         bpf_before.is_some() && bpf_before == bpf_after && leftovers.is_empty(),
         format!("programs before {bpf_before:?}, after {bpf_after:?}; left: {leftovers:?}"),
     );
+}
+
+/// Request events counted by task and priority (`kworker/0:1H be/4`).
+fn by_task_and_priority<'a>(events: impl Iterator<Item = &'a Value>) -> BTreeMap<String, u64> {
+    events.fold(BTreeMap::new(), |mut by, event| {
+        let comm = event.get("comm").and_then(Value::as_str).unwrap_or("?");
+        let priority = event.get("priority").cloned().unwrap_or(Value::Null);
+        *by.entry(format!(
+            "{comm} {}/{}",
+            priority.get("class").and_then(Value::as_str).unwrap_or("?"),
+            priority.get("level").and_then(Value::as_u64).unwrap_or(9)
+        ))
+        .or_default() += 1;
+        by
+    })
 }
 
 /// The page-cache misses of each stream of an `abissctl list --json`.

@@ -73,6 +73,16 @@ impl Snapshot {
             .cloned()
             .unwrap_or_else(|| number.to_string())
     }
+
+    /// The names of the disks serving stream `s`, joined by `+` (`loop3+loop4` for a btrfs
+    /// over two).
+    fn devices(&self, s: &StreamInfo) -> String {
+        if s.disks.is_empty() {
+            return self.device(s.disk);
+        }
+        let names: Vec<String> = s.disks.iter().map(|&disk| self.device(disk)).collect();
+        names.join("+")
+    }
 }
 
 /// Renders `snapshot` in the Prometheus text format.
@@ -393,7 +403,7 @@ fn encode_streams(snapshot: &Snapshot, encoder: &mut DescriptorEncoder) -> fmt::
     let labels = |s: &StreamInfo| -> Labels {
         vec![
             ("stream", s.id.to_string()),
-            ("device", snapshot.device(s.disk)),
+            ("device", snapshot.devices(s)),
             ("uid", s.owner_uid.to_string()),
         ]
     };

@@ -315,12 +315,12 @@ fn device_names(snapshot: &Snapshot) -> BTreeMap<DeviceNumber, String> {
         .iter()
         .map(|d| (d.device, d.name.clone()))
         .collect();
-    let others = snapshot
-        .latency
-        .iter()
-        .flatten()
-        .map(|g| g.device)
-        .chain(snapshot.streams.iter().map(|s| s.disk));
+    let others = snapshot.latency.iter().flatten().map(|g| g.device).chain(
+        snapshot
+            .streams
+            .iter()
+            .flat_map(|s| s.disks.iter().copied()),
+    );
     for number in others {
         if let std::collections::btree_map::Entry::Vacant(entry) = names.entry(number) {
             let link = std::fs::read_link(format!("/sys/dev/block/{number}"));
