@@ -180,7 +180,8 @@ enum Command {
     /// Capacity planning: how many streams of a rate fit on a managed disk at abissd's `p_req`,
     /// and the predicted miss probability of N of them. Attaches nothing.
     Admit {
-        /// The managed disk: NAME, /dev/NAME or MAJOR:MINOR.
+        /// The managed disk, or a device over several (an md or device-mapper array, whose
+        /// fullest disk answers): NAME, /dev/NAME or MAJOR:MINOR.
         #[arg(long, short = 'd')]
         device: String,
         /// Mean rate of each stream (units as for attach --rate).

@@ -1,6 +1,7 @@
 //! The managed disks and their admission: which disks abissd holds, whether a stream fits on
-//! one (by its measured model, or by a share of a configured capacity until it has one),
-//! capacity planning (`abissctl admit`) and device status (`abissctl status`).
+//! them (by each one's measured model, or by a share of a configured capacity until it has
+//! one) and device status (`abissctl status`); capacity planning (`abissctl admit`) is
+//! [`super::capacity_plan`]'s.
 //!
 //! The arithmetic is pure policy ([`crate::policy::admission`], [`crate::policy::share`]);
 //! this module keeps the per-disk state it runs on and turns its answers into refusals and
@@ -11,22 +12,17 @@ use std::path::PathBuf;
 
 use abiss_model::{DeviceIdentity, DeviceModel, ModelError};
 use abiss_proto::{
-    AdmissionMode, AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber,
-    DeviceStatus, Refusal, StreamId, DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES, PAGE_BYTES,
+    AdmissionMode, AttachRequest, ByteRate, DeviceNumber, DeviceStatus, Refusal, StreamId,
+    DEFAULT_BATCH_PAGES, DEFAULT_BUFFER_BYTES, PAGE_BYTES,
 };
 use log::{info, warn};
 
-use crate::disk::device::{
-    self, resolve_client_disk, resolve_disks, DeviceConfig, DeviceError, ManagedDevice,
-};
+use crate::disk::device::{self, resolve_disks, DeviceConfig, DeviceError, ManagedDevice};
 use crate::disk::file_disk::{disk_of_file, FileDisk};
-use crate::policy::admission::{
-    AdmissionControl, StreamDemand, MAX_PLANNED_STREAMS, SERVICE_WINDOW_MS,
-};
+use crate::policy::admission::{AdmissionControl, StreamDemand};
 use crate::policy::share::ShareAdmission;
 use crate::serve::client_file::CheckedFile;
 use crate::stream::table::StreamTable;
-use crate::stream::{MAX_BUFFER_BYTES, MAX_RATE_BPS};
 
 /// How the daemon admits streams, for every managed disk.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,7 +89,7 @@ impl ManagedDisk {
     }
 
     /// Loads the disk's model if it has none yet and one was saved since.
-    fn load_model(&mut self, settings: &AdmissionSettings) -> Result<(), ModelError> {
+    pub(super) fn load_model(&mut self, settings: &AdmissionSettings) -> Result<(), ModelError> {
         if self.model.is_some() {
             return Ok(());
         }
@@ -123,7 +119,7 @@ impl ManagedDisk {
 }
 
 /// What the streams on `disk` ask of it, but stream `except` (one whose rate is being changed).
-fn demands_on(
+pub(super) fn demands_on(
     streams: &StreamTable,
     disk: DeviceNumber,
     except: Option<StreamId>,
@@ -138,8 +134,8 @@ fn demands_on(
 /// Every managed disk, by device number, and the settings they are admitted by.
 #[derive(Debug)]
 pub(crate) struct Disks {
-    settings: AdmissionSettings,
-    disks: BTreeMap<DeviceNumber, ManagedDisk>,
+    pub(super) settings: AdmissionSettings,
+    pub(super) disks: BTreeMap<DeviceNumber, ManagedDisk>,
 }
 
 impl Disks {
@@ -319,74 +315,6 @@ impl Disks {
         answer
     }
 
-    /// Capacity planning: how many streams like the request's fit on its device.
-    pub(crate) fn plan(
-        &mut self,
-        request: &AdmitRequest,
-        streams: &StreamTable,
-    ) -> Result<AdmissionReport, Refusal> {
-        let disk = resolve_client_disk(&request.device)
-            .map_err(|error| Refusal::UnknownDevice(error.to_string()))?;
-        let Some(managed) = self.disks.get_mut(&disk.number) else {
-            return Err(Refusal::UnknownDevice(format!(
-                "abissd does not manage {disk}; start it with --device for it"
-            )));
-        };
-        managed
-            .load_model(&self.settings)
-            .map_err(|error| Refusal::ModelUnusable(error.to_string()))?;
-        let demand = planned_demand(request)?;
-        let managed = &self.disks[&disk.number];
-        let mode = request.mode.unwrap_or(self.settings.mode);
-        let existing = demands_on(streams, disk.number, None);
-        let Some(control) = &managed.model else {
-            let free = managed
-                .share
-                .budget_bps()
-                .saturating_sub(streams.reserved_on(disk.number, None));
-            return Ok(self.share_plan(managed, request, mode, free, existing.len()));
-        };
-        let control = AdmissionControl {
-            mode,
-            ..control.clone()
-        };
-        Ok(model_plan(&control, request, &existing, &demand))
-    }
-
-    /// Capacity planning without a model: the configured capacity times the share.
-    fn share_plan(
-        &self,
-        managed: &ManagedDisk,
-        request: &AdmitRequest,
-        mode: AdmissionMode,
-        free_bps: u64,
-        admitted: usize,
-    ) -> AdmissionReport {
-        let n_max = (mode != AdmissionMode::Off)
-            .then(|| u32::try_from(free_bps / request.rate.0).unwrap_or(u32::MAX));
-        let disk = managed.device.disk();
-        AdmissionReport {
-            device: disk.name.clone(),
-            mode,
-            p_req: self.settings.p_req,
-            window_ms: SERVICE_WINDOW_MS,
-            realtime_share_percent: managed.share.share_percent,
-            model_source: format!(
-                "no device model: {} B/s configured (--capacity) times the share; profile the device with `abissctl profile {} --save`",
-                managed.share.capacity_bps, disk.name
-            ),
-            admitted_streams: u32::try_from(admitted).unwrap_or(u32::MAX),
-            current_miss_probability: None,
-            n_max,
-            count: request.count,
-            miss_probability: None,
-            fits: request
-                .count
-                .map(|count| n_max.is_none_or(|n| count <= n)),
-            window_overrun_probability: None,
-        }
-    }
-
     /// The managed devices as `abissctl status` shows them.
     #[must_use]
     pub(crate) fn status(&self, streams: &StreamTable) -> Vec<DeviceStatus> {
@@ -449,97 +377,6 @@ impl Disks {
                 warn!("{error}");
             }
         }
-    }
-}
-
-/// The stream an `admit` request plans for, or why the request is malformed.
-fn planned_demand(request: &AdmitRequest) -> Result<StreamDemand, Refusal> {
-    if request.rate.0 == 0 || request.rate.0 > MAX_RATE_BPS {
-        return Err(Refusal::BadRequest(format!(
-            "a rate of {} B/s is outside 1 B/s to 1 TB/s",
-            request.rate.0
-        )));
-    }
-    if request.rate_stdev.0 > MAX_RATE_BPS || request.buffer.0 == 0 {
-        return Err(Refusal::BadRequest(
-            "the rate's standard deviation must be below 1 TB/s and the buffer above 0".to_owned(),
-        ));
-    }
-    if request.buffer.0 > MAX_BUFFER_BYTES {
-        return Err(Refusal::BadRequest(format!(
-            "a buffer of {} is more than the 1 GiB abissd locks for one stream",
-            request.buffer
-        )));
-    }
-    if request
-        .count
-        .is_some_and(|count| count > MAX_PLANNED_STREAMS)
-    {
-        return Err(Refusal::BadRequest(format!(
-            "plans are for at most {MAX_PLANNED_STREAMS} streams; ask about fewer"
-        )));
-    }
-    let batch_pages = request.batch_pages.unwrap_or(DEFAULT_BATCH_PAGES);
-    if batch_pages == 0 {
-        return Err(Refusal::BadRequest(
-            "a batch must be at least one page".to_owned(),
-        ));
-    }
-    Ok(StreamDemand {
-        rate_stdev_bps: request.rate_stdev.0,
-        write: request.write,
-        ..StreamDemand::playback(
-            request.rate.0,
-            request.buffer.0,
-            u64::from(batch_pages) * PAGE_BYTES,
-        )
-    })
-}
-
-/// Capacity planning with a model.
-fn model_plan(
-    control: &AdmissionControl,
-    request: &AdmitRequest,
-    existing: &[StreamDemand],
-    demand: &StreamDemand,
-) -> AdmissionReport {
-    let mode = control.mode;
-    let with_count = request.count.map(|count| {
-        let mut all = existing.to_vec();
-        all.extend(std::iter::repeat_n(*demand, count as usize));
-        let prediction = control.predict(&all);
-        // The deterministic mode bounds rather than estimates: no miss is possible while the
-        // worst case fits (0), and one cannot be ruled out once it does not (1).
-        let p = match mode {
-            AdmissionMode::Deterministic => {
-                if prediction.worst_work_s <= control.budget_s() {
-                    0.0
-                } else {
-                    1.0
-                }
-            }
-            _ => prediction.miss_probability,
-        };
-        (
-            p,
-            control.fits(mode, &all),
-            prediction.window_overrun_probability,
-        )
-    });
-    AdmissionReport {
-        device: control.device.clone(),
-        mode,
-        p_req: control.p_req,
-        window_ms: SERVICE_WINDOW_MS,
-        realtime_share_percent: control.share_percent,
-        model_source: control.source.clone(),
-        admitted_streams: u32::try_from(existing.len()).unwrap_or(u32::MAX),
-        current_miss_probability: Some(control.predict(existing).miss_probability),
-        n_max: control.n_max(mode, existing, demand),
-        count: request.count,
-        miss_probability: with_count.map(|(p, _, _)| p),
-        fits: with_count.map(|(_, fits, _)| fits),
-        window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
     }
 }
 

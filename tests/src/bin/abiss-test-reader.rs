@@ -121,10 +121,12 @@ fn summary(report: &PacedReport) -> String {
         .map(|s| format!("[{},{},{}]", s.index, s.offset, s.latency_ns))
         .collect();
     format!(
-        "{{\"reads\":{},\"misses\":{},\"bytes\":{},\"max_ns\":{},\"slow\":[{}]}}",
+        "{{\"reads\":{},\"misses\":{},\"bytes\":{},\"p99_ns\":{},\"p999_ns\":{},\"max_ns\":{},\"slow\":[{}]}}",
         report.latencies_ns.len(),
         report.misses,
         report.bytes,
+        report.quantile_ns(0.99),
+        report.quantile_ns(0.999),
         report.quantile_ns(1.0),
         slow.join(",")
     )

@@ -9,7 +9,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 use super::archive::{self, Fetched};
-use super::{Kernel, BUILD_BINARIES, HOST_PROGRAMS, INIT, MODULES};
+use super::{Kernel, BUILD_BINARIES, HOST_PROGRAMS, INIT, LOAD, MODULES};
 use crate::shell;
 
 /// The file name a URL ends in.
@@ -301,6 +301,7 @@ pub(super) fn common_initramfs(cache: &Path, bin_dir: &Path) -> anyhow::Result<P
     std::fs::copy(busybox, staging.join("bin/busybox"))?;
     std::fs::write(staging.join("init"), INIT)?;
     set_executable(&staging.join("init"))?;
+    std::fs::write(staging.join("load.sh"), LOAD)?;
     let _ = std::fs::copy("/etc/mke2fs.conf", staging.join("etc/mke2fs.conf"));
     let mut libraries = BTreeSet::new();
     for name in BUILD_BINARIES {

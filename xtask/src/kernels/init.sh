@@ -29,6 +29,8 @@ leftovers() {
     done
 }
 say bpf-before "$(programs)"
+# `cargo xtask kernels --stacks-under-load`: the stacks on slow disks, and nothing else.
+if [ "${abiss_load:-0}" = 1 ]; then . /load.sh; finish; fi
 
 # A 96 MiB ext4 loop device, and a cold 24 MB file on it.
 truncate -s 96M /tmp/disk.img
@@ -199,6 +201,9 @@ block md-reader /tmp/md-reader.json
 block md-reader-stderr /tmp/md-reader.err
 abissctl --socket $socket list --json >/tmp/md-list.json
 block md-list-json /tmp/md-list.json
+# A plan for md0 answers for its members, each charged the stream attached now.
+abissctl --socket $socket admit --device md0 --rate 1MB/s --json >/tmp/md-admit.json 2>&1
+block md-admit /tmp/md-admit.json
 abissctl --socket $socket detach "$md_id" >/dev/null 2>&1
 say md-detach $?
 striped_id=$(abissctl --socket $socket attach /mnt/striped/stream.bin --rate 1MB/s 2>/tmp/striped-attach.err)

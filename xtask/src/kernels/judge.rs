@@ -20,7 +20,7 @@ pub(super) fn boot_and_judge(
     boot: &Boot,
     args: &KernelsArgs,
 ) -> anyhow::Result<Outcome> {
-    let mut console = run_vm(boot, args)?;
+    let mut console = run_vm(boot, args, &super::vm::Extra::default())?;
     // A guest whose kernel panicked is booted once more, and the report says so. Under TCG
     // the Debian 13 guest's kernel panicked in two fresh-clone runs of the suite beside
     // its lanes: once at 1.65 s, before `/init` ran anything of abiss ("Fatal exception in
@@ -37,7 +37,7 @@ pub(super) fn boot_and_judge(
             last_lines(&console.lines)
         );
         first_panic = Some(panic.trim().to_owned());
-        console = run_vm(boot, args)?;
+        console = run_vm(boot, args, &super::vm::Extra::default())?;
     }
     let Console {
         lines,

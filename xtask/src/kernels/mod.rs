@@ -27,6 +27,7 @@ mod image;
 mod judge;
 mod report;
 mod stacks;
+mod under_load;
 mod vm;
 
 use archive::{Fetched, Series};
@@ -211,8 +212,10 @@ const KERNELS: &[Kernel] = &[
 /// Modules the test needs, loaded in the guest when the kernel has them as modules: the
 /// loop device and its elevator; device mapper, dm-crypt and the cipher modes its
 /// `aes-xts-plain64` table asks the crypto API for (xts over ecb, which the kernel would
-/// otherwise ask modprobe for); md and its raid1.
+/// otherwise ask modprobe for); md and its raid1; virtio's disks (`--stacks-under-load`).
 const MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
     "loop",
     "mq-deadline",
     "dm-mod",
@@ -237,6 +240,9 @@ const BUILD_BINARIES: &[&str] = &["abissd", "abissctl", "abiss-test-reader"];
 
 /// The guest's `/init`.
 const INIT: &str = include_str!("init.sh");
+
+/// What `/init` runs instead for `--stacks-under-load`.
+const LOAD: &str = include_str!("load.sh");
 
 /// How long one VM may run before it counts as hung.
 const VM_TIMEOUT: Duration = Duration::from_secs(420);
@@ -271,6 +277,12 @@ pub struct KernelsArgs {
     /// machine's CPUs, which slows both and the figures they report.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=8))]
     jobs: u8,
+    /// Instead of the checks: the storage stacks (LUKS, LVM on LUKS, md raid1, striped LVM) on
+    /// two virtual disks qemu throttles to an hdd's pace, a paced reader under a copy loop with
+    /// stock mq-deadline and with abiss; results as stacks-under-load.{md,json}. Only Debian
+    /// 13's 6.12 unless kernels are named.
+    #[arg(long)]
+    stacks_under_load: bool,
 }
 
 /// A `RUST_LOG` filter that passes whole through the kernel command line: no spaces or quotes.
@@ -378,7 +390,12 @@ fn boot_all(
 
 /// Runs the kernels, writes the results, and fails if any check failed.
 pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
-    let chosen: Vec<&'static Kernel> = if args.kernels.is_empty() {
+    let chosen: Vec<&'static Kernel> = if args.kernels.is_empty() && args.stacks_under_load {
+        KERNELS
+            .iter()
+            .filter(|k| k.name == "debian13-6.12")
+            .collect()
+    } else if args.kernels.is_empty() {
         KERNELS.iter().collect()
     } else {
         args.kernels
@@ -406,12 +423,15 @@ pub fn run(root: &Path, args: &KernelsArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|kernel| Ok((kernel, prepare(&cache, kernel, &common, args.newest)?)))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let outcomes = boot_all(&boots, args)?;
     let out = if args.out.is_absolute() {
         args.out.clone()
     } else {
         root.join(&args.out)
     };
+    if args.stacks_under_load {
+        return under_load::run(root, &out, args, &boots);
+    }
+    let outcomes = boot_all(&boots, args)?;
     write_results(root, &out, args, &outcomes)?;
     let failed: Vec<&str> = outcomes
         .iter()

@@ -252,6 +252,23 @@ fn judge_spread(
     checks: &mut Vec<Check>,
 ) {
     if run == "md" {
+        // 30 MB/s configured, 80 % of it for real-time streams, 1 MB/s held on each member
+        // by the attached stream: 23 more.
+        let admit: Value = serde_json::from_str(serial.block("md-admit")).unwrap_or(Value::Null);
+        let source = admit
+            .get("model_source")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        check(
+            checks,
+            "md raid1: `abissctl admit --device md0` plans on its members, each charged the stream",
+            admit.get("n_max").and_then(Value::as_u64) == Some(23)
+                && source.contains("the fullest of md0's disks"),
+            format!(
+                "n_max {:?} (23 expected); {source}",
+                admit.get("n_max").and_then(Value::as_u64)
+            ),
+        );
         let refusal = serial.block("md-write-stderr");
         check(
             checks,

@@ -72,8 +72,16 @@ pub(super) struct Console {
     pub(super) wall_secs: f64,
 }
 
+/// What a run adds to the guest: qemu arguments (drives) and kernel command-line words (which
+/// `/init` sees as variables).
+#[derive(Default)]
+pub(super) struct Extra {
+    pub(super) qemu: Vec<String>,
+    pub(super) cmdline: String,
+}
+
 /// Runs qemu until the guest powers off (or `VM_TIMEOUT` passes) and collects its console.
-pub(super) fn run_vm(boot: &Boot, args: &KernelsArgs) -> anyhow::Result<Console> {
+pub(super) fn run_vm(boot: &Boot, args: &KernelsArgs, extra: &Extra) -> anyhow::Result<Console> {
     let mut command = Command::new("qemu-system-x86_64");
     if args.accel == "kvm" {
         command.args(["-enable-kvm", "-cpu", "host"]);
@@ -91,14 +99,15 @@ pub(super) fn run_vm(boot: &Boot, args: &KernelsArgs) -> anyhow::Result<Console>
             "-serial",
             "stdio",
         ])
+        .args(&extra.qemu)
         .args(["-net", "none", "-no-reboot", "-kernel"])
         .arg(&boot.vmlinuz)
         .arg("-initrd")
         .arg(&boot.initramfs)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 panic=-1 quiet loglevel=3 abiss_read_secs={} abiss_log={}",
-            args.read_secs, args.daemon_log
+            "console=ttyS0 panic=-1 quiet loglevel=3 abiss_read_secs={} abiss_log={}{}",
+            args.read_secs, args.daemon_log, extra.cmdline
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
