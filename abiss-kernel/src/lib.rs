@@ -13,5 +13,6 @@
 #![deny(missing_docs)]
 
 pub mod capabilities;
+pub mod device_mapper;
 pub mod layout;
 pub mod storage;

@@ -461,6 +461,33 @@ pub fn recording_reason(stack: &Layer) -> Option<String> {
     ))
 }
 
+/// What a stack costs a stream that abiss cannot take away, as sentences that begin with the
+/// file's name: a dm-crypt device that decrypts reads in its kcryptd workers (its table, read
+/// through [`crate::device_mapper`], has no `no_read_workqueue`). There a read's pages wait,
+/// after the disk, behind every other reader's decryption: measured on slow disks under a copy
+/// loop, a stream missed deadlines with abiss as without (docs/kernels.md). Says nothing where
+/// the table cannot be read (no `CAP_SYS_ADMIN`).
+#[must_use]
+pub fn stack_warnings(stacks: &[Layer]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut layers: Vec<&Layer> = stacks.iter().collect();
+    while let Some(layer) = layers.pop() {
+        layers.extend(layer.below.iter());
+        let Kind::DeviceMapper { name, .. } = &layer.kind else {
+            continue;
+        };
+        let queues = crate::device_mapper::table(name)
+            .ok()
+            .and_then(|targets| crate::device_mapper::CryptQueues::of(&targets));
+        if queues.is_some_and(|q| q.read_workqueue) {
+            warnings.push(format!(
+                "is read through dm-crypt '{name}', which decrypts reads in its kcryptd workers, where they wait behind other readers' and abiss cannot put them first: open it with --perf-no_read_workqueue --perf-no_write_workqueue (`cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue --persistent {name}`)"
+            ));
+        }
+    }
+    warnings
+}
+
 /// The disks that serve the data of the file system of `mount` whose files report `device`:
 /// a partition's disk, a whole disk (or loop device) itself, the disks under device-mapper
 /// and md devices ([`Layer::serving_disks`]), each member of a btrfs the same way; one entry

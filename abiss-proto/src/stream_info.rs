@@ -23,6 +23,11 @@ pub struct StreamInfo {
     /// read as empty, and `disk` alone then.
     #[serde(default)]
     pub disks: Vec<DeviceNumber>,
+    /// What the file's storage stack costs the stream that abiss cannot take away, as whole
+    /// sentences (a dm-crypt device that decrypts in its own workers); `abissctl attach` prints
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// Inode number.
     pub inode: u64,
     /// File size in bytes.

@@ -93,6 +93,7 @@ pub fn attach(
 ) -> Result<(), CliError> {
     let file = parameters.open(path)?;
     let info = client.attach(&file, parameters.request(true))?;
+    warn_of(&info);
     // The stream is ready when its playout buffer is loaded: readers started after this
     // command find their first buffer in memory.
     parameters.wait_loaded(client, info.id)?;
@@ -102,6 +103,13 @@ pub fn attach(
         println!("{}", info.id);
     }
     Ok(())
+}
+
+/// Prints what abissd warned of the stream (its storage stack's costs), a sentence a line.
+fn warn_of(info: &StreamInfo) {
+    for warning in &info.warnings {
+        eprintln!("abissctl: warning: {warning}");
+    }
 }
 
 /// Ends a stream named by id or by file.
@@ -174,6 +182,7 @@ pub fn run(
     };
     // Not persistent: the stream ends when this connection closes, even if abissctl is killed.
     let info = client.attach(&file, parameters.request(false))?;
+    warn_of(&info);
     // ABISS's start-up delay: a reader started after its first window is loaded finds its
     // data in memory. A stream with a preroll is a player that probes its file as fast as it
     // can before it plays: it waits for those pages whatever it does, so it starts at once,

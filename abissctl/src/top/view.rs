@@ -300,6 +300,7 @@ mod tests {
             file_device: disk,
             disk,
             disks: vec![disk],
+            warnings: Vec::new(),
             inode: 12,
             file_bytes: 64 << 20,
             rate: ByteRate(1_000_000),

@@ -191,6 +191,7 @@ impl Controller {
             actions.extend(self.preroll(&mut stream, preroll.0, now));
         }
         stream.auto_buffer = auto_buffer;
+        stream.warnings = found.warnings;
         // Only the owners' reads steer the file's streams (root's: anyone's), so the kernel
         // reports no others (see `on_access`).
         let mut sharing = self.streams.sharing(tag, 0);
@@ -201,6 +202,9 @@ impl Controller {
         Self::execute(&mut self.prefetch, &stream, actions);
         self.record_new(&mut stream, now);
         let info = stream.info();
+        for warning in &info.warnings {
+            warn!("stream {id}: {warning}");
+        }
         info!(
             "stream {id}: {} at {} with a {} buffer, level {level}, for uid {peer_uid}{}",
             info.path,

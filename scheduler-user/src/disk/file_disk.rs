@@ -28,6 +28,9 @@ pub(crate) struct FileDisk {
     /// from a page's inode): a btrfs file's `st_dev` is its subvolume's anonymous number,
     /// which is not this one.
     pub(crate) kernel_device: DeviceNumber,
+    /// What its stack costs a stream that abiss cannot take away, as whole sentences
+    /// ([`storage::stack_warnings`]).
+    pub(crate) warnings: Vec<String>,
 }
 
 impl FileDisk {
@@ -58,7 +61,14 @@ pub(crate) fn disk_of_file(
         .map(|text| storage::parse_mountinfo(&text))
         .unwrap_or_default();
     let mount = mount_id.and_then(|id| storage::mount_by_id(&mounts, id));
-    disk_in(Path::new(SYSFS), mount, file_device, path, write)
+    let mut found = disk_in(Path::new(SYSFS), mount, file_device, path, write)?;
+    // The device mapper's tables: root's ioctls on /dev/mapper/control, never the file's.
+    let stacks = storage::file_system_stacks(Path::new(SYSFS), mount, file_device);
+    found.warnings = storage::stack_warnings(&stacks)
+        .into_iter()
+        .map(|warning| format!("{path} {warning}"))
+        .collect();
+    Ok(found)
 }
 
 fn disk_in(
@@ -88,6 +98,7 @@ fn disk_in(
     Ok(FileDisk {
         disks,
         kernel_device: mount.map_or(file_device, |mount| mount.device),
+        warnings: Vec::new(),
     })
 }
 

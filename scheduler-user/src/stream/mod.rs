@@ -129,6 +129,8 @@ pub(crate) struct Stream {
     /// several may put the file's data on (a btrfs's devices, an md or device-mapper array's
     /// members). Each is charged the stream's whole rate (see `disk::managed`).
     pub(crate) disks: Vec<DeviceNumber>,
+    /// What its storage stack costs it that abiss cannot take away (see `FileDisk`).
+    pub(crate) warnings: Vec<String>,
     /// File size.
     pub(crate) file_bytes: u64,
     /// The mapped file (window pages are locked in this mapping).
@@ -253,6 +255,7 @@ impl Stream {
             key: file.key,
             file_device: file.file_device,
             disks,
+            warnings: Vec::new(),
             file_bytes: file.bytes,
             file: mapped,
             playout,
@@ -418,6 +421,7 @@ impl Stream {
             file_device: self.file_device,
             disk: self.disks[0],
             disks: self.disks.clone(),
+            warnings: self.warnings.clone(),
             inode: self.key.ino,
             file_bytes: self.file_bytes,
             rate: self.granted.rate,

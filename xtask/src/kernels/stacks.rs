@@ -74,6 +74,14 @@ pub(super) fn judge_stacks(
             && write.trim().lines().count() == 1,
         first_lines(write, 2),
     );
+    let attach = serial.block("stack-attach-stderr");
+    check(
+        checks,
+        "LUKS: attach warns that dm-crypt decrypts in its kcryptd workers, naming the fix",
+        attach.contains("dm-crypt 'abiss-crypt', which decrypts reads in its kcryptd workers")
+            && attach.contains("--perf-no_read_workqueue"),
+        first_lines(attach, 2),
+    );
     judge_reader(serial, "stack", follows_readers, checks);
     let stack = Loads {
         label: "stack",

@@ -81,6 +81,8 @@ struct StackResult {
     below_level: u64,
     /// Every request at the disks meanwhile (the copy loop's too).
     all_requests: u64,
+    /// Whether `abissctl attach` warned of dm-crypt's workers.
+    warned: bool,
 }
 
 impl StackResult {
@@ -95,6 +97,7 @@ impl StackResult {
             "requests_of_the_file": self.requests,
             "below_level": self.below_level,
             "all_requests": self.all_requests,
+            "attach_warned_of_kcryptd": self.warned,
             "kept": passes(self),
         })
     }
@@ -226,6 +229,9 @@ fn judge(serial: &Serial, stack: &'static str, name: &'static str) -> StackResul
         abissd_misses: None,
         requests: BTreeMap::new(),
         below_level: 0,
+        warned: serial
+            .block(&format!("{stack}-attach-stderr"))
+            .contains("kcryptd workers"),
         all_requests: serial
             .number(&format!("{stack}-events-all"))
             .and_then(|n| u64::try_from(n).ok())
@@ -289,7 +295,7 @@ fn markdown(conditions: &str, kernels: &[(&Kernel, f64, Vec<StackResult>)]) -> S
     for (kernel, secs, results) in kernels {
         let _ = write!(
             md,
-            "## {} ({}), {secs:.0} s in the VM\n\n| stack | stock: reads, misses, p99, max | abiss: reads, misses, p99, max | abissd's page-cache misses | requests of the file at the disks | below its level | all requests at the disks |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+            "## {} ({}), {secs:.0} s in the VM\n\n| stack | stock: reads, misses, p99, max | abiss: reads, misses, p99, max | abissd's page-cache misses | requests of the file at the disks | below its level | all requests at the disks | attach warned of kcryptd |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
             kernel.name, kernel.version
         );
         for r in results {
@@ -305,7 +311,7 @@ fn markdown(conditions: &str, kernels: &[(&Kernel, f64, Vec<StackResult>)]) -> S
                 )
             };
             if let Some(why) = &r.failed {
-                let _ = writeln!(md, "| {} | not measured: {why} | | | | | |", r.name);
+                let _ = writeln!(md, "| {} | not measured: {why} | | | | | | |", r.name);
                 continue;
             }
             let requests: Vec<String> = r
@@ -315,7 +321,7 @@ fn markdown(conditions: &str, kernels: &[(&Kernel, f64, Vec<StackResult>)]) -> S
                 .collect();
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 reader(&r.bare),
                 reader(&r.abiss),
@@ -323,7 +329,8 @@ fn markdown(conditions: &str, kernels: &[(&Kernel, f64, Vec<StackResult>)]) -> S
                     .map_or_else(|| "?".to_owned(), |m| m.to_string()),
                 requests.join(", "),
                 r.below_level,
-                r.all_requests
+                r.all_requests,
+                if r.warned { "yes" } else { "no" }
             );
         }
         md.push('\n');

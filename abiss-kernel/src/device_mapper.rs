@@ -1,0 +1,248 @@
+//! A device-mapper device's table, as the kernel holds it (`DM_TABLE_STATUS` on
+//! `/dev/mapper/control`, which needs `CAP_SYS_ADMIN`): what sysfs does not say, such as whether
+//! a dm-crypt device decrypts its reads in its own workers.
+//!
+//! Only the target types and the words of their parameters that say how they work are kept:
+//! a crypt target's parameters hold its key, which never leaves this module.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+
+/// `struct dm_ioctl`'s size; its fields' offsets, from `include/uapi/linux/dm-ioctl.h`.
+const HEADER_BYTES: usize = 312;
+const DATA_SIZE_AT: usize = 12;
+const DATA_START_AT: usize = 16;
+const TARGET_COUNT_AT: usize = 20;
+const FLAGS_AT: usize = 28;
+const NAME_AT: usize = 48;
+const NAME_BYTES: usize = 128;
+/// `struct dm_target_spec`: sector start, length, status, next, then the type's 16 bytes.
+const SPEC_BYTES: usize = 40;
+const SPEC_NEXT_AT: usize = 20;
+const SPEC_TYPE_AT: usize = 24;
+/// The interface version asked for (4, as every kernel since 2.6 speaks).
+const VERSION: [u32; 3] = [4, 0, 0];
+/// `DM_STATUS_TABLE_FLAG`: the table as loaded, not the targets' status.
+const STATUS_TABLE_FLAG: u32 = 1 << 4;
+/// `DM_BUFFER_FULL_FLAG`: the answer did not fit.
+const BUFFER_FULL_FLAG: u32 = 1 << 8;
+/// Room for the answer: a few targets' parameters.
+const BUFFER_BYTES: usize = 16 << 10;
+
+nix::ioctl_readwrite_bad!(
+    /// `DM_TABLE_STATUS` on a buffer that starts with a `struct dm_ioctl`.
+    dm_table_status,
+    // _IOWR(0xfd, 12, struct dm_ioctl): DM_TABLE_STATUS.
+    0xC138_FD0C,
+    u8
+);
+
+/// One target of a table: its type (`crypt`, `linear`, `striped`) and the words of its
+/// parameters that are flags (`no_read_workqueue`, see `is_flag`), never the rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The target type.
+    pub target_type: String,
+    /// Its flag words.
+    pub flags: Vec<String>,
+}
+
+/// Whether a dm-crypt table decrypts reads, or encrypts writes, in dm-crypt's own kcryptd
+/// workers: unless opened with `no_read_workqueue` (`no_write_workqueue`), Linux 5.9.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CryptQueues {
+    /// Reads are decrypted in kcryptd workers, after other readers' in the queue.
+    pub read_workqueue: bool,
+    /// Writes are encrypted in kcryptd workers and submitted from `dmcrypt_write`.
+    pub write_workqueue: bool,
+}
+
+impl CryptQueues {
+    /// Of the first crypt target of `targets`; `None` when there is none.
+    #[must_use]
+    pub fn of(targets: &[Target]) -> Option<Self> {
+        let crypt = targets.iter().find(|t| t.target_type == "crypt")?;
+        let has = |flag: &str| crypt.flags.iter().any(|f| f == flag);
+        Some(Self {
+            read_workqueue: !has("no_read_workqueue"),
+            write_workqueue: !has("no_write_workqueue"),
+        })
+    }
+}
+
+/// The table of device-mapper device `name` (`dm/name` in sysfs).
+///
+/// # Errors
+/// `/dev/mapper/control` cannot be opened (no such file, or no `CAP_SYS_ADMIN`), the kernel
+/// refused the request, or its answer did not parse.
+pub fn table(name: &str) -> std::io::Result<Vec<Target>> {
+    let control = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/mapper/control")?;
+    let mut buffer = request(name)?;
+    // SAFETY: `buffer` is `BUFFER_BYTES` long and its header says so (data_size), so the kernel
+    // writes no further than its end; the descriptor is open for the call.
+    unsafe { dm_table_status(control.as_raw_fd(), buffer.as_mut_ptr()) }
+        .map_err(std::io::Error::from)?;
+    parse(&buffer)
+}
+
+/// A `DM_TABLE_STATUS` request for device `name`, in a buffer of `BUFFER_BYTES`.
+fn request(name: &str) -> std::io::Result<Vec<u8>> {
+    if name.is_empty() || name.len() >= NAME_BYTES || name.contains('\0') {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("'{name}' is not a device-mapper name"),
+        ));
+    }
+    let mut buffer = vec![0_u8; BUFFER_BYTES];
+    for (i, part) in VERSION.iter().enumerate() {
+        put_u32(&mut buffer, i * 4, *part);
+    }
+    put_u32(
+        &mut buffer,
+        DATA_SIZE_AT,
+        u32::try_from(BUFFER_BYTES).unwrap_or(u32::MAX),
+    );
+    put_u32(
+        &mut buffer,
+        DATA_START_AT,
+        u32::try_from(HEADER_BYTES).unwrap_or(0),
+    );
+    put_u32(&mut buffer, FLAGS_AT, STATUS_TABLE_FLAG);
+    buffer[NAME_AT..NAME_AT + name.len()].copy_from_slice(name.as_bytes());
+    Ok(buffer)
+}
+
+/// The targets of a `DM_TABLE_STATUS` answer.
+fn parse(buffer: &[u8]) -> std::io::Result<Vec<Target>> {
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
+    if get_u32(buffer, FLAGS_AT).ok_or_else(|| bad("short answer"))? & BUFFER_FULL_FLAG != 0 {
+        return Err(bad("the table is larger than the buffer"));
+    }
+    let start = get_u32(buffer, DATA_START_AT).ok_or_else(|| bad("short answer"))? as usize;
+    let count = get_u32(buffer, TARGET_COUNT_AT).ok_or_else(|| bad("short answer"))?;
+    let data = buffer
+        .get(start..)
+        .ok_or_else(|| bad("data outside the answer"))?;
+    let mut targets = Vec::new();
+    let mut at = 0_usize;
+    for _ in 0..count {
+        let spec = data
+            .get(at..at + SPEC_BYTES)
+            .ok_or_else(|| bad("target outside the answer"))?;
+        let target_type = c_string(&spec[SPEC_TYPE_AT..]);
+        let params = c_string(&data[at + SPEC_BYTES..]);
+        let flags = params
+            .split_whitespace()
+            .filter(|word| is_flag(word))
+            .map(str::to_owned)
+            .collect();
+        targets.push(Target { target_type, flags });
+        let next = get_u32(spec, SPEC_NEXT_AT).ok_or_else(|| bad("short target"))? as usize;
+        if next <= at {
+            break;
+        }
+        at = next;
+    }
+    Ok(targets)
+}
+
+/// A flag word of a table's parameters (`no_read_workqueue`, `allow_discards`): letters with
+/// an `_` between. A crypt key (hex digits, or `:32:logon:…`) never is one.
+fn is_flag(word: &str) -> bool {
+    word.contains('_') && word.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+}
+
+fn put_u32(buffer: &mut [u8], at: usize, value: u32) {
+    buffer[at..at + 4].copy_from_slice(&value.to_ne_bytes());
+}
+
+fn get_u32(buffer: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(buffer.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// The text up to the first NUL (or the end).
+fn c_string(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer as the kernel writes it: header, then each spec, its parameters and padding
+    /// to 8 bytes, `next` counted from the start of the data.
+    fn answer(targets: &[(&str, &str)]) -> Vec<u8> {
+        let mut buffer = request("media").unwrap();
+        let mut data = Vec::new();
+        for (target_type, params) in targets {
+            let at = data.len();
+            data.extend_from_slice(&[0; SPEC_BYTES]);
+            data[at + SPEC_TYPE_AT..at + SPEC_TYPE_AT + target_type.len()]
+                .copy_from_slice(target_type.as_bytes());
+            data.extend_from_slice(params.as_bytes());
+            data.push(0);
+            while data.len() % 8 != 0 {
+                data.push(0);
+            }
+            let next = u32::try_from(data.len()).unwrap();
+            data[at + SPEC_NEXT_AT..at + SPEC_NEXT_AT + 4].copy_from_slice(&next.to_ne_bytes());
+        }
+        buffer[HEADER_BYTES..HEADER_BYTES + data.len()].copy_from_slice(&data);
+        put_u32(
+            &mut buffer,
+            TARGET_COUNT_AT,
+            u32::try_from(targets.len()).unwrap(),
+        );
+        buffer
+    }
+
+    #[test]
+    fn a_crypt_tables_flags_say_where_it_decrypts_and_its_key_is_not_kept() {
+        let key = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+        let plain = answer(&[("crypt", &format!("aes-xts-plain64 {key} 0 7:1 0"))]);
+        assert!(!is_flag("abcdefabcdef") && !is_flag(":32:logon:cryptsetup:x_y"));
+        let targets = parse(&plain).unwrap();
+        assert_eq!(targets[0].target_type, "crypt");
+        assert!(
+            targets[0].flags.iter().all(|f| !f.contains("0102")),
+            "{targets:?}"
+        );
+        assert_eq!(
+            CryptQueues::of(&targets),
+            Some(CryptQueues {
+                read_workqueue: true,
+                write_workqueue: true
+            })
+        );
+        let inline = answer(&[(
+            "crypt",
+            &format!("aes-xts-plain64 {key} 0 7:1 0 2 no_read_workqueue no_write_workqueue"),
+        )]);
+        assert_eq!(
+            CryptQueues::of(&parse(&inline).unwrap()),
+            Some(CryptQueues {
+                read_workqueue: false,
+                write_workqueue: false
+            })
+        );
+        let striped = answer(&[("striped", "2 128 7:1 0 7:2 0"), ("linear", "7:3 0")]);
+        let targets = parse(&striped).unwrap();
+        assert_eq!(targets.len(), 2);
+        assert_eq!(targets[1].target_type, "linear");
+        assert_eq!(CryptQueues::of(&targets), None);
+    }
+
+    #[test]
+    fn a_name_the_kernel_cannot_take_is_refused_before_asking() {
+        assert!(request("").is_err());
+        assert!(request(&"x".repeat(NAME_BYTES)).is_err());
+        assert!(request("a\0b").is_err());
+        let mut full = answer(&[("linear", "7:3 0")]);
+        put_u32(&mut full, FLAGS_AT, STATUS_TABLE_FLAG | BUFFER_FULL_FLAG);
+        assert!(parse(&full).is_err());
+    }
+}
