@@ -8,6 +8,8 @@
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 
+use crate::storage::{Kind, Layer};
+
 /// `struct dm_ioctl`'s size; its fields' offsets, from `include/uapi/linux/dm-ioctl.h`.
 const HEADER_BYTES: usize = 312;
 const DATA_SIZE_AT: usize = 12;
@@ -86,6 +88,33 @@ pub fn table(name: &str) -> std::io::Result<Vec<Target>> {
     unsafe { dm_table_status(control.as_raw_fd(), buffer.as_mut_ptr()) }
         .map_err(std::io::Error::from)?;
     parse(&buffer)
+}
+
+/// What a stack costs a stream that abiss cannot take away, as sentences that begin with the
+/// file's name: a dm-crypt device that decrypts reads in its kcryptd workers (its table, read
+/// through [`table`], has no `no_read_workqueue`). There a read's pages wait,
+/// after the disk, behind every other reader's decryption: measured on slow disks under a copy
+/// loop, a stream missed deadlines with abiss as without (docs/kernels.md). Says nothing where
+/// the table cannot be read (no `CAP_SYS_ADMIN`).
+#[must_use]
+pub fn stack_warnings(stacks: &[Layer]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut layers: Vec<&Layer> = stacks.iter().collect();
+    while let Some(layer) = layers.pop() {
+        layers.extend(layer.below.iter());
+        let Kind::DeviceMapper { name, .. } = &layer.kind else {
+            continue;
+        };
+        let queues = table(name)
+            .ok()
+            .and_then(|targets| CryptQueues::of(&targets));
+        if queues.is_some_and(|q| q.read_workqueue) {
+            warnings.push(format!(
+                "is read through dm-crypt '{name}', which decrypts reads in its kcryptd workers, where they wait behind other readers' and abiss cannot put them first: open it with --perf-no_read_workqueue --perf-no_write_workqueue (`cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue --persistent {name}`)"
+            ));
+        }
+    }
+    warnings
 }
 
 /// A `DM_TABLE_STATUS` request for device `name`, in a buffer of `BUFFER_BYTES`.

@@ -235,9 +235,15 @@ impl Layer {
         found
     }
 
+    /// `md0 (9:0, md raid1)`: the layer alone.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        format!("{} ({}, {})", self.name, self.device, self.kind_text())
+    }
+
     /// `dm-0 (253:0, dm-crypt 'root') → sda2 (8:2, partition 2) → sda (8:0, disk)`.
     pub fn describe(&self) -> String {
-        let mut text = format!("{} ({}, {})", self.name, self.device, self.kind_text());
+        let mut text = self.summary();
         match self.below.as_slice() {
             [] => {}
             [one] => {
@@ -461,33 +467,6 @@ pub fn recording_reason(stack: &Layer) -> Option<String> {
     ))
 }
 
-/// What a stack costs a stream that abiss cannot take away, as sentences that begin with the
-/// file's name: a dm-crypt device that decrypts reads in its kcryptd workers (its table, read
-/// through [`crate::device_mapper`], has no `no_read_workqueue`). There a read's pages wait,
-/// after the disk, behind every other reader's decryption: measured on slow disks under a copy
-/// loop, a stream missed deadlines with abiss as without (docs/kernels.md). Says nothing where
-/// the table cannot be read (no `CAP_SYS_ADMIN`).
-#[must_use]
-pub fn stack_warnings(stacks: &[Layer]) -> Vec<String> {
-    let mut warnings = Vec::new();
-    let mut layers: Vec<&Layer> = stacks.iter().collect();
-    while let Some(layer) = layers.pop() {
-        layers.extend(layer.below.iter());
-        let Kind::DeviceMapper { name, .. } = &layer.kind else {
-            continue;
-        };
-        let queues = crate::device_mapper::table(name)
-            .ok()
-            .and_then(|targets| crate::device_mapper::CryptQueues::of(&targets));
-        if queues.is_some_and(|q| q.read_workqueue) {
-            warnings.push(format!(
-                "is read through dm-crypt '{name}', which decrypts reads in its kcryptd workers, where they wait behind other readers' and abiss cannot put them first: open it with --perf-no_read_workqueue --perf-no_write_workqueue (`cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue --persistent {name}`)"
-            ));
-        }
-    }
-    warnings
-}
-
 /// The disks that serve the data of the file system of `mount` whose files report `device`:
 /// a partition's disk, a whole disk (or loop device) itself, the disks under device-mapper
 /// and md devices ([`Layer::serving_disks`]), each member of a btrfs the same way; one entry
@@ -537,6 +516,37 @@ pub fn serving_disks(
 pub fn physical_disks(sys: &Path, device: DeviceNumber) -> Option<Vec<Layer>> {
     let stack = stack_of(sys, device)?;
     Some(stack.physical().into_iter().cloned().collect())
+}
+
+/// The devices built on disk `name` (on it or on its partitions), upward through every
+/// level, each once, as [`Layer::summary`] says them: what `abissctl status` shows above a
+/// managed disk. Empty when nothing is, or sysfs at `sys` does not know the disk.
+#[must_use]
+pub fn built_on(sys: &Path, name: &str) -> Vec<String> {
+    let disk = sys.join("block").join(name);
+    let mut pending: Vec<PathBuf> = vec![disk.clone()];
+    if let Ok(entries) = std::fs::read_dir(&disk) {
+        pending.extend(
+            entries
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.join("partition").exists()),
+        );
+    }
+    let mut found: Vec<(String, String)> = Vec::new();
+    while let Some(dir) = pending.pop() {
+        for holder in linked_dirs(&dir.join("holders")) {
+            let Some(layer) = layer_at(&holder, 0) else {
+                continue;
+            };
+            if found.len() < MAX_DEPTH && !found.iter().any(|(seen, _)| *seen == layer.name) {
+                found.push((layer.name.clone(), layer.summary()));
+                pending.push(holder);
+            }
+        }
+    }
+    found.sort();
+    found.into_iter().map(|(_, summary)| summary).collect()
 }
 
 /// Whether md's personality `level` (`md/level`: `raid1`) submits a read to its members from

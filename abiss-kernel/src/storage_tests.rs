@@ -354,3 +354,40 @@ fn md_mirrors_and_stripes_and_a_device_mapper_over_several_devices_are_served_fr
 fn names_of(layers: &[&Layer]) -> Vec<String> {
     layers.iter().map(|l| l.name.clone()).collect()
 }
+
+#[test]
+fn a_disk_names_what_is_built_on_it_and_on_its_partitions_every_level_up() {
+    let sys = FakeSys::new("built-on");
+    let sdb = sys.device("sdb", "8:16");
+    let sdb1 = sys.device("sdb/sdb1", "8:17");
+    write(&sdb1, "partition", "1\n");
+    let sdc = sys.device("sdc", "8:32");
+    let md = sys.device("md0", "9:0");
+    write(&md, "md/level", "raid1\n");
+    slave(&md, &sdb1);
+    slave(&md, &sdc);
+    let crypt = sys.device("dm-0", "253:0");
+    write(&crypt, "dm/name", "md0_crypt\n");
+    write(&crypt, "dm/uuid", "CRYPT-LUKS2-abc-md0_crypt\n");
+    slave(&crypt, &md);
+    // sysfs shows each holder under the device it holds, and the disks under block/.
+    let holder = |below: &Path, above: &Path| {
+        fs::create_dir_all(below.join("holders")).unwrap();
+        symlink(
+            above,
+            below.join("holders").join(above.file_name().unwrap()),
+        )
+        .unwrap();
+    };
+    holder(&sdb1, &md);
+    holder(&sdc, &md);
+    holder(&md, &crypt);
+    fs::create_dir_all(sys.0.join("block")).unwrap();
+    for disk in [&sdb, &sdc] {
+        symlink(disk, sys.0.join("block").join(disk.file_name().unwrap())).unwrap();
+    }
+    let above = ["dm-0 (253:0, dm-crypt 'md0_crypt')", "md0 (9:0, md raid1)"];
+    assert_eq!(built_on(&sys.0, "sdb"), above, "through its partition");
+    assert_eq!(built_on(&sys.0, "sdc"), above);
+    assert!(built_on(&sys.0, "sdd").is_empty());
+}

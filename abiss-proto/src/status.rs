@@ -145,4 +145,8 @@ pub struct DeviceStatus {
     /// million (0 without a model).
     #[serde(default)]
     pub miss_probability_ppm: u32,
+    /// The devices built on it (on it or its partitions, every level up), as
+    /// `md0 (9:0, md raid1)`: the stacks whose files it serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub built_on: Vec<String>,
 }

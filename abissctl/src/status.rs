@@ -120,6 +120,9 @@ pub fn status(client: &mut Client, json: bool) -> Result<(), CliError> {
             device.streams,
             device.capacity_source
         );
+        if !device.built_on.is_empty() {
+            let _ = writeln!(out, "{:<10} under {}", "", device.built_on.join(", "));
+        }
     }
     Ok(())
 }

@@ -356,6 +356,7 @@ mod tests {
                     streams: 1,
                     admission: "share".into(),
                     miss_probability_ppm: 0,
+                    built_on: Vec::new(),
                 },
                 rt: Log2Histogram::from_slots(&slots, 5_000_000),
                 be: Log2Histogram::default(),

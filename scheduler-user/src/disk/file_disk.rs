@@ -29,7 +29,7 @@ pub(crate) struct FileDisk {
     /// which is not this one.
     pub(crate) kernel_device: DeviceNumber,
     /// What its stack costs a stream that abiss cannot take away, as whole sentences
-    /// ([`storage::stack_warnings`]).
+    /// ([`abiss_kernel::device_mapper::stack_warnings`]).
     pub(crate) warnings: Vec<String>,
 }
 
@@ -64,7 +64,7 @@ pub(crate) fn disk_of_file(
     let mut found = disk_in(Path::new(SYSFS), mount, file_device, path, write)?;
     // The device mapper's tables: root's ioctls on /dev/mapper/control, never the file's.
     let stacks = storage::file_system_stacks(Path::new(SYSFS), mount, file_device);
-    found.warnings = storage::stack_warnings(&stacks)
+    found.warnings = abiss_kernel::device_mapper::stack_warnings(&stacks)
         .into_iter()
         .map(|warning| format!("{path} {warning}"))
         .collect();

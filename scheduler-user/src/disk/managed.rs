@@ -17,7 +17,7 @@ use abiss_proto::{
 };
 use log::{info, warn};
 
-use crate::disk::device::{self, resolve_disks, DeviceConfig, DeviceError, ManagedDevice};
+use crate::disk::device::{self, resolve_disks, DeviceConfig, DeviceError, ManagedDevice, SYSFS};
 use crate::disk::file_disk::{disk_of_file, FileDisk};
 use crate::policy::admission::{AdmissionControl, StreamDemand};
 use crate::policy::share::ShareAdmission;
@@ -361,6 +361,7 @@ impl Disks {
             miss_probability_ppm: figures.miss_ppm,
             streams: u32::try_from(streams.iter().filter(|s| s.is_on(disk.number)).count())
                 .unwrap_or(u32::MAX),
+            built_on: abiss_kernel::storage::built_on(std::path::Path::new(SYSFS), &disk.name),
         }
     }
 

@@ -201,6 +201,8 @@ block md-reader /tmp/md-reader.json
 block md-reader-stderr /tmp/md-reader.err
 abissctl --socket $socket list --json >/tmp/md-list.json
 block md-list-json /tmp/md-list.json
+abissctl --socket $socket status --json >/tmp/md-status.json 2>&1
+block md-status /tmp/md-status.json
 # A plan for md0 answers for its members, each charged the stream attached now.
 abissctl --socket $socket admit --device md0 --rate 1MB/s --json >/tmp/md-admit.json 2>&1
 block md-admit /tmp/md-admit.json

@@ -277,6 +277,29 @@ fn judge_spread(
                 admit.get("n_max").and_then(Value::as_u64)
             ),
         );
+        let status: Value = serde_json::from_str(serial.block("md-status")).unwrap_or(Value::Null);
+        let under_md: Vec<&str> = status
+            .get("devices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|d| {
+                d.get("built_on")
+                    .and_then(Value::as_array)
+                    .is_some_and(|above| {
+                        above
+                            .iter()
+                            .any(|a| a.as_str().is_some_and(|a| a.starts_with("md0 (")))
+                    })
+            })
+            .filter_map(|d| d.get("name").and_then(Value::as_str))
+            .collect();
+        check(
+            checks,
+            "md raid1: `abissctl status` shows md0 built on both members",
+            under_md.len() == 2,
+            format!("managed disks under md0: {under_md:?}"),
+        );
         let refusal = serial.block("md-write-stderr");
         check(
             checks,
