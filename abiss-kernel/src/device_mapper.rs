@@ -26,6 +26,8 @@ const SPEC_TYPE_AT: usize = 24;
 const VERSION: [u32; 3] = [4, 0, 0];
 /// `DM_STATUS_TABLE_FLAG`: the table as loaded, not the targets' status.
 const STATUS_TABLE_FLAG: u32 = 1 << 4;
+/// `DM_SECURE_DATA_FLAG`: the kernel wipes its copy of the answer, which holds a crypt key.
+const SECURE_DATA_FLAG: u32 = 1 << 15;
 /// `DM_BUFFER_FULL_FLAG`: the answer did not fit.
 const BUFFER_FULL_FLAG: u32 = 1 << 8;
 /// Room for the answer: a few targets' parameters.
@@ -47,6 +49,8 @@ pub struct Target {
     pub target_type: String,
     /// Its flag words.
     pub flags: Vec<String>,
+    /// A `raid` target's level (`raid1`, `raid5_ls`): its first parameter.
+    pub raid_level: Option<String>,
 }
 
 /// Whether a dm-crypt table decrypts reads, or encrypts writes, in dm-crypt's own kcryptd
@@ -85,36 +89,74 @@ pub fn table(name: &str) -> std::io::Result<Vec<Target>> {
     let mut buffer = request(name)?;
     // SAFETY: `buffer` is `BUFFER_BYTES` long and its header says so (data_size), so the kernel
     // writes no further than its end; the descriptor is open for the call.
-    unsafe { dm_table_status(control.as_raw_fd(), buffer.as_mut_ptr()) }
-        .map_err(std::io::Error::from)?;
-    parse(&buffer)
+    let asked = unsafe { dm_table_status(control.as_raw_fd(), buffer.as_mut_ptr()) };
+    let targets = asked
+        .map_err(std::io::Error::from)
+        .and_then(|_| parse(&buffer));
+    // The answer holds a crypt target's key: wiped before the memory goes back.
+    buffer.fill(0);
+    std::hint::black_box(&buffer);
+    targets
 }
 
-/// What a stack costs a stream that abiss cannot take away, as sentences that begin with the
-/// file's name: a dm-crypt device that decrypts reads in its kcryptd workers (its table, read
-/// through [`table`], has no `no_read_workqueue`). There a read's pages wait,
-/// after the disk, behind every other reader's decryption: measured on slow disks under a copy
-/// loop, a stream missed deadlines with abiss as without (docs/kernels.md). Says nothing where
-/// the table cannot be read (no `CAP_SYS_ADMIN`).
+/// What the device-mapper tables under a file system say, as ends of sentences that begin
+/// with the file's name (see [`findings`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// Why a stream cannot be served through them: LVM's raid4, 5 or 6 (dm-raid runs md's
+    /// raid5 personality, stripe cache and thread, which md raid4/5/6 is refused for).
+    pub refusal: Option<String>,
+    /// What they cost a stream that abiss cannot take away: a dm-crypt device that decrypts
+    /// reads in its kcryptd workers (no `no_read_workqueue`), where a read's pages wait, after
+    /// the disk, behind every other reader's decryption. Measured on slow disks under a copy
+    /// loop, a stream missed deadlines there with abiss as without (docs/kernels.md). Each once.
+    pub warnings: Vec<String>,
+}
+
+/// Reads the table of every device-mapper layer of `stacks` (the stacks under one file
+/// system); says nothing of a table it cannot read (no `CAP_SYS_ADMIN`).
 #[must_use]
-pub fn stack_warnings(stacks: &[Layer]) -> Vec<String> {
-    let mut warnings = Vec::new();
-    let mut layers: Vec<&Layer> = stacks.iter().collect();
-    while let Some(layer) = layers.pop() {
-        layers.extend(layer.below.iter());
-        let Kind::DeviceMapper { name, .. } = &layer.kind else {
-            continue;
-        };
-        let queues = table(name)
-            .ok()
-            .and_then(|targets| CryptQueues::of(&targets));
-        if queues.is_some_and(|q| q.read_workqueue) {
-            warnings.push(format!(
+pub fn findings(stacks: &[Layer]) -> Findings {
+    let mut found = Findings::default();
+    for stack in stacks {
+        let mut layers: Vec<&Layer> = vec![stack];
+        while let Some(layer) = layers.pop() {
+            layers.extend(layer.below.iter());
+            let Kind::DeviceMapper { name, .. } = &layer.kind else {
+                continue;
+            };
+            let Ok(targets) = table(name) else {
+                continue;
+            };
+            if let Some(level) =
+                targets
+                    .iter()
+                    .filter_map(|t| t.raid_level.as_deref())
+                    .find(|level| {
+                        ["raid4", "raid5", "raid6"]
+                            .iter()
+                            .any(|p| level.starts_with(p))
+                    })
+            {
+                found.refusal.get_or_insert_with(|| {
+                    format!(
+                        "is on {}: the device mapper's {} is a {level} array (LVM's raid, dm-raid), which reads and writes through md's stripe cache from its own thread, so abissd cannot keep a stream's priority through it; LVM's raid1 and raid10 are served",
+                        stack.describe(),
+                        layer.name
+                    )
+                });
+            }
+            let warning = format!(
                 "is read through dm-crypt '{name}', which decrypts reads in its kcryptd workers, where they wait behind other readers' and abiss cannot put them first: open it with --perf-no_read_workqueue --perf-no_write_workqueue (`cryptsetup refresh --perf-no_read_workqueue --perf-no_write_workqueue --persistent {name}`)"
-            ));
+            );
+            if CryptQueues::of(&targets).is_some_and(|q| q.read_workqueue)
+                && !found.warnings.contains(&warning)
+            {
+                found.warnings.push(warning);
+            }
         }
     }
-    warnings
+    found
 }
 
 /// A `DM_TABLE_STATUS` request for device `name`, in a buffer of `BUFFER_BYTES`.
@@ -139,7 +181,7 @@ fn request(name: &str) -> std::io::Result<Vec<u8>> {
         DATA_START_AT,
         u32::try_from(HEADER_BYTES).unwrap_or(0),
     );
-    put_u32(&mut buffer, FLAGS_AT, STATUS_TABLE_FLAG);
+    put_u32(&mut buffer, FLAGS_AT, STATUS_TABLE_FLAG | SECURE_DATA_FLAG);
     buffer[NAME_AT..NAME_AT + name.len()].copy_from_slice(name.as_bytes());
     Ok(buffer)
 }
@@ -159,16 +201,33 @@ fn parse(buffer: &[u8]) -> std::io::Result<Vec<Target>> {
     let mut at = 0_usize;
     for _ in 0..count {
         let spec = data
-            .get(at..at + SPEC_BYTES)
+            .get(at..at.saturating_add(SPEC_BYTES))
             .ok_or_else(|| bad("target outside the answer"))?;
         let target_type = c_string(&spec[SPEC_TYPE_AT..]);
-        let params = c_string(&data[at + SPEC_BYTES..]);
-        let flags = params
-            .split_whitespace()
+        // The parameters are read in place, word by word; only flag words, and a raid
+        // target's level, are copied out (a crypt key is neither).
+        let params = data
+            .get(at.saturating_add(SPEC_BYTES)..)
+            .unwrap_or_default();
+        let params = &params[..params.iter().position(|&b| b == 0).unwrap_or(params.len())];
+        let mut words = params
+            .split(u8::is_ascii_whitespace)
+            .filter(|word| !word.is_empty());
+        let raid_level = (target_type == "raid")
+            .then(|| words.clone().next())
+            .flatten()
+            .map(|word| String::from_utf8_lossy(word).into_owned());
+        let flags = words
+            .by_ref()
+            .filter_map(|word| std::str::from_utf8(word).ok())
             .filter(|word| is_flag(word))
             .map(str::to_owned)
             .collect();
-        targets.push(Target { target_type, flags });
+        targets.push(Target {
+            target_type,
+            flags,
+            raid_level,
+        });
         let next = get_u32(spec, SPEC_NEXT_AT).ok_or_else(|| bad("short target"))? as usize;
         if next <= at {
             break;
@@ -258,10 +317,18 @@ mod tests {
                 write_workqueue: false
             })
         );
+        let raid = answer(&[(
+            "raid",
+            "raid5_ls 3 128 region_size 1024 3 - 7:1 - 7:2 - 7:3",
+        )]);
+        let targets = parse(&raid).unwrap();
+        assert_eq!(targets[0].raid_level.as_deref(), Some("raid5_ls"));
+        assert_eq!(targets[0].flags, ["region_size"]);
         let striped = answer(&[("striped", "2 128 7:1 0 7:2 0"), ("linear", "7:3 0")]);
         let targets = parse(&striped).unwrap();
         assert_eq!(targets.len(), 2);
         assert_eq!(targets[1].target_type, "linear");
+        assert_eq!(targets[1].raid_level, None);
         assert_eq!(CryptQueues::of(&targets), None);
     }
 

@@ -14,6 +14,8 @@ use serde::Serialize;
 
 /// How deep a stack may go before it is taken for a loop in sysfs.
 const MAX_DEPTH: usize = 16;
+/// At most this many devices are named above a disk (a volume group's logical volumes).
+const MAX_BUILT_ON: usize = 1024;
 
 /// One mount of `/proc/self/mountinfo`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -539,7 +541,7 @@ pub fn built_on(sys: &Path, name: &str) -> Vec<String> {
             let Some(layer) = layer_at(&holder, 0) else {
                 continue;
             };
-            if found.len() < MAX_DEPTH && !found.iter().any(|(seen, _)| *seen == layer.name) {
+            if found.len() < MAX_BUILT_ON && !found.iter().any(|(seen, _)| *seen == layer.name) {
                 found.push((layer.name.clone(), layer.summary()));
                 pending.push(holder);
             }

@@ -25,21 +25,35 @@ impl Disks {
     ) -> Result<AdmissionReport, Refusal> {
         let named = resolve_client_disk(&request.device)
             .map_err(|error| Refusal::UnknownDevice(error.to_string()))?;
-        let disks: Vec<Disk> =
-            abiss_kernel::storage::physical_disks(std::path::Path::new(SYSFS), named.number)
-                .filter(|below| below.len() > 1)
-                .map_or_else(
-                    || vec![named.clone()],
-                    |below| {
-                        below
-                            .into_iter()
-                            .map(|layer| Disk {
-                                name: layer.name,
-                                number: layer.device,
-                            })
-                            .collect()
-                    },
-                );
+        let sys = std::path::Path::new(SYSFS);
+        // A stack attach would refuse (md raid5) is not planned for either.
+        if let Some(stack) = abiss_kernel::storage::stack_of(sys, named.number) {
+            if let Some(layer) = stack.unserved_layer() {
+                let refusal = abiss_kernel::storage::Unservable::Layer {
+                    stack: Box::new(stack.clone()),
+                    layer: Box::new(layer.clone()),
+                };
+                return Err(Refusal::UnknownDevice(format!(
+                    "{} {}",
+                    named.name,
+                    refusal.reason()
+                )));
+            }
+        }
+        let disks: Vec<Disk> = abiss_kernel::storage::physical_disks(sys, named.number)
+            .filter(|below| !below.is_empty())
+            .map_or_else(
+                || vec![named.clone()],
+                |below| {
+                    below
+                        .into_iter()
+                        .map(|layer| Disk {
+                            name: layer.name,
+                            number: layer.device,
+                        })
+                        .collect()
+                },
+            );
         let mut fullest: Option<AdmissionReport> = None;
         for disk in &disks {
             let report = self.plan_on(disk, request, streams)?;

@@ -29,7 +29,7 @@ pub(crate) struct FileDisk {
     /// which is not this one.
     pub(crate) kernel_device: DeviceNumber,
     /// What its stack costs a stream that abiss cannot take away, as whole sentences
-    /// ([`abiss_kernel::device_mapper::stack_warnings`]).
+    /// ([`abiss_kernel::device_mapper::findings`]).
     pub(crate) warnings: Vec<String>,
 }
 
@@ -64,7 +64,12 @@ pub(crate) fn disk_of_file(
     let mut found = disk_in(Path::new(SYSFS), mount, file_device, path, write)?;
     // The device mapper's tables: root's ioctls on /dev/mapper/control, never the file's.
     let stacks = storage::file_system_stacks(Path::new(SYSFS), mount, file_device);
-    found.warnings = abiss_kernel::device_mapper::stack_warnings(&stacks)
+    let tables = abiss_kernel::device_mapper::findings(&stacks);
+    if let Some(refusal) = tables.refusal {
+        return Err(Refusal::UnknownDevice(format!("{path} {refusal}")));
+    }
+    found.warnings = tables
+        .warnings
         .into_iter()
         .map(|warning| format!("{path} {warning}"))
         .collect();

@@ -290,8 +290,9 @@ impl Disks {
     }
 
     /// Whether the models of `disks` admit `demand` next to the streams each serves now
-    /// (`existing_on` gives them, per disk): `None` when no disk has a model yet or admission
-    /// is off, where a stream's buffer changes nothing; `Some(false)` when one refuses.
+    /// (`existing_on` gives them, per disk): `None` when admission is off or one of the disks
+    /// has no model yet (a share admits by rate, where a stream's buffer changes nothing, so
+    /// growing buffers must not stand in for its check); `Some(false)` when one refuses.
     #[must_use]
     pub(crate) fn model_admits(
         &self,
@@ -302,17 +303,15 @@ impl Disks {
         if self.settings.mode == AdmissionMode::Off {
             return None;
         }
-        let mut answer = None;
+        let mut controls = Vec::new();
         for &disk in disks {
-            let Some(control) = self.disks.get(&disk).and_then(|d| d.model.as_ref()) else {
-                continue;
-            };
-            if control.admit(&existing_on(disk), demand).is_err() {
-                return Some(false);
-            }
-            answer = Some(true);
+            controls.push((disk, self.disks.get(&disk)?.model.as_ref()?));
         }
-        answer
+        Some(
+            controls
+                .into_iter()
+                .all(|(disk, control)| control.admit(&existing_on(disk), demand).is_ok()),
+        )
     }
 
     /// The managed devices as `abissctl status` shows them.
