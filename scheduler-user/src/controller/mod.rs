@@ -149,14 +149,11 @@ impl Controller {
         let (auto_buffer, sizing) = self.size_auto(peer_uid, (&mut request, level), &disks);
         let for_capacity = sizing.grown();
         let tag = self.may_share(peer_uid, &file, request.write)?;
-        // The disk admits the stream with the owner's other automatic streams grown to its
+        // The disks admit the stream with the owner's other automatic streams grown to its
         // buffer (checked with the memory budgets by `buffer_for_capacity`); they grow once
-        // everything else has said yes, so a refusal changes nothing.
+        // all else has said yes (the kernel's entry last), so a refusal changes nothing.
         self.admit(peer_uid, &request, &disks, &file, for_capacity.is_none())
             .map_err(|refusal| sizing.explain(refusal))?;
-        if let Some(bytes) = for_capacity {
-            self.grow_for_capacity(peer_uid, &disks, bytes, now);
-        }
         let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
         let mapped = Self::mapping(&file, request.write)?;
         let mapped = match found.largest_request_bytes() {
@@ -199,6 +196,9 @@ impl Controller {
         self.tracer
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
+        if let Some(bytes) = for_capacity {
+            self.grow_for_capacity(peer_uid, &stream.disks.clone(), bytes, now);
+        }
         Self::execute(&mut self.prefetch, &stream, actions);
         self.record_new(&mut stream, now);
         let info = stream.info();
