@@ -28,6 +28,35 @@ leftovers() {
         [ -e "$f" ] && printf '%s ' "$f"
     done
 }
+# Waits up to 120 s for abissd (process $pid) to answer on $socket.
+await_abissd() {
+    i=0
+    while [ $i -lt 1200 ] && ! abissctl --socket $socket status >/dev/null 2>&1; do
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.1
+        i=$((i + 1))
+    done
+}
+# Attaches file $2 at 1 MB/s as run $1 (`stack`, `md`, `striped`), reads it for 4 s with the
+# paced reader (TCG decrypts slowly, and the main run took the long read) and lists the
+# streams; leaves it attached, its id in $id.
+read_attached() {
+    id=$(abissctl --socket $socket attach "$2" --rate 1MB/s 2>/tmp/$1-attach.err)
+    say $1-attach $? "$id"
+    block $1-attach-stderr /tmp/$1-attach.err
+    abiss-test-reader "$2" 1000000 65536 577536 4 >/tmp/$1-reader.json 2>/tmp/$1-reader.err
+    say $1-reader-exit $?
+    block $1-reader /tmp/$1-reader.json
+    block $1-reader-stderr /tmp/$1-reader.err
+    abissctl --socket $socket list --json >/tmp/$1-list.json
+    block $1-list-json /tmp/$1-list.json
+}
+# A recording of file $2 as run $1, which must be refused: its exit code and sentence.
+refused_recording() {
+    abissctl --socket $socket attach "$2" --rate 1MB/s --write >/dev/null 2>/tmp/$1-write.err
+    say $1-write-attach $?
+    block $1-write-stderr /tmp/$1-write.err
+}
 say bpf-before "$(programs)"
 # `cargo xtask kernels --stacks-under-load`: the stacks on slow disks, and nothing else.
 if [ "${abiss_load:-0}" = 1 ]; then . /load.sh; finish; fi
@@ -159,12 +188,7 @@ say stack-bpf-before "$(programs)"
 RUST_LOG="${abiss_log:-info}" abissd --socket $socket --state-dir $dir/state --model-dir $dir/models \
     --device "$lv" --device md0 --device "$striped" --capacity 30MB/s >/tmp/stack-abissd.log 2>&1 &
 pid=$!
-i=0
-while [ $i -lt 1200 ] && ! abissctl --socket $socket status >/dev/null 2>&1; do
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.1
-    i=$((i + 1))
-done
+await_abissd
 abissctl --socket $socket doctor /mnt/stack/stream.bin >/tmp/stack-doctor.txt 2>&1
 block stack-doctor /tmp/stack-doctor.txt
 abissctl --socket $socket doctor /mnt/md/stream.bin >/tmp/md-doctor.txt 2>&1
@@ -174,50 +198,21 @@ block striped-doctor /tmp/striped-doctor.txt
 abissctl --socket $socket trace --events --json >/tmp/stack-events.json 2>/dev/null &
 tracer=$!
 sleep 1
-abissctl --socket $socket attach /mnt/stack/stream.bin --rate 1MB/s --write >/dev/null 2>/tmp/stack-write.err
-say stack-write-attach $?
-block stack-write-stderr /tmp/stack-write.err
-id=$(abissctl --socket $socket attach /mnt/stack/stream.bin --rate 1MB/s 2>/tmp/stack-attach.err)
-say stack-attach $? "$id"
-block stack-attach-stderr /tmp/stack-attach.err
-# A few seconds: TCG encrypts and decrypts slowly, and the main run above took the long read.
-abiss-test-reader /mnt/stack/stream.bin 1000000 65536 577536 4 >/tmp/stack-reader.json 2>/tmp/stack-reader.err
-say stack-reader-exit $?
-block stack-reader /tmp/stack-reader.json
-block stack-reader-stderr /tmp/stack-reader.err
-abissctl --socket $socket list --json >/tmp/stack-list.json
-block stack-list-json /tmp/stack-list.json
+refused_recording stack /mnt/stack/stream.bin
+read_attached stack /mnt/stack/stream.bin
 abissctl --socket $socket detach "$id" >/dev/null 2>&1
 say stack-detach $?
-abissctl --socket $socket attach /mnt/md/stream.bin --rate 1MB/s --write >/dev/null 2>/tmp/md-write.err
-say md-write-attach $?
-block md-write-stderr /tmp/md-write.err
-md_id=$(abissctl --socket $socket attach /mnt/md/stream.bin --rate 1MB/s 2>/tmp/md-attach.err)
-say md-attach $? "$md_id"
-block md-attach-stderr /tmp/md-attach.err
-abiss-test-reader /mnt/md/stream.bin 1000000 65536 577536 4 >/tmp/md-reader.json 2>/tmp/md-reader.err
-say md-reader-exit $?
-block md-reader /tmp/md-reader.json
-block md-reader-stderr /tmp/md-reader.err
-abissctl --socket $socket list --json >/tmp/md-list.json
-block md-list-json /tmp/md-list.json
+refused_recording md /mnt/md/stream.bin
+read_attached md /mnt/md/stream.bin
 abissctl --socket $socket status --json >/tmp/md-status.json 2>&1
 block md-status /tmp/md-status.json
 # A plan for md0 answers for its members, each charged the stream attached now.
 abissctl --socket $socket admit --device md0 --rate 1MB/s --json >/tmp/md-admit.json 2>&1
 block md-admit /tmp/md-admit.json
-abissctl --socket $socket detach "$md_id" >/dev/null 2>&1
+abissctl --socket $socket detach "$id" >/dev/null 2>&1
 say md-detach $?
-striped_id=$(abissctl --socket $socket attach /mnt/striped/stream.bin --rate 1MB/s 2>/tmp/striped-attach.err)
-say striped-attach $? "$striped_id"
-block striped-attach-stderr /tmp/striped-attach.err
-abiss-test-reader /mnt/striped/stream.bin 1000000 65536 577536 4 >/tmp/striped-reader.json 2>/tmp/striped-reader.err
-say striped-reader-exit $?
-block striped-reader /tmp/striped-reader.json
-block striped-reader-stderr /tmp/striped-reader.err
-abissctl --socket $socket list --json >/tmp/striped-list.json
-block striped-list-json /tmp/striped-list.json
-abissctl --socket $socket detach "$striped_id" >/dev/null 2>&1
+read_attached striped /mnt/striped/stream.bin
+abissctl --socket $socket detach "$id" >/dev/null 2>&1
 say striped-detach $?
 sleep 1
 kill $tracer

@@ -51,10 +51,11 @@ stack_up() {
 stack_down() {
     killall dd 2>/dev/null
     sleep 1
+    sync
     umount /mnt/s 2>/dev/null
-    dmsetup remove abiss-vg-lv 2>/dev/null
-    dmsetup remove abiss-vg-striped 2>/dev/null
-    dmsetup remove abiss-crypt 2>/dev/null
+    for name in abiss-vg-lv abiss-vg-striped abiss-crypt; do
+        [ -e /dev/mapper/$name ] && dmsetup remove --retry $name 2>>/tmp/stack-down.err
+    done
     mdadm --stop /dev/md0 >/dev/null 2>&1
     mdadm --zero-superblock /dev/vda /dev/vdb >/dev/null 2>&1
     # No stack finds the one before it on the disks.
@@ -95,12 +96,7 @@ for stack in luks luks-inline lvm-on-luks md-raid1 lvm-striped; do
     RUST_LOG=warn abissd --socket $socket --state-dir $dir/state --model-dir $dir/models \
         --device "$managed" --capacity 10MB/s >/tmp/$stack-abissd.log 2>&1 &
     pid=$!
-    i=0
-    while [ $i -lt 1200 ] && ! abissctl --socket $socket status >/dev/null 2>&1; do
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.1
-        i=$((i + 1))
-    done
+    await_abissd
     say $stack-abissd-pid $pid
     abissctl --socket $socket trace --events --json >/tmp/$stack-events.json 2>/dev/null &
     tracer=$!

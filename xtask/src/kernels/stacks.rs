@@ -63,16 +63,14 @@ pub(super) fn judge_stacks(
             && doctor.contains(&format!("abiss can serve it from {}", fields[0])),
         doctor_lines(doctor),
     );
-    let write = serial.block("stack-write-stderr");
-    check(
+    judge_refused_recording(
+        serial,
+        (
+            "stack",
+            "a recording through dm-crypt is refused with one sentence naming it",
+        ),
+        "dm-crypt 'abiss-crypt' writes",
         checks,
-        "a recording through dm-crypt is refused with one sentence naming it",
-        serial
-            .number("stack-write-attach")
-            .is_some_and(|code| code != 0)
-            && write.contains("dm-crypt 'abiss-crypt' writes")
-            && write.trim().lines().count() == 1,
-        first_lines(write, 2),
     );
     let attach = serial.block("stack-attach-stderr");
     check(
@@ -300,16 +298,14 @@ fn judge_spread(
             under_md.len() == 2,
             format!("managed disks under md0: {under_md:?}"),
         );
-        let refusal = serial.block("md-write-stderr");
-        check(
+        judge_refused_recording(
+            serial,
+            (
+                "md",
+                "md raid1: a recording is refused with one sentence naming md",
+            ),
+            "recordings through md raid1 are not served",
             checks,
-            "md raid1: a recording is refused with one sentence naming md",
-            serial
-                .number("md-write-attach")
-                .is_some_and(|code| code != 0)
-                && refusal.contains("recordings through md raid1 are not served")
-                && refusal.trim().lines().count() == 1,
-            first_lines(refusal, 2),
         );
     }
     let doctor = serial.block(&format!("{run}-doctor"));
@@ -374,6 +370,27 @@ fn by_task_and_priority<'a>(events: impl Iterator<Item = &'a Value>) -> BTreeMap
         .or_default() += 1;
         by
     })
+}
+
+/// The recording run `run` tried (`init.sh`'s `refused_recording`) was refused with one
+/// sentence that says `needle`; the check is named `name`.
+fn judge_refused_recording(
+    serial: &Serial,
+    (run, name): (&str, &str),
+    needle: &str,
+    checks: &mut Vec<Check>,
+) {
+    let refusal = serial.block(&format!("{run}-write-stderr"));
+    check(
+        checks,
+        name,
+        serial
+            .number(&format!("{run}-write-attach"))
+            .is_some_and(|code| code != 0)
+            && refusal.contains(needle)
+            && refusal.trim().lines().count() == 1,
+        first_lines(refusal, 2),
+    );
 }
 
 /// The page-cache misses of each stream of an `abissctl list --json`.
