@@ -38,8 +38,10 @@ pub struct Args {
     /// that models survive a reboot.
     #[arg(long, default_value = abiss_model::DEFAULT_MODEL_DIR)]
     pub(crate) model_dir: PathBuf,
-    /// A disk to manage (NAME, /dev/NAME or MAJOR:MINOR; a partition means its disk). Streams
-    /// can only be attached to files on managed disks. Repeat for more disks.
+    /// A disk to manage (NAME, /dev/NAME or MAJOR:MINOR; a partition means its disk, a
+    /// device-mapper or md device the disks beneath, a directory every disk under the file
+    /// system mounted there, such as all of a btrfs's). Streams can only be attached to files on
+    /// managed disks. Repeat for more disks.
     #[arg(long = "device", value_name = "DEV")]
     pub(crate) devices: Vec<String>,
     /// Elevator of managed disks: mq-deadline or bfq.

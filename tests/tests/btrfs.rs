@@ -11,8 +11,8 @@
 //! (the programs key files by the super block's device and the inode).
 //!
 //! A btrfs over two disks (data striped, metadata mirrored) is served from both: refused with one
-//! sentence while one of them is not managed, and admitted on both, each charged the stream's
-//! whole rate. Over two lab hdds under the copy loop, the paced reader misses nothing and
+//! sentence while one of them is not managed, and admitted on both (`--device` naming its mount
+//! manages both), each charged the stream's whole rate. Over two lab hdds under the copy loop, the paced reader misses nothing and
 //! abissd's loads reach both disks at the stream's level, tagged with it.
 
 use std::collections::BTreeMap;
@@ -421,13 +421,29 @@ fn a_btrfs_over_two_disks_is_served_from_both_and_each_is_charged_the_stream() {
         );
         assert!(daemon.streams().is_empty(), "nothing attached");
     }
-    // Both managed, 8 MB/s of each for real-time streams: served from both, and each disk
-    // carries the stream's whole rate (either may hold any extent of it).
+    {
+        // A directory on no disk is refused at start with one sentence, and nothing is taken.
+        let output = std::process::Command::new(abiss_tests::binary("abissd"))
+            .args([
+                "--device",
+                "/dev/shm",
+                "--socket",
+                "/tmp/abiss-btrfs-refused.sock",
+            ])
+            .output()
+            .expect("run abissd");
+        assert_fails(
+            &output,
+            16,
+            "/dev/shm is a directory whose file system is on no disk",
+        );
+    }
+    // Both managed, named by the file system's mount (every device of the btrfs), 8 MB/s of
+    // each for real-time streams: served from both, and each disk carries the stream's whole
+    // rate (either may hold any extent of it).
     let daemon = Daemon::start_with(&[
         "--device",
-        devices[0].path().to_str().unwrap(),
-        "--device",
-        devices[1].path().to_str().unwrap(),
+        btrfs.mount.path().to_str().unwrap(),
         "--capacity",
         "10MB/s",
     ]);

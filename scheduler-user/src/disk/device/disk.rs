@@ -65,9 +65,45 @@ pub fn resolve_disk(spec: &str) -> Result<Disk, DeviceError> {
 /// The whole disks under a device as users type it (any name [`resolve_disk`] takes): the
 /// disk itself, a partition's disk, or the disks at the bottom of a device-mapper or md
 /// device's stack (read by [`abiss_kernel::storage`]), each of which has a queue abissd can
-/// manage. What `--device` means.
+/// manage; or, for a directory, every disk under the file system mounted there (all of a
+/// btrfs's devices). What `--device` means. Run at start, by the administrator's words, never
+/// for a client.
 pub(crate) fn resolve_disks(spec: &str) -> Result<Vec<Disk>, DeviceError> {
+    if Path::new(spec).is_dir() {
+        return disks_under_directory(Path::new(SYSFS), spec);
+    }
     resolve_disks_in(Path::new(SYSFS), spec)
+}
+
+/// The disks under the file system that holds directory `spec`.
+fn disks_under_directory(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceError> {
+    let not_on_disks = || DeviceError::NoDisksUnder {
+        path: spec.to_owned(),
+    };
+    let dev = std::fs::metadata(spec).map_err(|_| not_on_disks())?.dev();
+    let device = DeviceNumber {
+        major: libc::major(dev),
+        minor: libc::minor(dev),
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")
+        .map(|text| abiss_kernel::storage::parse_mountinfo(&text))
+        .unwrap_or_default();
+    let mount = abiss_kernel::storage::mount_of(&mounts, Path::new(spec), device);
+    let mut disks: Vec<Disk> = Vec::new();
+    for stack in abiss_kernel::storage::file_system_stacks(sys, mount, device) {
+        for layer in stack.physical() {
+            if !disks.iter().any(|d| d.number == layer.device) {
+                disks.push(Disk {
+                    name: layer.name.clone(),
+                    number: layer.device,
+                });
+            }
+        }
+    }
+    if disks.is_empty() {
+        return Err(not_on_disks());
+    }
+    Ok(disks)
 }
 
 fn resolve_disks_in(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceError> {

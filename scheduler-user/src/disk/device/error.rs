@@ -43,6 +43,12 @@ pub enum DeviceError {
         /// The device as the user gave it.
         spec: String,
     },
+    /// A directory named as a device whose file system is on no disk.
+    #[error("{path} is a directory whose file system is on no disk sysfs shows (tmpfs, NFS, FUSE, overlayfs); name a disk, or a directory of a file system on disks")]
+    NoDisksUnder {
+        /// The directory as the user gave it.
+        path: String,
+    },
     /// The disk is bio-based: it has no request queue, hence no elevator to select.
     #[error("{name} has no I/O scheduler (it is bio-based, like zram, md or most device-mapper targets); manage the disks beneath it instead")]
     NoElevatorQueue {
