@@ -107,6 +107,13 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
     for disk in &physical {
         findings.push(managed_finding(disk, devices, daemon.is_some()));
     }
+    // The device mapper's tables say more (dm-crypt's workqueues, LVM's raid5), but only to
+    // root: as another user this says nothing, as abissd will at attach.
+    let tables = abiss_kernel::device_mapper::findings(&stacks);
+    let path_text = examined.path.display().to_string();
+    for warning in &tables.warnings {
+        findings.push(Finding::info("warning", format!("{path_text} {warning}")));
+    }
     // abissd serves a file from the disks under its file system (a partition's disk, every
     // device of a btrfs, the members of a raid1), as `storage::serving_disks` finds them for
     // abissd too.
@@ -117,7 +124,10 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
         .iter()
         .map(|disk| (disk, devices.iter().find(|d| d.device == disk.device)))
         .collect();
-    let why_not = why_not(&examined, &serving_disks, &serving, daemon.is_some());
+    let why_not = tables
+        .refusal
+        .map(|refusal| format!("{path_text} {refusal}"))
+        .or_else(|| why_not(&examined, &serving_disks, &serving, daemon.is_some()));
     findings.push(match &why_not {
         None => {
             let names: Vec<&str> = serving.iter().map(|(d, _)| d.name.as_str()).collect();

@@ -57,10 +57,11 @@ pub(super) fn judge_stacks(
     let doctor = serial.block("stack-doctor");
     check(
         checks,
-        "`abissctl doctor` shows the stack, served from the loop device",
+        "`abissctl doctor` shows the stack, served from the loop device, and (as root) dm-crypt's workqueues",
         doctor.contains("LVM 'abiss-vg-lv'")
             && doctor.contains("dm-crypt 'abiss-crypt'")
-            && doctor.contains(&format!("abiss can serve it from {}", fields[0])),
+            && doctor.contains(&format!("abiss can serve it from {}", fields[0]))
+            && doctor.contains("decrypts reads in its kcryptd workers"),
         doctor_lines(doctor),
     );
     judge_refused_recording(
@@ -420,7 +421,11 @@ fn device_text(event: &Value) -> String {
 fn doctor_lines(doctor: &str) -> String {
     doctor
         .lines()
-        .filter(|l| l.starts_with("stack") || l.starts_with("served") || l.starts_with("disk"))
+        .filter(|l| {
+            ["stack", "served", "disk", "warning"]
+                .iter()
+                .any(|topic| l.starts_with(topic))
+        })
         .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect::<Vec<_>>()
         .join(" / ")
