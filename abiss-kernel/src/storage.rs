@@ -482,7 +482,19 @@ pub fn serving_disks(
     mount: Option<&Mount>,
     device: DeviceNumber,
 ) -> Result<Vec<Layer>, Unservable> {
-    let stacks = file_system_stacks(sys, mount, device);
+    serving_disks_of(&file_system_stacks(sys, mount, device), mount, device)
+}
+
+/// [`serving_disks`] of `stacks`, the [`file_system_stacks`] of `mount` and `device` already
+/// read (by a caller that reads their device mapper's tables too).
+///
+/// # Errors
+/// Why no disk can serve it.
+pub fn serving_disks_of(
+    stacks: &[Layer],
+    mount: Option<&Mount>,
+    device: DeviceNumber,
+) -> Result<Vec<Layer>, Unservable> {
     if stacks.is_empty() {
         return Err(match mount {
             Some(mount) if device.major == 0 && mount.fs_type != "btrfs" => {
@@ -495,7 +507,7 @@ pub fn serving_disks(
         });
     }
     let mut disks: Vec<Layer> = Vec::new();
-    for stack in &stacks {
+    for stack in stacks {
         if let Some(layer) = stack.unserved_layer() {
             return Err(Unservable::Layer {
                 stack: Box::new(stack.clone()),

@@ -117,7 +117,7 @@ pub(super) fn report(examined: Examined, daemon: Option<&StatusReport>) -> PathR
     // abissd serves a file from the disks under its file system (a partition's disk, every
     // device of a btrfs, the members of a raid1), as `storage::serving_disks` finds them for
     // abissd too.
-    let serving_disks = storage::serving_disks(sys, mount.as_ref(), examined.device);
+    let serving_disks = storage::serving_disks_of(&stacks, mount.as_ref(), examined.device);
     let serving: Vec<(&Layer, Option<&DeviceStatus>)> = serving_disks
         .as_deref()
         .unwrap_or_default()

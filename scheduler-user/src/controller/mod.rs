@@ -197,7 +197,7 @@ impl Controller {
             .attach_file(key, kernel_entry(tag, &sharing))
             .map_err(|error| internal(&error))?;
         if let Some(bytes) = for_capacity {
-            self.grow_for_capacity(peer_uid, &stream.disks.clone(), bytes, now);
+            self.grow_for_capacity(peer_uid, &stream.disks, bytes, now);
         }
         Self::execute(&mut self.prefetch, &stream, actions);
         self.record_new(&mut stream, now);

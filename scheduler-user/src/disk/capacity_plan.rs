@@ -44,15 +44,7 @@ impl Disks {
             .filter(|below| !below.is_empty())
             .map_or_else(
                 || vec![named.clone()],
-                |below| {
-                    below
-                        .into_iter()
-                        .map(|layer| Disk {
-                            name: layer.name,
-                            number: layer.device,
-                        })
-                        .collect()
-                },
+                |below| below.iter().map(Disk::from).collect(),
             );
         let mut fullest: Option<AdmissionReport> = None;
         for disk in &disks {

@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use abiss_kernel::storage::{self, Mount};
+use abiss_kernel::storage::{self, Layer, Mount};
 use abiss_proto::{DeviceNumber, Refusal};
 
 use super::device::{Disk, SYSFS};
@@ -61,9 +61,10 @@ pub(crate) fn disk_of_file(
         .map(|text| storage::parse_mountinfo(&text))
         .unwrap_or_default();
     let mount = mount_id.and_then(|id| storage::mount_by_id(&mounts, id));
-    let mut found = disk_in(Path::new(SYSFS), mount, file_device, path, write)?;
-    // The device mapper's tables: root's ioctls on /dev/mapper/control, never the file's.
+    // One read of the stacks, for the disks and for the device mapper's tables (root's ioctls
+    // on /dev/mapper/control, never the file's).
     let stacks = storage::file_system_stacks(Path::new(SYSFS), mount, file_device);
+    let mut found = disk_in(&stacks, mount, file_device, path, write)?;
     let tables = abiss_kernel::device_mapper::findings(&stacks);
     if let Some(refusal) = tables.refusal {
         return Err(Refusal::UnknownDevice(format!("{path} {refusal}")));
@@ -76,29 +77,23 @@ pub(crate) fn disk_of_file(
     Ok(found)
 }
 
+/// The disks serving a file of the file system on `stacks` (its [`storage::file_system_stacks`]).
 fn disk_in(
-    sys: &Path,
+    stacks: &[Layer],
     mount: Option<&Mount>,
     file_device: DeviceNumber,
     path: &str,
     write: bool,
 ) -> Result<FileDisk, Refusal> {
     let refused = |reason: String| Refusal::UnknownDevice(format!("{path} {reason}"));
-    let found =
-        storage::serving_disks(sys, mount, file_device).map_err(|why| refused(why.reason()))?;
+    let found = storage::serving_disks_of(stacks, mount, file_device)
+        .map_err(|why| refused(why.reason()))?;
     if write {
-        let stacks = storage::file_system_stacks(sys, mount, file_device);
         if let Some(reason) = stacks.iter().find_map(storage::recording_reason) {
             return Err(refused(reason));
         }
     }
-    let mut disks: Vec<Disk> = found
-        .iter()
-        .map(|disk| Disk {
-            name: disk.name.clone(),
-            number: disk.device,
-        })
-        .collect();
+    let mut disks: Vec<Disk> = found.iter().map(Disk::from).collect();
     disks.sort_by_key(|disk| disk.number);
     Ok(FileDisk {
         disks,
@@ -134,12 +129,26 @@ mod tests {
             fs_type: "btrfs".to_owned(),
             source: "/dev/loop3".to_owned(),
         };
-        let found = disk_in(&sys, Some(&mount), number("0:46"), "/mnt/sub/f", false).unwrap();
+        let found = disk_in(
+            &storage::file_system_stacks(&sys, Some(&mount), number("0:46")),
+            Some(&mount),
+            number("0:46"),
+            "/mnt/sub/f",
+            false,
+        )
+        .unwrap();
         assert_eq!(found.disks[0].name, "loop3");
         assert_eq!(found.numbers(), [number("7:3")]);
         assert_eq!(found.kernel_device, number("0:45"));
         // Without its mount, nothing tells which btrfs an anonymous number belongs to.
-        let refusal = disk_in(&sys, None, number("0:46"), "/mnt/sub/f", false).unwrap_err();
+        let refusal = disk_in(
+            &storage::file_system_stacks(&sys, None, number("0:46")),
+            None,
+            number("0:46"),
+            "/mnt/sub/f",
+            false,
+        )
+        .unwrap_err();
         assert!(
             refusal.to_string().contains("/mnt/sub/f is on device 0:46"),
             "{refusal}"
@@ -163,10 +172,24 @@ mod tests {
         std::os::unix::fs::symlink(&loop3, dm.join("slaves/loop3")).unwrap();
         std::fs::create_dir_all(sys.join("dev/block")).unwrap();
         std::os::unix::fs::symlink(&dm, sys.join("dev/block/253:0")).unwrap();
-        let found = disk_in(&sys, None, number("253:0"), "/m/f", false).unwrap();
+        let found = disk_in(
+            &storage::file_system_stacks(&sys, None, number("253:0")),
+            None,
+            number("253:0"),
+            "/m/f",
+            false,
+        )
+        .unwrap();
         assert_eq!(found.numbers(), [number("7:3")]);
         assert_eq!(found.kernel_device, number("253:0"));
-        let refusal = disk_in(&sys, None, number("253:0"), "/m/f", true).unwrap_err();
+        let refusal = disk_in(
+            &storage::file_system_stacks(&sys, None, number("253:0")),
+            None,
+            number("253:0"),
+            "/m/f",
+            true,
+        )
+        .unwrap_err();
         assert!(
             refusal
                 .to_string()

@@ -26,6 +26,16 @@ impl fmt::Display for Disk {
     }
 }
 
+impl From<&abiss_kernel::storage::Layer> for Disk {
+    /// The disk a stack reader found (its bottom layer).
+    fn from(layer: &abiss_kernel::storage::Layer) -> Self {
+        Self {
+            name: layer.name.clone(),
+            number: layer.device,
+        }
+    }
+}
+
 impl Disk {
     /// The largest read of page-cache pages the disk takes in one request now, in bytes: the
     /// smaller of `queue/max_sectors_kb` and `queue/max_segments` pages. Pages the page cache
@@ -93,10 +103,7 @@ fn disks_under_directory(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceErro
     for stack in abiss_kernel::storage::file_system_stacks(sys, mount, device) {
         for layer in stack.physical() {
             if !disks.iter().any(|d| d.number == layer.device) {
-                disks.push(Disk {
-                    name: layer.name.clone(),
-                    number: layer.device,
-                });
+                disks.push(Disk::from(layer));
             }
         }
     }
@@ -113,13 +120,7 @@ fn resolve_disks_in(sys: &Path, spec: &str) -> Result<Vec<Disk>, DeviceError> {
     if below.is_empty() {
         return Ok(vec![resolve_disk_in(sys, spec)?]);
     }
-    Ok(below
-        .into_iter()
-        .map(|layer| Disk {
-            name: layer.name,
-            number: layer.device,
-        })
-        .collect())
+    Ok(below.iter().map(Disk::from).collect())
 }
 
 /// Resolves a device a client named (in a capacity plan) without looking up any path: a
