@@ -1,4 +1,4 @@
-//! The monotonic clock.
+//! The monotonic clock, and how long the calling thread has waited for a CPU.
 
 use scheduler_common::MonotonicNs;
 
@@ -17,6 +17,18 @@ pub fn monotonic_ns() -> u64 {
 #[must_use]
 pub fn monotonic_now() -> MonotonicNs {
     MonotonicNs(monotonic_ns())
+}
+
+/// How long the calling thread has waited on a run queue so far, ns: the second figure of
+/// `/proc/thread-self/schedstat` (the kernel's `run_delay`). Read before and after a call, the
+/// difference is the part of the call's time the thread was runnable but not running, which
+/// is the machine's CPU load, not the call. 0 where the kernel does not say (no schedstats).
+#[must_use]
+pub fn thread_run_delay_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|text| text.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -465,7 +465,7 @@ fn markdown(
         secs = args.secs,
         warmup = args.warmup_secs,
         command = results.command,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue, "ext4"),
         machine_line = report::machine_line(&results.machine),
         p = args.p_req * 100.0,
         det = predictions.n_max_deterministic,

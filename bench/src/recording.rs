@@ -206,6 +206,9 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     let rows = args
         .rows
         .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
+    if let Some(dir) = &args.traces_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     let media_secs = u32::try_from(args.secs)? + 30;
     let mut bench = Bench::up(media_secs.max(90), args.read_ahead_kb, args.load)?;
     eprintln!("recording: what timing write(2) costs");

@@ -243,7 +243,7 @@ fn markdown(
         warmup = args.warmup_secs,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
         command = results.command,
-        disk_line = report::disk_line(queue).replace(", ext4.", &format!(", {}.", args.fs.name())),
+        disk_line = report::disk_line(queue, args.fs.name()),
         machine_line = report::machine_line(&results.machine),
     );
     for Row {
@@ -275,9 +275,39 @@ fn markdown(
          thread with ioprio_set; `default` leaves best effort. Latency chart: {}.svg.\n",
         args.results_name()
     );
+    tail_table(&mut text, rows);
     daemon_table(&mut text, rows);
     seek_table(&mut text, rows, args.seek_every);
     text
+}
+
+/// The readers' reads over 0.5 ms, and how much of each was waiting for a CPU.
+fn tail_table(text: &mut String, rows: &[TrialRow]) {
+    text.push_str(
+        "
+The tail: the readers' reads over 0.5 ms; those that spent more than half of their time \
+         runnable but not running (the kernel's run-queue delay, `/proc/thread-self/schedstat`, \
+         read around each read), which is the machine's CPU load rather than the disk or the \
+         page cache; and the slowest five, each as read ms (of which waiting for a CPU):\n\n\
+         | configuration | reads over 0.5 ms | mostly waiting for a CPU | slowest five, ms (CPU wait) |\n\
+         | --- | ---: | ---: | --- |\n",
+    );
+    for row in rows {
+        let tail = &row.figures.tail;
+        let slowest: Vec<String> = tail
+            .slowest_ms
+            .iter()
+            .map(|(read, wait)| format!("{} ({})", report::ms(*read), report::ms(*wait)))
+            .collect();
+        let _ = writeln!(
+            text,
+            "| {} | {} | {} | {} |",
+            row.configuration.name,
+            tail.reads,
+            tail.mostly_cpu_wait,
+            slowest.join(", "),
+        );
+    }
 }
 
 /// What abissd counted in the ABISS rows.

@@ -186,14 +186,15 @@ pub fn ms(value: f64) -> String {
     }
 }
 
-/// A Markdown sentence describing the lab disk's queue.
+/// A Markdown sentence describing the lab disk's queue, with `file_system` on it.
 #[must_use]
-pub fn disk_line(queue: &crate::lab_disk::QueueSettings) -> String {
+pub fn disk_line(queue: &crate::lab_disk::QueueSettings, file_system: &str) -> String {
+    let at_once = queue.dispatch_depth.map_or_else(
+        || "the driver's depth unread (debugfs is not mounted)".to_owned(),
+        |depth| format!("{depth} requests at once"),
+    );
     format!(
-        "Disk: lab hdd (5400 rpm laptop model), {} requests at once, readahead {} KiB, ext4.",
-        queue
-            .dispatch_depth
-            .map_or_else(|| "?".to_owned(), |d| d.to_string()),
+        "Disk: lab hdd (5400 rpm laptop model), {at_once}, readahead {} KiB, {file_system}.",
         queue.read_ahead_kb
     )
 }

@@ -289,7 +289,7 @@ fn markdown(
         after = args.steps_after_miss,
         slack = STREAM.slack().as_secs_f64() * 1000.0,
         command = results.command,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue, "ext4"),
         machine_line = report::machine_line(&results.machine),
     );
     for Row {

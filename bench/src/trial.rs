@@ -15,7 +15,7 @@ use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
 use crate::layout::{cached_pages, drop_cached_pages, BenchFiles};
 use crate::schedule::{DeadlineTally, StreamSpec};
 use crate::throughput::{mb_per_s, DeviceActivity};
-use crate::workload::{run_reader, CopyLoop, ReaderOutcome, ReaderPlan};
+use crate::workload::{run_reader, CopyLoop, ReaderOutcome, ReaderPlan, TailRead};
 
 /// How to run.
 #[derive(Debug)]
@@ -73,6 +73,43 @@ pub struct TrialFigures {
     /// Seeks of the readers (`--seek-every`), with how long each took to recover.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seeks: Option<SeekRow>,
+    /// The reads over [`crate::workload::TAIL_READ`], and how much of them was waiting for a CPU.
+    pub tail: TailRow,
+}
+
+/// The readers' reads over [`crate::workload::TAIL_READ`] (0.5 ms), all readers together: how many, how many
+/// spent more than half of their time waiting for a CPU, and the slowest five.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TailRow {
+    /// Reads over 0.5 ms.
+    pub reads: usize,
+    /// Of those, the ones that waited for a CPU for more than half of their time.
+    pub mostly_cpu_wait: usize,
+    /// The slowest five: (read ms, of which waiting for a CPU ms), slowest first.
+    pub slowest_ms: Vec<(f64, f64)>,
+}
+
+impl TailRow {
+    fn from_outcomes(outcomes: &[ReaderOutcome]) -> Self {
+        let mut reads: Vec<TailRead> = outcomes
+            .iter()
+            .flat_map(|o| o.tail_reads.iter().copied())
+            .collect();
+        reads.sort_unstable_by_key(|read| std::cmp::Reverse(read.latency));
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        Self {
+            reads: reads.len(),
+            mostly_cpu_wait: reads
+                .iter()
+                .filter(|read| read.cpu_wait * 2 > read.latency)
+                .count(),
+            slowest_ms: reads
+                .iter()
+                .take(5)
+                .map(|read| (ms(read.latency), ms(read.cpu_wait)))
+                .collect(),
+        }
+    }
 }
 
 /// The readers' seeks: how many, and how long after each the reader still waited for the disk
@@ -260,6 +297,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         wall_s: begun.elapsed().as_secs_f64(),
         daemon,
         seeks: plan.seek_every.map(|_| SeekRow::from_outcomes(&outcomes)),
+        tail: TailRow::from_outcomes(&outcomes),
     })
 }
 

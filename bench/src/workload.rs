@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use abiss_os::clock::thread_run_delay_ns;
 use anyhow::{anyhow, Context as _};
 use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
 
@@ -57,7 +58,23 @@ pub struct ReaderOutcome {
     pub misses_after_seeks: u64,
     /// When each read over [`SLOW_READ`] after a seek completed, counted from its seek.
     pub slow_after_seek: Vec<Duration>,
+    /// Each read over [`TAIL_READ`]: how long it took, and how much of that the thread waited
+    /// for a CPU (the kernel's run-queue delay): the tail that is the machine's CPU load.
+    pub tail_reads: Vec<TailRead>,
 }
+
+/// A read over [`TAIL_READ`], and the part of it spent waiting for a CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TailRead {
+    /// read(2), issue to return.
+    pub latency: Duration,
+    /// Of that, runnable but not running.
+    pub cpu_wait: Duration,
+}
+
+/// Reads slower than this are kept with their CPU wait ([`ReaderOutcome::tail_reads`]): a
+/// read from the page cache takes tens of µs, so these are the tail of the abiss rows.
+pub const TAIL_READ: Duration = Duration::from_micros(500);
 
 /// A read slower than this waited for the disk.
 pub const SLOW_READ: Duration = Duration::from_millis(1);
@@ -149,6 +166,7 @@ impl<'a> ScheduledReader<'a> {
                 recoveries: Vec::new(),
                 misses_after_seeks: 0,
                 slow_after_seek: Vec::new(),
+                tail_reads: Vec::new(),
             },
         })
     }
@@ -199,12 +217,19 @@ impl<'a> ScheduledReader<'a> {
         if let Some(wait) = (t0 + due).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+        let run_delay = thread_run_delay_ns();
         let issued = Instant::now();
         let len = read_full(&mut self.file, &mut self.buffer)
             .with_context(|| format!("reading {}", self.plan.path.display()))?;
         let completed = Instant::now();
         let outcome = &mut self.outcome;
         outcome.latency.record(completed - issued);
+        if completed - issued > TAIL_READ {
+            outcome.tail_reads.push(TailRead {
+                latency: completed - issued,
+                cpu_wait: Duration::from_nanos(thread_run_delay_ns().saturating_sub(run_delay)),
+            });
+        }
         let (origin_index, origin_due) = self.origin;
         let start = t0 + origin_due;
         let missed = outcome.tally.record(

@@ -40,7 +40,7 @@
 //! | a paced recorder against a best-effort writer on the lab hdd (ext4, xfs) | `tests/recording_deadlines.rs` |
 //! | btrfs: the guarantee on the lab hdd (plain and `compress=zstd`) and over two lab hdds, requests tagged at each disk; subvolumes; a btrfs over two disks served only with both managed, each charged the stream | `tests/btrfs.rs` |
 //! | the Rust client and the C example record; a recording watched while recorded | `tests/recording_clients.rs` |
-//! | recording past the page cache (`abissctl record`, C `ABISS_DIRECT`): ffmpeg under load on the lab hdd, exact and within 6 ms; abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
+//! | recording past the page cache (`abissctl record`, C `ABISS_DIRECT`): ffmpeg against ABISS's eight greedy streams on the lab hdd, exact, no overflow, every write at real time (its writes over 6 ms printed); abissd killed mid-recording; bad file systems | `tests/recording_direct.rs` |
 //! | a recorder's ring locked by abissd against the stream's budget, beyond the user's own `RLIMIT_MEMLOCK`, and let go at the end (as `nobody`) | `tests/recorder_ring.rs` |
 //! | a real player (`ffmpeg`) under `abissctl run --preroll` and a load | `tests/players.rs` |
 //! | [`write_cold_file`] on the lab hdd: written without the model's time, read under it | `tests/cold_files.rs` |

@@ -51,7 +51,7 @@ pub(super) fn markdown(
         p_req = args.p_req,
         from_memory = FROM_MEMORY_P99_MS,
         command = results.command,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue, "ext4"),
         machine_line = report::machine_line(&results.machine),
     );
     for sweep in &sweeps {

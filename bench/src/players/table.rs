@@ -121,7 +121,7 @@ pub fn markdown(
         spacing = super::ARRIVAL_SPACING_S,
         rate = args.rate,
         tol = super::stall::FREEZE_TOLERANCE * 1000.0,
-        disk_line = report::disk_line(queue),
+        disk_line = report::disk_line(queue, "ext4"),
         machine_line = report::machine_line(machine),
     );
     baselines_table(&mut text, baselines);

@@ -1,6 +1,8 @@
 //! What abissd counts while the players play: its stream list is polled (a stream ends with
-//! its player, and its figures with it) and, before the players are stopped, the latency
-//! histograms of the streams' requests are taken.
+//! its player, and its figures with it), and so are the latency histograms of the streams'
+//! requests, every second (a stream that ended keeps the last it showed: a recorder that stops
+//! by itself before the players showed none at the end), and once more before the players
+//! are stopped.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,14 +12,25 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use abiss_client::Client;
-use abiss_proto::{Log2Histogram, StreamId, StreamInfo};
+use abiss_proto::{LatencyGroup, Log2Histogram, StreamId, StreamInfo};
 use serde::Serialize;
+
+/// The streams as abissd last showed them, and their requests' latency groups.
+#[derive(Debug, Default)]
+struct Seen {
+    streams: BTreeMap<StreamId, StreamInfo>,
+    groups: BTreeMap<StreamId, Vec<LatencyGroup>>,
+}
+
+/// With [`StreamWatch::start_polling_latency`], the latency groups are polled every this many
+/// polls of the streams (each 250 ms).
+const LATENCY_EVERY: u32 = 4;
 
 /// Polls abissd's streams until dropped or [`StreamWatch::finish`]ed.
 #[derive(Debug)]
 pub struct StreamWatch {
     socket: PathBuf,
-    seen: Arc<Mutex<BTreeMap<StreamId, StreamInfo>>>,
+    seen: Arc<Mutex<Seen>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -57,24 +70,46 @@ pub struct StreamFigures {
 }
 
 impl StreamWatch {
-    /// Starts polling the abissd at `socket` every 250 ms.
+    /// Starts polling the abissd at `socket`'s streams every 250 ms; their latency is taken
+    /// at [`StreamWatch::finish`] only (asking for it as root switches on abissd's tracing of
+    /// every disk, which a players' row does not otherwise have).
     #[must_use]
     pub fn start(socket: &Path) -> Self {
-        let seen = Arc::new(Mutex::new(BTreeMap::new()));
+        Self::spawn(socket, false)
+    }
+
+    /// [`StreamWatch::start`], and the latency every second as well, for a row whose streams
+    /// may end before the players (a recorder that stops by itself) and whose requests are
+    /// traced anyway.
+    #[must_use]
+    pub fn start_polling_latency(socket: &Path) -> Self {
+        Self::spawn(socket, true)
+    }
+
+    fn spawn(socket: &Path, latency: bool) -> Self {
+        let seen = Arc::new(Mutex::new(Seen::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let (socket, seen, stop) = (socket.to_path_buf(), seen.clone(), stop.clone());
             std::thread::spawn(move || {
                 let mut client = None;
+                let mut polls = 0_u32;
                 while !stop.load(Ordering::Relaxed) {
                     if client.is_none() {
                         client = Client::connect(&socket).ok();
                     }
-                    match client.as_mut().map(Client::list) {
-                        Some(Ok(streams)) => record(&seen, streams),
-                        Some(Err(_)) => client = None,
-                        None => {}
+                    if let Some(connected) = client.as_mut() {
+                        if poll(
+                            connected,
+                            &seen,
+                            latency && polls.is_multiple_of(LATENCY_EVERY),
+                        )
+                        .is_err()
+                        {
+                            client = None;
+                        }
                     }
+                    polls = polls.wrapping_add(1);
                     std::thread::sleep(Duration::from_millis(250));
                 }
             })
@@ -95,13 +130,12 @@ impl StreamWatch {
             let _ = thread.join();
         }
         let mut client = Client::connect(&self.socket)?;
-        record(&self.seen, client.list()?);
-        let (_, groups) = client.latency()?;
-        let seen = self.seen.lock().expect("streams").clone();
-        Ok(seen
+        poll(&mut client, &self.seen, true)?;
+        let Seen { streams, groups } = std::mem::take(&mut *self.seen.lock().expect("streams"));
+        Ok(streams
             .into_values()
             .map(|stream| {
-                let mine = groups.iter().filter(|g| g.stream == Some(stream.id));
+                let mine = groups.get(&stream.id).into_iter().flatten();
                 let (mut service, mut queue) = (empty(), empty());
                 let (mut requests, mut inversions) = (0, 0);
                 for group in mine {
@@ -150,11 +184,29 @@ fn us_to_ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
-fn record(seen: &Mutex<BTreeMap<StreamId, StreamInfo>>, streams: Vec<StreamInfo>) {
+/// Lists the streams, and with `latency` their latency groups, into `seen`.
+fn poll(client: &mut Client, seen: &Mutex<Seen>, latency: bool) -> anyhow::Result<()> {
+    let streams = client.list()?;
+    let groups = if latency {
+        Some(client.latency()?.1)
+    } else {
+        None
+    };
     let mut seen = seen.lock().expect("streams");
     for stream in streams {
-        seen.insert(stream.id, stream);
+        seen.streams.insert(stream.id, stream);
     }
+    if let Some(groups) = groups {
+        let mut by_stream: BTreeMap<StreamId, Vec<LatencyGroup>> = BTreeMap::new();
+        for group in groups {
+            if let Some(stream) = group.stream {
+                by_stream.entry(stream).or_default().push(group);
+            }
+        }
+        // A stream's groups hold all its requests so far: the latest replace the last.
+        seen.groups.extend(by_stream);
+    }
+    Ok(())
 }
 
 /// Appends to `text` the per-stream table of the rows that have streams: `intro` (the

@@ -293,6 +293,8 @@ pub struct RunningRecorder {
     stdout: Option<JoinHandle<String>>,
     stderr: Option<JoinHandle<String>>,
     record: Option<RunningRecord>,
+    /// The test recorder records through the library and times its writes itself.
+    through_library: bool,
 }
 
 /// What a recorder did.
@@ -329,9 +331,56 @@ pub struct RecorderResult {
     pub ended: String,
     /// What went wrong, if it recorded nothing.
     pub error: Option<String>,
+    /// The test recorder's file checked against what it wrote (every 8-byte word holds its
+    /// offset): `intact`, or where it is not; `None` for the other recorders.
+    pub content: Option<String>,
     /// The duration of each write, ms (for the row's figures over all recorders).
     #[serde(skip)]
     pub durations_ms: Vec<f64>,
+}
+
+impl RecorderResult {
+    /// The test recorder's file against its pattern (see [`RecorderResult::content`]): read
+    /// back once the row's load has stopped.
+    pub fn check_content(&mut self) {
+        if self.kind != RecorderKind::Test {
+            return;
+        }
+        self.content = Some(match first_wrong_byte(&self.file) {
+            Ok(None) => "intact".to_owned(),
+            Ok(Some(at)) => format!("byte {at} is not what was written there"),
+            Err(error) => format!("unreadable: {error}"),
+        });
+    }
+}
+
+/// The offset of the first byte of `file` that breaks the test recorder's pattern (each
+/// 8-byte word its own offset, little-endian), if any.
+fn first_wrong_byte(file: &Path) -> std::io::Result<Option<u64>> {
+    use std::io::Read as _;
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(file)?);
+    let mut chunk = vec![0_u8; 1 << 20];
+    let mut at = 0_u64;
+    loop {
+        // Whole chunks but at the end, so that each word is read whole.
+        let mut got = 0;
+        while got < chunk.len() {
+            match reader.read(&mut chunk[got..])? {
+                0 => break,
+                read => got += read,
+            }
+        }
+        if got == 0 {
+            return Ok(None);
+        }
+        for (index, byte) in chunk[..got].iter().enumerate() {
+            let offset = at + index as u64;
+            if *byte != (offset & !7).to_le_bytes()[usize::try_from(offset & 7).unwrap_or(0)] {
+                return Ok(Some(offset));
+            }
+        }
+        at += got as u64;
+    }
 }
 
 impl RunningRecorder {
@@ -346,7 +395,13 @@ impl RunningRecorder {
         bin_dir: &Path,
         secs: u64,
     ) -> anyhow::Result<Self> {
-        let record = sink.map(|sink| sink.start(file)).transpose()?;
+        // In a direct row the test recorder records through the library (what `abiss_fwrite`
+        // calls), the others into a FIFO that `abissctl record` reads.
+        let through_library = kind == RecorderKind::Test && sink.is_some();
+        let record = sink
+            .filter(|_| !through_library)
+            .map(|sink| sink.start(file))
+            .transpose()?;
         let target = record.as_ref().map_or(file, |record| record.fifo.as_path());
         // Plain, the recorder starts under env(1): it is the tracer's cgroup entry that follows.
         let mut command = wrapper.command(file).unwrap_or_else(|| Command::new("env"));
@@ -357,6 +412,12 @@ impl RunningRecorder {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        if let Some(sink) = sink.filter(|_| through_library) {
+            command
+                .arg("per-write")
+                .arg(format!("library={}:{}", sink.rate, sink.buffer))
+                .env("ABISS_SOCKET", &sink.socket);
+        }
         let mut child = command
             .spawn()
             .with_context(|| format!("cannot start the {} recorder", kind.name()))?;
@@ -371,6 +432,7 @@ impl RunningRecorder {
             stdout: Some(stdout),
             stderr: Some(stderr),
             record,
+            through_library,
         })
     }
 
@@ -438,13 +500,11 @@ impl RunningRecorder {
             .map(|record| record.finish(signalled))
             .transpose()?;
         let (trace, throttled, stop_ms) = self.tracer.finish(signalled_ns, keep_trace_as)?;
-        let recording = writes::recording_writes(&trace, stop_ms);
+        let (own_report, self_timed, library_record) = own_report(&stdout, self.through_library);
+        let recording = self_timed.unwrap_or_else(|| writes::recording_writes(&trace, stop_ms));
+        let record = record.or(library_record);
         let figures = writes::figures(&recording, buffer_ms);
         let throttle = throttle::figures(&throttled, &recording, GOAL_P999_MS);
-        let own_report = stdout
-            .lines()
-            .rev()
-            .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
         let error = (figures.writes == 0).then(|| {
             if stderr.is_empty() {
                 format!("no write traced ({ended})")
@@ -462,18 +522,23 @@ impl RunningRecorder {
                 .iter()
                 .filter(|w| Some(w.fd) == fd && w.start_ms <= stop_ms)
                 .count(),
-            traced_bytes: trace
-                .writes
-                .iter()
-                .filter(|w| Some(w.fd) == fd)
-                .map(|w| w.bytes)
-                .sum(),
+            traced_bytes: if self.through_library {
+                recording.iter().map(|w| w.bytes).sum()
+            } else {
+                trace
+                    .writes
+                    .iter()
+                    .filter(|w| Some(w.fd) == fd)
+                    .map(|w| w.bytes)
+                    .sum()
+            },
             untimed_writes: recording.iter().filter(|w| w.duration_ms.is_nan()).count(),
             figures,
             throttle,
             lost_events: trace.lost_events,
             own_report,
             record,
+            content: None,
             cpu_s,
             ended,
             error,
@@ -484,6 +549,37 @@ impl RunningRecorder {
                 .collect(),
         })
     }
+}
+
+/// The recorder's own summary (its last JSON line). Where it recorded through the library
+/// (`through_library`), also the writes it timed itself (then dropped from the summary) and
+/// the library's summary.
+fn own_report(
+    stdout: &str,
+    through_library: bool,
+) -> (
+    Option<serde_json::Value>,
+    Option<Vec<writes::TracedWrite>>,
+    Option<serde_json::Value>,
+) {
+    let Some(mut report) = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    else {
+        return (None, None, None);
+    };
+    if !through_library {
+        return (Some(report), None, None);
+    }
+    let timed = writes::self_timed(&report, TEST_WRITE_BYTES);
+    if let Some(fields) = report.as_object_mut() {
+        for key in ["start_us", "write_us", "cpu_wait_us"] {
+            fields.remove(key);
+        }
+    }
+    let record = report["record"].clone();
+    (Some(report), Some(timed), Some(record))
 }
 
 impl Drop for RunningRecorder {

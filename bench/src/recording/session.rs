@@ -272,20 +272,18 @@ impl Bench {
     ) -> anyhow::Result<RowResult> {
         interrupt::check()?;
         let row = plan.row;
-        if let Some(dir) = plan.traces_dir {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-        }
         let files = self.load.as_ref().context("nothing laid out")?;
         let bin_dir = self.bin_dir()?;
         self.disk.select_elevator(row.elevator)?;
         self.start_afresh(files)?;
         let (daemon, player_wrapper, recorder_wrapper) = self.wrappers(plan)?;
-        let watch = daemon.as_ref().map(|d| StreamWatch::start(d.socket()));
         let request_trace = daemon
             .as_ref()
             .map(|d| self.trace_requests(d, bin_dir, row.name))
             .transpose()?;
+        let watch = daemon
+            .as_ref()
+            .map(|d| StreamWatch::start_polling_latency(d.socket()));
         let runtime = plan.warmup + Duration::from_secs(plan.secs + 3);
         let load = load::start(&self.scratch, files, runtime)?;
         sleep_interruptibly(plan.warmup)?;
@@ -315,7 +313,7 @@ impl Bench {
         })?;
         #[expect(clippy::cast_precision_loss, reason = "ms of a capture buffer")]
         let capture_ms = plan.capture_ms as f64;
-        let recorders = recorders
+        let mut recorders = recorders
             .into_iter()
             .enumerate()
             .map(|(index, r)| {
@@ -327,6 +325,7 @@ impl Bench {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let cpu_after = cpu_times()?;
         let load = load.finish()?;
+        recorders.iter_mut().for_each(RecorderResult::check_content);
         let real_time_writes = request_trace
             .map(|(trace, file)| self.real_time_writes(trace, &file))
             .transpose()?;

@@ -117,13 +117,25 @@ fn baseline_startups(ffmpeg: Option<&Baseline>) -> String {
     )
 }
 
+/// What the direct rows run (issue 36).
+fn direct_rows(args: &RecordingArgs) -> String {
+    let (rate, ring) = (&args.recorder_rate, &args.record_buffer);
+    format!(
+        "**Direct rows** (issue 36): ffmpeg and gst write into a FIFO that `abissctl record FILE \
+         --rate {rate} --buffer {ring}` reads and writes past the page cache; the test recorder \
+         records through the library (`abiss-test-recorder … library={rate}:{ring}`: the Rust \
+         `DirectRecording` that the C library's `abiss_fwrite` calls under `ABISS_DIRECT`), each \
+         write a copy into the ring, which it times itself (no system call for perf to see)."
+    )
+}
+
 /// The report.
 #[must_use]
 pub fn markdown(context: &Context<'_>) -> String {
     let args = context.args;
     let ffmpeg = context.baselines.get("ffmpeg");
     let mut text = format!(
-        "### Real recorders next to real players under a best-effort writer, lab hdd (issue 10)\n\n\
+        "### Real recorders next to real players under a best-effort load, lab hdd (issues 10 and 36)\n\n\
          `{command}`: {secs} s per row, recorders and players launched together after {warmup} s \
          of load, from a cold page cache, on a fresh file system per file-system group. \
          **Recorders** ({recorders}), unmodified, each writing an 8 Mbit/s MPEG-TS at its \
@@ -138,23 +150,20 @@ pub fn markdown(context: &Context<'_>) -> String {
          previous values are put back at the end, also after an error or Ctrl-C). **abiss rows**: \
          abissd with its defaults; each recorder under `abissctl run --write --rate {rrate} \
          --buffer {rbuffer} FILE -- …`, each player under `abissctl run {pargs} FILE -- …`. \
-         bfq-rt: recorders and players under `ionice -c1 -n4`. {disk_line} {machine_line}\n\n",
+         {direct} bfq-rt: recorders and players under `ionice -c1 -n4`. {disk_line} {machine_line}\n\n",
         command = context.command,
         secs = args.secs,
         warmup = args.warmup_secs,
-        recorders = RECORDERS
-            .iter()
-            .map(|k| k.name())
-            .collect::<Vec<_>>()
-            .join(", "),
+        recorders = RECORDERS.map(RecorderKind::name).join(", "),
         players = super::PLAYERS,
         dirty = DIRTY_BYTES >> 20,
         background = DIRTY_BACKGROUND_BYTES >> 20,
         rrate = args.recorder_rate,
         rbuffer = args.recorder_buffer,
+        direct = direct_rows(args),
         pargs = super::session::player_args(&args.player_rate, &args.player_preroll).join(" "),
         load = args.load.describe(),
-        disk_line = disk_line(context.queue),
+        disk_line = report::disk_line(context.queue, "the file system per row"),
         machine_line = report::machine_line(context.machine),
     );
     let _ = write!(
@@ -200,17 +209,6 @@ pub fn markdown(context: &Context<'_>) -> String {
     watch::streams_table(&mut text, STREAMS_INTRO, &streams);
     errors(&mut text, context.results);
     text
-}
-
-fn disk_line(queue: &QueueSettings) -> String {
-    format!(
-        "Disk: lab hdd (5400 rpm laptop model), {} requests at once, readahead {} KiB; the file \
-         system per row.",
-        queue
-            .dispatch_depth
-            .map_or_else(|| "?".to_owned(), |d| d.to_string()),
-        queue.read_ahead_kb
-    )
 }
 
 fn tracer_cost_table(text: &mut String, costs: &[MethodCost]) {
@@ -382,11 +380,13 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
         "\nPer recorder (write times from `perf trace`; `untimed`: calls whose return perf's \
          report did not show, counted with their bytes but not timed; `blocked at stop`: calls \
          that had not returned when the recorder was told to stop, timed until then; `own`: the \
-         test recorder's own count and times, taken around its write(2) calls; `throttle \
+         test recorder's own count and times, taken around its write(2) calls (in a direct row, \
+         its library writes, which are also the row's write times), with the part of its \
+         slowest write it spent waiting for a CPU (the kernel's run-queue delay); `throttle \
          sleeps`: sleeps of its threads in the kernel's dirty-page throttle, `balance_dirty_pages` \
          (how many, at the hard limit, ms in all), and how many of its writes over the \
          {GOAL_P999_MS} ms goal held such a sleep):\n\n\
-         | row | recorder | writes | untimed | blocked at stop | rate MB/s | traced / file MB | write p50 ms | p99 ms | p99.9 ms | max ms | slow writes | overflows | worst lag ms | throttle sleeps (at limit) | slept ms | writes over goal, throttled | own overflows | own p99.9 ms | own max ms | lost events | CPU s | ended |\n\
+         | row | recorder | writes | untimed | blocked at stop | rate MB/s | traced / file MB | write p50 ms | p99 ms | p99.9 ms | max ms | slow writes | overflows | worst lag ms | throttle sleeps (at limit) | slept ms | writes over goal, throttled | own overflows | own p99.9 ms | own max ms (CPU wait) | lost events | CPU s | ended |\n\
          | --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n",
     );
     for result in results {
@@ -424,7 +424,10 @@ fn recorders_table(text: &mut String, results: &[RowResult]) {
                 recorder.throttle.slow_writes,
                 own("overflows"),
                 own("write_p999_ms"),
-                own("write_max_ms"),
+                match own("write_max_cpu_wait_ms").as_str() {
+                    "-" => own("write_max_ms"),
+                    wait => format!("{} ({wait})", own("write_max_ms")),
+                },
                 recorder.lost_events,
                 recorder.cpu_s,
                 recorder.ended,
@@ -442,20 +445,24 @@ fn record_table(text: &mut String, results: &[RowResult]) {
         return;
     }
     text.push_str(
-        "\nIn the direct rows, what each `abissctl record` reported (`--json`): the bytes it \
+        "\nIn the direct rows, what each `abissctl record` reported (`--json`; for the test \
+         recorder, the library's summary with the same keys): the bytes it \
          wrote, its ring's overflows (input that waited for room), its direct writes (pieces) \
-         and their times, submission to completion, and whether abissd raised its writer:\n\n\
-         | row | recorder | bytes | ring overflows | pieces | piece p99.9 ms | piece max ms | raised |\n\
-         | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n",
+         and their times, submission to completion, whether abissd raised its writer, and the \
+         test recorder's file read back once the load stopped (each 8-byte word must hold its \
+         own offset, as written):\n\n\
+         | row | recorder | bytes | ring overflows | pieces | piece p99.9 ms | piece max ms | raised | file as written |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |\n",
     );
     for result in direct {
         for recorder in &result.recorders {
             let Some(record) = &recorder.record else {
                 let _ = writeln!(
                     text,
-                    "| {} | {} | - | - | - | - | - | - |",
+                    "| {} | {} | - | - | - | - | - | - | {} |",
                     result.row.name,
-                    recorder.kind.name()
+                    recorder.kind.name(),
+                    recorder.content.as_deref().unwrap_or("-"),
                 );
                 continue;
             };
@@ -466,7 +473,7 @@ fn record_table(text: &mut String, results: &[RowResult]) {
             };
             let _ = writeln!(
                 text,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 result.row.name,
                 recorder.kind.name(),
                 record["bytes"],
@@ -475,6 +482,7 @@ fn record_table(text: &mut String, results: &[RowResult]) {
                 ms("piece_p999_ms"),
                 ms("piece_max_ms"),
                 record["raised"],
+                recorder.content.as_deref().unwrap_or("-"),
             );
         }
     }

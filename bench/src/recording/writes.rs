@@ -294,6 +294,35 @@ pub struct WriteFigures {
     pub worst_lag_ms: f64,
 }
 
+/// The writes a recorder timed itself (the test recorder through the library, whose writes are
+/// copies into a ring, no system call for perf to see), from its `per-write` summary: each
+/// write's start and duration, µs from its start, and `write_bytes` each; in order.
+#[must_use]
+pub fn self_timed(report: &serde_json::Value, write_bytes: u64) -> Vec<TracedWrite> {
+    let list = |key: &str| -> Vec<f64> {
+        report[key]
+            .as_array()
+            .map(|values| {
+                values
+                    .iter()
+                    .filter_map(serde_json::Value::as_f64)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    list("start_us")
+        .into_iter()
+        .zip(list("write_us"))
+        .map(|(start_us, write_us)| TracedWrite {
+            tid: 0,
+            fd: 0,
+            start_ms: start_us / 1000.0,
+            duration_ms: write_us / 1000.0,
+            bytes: write_bytes,
+        })
+        .collect()
+}
+
 /// `quantile` of `sorted` (ascending), 0 for none: the one sample quantile
 /// ([`abiss_lab::stats::quantile`]) as the reports give it.
 #[must_use]
