@@ -60,8 +60,8 @@ pub(crate) fn direct_alignment(file: &File) -> io::Result<Option<(u32, u32)>> {
     Ok(Some((stat.stx_dio_offset_align, stat.stx_dio_mem_align)))
 }
 
-/// What a finished direct recording did.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What a finished direct recording did (serialized as `abissctl record --json` prints it).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct DirectSummary {
     /// Bytes recorded: the file's size.
     pub bytes: u64,

@@ -64,9 +64,11 @@ impl std::fmt::Debug for DirectRecording {
 }
 
 /// A finished direct recording: what the writer did, and whether abissd was there to the end.
-#[derive(Clone, Debug, PartialEq)]
+/// Serialized flat (the writer's figures beside the rest), as `abissctl record --json` prints it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RecordingSummary {
     /// The writer's figures.
+    #[serde(flatten)]
     pub direct: DirectSummary,
     /// The writer thread was raised to the stream's level at the start.
     pub raised: bool,

@@ -145,24 +145,12 @@ fn report(
         },
     );
     if json {
-        let value = serde_json::json!({
-            "file": file,
-            "stream": stream,
-            "bytes": direct.bytes,
-            "ring_bytes": ring.0,
-            "overflows": direct.overflows,
-            "pieces": direct.pieces,
-            "writes": direct.writes,
-            "write_p999_ms": direct.write_p999_ms,
-            "write_max_ms": direct.write_max_ms,
-            "piece_p999_ms": direct.piece_p999_ms,
-            "piece_max_ms": direct.piece_max_ms,
-            "locked": direct.locked,
-            "locked_by_abissd": direct.locked_by_abissd,
-            "ring_refusal": summary.ring_refusal,
-            "raised": summary.raised,
-            "daemon_lost": summary.daemon_lost,
-        });
+        let mut value = serde_json::to_value(summary).unwrap_or_default();
+        if let Some(fields) = value.as_object_mut() {
+            fields.insert("file".into(), serde_json::json!(file));
+            fields.insert("stream".into(), serde_json::json!(stream));
+            fields.insert("ring_bytes".into(), serde_json::json!(ring.0));
+        }
         crate::json::print(&mut std::io::stdout().lock(), &value);
         let _ = std::io::stdout().flush();
     }

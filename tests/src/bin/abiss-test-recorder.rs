@@ -127,22 +127,10 @@ impl Sink {
             eprintln!("abiss-test-recorder: cannot finish {path}: {error}");
             std::process::exit(1)
         });
-        let direct = &summary.direct;
-        let record = serde_json::json!({
-            "stream": stream,
-            "bytes": direct.bytes,
-            "overflows": direct.overflows,
-            "pieces": direct.pieces,
-            "writes": direct.writes,
-            "write_p999_ms": direct.write_p999_ms,
-            "write_max_ms": direct.write_max_ms,
-            "piece_p999_ms": direct.piece_p999_ms,
-            "piece_max_ms": direct.piece_max_ms,
-            "locked_by_abissd": direct.locked_by_abissd,
-            "ring_refusal": summary.ring_refusal,
-            "raised": summary.raised,
-            "daemon_lost": summary.daemon_lost,
-        });
+        let mut record = serde_json::to_value(&summary).unwrap_or_default();
+        if let Some(fields) = record.as_object_mut() {
+            fields.insert("stream".into(), serde_json::json!(stream));
+        }
         format!(",\"record\":{record}")
     }
 }
