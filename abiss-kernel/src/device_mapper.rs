@@ -140,7 +140,7 @@ pub fn findings(stacks: &[Layer]) -> Findings {
             {
                 found.refusal.get_or_insert_with(|| {
                     format!(
-                        "is on {}: the device mapper's {} is a {level} array (LVM's raid, dm-raid), which reads and writes through md's stripe cache from its own thread, so abissd cannot keep a stream's priority through it; LVM's raid1 and raid10 are served",
+                        "is on {}: the device mapper's '{name}' ({}) is a {level} array (LVM's raid, dm-raid), which reads and writes through md's stripe cache from its own thread, so abissd cannot keep a stream's priority through it; LVM's raid1 and raid10 are served",
                         stack.describe(),
                         layer.name
                     )

@@ -51,6 +51,15 @@ read_attached() {
     abissctl --socket $socket list --json >/tmp/$1-list.json
     block $1-list-json /tmp/$1-list.json
 }
+# A stream on file $2 as run $1, which must be refused: its exit code and sentence, and what
+# doctor (as root) says of the file.
+refused_attach() {
+    abissctl --socket $socket attach "$2" --rate 1MB/s >/dev/null 2>/tmp/$1-attach.err
+    say $1-attach $?
+    block $1-attach-stderr /tmp/$1-attach.err
+    abissctl --socket $socket doctor "$2" >/tmp/$1-doctor.txt 2>&1
+    block $1-doctor /tmp/$1-doctor.txt
+}
 # A recording of file $2 as run $1, which must be refused: its exit code and sentence.
 refused_recording() {
     abissctl --socket $socket attach "$2" --rate 1MB/s --write >/dev/null 2>/tmp/$1-write.err
@@ -214,6 +223,32 @@ say md-detach $?
 read_attached striped /mnt/striped/stream.bin
 abissctl --socket $socket detach "$id" >/dev/null 2>&1
 say striped-detach $?
+# Stacks abissd does not serve: md raid5 over three loop devices, and LVM's raid5 (dm-raid,
+# md's raid5 personality under the device mapper, LVM's uuid) over three more. md's own thread
+# builds their requests from its stripe cache, so an attach of a file on either is refused
+# with one sentence naming the layer, and doctor (as root) says so too.
+for n in 1 2 3 4 5 6; do truncate -s 16M /tmp/r5-$n.img; done
+r5_1=$(losetup -f); losetup "$r5_1" /tmp/r5-1.img; r5_2=$(losetup -f); losetup "$r5_2" /tmp/r5-2.img
+r5_3=$(losetup -f); losetup "$r5_3" /tmp/r5-3.img; r5_4=$(losetup -f); losetup "$r5_4" /tmp/r5-4.img
+r5_5=$(losetup -f); losetup "$r5_5" /tmp/r5-5.img; r5_6=$(losetup -f); losetup "$r5_6" /tmp/r5-6.img
+mkdir -p /mnt/md5 /mnt/lvm5
+if mdadm --create /dev/md1 --run --quiet --level=5 --raid-devices=3 --metadata=1.2 --assume-clean \
+    "$r5_1" "$r5_2" "$r5_3" >/tmp/md5.err 2>&1 \
+    && /usr/sbin/mke2fs -q -t ext4 /dev/md1 && mount -t ext4 /dev/md1 /mnt/md5; then
+    dd if=/dev/urandom of=/mnt/md5/stream.bin bs=1M count=2 2>/dev/null
+    refused_attach md5 /mnt/md5/stream.bin
+else
+    say md5-failed; block md5-failed-stderr /tmp/md5.err
+fi
+# 2 parameters (a chunk of 128 sectors, no initial sync), three devices without metadata.
+if dmsetup create abiss-vg-raid5 --uuid LVM-abissabissabissabissabissabissabissabissabissabissabissabissr5 \
+    --table "0 65536 raid raid5_ls 2 128 nosync 3 - $r5_4 - $r5_5 - $r5_6" 2>/tmp/lvm5.err \
+    && /usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-raid5 && mount -t ext4 /dev/mapper/abiss-vg-raid5 /mnt/lvm5; then
+    dd if=/dev/urandom of=/mnt/lvm5/stream.bin bs=1M count=2 2>/dev/null
+    refused_attach lvm5 /mnt/lvm5/stream.bin
+else
+    say lvm5-failed; block lvm5-failed-stderr /tmp/lvm5.err
+fi
 sleep 1
 kill $tracer
 wait $tracer
@@ -226,5 +261,5 @@ block stack-abissd-log /tmp/stack-abissd.log
 say stack-elevators-after "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_b#/dev/}/queue/scheduler)"
 say stack-bpf-after "$(programs)"
 say stack-leftovers "$(leftovers)"
-umount /mnt/stack /mnt/md /mnt/striped
+umount /mnt/stack /mnt/md /mnt/striped /mnt/md5 /mnt/lvm5 2>/dev/null
 finish

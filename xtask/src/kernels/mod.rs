@@ -224,6 +224,8 @@ const MODULES: &[&str] = &[
     "ecb",
     "md-mod",
     "raid1",
+    "raid456",
+    "dm-raid",
 ];
 
 /// The host programs copied into the initramfs, with the libraries they link: dmsetup and

@@ -92,7 +92,53 @@ pub(super) fn judge_stacks(
     for spread in [("md", "md raid1"), ("striped", "LVM 'abiss-vg-striped'")] {
         judge_spread(serial, spread, follows_readers, priority_in_bio, checks);
     }
+    judge_unserved(serial, checks);
     judge_stack_end(serial, checks);
+}
+
+/// The stacks abissd does not serve, md raid5 (`md5`) and LVM's raid5 (`lvm5`, dm-raid): an
+/// attach of a file on either is refused (abissctl's exit 5, a device not served) with one
+/// sentence naming the layer, and
+/// doctor, run as root, says the same.
+fn judge_unserved(serial: &Serial, checks: &mut Vec<Check>) {
+    for (run, label, named, label_in_sentence) in [
+        (
+            "md5",
+            "md raid5",
+            "md (md1 raid5) reads and writes through its stripe cache",
+            "md1",
+        ),
+        (
+            "lvm5",
+            "LVM raid5 (dm-raid)",
+            "is a raid5_ls array (LVM's raid, dm-raid)",
+            "the device mapper's 'abiss-vg-raid5'",
+        ),
+    ] {
+        let attach = serial.number(&format!("{run}-attach"));
+        let stderr = serial.block(&format!("{run}-attach-stderr"));
+        let doctor = serial.block(&format!("{run}-doctor"));
+        check(
+            checks,
+            &format!("{label}: attach is refused with one sentence naming it, and doctor says so"),
+            attach == Some(5)
+                && stderr.trim().lines().count() == 1
+                && [named, label_in_sentence]
+                    .iter()
+                    .all(|n| stderr.contains(n) && doctor.contains(n)),
+            match serial.say(&format!("{run}-failed")) {
+                Some(_) => format!(
+                    "not built: {}",
+                    first_lines(serial.block(&format!("{run}-failed-stderr")), 2)
+                ),
+                None => format!(
+                    "exit {attach:?}: {}; doctor: {}",
+                    first_lines(stderr, 2),
+                    doctor_lines(doctor)
+                ),
+            },
+        );
+    }
 }
 
 /// The stream on stack `run` (`stack`, `md`): attached, its paced reader on schedule with no
