@@ -9,6 +9,7 @@
 //! writes past the page cache (issue 36), on ext4 and xfs. The recorders' write(2) calls are
 //! timed by `perf trace`; overflows are counted against a 1 s capture buffer (see [`writes`]).
 
+pub mod content;
 mod direct;
 pub mod filesystem;
 pub mod load;

@@ -339,50 +339,6 @@ pub struct RecorderResult {
     pub durations_ms: Vec<f64>,
 }
 
-impl RecorderResult {
-    /// The test recorder's file against its pattern (see [`RecorderResult::content`]): read
-    /// back once the row's load has stopped.
-    pub fn check_content(&mut self) {
-        if self.kind != RecorderKind::Test {
-            return;
-        }
-        self.content = Some(match first_wrong_byte(&self.file) {
-            Ok(None) => "intact".to_owned(),
-            Ok(Some(at)) => format!("byte {at} is not what was written there"),
-            Err(error) => format!("unreadable: {error}"),
-        });
-    }
-}
-
-/// The offset of the first byte of `file` that breaks the test recorder's pattern (each
-/// 8-byte word its own offset, little-endian), if any.
-fn first_wrong_byte(file: &Path) -> std::io::Result<Option<u64>> {
-    use std::io::Read as _;
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(file)?);
-    let mut chunk = vec![0_u8; 1 << 20];
-    let mut at = 0_u64;
-    loop {
-        // Whole chunks but at the end, so that each word is read whole.
-        let mut got = 0;
-        while got < chunk.len() {
-            match reader.read(&mut chunk[got..])? {
-                0 => break,
-                read => got += read,
-            }
-        }
-        if got == 0 {
-            return Ok(None);
-        }
-        for (index, byte) in chunk[..got].iter().enumerate() {
-            let offset = at + index as u64;
-            if *byte != (offset & !7).to_le_bytes()[usize::try_from(offset & 7).unwrap_or(0)] {
-                return Ok(Some(offset));
-            }
-        }
-        at += got as u64;
-    }
-}
-
 impl RunningRecorder {
     /// Launches `kind` recording into `file` through `wrapper` into `tracer`'s cgroup (or,
     /// with a `sink`, into the FIFO of an `abissctl record` of `file`), for `secs` (the test

@@ -48,12 +48,12 @@ fn quantile_ms(sorted: &[Duration], quantile: f64) -> f64 {
         .map_or(0.0, |latency| latency.as_secs_f64() * 1000.0)
 }
 
-/// Fills `chunk`, to be written at file offset `offset`, with the file's pattern: each 8-byte
-/// word holds its own offset, little-endian (the benchmark checks recordings against it).
+/// Fills `chunk`, to be written at file offset `offset`, with the file's pattern
+/// (`abiss_bench::recording::content::pattern_byte`, which the benchmark checks recordings
+/// against).
 fn offset_pattern(chunk: &mut [u8], offset: u64) {
     for (index, byte) in chunk.iter_mut().enumerate() {
-        let at = offset + index as u64;
-        *byte = (at & !7).to_le_bytes()[usize::try_from(at & 7).unwrap_or(0)];
+        *byte = abiss_bench::recording::content::pattern_byte(offset + index as u64);
     }
 }
 
