@@ -3,19 +3,20 @@
 //! raises; it takes typed events (client requests, kernel accesses, finished loads, time),
 //! asks the pure policy what to do, and carries the answers out.
 
-use crate::serve::client_file::{check_file, CheckedFile};
+use crate::serve::client_file::check_file;
 use crate::serve::closer::ClientFd;
 use std::sync::Arc;
 
 use abiss_os::clock::monotonic_now;
 use abiss_proto::{
-    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, DeviceNumber, LoopReport, MemoryReport,
-    Refusal, StatusReport, StreamId, StreamInfo, StreamTarget, PAGE_BYTES,
+    AdmissionReport, AdmitRequest, AttachRequest, ByteRate, LoopReport, MemoryReport, Refusal,
+    StatusReport, StreamId, StreamInfo, StreamTarget,
 };
 use log::{info, warn};
 use scheduler_common::MonotonicNs;
 
 mod access;
+mod attach_checks;
 pub(crate) mod commands;
 mod recorder_ring;
 mod sizing;
@@ -24,21 +25,14 @@ use crate::disk::latency_tail::LatencyTails;
 use crate::disk::managed::Disks;
 use crate::kernel::tracer::BlockTracer;
 use crate::policy::burst::{BurstAllowance, BurstLimits};
-use crate::policy::memory::{locked_at_most, AddressSpaceBudget, LockedMemoryBudget};
+use crate::policy::memory::LockedMemoryBudget;
 use crate::policy::playout::WindowAction;
-use crate::policy::probe_tail::preroll_locked_bytes;
-use crate::policy::shared_file::{
-    kernel_entry, MAX_STREAMS_PER_FILE, MAX_STREAMS_PER_USER_PER_FILE,
-};
+use crate::policy::shared_file::kernel_entry;
 use crate::raise::ReaderRaises;
-use crate::stream::mapped_file::{mapping_bytes, reopen_without_atime};
-use crate::stream::prefetch::{JobKind, LoadJob, MappedFile, PrefetchEngine};
+use crate::stream::prefetch::{JobKind, LoadJob, PrefetchEngine};
 use crate::stream::table::StreamTable;
 use crate::stream::writeback::GiveBack;
-use crate::stream::{
-    check_parameters, Stream, StreamKind, StreamOwner, StreamStart, MAX_STREAMS,
-    MAX_STREAMS_PER_USER,
-};
+use crate::stream::{check_parameters, Stream, StreamKind, StreamOwner, StreamStart};
 use access::RaiseBounds;
 
 /// The main loop's state.
@@ -224,122 +218,6 @@ impl Controller {
         }
         self.streams.insert(stream);
         Ok(info)
-    }
-
-    /// Whether a new stream of `request` on `file` (on `disks`) fits: the stream limits, the
-    /// disk's admission control (unless `check_disk` is false: already checked for a set grown
-    /// for capacity) and the locked-memory budgets.
-    fn admit(
-        &self,
-        peer_uid: u32,
-        request: &AttachRequest,
-        disks: &[DeviceNumber],
-        file: &CheckedFile,
-        check_disk: bool,
-    ) -> Result<(), Refusal> {
-        if self.streams.len() >= MAX_STREAMS {
-            return Err(Refusal::DaemonFull { max: MAX_STREAMS });
-        }
-        if peer_uid != 0 && self.streams.count_of(peer_uid) >= MAX_STREAMS_PER_USER {
-            return Err(Refusal::UserFull {
-                max: MAX_STREAMS_PER_USER,
-            });
-        }
-        if check_disk {
-            self.disks.admit(disks, request, &self.streams, None)?;
-        }
-        // A preroll is locked too, until the reader passes it (no more than the file), and
-        // with it the file's tail, for the player's probe.
-        let preroll = request
-            .preroll
-            .map_or(0, |preroll| preroll_locked_bytes(preroll.0, file.bytes));
-        let wanted = locked_at_most(
-            request.buffer.0.max(preroll),
-            u64::from(request.batch_pages) * PAGE_BYTES,
-        );
-        self.memory
-            .admit(
-                peer_uid,
-                wanted,
-                self.streams.locked_at_most(None),
-                self.streams.locked_at_most(Some(peer_uid)),
-            )
-            .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
-        // A recording maps nothing.
-        if !request.write {
-            AddressSpaceBudget::DEFAULT
-                .admit(
-                    peer_uid,
-                    mapping_bytes(file.bytes),
-                    self.streams.mapped_bytes(None),
-                    self.streams.mapped_bytes(Some(peer_uid)),
-                )
-                .map_err(|refusal| Refusal::DoesNotFit(refusal.to_string()))?;
-        }
-        Ok(())
-    }
-
-    /// Whether a stream may join the streams the file behind `file` already has, and their
-    /// tag (`None`: it has none): viewers of one file each have their own stream, up to
-    /// [`MAX_STREAMS_PER_FILE`], of which [`MAX_STREAMS_PER_USER_PER_FILE`] of one user's
-    /// (root exempt); a file has one recording at most, whose id only its owner and root are
-    /// told.
-    fn may_share(
-        &self,
-        peer_uid: u32,
-        file: &CheckedFile,
-        write: bool,
-    ) -> Result<Option<u64>, Refusal> {
-        let Some(tag) = self.streams.tag_of(&file.key) else {
-            return Ok(None);
-        };
-        self.streams
-            .check_key_unshared(&file.key, file.file_device, &file.path)?;
-        if write {
-            if let Some(recording) = self.streams.of_file(tag).find(|s| s.kind.is_recording()) {
-                let theirs = peer_uid == 0 || recording.owner_uid == peer_uid;
-                return Err(Refusal::AlreadyRecording {
-                    path: file.path.clone(),
-                    stream: theirs.then_some(recording.id),
-                });
-            }
-        }
-        if self.streams.of_file(tag).count() >= MAX_STREAMS_PER_FILE {
-            return Err(Refusal::FileFull {
-                path: file.path.clone(),
-                max: MAX_STREAMS_PER_FILE,
-            });
-        }
-        let users = self
-            .streams
-            .of_file(tag)
-            .filter(|s| s.owner_uid == peer_uid)
-            .count();
-        if peer_uid != 0 && users >= MAX_STREAMS_PER_USER_PER_FILE {
-            return Err(Refusal::FileFullForUser {
-                path: file.path.clone(),
-                max: MAX_STREAMS_PER_USER_PER_FILE,
-            });
-        }
-        Ok(Some(tag))
-    }
-
-    /// The stream's own mapping of its file (none for a recording: nothing is locked).
-    fn mapping(file: &CheckedFile, write: bool) -> Result<MappedFile, Refusal> {
-        let internal = |error: &dyn std::fmt::Display| Refusal::Internal(error.to_string());
-        if write {
-            let fd = file.fd.try_clone().map_err(|e| internal(&e))?;
-            return Ok(MappedFile::unmapped(fd));
-        }
-        let fd = match reopen_without_atime(&file.fd) {
-            Ok(fd) => fd,
-            Err(error) => {
-                log::debug!("{}: mapped with its access time kept: {error}", file.path);
-                file.fd.try_clone().map_err(|e| internal(&e))?
-            }
-        };
-        MappedFile::new(fd, file.bytes)
-            .map_err(|error| internal(&format!("cannot map {}: {error}", file.path)))
     }
 
     /// Ends stream `id`: cancels its loads, unlocks its window, forgets its file.
