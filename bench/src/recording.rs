@@ -5,9 +5,12 @@
 //! machine's dirty limits (`vm.dirty_bytes` 64 MiB, background 16 MiB). Per row: stock
 //! mq-deadline, bfq with recorders and players in `ionice -c1`, and abiss (recorders under
 //! `abissctl run --write`, players under `abissctl run`), on ext4, ext4 `data=writeback` and
-//! xfs; and abiss with the recorders writing into a FIFO that `abissctl record` reads and
-//! writes past the page cache (issue 36), on ext4 and xfs. The recorders' write(2) calls are
-//! timed by `perf trace`; overflows are counted against a 1 s capture buffer (see [`writes`]).
+//! xfs; and abiss past the page cache (issue 36), on ext4 and xfs: ffmpeg and gst write into a
+//! FIFO that `abissctl record` reads, the test recorder records through the library
+//! (`DirectRecording`). The recorders' write(2) calls are timed by `perf trace`, the library
+//! recorder's writes (copies into its ring) by itself; overflows are counted against a 1 s
+//! capture buffer (see [`writes`]). With `--load greedy` the load is ABISS's eight greedy
+//! streams instead ([`load`]).
 
 pub mod content;
 mod direct;

@@ -278,6 +278,7 @@ fn xfs_recorder_against_writer() -> (serde_json::Value, u64, SlowWrites) {
     let mut shown = with.clone();
     // The per-write figures are in `slow`, summed up.
     if let Some(summary) = shown.as_object_mut() {
+        summary.remove("start_us");
         summary.remove("write_us");
         summary.remove("cpu_wait_us");
     }

@@ -5,19 +5,30 @@
 
 use std::path::Path;
 
-use super::recorder::{RecorderKind, RecorderResult};
+use super::recorder::{RecorderKind, RecorderResult, TEST_WRITE_BYTES};
 
 impl RecorderResult {
     /// The test recorder's file against its pattern (see [`RecorderResult::content`]): read
     /// back once the row's load has stopped.
+    /// The file must also be as long as the recorder says it wrote (its `writes` of 64 KiB), so
+    /// a lost tail is not "intact".
     pub fn check_content(&mut self) {
         if self.kind != RecorderKind::Test {
             return;
         }
-        self.content = Some(match first_wrong_byte(&self.file) {
-            Ok(None) => "intact".to_owned(),
-            Ok(Some(at)) => format!("byte {at} is not what was written there"),
-            Err(error) => format!("unreadable: {error}"),
+        let written = self
+            .own_report
+            .as_ref()
+            .and_then(|report| report["writes"].as_u64())
+            .map(|writes| writes * TEST_WRITE_BYTES);
+        self.content = Some(match (first_wrong_byte(&self.file), written) {
+            (Err(error), _) => format!("unreadable: {error}"),
+            (Ok(Some(at)), _) => format!("byte {at} is not what was written there"),
+            (Ok(None), Some(bytes)) if bytes != self.file_bytes => {
+                format!("{} bytes, {bytes} written", self.file_bytes)
+            }
+            (Ok(None), None) => "no count of what was written".to_owned(),
+            (Ok(None), Some(_)) => "intact".to_owned(),
         });
     }
 }

@@ -45,7 +45,7 @@ use crate::process;
 /// The rate every recorder writes at, B/s (8 Mbit/s).
 pub const RATE_BPS: u64 = 1_000_000;
 /// The test recorder's write size.
-const TEST_WRITE_BYTES: u64 = 64 << 10;
+pub(super) const TEST_WRITE_BYTES: u64 = 64 << 10;
 /// What perf traces: the write calls (the recorders write with write(2), as ffmpeg and the
 /// test recorder do, or writev(2), as `GStreamer`'s filesink does), and the kernel's
 /// dirty-page throttle met in them ([`throttle`]).
@@ -371,7 +371,12 @@ impl RunningRecorder {
         if let Some(sink) = sink.filter(|_| through_library) {
             command
                 .arg("per-write")
-                .arg(format!("library={}:{}", sink.rate, sink.buffer))
+                .arg(format!(
+                    "library={}:{}{}",
+                    sink.rate,
+                    sink.buffer,
+                    if sink.preallocate { ":preallocate" } else { "" }
+                ))
                 .env("ABISS_SOCKET", &sink.socket);
         }
         let mut child = command
@@ -457,7 +462,13 @@ impl RunningRecorder {
             .transpose()?;
         let (trace, throttled, stop_ms) = self.tracer.finish(signalled_ns, keep_trace_as)?;
         let (own_report, self_timed, library_record) = own_report(&stdout, self.through_library);
-        let recording = self_timed.unwrap_or_else(|| writes::recording_writes(&trace, stop_ms));
+        // Through the library perf sees only the writer thread's pieces, never the recorder's
+        // writes: without its own times there are none (an error below), not the pieces.
+        let recording = match self_timed {
+            Some(timed) => timed,
+            None if self.through_library => Vec::new(),
+            None => writes::recording_writes(&trace, stop_ms),
+        };
         let record = record.or(library_record);
         let figures = writes::figures(&recording, buffer_ms);
         let throttle = throttle::figures(&throttled, &recording, GOAL_P999_MS);

@@ -5,7 +5,7 @@
 //! offset (little-endian, [`offset_pattern`]), so a reader can tell that each byte of the file
 //! is the one written there.
 //!
-//! `abiss-test-recorder FILE RATE_BPS WRITE_BYTES CAPTURE_BUFFER_MS SECS [per-write] [library=RATE:RING]`
+//! `abiss-test-recorder FILE RATE_BPS WRITE_BYTES CAPTURE_BUFFER_MS SECS [per-write] [library=RATE:RING[:preallocate]]`
 //!
 //! An **overflow** is a write that returned after the capture buffer (`CAPTURE_BUFFER_MS` of
 //! data) would have been full: its data arrived at `t_k` and was still not in the page cache at
@@ -57,10 +57,20 @@ fn offset_pattern(chunk: &mut [u8], offset: u64) {
     }
 }
 
-/// `RATE:RING` of `library=`, as abissctl reads them (`1.1MB/s:2MiB`).
+/// `RATE:RING[:preallocate]` of `library=`, as abissctl reads them (`1.1MB/s:2MiB`), and
+/// whether abissd allocates the file ahead (`abissctl record --preallocate`).
 fn library_options(text: &str) -> Option<StreamOptions> {
-    let (rate, ring) = text.split_once(':')?;
-    Some(StreamOptions::new(rate.parse().ok()?, ring.parse().ok()?))
+    let mut parts = text.split(':');
+    let (rate, ring) = (parts.next()?, parts.next()?);
+    let preallocate = match parts.next() {
+        None => false,
+        Some("preallocate") => true,
+        Some(_) => return None,
+    };
+    Some(StreamOptions {
+        preallocate,
+        ..StreamOptions::new(rate.parse().ok()?, ring.parse().ok()?)
+    })
 }
 
 /// The options after SECS: `per-write`, and `library=RATE:RING`; exits on any other.
@@ -73,7 +83,7 @@ fn options(args: &[String]) -> (bool, Option<StreamOptions>) {
             library = Some(options);
         } else {
             eprintln!(
-                "abiss-test-recorder: unknown option {option:?} (after SECS: per-write, library=RATE:RING)"
+                "abiss-test-recorder: unknown option {option:?} (after SECS: per-write, library=RATE:RING[:preallocate])"
             );
             std::process::exit(2)
         }
@@ -117,7 +127,8 @@ impl Sink {
     }
 
     /// Ends the recording; through the library, its summary as the JSON field `record`
-    /// (the keys of `abissctl record --json`), or exits with one sentence.
+    /// (`abissctl record --json`'s keys but its file and ring size, and with the stream), or
+    /// exits with one sentence.
     fn finish(self, path: &str) -> String {
         let Self::Library(recording) = self else {
             return String::new();
@@ -176,9 +187,11 @@ fn main() {
             std::process::exit(1);
         }
         let returned = Instant::now();
-        cpu_waits_us
-            .push(abiss_os::clock::thread_run_delay_ns().saturating_sub(delay_before) / 1000);
-        latencies.push(returned - began);
+        // Read just outside the timed write, so never counted as more than the write.
+        let waited_ns = abiss_os::clock::thread_run_delay_ns().saturating_sub(delay_before);
+        let took = returned - began;
+        cpu_waits_us.push(u128::from(waited_ns / 1000).min(took.as_micros()));
+        latencies.push(took);
         let late = returned.saturating_duration_since(arrived + capture);
         if late > Duration::ZERO {
             overflows += 1;

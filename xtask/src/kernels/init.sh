@@ -234,7 +234,7 @@ r5_5=$(losetup -f); losetup "$r5_5" /tmp/r5-5.img; r5_6=$(losetup -f); losetup "
 mkdir -p /mnt/md5 /mnt/lvm5
 if mdadm --create /dev/md1 --run --quiet --level=5 --raid-devices=3 --metadata=1.2 --assume-clean \
     "$r5_1" "$r5_2" "$r5_3" >/tmp/md5.err 2>&1 \
-    && /usr/sbin/mke2fs -q -t ext4 /dev/md1 && mount -t ext4 /dev/md1 /mnt/md5; then
+    && /usr/sbin/mke2fs -q -t ext4 /dev/md1 2>>/tmp/md5.err && mount -t ext4 /dev/md1 /mnt/md5 2>>/tmp/md5.err; then
     dd if=/dev/urandom of=/mnt/md5/stream.bin bs=1M count=2 2>/dev/null
     refused_attach md5 /mnt/md5/stream.bin
 else
@@ -243,7 +243,8 @@ fi
 # 2 parameters (a chunk of 128 sectors, no initial sync), three devices without metadata.
 if dmsetup create abiss-vg-raid5 --uuid LVM-abissabissabissabissabissabissabissabissabissabissabissabissr5 \
     --table "0 65536 raid raid5_ls 2 128 nosync 3 - $r5_4 - $r5_5 - $r5_6" 2>/tmp/lvm5.err \
-    && /usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-raid5 && mount -t ext4 /dev/mapper/abiss-vg-raid5 /mnt/lvm5; then
+    && /usr/sbin/mke2fs -q -t ext4 /dev/mapper/abiss-vg-raid5 2>>/tmp/lvm5.err \
+    && mount -t ext4 /dev/mapper/abiss-vg-raid5 /mnt/lvm5 2>>/tmp/lvm5.err; then
     dd if=/dev/urandom of=/mnt/lvm5/stream.bin bs=1M count=2 2>/dev/null
     refused_attach lvm5 /mnt/lvm5/stream.bin
 else
@@ -261,5 +262,7 @@ block stack-abissd-log /tmp/stack-abissd.log
 say stack-elevators-after "$(cat /sys/block/${stack_dev#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${md_b#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_a#/dev/}/queue/scheduler)" "|" "$(cat /sys/block/${st_b#/dev/}/queue/scheduler)"
 say stack-bpf-after "$(programs)"
 say stack-leftovers "$(leftovers)"
-umount /mnt/stack /mnt/md /mnt/striped /mnt/md5 /mnt/lvm5 2>/dev/null
+umount /mnt/stack /mnt/md /mnt/striped
+# Mounted only where they were built.
+umount /mnt/md5 /mnt/lvm5 2>/dev/null
 finish

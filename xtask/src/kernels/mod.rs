@@ -212,7 +212,8 @@ const KERNELS: &[Kernel] = &[
 /// Modules the test needs, loaded in the guest when the kernel has them as modules: the
 /// loop device and its elevator; device mapper, dm-crypt and the cipher modes its
 /// `aes-xts-plain64` table asks the crypto API for (xts over ecb, which the kernel would
-/// otherwise ask modprobe for); md and its raid1; virtio's disks (`--stacks-under-load`).
+/// otherwise ask modprobe for); md and its raid1; md's raid4/5/6 and dm-raid (LVM's raid),
+/// for the stacks that must be refused; virtio's disks (`--stacks-under-load`).
 const MODULES: &[&str] = &[
     "virtio_pci",
     "virtio_blk",

@@ -106,7 +106,7 @@ fn judge_unserved(serial: &Serial, checks: &mut Vec<Check>) {
             "md5",
             "md raid5",
             "md (md1 raid5) reads and writes through its stripe cache",
-            "md1",
+            "/mnt/md5/stream.bin is on md1 (",
         ),
         (
             "lvm5",
