@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | [`identity`] | [`DeviceIdentity`]: a stable name of a disk, read from sysfs, and where its model file lives |
 //! | [`model`] | [`DeviceModel`] and its measured points, the seek-curve mathematics, checking, loading and saving a model file |
+//! | [`access`] | [`AccessTimes`]: a model's time to reach a block (ordered and random seeks, rotation, overhead), built once and asked often |
 //! | [`fit`](mod@fit) | fitting a model to raw [`Measurements`] (arithmetic only; the measuring is `abissctl`'s) |
 //! | `fixtures` | a model shaped like the lab's laptop disk, for tests (`cfg(test)` or the `fixtures` feature) |
 //!
@@ -19,12 +20,14 @@
 //! (`DeviceNumber`) from there.
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod fit;
 #[cfg(any(test, feature = "fixtures"))]
 pub mod fixtures;
 pub mod identity;
 pub mod model;
 
+pub use access::AccessTimes;
 pub use fit::{fit, fit_seek_curve, Measurements};
 pub use identity::{DeviceIdentity, DEFAULT_MODEL_DIR};
 pub use model::{

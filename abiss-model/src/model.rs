@@ -348,58 +348,6 @@ impl DeviceModel {
         (mean, (square - mean * mean).max(0.0))
     }
 
-    /// Mean seek time, ms, when the elevator orders `queued` requests at random positions
-    /// (`queued` ≥ 1; 1 is TRAC's random placement with no reordering).
-    ///
-    /// Sorted by position, the gap from one request to the next has the density
-    /// `(k + 1)(1 − x)^k` (Beta(1, k + 1); for k = 1 that is the distance of two random
-    /// points); one sweep of k requests also ends with a return, a random seek, so the mean is
-    /// `(k·E[seek(gap)] + E[random seek]) / (k + 1)`.
-    #[must_use]
-    pub fn ordered_seek_mean_ms(&self, queued: f64) -> f64 {
-        const STEPS: u32 = 2000;
-        let k = queued.max(1.0);
-        let mut gap_mean = 0.0;
-        for i in 0..STEPS {
-            let x = (f64::from(i) + 0.5) / f64::from(STEPS);
-            let density = (k + 1.0) * (1.0 - x).powf(k);
-            gap_mean += density * self.seek.seek_ms(x) / f64::from(STEPS);
-        }
-        let (random, _) = self.seek.random_seek_moments();
-        (k * gap_mean + random) / (k + 1.0)
-    }
-
-    /// Time the measured random access takes beyond the fitted seek plus half a revolution
-    /// (driver and controller time), ms; never negative.
-    #[must_use]
-    pub fn access_overhead_ms(&self) -> f64 {
-        let (seek_mean, _) = self.seek.random_seek_moments();
-        (self.mean_access_ms - seek_mean - self.revolution_ms / 2.0).max(0.0)
-    }
-
-    /// Mean time to reach a block, s, with `queued` requests for the elevator to order: the
-    /// seek, half a revolution, and the overhead.
-    #[must_use]
-    pub fn access_mean_s(&self, queued: f64) -> f64 {
-        (self.ordered_seek_mean_ms(queued) + self.revolution_ms / 2.0 + self.access_overhead_ms())
-            / 1e3
-    }
-
-    /// Variance of the time to reach a random block, s² (random seek distance, rotational
-    /// latency uniform over a revolution): the larger, unordered spread.
-    #[must_use]
-    pub fn access_variance_s2(&self) -> f64 {
-        let (_, seek_var) = self.seek.random_seek_moments();
-        (seek_var + self.revolution_ms * self.revolution_ms / 12.0) / 1e6
-    }
-
-    /// The longest access: a full-stroke seek and a whole revolution, s (the deterministic
-    /// worst case); never less than the measured mean.
-    #[must_use]
-    pub fn worst_access_s(&self) -> f64 {
-        ((self.seek.full_stroke_ms + self.revolution_ms).max(self.mean_access_ms)) / 1e3
-    }
-
     /// A conservative stand-in until the device is measured: a slow laptop disk (35 MB/s
     /// everywhere, 20 ms full stroke, 4200 rpm).
     #[must_use]

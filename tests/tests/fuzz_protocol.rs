@@ -20,7 +20,8 @@
 //! Before the generated cases, each kind that can never be a stream's is handed over alone with
 //! a well-formed attach, and must get one plain error and nothing else; after them, a file on a
 //! FUSE file system whose flushes are never answered is handed over: root's `status` is
-//! answered within 100 ms while abissd's close of it waits.
+//! answered within [`STATUS_BOUND`] while abissd's close of it waits (a close on the loop would
+//! hold it until the server is gone).
 //!
 //! A failing case is shrunk and its seed kept in `fuzz_protocol.proptest-regressions` next to
 //! this file, which proptest replays first on every run; the hand-written hostile lines of

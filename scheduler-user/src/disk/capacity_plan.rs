@@ -95,10 +95,8 @@ impl Disks {
                 .saturating_sub(streams.reserved_on(disk.number, None));
             return Ok(self.share_plan(managed, request, mode, free, existing.len()));
         };
-        let control = AdmissionControl {
-            mode,
-            ..control.clone()
-        };
+        let mut control = control.clone();
+        control.mode = mode;
         Ok(model_plan(&control, request, &existing, &demand))
     }
 

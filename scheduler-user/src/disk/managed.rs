@@ -100,19 +100,20 @@ impl ManagedDisk {
                 self.identity.model_path(&settings.model_dir).display(),
                 settings.mode
             );
-            self.model = Some(AdmissionControl {
-                device: self.device.disk().name.clone(),
-                source: format!(
-                    "model {} measured at {} s since the epoch{}",
-                    self.identity.key,
-                    model.measured_at_unix_s,
-                    if model.quick { " (quick profile)" } else { "" }
-                ),
+            let source = format!(
+                "model {} measured at {} s since the epoch{}",
+                self.identity.key,
+                model.measured_at_unix_s,
+                if model.quick { " (quick profile)" } else { "" }
+            );
+            self.model = Some(AdmissionControl::new(
+                self.device.disk().name.clone(),
                 model,
-                mode: settings.mode,
-                p_req: settings.p_req,
-                share_percent: settings.share_percent,
-            });
+                source,
+                settings.mode,
+                settings.p_req,
+                settings.share_percent,
+            ));
         }
         Ok(())
     }

@@ -27,7 +27,7 @@
 //! Until a device has a model, [`super::share::ShareAdmission`] keeps the configured capacity
 //! times the real-time share.
 
-use abiss_model::DeviceModel;
+use abiss_model::{AccessTimes, DeviceModel};
 use abiss_proto::AdmissionMode;
 
 use super::load_bytes;
@@ -44,9 +44,10 @@ pub(crate) const PEAK_STDEVS: f64 = 3.0;
 /// Most streams capacity planning considers (`count`, and how far `n_max` searches): far
 /// more real-time streams than any disk serves, and small enough that a plan costs
 /// milliseconds on the daemon's main loop: the costliest plan at this bound (10 000 streams
-/// of 1 B/s on a disk with a model, statistical mode) took 36 ms in a debug build on a 2-core
-/// machine, under the 50 ms at which it would have to move off the loop. The server asks for
-/// one plan at a time (`serve::limits::PLANS_AT_ONCE`).
+/// of 1 B/s on a disk with a model, statistical mode) took 28 ms in a debug build on a 2-core
+/// machine (40 to 49 ms before the model's access times were built once, [`AccessTimes`]),
+/// under the 50 ms at which it would have to move off the loop. The server asks for one plan
+/// at a time (`serve::limits::PLANS_AT_ONCE`).
 pub(crate) const MAX_PLANNED_STREAMS: u32 = 10_000;
 
 /// What one stream asks of the device.
@@ -154,6 +155,8 @@ pub(crate) struct AdmissionControl {
     pub(crate) p_req: f64,
     /// Share of each window real-time streams may use, percent (1 to 95).
     pub(crate) share_percent: u32,
+    /// The model's access times, built once with it ([`AdmissionControl::new`]).
+    access: AccessTimes,
 }
 
 #[expect(clippy::cast_precision_loss, reason = "rates and sizes far below 2^52")]
@@ -162,6 +165,27 @@ fn as_f64(value: u64) -> f64 {
 }
 
 impl AdmissionControl {
+    /// Admission of `device` by `model` (from `source`, for messages).
+    #[must_use]
+    pub(crate) fn new(
+        device: String,
+        model: DeviceModel,
+        source: String,
+        mode: AdmissionMode,
+        p_req: f64,
+        share_percent: u32,
+    ) -> Self {
+        Self {
+            device,
+            access: AccessTimes::new(&model),
+            model,
+            source,
+            mode,
+            p_req,
+            share_percent,
+        }
+    }
+
     /// The real-time part of a window, s.
     #[must_use]
     pub(crate) fn budget_s(&self) -> f64 {
@@ -175,9 +199,9 @@ impl AdmissionControl {
         ModelMoments {
             per_byte_mean,
             per_byte_var,
-            access_mean_ordered: self.model.access_mean_s(queued),
-            access_mean_random: self.model.access_mean_s(1.0),
-            access_var: self.model.access_variance_s2(),
+            access_mean_ordered: self.access.mean_s(queued),
+            access_mean_random: self.access.mean_s(1.0),
+            access_var: self.access.variance_s2(),
         }
     }
 
@@ -210,7 +234,7 @@ impl AdmissionControl {
     /// for less). With more work it never falls, so admission stays monotone.
     #[must_use]
     pub(crate) fn predict(&self, streams: &[StreamDemand]) -> Prediction {
-        let worst_access = self.model.worst_access_s();
+        let worst_access = self.access.worst_s();
         let slowest = self.model.min_read_bps();
         let loads_of = |demand: &StreamDemand| {
             as_f64(demand.rate_bps) * SERVICE_WINDOW_S / as_f64(demand.load_bytes.max(1))

@@ -13,14 +13,14 @@ use abiss_model::fixtures::laptop_disk as laptop;
 use proptest::prelude::*;
 
 fn control(mode: AdmissionMode, model: DeviceModel, p_req: f64, share: u32) -> AdmissionControl {
-    AdmissionControl {
-        device: "loop0".into(),
+    AdmissionControl::new(
+        "loop0".into(),
         model,
-        source: "test model".into(),
+        "test model".into(),
         mode,
         p_req,
-        share_percent: share,
-    }
+        share,
+    )
 }
 
 fn reference_stream() -> StreamDemand {

@@ -34,8 +34,9 @@ pub const IDLE_TIMEOUT_ENV: &str = "ABISSD_IDLE_TIMEOUT_MS";
 
 /// Capacity plans (`admit`) the main loop is asked for at once, all clients together; the
 /// others wait in their connections. The costliest plan the bounds admit (10 000 streams of
-/// 1 B/s on a disk with a model, statistical mode) took 36 ms on the main loop of a debug
-/// build on the 2-core development machine (12 ms in deterministic mode): under the 50 ms
+/// 1 B/s on a disk with a model, statistical mode) took 28 ms on the main loop of a debug
+/// build on the 2-core development machine (`tests/security.rs`; 40 to 49 ms before the
+/// model's access times were built once): under the 50 ms
 /// at which it would move off the loop. Yet 32 connections asking for it back to back once
 /// kept root's `status` waiting 1.3 to 2.5 s behind the queued plans; one at a time, a
 /// request waits for at most one plan.

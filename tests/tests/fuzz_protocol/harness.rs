@@ -529,9 +529,15 @@ impl Harness {
     }
 
     /// A file on a user's FUSE file system whose flushes are never answered, handed over with an
-    /// attach: refused with one plain error, and root's `status` is answered within 100 ms
-    /// every 100 ms for 1 s while abissd's close of it waits; once the server is gone, the
-    /// daemon gives back all it held. A failure is kept in the totals.
+    /// attach: refused with one plain error, and root's `status`, asked every 100 ms for 1 s
+    /// while abissd's close of it waits, is answered within the run's [`super::STATUS_BOUND`]
+    /// each time; once the server is gone, the daemon gives back all it held. A failure is
+    /// kept in the totals.
+    ///
+    /// A close on the loop would hold every answer until the server is gone, after the asking:
+    /// the first would time out ([`PROBE_TIMEOUT`]). So the bound need not be tight, and is
+    /// not: the test's lane-mates in the suite took a `status` here to 175 ms once (the CI run
+    /// of 655d8f0; 80 to 170 ms at the slowest in the whole fuzzing run of four suite runs).
     pub(super) fn a_fuse_file_whose_flush_never_answers(&mut self) {
         if let Err(failure) = self.fuse_flush_never_answers() {
             self.totals
@@ -560,7 +566,7 @@ impl Harness {
         drop(fs);
         drop(hands);
         refused?;
-        if slowest > Duration::from_millis(100) {
+        if slowest > super::STATUS_BOUND {
             return Err(format!(
                 "root's status took {slowest:?} while abissd's close of the FUSE file waited"
             ));
