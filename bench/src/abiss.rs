@@ -278,10 +278,10 @@ pub fn abiss_configurations() -> Vec<Configuration> {
             &[],
         ),
         abiss_row(
-            "abiss-mq-deadline-depth-4",
-            "ABISS over mq-deadline, real-time streams, at the kernel's least dispatch depth (abissd --dispatch-depth 4)",
+            "abiss-mq-deadline-depth-8",
+            "ABISS over mq-deadline, real-time streams, at the dispatch depth abissd gave rotational disks until 2026-12-07 (abissd --dispatch-depth 8)",
             ("mq-deadline", 0, Auto),
-            &["--dispatch-depth", "4"],
+            &["--dispatch-depth", "8"],
         )
         .on_request(),
         abiss_row(

@@ -140,7 +140,7 @@ pub struct Configuration {
     pub scenario: Scenario,
     /// More `abissctl run` options (abiss rows): `--buffer 6MiB`, `--preroll 6MiB`.
     pub run_options: &'static [&'static str],
-    /// More abissd options (abiss rows): `--dispatch-depth 4`.
+    /// More abissd options (abiss rows): `--dispatch-depth 8`.
     pub daemon_options: &'static [&'static str],
     /// No best-effort load: what the players' cold start costs the disk alone, the floor
     /// under every row's start-up.
@@ -221,11 +221,11 @@ fn no_load_rows() -> Vec<Configuration> {
             &["--preroll", "6MiB"],
         )),
         Configuration {
-            daemon_options: &["--dispatch-depth", "4"],
+            daemon_options: &["--dispatch-depth", "8"],
             ..no_load(abiss_with(
-                "abiss-preroll-depth-4-no-load",
-                "abiss at the kernel's least dispatch depth (abissd --dispatch-depth 4), \
-                 abissctl run --preroll 6MiB, no best-effort load",
+                "abiss-preroll-depth-8-no-load",
+                "abiss at the dispatch depth it gave rotational disks until 2026-12-07 \
+                 (abissd --dispatch-depth 8), abissctl run --preroll 6MiB, no best-effort load",
                 &["--preroll", "6MiB"],
             ))
         },
@@ -322,15 +322,17 @@ pub fn all_rows() -> Vec<Configuration> {
         .collect()
 }
 
-/// abiss at the kernel's least dispatch depth, with the load: half the best effort a start-up
-/// waits behind (its no-load floor is among [`no_load_rows`]).
+/// abiss at the dispatch depth it gave rotational disks before (8, now 4 there), with the
+/// load: twice the best effort a start-up waits behind (its no-load floor is among
+/// [`no_load_rows`]).
 fn depth_rows() -> [Configuration; 1] {
     [Configuration {
-        daemon_options: &["--dispatch-depth", "4"],
+        daemon_options: &["--dispatch-depth", "8"],
         ..abiss_with(
-            "abiss-preroll-depth-4",
-            "abiss at the kernel's least dispatch depth (abissd --dispatch-depth 4), \
-             abissctl run --preroll 6MiB: half the best effort a start-up waits behind",
+            "abiss-preroll-depth-8",
+            "abiss at the dispatch depth it gave rotational disks until 2026-12-07 \
+             (abissd --dispatch-depth 8), abissctl run --preroll 6MiB: twice the best effort a \
+             start-up waits behind",
             &["--preroll", "6MiB"],
         )
     }]

@@ -32,7 +32,7 @@ use serde_json::json;
 
 use crate::players::{media, Class};
 use crate::report::{Results, Row};
-use crate::row::{self, RowsArg};
+use crate::row::RowsArg;
 use filesystem::{DirtyLimits, FileSystem};
 use recorder::RecorderKind;
 use session::{Bench, RowPlan};
@@ -123,6 +123,8 @@ pub struct Configuration {
     /// The recorders write into a FIFO that `abissctl record FILE` reads and writes past the
     /// page cache (issue 36), rather than into FILE under `abissctl run --write`.
     pub direct: bool,
+    /// More abissd options (abiss rows): `--dispatch-depth 8`.
+    pub daemon_options: &'static [&'static str],
 }
 
 /// Every row, in report order (grouped by file system: each is made once).
@@ -137,6 +139,7 @@ pub fn all_rows() -> Vec<Configuration> {
         class,
         file_system,
         direct: false,
+        daemon_options: &[],
     };
     let direct = |name, description, file_system| Configuration {
         direct: true,
@@ -163,6 +166,15 @@ pub fn all_rows() -> Vec<Configuration> {
             "abiss, recorders into abissctl record, ext4",
             Ext4,
         ),
+        Configuration {
+            daemon_options: &["--dispatch-depth", "8"],
+            ..direct(
+                "abiss-direct-depth-8",
+                "abiss at the dispatch depth it gave rotational disks until 2026-12-07 \
+                 (abissd --dispatch-depth 8), recorders into abissctl record, ext4",
+                Ext4,
+            )
+        },
         row(
             "mq-deadline-writeback",
             "stock mq-deadline, ext4 data=writeback",
@@ -193,6 +205,11 @@ pub fn all_rows() -> Vec<Configuration> {
     ]
 }
 
+/// Whether `row` runs when no rows are named: all but the comparisons of abissd's options.
+fn by_default(row: &Configuration) -> bool {
+    row.daemon_options.is_empty()
+}
+
 /// The time of day (UTC), for the row windows in the report.
 fn utc_now() -> String {
     std::process::Command::new("date")
@@ -209,7 +226,7 @@ pub fn run(args: &RecordingArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.capture_ms > 0, "--capture-ms must be positive");
     let rows = args
         .rows
-        .select_present(all_rows(), |r| r.name, row::always, |r| r.elevator)?;
+        .select_present(all_rows(), |r| r.name, by_default, |r| r.elevator)?;
     if let Some(dir) = &args.traces_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }

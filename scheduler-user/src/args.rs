@@ -48,9 +48,10 @@ pub struct Args {
     #[arg(long, default_value_t = DeviceConfig::DEFAULT.elevator)]
     pub(crate) elevator: Elevator,
     /// Most requests a managed disk's driver may hold (at least 4): the elevator orders the
-    /// rest, so a shallow queue keeps real-time requests first.
-    #[arg(long, default_value_t = DeviceConfig::DEFAULT.dispatch_depth)]
-    pub(crate) dispatch_depth: u32,
+    /// rest, so a shallow queue keeps real-time requests first. Default: 4 on rotational
+    /// disks, whose head serves one request at a time; 8 on the others.
+    #[arg(long)]
+    pub(crate) dispatch_depth: Option<u32>,
     /// Sustained capacity assumed for each managed disk until it has a measured model (see
     /// `abissctl profile --save`), e.g. 30MB/s.
     #[arg(long, default_value = "20MB/s")]

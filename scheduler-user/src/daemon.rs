@@ -18,7 +18,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::controller::commands::{handle, Watchers};
 use crate::controller::Controller;
-use crate::disk::device::{DeviceConfig, DeviceError};
+use crate::disk::device::{DeviceError, DeviceOptions};
 use crate::disk::managed::{AdmissionSettings, Disks, TakeError};
 use crate::kernel::capabilities::Feature;
 use crate::kernel::events::{decode_fork, Fork, StreamAccess};
@@ -50,7 +50,7 @@ pub(crate) struct DaemonConfig {
     /// Devices to manage, as users name them.
     pub(crate) devices: Vec<String>,
     /// Elevator and dispatch depth of managed devices.
-    pub(crate) device_config: DeviceConfig,
+    pub(crate) device_options: DeviceOptions,
     /// Sustained capacity assumed for every managed device until it has a measured model, B/s.
     pub(crate) capacity_bps: u64,
     /// Share of the capacity real-time streams may reserve, percent.
@@ -225,7 +225,7 @@ fn reconfigure(controller: &mut Controller, running: &mut DaemonConfig, new: Dae
         ("--device", running.devices != new.devices),
         (
             "--elevator/--dispatch-depth",
-            running.device_config != new.device_config,
+            running.device_options != new.device_options,
         ),
         ("--disable", running.disabled != new.disabled),
         (
@@ -293,7 +293,7 @@ fn start(config: &DaemonConfig) -> Result<(Controller, Inputs), DaemonError> {
     crate::raise::restore_leftovers(&config.state_dir);
     let disks = Disks::take(
         &config.devices,
-        config.device_config,
+        config.device_options,
         admission_settings(config),
     )?;
     let mut tracer = BlockTracer::load(&layout, loader_btf, &off)?;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use crate::args::Args;
 use crate::config_file::{self, ConfigError};
 use crate::daemon::DaemonConfig;
-use crate::disk::device::DeviceConfig;
+use crate::disk::device::DeviceOptions;
 use crate::policy::memory::LockedMemoryBudget;
 use abiss_proto::ByteSize;
 use clap::{CommandFactory, FromArgMatches, Parser};
@@ -84,7 +84,7 @@ fn daemon_config(args: Args) -> DaemonConfig {
         state_dir: args.state_dir,
         model_dir: args.model_dir,
         devices: args.devices,
-        device_config: DeviceConfig {
+        device_options: DeviceOptions {
             elevator: args.elevator,
             dispatch_depth: args.dispatch_depth,
         },

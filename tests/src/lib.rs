@@ -49,7 +49,7 @@
 //! | admission refuses exactly at the capacity `abissctl admit` predicts | `tests/admission_capacity.rs` |
 //! | automatic buffers enlarged for the disk's admission, within the memory budgets | `tests/capacity_buffers.rs` |
 //! | **devices, kernels, tracing** | |
-//! | managed devices: elevator, driver depth, restore, `recover`; the disk's own readahead kept | `tests/managed_device.rs` |
+//! | managed devices: elevator, driver depth (4 on rotational disks, 8 on others), restore, `recover`; the disk's own readahead kept | `tests/managed_device.rs` |
 //! | which devices may be managed: partitions resolve to their disk; unknown devices, other files, bad settings refused | `tests/managed_device_specs.rs` |
 //! | `abissctl profile` recovers the emulated disk; bad devices and model files | `tests/device_profile.rs` |
 //! | the tracer counts every request, in the right class, on the right device | `tests/trace_counts.rs` |

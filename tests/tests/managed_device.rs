@@ -1,6 +1,6 @@
-//! Managed devices on real loop devices: taking one sets the elevator and a shallow driver queue,
-//! dropping or restoring it puts back exactly what was there, and `recover` undoes the work of a
-//! daemon that was killed. Which devices may be taken at all is in
+//! Managed devices on real loop devices: taking one sets the elevator and a shallow driver queue
+//! (abissd's depth by the disk's kind), dropping or restoring it puts back exactly what was
+//! there, and `recover` undoes the work of a daemon that was killed. Which devices may be taken at all is in
 //! `tests/managed_device_specs.rs`.
 //!
 //! Each test first gives its loop device settings no kernel default has (kyber with a latency
@@ -387,4 +387,72 @@ fn the_disks_own_readahead_survives_the_take_and_the_restore() {
         "readahead kept after the restore"
     );
     std::fs::write(&max_sectors, original_max.to_string()).expect("put the lab disk back");
+}
+
+/// Sets a loop device's `queue/rotational` for as long as it lives, and puts back what it had
+/// (a loop device's queue outlives its attachment).
+struct Rotational {
+    file: PathBuf,
+    before: String,
+}
+
+impl Rotational {
+    fn set(device: &abiss_tests::LoopDevice, rotational: bool) -> Self {
+        let file = queue_file(&device.name(), "rotational");
+        let before = read(&file);
+        std::fs::write(&file, if rotational { "1" } else { "0" }).expect("set rotational");
+        Self { file, before }
+    }
+}
+
+impl Drop for Rotational {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.file, &self.before);
+    }
+}
+
+/// The dispatch depth of each disk abissd manages, by name, as its `status` says.
+fn depths(daemon: &abiss_tests::Daemon) -> Vec<(String, u32)> {
+    let abiss_proto::Response::Devices(status) =
+        daemon.connect().call(abiss_proto::Request::Status)
+    else {
+        panic!("no status");
+    };
+    status
+        .devices
+        .into_iter()
+        .map(|device| (device.name, device.dispatch_depth))
+        .collect()
+}
+
+/// abissd takes a rotational disk at the kernel's least depth and any other at 8, as the
+/// kernel's `queue/rotational` says, unless `--dispatch-depth` names one depth for all.
+#[test]
+fn abissd_takes_a_rotational_disk_at_the_least_depth_and_others_deeper() {
+    require_root!();
+    let spinning = abiss_tests::LoopDevice::new_in("/tmp", 64);
+    let solid = abiss_tests::LoopDevice::new_in("/tmp", 64);
+    let _spinning_flag = Rotational::set(&spinning, true);
+    let _solid_flag = Rotational::set(&solid, false);
+    let both = [
+        "--device".to_owned(),
+        solid.path().to_string_lossy().into_owned(),
+    ];
+    let both: Vec<&str> = both.iter().map(String::as_str).collect();
+    let mut chosen = abiss_tests::Daemon::start_managing(spinning.path(), &both);
+    let mut expected = vec![(spinning.name(), 4), (solid.name(), 8)];
+    expected.sort();
+    let mut seen = depths(&chosen);
+    seen.sort();
+    assert_eq!(seen, expected, "by kind");
+    assert_eq!(chosen.stop(), Some(0));
+
+    let given: Vec<&str> = both.iter().copied().chain(["--dispatch-depth", "6"]).collect();
+    let mut named = abiss_tests::Daemon::start_managing(spinning.path(), &given);
+    let mut seen = depths(&named);
+    seen.sort();
+    let mut expected = vec![(spinning.name(), 6), (solid.name(), 6)];
+    expected.sort();
+    assert_eq!(seen, expected, "--dispatch-depth 6 for all");
+    assert_eq!(named.stop(), Some(0));
 }

@@ -13,12 +13,14 @@
 //! printed too.
 //!
 //! The device queue: mq-deadline dispatches no best-effort request while a real-time one is
-//! queued or in flight, but neither it nor abissd can take back the load's requests the device
-//! already holds, and the lab hdd's queue is at the block layer's least, 4. The player's first
-//! read waits for them: [`held_by_the_device`] is that wait at its longest, from the lab's
-//! model. Nine runs to 2026-12-05 stalled 54 to 110 ms in all; two failed a bare 0.1 s goal,
-//! the 105 ms one with its stream's real-time service p99 at 180 ms against 125 to 135 ms in the
-//! others (requests served behind the held ones, in the lab's scan order).
+//! queued or in flight, but neither it nor abissd can take back the load's requests the driver
+//! already holds: as many as abissd's dispatch depth on a rotational disk, the block layer's
+//! least, 4. The player's first read waits for them: [`held_by_the_device`] is that wait at its
+//! longest, from the lab's model. Nine runs to 2026-12-05 stalled 54 to 110 ms in all; two
+//! failed a bare 0.1 s goal, the 105 ms one with its stream's real-time service p99 at 180 ms
+//! against 125 to 135 ms in the others (requests served behind the held ones, in the lab's scan
+//! order). Those runs were at abissd's earlier depth of 8 on every disk, twice what the bound
+//! counted (4 of the 8 then waited in the emulator, in arrival order).
 //!
 //! The lab's disk is emulated by a user-space process, and this machine's hypervisor now and
 //! then takes seconds of CPU from it and from the player: such a run did not play on the
@@ -40,14 +42,15 @@ use abiss_tests::{binary, require_root};
 /// Issue 12: total stall of the players, at most.
 const GOAL_S: f64 = 0.1;
 
-/// The longest the load's requests already in the lab hdd's queue can keep the player's first
-/// read waiting: a full queue of them, each at its slowest (a full-stroke seek, a whole
-/// revolution, and the load's largest request, a 64 KiB write, in the innermost zone).
+/// The longest the load's requests already below the elevator can keep the player's first
+/// read waiting: as many as abissd lets the lab hdd's driver hold (the lab marks it
+/// rotational), each at its slowest (a full-stroke seek, a whole revolution, and the load's
+/// largest request, a 64 KiB write, in the innermost zone).
 fn held_by_the_device() -> f64 {
     let hdd = abiss_lab::model::ModelFile::default().hdd;
     let transfer_s = 65_536.0 / (hdd.inner_rate_mb_s * hdd.write_rate_fraction * 1e6);
     let slowest_s = hdd.full_stroke_seek_ms / 1e3 + hdd.revolution().as_secs_f64() + transfer_s;
-    f64::from(hdd.queue_depth) * slowest_s
+    f64::from(abiss_daemon::disk::device::ROTATIONAL_DISPATCH_DEPTH) * slowest_s
 }
 
 /// Runs at most.

@@ -17,7 +17,7 @@ use abiss_proto::{
 };
 use log::{info, warn};
 
-use crate::disk::device::{self, resolve_disks, DeviceConfig, DeviceError, ManagedDevice, SYSFS};
+use crate::disk::device::{self, resolve_disks, DeviceError, DeviceOptions, ManagedDevice, SYSFS};
 use crate::disk::file_disk::{disk_of_file, FileDisk};
 use crate::policy::admission::{AdmissionControl, StreamDemand};
 use crate::policy::share::ShareAdmission;
@@ -140,10 +140,11 @@ pub(crate) struct Disks {
 }
 
 impl Disks {
-    /// Takes every disk of `specs`, after restoring what a crashed daemon left changed.
+    /// Takes every disk of `specs` as `options` say for its kind, after restoring what a
+    /// crashed daemon left changed.
     pub(crate) fn take(
         specs: &[String],
-        config: DeviceConfig,
+        options: DeviceOptions,
         settings: AdmissionSettings,
     ) -> Result<Self, TakeError> {
         for outcome in device::recover(&settings.state_dir)? {
@@ -166,6 +167,7 @@ impl Disks {
             }
         }
         for name in &names {
+            let config = options.config_for(device::is_rotational(&device::resolve_disk(name)?));
             let device = ManagedDevice::take(name, &config, &settings.state_dir)?;
             let managed = ManagedDisk::new(device, &settings)?;
             info!(

@@ -19,7 +19,8 @@
 //! cannot be known.
 //!
 //! The modules, each importing only those listed before it:
-//! - `config`: the [`Elevator`] and [`DeviceConfig`] a disk is taken with;
+//! - `config`: the [`Elevator`] and [`DeviceConfig`] a disk is taken with, chosen from the
+//!   command line's [`DeviceOptions`] by the disk's kind;
 //! - `error`: [`DeviceError`];
 //! - `sysfs`: reading and writing one-value sysfs files;
 //! - `disk`: resolving what users type to the whole [`Disk`];
@@ -44,7 +45,9 @@ use nix::fcntl::Flock;
 use scheduler_common::MonotonicNs;
 use serde::Serialize;
 
-pub use config::{DeviceConfig, Elevator};
+pub use config::{
+    DeviceConfig, DeviceOptions, Elevator, ROTATIONAL_DISPATCH_DEPTH, SOLID_STATE_DISPATCH_DEPTH,
+};
 pub(crate) use disk::{resolve_client_disk, resolve_disks};
 pub use disk::{resolve_disk, Disk};
 pub use error::DeviceError;
@@ -98,6 +101,13 @@ pub struct DeviceStatus {
     pub original_elevator: String,
     /// The driver depth it had before, and will have again.
     pub original_dispatch_depth: u32,
+}
+
+/// Whether the kernel treats `disk` as rotational (`queue/rotational`); a disk that does not
+/// say is taken as solid state.
+#[must_use]
+pub fn is_rotational(disk: &Disk) -> bool {
+    DiskQueue::of(disk).rotational()
 }
 
 impl ManagedDevice {

@@ -129,6 +129,11 @@ impl DiskQueue {
         read_number(&self.max_request_file()).ok()
     }
 
+    /// Whether the kernel treats the disk as rotational; `false` when it does not say.
+    pub(super) fn rotational(&self) -> bool {
+        read_trimmed(&self.queue_dir.join("rotational")).is_ok_and(|flag| flag == "1")
+    }
+
     pub(super) fn diskseq(&self) -> Option<u64> {
         read_trimmed(&self.diskseq_file).ok()?.parse().ok()
     }
