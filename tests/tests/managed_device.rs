@@ -447,7 +447,11 @@ fn abissd_takes_a_rotational_disk_at_the_least_depth_and_others_deeper() {
     assert_eq!(seen, expected, "by kind");
     assert_eq!(chosen.stop(), Some(0));
 
-    let given: Vec<&str> = both.iter().copied().chain(["--dispatch-depth", "6"]).collect();
+    let given: Vec<&str> = both
+        .iter()
+        .copied()
+        .chain(["--dispatch-depth", "6"])
+        .collect();
     let mut named = abiss_tests::Daemon::start_managing(spinning.path(), &given);
     let mut seen = depths(&named);
     seen.sort();

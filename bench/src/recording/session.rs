@@ -225,7 +225,8 @@ impl Bench {
         Ok(match plan.row.class {
             Class::Abiss if plan.row.direct => {
                 let bin_dir = self.bin_dir()?;
-                let daemon = Daemon::start(bin_dir, self.disk.device(), plan.row.daemon_options, None)?;
+                let daemon =
+                    Daemon::start(bin_dir, self.disk.device(), plan.row.daemon_options, None)?;
                 let player = Wrapper::Abiss {
                     abissctl: bin_dir.join("abissctl"),
                     socket: daemon.socket().to_path_buf(),
@@ -235,7 +236,8 @@ impl Bench {
             }
             Class::Abiss => {
                 let bin_dir = self.bin_dir()?;
-                let daemon = Daemon::start(bin_dir, self.disk.device(), plan.row.daemon_options, None)?;
+                let daemon =
+                    Daemon::start(bin_dir, self.disk.device(), plan.row.daemon_options, None)?;
                 let abissctl = bin_dir.join("abissctl");
                 let socket = daemon.socket().to_path_buf();
                 let player = Wrapper::Abiss {

@@ -58,7 +58,7 @@ impl fmt::Display for Elevator {
 /// start waits behind").
 pub const ROTATIONAL_DISPATCH_DEPTH: u32 = MIN_DISPATCH_DEPTH;
 
-/// The dispatch depth of any other disk (SSD, NVMe, a network volume) unless
+/// The dispatch depth of any other disk (an SSD, an `NVMe` drive, a network volume) unless
 /// `--dispatch-depth` says: a few requests more than the least keep its internal parallelism
 /// busy, while a request dispatched ahead of a real-time one waits behind at most 7 others.
 pub const SOLID_STATE_DISPATCH_DEPTH: u32 = 8;
