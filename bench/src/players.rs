@@ -221,6 +221,28 @@ fn no_load_rows() -> Vec<Configuration> {
             &["--preroll", "6MiB"],
         )),
         Configuration {
+            run_options: &["--preroll", "6MiB"],
+            ..no_load(row(
+                "abiss-seek-no-load",
+                "abiss, abissctl run --preroll 6MiB, gst seeking every 10 s, no best-effort \
+                 load: the seeks' and the start-ups' floor",
+                "mq-deadline",
+                Class::Abiss,
+                Scenario::FourOneSeeking,
+            ))
+        },
+        Configuration {
+            run_options: &["--preroll", "6MiB"],
+            ..no_load(row(
+                "abiss-8-viewers-no-load",
+                "abiss, abissctl run --preroll 6MiB, 8 viewers of one file, no best-effort \
+                 load: the floor of 8 start-ups at 8 points of one file at once",
+                "mq-deadline",
+                Class::Abiss,
+                Scenario::EightViewers,
+            ))
+        },
+        Configuration {
             daemon_options: &["--dispatch-depth", "8"],
             ..no_load(abiss_with(
                 "abiss-preroll-depth-8-no-load",
