@@ -3,8 +3,9 @@
 //!
 //! The kernel sees one entry per file (its tag, the most urgent level, whose reads to report), and
 //! every access it reports names the file, not the stream. Which stream an access belongs to is
-//! decided here: the stream whose window holds the bytes read, else the stream that process was
-//! seen reading, else a stream still waiting for its first reader. Each stream keeps its own
+//! decided here: the stream that process is known to read (`abissctl run` and the libraries name
+//! their player before it reads; otherwise it is the stream it was first routed to), else the
+//! stream whose window holds the bytes read, else a stream still waiting for its first reader. Each stream keeps its own
 //! window and its own mapping: windows that overlap lock the same page-cache pages, which are
 //! read from the disk once.
 
@@ -87,29 +88,53 @@ pub(crate) fn route(
     if readers.is_empty() {
         return streams.iter().find(theirs).map(|s| s.id);
     }
+    // A process known to read a stream reads for that stream wherever it reads: a read outside
+    // its window is its own jump (a viewer's probe of the head, its seek), not a read in another
+    // viewer's window. Before, eight viewers of one file started together stole each other's
+    // reads whenever a viewer's window had moved on and another's, still waiting for its
+    // player, held the bytes: that window followed the wrong player and its own player's first
+    // reads missed (9 and 10 misses with no load at all, `abiss-8-viewers-no-load`).
+    let own: Vec<&FileStream> = readers.iter().copied().filter(|s| s.known_reader).collect();
+    if !own.is_empty() {
+        return nearest(&own, range);
+    }
     if let Some(range) = range {
-        // The window holding the bytes; of overlapping windows, this process's, then the one
-        // whose reader is nearest behind.
+        // The window holding the bytes; of overlapping windows, the one whose reader is
+        // nearest behind.
         let holding = readers
             .iter()
             .filter(|s| s.window.contains(&range.start))
-            .min_by_key(|s| (!s.known_reader, range.start - s.window.start));
+            .min_by_key(|s| range.start - s.window.start);
         if let Some(stream) = holding {
             return Some(stream.id);
         }
     }
-    // A jump (a seek), or an access with no place: the process's own stream, else one whose
-    // player has not read yet, else the stream whose reader is nearest behind the bytes.
-    if let Some(stream) = readers.iter().find(|s| s.known_reader) {
-        return Some(stream.id);
-    }
+    // A jump, or an access with no place, by a process no stream knows: a stream whose player
+    // has not read yet, else the stream whose reader is nearest behind the bytes.
     if let Some(stream) = readers.iter().find(|s| s.waiting_for_reader) {
         return Some(stream.id);
     }
-    let start = range.map_or(0, |r| r.start);
-    readers
+    nearest(&readers, range)
+}
+
+/// Of `streams` (at least one), the one at `range`: whose window holds it (of overlapping
+/// windows, the one whose reader is nearest behind), else whose window starts nearest behind
+/// it, else nearest ahead; the first for an access with no place.
+fn nearest(streams: &[&FileStream], range: Option<&Range<u64>>) -> Option<StreamId> {
+    let Some(range) = range else {
+        return streams.first().map(|s| s.id);
+    };
+    let start = range.start;
+    let holding = streams
         .iter()
-        .min_by_key(|s| (s.window.start > start, start.abs_diff(s.window.start), s.id))
+        .filter(|s| s.window.contains(&start))
+        .min_by_key(|s| start - s.window.start);
+    holding
+        .or_else(|| {
+            streams
+                .iter()
+                .min_by_key(|s| (s.window.start > start, start.abs_diff(s.window.start), s.id))
+        })
         .map(|s| s.id)
 }
 
@@ -170,6 +195,31 @@ mod tests {
         streams[0].known_reader = false;
         streams[0].waiting_for_reader = true;
         assert_eq!(route(&streams, 1000, None), Some(StreamId(1)));
+    }
+
+    #[test]
+    fn a_known_reader_s_reads_stay_on_its_stream_even_in_another_viewer_s_window() {
+        // Viewer 1 jumped to 50 000; viewer 2 waits for its player with its window at the head.
+        let mut streams = [viewer(1, 1000, 50_000..51_000), viewer(2, 1000, 0..6_000)];
+        streams[1].waiting_for_reader = true;
+        // An unknown process reading the head reads in viewer 2's window.
+        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(StreamId(2)));
+        // Viewer 1's player reading the head again (its probe) jumps its own stream back.
+        streams[0].known_reader = true;
+        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(StreamId(1)));
+        assert_eq!(route(&streams, 1000, None), Some(StreamId(1)));
+        // A process with two streams of the file: the one whose window holds the bytes, else
+        // the one nearest behind them.
+        streams[1].known_reader = true;
+        assert_eq!(route(&streams, 1000, Some(&(10..20))), Some(StreamId(2)));
+        assert_eq!(
+            route(&streams, 1000, Some(&(60_000..60_100))),
+            Some(StreamId(1))
+        );
+        assert_eq!(
+            route(&streams, 1000, Some(&(20_000..20_100))),
+            Some(StreamId(2))
+        );
     }
 
     #[test]
@@ -245,8 +295,9 @@ mod tests {
     }
 
     proptest! {
-        /// An access goes to a stream the user may steer, and a read goes to a recording only
-        /// when the user has no read stream on the file; the kernel reports every owner.
+        /// An access goes to a stream the user may steer, a read goes to a recording only when
+        /// the user has no read stream on the file, and a known reader's access to a stream
+        /// that knows it; the kernel reports every owner.
         #[test]
         fn accesses_go_only_to_streams_the_user_may_steer(
             streams in streams_strategy(),
@@ -264,6 +315,11 @@ mod tests {
                     prop_assert!(may(chosen));
                     if chosen.recording {
                         prop_assert!(!streams.iter().any(|s| may(s) && !s.recording));
+                    }
+                    // A process that a read stream the user may steer knows reads only
+                    // streams that know it.
+                    if streams.iter().any(|s| may(s) && !s.recording && s.known_reader) {
+                        prop_assert!(chosen.known_reader && !chosen.recording);
                     }
                 }
             }
