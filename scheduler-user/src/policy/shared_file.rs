@@ -5,9 +5,9 @@
 //! every access it reports names the file, not the stream. Which stream an access belongs to is
 //! decided here: the stream that process is known to read (`abissctl run` and the libraries name
 //! their player before it reads; otherwise it is the stream it was first routed to), else the
-//! stream whose window holds the bytes read, else a stream still waiting for its first reader. Each stream keeps its own
-//! window and its own mapping: windows that overlap lock the same page-cache pages, which are
-//! read from the disk once.
+//! stream whose window holds the bytes read, else a stream still waiting for its first reader.
+//! Each stream keeps its own window and its own mapping: windows that overlap lock the same
+//! page-cache pages, which are read from the disk once.
 
 use std::ops::Range;
 
@@ -80,7 +80,7 @@ pub(crate) fn route(
     // none on the file (a service reading a file root attached for it).
     let owns = streams.iter().any(|s| s.owner_uid == uid);
     let theirs = |s: &&FileStream| s.owner_uid == uid || (!owns && s.owner_uid == 0);
-    let readers: Vec<&FileStream> = streams
+    let mut readers: Vec<&FileStream> = streams
         .iter()
         .filter(theirs)
         .filter(|s| !s.recording)
@@ -94,47 +94,35 @@ pub(crate) fn route(
     // reads whenever a viewer's window had moved on and another's, still waiting for its
     // player, held the bytes: that window followed the wrong player and its own player's first
     // reads missed (9 and 10 misses with no load at all, `abiss-8-viewers-no-load`).
-    let own: Vec<&FileStream> = readers.iter().copied().filter(|s| s.known_reader).collect();
-    if !own.is_empty() {
-        return nearest(&own, range);
+    if readers.iter().any(|s| s.known_reader) {
+        readers.retain(|s| s.known_reader);
+        return holding(&readers, range).or_else(|| nearest(&readers, range));
     }
-    if let Some(range) = range {
-        // The window holding the bytes; of overlapping windows, the one whose reader is
-        // nearest behind.
-        let holding = readers
-            .iter()
-            .filter(|s| s.window.contains(&range.start))
-            .min_by_key(|s| range.start - s.window.start);
-        if let Some(stream) = holding {
-            return Some(stream.id);
-        }
-    }
-    // A jump, or an access with no place, by a process no stream knows: a stream whose player
-    // has not read yet, else the stream whose reader is nearest behind the bytes.
-    if let Some(stream) = readers.iter().find(|s| s.waiting_for_reader) {
-        return Some(stream.id);
-    }
-    nearest(&readers, range)
+    // A process no stream knows: the window holding the bytes; for a jump, or an access with
+    // no place, a stream whose player has not read yet, else the one nearest the bytes.
+    holding(&readers, range)
+        .or_else(|| readers.iter().find(|s| s.waiting_for_reader).map(|s| s.id))
+        .or_else(|| nearest(&readers, range))
 }
 
-/// Of `streams` (at least one), the one at `range`: whose window holds it (of overlapping
-/// windows, the one whose reader is nearest behind), else whose window starts nearest behind
-/// it, else nearest ahead; the first for an access with no place.
-fn nearest(streams: &[&FileStream], range: Option<&Range<u64>>) -> Option<StreamId> {
-    let Some(range) = range else {
-        return streams.first().map(|s| s.id);
-    };
-    let start = range.start;
-    let holding = streams
+/// Of `streams`, the one whose window holds `range`'s start; of overlapping windows, the one
+/// whose reader is nearest behind it.
+fn holding(streams: &[&FileStream], range: Option<&Range<u64>>) -> Option<StreamId> {
+    let start = range?.start;
+    streams
         .iter()
         .filter(|s| s.window.contains(&start))
-        .min_by_key(|s| start - s.window.start);
-    holding
-        .or_else(|| {
-            streams
-                .iter()
-                .min_by_key(|s| (s.window.start > start, start.abs_diff(s.window.start), s.id))
-        })
+        .min_by_key(|s| start - s.window.start)
+        .map(|s| s.id)
+}
+
+/// Of `streams`, the one whose window starts nearest behind `range` (the file's start for an
+/// access with no place), else nearest ahead of it.
+fn nearest(streams: &[&FileStream], range: Option<&Range<u64>>) -> Option<StreamId> {
+    let start = range.map_or(0, |r| r.start);
+    streams
+        .iter()
+        .min_by_key(|s| (s.window.start > start, start.abs_diff(s.window.start), s.id))
         .map(|s| s.id)
 }
 
