@@ -152,7 +152,8 @@ fn count_wait(stream: &mut Stream) {
 }
 
 /// Moves `stream`'s window as its reader moved (`step`), refilled from the allowance if the
-/// move was a seek.
+/// move was a seek; a stream attached with a preroll prerolls again from the allowance once
+/// its reader reads on from where it sought.
 fn moved(
     burst: &mut BurstAllowance,
     stream: &mut Stream,
@@ -163,6 +164,15 @@ fn moved(
     let mut actions = step(&mut stream.playout);
     if stream.playout.seeks() > seeks {
         actions.extend(fill_from_allowance(burst, stream, now));
+    } else if let Some(preroll) = stream.granted.preroll {
+        let (id, uid) = (stream.id, stream.owner_uid);
+        actions.extend(stream.playout.preroll_after_seek(preroll.0, |wanted| {
+            let granted = burst.grant(uid, wanted, now);
+            log::debug!(
+                "stream {id}: prerolled {granted} of {wanted} bytes from the allowance after a seek"
+            );
+            granted
+        }));
     }
     actions
 }

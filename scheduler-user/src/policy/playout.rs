@@ -85,6 +85,9 @@ pub(crate) struct PlayoutBuffer {
     /// that waits for the disk meanwhile waits for the seek's refill (a burst the owner's
     /// allowance pays for), which is not a miss either.
     refilling: bool,
+    /// Where the last seek put the reader, until it has read on from there: then a stream
+    /// with a preroll loads ahead as at its start ([`Self::settled_after_seek`]).
+    settling: Option<u64>,
 }
 
 /// What a reader that waited for the disk waited for.
@@ -138,6 +141,7 @@ impl PlayoutBuffer {
             tail: None,
             started: false,
             refilling: false,
+            settling: None,
         };
         let mut actions = Vec::new();
         buffer.fill(now, &mut actions);
@@ -236,6 +240,7 @@ impl PlayoutBuffer {
         self.app_point = offset;
         self.seeks += 1;
         self.refilling = true;
+        self.settling = Some(self.app_point);
         self.fill(now, actions);
     }
 

@@ -1,7 +1,7 @@
 //! A stream's start-up preroll: the file's head (and its probe tail) loaded at once, beyond
 //! the window, in the order players read them.
 
-use super::{page_ceil, PlayoutBuffer, ProbeTail, WindowAction};
+use super::{page_ceil, page_floor, PlayoutBuffer, ProbeTail, WindowAction};
 
 /// A preroll waiting for the stream's first load to complete; its first piece is queued.
 #[derive(Clone, Copy, Debug)]
@@ -15,6 +15,13 @@ pub(super) struct PendingPreroll {
 /// A preroll's head queued before its probe tail: one request of the usual largest size
 /// (`max_sectors_kb` 512), so the piece a player reads next is first in the disk's queue.
 pub(crate) const PREROLL_LEAD_BYTES: u64 = 512 << 10;
+
+/// How far a reader reads on from where a seek put it before it counts as playing from there:
+/// more than one probe of a player that looks for its start by bisection (ffmpeg reads
+/// 132 KiB at each point it tries, then jumps again), less than the smallest automatic window
+/// (376 KiB on the lab hdd), which a player's start burst read past: `GStreamer` and ffmpeg
+/// viewers that started 30 and 50 s into a file missed 385 and 876 KiB after their jump.
+pub(crate) const SETTLED_BYTES: u64 = 192 << 10;
 
 impl PlayoutBuffer {
     /// Loads the file's head up to `end` beyond the window (a start-up preroll, paid by the
@@ -92,6 +99,36 @@ impl PlayoutBuffer {
         }
         actions.extend(self.load_head(end));
         actions
+    }
+
+    /// A preroll after a seek: once the reader has read on [`SETTLED_BYTES`] from where the
+    /// last seek put it (once per seek), loads ahead up to `preroll` bytes from the window's
+    /// start, as far as `grant` (asked for the bytes wanted, answering the bytes paid for)
+    /// allows. A player that sought reads its start burst there as at the file's start, past
+    /// a window sized for its rate. Locked like the window, released as the reader passes it,
+    /// and let go by the next seek; it locks no more than a start-up preroll, whose room the
+    /// stream holds.
+    pub(crate) fn preroll_after_seek(
+        &mut self,
+        preroll: u64,
+        grant: impl FnOnce(u64) -> u64,
+    ) -> Vec<WindowAction> {
+        let settled = self
+            .settling
+            .is_some_and(|point| self.app_point >= point.saturating_add(SETTLED_BYTES));
+        if !settled {
+            return Vec::new();
+        }
+        self.settling = None;
+        let end = page_ceil(self.window_start.saturating_add(preroll)).min(self.file_end());
+        let wanted = end.saturating_sub(self.requested_end);
+        if wanted == 0 {
+            return Vec::new();
+        }
+        let granted = grant(wanted).min(wanted);
+        self.load_head(page_floor(self.requested_end + granted))
+            .into_iter()
+            .collect()
     }
 
     /// Loads the head from what was asked for so far up to `end`, if that is further.
