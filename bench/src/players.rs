@@ -38,6 +38,17 @@ const FOUR: [PlayerKind; 4] = [
 ];
 /// Viewers of one file in the 8-viewer rows, starting this far apart in the media.
 const VIEWERS: u32 = 8;
+/// Players of the 8-player rows, one file each, in [`FOUR`]'s order twice.
+const EIGHT: [PlayerKind; 8] = [
+    PlayerKind::Gstreamer,
+    PlayerKind::Ffmpeg,
+    PlayerKind::Mpv,
+    PlayerKind::Ffmpeg,
+    PlayerKind::Gstreamer,
+    PlayerKind::Ffmpeg,
+    PlayerKind::Mpv,
+    PlayerKind::Ffmpeg,
+];
 const VIEWER_SPACING_S: u32 = 10;
 /// How often the seeking player seeks.
 const SEEK_EVERY_S: u32 = 10;
@@ -123,6 +134,20 @@ pub enum Scenario {
     /// Four players, four files, launched 5 s apart as viewers arrive: each start-up meets
     /// the load and the players already playing, not three other cold starts at once.
     FourArriving,
+    /// Eight players, eight files, from the start: as many cold starts at once as the lab
+    /// hdd's admission takes at 1.1 MB/s with 6 MiB prerolls.
+    EightFiles,
+}
+
+impl Scenario {
+    /// The players a row of this scenario starts, one file each (the 8-viewer rows share
+    /// the first file).
+    fn players(self) -> &'static [PlayerKind] {
+        match self {
+            Self::EightFiles => &EIGHT,
+            Self::Four | Self::FourOneSeeking | Self::FourArriving | Self::EightViewers => &FOUR,
+        }
+    }
 }
 
 /// What one row of the benchmark runs (reported as its [`crate::row::Row`]'s configuration).
@@ -243,6 +268,17 @@ fn no_load_rows() -> Vec<Configuration> {
             ))
         },
         Configuration {
+            run_options: &["--preroll", "6MiB"],
+            ..no_load(row(
+                "abiss-8-players-no-load",
+                "abiss, abissctl run --preroll 6MiB, 8 players of 8 files, no best-effort load: \
+                 the floor of 8 cold start-ups at once",
+                "mq-deadline",
+                Class::Abiss,
+                Scenario::EightFiles,
+            ))
+        },
+        Configuration {
             daemon_options: &["--dispatch-depth", "8"],
             ..no_load(abiss_with(
                 "abiss-preroll-depth-8-no-load",
@@ -341,6 +377,7 @@ pub fn all_rows() -> Vec<Configuration> {
         .chain(loaded)
         .chain(depth_rows())
         .chain(arriving_rows())
+        .chain(eight_player_rows())
         .collect()
 }
 
@@ -383,6 +420,30 @@ fn arriving_rows() -> [Configuration; 2] {
     ]
 }
 
+/// The rows of 8 players of 8 files started together (their no-load floor is among
+/// [`no_load_rows`]).
+fn eight_player_rows() -> [Configuration; 2] {
+    [
+        row(
+            "mq-deadline-8-players",
+            "stock mq-deadline, 8 players of 8 files",
+            "mq-deadline",
+            Class::Default,
+            Scenario::EightFiles,
+        ),
+        Configuration {
+            run_options: &["--preroll", "6MiB"],
+            ..row(
+                "abiss-8-players",
+                "abiss, abissctl run --preroll 6MiB, 8 players of 8 files",
+                "mq-deadline",
+                Class::Abiss,
+                Scenario::EightFiles,
+            )
+        },
+    ]
+}
+
 /// Runs the benchmark and writes players.{json,md,svg}.
 pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
     let begun = Instant::now();
@@ -391,9 +452,14 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
         .rows
         .select_present(all_rows(), |r| r.name, by_default, |r| r.elevator)?;
     let media_secs = u32::try_from(args.secs)? + VIEWERS * VIEWER_SPACING_S + 30;
+    let files = rows
+        .iter()
+        .map(|row| row.scenario.players().len())
+        .max()
+        .unwrap_or(FOUR.len());
     let session = Session::up(
         "players",
-        FOUR.len(),
+        files,
         media_secs.max(150),
         (args.read_ahead_kb, args.hdd_queue_depth),
     )?;
@@ -407,7 +473,7 @@ pub fn run(args: &PlayersArgs) -> anyhow::Result<()> {
         for run in 1..=args.repeat {
             let plan = RowPlan {
                 row,
-                kinds: &FOUR,
+                kinds: row.scenario.players(),
                 warmup: Duration::from_secs(args.warmup_secs),
                 secs: args.secs,
                 rate: &args.rate,

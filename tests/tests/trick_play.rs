@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use abiss_client::{Client, ClientError};
 use abiss_proto::{ByteRate, StreamId, StreamTarget};
 use abiss_tests::{
-    abissctl_as_nobody, read_request, require_root, write_cold_file, Daemon, Ext4Mount, LoopDevice,
+    abissctl_as_nobody, read_request, require_root, resident_bytes, wait_until, write_cold_file,
+    Daemon, Ext4Mount, LoopDevice,
 };
 
 const BUFFER: u64 = 512 * 1024;
@@ -157,5 +158,76 @@ fn a_jumps_own_wait_is_the_seeks_and_reading_on_misses_nothing() {
     assert!(
         out.contains("waited for the window to refill after a seek"),
         "{out}"
+    );
+}
+
+/// A player looking for its start by bisection (ffmpeg: 132 KiB at each point, then a jump)
+/// loads one window per point, no preroll; once it reads on from the point it settles on, the
+/// stream's preroll is loaded and locked at once (at the rate, 8 MiB would take 8 s) and the
+/// player plays through it without a miss; the next seek lets it go. Before, a viewer's start
+/// burst after its jump read past the window and missed.
+#[test]
+fn a_preroll_follows_the_player_to_where_it_settles_after_its_seeks() {
+    require_root!();
+    let fs = Ext4Mount::new(LoopDevice::new_in("/dev/shm", 256));
+    let daemon = Daemon::start_managing(fs.device().path(), &[]);
+    let path = fs.path().join("movie.ts");
+    write_cold_file(&path, 128 << 20);
+    let (window, preroll) = (BUFFER, 8u64 << 20);
+    let output = daemon.ctl([
+        "attach",
+        path.to_str().unwrap(),
+        "--rate",
+        "1MB/s",
+        "--buffer",
+        "512KiB",
+        "--preroll",
+        "8MiB",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let stream = || daemon.streams().first().cloned().expect("the stream");
+    assert!(wait_until(Duration::from_secs(3), || stream().locked_bytes >= preroll));
+    let mut file = File::open(&path).expect("open");
+    let mut probe = vec![0u8; 132 << 10];
+    for point in [64u64 << 20, 32 << 20, 48 << 20, 40 << 20] {
+        file.seek(SeekFrom::Start(point)).expect("seek");
+        file.read_exact(&mut probe).expect("probe");
+        std::thread::sleep(Duration::from_millis(100));
+        let locked = stream().locked_bytes;
+        assert!(
+            locked <= window + (512 << 10),
+            "a probe at {point} locked {locked} bytes: no preroll while the player looks"
+        );
+    }
+    // The player settles on 44 MiB and plays from there at 1 MB/s.
+    let settled = 44u64 << 20;
+    file.seek(SeekFrom::Start(settled)).expect("seek");
+    read_at_the_rate(&mut file, 5);
+    assert!(
+        wait_until(Duration::from_secs(2), || resident_bytes(
+            &file,
+            settled + window,
+            preroll - window - (1 << 20)
+        ) == preroll - window - (1 << 20)),
+        "the preroll after the seek is loaded at once ({} of {} bytes resident)",
+        resident_bytes(&file, settled + window, preroll - window - (1 << 20)),
+        preroll - window - (1 << 20)
+    );
+    read_at_the_rate(&mut file, 32);
+    std::thread::sleep(Duration::from_millis(300));
+    let info = stream();
+    assert_eq!(info.misses, 0, "{info:?}");
+    assert!(
+        info.locked_bytes >= preroll - (3 << 20),
+        "what it has not passed stays locked: {info:?}"
+    );
+    // The next seek lets the preroll go.
+    file.seek(SeekFrom::Start(100 << 20)).expect("seek");
+    file.read_exact(&mut probe).expect("read");
+    assert!(
+        wait_until(Duration::from_secs(2), || stream().locked_bytes
+            <= window + (512 << 10)),
+        "a seek lets the preroll go ({} locked)",
+        stream().locked_bytes
     );
 }

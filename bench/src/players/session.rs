@@ -195,7 +195,10 @@ impl Session {
             seek_every_s,
         };
         match scenario {
-            Scenario::Four | Scenario::FourOneSeeking | Scenario::FourArriving => kinds
+            Scenario::Four
+            | Scenario::FourOneSeeking
+            | Scenario::FourArriving
+            | Scenario::EightFiles => kinds
                 .iter()
                 .zip(&self.media)
                 .enumerate()

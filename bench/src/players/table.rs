@@ -94,8 +94,8 @@ pub fn markdown(
          since the machine may have reclaimed them since its last launch and reading them from the root disk is not the load's doing. Media: 8 Mbit/s MPEG-TS (MPEG-2 640×360 25 fps, MP2), one file per \
          player. Players, unmodified: GStreamer `playbin` with `fakesink sync=true` sinks \
          (bench/players/gst_player.py), `ffmpeg -re … -f null -`, `mpv --vo=null --ao=null \
-         --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-viewer rows: gst, ffmpeg, mpv, … of \
-         one file from 0, 10, … 70 s). Load (fio): random 16 KiB `O_DIRECT` reads at iodepth 16, \
+         --cache=no`; order gst / ffmpeg / mpv / ffmpeg (8-player rows: the same twice, 8 files; \
+         8-viewer rows: gst, ffmpeg, mpv, … of one file from 0, 10, … 70 s). Load (fio): random 16 KiB `O_DIRECT` reads at iodepth 16, \
          4 buffered random 16 KiB readers (one 1 GiB file), one random 64 KiB `O_DIRECT` writer. \
          abiss rows: abissd with its defaults, each player under `abissctl run --rate {rate}` \
          (default buffer; the rows' own options are in their players column). {disk_line} {machine_line}\n\n\

@@ -85,9 +85,14 @@ pub(crate) struct PlayoutBuffer {
     /// that waits for the disk meanwhile waits for the seek's refill (a burst the owner's
     /// allowance pays for), which is not a miss either.
     refilling: bool,
-    /// Where the last seek put the reader, until it has read on from there: then a stream
-    /// with a preroll loads ahead as at its start ([`Self::settled_after_seek`]).
+    /// Where the last seek put the reader, until it has read on from there
+    /// ([`preroll::SETTLED_BYTES`]). Until then a reader that waits for the disk waits for
+    /// the seek: what it reads behind the point it jumped to (ffmpeg 8 KiB, mpv 20 KiB) no
+    /// window could have held.
     settling: Option<u64>,
+    /// The reader has read on from where it last sought, and a stream with a preroll loads
+    /// ahead as at its start ([`Self::preroll_after_seek`]).
+    preroll_due: bool,
 }
 
 /// What a reader that waited for the disk waited for.
@@ -142,6 +147,7 @@ impl PlayoutBuffer {
             started: false,
             refilling: false,
             settling: None,
+            preroll_due: false,
         };
         let mut actions = Vec::new();
         buffer.fill(now, &mut actions);
@@ -241,6 +247,7 @@ impl PlayoutBuffer {
         self.seeks += 1;
         self.refilling = true;
         self.settling = Some(self.app_point);
+        self.preroll_due = false;
         self.fill(now, actions);
     }
 
@@ -286,6 +293,7 @@ impl PlayoutBuffer {
             self.follow(&mut actions);
             self.fill(now, &mut actions);
         }
+        self.note_settled();
         actions
     }
 
@@ -309,6 +317,7 @@ impl PlayoutBuffer {
             self.follow(&mut actions);
         }
         self.fill(now, &mut actions);
+        self.note_settled();
         actions
     }
 
@@ -319,14 +328,14 @@ impl PlayoutBuffer {
         !self.started && !self.window_locked()
     }
 
-    /// What a reader's wait for the disk now is: the start, a seek's refill (until the window
-    /// a seek asked for is locked), or a miss. Call it after the read moved the window: a
+    /// What a reader's wait for the disk now is: the start, a seek's (until the window a seek
+    /// asked for is locked, and until the reader reads on from where it sought), or a miss. Call it after the read moved the window: a
     /// read that jumped waits for the refill it caused.
     #[must_use]
     pub(crate) fn reader_wait(&self) -> ReaderWait {
         if self.is_starting() {
             ReaderWait::Start
-        } else if self.refilling && !self.window_locked() {
+        } else if (self.refilling && !self.window_locked()) || self.settling.is_some() {
             ReaderWait::Seek
         } else {
             ReaderWait::Miss

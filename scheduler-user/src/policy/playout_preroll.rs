@@ -113,13 +113,9 @@ impl PlayoutBuffer {
         preroll: u64,
         grant: impl FnOnce(u64) -> u64,
     ) -> Vec<WindowAction> {
-        let settled = self
-            .settling
-            .is_some_and(|point| self.app_point >= point.saturating_add(SETTLED_BYTES));
-        if !settled {
+        if !std::mem::take(&mut self.preroll_due) {
             return Vec::new();
         }
-        self.settling = None;
         let end = page_ceil(self.window_start.saturating_add(preroll)).min(self.file_end());
         let wanted = end.saturating_sub(self.requested_end);
         if wanted == 0 {
@@ -129,6 +125,17 @@ impl PlayoutBuffer {
         self.load_head(page_floor(self.requested_end + granted))
             .into_iter()
             .collect()
+    }
+
+    /// Notes a reader that has read on [`SETTLED_BYTES`] from where it last sought.
+    pub(super) fn note_settled(&mut self) {
+        if self
+            .settling
+            .is_some_and(|point| self.app_point >= point.saturating_add(SETTLED_BYTES))
+        {
+            self.settling = None;
+            self.preroll_due = true;
+        }
     }
 
     /// Loads the head from what was asked for so far up to `end`, if that is further.

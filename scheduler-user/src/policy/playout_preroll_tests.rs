@@ -1,6 +1,5 @@
 //! Unit tests of the start-up preroll and the preroll after a seek ([`super::super::preroll`]).
 use super::*;
-use crate::policy::playout::preroll::SETTLED_BYTES;
 use crate::policy::probe_tail::PROBE_TAIL_BYTES;
 
 /// A start-up preroll loads the head beyond the buffer at once, outside the credit; the window
@@ -250,7 +249,12 @@ fn a_reader_that_reads_on_after_a_seek_prerolls_once_and_a_bisection_does_not() 
     }
     // The last point: the player plays from there.
     let point = 43 * MB;
-    read_on(&mut buffer, point + (132 << 10), SETTLED_BYTES, MonotonicNs(3_000));
+    read_on(
+        &mut buffer,
+        point + (132 << 10),
+        SETTLED_BYTES,
+        MonotonicNs(3_000),
+    );
     let (start, from) = (buffer.window_start(), buffer.requested_end());
     assert!(start < point + (132 << 10) + SETTLED_BYTES && from >= start);
     let mut asked = 0;
@@ -259,10 +263,17 @@ fn a_reader_that_reads_on_after_a_seek_prerolls_once_and_a_bisection_does_not() 
         wanted
     });
     assert_eq!(asked, start + PREROLL - from);
-    assert_eq!(load_ranges(&ahead), [from..start + PREROLL]);
+    assert_eq!(load_ranges(&ahead), vec![(from..start + PREROLL)]);
     complete(&mut buffer, &ahead);
-    assert_eq!(buffer.locked_bytes(), PREROLL, "the window and the preroll, no more");
-    assert!(buffer.preroll_after_seek(PREROLL, unasked).is_empty(), "once per seek");
+    assert_eq!(
+        buffer.locked_bytes(),
+        PREROLL,
+        "the window and the preroll, no more"
+    );
+    assert!(
+        buffer.preroll_after_seek(PREROLL, unasked).is_empty(),
+        "once per seek"
+    );
     // Passed, it is released like the window; the next seek lets go of the rest.
     let at = buffer.app_point();
     read_on(&mut buffer, at, MB, MonotonicNs(4_000));
@@ -299,5 +310,7 @@ fn a_preroll_after_a_seek_loads_what_was_granted_and_never_less_than_the_window(
     let jump = small.on_read(60 * MB..60 * MB + 4096, MonotonicNs(1_000));
     complete(&mut small, &jump);
     read_on(&mut small, 60 * MB, SETTLED_BYTES, MonotonicNs(2_000));
-    assert!(small.preroll_after_seek(B / 2, |_| panic!("nothing to pay")).is_empty());
+    assert!(small
+        .preroll_after_seek(B / 2, |_| panic!("nothing to pay"))
+        .is_empty());
 }
