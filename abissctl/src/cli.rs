@@ -247,7 +247,8 @@ struct StreamArgs {
     /// Load this much of the file's head at once when the stream starts, beyond --buffer (a
     /// player's start-up probe: ffmpeg reads about 5 MB), locked until the reader passes it,
     /// and with it the file's last 512 KiB, which players read to find the duration. It comes
-    /// out of your start-up allowance and counts against your locked memory. With
+    /// out of your start-up allowance and counts against your locked memory. After a seek,
+    /// the head from the new point is loaded again once the reader reads on from there. With
     /// `run`, the command starts at once instead of after the first window: it waits for the
     /// pages it probes as they load.
     #[arg(long, conflicts_with = "write")]

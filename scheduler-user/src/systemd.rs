@@ -88,7 +88,7 @@ pub(crate) fn init_logging() {
             write!(
                 out,
                 "[{} {style}{level:<5}{style:#} {}] ",
-                out.timestamp(),
+                out.timestamp_millis(),
                 record.target()
             )?;
             write_escaped(out, *record.args())?;
