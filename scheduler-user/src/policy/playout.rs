@@ -329,8 +329,9 @@ impl PlayoutBuffer {
     }
 
     /// What a reader's wait for the disk now is: the start, a seek's (until the window a seek
-    /// asked for is locked, and until the reader reads on from where it sought), or a miss. Call it after the read moved the window: a
-    /// read that jumped waits for the refill it caused.
+    /// asked for is locked, and until the reader reads on from where it sought), or a miss.
+    /// Call it after the read moved the window: a read that jumped waits for the refill it
+    /// caused.
     #[must_use]
     pub(crate) fn reader_wait(&self) -> ReaderWait {
         if self.is_starting() {

@@ -1,5 +1,6 @@
 //! A stream's start-up preroll: the file's head (and its probe tail) loaded at once, beyond
-//! the window, in the order players read them.
+//! the window, in the order players read them; and the preroll again where the player settles
+//! after a seek.
 
 use super::{page_ceil, page_floor, PlayoutBuffer, ProbeTail, WindowAction};
 

@@ -166,15 +166,16 @@ fn event() -> impl Strategy<Value = Event> {
 }
 
 fn hostile_event() -> impl Strategy<Value = (u8, u64, u64)> {
-    (0u8..4, any::<u64>(), any::<u64>())
+    (0u8..5, any::<u64>(), any::<u64>())
 }
 
 proptest! {
     /// Numbers from a client or the kernel can be anything (`u64::MAX`, a range that ends
     /// before it starts, a generation never issued): the buffer neither panics nor breaks
-    /// its bounds.
+    /// its bounds, a preroll after a seek included (it locks no more than the preroll).
     #[test]
     fn any_numbers_keep_the_bounds(events in proptest::collection::vec(hostile_event(), 1..200)) {
+        const PREROLL: u64 = 6 << 20;
         let (mut buffer, _) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
         let mut now = 0u64;
         for (kind, a, b) in events {
@@ -182,9 +183,10 @@ proptest! {
                 0 => buffer.on_position(a, MonotonicNs(now)),
                 1 => buffer.on_read(a..b, MonotonicNs(now)),
                 2 => buffer.on_loaded(a.min(b)..a.max(b), u32::try_from(b % 4).unwrap_or(0)),
+                3 => buffer.preroll_after_seek(PREROLL, |wanted| b % wanted.saturating_add(1)),
                 _ => { now = now.saturating_add(a % 1_000_000_000); buffer.on_tick(MonotonicNs(now)) }
             };
-            prop_assert!(buffer.locked_bytes() <= B + BATCH);
+            prop_assert!(buffer.locked_bytes() <= (B + BATCH).max(PREROLL));
             prop_assert!(buffer.app_point() <= (105 * MB).div_ceil(PAGE) * PAGE);
         }
     }
