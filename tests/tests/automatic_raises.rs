@@ -546,7 +546,10 @@ fn a_daemon_crash_leaves_no_reader_raised() {
 /// A player that reads in short-lived threads (one per segment, say): 40 threads one after
 /// another each miss the page cache once, and each is raised. A stream raises at most 32
 /// threads at once, and a thread that is gone held its raise until it idled out (5 s): the
-/// raises benchmark (then `upgrades`) raised 96 of 200 such threads.
+/// raises benchmark (then `upgrades`) raised 96 of 200 such threads. A thread looks at its
+/// priority for up to 250 ms after its read: the raise comes from abissd's loop, which in the
+/// suite's lanes once came after a read had already ended (39 of 40 by the end of the read, in
+/// one fresh-clone run of 13), while a thread refused for the cap is not raised for seconds.
 #[test]
 fn short_lived_reader_threads_are_each_raised() {
     use std::os::fd::AsRawFd as _;
@@ -555,7 +558,7 @@ fn short_lived_reader_threads_are_each_raised() {
     let bench = bench("threads");
     let stream = bench.file("stream.bin");
     let _stream = bench.daemon.attach_at_1mb(&stream);
-    let mut raised = 0;
+    let (mut raised, mut late) = (0, 0);
     for thread in 0..40u64 {
         let path = stream.clone();
         // Outside the window loaded at attach, and a new place each time.
@@ -571,13 +574,20 @@ fn short_lived_reader_threads_are_each_raised() {
             .expect("fadvise");
             let mut buffer = vec![0u8; 65_536];
             file.read_exact_at(&mut buffer, offset).expect("read");
-            ioprio::get(nix::unistd::gettid().as_raw().unsigned_abs()).ok() == Some(RT0)
+            let tid = nix::unistd::gettid().as_raw().unsigned_abs();
+            let by_the_end = ioprio::get(tid).ok() == Some(RT0);
+            let soon = by_the_end
+                || wait_until(Duration::from_millis(250), || {
+                    ioprio::get(tid).ok() == Some(RT0)
+                });
+            (by_the_end, soon)
         })
         .join()
         .expect("the thread");
-        raised += u32::from(was_raised);
+        raised += u32::from(was_raised.1);
+        late += u32::from(was_raised.1 && !was_raised.0);
         std::thread::sleep(Duration::from_millis(20));
     }
-    println!("{raised} of 40 threads raised by the end of their read");
+    println!("{raised} of 40 threads raised, {late} of them only after their read ended");
     assert_eq!(raised, 40, "threads that are gone kept the stream's raises");
 }
