@@ -575,17 +575,18 @@ fn short_lived_reader_threads_are_each_raised() {
             let mut buffer = vec![0u8; 65_536];
             file.read_exact_at(&mut buffer, offset).expect("read");
             let tid = nix::unistd::gettid().as_raw().unsigned_abs();
-            let by_the_end = ioprio::get(tid).ok() == Some(RT0);
-            let soon = by_the_end
-                || wait_until(Duration::from_millis(250), || {
-                    ioprio::get(tid).ok() == Some(RT0)
-                });
-            (by_the_end, soon)
+            let is_raised = || ioprio::get(tid).ok() == Some(RT0);
+            let by_the_end = is_raised();
+            (
+                by_the_end,
+                wait_until(Duration::from_millis(250), is_raised),
+            )
         })
         .join()
         .expect("the thread");
-        raised += u32::from(was_raised.1);
-        late += u32::from(was_raised.1 && !was_raised.0);
+        let (by_the_end, soon) = was_raised;
+        raised += u32::from(soon);
+        late += u32::from(soon && !by_the_end);
         std::thread::sleep(Duration::from_millis(20));
     }
     println!("{raised} of 40 threads raised, {late} of them only after their read ended");

@@ -79,9 +79,9 @@ fn a_raised_readers_small_direct_reads_that_merge_are_all_counted() {
             "5",
         ]);
         // Until every read is counted, or long after the reads should have ended: in a
-        // fresh-clone run of 2026-12-07 the count was looked at after a fixed 2.5 s and found
-        // 32 KiB short, the last reads not yet done beside the suite's lanes. A merge left
-        // uncounted leaves it short for good.
+        // fresh-clone run of 2026-12-07 the count, looked at after a fixed 2.5 s, was 32 KiB
+        // short (most likely the last reads still under way beside the suite's lanes; 13 runs
+        // before had it whole). A merge left uncounted leaves it short for good.
         let mut counted = None;
         wait_until(Duration::from_secs(7), || {
             counted = stream_kib_counted(setup.daemon.pid(), reader.id());

@@ -50,6 +50,16 @@ fn loaded(actions: &[WindowAction]) -> u64 {
         .sum()
 }
 
+fn released(actions: &[WindowAction]) -> u64 {
+    actions
+        .iter()
+        .map(|a| match a {
+            WindowAction::Release { range } => range.end - range.start,
+            _ => 0,
+        })
+        .sum()
+}
+
 #[test]
 fn the_initial_fill_loads_the_whole_buffer_in_one_request() {
     let (mut buffer, actions) = PlayoutBuffer::new(shape(105 * MB), MonotonicNs::ZERO);
