@@ -104,4 +104,9 @@ pub struct AdmissionReport {
     /// probability above also counts what the playout buffers absorb.
     #[serde(default)]
     pub window_overrun_probability: Option<f64>,
+    /// The mean disk time a service window would take with `count` more such streams, ms:
+    /// what the model prices them at, beside the window's real-time share (`None` without a
+    /// model).
+    #[serde(default)]
+    pub mean_work_ms: Option<f64>,
 }

@@ -132,6 +132,14 @@ fn print_answer(out: &mut impl Write, report: &AdmissionReport, kind: &str) {
                     percent(p)
                 )),
         );
+        if let Some(work_ms) = report.mean_work_ms {
+            let _ = writeln!(
+                out,
+                "  with them the disk's streams would take {work_ms:.0} ms of every {} ms window on average, by its model ({} ms are for real time)",
+                report.window_ms,
+                report.window_ms * u64::from(report.realtime_share_percent) / 100
+            );
+        }
         if let Some(overrun) = report.window_overrun_probability {
             let _ = writeln!(
                 out,

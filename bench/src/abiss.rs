@@ -7,13 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abiss_client::Client;
-use abiss_proto::{AttachRequest, ByteRate, ByteSize, LatencyGroup, StreamId};
+use abiss_proto::{
+    AdmissionMode, AdmitRequest, AttachRequest, ByteRate, ByteSize, LatencyGroup, StreamId,
+};
 use anyhow::Context;
 
 use crate::configuration::{
     self, Configuration, DaemonFigures, ReaderContext, ReaderSetup, RunContext, RunHook, RunSetup,
+    StreamsPrediction,
 };
 use crate::daemon::{DaemonCommand, DaemonProcess};
+use crate::schedule::StreamSpec;
 
 /// Pages per credit step, as in the ABISS measurement (20-page batches).
 pub const BATCH_PAGES: u32 = 20;
@@ -79,6 +83,9 @@ impl RunHook for AbissHook {
         let daemon = Daemon::start(bin_dir, run.device, &args, self.state_dir.as_deref())?;
         Ok(Box::new(AbissRun {
             daemon,
+            device: run.device.to_string_lossy().into_owned(),
+            stream: run.stream,
+            predicted: Mutex::default(),
             level: self.level,
             buffer: self.buffer,
             buffers: Arc::default(),
@@ -139,6 +146,12 @@ impl Drop for Daemon {
 #[derive(Debug)]
 struct AbissRun {
     daemon: Daemon,
+    /// The device it manages.
+    device: String,
+    /// The run's streams.
+    stream: StreamSpec,
+    /// What it predicted for the streams when the readers started.
+    predicted: Mutex<Option<StreamsPrediction>>,
     level: u8,
     buffer: StreamBuffer,
     /// Each stream's buffer as abissd had it when its reader ended (it may grow a buffer
@@ -198,6 +211,33 @@ impl RunSetup for AbissRun {
         }))
     }
 
+    fn readers_ready(&self) {
+        let prediction = Client::connect(self.daemon.socket())
+            .ok()
+            .and_then(|mut client| {
+                // Zero more streams: the prediction for those attached, as abissd sized them.
+                let plan = client
+                    .admit(AdmitRequest {
+                        device: self.device.clone(),
+                        rate: ByteRate(self.stream.rate_bps),
+                        rate_stdev: ByteRate(0),
+                        buffer: ByteSize(self.stream.buffer_bytes),
+                        batch_pages: None,
+                        count: Some(0),
+                        mode: Some(AdmissionMode::Statistical),
+                        write: false,
+                    })
+                    .ok()?;
+                Some(StreamsPrediction {
+                    miss_probability: plan.miss_probability?,
+                    work_ms: plan.mean_work_ms?,
+                })
+            });
+        if let Ok(mut predicted) = self.predicted.lock() {
+            *predicted = prediction;
+        }
+    }
+
     fn daemon_figures(&self) -> Option<DaemonFigures> {
         let mut client = Client::connect(self.daemon.socket()).ok()?;
         let (_, groups) = client.latency().ok()?;
@@ -216,6 +256,7 @@ impl RunSetup for AbissRun {
                 .min()
                 .zip(buffers.iter().max())
                 .map(|(min, max)| (*min, *max)),
+            predicted: self.predicted.lock().ok().and_then(|p| *p),
         })
     }
 }

@@ -7,7 +7,6 @@
 //! saturation, against the reference copy loop, with the stream files in random order over
 //! the disk; the measured deadline-miss ratio is set against the predictions.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -19,16 +18,18 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::abiss::{AbissHook, Daemon, StreamBuffer};
-use crate::chart::{self, MissSeries};
-use crate::configuration::{Configuration, ConfigurationInfo};
+use crate::configuration::Configuration;
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
 use crate::reference::{
     workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
 };
+use crate::repeats::Spread;
 use crate::report::{self, Results, Row};
 use crate::row::{self, RowsArg};
 use crate::trial::{run_trial, TrialFigures, TrialPlan};
+
+mod table;
 
 /// `abiss-bench admission`.
 #[derive(Debug, clap::Args)]
@@ -42,7 +43,11 @@ pub struct AdmissionArgs {
     /// The most streams to try.
     #[arg(long, default_value_t = 24)]
     pub max_streams: usize,
-    /// Steps to run after the first one whose miss ratio exceeds `p_req`.
+    /// Runs per stream count, each with the stream files in another random order over the
+    /// disk; the tables give the mean and its 95 % interval.
+    #[arg(long, default_value_t = 3)]
+    pub repeat: usize,
+    /// Steps to run after the first one whose mean miss ratio exceeds `p_req`.
     #[arg(long, default_value_t = 2)]
     pub steps_after_miss: usize,
     /// Allowed miss probability per window.
@@ -107,15 +112,34 @@ pub fn measured_n_max(steps: &[(usize, f64)], p_req: f64) -> Option<usize> {
         .map(|(n, _)| *n)
 }
 
-/// One step: predictions and the measurement.
+/// One step: predictions and the measurements of its runs.
 #[derive(Debug, Serialize)]
-struct Step {
+pub(crate) struct Step {
     streams: usize,
     predicted_deterministic: f64,
     predicted_statistical: f64,
     predicted_window_overrun: f64,
-    measured_miss_ratio: f64,
-    trial: TrialFigures,
+    /// The model's mean disk time of a 1000 ms window for these streams, ms.
+    predicted_work_ms: Option<f64>,
+    /// The fraction of reads that missed, over the runs.
+    measured_miss_ratio: Spread,
+    /// The disk time the streams took per second at their full rate, over the runs, ms.
+    measured_work_ms: Option<Spread>,
+    runs: Vec<TrialFigures>,
+}
+
+/// What abissd predicts for one stream count.
+#[derive(Clone, Copy, Debug)]
+struct Predicted {
+    streams: usize,
+    /// 0 while the worst case fits, else 1.
+    deterministic: f64,
+    /// That the backlog outgrows the buffers' slack.
+    statistical: f64,
+    /// TRAC's: that a window's work overruns the share.
+    window_overrun: f64,
+    /// The mean work of a window, ms.
+    work_ms: Option<f64>,
 }
 
 /// A fixed permutation (xorshift Fisher–Yates): the first n stream files land at random places
@@ -157,8 +181,7 @@ pub(crate) fn profile(
 
 /// What abissd predicts per n and mode, and `n_max` per mode.
 struct Predictions {
-    /// (n, deterministic bound, statistical miss probability, TRAC window overrun).
-    per_n: Vec<(usize, f64, f64, f64)>,
+    per_n: Vec<Predicted>,
     n_max_deterministic: u32,
     n_max_statistical: u32,
     /// From the per-n table: the last n before the first whose window overrun exceeds `p_req`.
@@ -206,14 +229,18 @@ fn predict(
         let count = Some(u32::try_from(n)?);
         let det = ask(count, AdmissionMode::Deterministic)?;
         let stat = ask(count, AdmissionMode::Statistical)?;
-        per_n.push((
-            n,
-            det.miss_probability.unwrap_or(f64::NAN),
-            stat.miss_probability.unwrap_or(f64::NAN),
-            stat.window_overrun_probability.unwrap_or(f64::NAN),
-        ));
+        per_n.push(Predicted {
+            streams: n,
+            deterministic: det.miss_probability.unwrap_or(f64::NAN),
+            statistical: stat.miss_probability.unwrap_or(f64::NAN),
+            window_overrun: stat.window_overrun_probability.unwrap_or(f64::NAN),
+            work_ms: stat.mean_work_ms,
+        });
     }
-    let overruns: Vec<(usize, f64)> = per_n.iter().map(|p| (p.0, p.3)).collect();
+    let overruns: Vec<(usize, f64)> = per_n
+        .iter()
+        .map(|p| (p.streams, p.window_overrun))
+        .collect();
     let n_max_window_overrun = measured_n_max(&overruns, args.p_req);
     let det = ask(None, AdmissionMode::Deterministic)?;
     let stat = ask(None, AdmissionMode::Statistical)?;
@@ -234,6 +261,7 @@ fn predict(
 pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
+    anyhow::ensure!(args.repeat >= 1, "--repeat must be at least 1");
     anyhow::ensure!(
         args.p_req > 0.0 && args.p_req < 1.0,
         "--p-req must be between 0 and 1"
@@ -268,7 +296,7 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
 
     let measured: Vec<(usize, f64)> = rows
         .iter()
-        .map(|s| (s.streams, s.measured_miss_ratio))
+        .map(|s| (s.streams, s.measured_miss_ratio.mean))
         .collect();
     let n_max_measured = measured_n_max(&measured, args.p_req);
     let parameters = report::step_parameters(
@@ -281,7 +309,8 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
             "p_req": args.p_req,
             "realtime_share_percent": args.realtime_share,
             "daemon_admission": "off",
-            "file_order": "random (fixed permutation)",
+            "file_order": "random: another fixed permutation for each run",
+            "repeat": args.repeat,
         }),
     );
     let n_max = json!({
@@ -302,56 +331,10 @@ pub fn run(args: &AdmissionArgs) -> anyhow::Result<()> {
     )
     .with("device_model", model)?;
     let steps = &results.rows[0].figures.steps;
-    let markdown = markdown(&results, args, &predictions, n_max_measured, &queue);
+    let markdown = table::markdown(&results, args, &predictions, n_max_measured, &queue);
     results.write(&args.results_dir, "admission", &markdown, |svg| {
-        draw(svg, args, steps, measured)
+        table::draw(svg, args, steps)
     })
-}
-
-/// The chart: measured and predicted misses against streams.
-fn draw(
-    svg: &Path,
-    args: &AdmissionArgs,
-    rows: &[Step],
-    measured: Vec<(usize, f64)>,
-) -> anyhow::Result<()> {
-    let series = [
-        MissSeries {
-            name: "measured: reads that missed",
-            steps: measured,
-        },
-        MissSeries {
-            name: "predicted, statistical: P(backlog > buffer slack)",
-            steps: rows
-                .iter()
-                .map(|s| (s.streams, s.predicted_statistical))
-                .collect(),
-        },
-        MissSeries {
-            name: "TRAC per window, buffers ignored: P(window overruns)",
-            steps: rows
-                .iter()
-                .map(|s| (s.streams, s.predicted_window_overrun))
-                .collect(),
-        },
-        MissSeries {
-            name: "predicted, deterministic: worst case overruns",
-            steps: rows
-                .iter()
-                .map(|s| (s.streams, s.predicted_deterministic))
-                .collect(),
-        },
-    ];
-    chart::misses_by_streams(
-        svg,
-        &format!(
-            "Admission: predicted and measured misses of 1 MB/s readers, lab hdd (p_req {}%)",
-            args.p_req * 100.0
-        ),
-        &series,
-    )
-    .context("cannot draw admission.svg")?;
-    Ok(())
 }
 
 type Outcome = (serde_json::Value, Predictions, Vec<Step>, BenchFiles);
@@ -372,46 +355,67 @@ fn run_on(
         "predicted n_max at p_req {}: deterministic {}, statistical {}",
         args.p_req, predictions.n_max_deterministic, predictions.n_max_statistical
     );
-    let mut files = layout::make_files(
+    let files = layout::make_files(
         disk.mount_dir(),
         disk.size_bytes(),
         args.max_streams,
         stream_file_bytes,
         COPY_FILE_BYTES,
     )?;
-    shuffle(&mut files, 0x5eed_ab15);
+    // Each run its own order of the files: the first n land elsewhere on the disk.
+    let orders: Vec<BenchFiles> = (0..args.repeat as u64)
+        .map(|run| {
+            let mut files = files.clone();
+            shuffle(&mut files, 0x5eed_ab15 + run);
+            files
+        })
+        .collect();
     let mut rows = Vec::new();
     let mut after_miss: Option<usize> = None;
-    for &(streams, det, stat, overrun) in &predictions.per_n {
-        eprintln!("running {streams} streams …");
-        let trial = run_trial(
-            disk,
-            &TrialPlan {
-                configuration,
-                files: &files,
-                streams,
-                stream: STREAM,
-                copy_chunk_bytes: COPY_CHUNK_BYTES,
-                warmup: Duration::from_secs(args.warmup_secs),
-                measure: Duration::from_secs(args.secs),
-                seek_every: None,
-            },
-        )
-        .with_context(|| format!("{streams} streams"))?;
-        eprintln!(
-            "  {} (predicted: deterministic {:.4}, statistical {:.4})",
-            trial.progress_line(&configuration.name),
-            det,
-            stat
-        );
-        let ratio = trial.deadlines.miss_fraction;
+    for predicted in &predictions.per_n {
+        let streams = predicted.streams;
+        let mut runs = Vec::new();
+        for (run, files) in orders.iter().enumerate() {
+            eprintln!(
+                "running {streams} streams (run {} of {}) …",
+                run + 1,
+                args.repeat
+            );
+            let trial = run_trial(
+                disk,
+                &TrialPlan {
+                    configuration,
+                    files,
+                    streams,
+                    stream: STREAM,
+                    copy_chunk_bytes: COPY_CHUNK_BYTES,
+                    warmup: Duration::from_secs(args.warmup_secs),
+                    measure: Duration::from_secs(args.secs),
+                    seek_every: None,
+                },
+            )
+            .with_context(|| format!("{streams} streams"))?;
+            eprintln!(
+                "  {} (predicted: deterministic {:.4}, statistical {:.4})",
+                trial.progress_line(&configuration.name),
+                predicted.deterministic,
+                predicted.statistical
+            );
+            runs.push(trial);
+        }
+        let measured_miss_ratio =
+            Spread::of(runs.iter().map(|r| r.deadlines.miss_fraction).collect()).within(0.0, 1.0);
+        let work: Vec<f64> = runs.iter().filter_map(|r| r.streams_work_ms).collect();
+        let ratio = measured_miss_ratio.mean;
         rows.push(Step {
             streams,
-            predicted_deterministic: det,
-            predicted_statistical: stat,
-            predicted_window_overrun: overrun,
-            measured_miss_ratio: ratio,
-            trial,
+            predicted_deterministic: predicted.deterministic,
+            predicted_statistical: predicted.statistical,
+            predicted_window_overrun: predicted.window_overrun,
+            predicted_work_ms: predicted.work_ms,
+            measured_miss_ratio,
+            measured_work_ms: (work.len() == runs.len()).then(|| Spread::of(work)),
+            runs,
         });
         if ratio > args.p_req && after_miss.is_none() {
             after_miss = Some(0);
@@ -423,77 +427,6 @@ fn run_on(
         }
     }
     Ok((model, predictions, rows, files))
-}
-
-fn percent(p: f64) -> String {
-    if p == 0.0 {
-        "0".to_owned()
-    } else if p < 1e-4 {
-        format!("{:.1e}", p * 100.0)
-    } else {
-        format!("{:.2}", p * 100.0)
-    }
-}
-
-fn markdown(
-    results: &Results<ConfigurationInfo, AdmissionFigures>,
-    args: &AdmissionArgs,
-    predictions: &Predictions,
-    n_max_measured: Option<usize>,
-    queue: &crate::lab_disk::QueueSettings,
-) -> String {
-    let rows = &results.rows[0].figures.steps;
-    let mut text = format!(
-        "### Admission control: predicted against measured misses, lab hdd\n\n\
-         `{command}`: the lab hdd profiled with `abissctl profile --quick`; abissd predicts per \
-         n, from the model: the deterministic bound (0 while the worst case of a {window} ms \
-         window fits the real-time share of {share}%, else 1), TRAC's probability that a window's \
-         work overruns that share, and the statistical miss probability admission uses (that the \
-         real-time backlog outgrows the playout buffers' slack); then n readers at 1 MB/s (64 KiB reads, 564 KiB buffer, \
-         deadline slack {slack:.0} ms) run attached to abissd with admission off, for {secs} s \
-         after {warmup} s of the reference copy loop, with the stream files in random order over \
-         the disk. The measured figure is the fraction of reads that missed their deadline. \
-         {disk_line} {machine_line}\n\n\
-         | n_max at p_req = {p}% | streams |\n| --- | ---: |\n\
-         | predicted, deterministic | {det} |\n| predicted, statistical (admission) | {stat} |\n\
-         | TRAC per-window overrun, buffers ignored | {trac} |\n| measured | {measured} |\n\n\
-         | streams | deterministic bound % | statistical miss % | TRAC window overrun % | measured miss % | reads | misses | p99 ms | max ms | BE copy MB/s | disk busy % |\n\
-         | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
-        window = 1000,
-        share = args.realtime_share,
-        slack = STREAM.slack().as_secs_f64() * 1000.0,
-        secs = args.secs,
-        warmup = args.warmup_secs,
-        command = results.command,
-        disk_line = report::disk_line(queue, "ext4"),
-        machine_line = report::machine_line(&results.machine),
-        p = args.p_req * 100.0,
-        det = predictions.n_max_deterministic,
-        stat = predictions.n_max_statistical,
-        trac = predictions
-            .n_max_window_overrun
-            .map_or_else(|| "0".to_owned(), |n| n.to_string()),
-        measured = n_max_measured.map_or_else(|| "0".to_owned(), |n| n.to_string()),
-    );
-    for row in rows {
-        let _ = writeln!(
-            text,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
-            row.streams,
-            percent(row.predicted_deterministic),
-            percent(row.predicted_statistical),
-            percent(row.predicted_window_overrun),
-            percent(row.measured_miss_ratio),
-            row.trial.deadlines.reads,
-            row.trial.deadlines.misses,
-            report::ms(row.trial.latency.p99_ms),
-            report::ms(row.trial.latency.max_ms),
-            row.trial.be_copy_mb_s,
-            row.trial.device.busy_fraction * 100.0,
-        );
-    }
-    text.push_str("\nPredicted and measured misses against streams: admission.svg.\n");
-    text
 }
 
 #[cfg(test)]

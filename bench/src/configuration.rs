@@ -195,6 +195,19 @@ pub struct DaemonFigures {
     /// The smallest and the largest playout buffer abissd gave the streams, bytes (it sizes
     /// them itself with `--buffer auto`).
     pub buffer_bytes: Option<(u64, u64)>,
+    /// What abissd's model predicted for the streams as they were attached when the readers
+    /// started (with a model, admission on or off): the statistical miss probability, and
+    /// the mean disk time of a 1000 ms window, ms.
+    pub predicted: Option<StreamsPrediction>,
+}
+
+/// abissd's prediction for a run's streams: what admission would have decided on.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct StreamsPrediction {
+    /// That the real-time backlog outgrows the least buffered stream's slack.
+    pub miss_probability: f64,
+    /// The mean disk time a window takes, ms.
+    pub work_ms: f64,
 }
 
 /// Extra setup of a configuration around each run (e.g. start abissd). Called on the
@@ -215,6 +228,10 @@ pub trait RunSetup: Send + Sync {
     /// the readers' common start (e.g. attach the file with the stream's rate and buffer).
     /// The returned value lives until the reader's last read; dropping it detaches.
     fn start_reader(&self, reader: &ReaderContext<'_>) -> anyhow::Result<Box<dyn ReaderSetup>>;
+
+    /// Called once every reader is set up and waiting for the common start (e.g. note what
+    /// the daemon predicts for the streams attached).
+    fn readers_ready(&self) {}
 
     /// What the run's daemon counted, after the readers finished (none without a daemon).
     fn daemon_figures(&self) -> Option<DaemonFigures> {

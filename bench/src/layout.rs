@@ -18,6 +18,8 @@ use anyhow::Context as _;
 use nix::fcntl::{fallocate, posix_fadvise, FallocateFlags, PosixFadviseAdvice};
 use serde::Serialize;
 
+use crate::throughput::DiskRanges;
+
 /// Room beyond the copy's size in the hole left for it (ext4 allocates in groups of blocks).
 const COPY_HOLE_EXTRA_BYTES: u64 = 64 << 20;
 /// Room beyond a file's size in the hole punched for it: its extent tree and the reserve's
@@ -296,6 +298,20 @@ fn punch_tail(reserve: &File, len: u64, dir: &Path) -> anyhow::Result<()> {
     let dir = File::open(dir)?;
     nix::unistd::syncfs(dir.as_raw_fd()).context("syncfs")?;
     Ok(())
+}
+
+/// Where `paths`' blocks lie on the disk.
+pub fn disk_ranges(paths: &[PathBuf]) -> anyhow::Result<DiskRanges> {
+    let mut extents = Vec::new();
+    for path in paths {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        extents.extend(
+            file_extents(&file)?
+                .into_iter()
+                .map(|e| (e.physical, e.length)),
+        );
+    }
+    Ok(DiskRanges::new(extents))
 }
 
 /// A file's extents (`FS_IOC_FIEMAP`).

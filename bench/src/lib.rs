@@ -22,6 +22,7 @@
 //! | I/O priority classes as configurations name them (`rt/4`, `be/7`, `idle`) | [`ioprio`] |
 //! | Ctrl-C and SIGTERM: stop early, clean up | [`interrupt`] |
 //! | read latency distributions and percentiles | [`latency`] |
+//! | repeated runs of a step: the mean and its 95 % interval (pure) | [`repeats`] |
 //! | throughput and device activity over a window (pure) | [`throughput`] |
 //! | the ABISS slides' reference measurement | [`reference`](mod@reference) |
 //! | the saturation sweep: more readers until deadlines are missed | [`sweep`] |
@@ -59,6 +60,7 @@ pub mod process;
 pub mod raises;
 pub mod recording;
 pub mod reference;
+pub mod repeats;
 pub mod report;
 pub mod request_trace;
 pub mod row;

@@ -30,8 +30,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::abiss::{AbissHook, Daemon, StreamBuffer, BATCH_PAGES};
-use crate::configuration::Configuration;
-use crate::configuration::ConfigurationInfo;
+use crate::configuration::{Configuration, ConfigurationInfo, StreamsPrediction};
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
 use crate::reference::{
@@ -67,8 +66,11 @@ pub struct MemoryArgs {
     /// sizings of 20MiB, 64MiB, 128MiB and 256MiB.
     #[command(flatten)]
     pub rows: RowsArg,
-    /// Seconds the readers read per step.
-    #[arg(long, default_value_t = 20)]
+    /// Seconds the readers read per step. A minute: a large buffer is a long slack, and a
+    /// disk that falls a little short of the streams' rate drains it for longer than 20 s
+    /// before a read misses (40 streams of 6.3 MiB on the lab hdd missed nothing in 20 s,
+    /// 5 to 10 % of their reads in 60 s).
+    #[arg(long, default_value_t = 60)]
     pub secs: u64,
     /// Seconds the copy loop runs before each step's readers start.
     #[arg(long, default_value_t = 3)]
@@ -86,6 +88,11 @@ pub struct MemoryArgs {
     /// Allowed miss probability per window, for admission's prediction.
     #[arg(long, default_value_t = 0.01)]
     pub p_req: f64,
+    /// The real-time share abissd admits by in the rows it sizes (`abiss-auto-…`), percent;
+    /// 80 is abissd's own default, which keeps a fifth of the disk for best effort. The
+    /// equal-share rows' prediction is at 95 %, the most abissd gives.
+    #[arg(long, default_value_t = 80)]
+    pub realtime_share: u32,
     /// Readahead of the lab device in KiB.
     #[arg(long, default_value_t = 128)]
     pub read_ahead_kb: u32,
@@ -168,6 +175,8 @@ struct BudgetSweep {
     /// shares: with abissd's sizing admission decides as the streams come).
     predicted_n_max_statistical: Option<u32>,
     predicted_n_max_deterministic: Option<u32>,
+    /// Equal shares: per step, what admission's model predicts for its streams.
+    predicted_steps: Vec<(usize, StreamsPrediction)>,
     /// abissd's sizing: the first step with a stream abissd refused, and its sentence.
     refused_at: Option<(usize, String)>,
     /// The most streams with zero misses (steps before the first with misses).
@@ -200,6 +209,10 @@ pub fn from_memory_streams(steps: &[(usize, u64, f64)]) -> Option<usize> {
 pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
     let begun = std::time::Instant::now();
     anyhow::ensure!(args.secs >= 1, "--secs must be at least 1");
+    anyhow::ensure!(
+        (1..=95).contains(&args.realtime_share),
+        "--realtime-share must be between 1 and 95"
+    );
     let rows = MemoryRow::selected(&args.rows)?;
     anyhow::ensure!(
         args.min_streams >= 1 && args.min_streams <= args.max_streams,
@@ -251,7 +264,11 @@ pub fn run(args: &MemoryArgs) -> anyhow::Result<()> {
         args.max_streams,
         &steps,
         args.steps_after_miss,
-        json!({ "p_req": args.p_req, "batch_pages": BATCH_PAGES }),
+        json!({
+            "p_req": args.p_req,
+            "batch_pages": BATCH_PAGES,
+            "abissd_sized_realtime_share_percent": args.realtime_share,
+        }),
     );
     let results = Results::new(
         "memory",
@@ -308,7 +325,7 @@ fn sweep_budget(
     MemoryRow { sizing, budget }: MemoryRow,
 ) -> anyhow::Result<BudgetRow> {
     let (buffer, predicted, configuration) =
-        row_setup(args, bin_dir, disk, state_dir, sizing, budget)?;
+        row_setup(args, bin_dir, disk, state_dir, (sizing, budget), steps)?;
     let name = &configuration.name;
     let stream = StreamSpec {
         buffer_bytes: buffer,
@@ -362,8 +379,9 @@ fn sweep_budget(
         sizing,
         budget_bytes: budget.0,
         buffer_bytes: buffer,
-        predicted_n_max_statistical: predicted.map(|p| p.0),
-        predicted_n_max_deterministic: predicted.map(|p| p.1),
+        predicted_n_max_statistical: predicted.as_ref().map(|p| p.0),
+        predicted_n_max_deterministic: predicted.as_ref().map(|p| p.1),
+        predicted_steps: predicted.map(|p| p.2).unwrap_or_default(),
         refused_at,
         sustained_streams: sustained,
         first_streams_with_misses: first_miss,
@@ -373,9 +391,13 @@ fn sweep_budget(
     Ok(Row::new(name, configuration.describe(), sweep))
 }
 
-/// A row's readers' buffer, admission's `n_max` (statistical, deterministic) for it, and its
+/// A row's readers' buffer, admission's prediction for it (equal shares), and its
 /// configuration.
-type RowSetup = (u64, Option<(u32, u32)>, Configuration);
+type RowSetup = (u64, Option<Predicted>, Configuration);
+
+/// Admission's `n_max` (statistical, deterministic) for a buffer, and its prediction for each
+/// step's streams.
+type Predicted = (u32, u32, Vec<(usize, StreamsPrediction)>);
 
 /// The row of `sizing` and `budget`: the readers' buffer, admission's prediction (equal
 /// shares), and the configuration that runs abissd for it.
@@ -384,13 +406,13 @@ fn row_setup(
     bin_dir: &Path,
     disk: &LabDisk,
     state_dir: &Path,
-    sizing: Sizing,
-    budget: ByteSize,
+    (sizing, budget): (Sizing, ByteSize),
+    steps: &[usize],
 ) -> anyhow::Result<RowSetup> {
     let (buffer, predicted, hook) = match sizing {
         Sizing::Equal => {
             let buffer = buffer_for(budget.0, args.max_streams);
-            let predicted = predict(bin_dir, disk.device(), state_dir, args, buffer)?;
+            let predicted = predict(bin_dir, disk.device(), state_dir, args, (buffer, steps))?;
             eprintln!(
                 "budget {budget}: {} per stream; admission predicts {} (statistical), {} \
                  (deterministic)",
@@ -412,14 +434,13 @@ fn row_setup(
             let hook = AbissHook {
                 elevator: "mq-deadline",
                 level: 0,
-                // abissd's default share: a fifth of the disk stays for best effort.
                 daemon_args: vec![
                     "--locked-memory".to_owned(),
                     budget.to_string(),
                     "--p-req".to_owned(),
                     p_req,
                     "--realtime-share".to_owned(),
-                    "80".to_owned(),
+                    args.realtime_share.to_string(),
                 ],
                 buffer: StreamBuffer::AutoOnReader,
                 state_dir: Some(state_dir.to_path_buf()),
@@ -454,14 +475,15 @@ fn refused(error: &anyhow::Error) -> bool {
 }
 
 /// Admission's `n_max` (statistical, deterministic) for streams of `buffer_bytes`, from the
-/// model saved in `state_dir`, at the benchmark's share of 95 % (what its abissd runs with).
+/// model saved in `state_dir`, at the benchmark's share of 95 % (what its abissd runs with),
+/// and what it predicts for each of `steps`' stream counts.
 fn predict(
     bin_dir: &Path,
     device: &Path,
     state_dir: &Path,
     args: &MemoryArgs,
-    buffer_bytes: u64,
-) -> anyhow::Result<(u32, u32)> {
+    (buffer_bytes, steps): (u64, &[usize]),
+) -> anyhow::Result<Predicted> {
     let p_req = args.p_req.to_string();
     let daemon = Daemon::start(
         bin_dir,
@@ -478,28 +500,44 @@ fn predict(
     )?;
     let mut client = Client::connect(daemon.socket())?;
     let device_name = device.to_string_lossy().into_owned();
-    let mut ask = |mode| {
+    let mut ask = |mode, count| {
         client.admit(AdmitRequest {
             device: device_name.clone(),
             rate: ByteRate(STREAM.rate_bps),
             rate_stdev: ByteRate(0),
             buffer: ByteSize(buffer_bytes),
             batch_pages: Some(BATCH_PAGES),
-            count: None,
+            count,
             mode: Some(mode),
             write: false,
         })
     };
-    let statistical = ask(AdmissionMode::Statistical)?;
+    let mut work = Vec::new();
+    for &n in steps {
+        let plan = ask(AdmissionMode::Statistical, Some(u32::try_from(n)?))?;
+        work.extend(plan.miss_probability.zip(plan.mean_work_ms).map(
+            |(miss_probability, work_ms)| {
+                (
+                    n,
+                    StreamsPrediction {
+                        miss_probability,
+                        work_ms,
+                    },
+                )
+            },
+        ));
+    }
+    let statistical = ask(AdmissionMode::Statistical, None)?;
     anyhow::ensure!(
         statistical.current_miss_probability.is_some(),
         "abissd did not take up the model: {}",
         statistical.model_source
     );
-    let deterministic = ask(AdmissionMode::Deterministic)?;
+    let deterministic = ask(AdmissionMode::Deterministic, None)?;
     Ok((
         statistical.n_max.unwrap_or(0),
         deterministic.n_max.unwrap_or(0),
+        work,
     ))
 }
 

@@ -186,6 +186,18 @@ pub fn ms(value: f64) -> String {
     }
 }
 
+/// A probability in percent, readable from 1e-100 % to 100 %.
+#[must_use]
+pub fn probability_percent(p: f64) -> String {
+    if p == 0.0 {
+        "0".to_owned()
+    } else if p < 1e-4 {
+        format!("{:.1e}", p * 100.0)
+    } else {
+        format!("{:.2}", p * 100.0)
+    }
+}
+
 /// A Markdown sentence describing the lab disk's queue, with `file_system` on it.
 #[must_use]
 pub fn disk_line(queue: &crate::lab_disk::QueueSettings, file_system: &str) -> String {

@@ -37,10 +37,14 @@ pub struct DeviceActivity {
 }
 
 impl DeviceActivity {
-    /// From the requests the emulator recorded during a window: the busy fraction is the
-    /// actuator occupancy they add up to over the window's length.
+    /// From the requests the emulator recorded during a window (all of them, or a selection,
+    /// such as those within some files' extents): the busy fraction is the actuator occupancy
+    /// they add up to over the window's length.
     #[must_use]
-    pub fn from_records(records: &[RequestRecord], window: Duration) -> Self {
+    pub fn from_records<'a>(
+        records: impl IntoIterator<Item = &'a RequestRecord>,
+        window: Duration,
+    ) -> Self {
         let (mut reads, mut writes, mut read_bytes, mut write_bytes) = (0, 0, 0, 0);
         let mut busy_ns = 0u64;
         for record in records {
@@ -70,6 +74,39 @@ impl DeviceActivity {
             read_mb_s: mb_per_s(read_bytes, window),
             write_mb_s: mb_per_s(write_bytes, window),
         }
+    }
+}
+
+/// Byte ranges of the disk, merged and in order: where some files' blocks lie, to tell their
+/// requests from the rest of a window's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DiskRanges(Vec<(u64, u64)>);
+
+impl DiskRanges {
+    /// The ranges `(start, length)` of `extents`, in bytes of the disk.
+    #[must_use]
+    pub fn new(extents: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let mut spans: Vec<(u64, u64)> = extents
+            .into_iter()
+            .filter(|(_, length)| *length > 0)
+            .map(|(start, length)| (start, start.saturating_add(length)))
+            .collect();
+        spans.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+        for (start, end) in spans {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        Self(merged)
+    }
+
+    /// Whether the request starting at `offset` falls within the ranges.
+    #[must_use]
+    pub fn holds(&self, offset: u64) -> bool {
+        let after = self.0.partition_point(|(start, _)| *start <= offset);
+        after > 0 && offset < self.0[after - 1].1
     }
 }
 
@@ -123,5 +160,24 @@ mod tests {
     fn activity_of_an_empty_window_is_zero() {
         let activity = DeviceActivity::from_records(&[], Duration::ZERO);
         assert_eq!(activity, DeviceActivity::default());
+    }
+
+    #[test]
+    fn ranges_merge_and_hold_what_lies_within_them() {
+        let ranges = DiskRanges::new([(100, 50), (0, 10), (120, 100), (300, 0)]);
+        assert_eq!(ranges, DiskRanges(vec![(0, 10), (100, 220)]));
+        for (offset, held) in [
+            (0, true),
+            (9, true),
+            (10, false),
+            (99, false),
+            (100, true),
+            (219, true),
+            (220, false),
+            (300, false),
+        ] {
+            assert_eq!(ranges.holds(offset), held, "{offset}");
+        }
+        assert!(!DiskRanges::default().holds(0));
     }
 }

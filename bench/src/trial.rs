@@ -12,7 +12,7 @@ use crate::configuration::{Configuration, RunContext, RunSetup};
 use crate::interrupt;
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
-use crate::layout::{cached_pages, drop_cached_pages, BenchFiles};
+use crate::layout::{cached_pages, disk_ranges, drop_cached_pages, BenchFiles};
 use crate::schedule::{DeadlineTally, StreamSpec};
 use crate::throughput::{mb_per_s, DeviceActivity};
 use crate::workload::{run_reader, CopyLoop, ReaderOutcome, ReaderPlan, TailRead};
@@ -55,6 +55,15 @@ pub struct TrialFigures {
     pub be_copy_passes: u64,
     /// What the disk did during the window.
     pub device: DeviceActivity,
+    /// What of it was for the real-time streams: the requests within their files' extents.
+    /// Their rate beside the readers' is whether the disk kept up (a large buffer hides a
+    /// shortfall from the deadlines for as long as its slack lasts), and their busy fraction
+    /// over that rate is the disk time a stream's byte costs, which admission predicts.
+    pub streams_at_disk: DeviceActivity,
+    /// The disk time the streams take per second at the readers' full rate, ms: their busy
+    /// time per byte at the disk times that rate (`None` if none of their bytes came from
+    /// the disk). Admission's mean work per window is its prediction.
+    pub streams_work_ms: Option<f64>,
     /// Each reader on its own.
     pub readers: Vec<ReaderRow>,
     /// The latency percentile curve, all readers together (for the charts).
@@ -235,6 +244,7 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         idle_before,
         cached_pages_at_start,
     } = prepare_disk(disk, plan)?;
+    let stream_ranges = disk_ranges(&plan.files.streams[..plan.streams])?;
 
     let bin_dir = std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from);
     let setup = configuration.hook.start_run(&RunContext {
@@ -267,6 +277,10 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
     copy_result?;
     cleanup?;
 
+    let streams_at_disk = DeviceActivity::from_records(
+        records.iter().filter(|r| stream_ranges.holds(r.offset)),
+        window,
+    );
     let mut latency = LatencyHistogram::new();
     let mut tally = DeadlineTally::default();
     for outcome in &outcomes {
@@ -281,6 +295,8 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         be_copy_mb_s: mb_per_s(copied, window),
         be_copy_passes: passes,
         device: DeviceActivity::from_records(&records, window),
+        streams_work_ms: streams_work_ms(&streams_at_disk, plan.streams, plan.stream.rate_bps),
+        streams_at_disk,
         readers: outcomes
             .iter()
             .map(|o| ReaderRow {
@@ -299,6 +315,15 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         seeks: plan.seek_every.map(|_| SeekRow::from_outcomes(&outcomes)),
         tail: TailRow::from_outcomes(&outcomes),
     })
+}
+
+/// The disk time `streams` readers of `rate_bps` each take per second, ms, at the price per
+/// byte the disk served them at (`None` if it served them nothing).
+fn streams_work_ms(at_disk: &DeviceActivity, streams: usize, rate_bps: u64) -> Option<f64> {
+    #[expect(clippy::cast_precision_loss, reason = "rates for the report")]
+    let demand_mb_s = streams as f64 * rate_bps as f64 / crate::throughput::MB;
+    (at_disk.read_mb_s > 0.0)
+        .then(|| at_disk.busy_fraction * 1000.0 * demand_mb_s / at_disk.read_mb_s)
 }
 
 /// The disk as a run found it, after [`prepare_disk`].
@@ -386,6 +411,7 @@ fn measure_readers(
                 .recv()
                 .map_err(|_| anyhow!("a reader ended before it was ready"))??;
         }
+        setup.readers_ready();
         // A common start a little ahead, so every reader is waiting for it.
         let t0 = Instant::now() + Duration::from_millis(20);
         for start in starts {

@@ -87,6 +87,38 @@ fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
     let n_det = usize::try_from(deterministic["n_max"].as_u64().unwrap()).unwrap();
     assert!(n_det < n_max, "deterministic {n_det}, statistical {n_max}");
     assert_eq!(deterministic["fits"], true);
+    // The model's price of the streams: within the real-time share at n_max, and more for one
+    // stream more.
+    let count = |n: usize| n.to_string();
+    let work_ms = |n: usize| {
+        let plan = json_of(&daemon.ctl([
+            "admit",
+            "--device",
+            device,
+            "--rate",
+            "1MB/s",
+            "--count",
+            &count(n),
+            "--json",
+        ]));
+        plan["mean_work_ms"].as_f64().expect("mean_work_ms")
+    };
+    let budget_ms = plan["window_ms"].as_f64().unwrap()
+        * plan["realtime_share_percent"].as_f64().unwrap()
+        / 100.0;
+    let (at_n_max, beyond) = (work_ms(n_max), work_ms(n_max + 1));
+    assert!(
+        at_n_max <= budget_ms && beyond > at_n_max && work_ms(1) < at_n_max,
+        "{n_max} streams take {at_n_max} ms, one more {beyond} ms, of a {budget_ms} ms share"
+    );
+    let said = daemon.ctl([
+        "admit", "--device", device, "--rate", "1MB/s", "--count", "2",
+    ]);
+    let said = String::from_utf8_lossy(&said.stdout);
+    assert!(
+        said.contains("ms of every 1000 ms window on average"),
+        "{said}"
+    );
     n_max
 }
 

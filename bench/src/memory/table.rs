@@ -29,8 +29,8 @@ pub(super) fn markdown(
          prediction for that buffer from the disk's model at p_req {p_req} and a 95 % real-time \
          share. **Abissd**: the streams attach with `--buffer auto+{app}` (the application's \
          own part, whose slack the readers' deadlines keep: {slack:.0} ms), abissd has the \
-         disk's model and admission on, and enlarges the buffers as far as the disk's admission \
-         needs, within the budget; a stream it refuses ends the sweep. Readers as in the sweep \
+         disk's model and admission on at a real-time share of {share} %, and enlarges the \
+         buffers as far as the disk's admission needs, within the budget; a stream it refuses ends the sweep. Readers as in the sweep \
          (1 MB/s in 64 KiB reads, starting once their window is loaded) against the reference \
          copy loop (175 MB in 128 KiB calls); steps of {secs} s after {warmup} s of copy \
          warm-up, from {min} streams, stopping {after} step(s) after the first with misses. The \
@@ -41,6 +41,7 @@ pub(super) fn markdown(
          | sizing | budget | buffer per stream | admission predicts (statistical / deterministic) | most streams with zero misses | first streams with misses | most streams from memory | abissd refused a stream at | buffers abissd gave at the most streams | BE copy MB/s at the most streams |\n\
          | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
         max = args.max_streams,
+        share = args.realtime_share,
         batch = BATCH_PAGES,
         app = ByteSize(STREAM.buffer_bytes),
         slack = STREAM.slack().as_secs_f64() * 1000.0,
@@ -112,15 +113,37 @@ fn summary_row(text: &mut String, sweep: &BudgetSweep, args: &MemoryArgs) {
 /// Every step of every sweep, a line each.
 fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
     text.push_str(
-        "\n| sizing | budget | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | buffers abissd gave | BE copy MB/s | disk busy % |\n\
-         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        "\n**Streams at the disk** is what the disk read of the stream files (within their \
+         extents) per second of the step, beside the readers' own rate (1 MB/s each): less means \
+         the buffers were draining. **Disk time** is what those requests took, scaled to the \
+         readers' full rate (the disk's own price of the streams, ms per second); **admission's \
+         price** is the model's mean work per 1000 ms window for the same streams and buffers, \
+         and **admission's miss %** its probability that a read waits (with abissd's sizing, \
+         both for the streams as abissd sized them when the readers started).\n\n\
+         | sizing | budget | streams | reads | misses | p50 ms | p99 ms | max ms | worst overrun ms | buffers abissd gave | BE copy MB/s | disk busy % | streams at the disk MB/s | disk time ms/s | admission's price ms/s | admission's miss % |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
     );
     for sweep in sweeps {
         for row in &sweep.steps {
             let given = buffer_range(row.daemon.as_ref().and_then(|d| d.buffer_bytes));
+            let predicted = sweep
+                .predicted_steps
+                .iter()
+                .find(|(n, _)| *n == row.streams)
+                .map(|(_, p)| *p)
+                .or_else(|| row.daemon.as_ref().and_then(|d| d.predicted));
+            let (miss, price) = predicted.map_or_else(
+                || ("-".to_owned(), "-".to_owned()),
+                |p| {
+                    (
+                        report::probability_percent(p.miss_probability),
+                        format!("{:.0}", p.work_ms),
+                    )
+                },
+            );
             let _ = writeln!(
                 text,
-                "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
+                "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {} | {price} | {miss} |",
                 sweep.sizing,
                 ByteSize(sweep.budget_bytes),
                 row.streams,
@@ -133,6 +156,9 @@ fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
                 given,
                 row.be_copy_mb_s,
                 row.device.busy_fraction * 100.0,
+                row.streams_at_disk.read_mb_s,
+                row.streams_work_ms
+                    .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.0}")),
             );
         }
     }

@@ -131,6 +131,7 @@ impl Disks {
                 .count
                 .map(|count| n_max.is_none_or(|n| count <= n)),
             window_overrun_probability: None,
+            mean_work_ms: None,
         }
     }
 }
@@ -207,6 +208,7 @@ fn model_plan(
             p,
             control.fits(mode, &all),
             prediction.window_overrun_probability,
+            prediction.mean_work_s * 1e3,
         )
     });
     AdmissionReport {
@@ -220,8 +222,9 @@ fn model_plan(
         current_miss_probability: Some(control.predict(existing).miss_probability),
         n_max: control.n_max(mode, existing, demand),
         count: request.count,
-        miss_probability: with_count.map(|(p, _, _)| p),
-        fits: with_count.map(|(_, fits, _)| fits),
-        window_overrun_probability: with_count.map(|(_, _, overrun)| overrun),
+        miss_probability: with_count.map(|(p, ..)| p),
+        fits: with_count.map(|(_, fits, ..)| fits),
+        window_overrun_probability: with_count.map(|(_, _, overrun, _)| overrun),
+        mean_work_ms: with_count.map(|(.., work_ms)| work_ms),
     }
 }
