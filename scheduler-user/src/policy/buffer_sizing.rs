@@ -13,8 +13,9 @@
 //! Memory also buys disk time. A window is refilled in loads of a third of its buffer, one
 //! disk access each, so a larger buffer means fewer seeks per second of media: with the
 //! reference 564 KiB buffers the lab's laptop disk spends most of its time seeking and serves
-//! 12 to 16 streams of 1 MB/s from memory next to a copy loop, with 2 MiB buffers 28
-//! (`bench/results/memory.md`). When a disk's admission would refuse an
+//! 12 to 16 streams of 1 MB/s from memory next to a copy loop, with 1.5 MiB buffers 28 and
+//! with 6.3 MiB 36, for a minute each; past that the transfer alone fills the disk
+//! (`bench/results/memory-60s/memory.md`). When a disk's admission would refuse an
 //! automatic stream at its latency-sized buffer, [`smallest_fitting_buffer`] finds the
 //! smallest common buffer at which the disk admits it, within the memory budgets.
 
