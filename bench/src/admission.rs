@@ -2,14 +2,15 @@
 //!
 //! On the lab hdd, `abissctl profile --quick --save` measures the device model; abissd then
 //! predicts, per number n of 1 MB/s readers (the reference streams: 64 KiB reads, 564 KiB
-//! buffer), the miss probability per service window in both modes, and `n_max` at `p_req`. Then
-//! the readers run for real, attached to abissd with admission switched off, from 1 past
-//! saturation, against the reference copy loop, with the stream files in random order over
-//! the disk; the measured deadline-miss ratio is set against the predictions.
+//! buffer), the miss probability per service window in both modes, the disk time a window
+//! takes, and `n_max` at `p_req`. Then the readers run for real, attached to abissd with
+//! admission switched off, from 1 past saturation, against the reference copy loop, each n
+//! `--repeat` times with the stream files in another random order over the disk; the measured
+//! deadline-miss ratio and the disk time the streams' requests took are set against the
+//! predictions, as means with their 95 % intervals.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use abiss_client::Client;
 use abiss_proto::{AdmissionMode, AdmitRequest, ByteRate, ByteSize};
@@ -21,13 +22,11 @@ use crate::abiss::{AbissHook, Daemon, StreamBuffer};
 use crate::configuration::Configuration;
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
-use crate::reference::{
-    workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
-};
+use crate::reference::{copy_loop_plan, workload_parameters, COPY_FILE_BYTES, DISK_BYTES, STREAM};
 use crate::repeats::Spread;
 use crate::report::{self, Results, Row};
 use crate::row::{self, RowsArg};
-use crate::trial::{run_trial, TrialFigures, TrialPlan};
+use crate::trial::{run_trial, TrialFigures};
 
 mod table;
 
@@ -383,16 +382,13 @@ fn run_on(
             );
             let trial = run_trial(
                 disk,
-                &TrialPlan {
+                &copy_loop_plan(
                     configuration,
                     files,
                     streams,
-                    stream: STREAM,
-                    copy_chunk_bytes: COPY_CHUNK_BYTES,
-                    warmup: Duration::from_secs(args.warmup_secs),
-                    measure: Duration::from_secs(args.secs),
-                    seek_every: None,
-                },
+                    STREAM,
+                    (args.warmup_secs, args.secs),
+                ),
             )
             .with_context(|| format!("{streams} streams"))?;
             eprintln!(
@@ -414,7 +410,8 @@ fn run_on(
             predicted_window_overrun: predicted.window_overrun,
             predicted_work_ms: predicted.work_ms,
             measured_miss_ratio,
-            measured_work_ms: (work.len() == runs.len()).then(|| Spread::of(work)),
+            measured_work_ms: (work.len() == runs.len())
+                .then(|| Spread::of(work).within(0.0, f64::INFINITY)),
             runs,
         });
         if ratio > args.p_req && after_miss.is_none() {

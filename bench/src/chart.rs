@@ -38,13 +38,21 @@ pub(crate) fn finish<'a, 'b: 'a, X: Ranged, Y: Ranged>(
     chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
     root: &DrawingArea<SVGBackend<'b>, Shift>,
 ) -> anyhow::Result<()> {
+    legend(chart)?;
+    root.present()?;
+    Ok(())
+}
+
+/// Draws a chart's legend in its upper left.
+pub(crate) fn legend<'a, 'b: 'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
+) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
-    root.present()?;
     Ok(())
 }
 

@@ -40,6 +40,7 @@ pub struct LabDisk {
     lab: Lab,
     state_dir: PathBuf,
     read_ahead_kb: u32,
+    fs: BenchFs,
 }
 
 /// The block queue settings a run had, for the reports.
@@ -98,6 +99,7 @@ impl LabDisk {
             lab,
             state_dir: options.state_dir,
             read_ahead_kb,
+            fs,
         };
         disk.apply_read_ahead()?;
         if fs != BenchFs::Ext4 {
@@ -132,6 +134,12 @@ impl LabDisk {
             self.read_ahead_kb
         );
         Ok(())
+    }
+
+    /// Its file system.
+    #[must_use]
+    pub fn fs(&self) -> BenchFs {
+        self.fs
     }
 
     /// The block device.

@@ -21,7 +21,6 @@
 //! not only assumed.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use abiss_client::{Client, ClientError};
 use abiss_proto::{AdmissionMode, AdmitRequest, ByteRate, ByteSize, PAGE_BYTES};
@@ -33,14 +32,12 @@ use crate::abiss::{AbissHook, Daemon, StreamBuffer, BATCH_PAGES};
 use crate::configuration::{Configuration, ConfigurationInfo, StreamsPrediction};
 use crate::lab_disk::LabDisk;
 use crate::layout::{self, BenchFiles};
-use crate::reference::{
-    workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
-};
+use crate::reference::{copy_loop_plan, workload_parameters, COPY_FILE_BYTES, DISK_BYTES, STREAM};
 use crate::report::{self, Results, Row};
 use crate::row::RowsArg;
 use crate::schedule::StreamSpec;
 use crate::sweep::{stream_steps, sustained_streams, EarlyStop};
-use crate::trial::{run_trial, TrialFigures, TrialPlan};
+use crate::trial::{run_trial, TrialFigures};
 
 mod table;
 
@@ -69,7 +66,7 @@ pub struct MemoryArgs {
     /// Seconds the readers read per step. A minute: a large buffer is a long slack, and a
     /// disk that falls a little short of the streams' rate drains it for longer than 20 s
     /// before a read misses (40 streams of 6.3 MiB on the lab hdd missed nothing in 20 s,
-    /// 5 to 10 % of their reads in 60 s).
+    /// 5 to 13 % of their reads in 60 s).
     #[arg(long, default_value_t = 60)]
     pub secs: u64,
     /// Seconds the copy loop runs before each step's readers start.
@@ -338,16 +335,13 @@ fn sweep_budget(
         eprintln!("running {name} with {streams} streams …");
         let row = match run_trial(
             disk,
-            &TrialPlan {
-                configuration: &configuration,
+            &copy_loop_plan(
+                &configuration,
                 files,
                 streams,
                 stream,
-                copy_chunk_bytes: COPY_CHUNK_BYTES,
-                warmup: Duration::from_secs(args.warmup_secs),
-                measure: Duration::from_secs(args.secs),
-                seek_every: None,
-            },
+                (args.warmup_secs, args.secs),
+            ),
         ) {
             Ok(row) => row,
             Err(error) if refused(&error) => {

@@ -207,14 +207,14 @@ fn run_configurations(
         let row = run_trial(
             disk,
             &TrialPlan {
-                configuration,
-                files,
-                streams: REFERENCE_STREAMS,
-                stream: STREAM,
-                copy_chunk_bytes: COPY_CHUNK_BYTES,
-                warmup: Duration::from_secs(args.warmup_secs),
-                measure: Duration::from_secs(args.secs),
                 seek_every: args.seek_every.map(Duration::from_secs),
+                ..copy_loop_plan(
+                    configuration,
+                    files,
+                    REFERENCE_STREAMS,
+                    STREAM,
+                    (args.warmup_secs, args.secs),
+                )
             },
         )
         .with_context(|| format!("configuration {}", configuration.name))?;
@@ -372,5 +372,26 @@ fn seek_table(text: &mut String, rows: &[TrialRow], every: Option<u64>) {
                     .join(" / ")
             );
         }
+    }
+}
+/// The plan of a step against the reference copy loop (its 128 KiB calls): `streams` readers
+/// of `stream` start after `warmup_secs` of copying and read for `secs`, without seeks.
+#[must_use]
+pub fn copy_loop_plan<'a>(
+    configuration: &'a Configuration,
+    files: &'a BenchFiles,
+    streams: usize,
+    stream: StreamSpec,
+    (warmup_secs, secs): (u64, u64),
+) -> TrialPlan<'a> {
+    TrialPlan {
+        configuration,
+        files,
+        streams,
+        stream,
+        copy_chunk_bytes: COPY_CHUNK_BYTES,
+        warmup: Duration::from_secs(warmup_secs),
+        measure: Duration::from_secs(secs),
+        seek_every: None,
     }
 }

@@ -3,7 +3,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use abiss_proto::ByteSize;
 use anyhow::Context as _;
@@ -14,12 +13,10 @@ use crate::chart::{self, MissSeries};
 use crate::configuration::{Configuration, ConfigurationInfo};
 use crate::lab_disk::{LabDisk, QueueSettings};
 use crate::layout::{self, BenchFiles};
-use crate::reference::{
-    workload_parameters, COPY_CHUNK_BYTES, COPY_FILE_BYTES, DISK_BYTES, STREAM,
-};
+use crate::reference::{copy_loop_plan, workload_parameters, COPY_FILE_BYTES, DISK_BYTES, STREAM};
 use crate::report::{self, Results, Row};
 use crate::row::RowsArg;
-use crate::trial::{run_trial, TrialFigures, TrialPlan};
+use crate::trial::{run_trial, TrialFigures};
 
 /// `abiss-bench sweep`.
 #[derive(Debug, clap::Args)]
@@ -228,16 +225,13 @@ fn sweep_configuration(
         eprintln!("running {} with {streams} streams …", configuration.name);
         let row = run_trial(
             disk,
-            &TrialPlan {
+            &copy_loop_plan(
                 configuration,
                 files,
                 streams,
-                stream: STREAM,
-                copy_chunk_bytes: COPY_CHUNK_BYTES,
-                warmup: Duration::from_secs(args.warmup_secs),
-                measure: Duration::from_secs(args.secs),
-                seek_every: None,
-            },
+                STREAM,
+                (args.warmup_secs, args.secs),
+            ),
         )
         .with_context(|| {
             format!(

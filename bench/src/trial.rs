@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::configuration::{Configuration, RunContext, RunSetup};
 use crate::interrupt;
-use crate::lab_disk::{LabDisk, QueueSettings};
+use crate::lab_disk::{BenchFs, LabDisk, QueueSettings};
 use crate::latency::{LatencyHistogram, LatencySummary, PercentilePoint};
 use crate::layout::{cached_pages, disk_ranges, drop_cached_pages, BenchFiles};
 use crate::schedule::{DeadlineTally, StreamSpec};
@@ -58,8 +58,9 @@ pub struct TrialFigures {
     /// What of it was for the real-time streams: the requests within their files' extents.
     /// Their rate beside the readers' is whether the disk kept up (a large buffer hides a
     /// shortfall from the deadlines for as long as its slack lasts), and their busy fraction
-    /// over that rate is the disk time a stream's byte costs, which admission predicts.
-    pub streams_at_disk: DeviceActivity,
+    /// over that rate is the disk time a stream's byte costs, which admission predicts. On
+    /// ext4 only: btrfs's extents are at its own logical addresses, not the disk's.
+    pub streams_at_disk: Option<DeviceActivity>,
     /// The disk time the streams take per second at the readers' full rate, ms: their busy
     /// time per byte at the disk times that rate (`None` if none of their bytes came from
     /// the disk). Admission's mean work per window is its prediction.
@@ -244,7 +245,9 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         idle_before,
         cached_pages_at_start,
     } = prepare_disk(disk, plan)?;
-    let stream_ranges = disk_ranges(&plan.files.streams[..plan.streams])?;
+    let stream_ranges = (disk.fs() == BenchFs::Ext4)
+        .then(|| disk_ranges(&plan.files.streams[..plan.streams]))
+        .transpose()?;
 
     let bin_dir = std::env::var_os("ABISS_BIN_DIR").map(PathBuf::from);
     let setup = configuration.hook.start_run(&RunContext {
@@ -277,10 +280,9 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
     copy_result?;
     cleanup?;
 
-    let streams_at_disk = DeviceActivity::from_records(
-        records.iter().filter(|r| stream_ranges.holds(r.offset)),
-        window,
-    );
+    let streams_at_disk = stream_ranges.map(|ranges| {
+        DeviceActivity::from_records(records.iter().filter(|r| ranges.holds(r.offset)), window)
+    });
     let mut latency = LatencyHistogram::new();
     let mut tally = DeadlineTally::default();
     for outcome in &outcomes {
@@ -295,7 +297,9 @@ pub fn run_trial(disk: &LabDisk, plan: &TrialPlan<'_>) -> anyhow::Result<TrialFi
         be_copy_mb_s: mb_per_s(copied, window),
         be_copy_passes: passes,
         device: DeviceActivity::from_records(&records, window),
-        streams_work_ms: streams_work_ms(&streams_at_disk, plan.streams, plan.stream.rate_bps),
+        streams_work_ms: streams_at_disk
+            .as_ref()
+            .and_then(|at_disk| streams_work_ms(at_disk, plan.streams, plan.stream.rate_bps)),
         streams_at_disk,
         readers: outcomes
             .iter()

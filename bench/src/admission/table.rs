@@ -5,10 +5,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::Context as _;
+use plotters::coord::types::{RangedCoordf64, RangedCoordusize};
 use plotters::prelude::*;
 
 use super::{AdmissionArgs, AdmissionFigures, Predictions, Step};
-use crate::chart::marked_line;
+use crate::chart::{legend, marked_line};
 use crate::configuration::ConfigurationInfo;
 use crate::reference::STREAM;
 use crate::repeats::Spread;
@@ -157,21 +158,38 @@ pub(super) fn draw(svg: &Path, args: &AdmissionArgs, rows: &[Step]) -> anyhow::R
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// A panel with streams across (to `most`) and `y_desc` up (to `top`).
+fn axes<'a, 'b>(
+    area: &'a Area<'b>,
+    most: usize,
+    top: f64,
+    y_desc: &str,
+) -> anyhow::Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordusize, RangedCoordf64>>>
+{
+    let mut chart = ChartBuilder::on(area)
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0..most, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("real-time streams at 1 MB/s")
+        .y_desc(y_desc)
+        .draw()?;
+    Ok(chart)
+}
+
 fn draw_misses(area: &Area<'_>, rows: &[Step], most: usize) -> anyhow::Result<()> {
     let top = rows
         .iter()
         .map(|r| r.measured_miss_ratio.high * 100.0)
         .fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0..most, 0f64..top * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("real-time streams at 1 MB/s")
-        .y_desc("reads that missed their deadline (%)")
-        .draw()?;
+    let mut chart = axes(
+        area,
+        most,
+        top * 1.1,
+        "reads that missed their deadline (%)",
+    )?;
     let series = |figure: fn(&Step) -> f64| -> Vec<(usize, f64)> {
         rows.iter()
             .map(|r| (r.streams, (figure(r) * 100.0).min(top * 1.1)))
@@ -216,7 +234,7 @@ fn draw_misses(area: &Area<'_>, rows: &[Step], most: usize) -> anyhow::Result<()
         series(|r| r.predicted_deterministic),
         3,
     )?;
-    labels(&mut chart)
+    legend(&mut chart)
 }
 
 fn draw_prices(area: &Area<'_>, rows: &[Step], most: usize, share: u32) -> anyhow::Result<()> {
@@ -229,16 +247,12 @@ fn draw_prices(area: &Area<'_>, rows: &[Step], most: usize, share: u32) -> anyho
             ]
         })
         .fold(1000.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .margin(20)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0..most, 0f64..top * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("real-time streams at 1 MB/s")
-        .y_desc("disk time per second of the streams (ms)")
-        .draw()?;
+    let mut chart = axes(
+        area,
+        most,
+        top * 1.1,
+        "disk time per second of the streams (ms)",
+    )?;
     let measured: Vec<(usize, f64, &Spread)> = rows
         .iter()
         .filter_map(|r| r.measured_work_ms.as_ref().map(|s| (r.streams, s.mean, s)))
@@ -271,17 +285,5 @@ fn draw_prices(area: &Area<'_>, rows: &[Step], most: usize, share: u32) -> anyho
         ))?
         .label(format!("the real-time share: {budget:.0} ms"))
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK));
-    labels(&mut chart)
-}
-
-fn labels<'a, 'b: 'a, X: Ranged, Y: Ranged>(
-    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
-) -> anyhow::Result<()> {
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    Ok(())
+    legend(&mut chart)
 }

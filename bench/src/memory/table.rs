@@ -143,7 +143,7 @@ fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
             );
             let _ = writeln!(
                 text,
-                "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {:.1} | {} | {price} | {miss} |",
+                "| {:?} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.0} | {} | {} | {price} | {miss} |",
                 sweep.sizing,
                 ByteSize(sweep.budget_bytes),
                 row.streams,
@@ -156,7 +156,8 @@ fn steps_table(text: &mut String, sweeps: &[&BudgetSweep]) {
                 given,
                 row.be_copy_mb_s,
                 row.device.busy_fraction * 100.0,
-                row.streams_at_disk.read_mb_s,
+                row.streams_at_disk
+                    .map_or_else(|| "-".to_owned(), |d| format!("{:.1}", d.read_mb_s)),
                 row.streams_work_ms
                     .map_or_else(|| "-".to_owned(), |ms| format!("{ms:.0}")),
             );
