@@ -141,20 +141,6 @@ struct Predicted {
     work_ms: Option<f64>,
 }
 
-/// A fixed permutation (xorshift Fisher–Yates): the first n stream files land at random places
-/// over the disk rather than packed at its start.
-fn shuffle(files: &mut BenchFiles, seed: u64) {
-    let mut state = seed | 1;
-    for i in (1..files.streams.len()).rev() {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let j = usize::try_from(state % (i as u64 + 1)).unwrap_or(0);
-        files.streams.swap(i, j);
-        files.stream_positions.swap(i, j);
-    }
-}
-
 /// Profiles the lab disk with abissctl and saves the model in `state_dir/models` (where the
 /// bench's abissd looks); returns the model.
 pub(crate) fn profile(
@@ -365,7 +351,7 @@ fn run_on(
     let orders: Vec<BenchFiles> = (0..args.repeat as u64)
         .map(|run| {
             let mut files = files.clone();
-            shuffle(&mut files, 0x5eed_ab15 + run);
+            files.shuffle(layout::SHUFFLE_SEED + run);
             files
         })
         .collect();

@@ -81,7 +81,25 @@ pub struct BenchFiles {
     pub copy_source_position: f64,
 }
 
+/// The seed of the stream files' first order in a benchmark that shuffles them.
+pub const SHUFFLE_SEED: u64 = 0x5eed_ab15;
+
 impl BenchFiles {
+    /// Puts the stream files in a fixed random order of `seed` (xorshift Fisher–Yates), so
+    /// the first n land at random places over the disk rather than packed at its start, as
+    /// admission's model places a stream's data.
+    pub fn shuffle(&mut self, seed: u64) {
+        let mut state = seed | 1;
+        for i in (1..self.streams.len()).rev() {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let j = usize::try_from(state % (i as u64 + 1)).unwrap_or(0);
+            self.streams.swap(i, j);
+            self.stream_positions.swap(i, j);
+        }
+    }
+
     /// Every file whose pages a run reads from the disk.
     pub fn read_files(&self) -> impl Iterator<Item = &Path> {
         self.streams

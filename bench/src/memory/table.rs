@@ -31,7 +31,8 @@ pub(super) fn markdown(
          own part, whose slack the readers' deadlines keep: {slack:.0} ms), abissd has the \
          disk's model and admission on at a real-time share of {share} %, and enlarges the \
          buffers as far as the disk's admission needs, within the budget; a stream it refuses ends the sweep. Readers as in the sweep \
-         (1 MB/s in 64 KiB reads, starting once their window is loaded) against the reference \
+         (1 MB/s in 64 KiB reads, starting once their window is loaded; the {max} files in a fixed \
+         random order, so the first n lie at random places over the disk) against the reference \
          copy loop (175 MB in 128 KiB calls); steps of {secs} s after {warmup} s of copy \
          warm-up, from {min} streams, stopping {after} step(s) after the first with misses. The \
          disk's model: `abissctl profile --quick`. {disk_line} {machine_line}\n\n\
