@@ -403,12 +403,19 @@ fn subscribe_and_hang_up(socket: &str, connections: u32, file: &str) -> ExitCode
                 ..abiss_tests::read_request(1000, 64 << 10, 1)
             };
             // Another limit (streams, memory, bursts) may refuse an attach: the subscription
-            // is the attack, the stream only what it would hold.
-            if client
-                .attach(std::fs::File::open(file).expect("open"), request)
-                .is_ok()
-            {
-                attached += 1;
+            // is the attack, the stream only what it would hold. A connection refused for the
+            // limits answers its first request, here the attach, and closes: try again, as
+            // below (while abissd is still letting the last hung-up ones go, a fresh-clone
+            // run's neighbours slowing it, the refusal came here and the subscription then
+            // found the connection closed).
+            match client.attach(std::fs::File::open(file).expect("open"), request) {
+                Ok(_) => attached += 1,
+                Err(error) if error.to_string().contains("connections") => {
+                    retried += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                Err(_) => {}
             }
         }
         match client.subscribe_events() {
