@@ -89,7 +89,6 @@ fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
     assert_eq!(deterministic["fits"], true);
     // The model's price of the streams: within the real-time share at n_max, and more for one
     // stream more.
-    let count = |n: usize| n.to_string();
     let work_ms = |n: usize| {
         let plan = json_of(&daemon.ctl([
             "admit",
@@ -98,7 +97,7 @@ fn predicted_capacity(daemon: &Daemon, device: &str) -> usize {
             "--rate",
             "1MB/s",
             "--count",
-            &count(n),
+            &n.to_string(),
             "--json",
         ]));
         plan["mean_work_ms"].as_f64().expect("mean_work_ms")
